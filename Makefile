@@ -1,0 +1,32 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Everything else is a step of those.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: install up down status test demo lint bench
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+up: install
+	$(PY) -m infra up
+
+down:
+	$(PY) -m infra down
+
+status:
+	$(PY) -m infra status
+
+test: up
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+demo: up
+	$(PY) -m infra status
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

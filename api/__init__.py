@@ -1,0 +1,1 @@
+"""The thin HTTP service: recall, facts, history, audit replay, publish (see api/main.py)."""

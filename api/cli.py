@@ -1,0 +1,29 @@
+"""`ledger`: the project's command line (publish, worker, serve, rebuild, eval, demo).
+
+Each sub-command lives beside the code it drives and is only registered here.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="memory-ledger command line")
+
+
+@app.command()
+def serve(
+    host: str | None = typer.Option(None, help="bind address (default: LEDGER_API_HOST)"),
+    port: int | None = typer.Option(None, help="port (default: LEDGER_API_PORT)"),
+    workers: int = typer.Option(1, help="uvicorn worker processes"),
+) -> None:
+    """Run the HTTP API."""
+    import uvicorn
+
+    from infra.settings import get_settings
+
+    s = get_settings()
+    uvicorn.run("api.main:app", host=host or s.api_host, port=port or s.api_port, workers=workers, log_level="info")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,8 @@
+"""One router per resource; this module only includes them."""
+
+from fastapi import APIRouter
+
+from api.routes import health
+
+api_router = APIRouter()
+api_router.include_router(health.router)

@@ -1,0 +1,55 @@
+"""`GET /v1/health`: is each part of the stack reachable right now? (no API key needed)"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import APIRouter, Request, Response
+
+from api.deps import SettingsDep
+from infra.procs import port_open
+
+router = APIRouter(tags=["health"])
+
+
+async def _timed(coro) -> dict:
+    t0 = time.perf_counter()
+    try:
+        detail = await asyncio.wait_for(coro, timeout=3)
+        return {"ok": True, "ms": round((time.perf_counter() - t0) * 1000, 2), **(detail or {})}
+    except Exception as exc:  # noqa: BLE001 - any failure is reported, not raised
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+async def _pg(request: Request) -> dict:
+    async with request.app.state.pg.connection(timeout=2) as conn:
+        await conn.execute("SELECT 1")
+    return {}
+
+
+async def _es(request: Request) -> dict:
+    health = await request.app.state.es.cluster.health(timeout="2s")
+    return {"status": health["status"]}
+
+
+async def _kafka(settings) -> dict:
+    host, port = settings.kafka_host_port
+    ok = await asyncio.to_thread(port_open, host, port, 2.0)
+    if not ok:
+        raise ConnectionError(f"no broker at {settings.kafka_bootstrap}")
+    return {}
+
+
+@router.get("/health")
+async def health(request: Request, settings: SettingsDep, response: Response) -> dict:
+    parts = dict(
+        zip(
+            ("postgres", "elasticsearch", "kafka"),
+            await asyncio.gather(_timed(_pg(request)), _timed(_es(request)), _timed(_kafka(settings))),
+            strict=True,
+        )
+    )
+    ok = all(p["ok"] for p in parts.values())
+    response.status_code = 200 if ok else 503
+    return {"status": "ok" if ok else "degraded", "parts": parts}

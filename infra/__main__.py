@@ -1,0 +1,77 @@
+"""The stack's command line: `python -m infra up|down|status [PART ...]`.
+
+`up` installs what is missing (Kafka jars, the Elasticsearch zip, Debian's
+PostgreSQL, the embedding model), starts each server, waits for its health and
+prints where it runs and logs. Each command is idempotent.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infra import stack
+from infra.procs import InfraError
+from infra.settings import PARTS, get_settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+console = Console(width=200)
+
+ORDER = ["postgres", "kafka", "elasticsearch", "model"]
+
+
+def _parts(parts: list[str] | None) -> list[str]:
+    chosen = parts or list(ORDER)
+    unknown = [p for p in chosen if p not in PARTS]
+    if unknown:
+        raise typer.BadParameter(f"unknown part(s) {unknown}; choose from {list(PARTS)}")
+    return [p for p in ORDER if p in chosen]
+
+
+def _table(statuses: list[stack.PartStatus]) -> Table:
+    table = Table("part", "state", "pid", "address", "log")
+    for st in statuses:
+        state = "[green]healthy[/]" if st.healthy else "[red]down[/]"
+        if not st.managed:
+            state += " (external)"
+        table.add_row(st.part, state, str(st.pid or "-"), st.address, st.log)
+    return table
+
+
+@app.command()
+def up(parts: list[str] = typer.Argument(None, help="parts to start (default: all)")) -> None:
+    """Install and start the stack, wait until every part is healthy."""
+    s = get_settings()
+    t0 = time.monotonic()
+    try:
+        stack.up(s, _parts(parts), report=lambda part, what: console.print(f"[bold]{part}[/]: {what}"))
+    except InfraError as exc:
+        console.print(f"[red]FAILED[/] {exc}")
+        sys.exit(1)
+    console.print(_table(stack.status(s, _parts(parts))))
+    console.print(f"stack up in {time.monotonic() - t0:.1f}s")
+
+
+@app.command()
+def down(parts: list[str] = typer.Argument(None, help="parts to stop (default: all)")) -> None:
+    """Stop exactly the servers `up` started, by pid."""
+    s = get_settings()
+    for part, stopped in stack.down(s, _parts(parts)).items():
+        console.print(f"[bold]{part}[/]: {'stopped' if stopped else 'was not running'}")
+
+
+@app.command()
+def status(parts: list[str] = typer.Argument(None, help="parts to show (default: all)")) -> None:
+    """Say what runs, where, and where it logs; exit 3 when a part is down."""
+    statuses = stack.status(get_settings(), _parts(parts))
+    console.print(_table(statuses))
+    if not all(st.healthy for st in statuses):
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,179 @@
+"""Elasticsearch single node from Maven Central's integ-test-zip, run as a service user.
+
+Elasticsearch refuses to run as root, so its home and data live under a folder
+owned by the service user; ES 9 needs Java 21+, found among the machine's JDKs.
+"""
+
+from __future__ import annotations
+
+import pwd
+import shutil
+import subprocess
+import urllib.request
+import zipfile
+from pathlib import Path
+
+from infra.maven import fetch_artifact
+from infra.procs import InfraError, owned_pid, port_open, run, stop_pid, wait_until
+from infra.settings import Settings
+
+PART = "elasticsearch"
+MARKER = "org.elasticsearch"
+
+
+def _paths(s: Settings) -> dict[str, Path]:
+    base = s.data_dir / "elasticsearch"
+    return {
+        "base": base,
+        "home": base / f"elasticsearch-{s.es_version}",
+        "data": base / "data",
+        "logs": base / "logs",
+        "log": s.log_dir / "elasticsearch.log",
+        "pid": base / "es.pid",
+    }
+
+
+def _java_home(s: Settings) -> Path:
+    if s.es_java_home:
+        return s.es_java_home
+    candidates = []
+    for home in Path("/usr/lib/jvm").glob("*"):
+        java = home / "bin" / "java"
+        if not java.exists() or home.is_symlink():
+            continue
+        out = subprocess.run([str(java), "-version"], capture_output=True, text=True).stderr
+        try:
+            major = int(out.split('"')[1].split(".")[0])
+        except (IndexError, ValueError):
+            continue
+        if major >= 21:
+            candidates.append((major, home))
+    if not candidates:
+        raise InfraError(PART, "Elasticsearch 9 needs Java 21+ and none is in /usr/lib/jvm; set LEDGER_ES_JAVA_HOME")
+    return max(candidates)[1]
+
+
+def _ensure_user(s: Settings) -> None:
+    try:
+        pwd.getpwnam(s.es_user)
+    except KeyError:
+        run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", s.es_user], PART)
+
+
+def install(s: Settings) -> None:
+    """Fetch the zip once (cached by Maven), unpack it into the data folder, owned by the service user."""
+    p = _paths(s)
+    _ensure_user(s)
+    if not (p["home"] / "bin" / "elasticsearch").exists():
+        archive = fetch_artifact(
+            f"org.elasticsearch.distribution.integ-test-zip:elasticsearch:{s.es_version}", PART, p["log"], "zip"
+        )
+        p["base"].mkdir(parents=True, exist_ok=True)
+        tmp = p["base"] / ".unpack"
+        shutil.rmtree(tmp, ignore_errors=True)
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(tmp)
+        for member in tmp.rglob("*"):
+            if member.parent.name == "bin" or member.name.endswith((".sh",)) or "/bin/" in str(member):
+                member.chmod(0o755)
+        (tmp / f"elasticsearch-{s.es_version}").rename(p["home"])
+        shutil.rmtree(tmp, ignore_errors=True)
+    host, port = s.es_host_port
+    (p["home"] / "config" / "elasticsearch.yml").write_text(
+        "\n".join(
+            [
+                "cluster.name: memory-ledger",
+                "node.name: ledger-node-1",
+                "discovery.type: single-node",
+                f"network.host: {host}",
+                f"http.port: {port}",
+                "transport.port: 9300-9400",
+                f"path.data: {p['data']}",
+                f"path.logs: {p['logs']}",
+                "xpack.security.enabled: false",
+                "action.destructive_requires_name: false",
+                "cluster.routing.allocation.disk.threshold_enabled: false",
+                "",
+            ]
+        )
+    )
+    (p["home"] / "config" / "jvm.options.d").mkdir(exist_ok=True)
+    (p["home"] / "config" / "jvm.options.d" / "heap.options").write_text(f"-Xms{s.es_heap}\n-Xmx{s.es_heap}\n")
+    for d in (p["data"], p["logs"]):
+        d.mkdir(parents=True, exist_ok=True)
+    user = pwd.getpwnam(s.es_user)
+    for path in [p["base"], *p["base"].rglob("*")]:
+        try:
+            import os
+
+            os.chown(path, user.pw_uid, user.pw_gid, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+    # the service user must be able to reach the data folder
+    for parent in p["base"].parents:
+        if parent == Path("/"):
+            break
+        mode = parent.stat().st_mode
+        if not mode & 0o001:
+            raise InfraError(
+                PART, f"{parent} is not searchable by the service user {s.es_user}; pick LEDGER_DATA_DIR elsewhere"
+            )
+
+
+def pid(s: Settings) -> int | None:
+    return owned_pid(_paths(s)["pid"], MARKER)
+
+
+def healthy(s: Settings) -> bool:
+    with urllib.request.urlopen(f"{s.es_url}/_cluster/health", timeout=3) as resp:
+        body = resp.read().decode()
+    return '"status":"green"' in body or '"status":"yellow"' in body
+
+
+def start(s: Settings, timeout: float = 180.0) -> None:
+    p = _paths(s)
+    if pid(s):
+        wait_until(lambda: healthy(s), PART, timeout, p["log"], lambda: pid(s) is not None)
+        return
+    host, port = s.es_host_port
+    if port_open(host, port):
+        raise InfraError(PART, f"port {port} is taken by a process infra did not start")
+    install(s)
+    p["pid"].unlink(missing_ok=True)
+    env = {"ES_JAVA_HOME": str(_java_home(s)), "ES_PATH_CONF": str(p["home"] / "config")}
+    p["log"].parent.mkdir(parents=True, exist_ok=True)
+    with p["log"].open("ab") as out:
+        import os
+
+        # -d daemonizes after the node started; the pid file holds the server JVM's pid
+        proc = subprocess.run(
+            [str(p["home"] / "bin" / "elasticsearch"), "-d", "-p", str(p["pid"])],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **env},
+            cwd=p["home"],
+            user=s.es_user,
+            timeout=timeout,
+        )
+    if proc.returncode != 0:
+        stop(s)
+        raise InfraError(PART, f"bin/elasticsearch -d exited {proc.returncode}", p["log"])
+    try:
+        wait_until(lambda: healthy(s), PART, timeout, p["logs"] / "memory-ledger.log", lambda: pid(s) is not None)
+    except InfraError:
+        stop(s)
+        raise
+
+
+def stop(s: Settings) -> bool:
+    p = _paths(s)
+    running = pid(s)
+    stopped = stop_pid(running, timeout=60) if running else False
+    p["pid"].unlink(missing_ok=True)
+    return stopped
+
+
+def describe(s: Settings) -> dict[str, str]:
+    p = _paths(s)
+    return {"address": s.es_url, "log": str(p["logs"] / "memory-ledger.log"), "data": str(p["data"])}

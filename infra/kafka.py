@@ -1,0 +1,190 @@
+"""Apache Kafka 4.x in KRaft mode (one broker+controller), from the Maven Central jars."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+from infra.maven import copy_dependencies
+from infra.procs import InfraError, owned_pid, port_open, run, spawn, stop_pid, wait_until
+from infra.settings import Settings
+
+PART = "kafka"
+MAIN_CLASS = "kafka.Kafka"
+STORAGE_TOOL = "kafka.tools.StorageTool"
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>memory-ledger</groupId><artifactId>kafka-runtime</artifactId><version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId>
+      <version>{version}</version></dependency>
+    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-api</artifactId><version>2.0.17</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId>
+      <version>2.25.3</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId>
+      <version>2.25.3</version></dependency>
+  </dependencies>
+</project>
+"""
+
+_LOG4J2 = """status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.state.name = state.change.logger
+logger.state.level = WARN
+"""
+
+
+def _paths(s: Settings) -> dict[str, Path]:
+    base = s.data_dir / "kafka"
+    return {
+        "libs": s.cache_dir / f"kafka-{s.kafka_version}" / "libs",
+        "work": s.cache_dir / f"kafka-{s.kafka_version}" / "resolve",
+        "config": base / "server.properties",
+        "log4j": base / "log4j2.properties",
+        "data": base / "data",
+        "log": s.log_dir / "kafka.log",
+        "server_log": s.log_dir / "kafka-server.log",
+        "pid": s.run_dir / "kafka.pid",
+    }
+
+
+def _java(s: Settings) -> str:
+    if s.java_home:
+        return str(s.java_home / "bin" / "java")
+    java = shutil.which("java")
+    if not java:
+        raise InfraError(PART, "no `java` on PATH (Kafka 4 needs Java 17+); set LEDGER_JAVA_HOME")
+    return java
+
+
+def install(s: Settings) -> None:
+    """Resolve the broker jars once into the download cache."""
+    p = _paths(s)
+    marker = p["libs"] / ".complete"
+    if marker.exists():
+        return
+    if p["libs"].exists():
+        shutil.rmtree(p["libs"])
+    copy_dependencies(_POM.format(version=s.kafka_version), p["work"], p["libs"], PART, p["log"])
+    marker.write_text("ok\n")
+
+
+def _write_config(s: Settings) -> None:
+    p = _paths(s)
+    host, port = s.kafka_host_port
+    p["config"].parent.mkdir(parents=True, exist_ok=True)
+    p["config"].write_text(
+        "\n".join(
+            [
+                "process.roles=broker,controller",
+                "node.id=1",
+                f"controller.quorum.voters=1@{host}:{s.kafka_controller_port}",
+                f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{s.kafka_controller_port}",
+                f"advertised.listeners=PLAINTEXT://{host}:{port}",
+                "controller.listener.names=CONTROLLER",
+                "inter.broker.listener.name=PLAINTEXT",
+                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                f"log.dirs={p['data']}",
+                f"num.partitions={s.topic_partitions}",
+                "offsets.topic.replication.factor=1",
+                "offsets.topic.num.partitions=6",
+                "transaction.state.log.replication.factor=1",
+                "transaction.state.log.min.isr=1",
+                "share.coordinator.state.topic.replication.factor=1",
+                "share.coordinator.state.topic.min.isr=1",
+                "group.initial.rebalance.delay.ms=0",
+                "auto.create.topics.enable=true",
+                "log.retention.hours=-1",
+                "message.max.bytes=10485760",
+                "",
+            ]
+        )
+    )
+    p["log4j"].write_text(_LOG4J2.format(log=p["server_log"]))
+
+
+def _java_cmd(s: Settings, main: str, *args: str, heap: str = "256m") -> list[str]:
+    p = _paths(s)
+    return [
+        _java(s),
+        f"-Xms{heap}",
+        f"-Xmx{heap}",
+        "-XX:+UseG1GC",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={p['log4j']}",
+        "-cp",
+        str(p["libs"] / "*"),
+        main,
+        *args,
+    ]
+
+
+def _format_storage(s: Settings) -> None:
+    p = _paths(s)
+    if (p["data"] / "meta.properties").exists():
+        return
+    p["data"].mkdir(parents=True, exist_ok=True)
+    cluster_id = uuid.uuid4().hex[:22]
+    run(_java_cmd(s, STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(p["config"])), PART, p["log"])
+
+
+def pid(s: Settings) -> int | None:
+    return owned_pid(_paths(s)["pid"], MAIN_CLASS)
+
+
+def healthy(s: Settings) -> bool:
+    """The broker answers a metadata request."""
+    from kafka import KafkaAdminClient
+
+    host, port = s.kafka_host_port
+    if not port_open(host, port):
+        return False
+    admin = KafkaAdminClient(bootstrap_servers=s.kafka_bootstrap, request_timeout_ms=5000)
+    try:
+        admin.list_topics()
+        return True
+    finally:
+        admin.close()
+
+
+def start(s: Settings, timeout: float = 120.0) -> None:
+    p = _paths(s)
+    if pid(s):
+        wait_until(lambda: healthy(s), PART, timeout, p["server_log"], lambda: pid(s) is not None)
+        return
+    host, port = s.kafka_host_port
+    if port_open(host, port):
+        raise InfraError(PART, f"port {port} is taken by a process infra did not start")
+    install(s)
+    _write_config(s)
+    _format_storage(s)
+    spawn(_java_cmd(s, MAIN_CLASS, str(p["config"]), heap=s.kafka_heap), p["log"], p["pid"])
+    try:
+        wait_until(lambda: healthy(s), PART, timeout, p["server_log"], lambda: pid(s) is not None)
+    except InfraError:
+        stop(s)
+        raise
+
+
+def stop(s: Settings) -> bool:
+    p = _paths(s)
+    running = pid(s)
+    stopped = stop_pid(running, timeout=60) if running else False
+    p["pid"].unlink(missing_ok=True)
+    return stopped
+
+
+def describe(s: Settings) -> dict[str, str]:
+    p = _paths(s)
+    return {"address": s.kafka_bootstrap, "log": str(p["server_log"]), "data": str(p["data"])}

@@ -1,0 +1,172 @@
+"""Start, find and stop the servers infra owns, by pid file, and wait for health.
+
+Each managed process writes a pid file under ``<data_dir>/run``; ``down`` stops
+exactly those pids, after checking that the pid still belongs to the command it
+started (a recycled pid is never killed).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+
+class InfraError(RuntimeError):
+    """A part failed to install, start or become healthy; the message says which and why."""
+
+    def __init__(self, part: str, reason: str, log: Path | None = None) -> None:
+        self.part, self.reason, self.log = part, reason, log
+        where = f" (log: {log})" if log else ""
+        super().__init__(f"{part}: {reason}{where}")
+
+
+def run(cmd: Sequence[str], part: str, log: Path | None = None, **kw) -> subprocess.CompletedProcess:
+    """Run a setup command to completion; on failure raise InfraError with its output's tail."""
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, **kw)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as fh:
+            fh.write(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}\n")
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-8:]
+        raise InfraError(part, f"`{' '.join(cmd[:3])} ...` exited {proc.returncode}: " + " | ".join(tail), log)
+    return proc
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as dead
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        return state != "Z"
+    except OSError:
+        return False
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def read_pid(pid_file: Path) -> int | None:
+    try:
+        return int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def owned_pid(pid_file: Path, marker: str) -> int | None:
+    """The pid in the file if that process is alive and its command line contains marker."""
+    pid = read_pid(pid_file)
+    if pid is None or not pid_alive(pid) or marker not in cmdline(pid):
+        return None
+    return pid
+
+
+def spawn(
+    cmd: Sequence[str],
+    log: Path,
+    pid_file: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    user: str | None = None,
+) -> int:
+    """Start a long-running server detached from this process, output appended to log."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            list(cmd),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            start_new_session=True,
+            user=user,
+        )
+    pid_file.write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def stop_pid(pid: int, sig: int = signal.SIGTERM, timeout: float = 60.0) -> bool:
+    """Signal pid and wait for it to exit; SIGKILL after timeout. True if it was running."""
+    if not pid_alive(pid):
+        return False
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _reap(pid)
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.2)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return True
+    for _ in range(50):
+        _reap(pid)
+        if not pid_alive(pid):
+            break
+        time.sleep(0.1)
+    return True
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def wait_until(
+    check: Callable[[], bool],
+    part: str,
+    timeout: float,
+    log: Path | None = None,
+    alive: Callable[[], bool] | None = None,
+    what: str = "healthy",
+) -> None:
+    """Poll check() until it is true; fail early if the process died, or at the timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception:  # noqa: BLE001 - any failure of a probe means "not yet"
+            pass
+        if alive is not None and not alive():
+            raise InfraError(part, f"the process exited before it became {what}", log)
+        time.sleep(0.5)
+    raise InfraError(part, f"not {what} after {timeout:.0f}s", log)
+
+
+def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def tail(log: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

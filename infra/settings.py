@@ -1,0 +1,105 @@
+"""One settings class for every process: addresses, ports, paths, model name.
+
+Everything is read from environment variables with the prefix ``LEDGER_`` (or a
+``.env`` file), so the same code runs against the servers ``infra`` starts and
+against external clusters. Nothing else in the project reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PARTS = ("kafka", "elasticsearch", "postgres", "model")
+
+
+class Settings(BaseSettings):
+    """Configuration of the whole stack; defaults run everything on loopback."""
+
+    model_config = SettingsConfigDict(env_prefix="LEDGER_", env_file=".env", extra="ignore")
+
+    # where infra keeps data (git-ignored) and downloads (outside the repo)
+    data_dir: Path = REPO_ROOT / ".data"
+    cache_dir: Path = Path.home() / ".cache" / "memory-ledger"
+    # parts that `infra up` installs and starts; the others are external and only health-checked
+    managed: list[str] = Field(default_factory=lambda: list(PARTS))
+
+    # Kafka
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    kafka_controller_port: int = 9093
+    kafka_version: str = "4.1.1"
+    kafka_heap: str = "1g"
+    java_home: Path | None = None  # Java 17+ for Kafka; None: `java` on PATH
+    topic: str = "memory.events"
+    dlq_topic: str = "memory.events.dlq"
+    topic_partitions: int = 6
+    topic_replication: int = 1
+
+    # Elasticsearch
+    es_url: str = "http://127.0.0.1:9200"
+    es_version: str = "9.5.2"
+    es_heap: str = "2g"
+    es_java_home: Path | None = None  # Java 21+ for ES 9; None: newest JDK in /usr/lib/jvm
+    es_user: str = "ledger-es"
+    es_index: str = "memory-facts"  # the alias; physical indices get a suffix
+
+    # PostgreSQL
+    pg_dsn: str = "postgresql://ledger:ledger@127.0.0.1:5433/ledger"
+    pg_bin_dir: Path | None = None  # None: newest /usr/lib/postgresql/*/bin
+    pg_schema: str = "ledger"  # the projection's tables live in this schema
+    pg_pool_size: int = 10
+
+    # Embedding model (fastembed, loaded from disk)
+    embed_model: str = "BAAI/bge-small-zh-v1.5"
+    embed_model_dir: Path | None = None  # None: <data_dir>/models/<model slug>
+    embed_batch_size: int = 64
+
+    # stream processors
+    processor_group: str = "memory-ledger-projector"
+    processor_batch_size: int = 500
+    processor_batch_seconds: float = 0.2
+
+    # API: key -> tenants it may read and write, e.g. {"dev-key": ["acme"]}
+    api_keys: dict[str, list[str]] = Field(default_factory=lambda: {"dev-key": ["demo", "acme", "globex"]})
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+
+    @property
+    def kafka_host_port(self) -> tuple[str, int]:
+        first = self.kafka_bootstrap.split(",")[0]
+        host, _, port = first.rpartition(":")
+        return host or "127.0.0.1", int(port)
+
+    @property
+    def es_host_port(self) -> tuple[str, int]:
+        parts = urlsplit(self.es_url)
+        return parts.hostname or "127.0.0.1", parts.port or 9200
+
+    @property
+    def pg_host_port(self) -> tuple[str, int]:
+        parts = urlsplit(self.pg_dsn)
+        return parts.hostname or "127.0.0.1", parts.port or 5432
+
+    @property
+    def model_dir(self) -> Path:
+        slug = self.embed_model.replace("/", "__")
+        return self.embed_model_dir or self.data_dir / "models" / slug
+
+    @property
+    def run_dir(self) -> Path:
+        return self.data_dir / "run"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+
+@functools.lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once."""
+    return Settings()

@@ -1,0 +1,1 @@
+"""The write path: the event contract, the Kafka SDK and the publish CLI."""

@@ -1,0 +1,1 @@
+"""faust-streaming workers that project the ledger into PostgreSQL and Elasticsearch."""

@@ -1,0 +1,38 @@
+"""Fixtures for tests against the real servers that `python -m infra up` started.
+
+Each test gets private names (topic, PostgreSQL schema, Elasticsearch index) on the
+shared servers, so tests never see each other's data. A server that does not answer
+fails the test: nothing here skips.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from infra.settings import Settings, get_settings
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def base_settings() -> Settings:
+    return get_settings()
+
+
+@pytest.fixture
+def settings(base_settings: Settings) -> Settings:
+    """Settings with a private topic, DLQ, consumer group, schema and index for this test."""
+    name = unique("t")
+    return base_settings.model_copy(
+        update={
+            "topic": f"{name}.events",
+            "dlq_topic": f"{name}.events.dlq",
+            "processor_group": f"{name}-projector",
+            "pg_schema": name,
+            "es_index": f"{name}-facts",
+        }
+    )
