@@ -1,0 +1,91 @@
+"""Create the ledger topic and its dead-letter topic, idempotently: `ledger topics`.
+
+The ledger is the only source of truth, so its topic keeps every record forever
+(`retention.ms=-1`, `retention.bytes=-1`) and must exist with the configured
+partition count *before* anything is written: producers never rely on the
+broker auto-creating it with default settings. Running this twice is harmless;
+an existing topic is reported and left untouched (changing the partition count
+of a live ledger would re-route keys and break per-subject order).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import kafka.errors as Errors
+from kafka import KafkaAdminClient
+
+from infra.settings import Settings
+from producers.contract import MAX_EVENT_BYTES
+
+__all__ = ["TopicStatus", "ensure_topics", "topic_configs"]
+
+log = logging.getLogger(__name__)
+
+# Room for a maximal event (contract.MAX_EVENT_BYTES) plus key, headers and batch overhead,
+# and equal to the producer's default max_request_size so a batch never outgrows the topic.
+MAX_MESSAGE_BYTES = 1024 * 1024
+assert MAX_MESSAGE_BYTES > MAX_EVENT_BYTES
+
+
+@dataclass(frozen=True)
+class TopicStatus:
+    name: str
+    created: bool  # False: it already existed and was left as it is
+    partitions: int
+
+
+def topic_configs(replication: int) -> dict[str, str]:
+    """Unlimited retention, delete policy (never compaction: every event matters), bounded records."""
+    return {
+        "cleanup.policy": "delete",
+        "retention.ms": "-1",
+        "retention.bytes": "-1",
+        "max.message.bytes": str(MAX_MESSAGE_BYTES),
+        # with acks=all, a write is durable on this many replicas; 1 on a single-broker setup
+        "min.insync.replicas": str(min(2, max(1, replication - 1))),
+    }
+
+
+def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[TopicStatus]:
+    """Create `settings.topic` and `settings.dlq_topic` unless they exist; wait until both have leaders."""
+    timeout_ms = int(timeout_s * 1000)
+    names = [settings.topic, settings.dlq_topic]
+    spec = {
+        name: {
+            "num_partitions": settings.topic_partitions,
+            "replication_factor": settings.topic_replication,
+            "configs": topic_configs(settings.topic_replication),
+        }
+        for name in names
+    }
+    admin = KafkaAdminClient(
+        bootstrap_servers=settings.kafka_bootstrap,
+        client_id="memory-ledger-topics",
+        bootstrap_timeout_ms=timeout_ms,
+        request_timeout_ms=timeout_ms,
+    )
+    try:
+        response = admin.create_topics(spec, timeout_ms=timeout_ms, raise_errors=False)
+        created: set[str] = set()
+        for topic in response["topics"]:
+            error = Errors.for_code(topic["error_code"])
+            if error is Errors.NoError:
+                created.add(topic["name"])
+            elif error is not Errors.TopicAlreadyExistsError:
+                raise error(f"creating topic {topic['name']!r}: {topic.get('error_message') or error.__name__}")
+        admin.wait_for_topics(names, timeout_ms=timeout_ms)
+        described = {t["name"]: len(t["partitions"]) for t in admin.describe_topics(names)}
+    finally:
+        admin.close()
+    out = [TopicStatus(name, name in created, described[name]) for name in names]
+    for status in out:
+        if not status.created and status.partitions != settings.topic_partitions:
+            log.warning(
+                "topic %s exists with %d partitions (settings ask for %d); left unchanged",
+                status.name,
+                status.partitions,
+                settings.topic_partitions,
+            )
+    return out
