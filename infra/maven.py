@@ -21,7 +21,7 @@ def fetch_artifact(coords: str, part: str, log: Path, packaging: str = "jar") ->
     if path.exists():
         return path
     run(
-        ["mvn", "-B", "-q", "dependency:get", f"-Dartifact={coords}:{packaging}", "-Dtransitive=false"],
+        ["mvn", "-B", "-q", "-U", "dependency:get", f"-Dartifact={coords}:{packaging}", "-Dtransitive=false"],
         part,
         log,
     )

@@ -32,8 +32,11 @@ def run(cmd: Sequence[str], part: str, log: Path | None = None, **kw) -> subproc
         with log.open("a") as fh:
             fh.write(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}\n")
     if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-8:]
-        raise InfraError(part, f"`{' '.join(cmd[:3])} ...` exited {proc.returncode}: " + " | ".join(tail), log)
+        lines = (proc.stdout + proc.stderr).strip().splitlines()
+        # Maven buries the cause under boilerplate: prefer the lines that say what failed
+        key = [ln for ln in lines if "Failed to execute" in ln or "Could not" in ln or "not found" in ln.lower()]
+        reason = " | ".join((key or lines[-6:])[:3])[:600]
+        raise InfraError(part, f"`{' '.join(cmd[:3])} ...` exited {proc.returncode}: {reason}", log)
     return proc
 
 

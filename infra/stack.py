@@ -1,15 +1,22 @@
-"""Bring the parts of the stack up, down, and report on them, in dependency order."""
+"""Bring the parts of the stack up, down, and report on them, in dependency order.
+
+Servers (postgres, kafka, elasticsearch) and the model come first; memory-ledger's
+own processes (worker, indexer, api) start after them and stop before them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
 
-from infra import elasticsearch, kafka, model, postgres
+from infra import elasticsearch, kafka, model, postgres, service
 from infra.procs import InfraError
 from infra.settings import Settings
 
 SERVERS: dict[str, ModuleType] = {"postgres": postgres, "kafka": kafka, "elasticsearch": elasticsearch}
+SERVER_ORDER = ["postgres", "kafka", "elasticsearch", "model"]
+SERVICE_ORDER = ["worker", "indexer", "api"]
+ALL_PARTS = SERVER_ORDER + SERVICE_ORDER
 
 
 @dataclass
@@ -22,11 +29,25 @@ class PartStatus:
     log: str
 
 
-def _healthy(mod: ModuleType, s: Settings) -> bool:
+def _healthy(part: str, s: Settings) -> bool:
     try:
-        return bool(mod.healthy(s))
+        if part in SERVICE_ORDER:
+            return service.healthy(s, part)
+        return bool((model if part == "model" else SERVERS[part]).healthy(s))
     except Exception:  # noqa: BLE001 - a failed probe is "not healthy"
         return False
+
+
+def _describe(part: str, s: Settings) -> dict[str, str]:
+    if part in SERVICE_ORDER:
+        return service.describe(s, part)
+    return (model if part == "model" else SERVERS[part]).describe(s)
+
+
+def _pid(part: str, s: Settings) -> int | None:
+    if part in SERVICE_ORDER:
+        return service.pid(s, part)
+    return SERVERS[part].pid(s) if part in SERVERS else None
 
 
 def up(s: Settings, parts: list[str], report=print) -> None:
@@ -40,38 +61,51 @@ def up(s: Settings, parts: list[str], report=print) -> None:
                 if not model.healthy(s):
                     raise InfraError("model", f"no model files in {s.model_dir}")
                 report(part, "ready")
-                continue
-            mod = SERVERS[part]
-            if part in s.managed:
+            elif part in SERVICE_ORDER:
+                was_running = service.pid(s, part) is not None
+                service.start(s, part)
+                if not was_running:
+                    started.append(part)
+                report(part, "already running" if was_running else "started")
+            elif part in s.managed:
+                mod = SERVERS[part]
                 was_running = mod.pid(s) is not None
                 mod.start(s)
                 if not was_running:
                     started.append(part)
                 report(part, "already running" if was_running else "started")
-            elif not _healthy(mod, s):
-                raise InfraError(part, f"external {part} is not reachable at {mod.describe(s)['address']}")
+            elif not _healthy(part, s):
+                raise InfraError(part, f"external {part} is not reachable at {_describe(part, s)['address']}")
             else:
                 report(part, "external, healthy")
     except BaseException:
         for part in reversed(started):
-            SERVERS[part].stop(s)
+            _stop(part, s)
         raise
 
 
+def _stop(part: str, s: Settings) -> bool:
+    if part in SERVICE_ORDER:
+        return service.stop(s, part)
+    if part in SERVERS and part in s.managed:
+        return SERVERS[part].stop(s)
+    return False
+
+
 def down(s: Settings, parts: list[str]) -> dict[str, bool]:
-    """Stop the servers infra started (by pid file); external ones are left alone."""
-    result = {}
-    for part in reversed(parts):
-        if part in SERVERS and part in s.managed:
-            result[part] = SERVERS[part].stop(s)
-    return result
+    """Stop the processes infra started (by pid file), services first; external servers are left alone."""
+    return {part: _stop(part, s) for part in reversed(parts) if part != "model"}
 
 
 def status(s: Settings, parts: list[str]) -> list[PartStatus]:
-    out = []
-    for part in parts:
-        mod = model if part == "model" else SERVERS[part]
-        desc = mod.describe(s)
-        pid = mod.pid(s) if part in SERVERS else None
-        out.append(PartStatus(part, part in s.managed, pid, _healthy(mod, s), desc["address"], desc["log"]))
-    return out
+    return [
+        PartStatus(
+            part,
+            part in s.managed or part in SERVICE_ORDER,
+            _pid(part, s),
+            _healthy(part, s),
+            _describe(part, s)["address"],
+            _describe(part, s)["log"],
+        )
+        for part in parts
+    ]

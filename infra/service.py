@@ -1,0 +1,67 @@
+"""memory-ledger's own processes (stream worker, search indexer, HTTP API) run like the servers.
+
+infra only spawns the `ledger` commands by name; it imports none of their code, so
+the data flow (producers -> stream_processors -> projections -> api) stays one-way.
+"""
+
+from __future__ import annotations
+
+import sys
+import urllib.request
+from pathlib import Path
+
+from infra.procs import InfraError, owned_pid, spawn, stop_pid, wait_until
+from infra.settings import Settings
+
+SERVICES = {
+    "worker": ["worker"],
+    "indexer": ["indexer"],
+    "api": ["serve"],
+}
+
+
+def _ledger() -> str:
+    return str(Path(sys.executable).parent / "ledger")
+
+
+def _pid_file(s: Settings, name: str) -> Path:
+    return s.run_dir / f"{name}.pid"
+
+
+def _log(s: Settings, name: str) -> Path:
+    return s.log_dir / f"{name}.log"
+
+
+def pid(s: Settings, name: str) -> int | None:
+    return owned_pid(_pid_file(s, name), " ".join(SERVICES[name]))
+
+
+def healthy(s: Settings, name: str) -> bool:
+    if pid(s, name) is None:
+        return False
+    if name == "api":
+        with urllib.request.urlopen(f"http://{s.api_host}:{s.api_port}/v1/health", timeout=3) as resp:
+            return resp.status == 200
+    return True
+
+
+def start(s: Settings, name: str, timeout: float = 90.0) -> None:
+    if pid(s, name) is None:
+        spawn([_ledger(), *SERVICES[name]], _log(s, name), _pid_file(s, name))
+    try:
+        wait_until(lambda: healthy(s, name), name, timeout, _log(s, name), lambda: pid(s, name) is not None)
+    except InfraError:
+        stop(s, name)
+        raise
+
+
+def stop(s: Settings, name: str) -> bool:
+    running = pid(s, name)
+    stopped = stop_pid(running, timeout=30) if running else False
+    _pid_file(s, name).unlink(missing_ok=True)
+    return stopped
+
+
+def describe(s: Settings, name: str) -> dict[str, str]:
+    address = f"http://{s.api_host}:{s.api_port}" if name == "api" else f"ledger {' '.join(SERVICES[name])}"
+    return {"address": address, "log": str(_log(s, name)), "data": "-"}
