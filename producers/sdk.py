@@ -1,0 +1,291 @@
+"""The Python SDK every service uses to write to the ledger (kafka-python underneath).
+
+Usage::
+
+    from infra.settings import get_settings
+    from producers.sdk import LedgerProducer, PublishError
+    from producers.contract import InvalidEvent
+
+    with LedgerProducer(get_settings()) as ledger:
+        r = ledger.assert_fact(
+            "acme", "project:P1", "project.port", 8080, "Project P1's backend listens on port 8080",
+            entities=["P1"], aliases=["backend port"], source={"type": "explicit", "ref": "msg-17"},
+        )
+        print(r.event_id, r.partition, r.offset)
+        ledger.retract("acme", "project:P1", "project.port", reason="service retired")
+        results = ledger.publish_many([{"type": "memory.asserted", "tenant": "acme", ...}, ...])
+
+Guarantees: acks=all, an idempotent producer with retries, Kafka key `tenant|subject` (one subject
+stays in one partition, in the order it was sent), the contract's orjson encoding. The event_id is
+chosen here (generated when absent) and is the idempotency key: to retry a publish whose outcome is
+unknown, publish *the same event* again; the projections count one event per event_id.
+
+Errors: an invalid event raises `contract.InvalidEvent` before anything is sent (in a batch, before
+*any* of the batch is sent); a broker that refuses, times out or cannot be reached raises
+`PublishError(event_id, reason, code)`. `send_many` never raises for a broker failure and returns
+one outcome per event instead, for callers (HTTP, CLI) that report per event.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kafka.errors as Errors
+from kafka import KafkaProducer
+
+from infra.settings import Settings
+from producers.contract import EventType, InvalidEvent, MemoryEvent, encode, from_dict
+from producers.topics import MAX_MESSAGE_BYTES, ensure_topics
+
+__all__ = ["EventLike", "InvalidEvent", "LedgerProducer", "PublishError", "PublishResult"]  # InvalidEvent: re-exported
+
+log = logging.getLogger(__name__)
+
+EventLike = MemoryEvent | Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """Where the broker stored an event: (partition, offset) is its position on the ledger."""
+
+    event_id: str
+    partition: int
+    offset: int
+
+
+class PublishError(Exception):
+    """The broker did not take the event. `code`: unavailable | timeout | refused | closed."""
+
+    def __init__(self, event_id: str | None, reason: str, code: str = "refused") -> None:
+        self.event_id, self.reason, self.code = event_id, reason, code
+        self.outcomes: list[PublishResult | PublishError] | None = None  # set by publish_many
+        super().__init__(f"event {event_id} not published ({code}): {reason}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": f"publish_{self.code}", "field": None, "message": self.reason}
+
+
+def _as_event(event: EventLike) -> MemoryEvent:
+    if isinstance(event, MemoryEvent):
+        return event
+    return from_dict(dict(event) if isinstance(event, Mapping) else event)
+
+
+def _code(exc: BaseException) -> str:
+    if isinstance(exc, Errors.KafkaTimeoutError):
+        return "timeout"
+    if isinstance(exc, Errors.NoBrokersAvailable | Errors.KafkaConnectionError):
+        return "unavailable"
+    if isinstance(exc, Errors.IllegalStateError):
+        return "closed"
+    return "refused"
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    name = type(exc).__name__
+    return text if text.startswith(name) else f"{name}: {text}" if text else name
+
+
+class LedgerProducer:
+    """A thread-safe producer for the ledger topic; connects on first use.
+
+    `timeout_s` bounds every wait: connecting, fetching metadata and delivery (retries included),
+    so a broker that is down gives a PublishError after about that long, never a hang.
+    `kafka_overrides` are passed to KafkaProducer as they are (e.g. `linger_ms`, `client_id`).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        timeout_s: float = 30.0,
+        create_topics: bool = True,
+        **kafka_overrides: Any,
+    ) -> None:
+        self.settings = settings
+        self.topic = settings.topic
+        self.timeout_s = timeout_s
+        self._create_topics = create_topics
+        self._overrides = kafka_overrides
+        self._producer: KafkaProducer | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def _config(self) -> dict[str, Any]:
+        timeout_ms = max(1000, int(self.timeout_s * 1000))
+        linger_ms = int(self._overrides.get("linger_ms", 5))
+        config: dict[str, Any] = {
+            "bootstrap_servers": self.settings.kafka_bootstrap,
+            "client_id": "memory-ledger-producer",
+            "acks": "all",
+            "enable_idempotence": True,
+            "retries": 2**31 - 1,  # bounded in time by delivery_timeout_ms, not by count
+            "max_in_flight_requests_per_connection": 5,  # <= 5 keeps order under idempotence
+            "linger_ms": linger_ms,
+            "batch_size": 64 * 1024,
+            "max_request_size": MAX_MESSAGE_BYTES,
+            "allow_auto_create_topics": False,  # the ledger topic is created by ensure_topics, never by accident
+            "bootstrap_timeout_ms": timeout_ms,
+            "max_block_ms": timeout_ms,
+            "request_timeout_ms": max(500, (timeout_ms - linger_ms) // 2),
+            "delivery_timeout_ms": timeout_ms,
+        }
+        config.update(self._overrides)
+        return config
+
+    def _connected(self, event_id: str | None) -> KafkaProducer:
+        """The KafkaProducer, created (and the topics ensured) on first use."""
+        if self._producer is not None:
+            return self._producer
+        with self._lock:
+            if self._closed:
+                raise PublishError(event_id, "the producer is closed", "closed")
+            if self._producer is None:
+                try:
+                    if self._create_topics:
+                        ensure_topics(self.settings, timeout_s=self.timeout_s)
+                    config = self._config()
+                    producer = KafkaProducer(**config)
+                    # kafka-python 3.0.12 does not pass allow_auto_create_topics on to its metadata
+                    # (net/manager.py builds ClusterMetadata without it): set it where it is read.
+                    metadata_config = getattr(getattr(producer, "_metadata", None), "config", None)
+                    if isinstance(metadata_config, dict):
+                        metadata_config["allow_auto_create_topics"] = config["allow_auto_create_topics"]
+                    self._producer = producer
+                except Exception as exc:  # noqa: BLE001 - any failure to connect is reported as unavailable
+                    reason = f"no usable broker at {self.settings.kafka_bootstrap}: {_reason(exc)}"
+                    raise PublishError(event_id, reason, "unavailable") from exc
+            return self._producer
+
+    def connect(self) -> LedgerProducer:
+        """Connect now instead of on the first publish (raises PublishError if the broker is unreachable)."""
+        self._connected(None)
+        return self
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Deliver what is buffered (bounded by timeout_s), then release the connection."""
+        with self._lock:
+            self._closed = True
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.close(timeout=self.timeout_s if timeout_s is None else timeout_s)
+
+    def __enter__(self) -> LedgerProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- publishing ------------------------------------------------------------------------
+    def send_many(self, events: Iterable[EventLike]) -> list[PublishResult | PublishError]:
+        """Validate all, send all, flush, then one outcome per event, in input order.
+
+        Raises InvalidEvent (nothing sent) if any event is invalid; broker failures come back
+        as PublishError values in the list, not raised.
+        """
+        valid = [_as_event(e) for e in events]
+        if not valid:
+            return []
+        try:
+            producer = self._connected(valid[0].event_id)
+        except PublishError as exc:
+            return [PublishError(e.event_id, exc.reason, exc.code) for e in valid]
+        pending: list[Any] = []
+        abort: PublishError | None = None
+        for event in valid:
+            if abort is not None:  # the broker is unusable: fail fast instead of waiting per event
+                pending.append(PublishError(event.event_id, abort.reason, abort.code))
+                continue
+            try:
+                pending.append(producer.send(self.topic, value=encode(event), key=event.kafka_key))
+            except Exception as exc:  # noqa: BLE001 - reported per event
+                err = PublishError(event.event_id, f"topic {self.topic!r}: {_reason(exc)}", _code(exc))
+                pending.append(err)
+                if err.code in ("timeout", "unavailable", "closed"):
+                    abort = err
+        try:
+            producer.flush(timeout=self.timeout_s + 5)
+        except Errors.KafkaTimeoutError:
+            log.warning("flush did not complete within %.1fs", self.timeout_s + 5)
+        return [self._outcome(event, item) for event, item in zip(valid, pending, strict=True)]
+
+    def _outcome(self, event: MemoryEvent, item: Any) -> PublishResult | PublishError:
+        if isinstance(item, PublishError):
+            return item
+        if not item.is_done:
+            return PublishError(event.event_id, f"no acknowledgement within {self.timeout_s + 5:.0f}s", "timeout")
+        if item.failed():
+            return PublishError(event.event_id, _reason(item.exception), _code(item.exception))
+        meta = item.value
+        return PublishResult(event.event_id, meta.partition, meta.offset)
+
+    def publish_many(self, events: Iterable[EventLike]) -> list[PublishResult]:
+        """Publish a batch; raises the first PublishError (with `.outcomes` for every event) if any failed."""
+        outcomes = self.send_many(events)
+        for outcome in outcomes:
+            if isinstance(outcome, PublishError):
+                outcome.outcomes = outcomes
+                raise outcome
+        return outcomes  # type: ignore[return-value]  # all PublishResult here
+
+    def publish(self, event: EventLike) -> PublishResult:
+        """Publish one event and wait for the broker's acknowledgement."""
+        return self.publish_many([event])[0]
+
+    # -- convenience -----------------------------------------------------------------------
+    def assert_fact(
+        self, tenant: str, subject: str, key: str | None, value: Any, content: str, **fields: Any
+    ) -> PublishResult:
+        """`memory.asserted`: the fact (tenant, subject, key, scope) now has this value."""
+        return self.publish(
+            {
+                "type": EventType.ASSERTED.value,
+                "tenant": tenant,
+                "subject": subject,
+                "key": key,
+                "value": value,
+                "content": content,
+                **fields,
+            }
+        )
+
+    def retract(
+        self, tenant: str, subject: str, key: str, scope: str = "", reason: str | None = None, **fields: Any
+    ) -> PublishResult:
+        """`memory.retracted`: the fact's active version ends."""
+        return self.publish(
+            {
+                "type": EventType.RETRACTED.value,
+                "tenant": tenant,
+                "subject": subject,
+                "key": key,
+                "scope": scope,
+                "reason": reason,
+                **fields,
+            }
+        )
+
+    def confirm(self, tenant: str, subject: str, key: str, scope: str = "", **fields: Any) -> PublishResult:
+        """`memory.confirmed`: the fact was re-confirmed (no new value)."""
+        return self.publish(
+            {
+                "type": EventType.CONFIRMED.value,
+                "tenant": tenant,
+                "subject": subject,
+                "key": key,
+                "scope": scope,
+                **fields,
+            }
+        )
+
+    def erase_subject(self, tenant: str, subject: str, reason: str | None = None, **fields: Any) -> PublishResult:
+        """`subject.erased`: the projections purge everything about the subject."""
+        return self.publish(
+            {"type": EventType.ERASED.value, "tenant": tenant, "subject": subject, "reason": reason, **fields}
+        )
