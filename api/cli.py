@@ -25,5 +25,17 @@ def serve(
     uvicorn.run("api.main:app", host=host or s.api_host, port=port or s.api_port, workers=workers, log_level="info")
 
 
+@app.command()
+def demo(
+    url: str | None = typer.Option(None, help="base URL of a running service (default: LEDGER_API_HOST/PORT)"),
+    api_key: str = typer.Option("dev-key", help="an API key bound to the tenant"),
+    tenant: str = typer.Option("demo", help="tenant to write the demo facts into"),
+) -> None:
+    """Publish bilingual facts, update one, show its history and recall with explanations."""
+    from api.demo import run
+
+    run(url, api_key, tenant)
+
+
 if __name__ == "__main__":
     app()
