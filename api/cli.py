@@ -37,5 +37,12 @@ def demo(
     run(url, api_key, tenant)
 
 
+# the write path's commands live in producers/cli.py (imports only typer at module level)
+from producers.cli import publish, topics  # noqa: E402
+
+app.command()(publish)
+app.command()(topics)
+
+
 if __name__ == "__main__":
     app()

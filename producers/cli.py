@@ -1,0 +1,175 @@
+"""`ledger publish FILE.jsonl` (or `-` for stdin) and `ledger topics`.
+
+`publish` streams one event per line through the SDK in batches, with a progress bar, and ends
+with a summary: accepted, rejected (line number, code, field, message), partitions used. An
+invalid line never stops the run: the valid lines around it are still published. Exit code 0 when
+every line was accepted, 1 when any was rejected, 2 when the broker could not be used at all.
+
+Only typer is imported at module level, so `ledger --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import typer
+
+__all__ = ["publish", "topics"]
+
+
+@dataclass
+class Rejection:
+    line: int
+    code: str
+    field: str | None
+    message: str
+
+
+@dataclass
+class Summary:
+    accepted: int = 0
+    rejected: list[Rejection] = field(default_factory=list)
+    partitions: Counter[int] = field(default_factory=Counter)
+    stopped: str | None = None  # why the run stopped early, if it did
+
+
+def _settings(topic: str | None) -> Any:
+    from infra.settings import get_settings
+
+    s = get_settings()
+    if topic:
+        s = s.model_copy(update={"topic": topic, "dlq_topic": f"{topic}.dlq"})
+    return s
+
+
+def _lines(stream: IO[bytes]):
+    """(line number, stripped bytes) for every non-blank line; line numbers are 1-based."""
+    for number, raw in enumerate(stream, start=1):
+        yield number, len(raw), raw.strip()
+
+
+class _Publisher:
+    """Collects decoded events into batches and sends each batch through the SDK."""
+
+    def __init__(self, producer: Any, summary: Summary, batch_size: int) -> None:
+        self.producer, self.summary, self.batch_size = producer, summary, batch_size
+        self.batch: list[tuple[int, Any]] = []
+
+    def add(self, line: int, event: Any) -> None:
+        self.batch.append((line, event))
+        if len(self.batch) >= self.batch_size:
+            self.flush()
+
+    def flush(self) -> None:
+        from producers.sdk import PublishError
+
+        if not self.batch:
+            return
+        batch, self.batch = self.batch, []
+        outcomes = self.producer.send_many(event for _, event in batch)
+        for (line, _), outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, PublishError):
+                self.summary.rejected.append(Rejection(line, f"publish_{outcome.code}", None, outcome.reason))
+                if outcome.code in ("unavailable", "closed"):
+                    self.summary.stopped = f"line {line}: {outcome.reason}"
+            else:
+                self.summary.accepted += 1
+                self.summary.partitions[outcome.partition] += 1
+
+
+def _run(stream: IO[bytes], total: int | None, producer: Any, batch_size: int, quiet: bool) -> Summary:
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from producers.contract import InvalidEvent, decode
+
+    summary = Summary()
+    publisher = _Publisher(producer, summary, batch_size)
+    progress = Progress(
+        TextColumn("[bold]publishing"),
+        BarColumn(),
+        DownloadColumn(),
+        TextColumn("{task.fields[counts]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=quiet,
+    )
+    with progress:
+        task = progress.add_task("publish", total=total, counts="")
+        for number, size, raw in _lines(stream):
+            if raw:
+                try:
+                    publisher.add(number, decode(raw))
+                except InvalidEvent as exc:
+                    summary.rejected.append(Rejection(number, exc.code, exc.field, exc.message))
+            progress.update(task, advance=size, counts=f"{summary.accepted} accepted, {len(summary.rejected)} rejected")
+            if summary.stopped:
+                break
+        if not summary.stopped:
+            publisher.flush()
+        progress.update(task, counts=f"{summary.accepted} accepted, {len(summary.rejected)} rejected")
+    return summary
+
+
+def _report(summary: Summary, show: int) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    out = Console(highlight=False, soft_wrap=True)
+    out.print(f"accepted: {summary.accepted}")
+    out.print(f"rejected: {len(summary.rejected)}")
+    for r in sorted(summary.rejected, key=lambda r: r.line)[:show]:
+        where = f" ({r.field})" if r.field else ""
+        out.print(f"  line {r.line}: {r.code}{where}: {escape(r.message)}")
+    if len(summary.rejected) > show:
+        out.print(f"  ... and {len(summary.rejected) - show} more")
+    used = ", ".join(f"{p}:{n}" for p, n in sorted(summary.partitions.items())) or "none"
+    out.print(f"partitions used: {used}")
+    if summary.stopped:
+        out.print(f"[bold red]stopped early[/]: {escape(summary.stopped)}")
+
+
+def publish(
+    file: str = typer.Argument(..., help="a JSONL file with one event per line, or - for stdin"),
+    topic: str | None = typer.Option(None, help="topic to write to (default: LEDGER_TOPIC)"),
+    batch_size: int = typer.Option(500, min=1, help="events sent per batch before waiting for acks"),
+    timeout: float = typer.Option(30.0, min=0.5, help="seconds to wait for the broker before giving up"),
+    show: int = typer.Option(50, min=0, help="how many rejected lines to list in the summary"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+) -> None:
+    """Publish events from a JSONL file (or stdin) to the ledger."""
+    from producers.sdk import LedgerProducer
+
+    settings = _settings(topic)
+    if file == "-":
+        stream, total = sys.stdin.buffer, None
+    else:
+        path = Path(file)
+        if not path.is_file():
+            raise typer.BadParameter(f"no such file: {file}", param_hint="FILE")
+        stream, total = path.open("rb"), path.stat().st_size
+    try:
+        with LedgerProducer(settings, timeout_s=timeout) as producer:
+            summary = _run(stream, total, producer, batch_size, quiet)
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+    _report(summary, show)
+    if summary.stopped:
+        raise typer.Exit(2)
+    raise typer.Exit(1 if summary.rejected else 0)
+
+
+def topics(
+    topic: str | None = typer.Option(None, help="ledger topic (default: LEDGER_TOPIC); its DLQ is TOPIC.dlq"),
+) -> None:
+    """Create the ledger topic and its dead-letter topic (idempotent)."""
+    from producers.topics import ensure_topics
+
+    for status in ensure_topics(_settings(topic)):
+        state = "created" if status.created else "exists"
+        typer.echo(f"{status.name}: {state}, {status.partitions} partitions")
