@@ -2,7 +2,8 @@
 
 from fastapi import APIRouter
 
-from api.routes import health
+from api.routes import events, health
 
 api_router = APIRouter()
 api_router.include_router(health.router)
+api_router.include_router(events.router)
