@@ -10,6 +10,7 @@ event JSON.
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -115,6 +116,7 @@ def kafka_key(tenant: str, subject: str) -> bytes:
 
 
 _Str = Field(min_length=1, max_length=256)
+_RFC3339_START = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
 
 
 class Source(BaseModel):
@@ -151,6 +153,16 @@ class MemoryEvent(BaseModel):
     valid_to: datetime | None = None
     reason: str | None = Field(default=None, max_length=1024)  # why a retraction/erasure happened
     schema_version: int = CURRENT_SCHEMA_VERSION
+
+    @field_validator("observed_at", "valid_from", "valid_to", mode="before")
+    @classmethod
+    def _rfc3339_only(cls, v: Any) -> Any:
+        # pydantic alone would also read 1700000000 or "1700000000" as a Unix time (seconds or ms: a guess)
+        if (isinstance(v, int | float) and not isinstance(v, bool)) or (
+            isinstance(v, str) and not _RFC3339_START.match(v)
+        ):
+            raise ValueError("must be an RFC 3339 time (e.g. 2026-01-02T03:04:05Z)")
+        return v
 
     @field_validator("observed_at", "valid_from", "valid_to")
     @classmethod
@@ -240,7 +252,9 @@ UPCASTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
 
 def upcast(data: dict[str, Any]) -> dict[str, Any]:
     """Bring an older event dict up to the current schema; never rewrites the stored record."""
-    version = data.get("schema_version", CURRENT_SCHEMA_VERSION)
+    # v0 records carried no schema_version: recognise them by their "text" field
+    implicit = 0 if "text" in data and "content" not in data else CURRENT_SCHEMA_VERSION
+    version = data.get("schema_version", implicit)
     if not isinstance(version, int) or isinstance(version, bool):
         raise InvalidEvent("wrong_type", "schema_version must be an integer", "schema_version")
     if version > CURRENT_SCHEMA_VERSION:
