@@ -13,14 +13,14 @@ import signal
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from infra.procs import InfraError, owned_pid, port_open, run, spawn, stop_pid, wait_until
+from infra.procs import InfraError, owned_pid, port_open, run, service_dir, spawn, stop_pid, wait_until
 from infra.settings import Settings
 
 PART = "postgres"
 
 
 def _paths(s: Settings) -> dict[str, Path]:
-    base = s.data_dir / "postgres"
+    base = service_dir(s.data_dir, "postgres")
     return {
         "base": base,
         "data": base / "data",

@@ -7,6 +7,7 @@ started (a recycled pid is never killed).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -173,3 +174,32 @@ def tail(log: Path, lines: int = 15) -> str:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def _reachable_by_others(path: Path) -> bool:
+    """Can a non-root user traverse every folder down to path?"""
+    for parent in [path, *path.parents]:
+        if parent.exists() and not parent.stat().st_mode & 0o001:
+            return False
+    return True
+
+
+def service_dir(data_dir: Path, name: str) -> Path:
+    """The real folder for a server that runs as its own user (Elasticsearch, PostgreSQL).
+
+    It is `<data_dir>/<name>` when that user can reach it; otherwise (a checkout under
+    /root, say) a folder under /var/lib/memory-ledger, linked from the data folder so it
+    is still found there. Always returned resolved, so the server never walks the link.
+    """
+    data_dir = data_dir.resolve()
+    link = data_dir / name
+    if link.is_symlink() or _reachable_by_others(data_dir):
+        return link.resolve()
+    digest = hashlib.sha256(str(data_dir).encode()).hexdigest()[:12]
+    target = Path("/var/lib/memory-ledger") / digest / name
+    target.mkdir(parents=True, exist_ok=True)
+    for parent in (target.parent, target.parent.parent):
+        parent.chmod(0o755)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target, target_is_directory=True)
+    return target
