@@ -1,0 +1,334 @@
+"""The pure core of the fact projection: events in, version-row changes out (DESIGN §3).
+
+No I/O here. A fact's chain is a *function of the set of its events*: `fold` recomputes every
+derived column (status, superseded_by/at, effective valid_to, version number, confirmations)
+from the assertions and the retractions/confirmations of one `memory_id`. So the order in which
+events arrive never matters (a late event with an older valid_from lands in its place as
+history), a replay from offset 0 gives the same rows, and `apply`/`plan` only have to diff the
+recomputed chain against the stored one.
+
+Policies:
+- `state`, `event`, and `preference` without valid_to: one lane ordered by (valid_from,
+  observed_at, event_id); each version is superseded by the next one (superseded_at = its
+  valid_from); the last one is active.
+- `preference` with a bounded valid_to: a temporary override; it never supersedes nor is
+  superseded, and readers prefer it inside its window (`visible_at`).
+- `episodic`: its own memory_id per event, so its chain is one version.
+- `memory.retracted` at time t ends the main-lane version covering t (and any override covering
+  t): valid_to = t, status `retracted`. `memory.confirmed` at time t counts on the main-lane
+  version covering t.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from producers.contract import EventType, Kind, MemoryEvent
+
+__all__ = [
+    "Changes",
+    "Mark",
+    "Version",
+    "apply",
+    "chain_problems",
+    "fold",
+    "is_override",
+    "mark_of",
+    "new_version",
+    "plan",
+    "visible_at",
+]
+
+ACTIVE, SUPERSEDED, RETRACTED = "active", "superseded", "retracted"
+# columns that fold() derives; everything else in a version row comes from its event, once
+DERIVED = ("valid_to", "status", "superseded_by", "superseded_at", "version", "confirmed_count", "last_confirmed_at")
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """One fact_versions row."""
+
+    version_id: str
+    memory_id: str
+    tenant: str
+    subject: str
+    key: str | None
+    scope: str
+    kind: str
+    value: Any
+    content: str
+    entities: tuple[str, ...]
+    aliases: tuple[str, ...]
+    tags: tuple[str, ...]
+    source: dict[str, Any]
+    confidence: float
+    importance: float
+    observed_at: datetime
+    valid_from: datetime
+    asserted_valid_to: datetime | None
+    partition: int
+    offset: int
+    valid_to: datetime | None = None
+    status: str = ACTIVE
+    superseded_by: str | None = None
+    superseded_at: datetime | None = None
+    version: int = 0
+    confirmed_count: int = 0
+    last_confirmed_at: datetime | None = None
+
+    @property
+    def order(self) -> tuple[datetime, datetime, str]:
+        return (self.valid_from, self.observed_at, self.version_id)
+
+    def derived(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in DERIVED)
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """A retraction or confirmation of a fact: only its times matter to the chain."""
+
+    event_id: str
+    type: str  # EventType value
+    valid_from: datetime
+    observed_at: datetime
+
+    @property
+    def order(self) -> tuple[datetime, datetime, str]:
+        return (self.valid_from, self.observed_at, self.event_id)
+
+
+@dataclass
+class Changes:
+    """What one event (or a batch of them) does to one fact's rows."""
+
+    inserts: list[Version] = field(default_factory=list)
+    updates: list[Version] = field(default_factory=list)
+
+    @property
+    def outbox(self) -> list[Version]:
+        """Every inserted or updated version is re-indexed by search."""
+        return [*self.inserts, *self.updates]
+
+    def __bool__(self) -> bool:
+        return bool(self.inserts or self.updates)
+
+
+def new_version(event: MemoryEvent, partition: int, offset: int) -> Version:
+    """The version row an assertion creates, before its chain columns are folded in."""
+    if event.type is not EventType.ASSERTED:
+        raise ValueError(f"{event.type.value} does not create a version")
+    assert event.valid_from is not None and event.content is not None  # the contract fills/demands them
+    return Version(
+        version_id=event.event_id,
+        memory_id=event.memory_id,
+        tenant=event.tenant,
+        subject=event.subject,
+        key=event.key,
+        scope=event.scope,
+        kind=event.kind.value,
+        value=event.value,
+        content=event.content,
+        entities=tuple(event.entities),
+        aliases=tuple(event.aliases),
+        tags=tuple(event.tags),
+        source=event.source.model_dump(mode="json", exclude_none=True),
+        confidence=float(event.confidence if event.confidence is not None else 0.8),
+        importance=float(event.importance),
+        observed_at=event.observed_at,
+        valid_from=event.valid_from,
+        asserted_valid_to=event.valid_to,
+        valid_to=event.valid_to,
+        partition=partition,
+        offset=offset,
+    )
+
+
+def mark_of(event: MemoryEvent) -> Mark:
+    if event.type not in (EventType.RETRACTED, EventType.CONFIRMED):
+        raise ValueError(f"{event.type.value} is not a retraction or confirmation")
+    assert event.valid_from is not None
+    return Mark(event.event_id, event.type.value, event.valid_from, event.observed_at)
+
+
+def is_override(v: Version) -> bool:
+    """A preference with a bounded valid_to shadows the long-term value; it supersedes nothing."""
+    return v.kind == Kind.PREFERENCE.value and v.asserted_valid_to is not None
+
+
+def _covering(main: Sequence[Version], ends: Sequence[datetime | None], t: datetime) -> int | None:
+    """Index of the main-lane version in force at valid time t (None: nothing was)."""
+    for i in range(len(main) - 1, -1, -1):
+        if main[i].valid_from <= t:
+            end = ends[i]
+            return i if end is None or t < end else None
+    return None
+
+
+def fold(versions: Iterable[Version], marks: Iterable[Mark]) -> list[Version]:
+    """Recompute the derived columns of one fact's versions from its assertions and marks.
+
+    Returns the versions ordered by valid time, numbered 1..n. Depends only on the sets given,
+    never on their order.
+    """
+    rows = sorted(versions, key=lambda v: v.order)
+    main = [v for v in rows if not is_override(v)]
+    overrides = [v for v in rows if is_override(v)]
+    valid_to: dict[str, datetime | None] = {v.version_id: v.asserted_valid_to for v in rows}
+    next_of: dict[str, Version] = {main[i].version_id: main[i + 1] for i in range(len(main) - 1)}
+    retracted: set[str] = set()
+    confirmed: dict[str, list[datetime]] = {}
+
+    def ends() -> list[datetime | None]:
+        out: list[datetime | None] = []
+        for v in main:
+            nxt = next_of.get(v.version_id)
+            candidates = [t for t in (valid_to[v.version_id], nxt.valid_from if nxt else None) if t is not None]
+            out.append(min(candidates) if candidates else None)
+        return out
+
+    ordered = sorted(marks, key=lambda m: m.order)
+    for m in ordered:  # retractions first, in valid-time order: the earliest one ends a version
+        if m.type != EventType.RETRACTED.value:
+            continue
+        t = m.valid_from
+        i = _covering(main, ends(), t)
+        if i is not None:
+            valid_to[main[i].version_id] = t
+            retracted.add(main[i].version_id)
+        for o in overrides:
+            end = valid_to[o.version_id]
+            if o.valid_from <= t and (end is None or t < end):
+                valid_to[o.version_id] = t
+                retracted.add(o.version_id)
+    final_ends = ends()
+    for m in ordered:
+        if m.type != EventType.CONFIRMED.value:
+            continue
+        i = _covering(main, final_ends, m.valid_from)
+        if i is not None:
+            confirmed.setdefault(main[i].version_id, []).append(m.observed_at)
+
+    out: list[Version] = []
+    for number, v in enumerate(rows, start=1):
+        nxt = next_of.get(v.version_id)
+        if v.version_id in retracted:
+            status = RETRACTED
+        elif nxt is not None:
+            status = SUPERSEDED
+        else:
+            status = ACTIVE
+        confirms = confirmed.get(v.version_id, [])
+        out.append(
+            dataclasses.replace(
+                v,
+                valid_to=valid_to[v.version_id],
+                status=status,
+                superseded_by=nxt.version_id if nxt else None,
+                superseded_at=nxt.valid_from if nxt else None,
+                version=number,
+                confirmed_count=len(confirms),
+                last_confirmed_at=max(confirms) if confirms else None,
+            )
+        )
+    return out
+
+
+def plan(
+    versions: Sequence[Version],
+    marks: Sequence[Mark],
+    new_versions: Iterable[Version] = (),
+    new_marks: Iterable[Mark] = (),
+) -> Changes:
+    """The inserts and updates that bring one fact's stored rows to the folded state.
+
+    `versions`/`marks` are what is stored; the new ones are added unless their event_id is
+    already known (a duplicate has no effect at all).
+    """
+    known_versions = {v.version_id for v in versions}
+    known_marks = {m.event_id for m in marks}
+    added_v = [v for v in _unique(new_versions, lambda v: v.version_id) if v.version_id not in known_versions]
+    added_m = [m for m in _unique(new_marks, lambda m: m.event_id) if m.event_id not in known_marks]
+    if not added_v and not added_m:
+        return Changes()
+    stored = {v.version_id: v for v in versions}
+    changes = Changes()
+    for v in fold([*versions, *added_v], [*marks, *added_m]):
+        old = stored.get(v.version_id)
+        if old is None:
+            changes.inserts.append(v)
+        elif old.derived() != v.derived():
+            changes.updates.append(v)
+    return changes
+
+
+def apply(
+    event: MemoryEvent, versions: Sequence[Version], marks: Sequence[Mark], *, partition: int, offset: int
+) -> Changes:
+    """What one event does to its fact, given the fact's stored versions and marks.
+
+    `subject.erased` is not a per-fact change (the recorder purges the subject): no Changes.
+    """
+    if event.type is EventType.ASSERTED:
+        return plan(versions, marks, new_versions=[new_version(event, partition, offset)])
+    if event.type in (EventType.RETRACTED, EventType.CONFIRMED):
+        return plan(versions, marks, new_marks=[mark_of(event)])
+    return Changes()
+
+
+def _unique(items: Iterable[Any], key: Any) -> list[Any]:
+    seen: set[str] = set()
+    out = []
+    for item in items:
+        k = key(item)
+        if k not in seen:
+            seen.add(k)
+            out.append(item)
+    return out
+
+
+def visible_at(rows: Iterable[Version], t: datetime) -> list[Version]:
+    """The version of each fact that holds at valid time t: an override wins inside its window.
+
+    A version holds on [valid_from, min(valid_to, superseded_at)); retracted or superseded
+    versions still hold before their end, so `as_of` in the past shows them.
+    """
+    best: dict[str, Version] = {}
+    for v in rows:
+        if v.valid_from > t or (v.valid_to is not None and t >= v.valid_to):
+            continue
+        if v.superseded_at is not None and t >= v.superseded_at:
+            continue
+        cur = best.get(v.memory_id)
+        if cur is None or (is_override(v), v.order) > (is_override(cur), cur.order):
+            best[v.memory_id] = v
+    return sorted(best.values(), key=lambda v: (v.key or "", v.scope, v.valid_from, v.memory_id))
+
+
+def chain_problems(rows: Sequence[Version]) -> list[str]:
+    """Invariant violations among one fact's rows (empty: healthy); the tests and /v1/stats check the same."""
+    problems: list[str] = []
+    by_id = {v.version_id: v for v in rows}
+    numbers = sorted(v.version for v in rows)
+    if numbers != list(range(1, len(rows) + 1)):
+        problems.append(f"versions are {numbers}, not 1..{len(rows)}")
+    current = [v for v in rows if v.status == ACTIVE and v.valid_to is None and v.superseded_by is None]
+    if len(current) > 1:
+        problems.append(f"{len(current)} active open-ended versions")
+    for v in rows:
+        if (v.superseded_by is None) != (v.superseded_at is None):
+            problems.append(f"{v.version_id}: superseded_by and superseded_at disagree")
+        if v.status == SUPERSEDED and v.superseded_by is None:
+            problems.append(f"{v.version_id}: superseded without a successor")
+        if v.status == ACTIVE and v.superseded_by is not None:
+            problems.append(f"{v.version_id}: active but superseded")
+        nxt = by_id.get(v.superseded_by) if v.superseded_by else None
+        if v.superseded_by and nxt is None:
+            problems.append(f"{v.version_id}: successor {v.superseded_by} missing")
+        if nxt is not None and (nxt.version <= v.version or nxt.valid_from != v.superseded_at):
+            problems.append(f"{v.version_id}: successor out of order")
+    return problems

@@ -1,0 +1,241 @@
+"""The pure version core (projections.versions): policies, order independence, invariants. No server."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from producers.contract import EventType, MemoryEvent
+from projections.versions import Mark, Version, apply, chain_problems, fold, mark_of, new_version, visible_at
+
+pytestmark = pytest.mark.unit
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def at(days: float) -> datetime:
+    return T0 + timedelta(days=days)
+
+
+def ev(eid: str, day: float, *, type: str = "memory.asserted", value=None, kind="state", to=None, obs=None, **kw):
+    data = dict(
+        event_id=eid,
+        type=type,
+        tenant="acme",
+        subject="user:1",
+        key="pref.drink",
+        kind=kind,
+        valid_from=at(day),
+        observed_at=at(obs if obs is not None else day),
+        **kw,
+    )
+    if type == "memory.asserted":
+        data["content"] = f"drinks {value}"
+        data["value"] = value
+    if to is not None:
+        data["valid_to"] = at(to)
+    return MemoryEvent(**data)
+
+
+class Store:
+    """Applies changes the way the recorder does: rows by id, marks kept."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Version] = {}
+        self.marks: list[Mark] = []
+        self.mark_fact: dict[str, str] = {}
+        self.offset = 0
+
+    def feed(self, event: MemoryEvent):
+        self.offset += 1
+        mid = event.memory_id  # the recorder hands apply() the rows and marks of the event's fact only
+        rows = [v for v in self.rows.values() if v.memory_id == mid]
+        marks = [m for m in self.marks if self.mark_fact[m.event_id] == mid]
+        changes = apply(event, rows, marks, partition=0, offset=self.offset)
+        for v in changes.outbox:
+            self.rows[v.version_id] = v
+        if event.type in (EventType.RETRACTED, EventType.CONFIRMED) and event.event_id not in {
+            m.event_id for m in self.marks
+        }:
+            self.marks.append(mark_of(event))
+            self.mark_fact[event.event_id] = mid
+        return changes
+
+    def chain(self) -> list[Version]:
+        return sorted(self.rows.values(), key=lambda v: v.version)
+
+
+def state_of(rows):
+    """Rows without the arrival-dependent columns (partition/offset)."""
+    return sorted((dataclasses.replace(v, partition=0, offset=0) for v in rows), key=lambda v: v.version_id)
+
+
+def test_state_supersedes_previous_version():
+    s = Store()
+    s.feed(ev("a", 0, value=1))
+    s.feed(ev("b", 1, value=2))
+    a, b = s.chain()
+    assert (a.status, a.superseded_by, a.superseded_at, a.version) == ("superseded", "b", at(1), 1)
+    assert (b.status, b.superseded_by, b.version) == ("active", None, 2)
+    assert chain_problems(s.chain()) == []
+    assert [v.value for v in visible_at(s.chain(), at(5))] == [2]
+    assert [v.value for v in visible_at(s.chain(), at(0.5))] == [1]
+
+
+def test_late_event_with_older_valid_from_becomes_history():
+    s = Store()
+    s.feed(ev("a", 0, value=1))
+    s.feed(ev("c", 10, value=3))
+    changes = s.feed(ev("b", 5, value=2, obs=20))  # arrives last, holds in between
+    assert {v.version_id for v in changes.inserts} == {"b"}
+    assert {v.version_id for v in changes.updates} == {"a", "c"}  # a re-pointed, c renumbered
+    a, b, c = s.chain()
+    assert (a.superseded_by, b.superseded_by, c.superseded_by) == ("b", "c", None)
+    assert (b.status, b.superseded_at, c.status, c.version) == ("superseded", at(10), "active", 3)
+    assert [v.value for v in visible_at(s.chain(), at(7))] == [2]
+    assert [v.value for v in visible_at(s.chain(), at(11))] == [3]
+
+
+def test_duplicate_event_id_has_no_effect():
+    s = Store()
+    s.feed(ev("a", 0, value=1))
+    before = s.chain()
+    assert not s.feed(ev("a", 3, value=99))
+    assert s.chain() == before
+    s.feed(ev("r", 1, type="memory.confirmed"))
+    assert not s.feed(ev("r", 1, type="memory.confirmed"))
+    assert s.chain()[0].confirmed_count == 1
+
+
+def test_preference_override_shadows_without_superseding():
+    s = Store()
+    s.feed(ev("long", 0, value="concise", kind="preference"))
+    s.feed(ev("tmp", 5, value="detailed", kind="preference", to=6))
+    long, tmp = s.chain()
+    assert long.status == "active" and long.superseded_by is None
+    assert tmp.status == "active" and tmp.valid_to == at(6)
+    assert [v.value for v in visible_at(s.chain(), at(5.5))] == ["detailed"]
+    assert [v.value for v in visible_at(s.chain(), at(7))] == ["concise"]
+    assert [v.value for v in visible_at(s.chain(), at(4))] == ["concise"]
+    # an open-ended preference still supersedes the long-term one
+    s.feed(ev("new", 8, value="bullet points", kind="preference"))
+    assert s.rows["long"].superseded_by == "new" and s.rows["tmp"].superseded_by is None
+    assert chain_problems(s.chain()) == []
+
+
+def test_episodic_is_append_only():
+    s = Store()
+    e1 = MemoryEvent(event_id="e1", type="memory.asserted", tenant="acme", subject="u", kind="episodic", content="x")
+    e2 = MemoryEvent(event_id="e2", type="memory.asserted", tenant="acme", subject="u", kind="episodic", content="y")
+    assert e1.memory_id != e2.memory_id
+    for e in (e1, e2):
+        s.feed(e)
+    assert {(v.status, v.version, v.superseded_by) for v in s.chain()} == {("active", 1, None)}
+
+
+def test_retraction_ends_the_active_version():
+    s = Store()
+    s.feed(ev("a", 0, value=1))
+    s.feed(ev("b", 2, value=2))
+    s.feed(ev("r", 4, type="memory.retracted"))
+    a, b = s.chain()
+    assert (b.status, b.valid_to) == ("retracted", at(4))
+    assert a.status == "superseded"
+    assert visible_at(s.chain(), at(5)) == []
+    assert [v.value for v in visible_at(s.chain(), at(3))] == [2]
+    # a later assertion makes the fact current again
+    s.feed(ev("c", 6, value=3))
+    assert [v.value for v in visible_at(s.chain(), at(7))] == [3]
+    assert chain_problems(s.chain()) == []
+
+
+def test_retraction_then_late_assertion_before_it_is_retracted_too():
+    s = Store()
+    s.feed(ev("a", 0, value=1))
+    s.feed(ev("r", 5, type="memory.retracted"))
+    s.feed(ev("b", 3, value=2, obs=9))  # holds from 3, so the retraction at 5 ends it, not a
+    a, b = s.chain()
+    assert (a.status, a.valid_to, a.superseded_by) == ("superseded", None, "b")
+    assert (b.status, b.valid_to) == ("retracted", at(5))
+
+
+def test_confirmation_counts_on_the_version_in_force():
+    s = Store()
+    s.feed(ev("a", 0, value=1))
+    s.feed(ev("c1", 1, type="memory.confirmed"))
+    s.feed(ev("c2", 2, type="memory.confirmed"))
+    a = s.chain()[0]
+    assert (a.confirmed_count, a.last_confirmed_at, a.value) == (2, at(2), 1)
+    assert len(s.rows) == 1  # no new value
+
+
+def test_new_version_copies_the_event():
+    e = ev("a", 0, value={"port": 8080}, entities=["P1"], source={"type": "explicit"})
+    v = new_version(e, partition=3, offset=42)
+    assert (v.partition, v.offset, v.confidence, v.entities, v.source) == (3, 42, 1.0, ("P1",), {"type": "explicit"})
+
+
+def _random_history(rng: random.Random, n: int) -> list[MemoryEvent]:
+    out = []
+    for i in range(n):
+        day = rng.randrange(0, 30)
+        roll = rng.random()
+        if roll < 0.55:
+            out.append(ev(f"s{i}", day, value=i, obs=day + rng.random()))
+        elif roll < 0.7:
+            out.append(ev(f"p{i}", day, value=i, kind="preference", to=day + rng.randrange(1, 5)))
+        elif roll < 0.85:
+            out.append(ev(f"r{i}", day, type="memory.retracted"))
+        else:
+            out.append(ev(f"c{i}", day, type="memory.confirmed"))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_any_arrival_order_gives_the_same_chain_and_invariants_hold(seed):
+    rng = random.Random(seed)
+    history = _random_history(rng, rng.randrange(2, 12))
+    reference = None
+    for _ in range(6):
+        order = history[:]
+        rng.shuffle(order)
+        s = Store()
+        for e in order + order[:2]:  # with some redelivered duplicates
+            s.feed(e)
+            assert chain_problems(list(s.rows.values())) == []
+        got = state_of(s.rows.values())
+        reference = reference or got
+        assert got == reference
+    # the incremental result equals one fold over everything
+    s_once = fold(
+        [new_version(e, 0, 0) for e in history if e.type is EventType.ASSERTED],
+        [mark_of(e) for e in history if e.type is not EventType.ASSERTED],
+    )
+    assert state_of(s_once) == reference
+    for day in range(0, 32, 3):
+        per_fact = visible_at(s_once, at(day + 0.5))
+        assert len(per_fact) <= 1
+
+
+def test_chain_problems_detects_broken_chains():
+    s = Store()
+    for e in (ev("a", 0, value=1), ev("b", 1, value=2)):
+        s.feed(e)
+    a, b = s.chain()
+    assert chain_problems([dataclasses.replace(a, superseded_at=None), b])
+    assert chain_problems([a, dataclasses.replace(b, version=3)])
+    assert chain_problems([dataclasses.replace(a, status="active", superseded_by=None, superseded_at=None), b])
+    assert chain_problems([a, dataclasses.replace(b, superseded_by="zz", superseded_at=at(3), status="superseded")])
+
+
+def test_all_pairs_of_two_assertions_keep_one_current():
+    for (d1, k1), (d2, k2) in itertools.product([(0, "state"), (1, "preference")], repeat=2):
+        s = Store()
+        s.feed(ev("x", d1, value=1, kind=k1))
+        s.feed(ev("y", d2 + 0.5, value=2, kind=k2))
+        current = [v for v in s.rows.values() if v.status == "active" and v.superseded_by is None]
+        assert len(current) == 1
