@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -78,7 +79,7 @@ def _as_event(event: EventLike) -> MemoryEvent:
 def _code(exc: BaseException) -> str:
     if isinstance(exc, Errors.KafkaTimeoutError):
         return "timeout"
-    if isinstance(exc, Errors.NoBrokersAvailable | Errors.KafkaConnectionError):
+    if isinstance(exc, Errors.KafkaConnectionError):
         return "unavailable"
     if isinstance(exc, Errors.IllegalStateError):
         return "closed"
@@ -209,10 +210,17 @@ class LedgerProducer:
                 pending.append(err)
                 if err.code in ("timeout", "unavailable", "closed"):
                     abort = err
+        deadline = time.monotonic() + self.timeout_s + 5  # delivery_timeout_ms fails a record before this
         try:
             producer.flush(timeout=self.timeout_s + 5)
-        except Errors.KafkaTimeoutError:
-            log.warning("flush did not complete within %.1fs", self.timeout_s + 5)
+        except Errors.KafkaError as exc:  # e.g. 3.0.12's "Future not done" after a batch split: wait per record
+            log.debug("flush: %s", _reason(exc))
+        for item in pending:
+            if not isinstance(item, PublishError) and not item.is_done:
+                try:
+                    item.get(timeout=max(0.0, deadline - time.monotonic()))
+                except Exception:  # noqa: BLE001, S110 - the outcome is read from the future below
+                    pass
         return [self._outcome(event, item) for event, item in zip(valid, pending, strict=True)]
 
     def _outcome(self, event: MemoryEvent, item: Any) -> PublishResult | PublishError:

@@ -1,0 +1,363 @@
+"""The write path against the real broker: the SDK from threads and processes, its errors, the CLI."""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+
+from infra.settings import Settings
+from producers.contract import InvalidEvent, MemoryEvent, decode, from_dict
+from producers.sdk import LedgerProducer, PublishError, PublishResult
+from producers.topics import ensure_topics
+
+READ_TIMEOUT_S = 60.0
+SUBJECTS = [f"user:{i}" for i in range(24)]  # shared by every producer, so their writes interleave
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def read_topic(settings: Settings, timeout_s: float = READ_TIMEOUT_S) -> list[Any]:
+    """Every record on the topic, read from offset 0 to the end offsets (no consumer group)."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False, group_id=None, consumer_timeout_ms=1000
+    )
+    try:
+        parts = [TopicPartition(settings.topic, p) for p in sorted(consumer.partitions_for_topic(settings.topic))]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        end = consumer.end_offsets(parts)
+        records: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < end[tp] for tp in parts):
+            assert time.monotonic() < deadline, f"could not read to the end offsets {end} in {timeout_s}s"
+            for batch in consumer.poll(timeout_ms=500).values():
+                records.extend(batch)
+        return records
+    finally:
+        consumer.close()
+
+
+def drop_topics(settings: Settings, *names: str) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    try:
+        existing = set(admin.list_topics())
+        doomed = [n for n in (names or (settings.topic, settings.dlq_topic)) if n in existing]
+        if doomed:
+            admin.delete_topics(doomed)
+    finally:
+        admin.close()
+
+
+def _event(producer_name: str, seq: int, subject: str) -> dict[str, Any]:
+    return {
+        "type": "memory.asserted",
+        "tenant": "acme",
+        "subject": subject,
+        "key": "counter",
+        "value": {"producer": producer_name, "seq": seq},
+        "content": f"{producer_name} says {seq}",
+    }
+
+
+def produce_sequence(settings: Settings, name: str, count: int) -> list[tuple[str, str, int, int, int]]:
+    """One producer sends `count` events round-robin over SUBJECTS: (event_id, subject, seq, partition, offset).
+
+    Module level so that a spawned process can run it. Mixes batches and single publishes.
+    """
+    out: list[tuple[str, str, int, int, int]] = []
+    with LedgerProducer(settings) as producer:
+        seq = 0
+        while seq < count:
+            size = 1 if seq % 7 == 0 else 50
+            events = [
+                from_dict(_event(name, s, SUBJECTS[s % len(SUBJECTS)])) for s in range(seq, min(count, seq + size))
+            ]
+            results = [producer.publish(events[0])] if size == 1 else producer.publish_many(events)
+            for event, result in zip(events, results, strict=True):
+                assert result.event_id == event.event_id
+                out.append((event.event_id, event.subject, event.value["seq"], result.partition, result.offset))
+            seq += len(events)
+    return out
+
+
+@pytest.fixture
+def ledger(settings: Settings):
+    """A private ledger topic (6 partitions) and DLQ, deleted afterwards."""
+    ensure_topics(settings)
+    yield settings
+    drop_topics(settings)
+
+
+# -- many producers ---------------------------------------------------------------------------
+
+
+def test_threads_and_processes_in_parallel_lose_nothing_and_keep_per_subject_order(ledger: Settings) -> None:
+    n_threads, n_procs, per_producer = 4, 3, 500
+    sent: dict[str, list] = {}
+    errors: list[BaseException] = []
+
+    def run_thread(name: str) -> None:
+        try:
+            sent[name] = produce_sequence(ledger, name, per_producer)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread below
+            errors.append(exc)
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=n_procs, mp_context=ctx) as pool:
+        futures = {f"proc{i}": pool.submit(produce_sequence, ledger, f"proc{i}", per_producer) for i in range(n_procs)}
+        threads = [threading.Thread(target=run_thread, args=(f"thread{i}",)) for i in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        for name, fut in futures.items():
+            sent[name] = fut.result(timeout=120)
+    assert not errors, errors
+    assert all(not t.is_alive() for t in threads)
+    total = (n_threads + n_procs) * per_producer
+    assert sum(len(v) for v in sent.values()) == total
+
+    records = read_topic(ledger)
+    on_topic = {}
+    for r in records:
+        event = decode(r.value)
+        assert r.key == event.kafka_key
+        on_topic[event.event_id] = (event, r.partition, r.offset)
+    assert len(records) == total  # nothing lost, nothing doubled
+    assert set(on_topic) == {row[0] for rows in sent.values() for row in rows}
+
+    subject_partition: dict[str, int] = {}
+    for name, rows in sent.items():
+        per_subject: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for event_id, subject, seq, partition, offset in rows:
+            event, real_partition, real_offset = on_topic[event_id]
+            # publish() told the truth about where the event is
+            assert (partition, offset) == (real_partition, real_offset)
+            assert event.value == {"producer": name, "seq": seq} and event.subject == subject
+            # one subject, one partition, whoever sent it
+            assert subject_partition.setdefault(subject, partition) == partition
+            per_subject[subject].append((seq, offset))
+        for subject, pairs in per_subject.items():
+            by_offset = [seq for seq, _ in sorted(pairs, key=lambda p: p[1])]
+            assert by_offset == sorted(by_offset), f"{name} {subject}: order on the ledger differs from send order"
+    assert len(set(subject_partition.values())) > 1  # keys really spread over the partitions
+
+
+def test_a_republished_event_carries_the_same_event_id(ledger: Settings) -> None:
+    event = from_dict(_event("p", 1, "user:1"))
+    with LedgerProducer(ledger) as producer:
+        first = producer.publish(event)
+        again = producer.publish(event)  # e.g. a retry after a lost acknowledgement
+        raw_dict = producer.publish(event.to_wire())  # and from the wire dict
+    assert first.event_id == again.event_id == raw_dict.event_id == event.event_id
+    assert again.offset > first.offset and again.partition == first.partition
+    records = read_topic(ledger)
+    assert len(records) == 3
+    assert {decode(r.value).event_id for r in records} == {event.event_id}
+    assert len({r.value for r in records}) == 1  # byte-identical: downstream sees one event thrice
+
+
+def test_convenience_calls_build_the_right_events(ledger: Settings) -> None:
+    with LedgerProducer(ledger) as producer:
+        results = [
+            producer.assert_fact(
+                "acme", "project:P1", "project.port", 8080, "P1 listens on 8080", source={"type": "explicit"}
+            ),
+            producer.confirm("acme", "project:P1", "project.port"),
+            producer.retract("acme", "project:P1", "project.port", reason="moved"),
+            producer.assert_fact("acme", "project:P1", None, None, "we met on Monday", kind="episodic"),
+            producer.erase_subject("acme", "project:P1", reason="gdpr request"),
+        ]
+    events = {decode(r.value).event_id: decode(r.value) for r in read_topic(ledger)}
+    got = [events[r.event_id] for r in results]
+    assert [e.type.value for e in got] == [
+        "memory.asserted",
+        "memory.confirmed",
+        "memory.retracted",
+        "memory.asserted",
+        "subject.erased",
+    ]
+    assert got[0].confidence == 1.0 and got[0].value == 8080
+    assert got[2].reason == "moved" and got[4].reason == "gdpr request"
+    assert got[3].kind.value == "episodic" and got[3].key is None
+    assert len({r.partition for r in results}) == 1  # one subject, one partition
+    assert [r.offset for r in results] == sorted(r.offset for r in results)
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def test_an_invalid_event_in_a_batch_stops_the_batch_before_anything_is_sent(ledger: Settings) -> None:
+    good = _event("p", 1, "user:1")
+    with LedgerProducer(ledger) as producer:
+        with pytest.raises(InvalidEvent) as info:
+            producer.publish_many([good, good, {**good, "tenant": ""}])
+        assert info.value.field == "tenant"
+        with pytest.raises(InvalidEvent):
+            producer.assert_fact("acme", "user:1", "k", 1, content="")
+        producer.publish(MemoryEvent(type="subject.erased", tenant="acme", subject="marker"))
+    records = read_topic(ledger)
+    assert [decode(r.value).subject for r in records] == ["marker"]
+
+
+def test_unreachable_broker_gives_a_clear_error_quickly(settings: Settings) -> None:
+    nowhere = settings.model_copy(update={"kafka_bootstrap": "127.0.0.1:1"})
+    event = from_dict(_event("p", 1, "user:1"))
+    t0 = time.monotonic()
+    with LedgerProducer(nowhere, timeout_s=2) as producer:
+        with pytest.raises(PublishError) as info:
+            producer.publish(event)
+    assert time.monotonic() - t0 < 15
+    assert info.value.event_id == event.event_id
+    assert info.value.code == "unavailable"
+    assert "127.0.0.1:1" in info.value.reason
+
+
+def test_a_missing_topic_times_out_and_is_not_auto_created(settings: Settings) -> None:
+    events = [_event("p", i, "user:1") for i in range(3)]
+    t0 = time.monotonic()
+    try:
+        with LedgerProducer(settings, timeout_s=2, create_topics=False) as producer:
+            with pytest.raises(PublishError) as info:
+                producer.publish_many(events)
+        assert time.monotonic() - t0 < 15  # one timeout for the batch, not one per event
+        assert info.value.code == "timeout"
+        assert settings.topic in info.value.reason
+        assert [o.code for o in info.value.outcomes] == ["timeout"] * 3
+        admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+        try:
+            assert settings.topic not in admin.list_topics()  # the broker allows auto-creation; we must not ask
+        finally:
+            admin.close()
+    finally:
+        drop_topics(settings)
+
+
+def test_a_record_the_broker_refuses_fails_alone(settings: Settings) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    try:
+        admin.create_topics(
+            {settings.topic: {"num_partitions": 1, "replication_factor": 1, "configs": {"max.message.bytes": "2000"}}}
+        )
+        admin.wait_for_topics([settings.topic])
+    finally:
+        admin.close()
+    try:
+        small = from_dict(_event("p", 1, "user:1"))
+        big = from_dict({**_event("p", 2, "user:2"), "content": "x" * 8000})
+        with LedgerProducer(settings, timeout_s=10, create_topics=False) as producer:
+            outcomes = producer.send_many([small, big])
+            with pytest.raises(PublishError) as info:
+                producer.publish(big)
+        assert isinstance(outcomes[0], PublishResult)
+        assert isinstance(outcomes[1], PublishError) and outcomes[1].event_id == big.event_id
+        assert outcomes[1].code == "refused" and "TooLarge" in outcomes[1].reason
+        assert info.value.code == "refused"
+        assert [decode(r.value).event_id for r in read_topic(settings)] == [small.event_id]
+    finally:
+        drop_topics(settings)
+
+
+def test_a_closed_producer_refuses_clearly(ledger: Settings) -> None:
+    producer = LedgerProducer(ledger)
+    producer.publish(_event("p", 1, "user:1"))
+    producer.close()
+    with pytest.raises(PublishError) as info:
+        producer.publish(_event("p", 2, "user:1"))
+    assert info.value.code == "closed"
+
+
+# -- the CLI ----------------------------------------------------------------------------------
+
+
+LEDGER_BIN = str(Path(sys.executable).parent / "ledger")
+
+
+def _jsonl(tmp_path: Path, n_valid: int) -> tuple[Path, list[str], dict[int, str]]:
+    """A file of valid events with bad lines at known places: (path, valid event_ids, line -> code)."""
+    lines: list[bytes] = []
+    ids: list[str] = []
+    bad: dict[int, str] = {}
+    for i in range(n_valid):
+        event = from_dict(_event("cli", i, SUBJECTS[i % len(SUBJECTS)]))
+        ids.append(event.event_id)
+        lines.append(orjson.dumps(event.to_wire()))
+        number = len(lines) + 1  # the line a bad record inserted now would get
+        if i == 9:
+            lines.append(b'{"type": "memory.asserted", "tenant": ')
+            bad[number] = "bad_json"
+        elif i == 40:
+            lines.append(b"")  # blank lines are skipped, not rejected
+        elif i == 41:
+            lines.append(b'["not", "an", "event"]')
+            bad[number] = "not_an_object"
+        elif i == 100:
+            lines.append(orjson.dumps({k: v for k, v in _event("cli", -1, "user:1").items() if k != "subject"}))
+            bad[number] = "missing_field"
+        elif i == 150:
+            lines.append(orjson.dumps({**_event("cli", -2, "user:1"), "type": "memory.forgotten"}))
+            bad[number] = "unknown_type"
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path, ids, bad
+
+
+def test_cli_publishes_the_valid_lines_and_reports_the_rest_by_line(ledger: Settings, tmp_path: Path) -> None:
+    path, ids, bad = _jsonl(tmp_path, 300)
+    proc = subprocess.run(
+        [LEDGER_BIN, "publish", str(path), "--topic", ledger.topic, "--batch-size", "64"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stderr
+    out = proc.stdout
+    assert "accepted: 300" in out
+    assert f"rejected: {len(bad)}" in out
+    for line, code in bad.items():
+        assert f"line {line}: {code}" in out, out
+    missing = next(n for n, code in bad.items() if code == "missing_field")
+    assert f"line {missing}: missing_field (subject)" in out
+    assert "partitions used: " in out
+    on_topic = [decode(r.value).event_id for r in read_topic(ledger)]
+    assert sorted(on_topic) == sorted(ids)
+    used = re.search(r"^partitions used: (.*)$", out, re.M).group(1)
+    counts = {int(p): int(n) for p, n in (item.split(":") for item in used.split(", "))}
+    assert counts == Counter(r.partition for r in read_topic(ledger))
+
+
+def test_cli_reads_stdin_and_exits_zero_when_all_are_accepted(ledger: Settings) -> None:
+    events = [from_dict(_event("stdin", i, "user:7")) for i in range(20)]
+    data = b"".join(orjson.dumps(e.to_wire()) + b"\n" for e in events)
+    proc = subprocess.run(
+        [LEDGER_BIN, "publish", "-", "--topic", ledger.topic, "--quiet"], input=data, capture_output=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert b"accepted: 20" in proc.stdout and b"rejected: 0" in proc.stdout
+    records = read_topic(ledger)
+    assert [decode(r.value).event_id for r in sorted(records, key=lambda r: r.offset)] == [e.event_id for e in events]
+
+
+def test_cli_topics_is_idempotent(settings: Settings) -> None:
+    try:
+        first = subprocess.run([LEDGER_BIN, "topics", "--topic", settings.topic], capture_output=True, text=True)
+        second = subprocess.run([LEDGER_BIN, "topics", "--topic", settings.topic], capture_output=True, text=True)
+        assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+        assert f"{settings.topic}: created, 6 partitions" in first.stdout
+        assert f"{settings.topic}: exists, 6 partitions" in second.stdout
+        assert f"{settings.topic}.dlq: exists" in second.stdout
+    finally:
+        drop_topics(settings, settings.topic, f"{settings.topic}.dlq")
