@@ -1,0 +1,162 @@
+"""POST /v1/events through the real app (lifespan included) against the real broker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from api.routes import events as events_route
+from infra.settings import Settings
+from producers.contract import decode
+from producers.topics import ensure_topics
+from tests.test_producers import drop_topics, read_topic
+
+ACME = {"X-API-Key": "key-acme"}
+
+
+def _event(subject: str = "user:1", **over: Any) -> dict[str, Any]:
+    base = {
+        "type": "memory.asserted",
+        "tenant": "acme",
+        "subject": subject,
+        "key": "preference.seat",
+        "value": "window",
+        "content": f"{subject} prefers window seats",
+    }
+    return {k: v for k, v in {**base, **over}.items() if v is not ...}
+
+
+@pytest.fixture
+def api_settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"api_keys": {"key-acme": ["acme"], "key-globex": ["globex"]}})
+
+
+@pytest.fixture
+def client(api_settings: Settings):
+    ensure_topics(api_settings)
+    try:
+        with TestClient(create_app(api_settings)) as c:
+            yield c
+    finally:
+        drop_topics(api_settings)
+
+
+def _on_topic(settings: Settings) -> dict[str, tuple[int, int]]:
+    return {decode(r.value).event_id: (r.partition, r.offset) for r in read_topic(settings)}
+
+
+def test_all_valid_events_are_published_and_located(client: TestClient, api_settings: Settings) -> None:
+    body = [_event("user:1", event_id="given-1"), _event("user:2"), _event("user:1", value="aisle", content="aisle")]
+    resp = client.post("/v1/events", json={"events": body}, headers=ACME)
+    assert resp.status_code == 200, resp.text
+    results = resp.json()["results"]
+    assert [r["accepted"] for r in results] == [True, True, True]
+    assert results[0]["event_id"] == "given-1"
+    assert len({r["event_id"] for r in results}) == 3  # generated ids for the others
+    assert results[0]["memory_id"] == results[2]["memory_id"] != results[1]["memory_id"]
+    on_topic = _on_topic(api_settings)
+    assert on_topic == {r["event_id"]: (r["partition"], r["offset"]) for r in results}
+    assert results[0]["partition"] == results[2]["partition"] and results[0]["offset"] < results[2]["offset"]
+
+
+def test_a_mixed_batch_publishes_exactly_the_valid_events(client: TestClient, api_settings: Settings) -> None:
+    body = [
+        _event("user:1"),
+        _event("user:2", content=..., event_id="no-content"),
+        _event("user:3"),
+        "not an event",
+        _event("user:4", tenant=7),
+        _event("user:5", observed_at="2026-01-02T03:04:05"),  # naive time
+        _event("user:6", source={"type": "explicit"}, confidence=0.4),
+        _event("user:7", kind="episodic", key=...),
+    ]
+    resp = client.post("/v1/events", json={"events": body}, headers=ACME)
+    assert resp.status_code == 207, resp.text
+    results = resp.json()["results"]
+    assert len(results) == len(body)
+    assert [r["accepted"] for r in results] == [True, False, True, False, False, False, False, True]
+    errors = {i: r["error"] for i, r in enumerate(results) if not r["accepted"]}
+    assert {i: (e["code"], e["field"]) for i, e in errors.items()} == {
+        1: ("missing_field", "events.1.content"),
+        3: ("not_an_object", "events.3"),
+        4: ("wrong_type", "events.4.tenant"),
+        5: ("invalid_time", "events.5.observed_at"),
+        6: ("invalid_value", "events.6.confidence"),
+    }
+    assert all(e["message"] for e in errors.values())
+    assert results[1]["event_id"] == "no-content" and results[3]["event_id"] is None
+    accepted = {r["event_id"]: (r["partition"], r["offset"]) for r in results if r["accepted"]}
+    assert _on_topic(api_settings) == accepted  # exactly the accepted ones, where the response says
+
+
+def test_no_valid_event_is_422_with_per_event_results(client: TestClient, api_settings: Settings) -> None:
+    resp = client.post("/v1/events", json={"events": [{"type": "memory.asserted"}, {}]}, headers=ACME)
+    assert resp.status_code == 422
+    results = resp.json()["results"]
+    assert [r["accepted"] for r in results] == [False, False]
+    assert results[0]["error"]["field"].startswith("events.0.")
+    assert read_topic(api_settings) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "events"),
+        ({"events": []}, "events"),
+        ({"events": "x"}, "events"),
+        ({"events": [{}] * (events_route.MAX_EVENTS_PER_CALL + 1)}, "events"),
+        ({"events": [{}], "tenant": "acme"}, "tenant"),
+    ],
+)
+def test_a_bad_body_is_422_naming_the_field(client: TestClient, body: dict, field: str) -> None:
+    resp = client.post("/v1/events", json=body, headers=ACME)
+    assert resp.status_code == 422, resp.text
+    assert [d["field"] for d in resp.json()["detail"]] == [field]
+
+
+def test_a_body_that_is_not_json_is_422(client: TestClient) -> None:
+    resp = client.post("/v1/events", content=b"{not json", headers={**ACME, "Content-Type": "application/json"})
+    assert resp.status_code == 422
+
+
+def test_the_largest_allowed_batch_is_accepted(client: TestClient, api_settings: Settings) -> None:
+    body = [_event(f"user:{i % 50}", value=i) for i in range(events_route.MAX_EVENTS_PER_CALL)]
+    resp = client.post("/v1/events", json={"events": body}, headers=ACME)
+    assert resp.status_code == 200
+    assert len(read_topic(api_settings)) == events_route.MAX_EVENTS_PER_CALL
+
+
+def test_without_a_known_key_it_is_401(client: TestClient, api_settings: Settings) -> None:
+    assert client.post("/v1/events", json={"events": [_event()]}).status_code == 401
+    assert client.post("/v1/events", json={"events": [_event()]}, headers={"X-API-Key": "nope"}).status_code == 401
+    bearer = {"Authorization": "Bearer key-acme"}
+    assert client.post("/v1/events", json={"events": [_event()]}, headers=bearer).status_code == 200
+    assert len(read_topic(api_settings)) == 1
+
+
+def test_another_tenant_is_403_naming_the_event_and_nothing_is_published(
+    client: TestClient, api_settings: Settings
+) -> None:
+    body = [_event("user:1"), _event("user:2"), _event("user:3", tenant="globex")]
+    resp = client.post("/v1/events", json={"events": body}, headers=ACME)
+    assert resp.status_code == 403
+    assert resp.json()["detail"]["field"] == "events.2.tenant"
+    assert read_topic(api_settings) == []
+    ok = client.post("/v1/events", json={"events": [_event(tenant="globex")]}, headers={"X-API-Key": "key-globex"})
+    assert ok.status_code == 200
+
+
+def test_a_down_broker_is_503_and_names_every_event(api_settings: Settings, monkeypatch) -> None:
+    monkeypatch.setattr(events_route, "PRODUCER_TIMEOUT_S", 2.0)
+    nowhere = api_settings.model_copy(update={"kafka_bootstrap": "127.0.0.1:1"})
+    with TestClient(create_app(nowhere)) as c:
+        resp = c.post("/v1/events", json={"events": [_event(event_id="e-1"), _event("user:2")]}, headers=ACME)
+    assert resp.status_code == 503
+    results = resp.json()["results"]
+    assert [r["accepted"] for r in results] == [False, False]
+    assert results[0]["event_id"] == "e-1" and results[1]["event_id"]
+    assert results[0]["error"]["code"] == "publish_unavailable"
+    assert results[1]["error"]["field"] == "events.1"
