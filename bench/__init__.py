@@ -1,0 +1,1 @@
+"""Benchmarks and the evaluation harness (`python -m bench run`, `ledger eval`)."""
