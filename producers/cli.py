@@ -47,7 +47,7 @@ def _settings(topic: str | None) -> Any:
 
 
 def _lines(stream: IO[bytes]):
-    """(line number, stripped bytes) for every non-blank line; line numbers are 1-based."""
+    """(1-based line number, raw size for the progress bar, stripped bytes) for every line; blank ones are b""."""
     for number, raw in enumerate(stream, start=1):
         yield number, len(raw), raw.strip()
 

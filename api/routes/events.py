@@ -11,10 +11,11 @@ which went through, in input order:
 carried none (an accepted event always has one: the one given, or one generated here).
 
 Status: 200 every event accepted; 207 some accepted, some not; 422 none accepted because every
-one was invalid; 503 none accepted and the broker failed at least one (retry the same events:
-their event_ids make it idempotent). Whole-request problems are refused before anything is
-published: 422 naming `events` for a missing, empty or oversized list, 401 without a known API
-key, 403 naming `events.N.tenant` if any event names a tenant the key may not use.
+one was invalid; 503 none accepted and the broker failed at least one. A retry is idempotent only
+with the same event_ids: send your own, or resend the ids this response returned.
+Whole-request problems are refused before anything is published: 422 naming `events` for a
+missing, empty or oversized list, 401 without a known API key, 403 naming `events.N.tenant` if
+any event names a tenant the key may not use.
 """
 
 from __future__ import annotations
