@@ -1,0 +1,114 @@
+"""The projector agent: ledger records in batches -> one PostgreSQL transaction per batch.
+
+The agent only collects (partition, offset, timestamp, key, value) of each message; decoding
+(producers.contract) and the write (projections.postgres.recorder) run in a worker thread so the
+event loop keeps serving the consumer. A failed batch is retried until it commits: giving up
+would let the stream move past records that were never applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence, Set
+
+import psycopg
+from faust.types import TP
+
+from infra.settings import Settings
+from projections.postgres.recorder import BatchResult, Incoming, Recorder, connect, decode_record
+from stream_processors.app import LedgerApp
+from stream_processors.dlq import DlqProducer
+
+__all__ = ["BatchRunner", "attach"]
+
+log = logging.getLogger(__name__)
+
+RawRecord = tuple[str, int, int, bytes | None, bytes | None, int | None]  # topic, partition, offset, key, value, ts_ms
+
+
+class BatchRunner:
+    """Owns the recorder's connection and the DLQ producer; used from one thread at a time."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.dlq = DlqProducer(settings)
+        self._recorder: Recorder | None = None
+
+    def _rec(self) -> Recorder:
+        if self._recorder is None or self._recorder.conn.closed:
+            conn = connect(self.settings.pg_dsn, self.settings.pg_schema)
+            self._recorder = Recorder(
+                conn, consumer=self.settings.processor_group, topic=self.settings.topic, dlq_sink=self.dlq
+            )
+        return self._recorder
+
+    def apply(self, raw: Sequence[RawRecord]) -> BatchResult:
+        records: list[Incoming] = [decode_record(t, p, o, v, key=k, timestamp_ms=ts) for t, p, o, k, v, ts in raw]
+        delay = 0.2
+        while True:
+            try:
+                return self._rec().apply_batch(records)
+            except psycopg.OperationalError as exc:  # PostgreSQL away: reconnect and retry, lose nothing
+                log.error("batch not applied (%s); retrying in %.1fs", exc, delay)
+                if self._recorder is not None:
+                    self._recorder.conn.close()
+            except Exception:  # noqa: BLE001 - anything else (DLQ topic down, a bug): retry, then say so loudly
+                log.exception("batch not applied; retrying in %.1fs", delay)
+                if self._recorder is not None:
+                    self._recorder.conn.rollback()
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def positions(self, partitions: Set[int]) -> dict[int, int]:
+        with connect(self.settings.pg_dsn, self.settings.pg_schema) as conn:
+            stored = Recorder(conn, consumer=self.settings.processor_group, topic=self.settings.topic).positions()
+        return {p: stored.get(p, 0) for p in partitions}
+
+    def close(self) -> None:
+        self.dlq.close()
+        if self._recorder is not None:
+            self._recorder.conn.close()
+
+
+def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
+    """Add the projector agent to `app` and point its consumer's seeks at the PostgreSQL positions."""
+    runner = BatchRunner(settings)
+    topic = app.topic(settings.topic, value_serializer="raw", key_serializer="raw")
+
+    async def stored_positions(assigned: Set[TP]) -> Mapping[TP, int]:
+        mine = {tp for tp in assigned if tp.topic == settings.topic}
+        if not mine:
+            return {}
+        by_partition = await asyncio.to_thread(runner.positions, {tp.partition for tp in mine})
+        return {tp: by_partition[tp.partition] for tp in mine}
+
+    app.stored_positions = stored_positions
+
+    async def project(stream) -> None:
+        async for events in stream.take_events(settings.processor_batch_size, within=settings.processor_batch_seconds):
+            raw = [
+                (
+                    e.message.topic,
+                    e.message.partition,
+                    e.message.offset,
+                    e.message.key,
+                    e.message.value,
+                    None if e.message.timestamp is None else round(e.message.timestamp * 1000),
+                )
+                for e in events
+            ]
+            result = await asyncio.to_thread(runner.apply, raw)
+            log.info(
+                "batch: %d records, %d applied, %d duplicate, %d skipped, %d dead, positions %s",
+                len(raw),
+                result.applied,
+                result.duplicates,
+                result.skipped,
+                result.dead,
+                result.positions,
+            )
+
+    app.agent(topic, name="ledger-projector", concurrency=1)(project)
+    return runner

@@ -1,0 +1,45 @@
+"""Run the projector worker: `python -m stream_processors` or `ledger worker`.
+
+Creates the topics (producers.topics) and the schema (idempotent), then runs one faust worker
+for the configured settings (group = LEDGER_PROCESSOR_GROUP). Start several for more
+throughput: they share the partitions, and the PostgreSQL position guard keeps every effect
+exactly-once across rebalances and crashes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import faust
+import psycopg
+
+from infra.settings import Settings, get_settings
+from producers.topics import ensure_topics
+from projections.postgres.schema import create_schema
+from stream_processors.agents import attach
+from stream_processors.app import make_app
+
+__all__ = ["prepare", "run"]
+
+log = logging.getLogger(__name__)
+
+
+def prepare(settings: Settings) -> None:
+    """Topics and schema exist before the consumer joins (never auto-created with broker defaults)."""
+    ensure_topics(settings)
+    (settings.data_dir / "faust" / settings.processor_group).mkdir(parents=True, exist_ok=True)
+    with psycopg.connect(settings.pg_dsn) as conn:
+        create_schema(conn, settings.pg_schema)
+
+
+def run(settings: Settings | None = None, *, loglevel: str = "info") -> None:
+    """Block running the worker until it is stopped (SIGTERM/SIGINT)."""
+    settings = settings or get_settings()
+    prepare(settings)
+    app = make_app(settings)
+    runner = attach(app, settings)
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    try:
+        worker.execute_from_commandline()
+    finally:
+        runner.close()
