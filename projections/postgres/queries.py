@@ -1,0 +1,234 @@
+"""Read queries over the projection (the API's facts, history, events and stats) and the checksum.
+
+Async functions take a psycopg AsyncConnection whose search_path is the projection schema (the
+API pool). "As of T" follows projections.versions.visible_at; "as known at T'" re-folds the
+subject's versions and marks observed up to T' with the same pure core, so it shows exactly
+what the ledger said at T' (later supersessions, retractions and late history left out).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from producers.contract import rfc3339
+from projections.postgres.recorder import VERSION_COLUMNS, row_to_version
+from projections.versions import Mark, Version, fold, is_override, visible_at
+
+__all__ = [
+    "current_facts",
+    "fact_history",
+    "invariant_counts",
+    "projection_checksum",
+    "subject_events",
+    "version_dict",
+]
+
+_COLS = sql.SQL(", ").join(sql.Identifier(c) for c in VERSION_COLUMNS)
+
+
+def _t(value: datetime | None) -> str | None:
+    return None if value is None else rfc3339(value)
+
+
+def version_dict(v: Version) -> dict[str, Any]:
+    """A version as the API shows it (times as RFC 3339, `event_id` = the assertion that made it)."""
+    return {
+        "memory_id": v.memory_id,
+        "version_id": v.version_id,
+        "event_id": v.version_id,
+        "version": v.version,
+        "tenant": v.tenant,
+        "subject": v.subject,
+        "key": v.key,
+        "scope": v.scope,
+        "kind": v.kind,
+        "value": v.value,
+        "content": v.content,
+        "entities": list(v.entities),
+        "aliases": list(v.aliases),
+        "tags": list(v.tags),
+        "source": v.source,
+        "confidence": v.confidence,
+        "importance": v.importance,
+        "observed_at": _t(v.observed_at),
+        "valid_from": _t(v.valid_from),
+        "valid_to": _t(v.valid_to),
+        "override": is_override(v),
+        "status": v.status,
+        "superseded_by": v.superseded_by,
+        "superseded_at": _t(v.superseded_at),
+        "confirmed_count": v.confirmed_count,
+        "last_confirmed_at": _t(v.last_confirmed_at),
+        "partition": v.partition,
+        "offset": v.offset,
+    }
+
+
+async def current_facts(
+    conn: psycopg.AsyncConnection, tenant: str, subject: str, as_of: datetime, known_at: datetime | None = None
+) -> list[dict[str, Any]]:
+    """The subject's facts holding at valid time `as_of` (an override wins inside its window)."""
+    if known_at is not None:
+        return [version_dict(v) for v in await _as_known_at(conn, tenant, subject, as_of, known_at)]
+    query = sql.SQL(
+        "SELECT DISTINCT ON (memory_id) {cols} FROM fact_versions "
+        "WHERE tenant = %(tenant)s AND subject = %(subject)s AND valid_from <= %(t)s "
+        "AND (valid_to IS NULL OR %(t)s < valid_to) AND (superseded_at IS NULL OR %(t)s < superseded_at) "
+        "ORDER BY memory_id, (kind = 'preference' AND asserted_valid_to IS NOT NULL) DESC, "
+        "valid_from DESC, observed_at DESC, version_id DESC"
+    ).format(cols=_COLS)
+    cur = await conn.execute(query, {"tenant": tenant, "subject": subject, "t": as_of})
+    rows = [row_to_version(r) for r in await cur.fetchall()]
+    rows.sort(key=lambda v: (v.key or "", v.scope, v.valid_from, v.memory_id))
+    return [version_dict(v) for v in rows]
+
+
+async def _as_known_at(
+    conn: psycopg.AsyncConnection, tenant: str, subject: str, as_of: datetime, known_at: datetime
+) -> list[Version]:
+    cur = await conn.execute(
+        sql.SQL("SELECT {} FROM fact_versions WHERE tenant = %s AND subject = %s AND observed_at <= %s").format(_COLS),
+        (tenant, subject, known_at),
+    )
+    by_fact: dict[str, list[Version]] = defaultdict(list)
+    for r in await cur.fetchall():
+        v = row_to_version(r)
+        by_fact[v.memory_id].append(v)
+    cur = await conn.execute(
+        "SELECT memory_id, event_id, type, valid_from, observed_at FROM events WHERE tenant = %s AND subject = %s "
+        "AND type IN ('memory.retracted', 'memory.confirmed') AND observed_at <= %s",
+        (tenant, subject, known_at),
+    )
+    marks: dict[str, list[Mark]] = defaultdict(list)
+    for mid, eid, typ, vf, obs in await cur.fetchall():
+        marks[mid].append(Mark(eid, typ, vf, obs))
+    folded = [v for mid, versions in by_fact.items() for v in fold(versions, marks.get(mid, []))]
+    return visible_at(folded, as_of)
+
+
+async def fact_history(conn: psycopg.AsyncConnection, tenant: str, memory_id: str) -> list[dict[str, Any]]:
+    """The fact's versions, oldest first (by valid time); empty if the tenant has no such fact."""
+    cur = await conn.execute(
+        sql.SQL("SELECT {} FROM fact_versions WHERE tenant = %s AND memory_id = %s ORDER BY version").format(_COLS),
+        (tenant, memory_id),
+    )
+    return [version_dict(row_to_version(r)) for r in await cur.fetchall()]
+
+
+async def subject_events(
+    conn: psycopg.AsyncConnection,
+    tenant: str,
+    subject: str,
+    observed_from: datetime | None = None,
+    observed_to: datetime | None = None,
+    limit: int = 10_000,
+) -> list[dict[str, Any]]:
+    """The subject's events in ledger order (partition, offset), optionally within [from, to) of observed_at."""
+    cur = await conn.execute(
+        'SELECT event_id, type, kind, memory_id, key, scope, "partition", "offset", observed_at, valid_from, '
+        "valid_to, payload FROM events WHERE tenant = %(tenant)s AND subject = %(subject)s "
+        "AND (%(f)s::timestamptz IS NULL OR observed_at >= %(f)s) "
+        "AND (%(t)s::timestamptz IS NULL OR observed_at < %(t)s) "
+        'ORDER BY "partition", "offset" LIMIT %(limit)s',
+        {"tenant": tenant, "subject": subject, "f": observed_from, "t": observed_to, "limit": limit},
+    )
+    out = []
+    for eid, typ, kind, mid, key, scope, part, off, obs, vf, vt, payload in await cur.fetchall():
+        out.append(
+            {
+                "event_id": eid,
+                "type": typ,
+                "kind": kind,
+                "memory_id": mid,
+                "key": key,
+                "scope": scope,
+                "partition": part,
+                "offset": off,
+                "observed_at": _t(obs),
+                "valid_from": _t(vf),
+                "valid_to": _t(vt),
+                "event": payload,
+            }
+        )
+    return out
+
+
+_INVARIANTS = """
+SELECT
+  (SELECT count(*) FROM (SELECT memory_id FROM fact_versions
+     WHERE tenant = %(tenant)s AND status = 'active' AND valid_to IS NULL AND superseded_by IS NULL
+     GROUP BY memory_id HAVING count(*) > 1) d) AS double_active,
+  (SELECT count(*) FROM fact_versions f WHERE f.tenant = %(tenant)s AND (
+       (f.superseded_by IS NULL) <> (f.superseded_at IS NULL)
+    OR (f.status = 'superseded' AND f.superseded_by IS NULL)
+    OR (f.status = 'active' AND f.superseded_by IS NOT NULL)
+    OR (f.superseded_by IS NOT NULL AND NOT EXISTS (
+          SELECT 1 FROM fact_versions n WHERE n.version_id = f.superseded_by AND n.memory_id = f.memory_id
+          AND n.version > f.version AND n.valid_from = f.superseded_at))))
+  + (SELECT count(*) FROM (SELECT memory_id FROM fact_versions WHERE tenant = %(tenant)s GROUP BY memory_id
+       HAVING min(version) <> 1 OR max(version) <> count(*) OR count(DISTINCT version) <> count(*)) g)
+    AS chain_integrity_violations,
+  (SELECT count(*) FROM fact_versions WHERE tenant = %(tenant)s AND source->>'type' = 'explicit'
+     AND confidence <> 1.0) AS explicit_confidence_violations,
+  (SELECT count(*) FROM events WHERE tenant = %(tenant)s) AS events_applied,
+  (SELECT count(*) FROM fact_versions WHERE tenant = %(tenant)s) AS versions,
+  (SELECT count(*) FROM dead_letters) AS dlq_count,
+  (SELECT count(*) FROM search_outbox WHERE tenant = %(tenant)s) AS search_outbox_pending
+"""
+
+
+async def invariant_counts(conn: psycopg.AsyncConnection, tenant: str) -> dict[str, int]:
+    """The counters of /v1/stats that PostgreSQL alone answers (all 0 but the counts when healthy)."""
+    cur = await conn.execute(_INVARIANTS, {"tenant": tenant})
+    row = await cur.fetchone()
+    assert row is not None and cur.description is not None
+    return {d.name: int(v) for d, v in zip(cur.description, row, strict=True)}
+
+
+async def stored_positions(conn: psycopg.AsyncConnection, consumer: str, topic: str) -> dict[int, int]:
+    cur = await conn.execute(
+        'SELECT "partition", next_offset FROM positions WHERE consumer = %s AND topic = %s', (consumer, topic)
+    )
+    return {p: o for p, o in await cur.fetchall()}
+
+
+def projection_checksum(conn: psycopg.Connection, schema: str) -> str:
+    """md5 over fact_versions and events in key order, without wall-clock columns.
+
+    Equal for two schemas that hold the same projection, e.g. the live one and a rebuild from offset 0.
+    """
+    parts = []
+    with conn.transaction():
+        conn.execute("SET LOCAL TimeZone TO 'UTC'")
+        for table, key, exclude in (
+            ("fact_versions", "version_id", set()),
+            ("events", "event_id", {"recorded_at"}),
+        ):
+            cols = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND table_name = %s "
+                    "ORDER BY ordinal_position",
+                    (schema, table),
+                ).fetchall()
+                if r[0] not in exclude
+            ]
+            row = conn.execute(
+                sql.SQL(
+                    "SELECT count(*), md5(coalesce(string_agg(md5(t::text), '' ORDER BY t.{key}), '')) "
+                    "FROM (SELECT {cols} FROM {tbl}) t"
+                ).format(
+                    key=sql.Identifier(key),
+                    cols=sql.SQL(", ").join(sql.Identifier(c) for c in cols),
+                    tbl=sql.Identifier(schema, table),
+                )
+            ).fetchone()
+            assert row is not None
+            parts.append(f"{table}:{row[0]}:{row[1]}")
+    return hashlib.md5("|".join(parts).encode()).hexdigest()

@@ -1,0 +1,190 @@
+"""`ledger rebuild`: replay the ledger from offset 0 into a fresh schema, then switch over.
+
+1. Create `<schema>_rebuild_<ts>` and replay every partition of `settings.topic` up to the end
+   offsets seen at the start, with the same Recorder the workers use (so the same rows), under
+   the workers' consumer name (so they continue from the rebuilt positions after the switch).
+2. Switch, in one transaction: lock the live `positions` table (a worker's next batch waits on
+   it, and resolves the name again once the rename commits), catch the rebuild up to the live
+   positions, compute both checksums, rename live -> `<schema>_old_<ts>` and rebuild -> live.
+
+The dead-letter topic is not written again (the records already went there once); the
+dead_letters table is rebuilt. Every version gets a search_outbox row, so the search
+projection re-indexes after a rebuild.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+from kafka import KafkaConsumer, TopicPartition
+from psycopg import sql
+
+from infra.settings import Settings
+from projections.postgres.queries import projection_checksum
+from projections.postgres.recorder import Recorder, connect, decode_record
+from projections.postgres.schema import create_schema, drop_schema
+
+__all__ = ["RebuildReport", "rebuild", "rebuild_with_progress", "replay"]
+
+Progress = Callable[[int], None]  # called with the number of records just applied
+
+
+@dataclass
+class RebuildReport:
+    schema: str
+    old_schema: str | None
+    records: int
+    seconds: float
+    live_checksum: str | None
+    rebuilt_checksum: str
+
+
+def _schema_exists(conn: psycopg.Connection, schema: str) -> bool:
+    return conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is not None
+
+
+def end_offsets(settings: Settings) -> dict[int, int]:
+    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None, enable_auto_commit=False)
+    try:
+        parts = consumer.partitions_for_topic(settings.topic) or set()
+        tps = [TopicPartition(settings.topic, p) for p in sorted(parts)]
+        return {tp.partition: off for tp, off in consumer.end_offsets(tps).items()}
+    finally:
+        consumer.close()
+
+
+def replay(
+    settings: Settings,
+    schema: str,
+    until: dict[int, int],
+    *,
+    batch_size: int = 2000,
+    progress: Progress | None = None,
+) -> int:
+    """Apply the topic's records from the schema's stored positions up to `until` (exclusive) per partition."""
+    records_done = 0
+    with connect(settings.pg_dsn, schema) as conn:
+        recorder = Recorder(conn, consumer=settings.processor_group, topic=settings.topic, dlq_sink=None)
+        start = recorder.positions()
+        todo = {p: end for p, end in until.items() if start.get(p, 0) < end}
+        if not todo:
+            return 0
+        consumer = KafkaConsumer(
+            bootstrap_servers=settings.kafka_bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=batch_size,
+        )
+        try:
+            tps = {p: TopicPartition(settings.topic, p) for p in todo}
+            consumer.assign(list(tps.values()))
+            for p, tp in tps.items():
+                consumer.seek(tp, start.get(p, 0))
+            remaining = set(todo)
+            while remaining:
+                polled = consumer.poll(timeout_ms=1000, max_records=batch_size)
+                batch = []
+                for tp, msgs in polled.items():
+                    for m in msgs:
+                        if m.offset < todo[tp.partition]:
+                            batch.append(
+                                decode_record(
+                                    m.topic, m.partition, m.offset, m.value, key=m.key, timestamp_ms=m.timestamp
+                                )
+                            )
+                if batch:
+                    recorder.apply_batch(batch)
+                    records_done += len(batch)
+                    if progress:
+                        progress(len(batch))
+                for p in list(remaining):
+                    if consumer.position(tps[p]) >= todo[p]:
+                        consumer.pause(tps[p])
+                        remaining.discard(p)
+        finally:
+            consumer.close()
+    return records_done
+
+
+def rebuild(
+    settings: Settings, *, keep_old: bool = True, batch_size: int = 2000, progress: Progress | None = None
+) -> RebuildReport:
+    """Rebuild the projection of `settings.pg_schema` from offset 0 and switch over to it."""
+    t0 = time.perf_counter()
+    live = settings.pg_schema
+    stamp = time.strftime("%Y%m%d%H%M%S")
+    fresh = f"{live}_rebuild_{stamp}"
+    old = f"{live}_old_{stamp}"
+    with psycopg.connect(settings.pg_dsn) as admin:
+        create_schema(admin, fresh)
+    records = replay(settings, fresh, end_offsets(settings), batch_size=batch_size, progress=progress)
+    with psycopg.connect(settings.pg_dsn) as conn:
+        with conn.transaction():
+            live_checksum = None
+            if _schema_exists(conn, live):
+                lock = sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(live, "positions"))
+                conn.execute(lock)
+                live_pos = {
+                    p: o
+                    for p, o in conn.execute(
+                        sql.SQL('SELECT "partition", next_offset FROM {} WHERE consumer = %s AND topic = %s').format(
+                            sql.Identifier(live, "positions")
+                        ),
+                        (settings.processor_group, settings.topic),
+                    ).fetchall()
+                }
+                records += replay(settings, fresh, live_pos, batch_size=batch_size, progress=progress)
+                live_checksum = projection_checksum(conn, live)
+                conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(live), sql.Identifier(old)))
+            rebuilt_checksum = projection_checksum(conn, fresh)
+            conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(fresh), sql.Identifier(live)))
+        if live_checksum is not None and not keep_old:
+            drop_schema(conn, old)
+    return RebuildReport(
+        schema=live,
+        old_schema=old if live_checksum is not None and keep_old else None,
+        records=records,
+        seconds=time.perf_counter() - t0,
+        live_checksum=live_checksum,
+        rebuilt_checksum=rebuilt_checksum,
+    )
+
+
+def rebuild_with_progress(settings: Settings, *, keep_old: bool = True, batch_size: int = 2000) -> RebuildReport:
+    """rebuild() with a rich progress bar (records and records/s) and a summary."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console()
+    total = sum(end_offsets(settings).values())
+    columns = (
+        TextColumn("[bold]rebuild[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]:>9,.0f} events/s"),
+        TimeElapsedColumn(),
+    )
+    start = time.perf_counter()
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task(settings.topic, total=total or None, rate=0.0)
+
+        def advance(n: int) -> None:
+            done = bar.tasks[0].completed + n
+            bar.update(task, advance=n, rate=done / max(time.perf_counter() - start, 1e-6))
+
+        report = rebuild(settings, keep_old=keep_old, batch_size=batch_size, progress=advance)
+    same = report.live_checksum == report.rebuilt_checksum
+    console.print(
+        f"replayed {report.records:,} records in {report.seconds:.1f}s "
+        f"({report.records / max(report.seconds, 1e-6):,.0f} events/s) into schema {report.schema}"
+    )
+    console.print(f"live checksum    {report.live_checksum or '(no live schema)'}")
+    verdict = "[green]equal[/]" if same else "[red]DIFFERENT[/]"
+    console.print(f"rebuilt checksum {report.rebuilt_checksum}  {verdict}")
+    if report.old_schema:
+        console.print(f"previous projection kept as schema {report.old_schema}")
+    return report
