@@ -43,6 +43,12 @@ from producers.cli import publish, topics  # noqa: E402
 app.command()(publish)
 app.command()(topics)
 
+# the projector's commands live in stream_processors/cli.py (imports only typer at module level)
+from stream_processors.cli import rebuild, worker  # noqa: E402
+
+app.command()(worker)
+app.command()(rebuild)
+
 
 if __name__ == "__main__":
     app()

@@ -2,8 +2,11 @@
 
 from fastapi import APIRouter
 
-from api.routes import events, health
+from api.routes import events, facts, health, stats, subjects
 
 api_router = APIRouter()
 api_router.include_router(health.router)
 api_router.include_router(events.router)
+api_router.include_router(facts.router)
+api_router.include_router(subjects.router)
+api_router.include_router(stats.router)

@@ -1,0 +1,29 @@
+"""`GET /v1/facts/{memory_id}/history`: a fact's version chain, oldest first (404 if the tenant has no such fact)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+
+from api.deps import TenantsDep, check_tenant
+from api.routes._json import json_response
+from projections.postgres.queries import fact_history
+
+router = APIRouter(prefix="/facts", tags=["facts"])
+
+
+@router.get("/{memory_id}/history")
+async def history(
+    request: Request,
+    memory_id: str,
+    tenant: Annotated[str, Query(min_length=1, max_length=128)],
+    tenants: TenantsDep,
+) -> Response:
+    check_tenant(tenant, tenants)
+    async with request.app.state.pg.connection() as conn:
+        versions = await fact_history(conn, tenant, memory_id)
+    if not versions:
+        message = f"no fact {memory_id!r} in tenant {tenant!r}"
+        raise HTTPException(404, detail={"field": "memory_id", "message": message})
+    return json_response({"memory_id": memory_id, "tenant": tenant, "versions": versions})
