@@ -2,7 +2,7 @@
 
 from fastapi import APIRouter
 
-from api.routes import events, facts, health, stats, subjects
+from api.routes import erasure, events, facts, health, stats, subjects
 
 api_router = APIRouter()
 api_router.include_router(health.router)
@@ -10,3 +10,4 @@ api_router.include_router(events.router)
 api_router.include_router(facts.router)
 api_router.include_router(subjects.router)
 api_router.include_router(stats.router)
+api_router.include_router(erasure.router)

@@ -1,0 +1,269 @@
+"""Helpers of the fault suite: the tally it prints, server outages that always heal, an indexer thread.
+
+- `TALLY`: the suite's figures (events injected, faults injected, lost, applied twice, DLQ, 5xx),
+  printed and written to `.data/faults-summary.json` by `tests/faults/conftest.py`.
+- `server_down(part, settings)`: stop a server through infra's own functions and ALWAYS start it
+  again (try/finally), waiting until it is healthy, because nothing may run after a broken stack.
+  It refuses to touch a stack other processes are using (see `assert_stack_not_shared`).
+- `IndexerThread`: `projections.search.indexer.run_indexer` in a thread of the test process.
+- `ledger_state(settings)`: what PostgreSQL holds of a topic, for lost / applied-twice checks.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from types import ModuleType
+from typing import Any
+
+import psycopg
+from elasticsearch import Elasticsearch
+from psycopg import sql
+
+import infra.elasticsearch
+import infra.kafka
+import infra.postgres
+from infra.settings import Settings
+from tests.helpers import wait_for
+
+# Every PostgreSQL connection this test process (and the workers it spawns) opens carries this
+# application_name (libpq reads PGAPPNAME), so a connection without it belongs to someone else.
+APP_NAME_PREFIX = "ledger-faults"
+os.environ.setdefault("PGAPPNAME", f"{APP_NAME_PREFIX}-{os.getpid()}")
+
+SERVERS: dict[str, ModuleType] = {
+    "postgres": infra.postgres,
+    "kafka": infra.kafka,
+    "elasticsearch": infra.elasticsearch,
+}
+RESTART_TIMEOUT_S = {"postgres": 60.0, "kafka": 120.0, "elasticsearch": 180.0}
+
+
+@dataclass
+class Tally:
+    """The suite's figures; tests add to them, the conftest prints and saves them."""
+
+    events_injected: int = 0  # valid events published by the fault tests
+    malformed_injected: int = 0  # invalid records published raw
+    faults_injected: int = 0  # kill -9 of a worker, server stopped, broker restarted
+    events_lost: int = 0  # published and valid, but not in the projection
+    events_applied_twice: int = 0  # an event or version recorded more than once (or at a later duplicate's offset)
+    dlq_count: int = 0  # dead letters seen on the DLQ topic
+    dlq_wrong_reason: int = 0  # dead letters whose reason was not the expected one
+    http_requests: int = 0  # requests made by the API checks (schemathesis, tenancy, health)
+    http_5xx: int = 0  # unexpected server errors among them (health's deliberate 503 is not one)
+    notes: list[str] = field(default_factory=list)
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    def add(self, **deltas: int) -> None:
+        for name, delta in deltas.items():
+            setattr(self, name, getattr(self, name) + delta)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+TALLY = Tally()
+
+
+# -- outages -------------------------------------------------------------------------------------
+
+
+def foreign_pg_clients(settings: Settings) -> list[tuple[str, str]]:
+    """(application_name, client_addr) of PostgreSQL client sessions not opened by this suite."""
+    with psycopg.connect(settings.pg_dsn, autocommit=True, connect_timeout=5) as conn:
+        rows = conn.execute(
+            "SELECT coalesce(application_name, ''), coalesce(host(client_addr), 'local') FROM pg_stat_activity "
+            "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() "
+            "AND coalesce(application_name, '') NOT LIKE %s",
+            (f"{APP_NAME_PREFIX}%",),
+        ).fetchall()
+    return [(a, c) for a, c in rows]
+
+
+def assert_stack_not_shared(settings: Settings) -> None:
+    """Refuse to stop servers that others are using (e.g. a developer's shared stack).
+
+    In CI the fault suite runs last against the stack `infra up` started for that run, and every
+    connection of the run comes from this process or its children (PGAPPNAME above). A client
+    session from anywhere else means the stack is shared: fail loudly rather than break it.
+    """
+    others = foreign_pg_clients(settings)
+    assert not others, (
+        f"refusing to stop servers: {len(others)} PostgreSQL session(s) of other processes are connected "
+        f"({others[:5]}); run the fault suite against a private stack (LEDGER_DATA_DIR and ports) or in CI"
+    )
+
+
+def server_healthy(part: str, settings: Settings) -> bool:
+    try:
+        return bool(SERVERS[part].healthy(settings))
+    except Exception:  # noqa: BLE001 - a failed probe means "not healthy"
+        return False
+
+
+def ensure_server_up(part: str, settings: Settings) -> None:
+    """Start the server if it is not running (idempotent: infra's start waits for health)."""
+    if not server_healthy(part, settings):
+        SERVERS[part].start(settings, timeout=RESTART_TIMEOUT_S[part])
+    wait_for(lambda: server_healthy(part, settings), RESTART_TIMEOUT_S[part], 0.5, f"{part} healthy again")
+
+
+@contextmanager
+def server_down(part: str, settings: Settings) -> Iterator[None]:
+    """Stop `part` (a server infra manages), yield, then start it again whatever happened."""
+    module = SERVERS[part]
+    assert module.pid(settings) is not None, f"{part} is not a server infra started here: cannot inject an outage"
+    assert_stack_not_shared(settings)
+    TALLY.add(faults_injected=1)
+    t0 = time.monotonic()
+    try:
+        module.stop(settings)
+        wait_for(lambda: not server_healthy(part, settings), 60, 0.2, f"{part} to be down")
+        yield
+    finally:
+        ensure_server_up(part, settings)
+        TALLY.timings_s[f"{part}_outage"] = round(time.monotonic() - t0, 1)
+
+
+# -- the search indexer -----------------------------------------------------------------------------
+
+
+class IndexerThread:
+    """The real indexer loop (`run_indexer`) in a daemon thread of this process; `stop()` ends it."""
+
+    def __init__(self, settings: Settings) -> None:
+        from projections.search.indexer import run_indexer
+
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+
+        def target() -> None:
+            try:
+                run_indexer(settings, poll_seconds=0.1, stop=self._stop.is_set)
+            except BaseException as exc:  # noqa: BLE001 - reported by alive()/stop()
+                self.error = exc
+
+        self.thread = threading.Thread(target=target, name="faults-indexer", daemon=True)
+
+    def start(self) -> IndexerThread:
+        self.thread.start()
+        return self
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        self.thread.join(timeout)
+        if self.error is not None:
+            raise AssertionError(f"the indexer thread died: {self.error!r}") from self.error
+
+
+def es_version_ids(settings: Settings, es: Elasticsearch | None = None) -> set[str]:
+    """Every document id behind the private alias (paged with search_after)."""
+    own = es is None
+    es = es or Elasticsearch(settings.es_url, request_timeout=30)
+    try:
+        if not es.indices.exists_alias(name=settings.es_index) and not es.indices.exists(index=settings.es_index):
+            return set()
+        es.indices.refresh(index=settings.es_index)
+        ids: set[str] = set()
+        after = None
+        for _ in range(10_000):  # bounded: 10M documents
+            body: dict[str, Any] = {"query": {"match_all": {}}, "sort": [{"version_id": "asc"}], "size": 1000}
+            if after is not None:
+                body["search_after"] = after
+            hits = es.search(index=settings.es_index, source=False, **body)["hits"]["hits"]
+            ids.update(h["_id"] for h in hits)
+            if len(hits) < 1000:
+                break
+            after = hits[-1]["sort"]
+        return ids
+    finally:
+        if own:
+            es.close()
+
+
+# -- what PostgreSQL holds ------------------------------------------------------------------------------
+
+
+@dataclass
+class LedgerState:
+    events: dict[str, tuple[int, int]]  # event_id -> (partition, offset) as recorded
+    versions: dict[str, int]  # version_id -> rows (always 1 with a primary key; counted anyway)
+    dead_letters: int
+
+
+def ledger_state(settings: Settings) -> LedgerState:
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        schema = sql.Identifier(settings.pg_schema)
+        events = {
+            eid: (p, o)
+            for eid, p, o in conn.execute(
+                sql.SQL('SELECT event_id, "partition", "offset" FROM {}.events').format(schema)
+            )
+        }
+        versions = dict(
+            conn.execute(
+                sql.SQL("SELECT version_id, count(*) FROM {}.fact_versions GROUP BY version_id").format(schema)
+            ).fetchall()
+        )
+        dead = conn.execute(sql.SQL("SELECT count(*) FROM {}.dead_letters").format(schema)).fetchone()[0]
+    return LedgerState(events, versions, dead)
+
+
+def lost_and_doubled(
+    state: LedgerState,
+    first_seen: dict[str, tuple[int, int]],
+    assertions: set[str],
+    *,
+    check_positions: bool = True,
+) -> tuple[set[str], set[str], set[str]]:
+    """Compare the projection with what the broker acknowledged: (lost, applied twice, unexpected).
+
+    `first_seen`: event_id -> (partition, offset) of its FIRST acknowledged publish (later re-publishes
+    of the same id are duplicates and must change nothing). Lost: an acknowledged event (or the version
+    of an acknowledged assertion) missing. Applied twice: more than one version row, or (with
+    `check_positions`) recorded at another position than its first publish, i.e. a duplicate was
+    applied instead of the original. Unexpected: recorded but never acknowledged.
+    """
+    lost = {eid for eid in first_seen if eid not in state.events}
+    lost |= {eid for eid in assertions if eid not in state.versions}
+    doubled = {vid for vid, n in state.versions.items() if n > 1}
+    if check_positions:
+        doubled |= {eid for eid, pos in state.events.items() if eid in first_seen and pos != first_seen[eid]}
+    unexpected = set(state.events) - set(first_seen)
+    return lost, doubled, unexpected
+
+
+def invariants(settings: Settings, tenant: str) -> dict[str, int]:
+    """projections.postgres.queries.invariant_counts (the numbers /v1/stats reports) for one tenant."""
+    import asyncio
+
+    from projections.postgres.queries import invariant_counts
+
+    async def go() -> dict[str, int]:
+        async with await psycopg.AsyncConnection.connect(settings.pg_dsn, autocommit=True) as conn:
+            await conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(settings.pg_schema)))
+            return await invariant_counts(conn, tenant)
+
+    return asyncio.run(go())
+
+
+def private_settings(base: Settings, name: str, **update: Any) -> Settings:
+    """Private topic, DLQ, group, schema and index names (like the `settings` fixture), for module fixtures."""
+    return base.model_copy(
+        update={
+            "topic": f"{name}.events",
+            "dlq_topic": f"{name}.events.dlq",
+            "processor_group": f"{name}-projector",
+            "pg_schema": name,
+            "es_index": f"{name}-facts",
+            **update,
+        }
+    )
