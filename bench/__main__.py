@@ -1,0 +1,60 @@
+"""`python -m bench run` (measure everything, write results + BENCHMARKS.md) and `python -m bench report`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="memory-ledger benchmarks")
+
+
+@app.command()
+def run(
+    events: int = typer.Option(100_000, help="events in the dataset"),
+    subjects: int = typer.Option(10_000, help="subjects in the dataset"),
+    seed: int = typer.Option(7, help="dataset seed"),
+    recall_at: str = typer.Option("10000", help="comma-separated fact-version counts to measure recall at (+ the end)"),
+    recall_queries: int = typer.Option(300, help="queries per recall mode and point"),
+    raw_embed: int = typer.Option(4000, help="texts for the raw fastembed benchmark"),
+    raw_es: int = typer.Option(10_000, help="documents for the raw Elasticsearch bulk benchmark"),
+    lag_seconds: float = typer.Option(30.0, help="duration of the steady load for the lag probes"),
+    eval_sample: int = typer.Option(200, help="memories sampled for self-retrieval"),
+    skip: str = typer.Option("", help="comma-separated steps to skip: raw, recall, eval, lag, audit, rebuild"),
+    keep: bool = typer.Option(False, help="keep the private topic/schema/index afterwards"),
+    note: list[str] = typer.Option([], help="a note to record with the results (repeatable)"),
+) -> None:
+    """Generate the dataset and measure raw components, the ledger end to end, recall, lag, audit and rebuild."""
+    from bench.run import RunConfig, run_bench
+
+    cfg = RunConfig(
+        events=events,
+        subjects=subjects,
+        seed=seed,
+        recall_at=tuple(int(x) for x in recall_at.split(",") if x.strip()),
+        recall_queries=recall_queries,
+        raw_embed=raw_embed,
+        raw_es=raw_es,
+        lag_seconds=lag_seconds,
+        eval_sample=eval_sample,
+        skip=tuple(x.strip() for x in skip.split(",") if x.strip()),
+        keep=keep,
+        notes=list(note),
+    )
+    path = run_bench(cfg)
+    import orjson
+
+    if "error" in orjson.loads(path.read_bytes()):
+        raise typer.Exit(1)
+
+
+@app.command()
+def report(path: Path | None = typer.Argument(None, help="results JSON (default: the latest complete run)")) -> None:
+    """Regenerate BENCHMARKS.md and the plot from a results file."""
+    from bench.report import latest_results, write_report
+
+    typer.echo(write_report(path or latest_results()))
+
+
+if __name__ == "__main__":
+    app()

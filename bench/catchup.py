@@ -1,0 +1,135 @@
+"""Has the pipeline caught up? The ledger's end offsets against what PostgreSQL and Elasticsearch hold.
+
+"Visible in PostgreSQL" = the stored positions (committed with the projection rows) reach the
+topic's end offsets. "Visible in Elasticsearch" = the search outbox is drained and the index
+holds one searchable document per fact version. Both are read from the stores themselves,
+never from the processes' logs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+from elasticsearch import Elasticsearch, NotFoundError
+from kafka import KafkaConsumer, TopicPartition
+from psycopg import sql
+
+from infra.settings import Settings
+
+__all__ = ["Progress", "Probe", "wait_caught_up"]
+
+
+@dataclass
+class Progress:
+    ends: dict[int, int]
+    positions: dict[int, int]
+    outbox: int
+    versions: int
+    es_docs: int
+
+    @property
+    def pg_done(self) -> bool:
+        return all(self.positions.get(p, 0) >= end for p, end in self.ends.items())
+
+    @property
+    def es_done(self) -> bool:
+        return self.pg_done and self.outbox == 0 and self.es_docs >= self.versions
+
+    @property
+    def applied(self) -> int:
+        return sum(min(self.positions.get(p, 0), end) for p, end in self.ends.items())
+
+    @property
+    def total(self) -> int:
+        return sum(self.ends.values())
+
+
+class Probe:
+    """Cheap repeated reads of the pipeline's progress (one PG connection, one consumer, one ES client)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.s = settings
+        self.pg = psycopg.connect(settings.pg_dsn, autocommit=True)
+        self.es = Elasticsearch(settings.es_url, request_timeout=30)
+        self.consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None)
+        self._tps: list[TopicPartition] | None = None
+
+    def close(self) -> None:
+        self.pg.close()
+        self.es.close()
+        self.consumer.close()
+
+    def end_offsets(self) -> dict[int, int]:
+        if not self._tps:
+            parts = self.consumer.partitions_for_topic(self.s.topic) or set()
+            self._tps = [TopicPartition(self.s.topic, p) for p in sorted(parts)]
+        return {tp.partition: off for tp, off in self.consumer.end_offsets(self._tps).items()}
+
+    def _scalar(self, query: sql.Composable, params: tuple = ()) -> int:
+        try:
+            row = self.pg.execute(query, params).fetchone()
+        except psycopg.errors.UndefinedTable:
+            return 0
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def positions(self) -> dict[int, int]:
+        try:
+            rows = self.pg.execute(
+                sql.SQL('SELECT "partition", next_offset FROM {} WHERE consumer = %s AND topic = %s').format(
+                    sql.Identifier(self.s.pg_schema, "positions")
+                ),
+                (self.s.processor_group, self.s.topic),
+            ).fetchall()
+        except psycopg.errors.UndefinedTable:
+            return {}
+        return {p: o for p, o in rows}
+
+    def es_docs(self) -> int:
+        try:
+            return int(self.es.count(index=self.s.es_index)["count"])
+        except NotFoundError:
+            return 0
+
+    def progress(self, ends: dict[int, int] | None = None) -> Progress:
+        schema = self.s.pg_schema
+        return Progress(
+            ends=ends if ends is not None else self.end_offsets(),
+            positions=self.positions(),
+            outbox=self._scalar(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "search_outbox"))),
+            versions=self._scalar(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "fact_versions"))),
+            es_docs=self.es_docs(),
+        )
+
+
+def wait_caught_up(
+    probe: Probe,
+    *,
+    timeout: float,
+    interval: float = 0.2,
+    on_progress: Callable[[Progress], None] | None = None,
+    alive: Callable[[], None] | None = None,
+) -> tuple[float | None, float]:
+    """Poll until PG and then ES hold everything published so far.
+
+    Returns (seconds until PG caught up, seconds until ES caught up), from the call. Raises
+    TimeoutError (with the last progress) after `timeout`; `alive()` may raise if a process died.
+    """
+    t0 = time.perf_counter()
+    ends = probe.end_offsets()
+    pg_at: float | None = None
+    while True:
+        prog = probe.progress(ends)
+        if on_progress:
+            on_progress(prog)
+        if pg_at is None and prog.pg_done:
+            pg_at = time.perf_counter() - t0
+        if prog.es_done:
+            return pg_at, time.perf_counter() - t0
+        if time.perf_counter() - t0 > timeout:
+            raise TimeoutError(f"not caught up after {timeout:.0f}s: {prog}")
+        if alive:
+            alive()
+        time.sleep(interval)

@@ -1,0 +1,175 @@
+"""Produce -> queryable lag under a steady load (DESIGN §7), timed per probe event.
+
+A publisher thread sends background events (another tenant) at a fixed rate and, at a lower
+fixed rate, probe events. Each probe is timed from just before it is sent until:
+  - `pg`: its version row is readable in PostgreSQL, and
+  - `recall`: an exact-mode POST /v1/recall returns that very version.
+Two kinds of probes: `update` (a new value of a fact whose entity the tenant already knows,
+the common case) and `new` (a fact about an entity never seen before).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+import psycopg
+from psycopg import sql
+
+from bench.dataset import ATTRIBUTES, generate
+from bench.latency import percentiles
+from infra.settings import Settings
+from producers.contract import rfc3339
+from producers.sdk import LedgerProducer
+
+__all__ = ["measure_lag", "probe_seed_events"]
+
+PORT = next(a for a in ATTRIBUTES if a.key == "project.port")
+PROBE_TENANT = "bench-probe"
+LOAD_TENANT = "bench-load"
+
+
+def _probe_event(entity: str, r: random.Random) -> dict[str, Any]:
+    port = r.randint(1025, 65000)
+    from datetime import UTC, datetime
+
+    return {
+        "event_id": uuid.uuid4().hex,
+        "type": "memory.asserted",
+        "tenant": PROBE_TENANT,
+        "subject": f"project:{entity}",
+        "key": PORT.key,
+        "value": port,
+        "content": PORT.state_zh.format(E=entity, zh=port),
+        "entities": [entity],
+        "aliases": list(PORT.aliases),
+        "source": {"type": "explicit", "service": "bench-lag"},
+        "observed_at": rfc3339(datetime.now(UTC)),
+    }
+
+
+def probe_seed_events(n: int = 20, seed: int = 3) -> list[dict[str, Any]]:
+    """The facts `update` probes later change: published (and caught up) before the measurement."""
+    r = random.Random(seed)
+    return [_probe_event(f"LAG{i}", r) for i in range(n)]
+
+
+@dataclass
+class _Probe:
+    kind: str
+    event_id: str
+    entity: str
+    sent: float
+    pg: float | None = None
+    recall: float | None = None
+
+
+@dataclass
+class _State:
+    probes: list[_Probe] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def pending(self, attr: str) -> list[_Probe]:
+        with self.lock:
+            return [p for p in self.probes if getattr(p, attr) is None]
+
+
+def _publisher(settings: Settings, rate: float, duration: float, probe_rate: float, st: _State, out: dict) -> None:
+    r = random.Random(17)
+    load = generate(int(rate * duration) + 100, 2000, seed=99, tenants=(LOAD_TENANT,))
+    seeded = itertools.cycle(range(len(probe_seed_events())))
+    new_ids = itertools.count()
+    sent_load = sent_probes = 0
+    with LedgerProducer(settings, linger_ms=1) as producer:
+        t0 = time.perf_counter()
+        while (now := time.perf_counter() - t0) < duration:
+            due = int(now * rate) - sent_load
+            if due > 0:
+                batch = list(itertools.islice(load, due))
+                producer.publish_many(batch)
+                sent_load += len(batch)
+            if now * probe_rate >= sent_probes:
+                kind = "update" if sent_probes % 2 == 0 else "new"
+                entity = f"LAG{next(seeded)}" if kind == "update" else f"LAGN{next(new_ids)}x{uuid.uuid4().hex[:4]}"
+                ev = _probe_event(entity, r)
+                p = _Probe(kind, ev["event_id"], entity, time.perf_counter())
+                with st.lock:
+                    st.probes.append(p)
+                producer.publish(ev)
+                sent_probes += 1
+            time.sleep(0.01)
+        out["seconds"] = time.perf_counter() - t0
+        out["load_events"] = sent_load
+        out["probes"] = sent_probes
+
+
+def _pg_poller(settings: Settings, st: _State, deadline: list[float]) -> None:
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        q = sql.SQL("SELECT version_id FROM {} WHERE version_id = ANY(%s)").format(
+            sql.Identifier(settings.pg_schema, "fact_versions")
+        )
+        while not (st.done.is_set() and not st.pending("pg")) and time.perf_counter() < deadline[0]:
+            pending = st.pending("pg")
+            if pending:
+                seen = {row[0] for row in conn.execute(q, ([p.event_id for p in pending],))}
+                t = time.perf_counter()
+                for p in pending:
+                    if p.event_id in seen:
+                        p.pg = t
+            time.sleep(0.005)
+
+
+def _recall_poller(url: str, api_key: str, st: _State, deadline: list[float]) -> None:
+    headers = {"X-API-Key": api_key, "Content-Type": "application/json"}
+    with httpx.Client(base_url=url, headers=headers, timeout=10) as client:
+        while not (st.done.is_set() and not st.pending("recall")) and time.perf_counter() < deadline[0]:
+            pending = st.pending("recall")
+            for p in pending:
+                body = {"tenant": PROBE_TENANT, "query": f"{p.entity} 后端端口", "mode": "exact", "top_k": 3}
+                r = client.post("/v1/recall", content=orjson.dumps(body))
+                if r.status_code == 200 and any(h["version_id"] == p.event_id for h in orjson.loads(r.content)["hits"]):
+                    p.recall = time.perf_counter()
+            if not pending:
+                time.sleep(0.005)
+
+
+def measure_lag(
+    settings: Settings, url: str, api_key: str, rate: float, *, duration: float = 30.0, probe_rate: float = 2.0
+) -> dict[str, Any]:
+    """Steady load at `rate` events/s for `duration` s; per-probe lag to PG and to an exact recall."""
+    st = _State()
+    pub: dict[str, Any] = {}
+    deadline = [time.perf_counter() + duration + 120]
+    threads = [
+        threading.Thread(target=_pg_poller, args=(settings, st, deadline), daemon=True),
+        threading.Thread(target=_recall_poller, args=(url, api_key, st, deadline), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    _publisher(settings, rate, duration, probe_rate, st, pub)
+    st.done.set()
+    for t in threads:
+        t.join(timeout=130)
+    out: dict[str, Any] = {
+        "target_rate_per_s": round(rate, 1),
+        "achieved_rate_per_s": round((pub["load_events"] + pub["probes"]) / pub["seconds"], 1),
+        "duration_s": round(pub["seconds"], 1),
+        "probes": pub["probes"],
+    }
+    for kind in ("all", "update", "new"):
+        ps = [p for p in st.probes if kind == "all" or p.kind == kind]
+        out[kind] = {
+            "pg": percentiles([(p.pg - p.sent) * 1000 for p in ps if p.pg is not None]),
+            "recall": percentiles([(p.recall - p.sent) * 1000 for p in ps if p.recall is not None]),
+            "never_seen_pg": sum(p.pg is None for p in ps),
+            "never_seen_recall": sum(p.recall is None for p in ps),
+        }
+    return out

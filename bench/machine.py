@@ -1,0 +1,78 @@
+"""What the numbers were measured on: CPU, cores, RAM, load, and the versions of every server and library."""
+
+from __future__ import annotations
+
+import os
+import platform
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from elasticsearch import Elasticsearch
+from kafka import KafkaAdminClient
+
+from infra.settings import Settings
+
+__all__ = ["load_average", "machine_info"]
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _ram_gb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _kafka_version(s: Settings) -> str:
+    """The broker's own answer where it gives one, else the configured version infra installed."""
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+        try:
+            api = admin._client.check_version()  # noqa: SLF001 - kafka-python exposes the probed API version here
+        finally:
+            admin.close()
+        return f"{s.kafka_version} (broker API {'.'.join(map(str, api))})"
+    except Exception:  # noqa: BLE001 - informative only
+        return s.kafka_version
+
+
+def machine_info(s: Settings) -> dict[str, Any]:
+    es = Elasticsearch(s.es_url, request_timeout=10)
+    try:
+        nodes = es.nodes.info(filter_path="nodes.*.version")["nodes"]  # GET / is refused by this build
+        es_version = ", ".join(sorted({n["version"] for n in nodes.values()}))
+    finally:
+        es.close()
+    with psycopg.connect(s.pg_dsn) as conn:
+        pg_version = conn.execute("SHOW server_version").fetchone()[0]
+    libs = ("kafka-python", "faust-streaming", "psycopg", "elasticsearch", "fastembed", "onnxruntime", "fastapi")
+    return {
+        "cpu_model": _cpu_model(),
+        "cores": os.cpu_count(),
+        "ram_gb": _ram_gb(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "kafka": _kafka_version(s),
+        "elasticsearch": es_version,
+        "postgresql": pg_version,
+        "embedding_model": s.embed_model,
+        "libraries": {name: version(name) for name in libs},
+    }

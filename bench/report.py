@@ -1,0 +1,281 @@
+"""BENCHMARKS.md and its plot, from one results JSON (every number shown comes from that file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from infra.settings import REPO_ROOT
+
+__all__ = ["latest_results", "write_report"]
+
+RESULTS = REPO_ROOT / "bench" / "results"
+
+
+def latest_results(directory: Path = RESULTS) -> Path:
+    runs = sorted(p for p in directory.glob("2*.json") if "error" not in orjson.loads(p.read_bytes()))
+    if not runs:
+        raise FileNotFoundError(f"no complete run in {directory}: run `python -m bench run` first")
+    return runs[-1]
+
+
+def _f(v: Any, nd: int = 1) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        return f"{v:,.{nd}f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def _verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("met" if ok else "**missed**")
+
+
+def targets(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(target, measured, threshold, verdict) for issue 6 §3."""
+    out = []
+    rl = r.get("recall_latency") or []
+    if rl:
+        big = rl[-1]
+        ex = big["modes"]["exact"]
+        out.append(
+            (
+                f"exact recall over HTTP at {big['fact_versions']:,} fact versions",
+                f"p50 {_f(ex['p50_ms'], 2)} ms, p99 {_f(ex['p99_ms'], 2)} ms",
+                "p50 <= 5 ms, p99 <= 20 ms",
+                _verdict(ex["p50_ms"] <= 5 and ex["p99_ms"] <= 20),
+            )
+        )
+    e2e = r.get("e2e") or {}
+    if "ratio_to_slowest_raw" in e2e:
+        out.append(
+            (
+                f"end-to-end ingest vs slowest raw component ({e2e['slowest_raw']})",
+                f"{e2e['ratio_to_slowest_raw']:.2f} x ({_f(e2e['events_per_s'])} events/s)",
+                ">= 0.70",
+                _verdict(e2e["ratio_to_slowest_raw"] >= 0.7),
+            )
+        )
+    lag = r.get("lag")
+    if lag:
+        a = lag["all"]
+        p99 = max(x for x in (a["pg"]["p99_ms"], a["recall"]["p99_ms"]) if x is not None)
+        out.append(
+            (
+                f"produce -> queryable at {_f(lag['achieved_rate_per_s'])} events/s (half the max)",
+                f"p99 {_f(p99, 0)} ms (PG {_f(a['pg']['p99_ms'], 0)}, exact recall {_f(a['recall']['p99_ms'], 0)})",
+                "p99 <= 1000 ms",
+                _verdict(p99 <= 1000 and not a["never_seen_recall"]),
+            )
+        )
+    ev = r.get("eval")
+    if ev:
+        sr = ev["retrieval"]["self_retrieval"]
+        out.append(("self-retrieval Recall@1", _f(sr["recall_at_1"], 3), ">= 0.90", _verdict(sr["recall_at_1"] >= 0.9)))
+        out.append(
+            ("self-retrieval Recall@10", _f(sr["recall_at_10"], 3), ">= 0.99", _verdict(sr["recall_at_10"] >= 0.99))
+        )
+        st = ev["storage"]
+        da = st["double_active_rate"]
+        out.append(("double-active rate", _f(da, 4), "= 0", _verdict(da == 0)))
+        out.append(("orphan rate", _f(st["orphan_rate"], 4), "= 0", _verdict(st["orphan_rate"] == 0)))
+    return out
+
+
+def _plot(r: dict[str, Any], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    raw = r.get("raw") or {}
+    names, rates = [], []
+    for k, label in (
+        ("kafka_produce", "Kafka produce"),
+        ("pg_copy", "PG COPY"),
+        ("es_bulk", "ES bulk+vectors"),
+        ("fastembed", "fastembed"),
+    ):
+        if k in raw:
+            names.append(label)
+            rates.append(raw[k]["per_s"])
+    e2e = r.get("e2e") or {}
+    if e2e:
+        names += ["ledger: PG visible", "ledger: PG+ES visible"]
+        rates += [e2e["pg_events_per_s"], e2e["events_per_s"]]
+    colors = ["#888"] * (len(names) - (2 if e2e else 0)) + (["#4a90d9", "#d9534f"] if e2e else [])
+    ax1.barh(names, rates, color=colors)
+    ax1.set_xscale("log")
+    ax1.set_xlabel("items per second (log)")
+    ax1.set_title("raw components vs the ledger end to end")
+    for y, v in enumerate(rates):
+        ax1.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
+    rl = r.get("recall_latency") or []
+    modes = ("exact", "keyword", "semantic")
+    width = 0.8 / max(1, 2 * len(rl))
+    for i, point in enumerate(rl):
+        for j, stat in enumerate(("p50_ms", "p99_ms")):
+            xs = [m + (2 * i + j) * width for m in range(len(modes))]
+            ys = [point["modes"][m][stat] for m in modes]
+            ax2.bar(xs, ys, width, label=f"{stat[:3]} @ {point['fact_versions']:,} versions")
+    ax2.set_xticks([m + 0.4 - width / 2 for m in range(len(modes))], modes)
+    ax2.axhline(5, color="green", lw=0.8, ls="--")
+    ax2.axhline(20, color="red", lw=0.8, ls="--")
+    ax2.set_ylabel("ms (client side, HTTP)")
+    ax2.set_title("recall latency per stage (dashed: exact targets 5 / 20 ms)")
+    ax2.legend(fontsize=7)
+    m = r["machine"]
+    fig.suptitle(f"{r['started_at'][:19]}Z  {m['cpu_model']}, {m['cores']} cores, {m['ram_gb']} GB", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def write_report(path: Path, md_path: Path = REPO_ROOT / "BENCHMARKS.md") -> Path:
+    """Write the plot beside the JSON and BENCHMARKS.md at the repository root."""
+    r = orjson.loads(path.read_bytes())
+    png = path.with_suffix(".png")
+    _plot(r, png)
+    m = r["machine"]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Latest run: `{path.relative_to(REPO_ROOT)}` (started {r['started_at'][:19]}Z). Generated by "
+        "`python -m bench run` (`bench/report.py`); every number below comes from that file.",
+        "",
+        "## Machine",
+        "",
+        f"- CPU: {m['cpu_model']}, {m['cores']} cores; RAM {m['ram_gb']} GB; {m['os']}; Python {m['python']}",
+        f"- Kafka {m['kafka']}, Elasticsearch {m['elasticsearch']}, PostgreSQL {m['postgresql']}",
+        f"- embedding model {m['embedding_model']}; " + ", ".join(f"{k} {v}" for k, v in m["libraries"].items()),
+        f"- load average (1/5/15 min) at start {r['load_average_start']}, at end {r.get('load_average_end')}: "
+        "the servers and this machine were shared with other work, so the numbers are noisy",
+        "",
+        f"Dataset: {r['dataset']['events']:,} events over {r['dataset']['subjects']:,} subjects "
+        f"({', '.join(f'{k} {v:,}' for k, v in r['dataset']['by_type'].items())}).",
+        "",
+        "## Targets (issue 6)",
+        "",
+        "| target | measured | threshold | verdict |",
+        "|---|---|---|---|",
+        *[f"| {a} | {b} | {c} | {d} |" for a, b, c, d in targets(r)],
+        "",
+        f"![benchmark plot]({png.relative_to(REPO_ROOT)})",
+        "",
+    ]
+    raw = r.get("raw")
+    if raw:
+        lines += [
+            "## Raw components alone (same data)",
+            "",
+            "| component | items | seconds | items/s |",
+            "|---|---|---|---|",
+            *[
+                f"| {k} | {_f(raw[k]['n'])} {raw[k]['unit']} | {_f(raw[k]['seconds'], 2)} | {_f(raw[k]['per_s'])} |"
+                for k in ("kafka_produce", "pg_copy", "fastembed", "es_bulk")
+            ],
+            "",
+        ]
+    e2e = r.get("e2e")
+    if e2e:
+        lines += [
+            "## End to end (publish with the SDK -> visible)",
+            "",
+            "| measure | value |",
+            "|---|---|",
+            f"| events | {_f(e2e['events'])} ({_f(e2e['fact_versions'])} fact versions in the index) |",
+            f"| publish time (SDK, acks=all) | {_f(e2e['publish_s'], 1)} s |",
+            f"| visible in PostgreSQL | {_f(e2e['pg_visible_s'], 1)} s = {_f(e2e['pg_events_per_s'])} events/s |",
+            f"| visible in PostgreSQL and Elasticsearch | {_f(e2e['es_visible_s'], 1)} s = "
+            f"{_f(e2e['events_per_s'])} events/s |",
+            f"| ratio to the slowest raw component ({e2e.get('slowest_raw')}) "
+            f"| {_f(e2e.get('ratio_to_slowest_raw'), 3)} |",
+        ]
+        if "embedding_bound_events_per_s" in e2e:
+            lines.append(
+                f"| embedding bound in events/s (one text per fact version) | {_f(e2e['embedding_bound_events_per_s'])}"
+                f" events/s; ratio {_f(e2e['ratio_to_embedding_bound'], 3)} |"
+            )
+        lines += ["", "Phases (each ends with the pipeline caught up; recall latency is measured between them):", ""]
+        lines += ["| events | publish s | PG visible s | PG+ES visible s | fact versions after |"]
+        lines += ["|---|---|---|---|---|"]
+        lines += [
+            f"| {_f(p['events'])} | {_f(p['publish_s'], 1)} | {_f(p['pg_visible_s'], 1)} | {_f(p['es_visible_s'], 1)} "
+            f"| {_f(p['fact_versions_total'])} |"
+            for p in e2e["phases"]
+        ]
+        lines.append("")
+    rl = r.get("recall_latency")
+    if rl:
+        lines += [
+            "## Recall latency over HTTP (client side, one request at a time)",
+            "",
+            "| fact versions | mode | n | p50 ms | p99 ms | max ms | with hits | server median stages (ms) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for point in rl:
+            for mode, v in point["modes"].items():
+                st = ", ".join(f"{k} {x}" for k, x in v["server_stage_median_ms"].items())
+                lines.append(
+                    f"| {_f(point['fact_versions'])} | {mode} | {v['n']} | {_f(v['p50_ms'], 2)} | {_f(v['p99_ms'], 2)} "
+                    f"| {_f(v['max_ms'], 2)} | {v['with_hits']} | {st} |"
+                )
+        lines.append("")
+    lag = r.get("lag")
+    if lag:
+        lines += [
+            "## Produce -> queryable lag",
+            "",
+            f"Steady load of {_f(lag['achieved_rate_per_s'])} events/s "
+            f"(target {_f(lag['target_rate_per_s'])}, half the measured end-to-end rate) "
+            f"for {_f(lag['duration_s'])} s with {lag['probes']} probes.",
+            "",
+            "| probes | readable in PG p50 / p99 ms | found by exact recall p50 / p99 ms | never seen (PG / recall) |",
+            "|---|---|---|---|",
+        ]
+        for kind in ("all", "update", "new"):
+            v = lag[kind]
+            lines.append(
+                f"| {kind} | {_f(v['pg']['p50_ms'], 0)} / {_f(v['pg']['p99_ms'], 0)} "
+                f"| {_f(v['recall']['p50_ms'], 0)} / "
+                f"{_f(v['recall']['p99_ms'], 0)} | {v['never_seen_pg']} / {v['never_seen_recall']} |"
+            )
+        lines.append("")
+    if r.get("audit"):
+        a = r["audit"]
+        lines += [
+            "## Audit replay",
+            "",
+            f"GET /v1/subjects/{a['subject']}/events returning {a['events']:,} events: p50 {_f(a['p50_ms'], 1)} ms, "
+            f"p99 {_f(a['p99_ms'], 1)} ms over {a['n']} requests.",
+            "",
+        ]
+    if r.get("rebuild"):
+        b = r["rebuild"]
+        lines += [
+            "## Full rebuild from offset 0",
+            "",
+            f"{_f(b['records'])} records in {_f(b['seconds'], 1)} s = {_f(b['events_per_s'])} events/s "
+            f"(`projections.postgres.rebuild.rebuild`, services stopped); checksum equal to the live projection: "
+            f"{_f(b['checksum_equal'])}.",
+            "",
+        ]
+    if r.get("eval"):
+        from bench.eval import summary_rows
+
+        lines += ["## Quality (`ledger eval`, seed 001's layers)", ""]
+        lines += ["| layer | metric | value | target |", "|---|---|---|---|"]
+        for layer, metric, value, target in summary_rows(r["eval"]):
+            lines.append(f"| {layer} | {metric.strip()} | {_f(value, 4)} | {target} |")
+        lines.append("")
+    if r.get("notes"):
+        lines += ["## Notes", "", *[f"- {n}" for n in r["notes"]], ""]
+    md_path.write_text("\n".join(lines))
+    return md_path
