@@ -49,6 +49,11 @@ from stream_processors.cli import rebuild, worker  # noqa: E402
 app.command()(worker)
 app.command()(rebuild)
 
+# quality evaluation lives in bench/cli.py (imports only typer at module level)
+from bench.cli import eval_command  # noqa: E402
+
+app.command(name="eval")(eval_command)
+
 
 if __name__ == "__main__":
     app()
