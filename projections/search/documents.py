@@ -1,0 +1,123 @@
+"""Fact-version rows (PostgreSQL) -> search documents, and the SQL that reads those rows.
+
+A document is a pure function of the *current* row of its version, so writing it twice gives the
+same document: redelivery and crash-redo are harmless.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from psycopg import sql
+
+from projections.search.cues import (
+    canonical,
+    embedding_text,
+    event_types_in,
+    key_phrases,
+    normalize_entity,
+    subject_ids,
+)
+
+__all__ = ["EFFECTIVE_TO", "OVERRIDE", "FACT_COLUMNS", "build_doc", "embedding_text_for", "rows_sql", "status_fields"]
+
+FACT_COLUMNS = (
+    "version_id",
+    "memory_id",
+    "tenant",
+    "subject",
+    "key",
+    "scope",
+    "kind",
+    "value",
+    "content",
+    "entities",
+    "aliases",
+    "tags",
+    "source",
+    "confidence",
+    "importance",
+    "observed_at",
+    "valid_from",
+    "valid_to",
+    "status",
+    "superseded_by",
+    "superseded_at",
+    "version",
+)
+
+
+EFFECTIVE_TO = "LEAST(f.valid_to, f.superseded_at)"  # LEAST ignores NULLs: NULL only when both are
+OVERRIDE = "(f.kind = 'preference' AND f.asserted_valid_to IS NOT NULL)"
+
+
+def _cols(alias: str) -> sql.Composable:
+    return sql.SQL(", ").join(sql.SQL("{}.{}").format(sql.Identifier(alias), sql.Identifier(c)) for c in FACT_COLUMNS)
+
+
+def rows_sql(where: sql.Composable) -> sql.Composed:
+    """SELECT the fact columns of `f` plus `effective_to` and `override`.
+
+    As in projections.versions.visible_at: a version holds on [valid_from, min(valid_to, superseded_at));
+    a preference with an asserted valid_to is an override that wins inside its window.
+    """
+    return sql.SQL(
+        "SELECT {cols}, " + EFFECTIVE_TO + " AS effective_to, " + OVERRIDE + " AS override "
+        "FROM fact_versions f WHERE {where}"
+    ).format(cols=_cols("f"), where=where)
+
+
+def _iso(t: datetime | None) -> str | None:
+    return None if t is None else t.isoformat()
+
+
+def _source_type(source: Any) -> str | None:
+    return source.get("type") if isinstance(source, dict) else None
+
+
+def status_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """The fields that change after a version is written (supersession, retraction, late history)."""
+    return {
+        "status": row["status"],
+        "superseded_by": row["superseded_by"],
+        "valid_to": _iso(row["effective_to"]),
+        "version": row["version"],
+    }
+
+
+def embedding_text_for(row: dict[str, Any]) -> str:
+    return embedding_text(row["content"], row["key"], row["aliases"] or ())
+
+
+def build_doc(row: dict[str, Any], vector: list[float] | None) -> dict[str, Any]:
+    """The whole document of one version; `vector` None leaves the embedding out (partial update)."""
+    aliases = row["aliases"] or []
+    tags = row["tags"] or []
+    key = row["key"]
+    doc = {
+        "version_id": row["version_id"],
+        "memory_id": row["memory_id"],
+        "tenant": row["tenant"],
+        "subject": row["subject"],
+        "subject_ids": subject_ids(row["subject"]),
+        "key": key,
+        "key_text": " ".join(key_phrases(key)[:1]) or None,
+        "scope": row["scope"] or "",
+        "kind": row["kind"],
+        "source_type": _source_type(row["source"]),
+        "event_type": event_types_in(" ".join([row["content"] or "", *key_phrases(key), *tags, *aliases])),
+        "entities": sorted({normalize_entity(e) for e in row["entities"] or []}),
+        "aliases": sorted({canonical(a) for a in aliases if canonical(a)}),
+        "aliases_text": " ; ".join(aliases) or None,
+        "tags": list(tags),
+        "content": row["content"],
+        "valid_from": _iso(row["valid_from"]),
+        "observed_at": _iso(row["observed_at"]),
+        "confidence": row["confidence"],
+        "importance": row["importance"],
+        **status_fields(row),
+    }
+    if vector is not None:
+        doc["embedding"] = vector
+    return doc

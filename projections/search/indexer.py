@@ -1,0 +1,280 @@
+"""The search indexer: drains `search_outbox` into Elasticsearch (`ledger indexer`).
+
+The PostgreSQL projection writes an outbox row in the same transaction as every version
+it inserts or changes. The indexer takes a batch in id order, reads the *current* rows of
+those versions, bulk-writes their documents and only then deletes exactly those outbox
+rows. A crash between the two redoes the batch: ids are the version ids and the
+documents are built from current state, so redoing changes nothing. While
+Elasticsearch is down the loop backs off and the outbox grows; PostgreSQL is never
+blocked. One indexer per schema drains at a time (a session advisory lock).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from elasticsearch import ApiError, Elasticsearch
+from elasticsearch import ConnectionError as ESConnectionError
+from elasticsearch.helpers import streaming_bulk
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from infra.settings import Settings
+from projections.embedding import Embedder, load_embedder
+from projections.search.documents import build_doc, embedding_text_for, rows_sql, status_fields
+from projections.search.mapping import ensure_index
+
+__all__ = ["drain_once", "lock_key", "run_indexer", "DrainStats"]
+
+log = logging.getLogger("ledger.indexer")
+
+BATCH_SIZE = 500
+_ensured: set[tuple[str, str]] = set()
+
+
+def lock_key(settings: Settings) -> str:
+    """One advisory lock per schema: the indexer and a rebuild never write the same index at once."""
+    return f"{settings.pg_schema}.search_indexer"
+
+
+@dataclass
+class DrainStats:
+    rows: int = 0
+    indexed: int = 0
+    updated: int = 0
+    deleted: int = 0
+    embedded: int = 0
+    failed: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _set_path(conn: psycopg.Connection, settings: Settings) -> None:
+    conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(settings.pg_schema)))
+
+
+def try_lock(conn: psycopg.Connection, key: str) -> bool:
+    return bool(conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)).fetchone()[0])
+
+
+def unlock(conn: psycopg.Connection, key: str) -> None:
+    conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
+
+
+def _ensure(es: Elasticsearch, settings: Settings, dim: int) -> None:
+    ident = (settings.es_url, settings.es_index)
+    if ident not in _ensured:
+        ensure_index(es, settings, dim)
+        _ensured.add(ident)
+
+
+def _bulk(es: Elasticsearch, actions: list[dict[str, Any]], refresh: bool) -> list[tuple[bool, dict[str, Any]]]:
+    """Per-document results; 429s are retried with capped exponential backoff by the helper."""
+    if not actions:
+        return []
+    return list(
+        streaming_bulk(
+            es,
+            actions,
+            chunk_size=500,
+            max_chunk_bytes=20 * 1024 * 1024,
+            max_retries=6,
+            initial_backoff=0.5,
+            max_backoff=16,
+            raise_on_error=False,
+            raise_on_exception=True,
+            refresh="wait_for" if refresh else False,
+        )
+    )
+
+
+def _subject_doc_ids(es: Elasticsearch, index: str, tenant: str, subject: str) -> set[str]:
+    """All document ids of one subject, paged with search_after (this server has no delete_by_query)."""
+    ids: set[str] = set()
+    after = None
+    while True:
+        body: dict[str, Any] = {
+            "query": {"bool": {"filter": [{"term": {"tenant": tenant}}, {"term": {"subject": subject}}]}},
+            "sort": [{"version_id": "asc"}],
+            "size": 1000,
+            "_source": False,
+        }
+        if after is not None:
+            body["search_after"] = after
+        hits = es.search(index=index, **body)["hits"]["hits"]
+        ids.update(h["_id"] for h in hits)
+        if len(hits) < 1000:
+            return ids
+        after = hits[-1]["sort"]
+
+
+def _delete_subjects(
+    conn: psycopg.Connection, es: Elasticsearch, index: str, subjects: Iterable[tuple[str, str]]
+) -> list[dict[str, Any]]:
+    """Make the index hold exactly PostgreSQL's versions of each erased subject: delete the rest."""
+    actions: list[dict[str, Any]] = []
+    for tenant, subject in subjects:
+        in_es = _subject_doc_ids(es, index, tenant, subject)
+        if not in_es:
+            continue
+        in_pg = {
+            r[0]
+            for r in conn.execute(
+                "SELECT version_id FROM fact_versions WHERE tenant = %s AND subject = %s", (tenant, subject)
+            )
+        }
+        actions += [{"_op_type": "delete", "_index": index, "_id": vid} for vid in sorted(in_es - in_pg)]
+    return actions
+
+
+def _read_rows(conn: psycopg.Connection, version_ids: list[str]) -> dict[str, dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(rows_sql(sql.SQL("f.version_id = ANY(%s)")), (version_ids,))
+        return {r["version_id"]: r for r in cur.fetchall()}
+
+
+def _existing(es: Elasticsearch, index: str, ids: list[str]) -> set[str]:
+    if not ids:
+        return set()
+    docs = es.mget(index=index, ids=ids, source=False)["docs"]
+    return {d["_id"] for d in docs if d.get("found")}
+
+
+def _index_actions(index: str, rows: list[dict[str, Any]], embedder: Embedder, stats: DrainStats) -> list[dict]:
+    vectors = embedder.embed([embedding_text_for(r) for r in rows]) if rows else []
+    stats.embedded += len(rows)
+    return [
+        {"_op_type": "index", "_index": index, "_id": r["version_id"], "_source": build_doc(r, v.tolist())}
+        for r, v in zip(rows, vectors, strict=True)
+    ]
+
+
+def drain_once(
+    settings: Settings,
+    conn: psycopg.Connection,
+    es: Elasticsearch,
+    embedder: Embedder,
+    *,
+    batch_size: int = BATCH_SIZE,
+    refresh: bool = False,
+    stats: DrainStats | None = None,
+) -> int:
+    """Move one batch of the outbox into the index; returns how many outbox rows it consumed.
+
+    Returns 0 when the outbox is empty or another indexer holds the lock. Rows whose
+    document failed stay in the outbox for the next call.
+    """
+    stats = stats if stats is not None else DrainStats()
+    _set_path(conn, settings)
+    key = lock_key(settings)
+    if not try_lock(conn, key):
+        return 0
+    try:
+        return _drain(settings, conn, es, embedder, batch_size, refresh, stats)
+    finally:
+        unlock(conn, key)
+
+
+def _drain(
+    settings: Settings,
+    conn: psycopg.Connection,
+    es: Elasticsearch,
+    embedder: Embedder,
+    batch_size: int,
+    refresh: bool,
+    stats: DrainStats,
+) -> int:
+    batch = conn.execute(
+        "SELECT id, version_id, tenant, subject, op FROM search_outbox ORDER BY id LIMIT %s", (batch_size,)
+    ).fetchall()
+    if not batch:
+        return 0
+    _ensure(es, settings, embedder.dim)
+    index = settings.es_index
+
+    erased = sorted({(t, s) for _, _, t, s, op in batch if op == "delete_subject"})
+    version_ids = sorted({vid for _, vid, _, _, op in batch if op == "upsert" and vid})
+    rows = _read_rows(conn, version_ids)
+    existing = _existing(es, index, [v for v in version_ids if v in rows])
+
+    # erasures first: the upserts below re-assert whatever PostgreSQL still holds
+    failed_ids: set[str] = set()
+    actions = _delete_subjects(conn, es, index, erased)
+    actions += [{"_op_type": "delete", "_index": index, "_id": v} for v in version_ids if v not in rows]
+    actions += [
+        {"_op_type": "update", "_index": index, "_id": v, "doc": status_fields(rows[v])}
+        for v in version_ids
+        if v in existing
+    ]
+    actions += _index_actions(index, [rows[v] for v in version_ids if v in rows and v not in existing], embedder, stats)
+
+    missing: list[str] = []
+    for ok, info in _bulk(es, actions, refresh):
+        op, res = next(iter(info.items()))
+        status = res.get("status", 0)
+        if ok or (op == "delete" and status == 404):
+            stats.indexed += op == "index"
+            stats.updated += op == "update"
+            stats.deleted += op == "delete"
+        elif op == "update" and status == 404:  # deleted since the mget: write it whole
+            missing.append(res["_id"])
+        else:
+            failed_ids.add(res["_id"])
+            stats.failed.append(res)
+    if missing:
+        for ok, info in _bulk(es, _index_actions(index, [rows[v] for v in missing], embedder, stats), refresh):
+            res = next(iter(info.values()))
+            if ok:
+                stats.indexed += 1
+            else:
+                failed_ids.add(res["_id"])
+                stats.failed.append(res)
+
+    done = [
+        oid
+        for oid, vid, tenant, subject, op in batch
+        if (vid not in failed_ids if op == "upsert" else not failed_ids)  # an erasure retries on any failure
+    ]
+    with conn.transaction():
+        conn.execute("DELETE FROM search_outbox WHERE id = ANY(%s)", (done,))
+    stats.rows += len(done)
+    if stats.failed:
+        log.warning("indexer: %d documents failed, kept in the outbox: %s", len(failed_ids), stats.failed[:3])
+    return len(done)
+
+
+def _connect(settings: Settings) -> psycopg.Connection:
+    conn = psycopg.connect(settings.pg_dsn, autocommit=True)
+    _set_path(conn, settings)
+    return conn
+
+
+def run_indexer(settings: Settings, *, poll_seconds: float = 0.2, batch_size: int = BATCH_SIZE, stop=None) -> None:
+    """Drain forever (until `stop()` returns true): back off on errors, never give up."""
+    embedder = load_embedder(settings)
+    es = Elasticsearch(settings.es_url, request_timeout=30)
+    conn: psycopg.Connection | None = None
+    backoff = 0.5
+    total, t0 = 0, time.monotonic()
+    log.info("indexer: draining %s.search_outbox into %s", settings.pg_schema, settings.es_index)
+    while stop is None or not stop():
+        try:
+            if conn is None or conn.closed:
+                conn = _connect(settings)
+            n = drain_once(settings, conn, es, embedder, batch_size=batch_size)
+            backoff = 0.5
+            total += n
+            if n:
+                log.info("indexer: %d rows (%d total, %.0f rows/s)", n, total, total / (time.monotonic() - t0))
+            if n < batch_size:
+                time.sleep(poll_seconds)
+        except (ESConnectionError, ApiError, psycopg.OperationalError, psycopg.errors.UndefinedTable) as exc:
+            log.warning("indexer: %s: %s; retrying in %.1fs", type(exc).__name__, str(exc)[:300], backoff)
+            if isinstance(exc, psycopg.OperationalError) and conn is not None:
+                conn.close()
+                conn = None
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 30.0)
