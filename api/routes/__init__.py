@@ -11,3 +11,6 @@ api_router.include_router(facts.router)
 api_router.include_router(subjects.router)
 api_router.include_router(stats.router)
 api_router.include_router(erasure.router)
+from api.routes import recall  # noqa: E402
+
+api_router.include_router(recall.router)

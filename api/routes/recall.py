@@ -1,0 +1,106 @@
+"""`POST /v1/recall`: deterministic-first recall (DESIGN §5) over one tenant's memories.
+
+The handler only validates, checks tenancy and calls `projections.search.recall.RecallEngine`;
+one engine per app (created on first use) keeps the vocabulary cache and the embedder, which
+is loaded in a thread so the event loop never runs the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Literal
+
+from fastapi import APIRouter, Request, Response
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+
+from api.deps import TenantsDep, check_tenant
+from api.routes._json import json_response
+from producers.contract import Kind, SourceType
+from projections.search.recall import RecallEngine, RecallFilters, RecallQuery
+
+router = APIRouter(tags=["recall"])
+
+_Values = str | list[str] | None
+
+
+def _as_tuple(v: _Values) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    return (v,) if isinstance(v, str) else tuple(v)
+
+
+class Filters(BaseModel):
+    """Each filter takes one value or a list (any of them matches)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: _Values = None
+    key: _Values = None
+    scope: _Values = None
+    tags: _Values = None
+    source_type: _Values = None
+
+    @field_validator("kind")
+    @classmethod
+    def _kinds(cls, v: _Values) -> _Values:
+        bad = [k for k in _as_tuple(v) if k not in Kind._value2member_map_]
+        if bad:
+            raise ValueError(f"unknown kind {bad[0]!r}: one of {', '.join(Kind._value2member_map_)}")
+        return v
+
+    @field_validator("source_type")
+    @classmethod
+    def _sources(cls, v: _Values) -> _Values:
+        bad = [k for k in _as_tuple(v) if k not in SourceType._value2member_map_]
+        if bad:
+            raise ValueError(f"unknown source_type {bad[0]!r}: one of {', '.join(SourceType._value2member_map_)}")
+        return v
+
+    def to_engine(self) -> RecallFilters:
+        return RecallFilters(**{name: _as_tuple(getattr(self, name)) for name in RecallFilters.__dataclass_fields__})
+
+
+class RecallBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: str = Field(min_length=1, max_length=128)
+    subject: str | None = Field(default=None, min_length=1, max_length=256)
+    query: str = Field(min_length=1, max_length=2000)
+    top_k: int = Field(default=5, ge=1, le=100)
+    as_of: AwareDatetime | None = None
+    mode: Literal["auto", "exact", "keyword", "semantic", "hybrid"] = "auto"
+    filters: Filters | None = None
+
+    @field_validator("query")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be blank")
+        return v
+
+
+def _engine(request: Request) -> RecallEngine:
+    state = request.app.state
+    engine = getattr(state, "recall_engine", None)
+    if engine is None or engine.es is not state.es or engine.pool is not state.pg:
+        engine = state.recall_engine = RecallEngine(state.settings, state.es, state.pg)
+        # load the model in the background now, so the first semantic query does not pay for it
+        state.recall_embedder_task = asyncio.get_running_loop().create_task(engine.embedder())
+    return engine
+
+
+@router.post("/recall")
+async def recall(body: RecallBody, request: Request, tenants: TenantsDep) -> Response:
+    """Hits (exact first, then keyword/semantic), the cues extracted from the query, and a per-stage trace."""
+    check_tenant(body.tenant, tenants)
+    query = RecallQuery(
+        tenant=body.tenant,
+        query=body.query,
+        subject=body.subject,
+        top_k=body.top_k,
+        as_of=body.as_of if isinstance(body.as_of, datetime) else None,
+        mode=body.mode,
+        filters=body.filters.to_engine() if body.filters else RecallFilters(),
+    )
+    return json_response(await _engine(request).recall(query))
