@@ -277,14 +277,20 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
             bar.update(t_es, completed=p.es_docs - base_docs, total=p.versions - base_docs + p.outbox or None)
             bar.update(t_es, rate=f"{(p.es_docs - base_docs) / el:,.0f} docs/s")
 
+        published, published_s = [0], [0.0]
         for end, point in phases:
             chunk = events[start:end]
 
-            def on_chunk(n: int) -> None:
-                bar.update(t_pub, advance=n, rate=f"{bar.tasks[0].completed / (time.perf_counter() - t_first):,.0f}/s")
+            t_phase = time.perf_counter()
+
+            def on_chunk(n: int, t_phase: float = t_phase) -> None:
+                published[0] += n
+                el = published_s[0] + time.perf_counter() - t_phase
+                bar.update(t_pub, advance=n, rate=f"{published[0] / el:,.0f}/s")
                 show(probe.progress())
 
             pub_s = publish_events(s, chunk, producer=producer, on_chunk=on_chunk)
+            published_s[0] += pub_s
             pg_s, es_s = wait_caught_up(
                 probe, timeout=cfg.catchup_timeout, on_progress=show, alive=svc.check_alive, interval=0.1
             )
