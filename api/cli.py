@@ -54,6 +54,12 @@ from bench.cli import eval_command  # noqa: E402
 
 app.command(name="eval")(eval_command)
 
+# the search projection's commands live in projections/search/cli.py (imports only typer at module level)
+from projections.search.cli import indexer, reindex  # noqa: E402
+
+app.command()(indexer)
+app.command()(reindex)
+
 
 if __name__ == "__main__":
     app()
