@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence, Set
 
@@ -52,14 +53,20 @@ class BatchRunner:
                 return self._rec().apply_batch(records)
             except psycopg.OperationalError as exc:  # PostgreSQL away: reconnect and retry, lose nothing
                 log.error("batch not applied (%s); retrying in %.1fs", exc, delay)
-                if self._recorder is not None:
-                    self._recorder.conn.close()
-            except Exception:  # noqa: BLE001 - anything else (DLQ topic down, a bug): retry, then say so loudly
+            except Exception:  # noqa: BLE001 - DLQ topic down, a bug: retry (never skip a batch), say so loudly
                 log.exception("batch not applied; retrying in %.1fs", delay)
-                if self._recorder is not None:
-                    self._recorder.conn.rollback()
+            self._reset()
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+    def _reset(self) -> None:
+        """Drop the connection (a fresh one on the next attempt); the failed transaction was rolled back."""
+        if self._recorder is not None:
+            try:
+                self._recorder.conn.close()
+            except Exception:  # noqa: BLE001 - it is being discarded anyway
+                pass
+            self._recorder = None
 
     def positions(self, partitions: Set[int]) -> dict[int, int]:
         with connect(self.settings.pg_dsn, self.settings.pg_schema) as conn:
@@ -81,8 +88,17 @@ def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
         mine = {tp for tp in assigned if tp.topic == settings.topic}
         if not mine:
             return {}
-        by_partition = await asyncio.to_thread(runner.positions, {tp.partition for tp in mine})
-        return {tp: by_partition[tp.partition] for tp in mine}
+        for attempt in range(1, 6):
+            try:
+                by_partition = await asyncio.to_thread(runner.positions, {tp.partition for tp in mine})
+                return {tp: by_partition[tp.partition] for tp in mine}
+            except Exception:  # noqa: BLE001 - retried, then fatal (below)
+                log.exception("reading the PostgreSQL positions failed (attempt %d)", attempt)
+                await asyncio.sleep(0.5 * attempt)
+        # never consume from wherever Kafka's own commit points: better dead than skipping records
+        log.critical("no PostgreSQL positions for the assigned partitions; exiting")
+        logging.shutdown()
+        os._exit(71)
 
     app.stored_positions = stored_positions
 
@@ -99,7 +115,12 @@ def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
                 )
                 for e in events
             ]
-            result = await asyncio.to_thread(runner.apply, raw)
+            try:
+                result = await asyncio.to_thread(runner.apply, raw)
+            except Exception:  # a faust-restarted agent would go on past this batch: die, restart re-seeks
+                log.exception("projector failed outside the retry loop; exiting so a restart resumes from PostgreSQL")
+                logging.shutdown()
+                os._exit(70)
             log.info(
                 "batch: %d records, %d applied, %d duplicate, %d skipped, %d dead, positions %s",
                 len(raw),

@@ -387,9 +387,11 @@ def test_two_workers_share_the_partitions(stack):
     second = Worker(settings).start()
     try:
         publish(settings, events[: len(events) // 2])
+        wait_for(lambda: "seeked to PostgreSQL positions" in second.log(), timeout=60, what="the second worker to join")
         publish(settings, events[len(events) // 2 :])
         wait_caught_up(settings, timeout=120, worker=holder["worker"])
         assert second.alive(), second.log()[-3000:]
+        assert "applied" in second.log()  # it did take a share of the partitions
     finally:
         second.stop()
     _expect_consistent(settings, events, tag)

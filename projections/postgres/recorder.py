@@ -68,6 +68,9 @@ def decode_record(
         return Incoming(topic, partition, offset, key, raw, ts, event=event)
     except InvalidEvent as exc:
         return Incoming(topic, partition, offset, key, raw, ts, error=exc)
+    except Exception as exc:  # noqa: BLE001 - a record the contract cannot even judge is still a dead letter
+        error = InvalidEvent("undecodable", f"{type(exc).__name__}: {exc}"[:500])
+        return Incoming(topic, partition, offset, key, raw, ts, error=error)
 
 
 @dataclass(frozen=True, slots=True)
