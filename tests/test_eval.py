@@ -67,11 +67,12 @@ def test_storage_is_exact_and_retrieval_above_floors(eval_result):
     assert na["empty_rate"] >= FLOORS["no_answer_empty_rate"], na["false_positive_examples"]
 
 
-# Floors: measured on this dataset (see the commit that set them), minus a margin for noise.
+# Floors: first CI-size measurement (2026-11-30, 1,500 events, loaded 2-core machine) gave R@10 1.000, R@1 0.979,
+# paraphrase stability 0.917, exact-hit 0.856, no-answer empty rate 1.000; the floors leave a margin for noise.
 FLOORS = {
-    "recall_at_10": 0.80,
-    "recall_at_1": 0.60,
-    "paraphrase_stability": 0.70,
-    "exact_hit_rate": 0.60,
-    "no_answer_empty_rate": 0.60,
+    "recall_at_10": 0.97,
+    "recall_at_1": 0.90,
+    "paraphrase_stability": 0.80,
+    "exact_hit_rate": 0.75,
+    "no_answer_empty_rate": 0.90,
 }
