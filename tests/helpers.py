@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -190,7 +191,7 @@ def wait_caught_up(settings: Settings, timeout: float = 60.0, worker: Worker | N
 
 
 def cleanup(settings: Settings) -> None:
-    """Drop the private schema (and rebuild leftovers) and delete the private topics."""
+    """Drop the private schema (and rebuild leftovers), the worker's faust dir, and the private topics."""
     with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
         names = [
             r[0]
@@ -201,6 +202,7 @@ def cleanup(settings: Settings) -> None:
         ]
         for name in names:
             conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    shutil.rmtree(settings.data_dir / "faust" / settings.processor_group, ignore_errors=True)
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     try:
         existing = set(admin.list_topics())
