@@ -25,8 +25,9 @@ status:
 test: up
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-demo: up
-	$(PY) -m infra status
+demo: install
+	$(PY) -m infra up --service
+	$(VENV)/bin/ledger demo
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -83,13 +83,15 @@ def _wait_for(client: httpx.Client, tenant: str, subject: str, key: str, value, 
     raise TimeoutError(f"{subject} {key}={value!r} not visible after {timeout}s")
 
 
-def _wait_indexed(client: httpx.Client, tenant: str, timeout: float = 60.0) -> None:
+def _wait_indexed(client: httpx.Client, tenant: str, query: str, value, timeout: float = 60.0) -> float:
+    """Poll until the search index answers `query` exactly with `value` (the outbox drained and refreshed)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        stats = client.get("/v1/stats", params={"tenant": tenant}).json()
-        if stats.get("search_outbox_pending", 0) == 0:
-            return
-        time.sleep(0.2)
+        body = client.post("/v1/recall", json={"tenant": tenant, "query": query, "mode": "exact"}).json()
+        if any(h["value"] == value for h in body.get("hits", [])):
+            return time.monotonic() - t0
+        time.sleep(0.1)
+    raise TimeoutError(f"the search index did not answer {query!r} with {value!r} after {timeout}s")
 
 
 def run(base_url: str | None = None, api_key: str = "dev-key", tenant: str | None = None) -> None:
@@ -116,7 +118,8 @@ def run(base_url: str | None = None, api_key: str = "dev-key", tenant: str | Non
         for v in history:
             table.add_row(str(v["version"]), str(v["value"]), v["status"], v["valid_from"], str(v["superseded_by"]))
         console.print(table)
-        _wait_indexed(client, tenant)
+        lag = _wait_indexed(client, tenant, "P1 port", 9090)
+        console.print(f"  the update is searchable {lag * 1000:.0f} ms after it was visible in PostgreSQL")
 
         console.rule("[bold]3. recall: deterministic first, each hit says why")
         for q in QUESTIONS:
