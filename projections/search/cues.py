@@ -321,7 +321,10 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
     cover(ev_spans)
     event_types = sorted({_EVENT_SPANS[p] for _, _, p in ev_spans})
 
-    content = [u for u in seq if u not in _STOP_UNITS]
+    timed = [False] * len(seq)  # time words are a filter, not text to match
+    for i, j, _ in time_spans:
+        timed[i:j] = [True] * (j - i)
+    content = [u for u, t in zip(seq, timed, strict=True) if u not in _STOP_UNITS and not t]
     terms = [
         u
         for u, c in zip(seq, covered, strict=True)

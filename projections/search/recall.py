@@ -40,7 +40,7 @@ Mode = Literal["auto", "exact", "keyword", "semantic", "hybrid"]
 # (a keyword match, or a known entity of the query narrowing the search) SEMANTIC_SUPPORTED is enough.
 SEMANTIC_MIN = 0.62
 SEMANTIC_SUPPORTED = 0.50
-KEYWORD_MIN_MATCH = "50%"  # of the query's analysed tokens (unigrams + bigrams, stopwords removed)
+KEYWORD_MIN_MATCH = "3<60%"  # of the query's analysed tokens (uni+bigrams, no stopwords): all of 1-3, else 60%
 RRF_K = 60
 EXACT_MAX = 100
 

@@ -1,0 +1,361 @@
+"""POST /v1/recall against the real servers: exact first, semantic fallback, empty when unrelated,
+paraphrase stability, verification against a lagging index, tenancy, determinism.
+
+One private schema + index for the module: facts go through the PostgreSQL projection's recorder,
+the outbox is drained by the indexer, and the API (create_app, real pools) answers over HTTP.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from projections.embedding import load_embedder
+from projections.search.rebuild import orphans, reindex
+from tests.conftest import unique
+from tests.search_support import Ledger, drain_all, private_store
+
+ACME, GLOBEX, LAG = "acme", "globex", "lagco"
+KEYS = {"k-acme": [ACME], "k-globex": [GLOBEX], "k-all": [ACME, GLOBEX, LAG]}
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+
+# (subject, key, content, value, aliases, entities, kind)
+ACME_FACTS = [
+    (
+        "project:P1",
+        "project.backend_port",
+        "P1 的后端服务端口是 8080",
+        8080,
+        ["端口", "后端服务地址", "backend port", "port"],
+        ["P1"],
+        "state",
+    ),
+    (
+        "project:P1",
+        "project.frontend_port",
+        "P1 的前端端口是 3000",
+        3000,
+        ["前端端口", "frontend port"],
+        ["P1"],
+        "state",
+    ),
+    (
+        "project:P1",
+        "project.deploy_host",
+        "P1 部署在 10.0.0.5 这台机器上",
+        "10.0.0.5",
+        ["部署机器", "deploy host"],
+        ["P1"],
+        "state",
+    ),
+    (
+        "project:P2",
+        "project.backend_port",
+        "P2 的后端服务端口是 7000",
+        7000,
+        ["端口", "backend port", "port"],
+        ["P2"],
+        "state",
+    ),
+    (
+        "user:42",
+        "preference.seat",
+        "用户 42 喜欢靠窗的座位",
+        "window",
+        ["座位偏好", "seat preference"],
+        [],
+        "preference",
+    ),
+    ("user:42", "preference.answer_style", "用户 42 希望回答简洁，不要太长", "concise", ["回答风格"], [], "preference"),
+    (
+        "user:alice",
+        "preference.drink",
+        "Alice prefers green tea in the morning",
+        "green tea",
+        ["饮料", "drink"],
+        ["Alice"],
+        "preference",
+    ),
+    (
+        "order:OD20241102",
+        "order.status",
+        "订单 OD20241102 已退款",
+        "refunded",
+        ["订单状态", "order status"],
+        ["OD20241102"],
+        "state",
+    ),
+    ("company:acme", "company.annual_party", "公司年会在 12 月 20 日举行", "12-20", ["年会"], [], "state"),
+    ("company:acme", "policy.expense_deadline", "报销需要在 30 天内提交", 30, ["报销期限"], [], "state"),
+    ("company:acme", "it.vpn_address", "公司 VPN 地址是 vpn.acme.example", "vpn.acme.example", ["VPN"], [], "state"),
+    (
+        "project:P1",
+        "project.staging_db",
+        "The staging database of P1 is PostgreSQL on db-staging:5432",
+        "db-staging:5432",
+        ["staging database"],
+        ["P1"],
+        "state",
+    ),
+    ("user:bob", "profile.team", "Bob works on the payments team", "payments", ["team"], ["Bob"], "state"),
+]
+GLOBEX_FACTS = [
+    (
+        "project:P1",
+        "project.backend_port",
+        "P1 backend port is 9090",
+        9090,
+        ["port", "backend port", "端口"],
+        ["P1"],
+        "state",
+    ),
+    ("company:globex", "secret.recipe", "黄金配方锁在总部的保险柜里", "vault", ["配方"], [], "state"),
+]
+UNRELATED = [
+    "今天天气怎么样",
+    "what is the capital of France",
+    "如何做红烧肉",
+    "股票明天会涨吗",
+    "quantum chromodynamics lecture notes",
+    "my cat is sleeping on the sofa",
+    "推荐一部科幻电影",
+    "how do I bake sourdough bread",
+]
+
+
+@pytest.fixture(scope="module")
+def world(base_settings):
+    name = unique("rc")
+    settings = base_settings.model_copy(
+        update={"pg_schema": name, "es_index": f"{name}-facts", "topic": f"{name}.events", "api_keys": KEYS}
+    )
+    embedder = load_embedder(settings)
+    with private_store(settings) as (conn, es):
+        ledger = Ledger(settings, conn)
+        mids: dict[tuple[str, str, str], str] = {}
+        for tenant, facts in ((ACME, ACME_FACTS), (GLOBEX, GLOBEX_FACTS)):
+            for i, (subject, key, content, value, aliases, entities, kind) in enumerate(facts):
+                e = ledger.assert_fact(
+                    tenant,
+                    subject,
+                    key,
+                    content,
+                    value,
+                    aliases=aliases,
+                    entities=entities,
+                    kind=kind,
+                    valid_from=T0 + timedelta(hours=i),
+                )
+                mids[(tenant, subject, key)] = e.memory_id
+        drain_all(settings, conn, es, embedder)
+        with TestClient(create_app(settings)) as client:
+            yield {"settings": settings, "conn": conn, "es": es, "ledger": ledger, "client": client, "mids": mids}
+        ledger.close()
+
+
+def recall(world, query: str, tenant: str = ACME, key: str = "k-all", **body) -> dict:
+    r = world["client"].post("/v1/recall", json={"tenant": tenant, "query": query, **body}, headers={"X-API-Key": key})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_entity_id_query_hits_exactly_without_computing_an_embedding(world):
+    for query, fact in [
+        ("OD20241102 退款了吗", ("order:OD20241102", "order.status")),
+        ("P1 部署在哪台机器", ("project:P1", "project.deploy_host")),
+        ("order status of OD20241102", ("order:OD20241102", "order.status")),
+    ]:
+        res = recall(world, query)
+        top = res["hits"][0]
+        assert top["memory_id"] == world["mids"][(ACME, *fact)], (query, res["hits"])
+        assert top["match"]["stage"] == "exact" and top["score"] >= 1
+        assert res["trace"]["embedding_computed"] is False and "embed" not in res["trace"]["stages_ms"]
+        assert all(h["match"]["stage"] == "exact" for h in res["hits"])
+
+
+def test_phrasings_in_chinese_and_english_return_the_same_memory(world):
+    expected = world["mids"][(ACME, "project:P1", "project.backend_port")]
+    for query in [
+        "P1 的后端服务端口是多少",
+        "P1 后端端口",
+        "what port does the P1 backend use",
+        "backend port of project P1",
+        "P1 的后端服务地址",
+    ]:
+        res = recall(world, query)
+        top = res["hits"][0]
+        assert (top["memory_id"], top["value"], top["match"]["stage"]) == (expected, 8080, "exact"), (query, res)
+        assert "p1" in res["cues"]["known_entities"] or "project:p1" in res["cues"]["known_entities"]
+        assert top["match"]["cues"]["keys"] == ["project.backend_port"]
+
+
+def test_a_vague_query_falls_back_to_semantic(world):
+    for query, fact in [
+        ("那个订单退款了吗", ("order:OD20241102", "order.status")),
+        ("用户喜欢坐在哪里", ("user:42", "preference.seat")),
+        ("Alice 早上喜欢喝什么", ("user:alice", "preference.drink")),
+    ]:
+        res = recall(world, query)
+        assert res["hits"], (query, res)
+        top = res["hits"][0]
+        assert top["memory_id"] == world["mids"][(ACME, *fact)], (query, res["hits"])
+        assert top["match"]["stage"] in ("semantic", "hybrid"), top["match"]
+        assert res["trace"]["embedding_computed"] is True and top["score"] < 1
+
+
+@pytest.mark.parametrize("mode", ["auto", "semantic", "keyword", "hybrid"])
+def test_an_unrelated_query_returns_nothing(world, mode):
+    for query in UNRELATED:
+        res = recall(world, query, mode=mode)
+        assert res["hits"] == [], (query, mode, res["hits"])
+
+
+def test_an_unknown_id_never_borrows_another_entitys_answer(world):
+    assert recall(world, "P7 的后端服务端口是多少")["hits"] == []
+    assert recall(world, "订单 OD99999999 退款了吗")["hits"] == []
+
+
+def test_superseded_value_is_never_returned_as_current_while_the_index_lags(world):
+    settings, conn, es, ledger = world["settings"], world["conn"], world["es"], world["ledger"]
+    aliases = ["端口", "backend port"]
+    old = ledger.assert_fact(
+        LAG,
+        "project:P9",
+        "project.backend_port",
+        "P9 的后端服务端口是 8080",
+        8080,
+        aliases=aliases,
+        entities=["P9"],
+        valid_from=T0,
+    )
+    drain_all(settings, conn, es, load_embedder(settings))
+    assert recall(world, "P9 后端端口", tenant=LAG)["hits"][0]["value"] == 8080
+
+    new = ledger.assert_fact(
+        LAG,
+        "project:P9",
+        "project.backend_port",
+        "P9 的后端服务端口改成了 9999",
+        9999,
+        aliases=aliases,
+        entities=["P9"],
+        valid_from=T0 + timedelta(days=1),
+    )
+    # the outbox is NOT drained: the index still holds the old version as active
+    doc = es.get(index=settings.es_index, id=old.event_id)["_source"]
+    assert doc["status"] == "active" and not es.exists(index=settings.es_index, id=new.event_id)
+    for mode in ("auto", "exact", "keyword", "semantic", "hybrid"):
+        hits = recall(world, "P9 的后端服务端口", tenant=LAG, mode=mode)["hits"]
+        assert all(h["value"] != 8080 for h in hits), (mode, hits)
+        assert hits and hits[0]["value"] == 9999 and hits[0]["version_id"] == new.event_id, (mode, hits)
+        assert hits[0]["match"]["verified"] == {"candidate": old.event_id, "replaced_by": new.event_id}
+    # as of a time before the change, the old value is the right answer
+    past = recall(world, "P9 后端端口", tenant=LAG, as_of=(T0 + timedelta(hours=1)).isoformat())["hits"]
+    assert [h["value"] for h in past] == [8080]
+    drain_all(settings, conn, es, load_embedder(settings))
+    hits = recall(world, "P9 后端端口", tenant=LAG)["hits"]
+    assert [h["value"] for h in hits] == [9999] and hits[0]["match"]["verified"] == {"candidate": new.event_id}
+
+
+def test_two_tenants_never_see_each_other(world):
+    acme = recall(world, "P1 后端端口", tenant=ACME, key="k-acme")["hits"]
+    globex = recall(world, "P1 后端端口", tenant=GLOBEX, key="k-globex")["hits"]
+    assert acme[0]["value"] == 8080 and globex[0]["value"] == 9090
+    assert {h["memory_id"] for h in acme}.isdisjoint({h["memory_id"] for h in globex})
+    assert all(h["value"] != 9090 for h in acme)
+    # globex's secret is invisible to acme in every mode, and acme's key may not ask as globex
+    for mode in ("auto", "keyword", "semantic", "hybrid"):
+        assert recall(world, "黄金配方在哪里", tenant=ACME, key="k-acme", mode=mode)["hits"] == []
+    assert recall(world, "黄金配方在哪里", tenant=GLOBEX, key="k-globex")["hits"][0]["value"] == "vault"
+    r = world["client"].post("/v1/recall", json={"tenant": GLOBEX, "query": "P1 端口"}, headers={"X-API-Key": "k-acme"})
+    assert r.status_code == 403 and "tenant" in r.text
+    r = world["client"].post("/v1/recall", json={"tenant": ACME, "query": "P1 端口"})
+    assert r.status_code == 401
+
+
+def test_the_same_question_gets_the_same_answer(world):
+    for query in ["P1 端口", "那个订单退款了吗", "Alice 早上喜欢喝什么"]:
+        first = recall(world, query, top_k=10)
+        for _ in range(3):
+            again = recall(world, query, top_k=10)
+            assert [(h["memory_id"], h["score"]) for h in again["hits"]] == [
+                (h["memory_id"], h["score"]) for h in first["hits"]
+            ]
+
+
+def test_exact_hits_always_rank_above_fuzzy_ones(world):
+    res = recall(world, "P1 后端端口", mode="hybrid", top_k=20)
+    hits = res["hits"]
+    stages = [h["match"]["stage"] for h in hits]
+    first_fuzzy = next((i for i, s in enumerate(stages) if s != "exact"), len(stages))
+    assert stages[0] == "exact" and all(s != "exact" for s in stages[first_fuzzy:])
+    assert all(h["score"] >= 1 for h in hits[:first_fuzzy]) and all(h["score"] < 1 for h in hits[first_fuzzy:])
+    assert res["trace"]["embedding_computed"] is True  # hybrid asks for the fuzzy stages too
+
+
+def test_subject_and_filters_narrow_the_answer(world):
+    hits = recall(world, "后端端口", subject="project:P2")["hits"]
+    assert [h["value"] for h in hits] == [7000]
+    assert recall(world, "P1 后端端口", filters={"kind": "preference"})["hits"] == []
+    hits = recall(world, "用户 42 的座位偏好", filters={"kind": ["preference"], "source_type": "explicit"})["hits"]
+    assert hits[0]["key"] == "preference.seat"
+
+
+def test_hits_carry_the_whole_fact_and_an_explanation(world):
+    res = recall(world, "P1 后端端口")
+    hit = res["hits"][0]
+    for field in (
+        "memory_id",
+        "version",
+        "subject",
+        "key",
+        "scope",
+        "value",
+        "content",
+        "kind",
+        "status",
+        "valid_from",
+        "valid_to",
+        "observed_at",
+        "source",
+        "score",
+        "match",
+    ):
+        assert field in hit
+    assert hit["source"]["type"] == "explicit" and hit["status"] == "active" and hit["version"] == 1
+    assert set(res["trace"]["stages_ms"]) >= {"cues", "exact", "verify_exact", "rerank"}
+    assert res["cues"]["keys"] and res["cues"]["aliases"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"tenant": ACME, "query": "x", "top_k": 0}, "top_k"),
+        ({"tenant": ACME, "query": "x", "top_k": 101}, "top_k"),
+        ({"tenant": ACME, "query": "x", "mode": "fuzzy"}, "mode"),
+        ({"tenant": ACME}, "query"),
+        ({"tenant": ACME, "query": "   "}, "query"),
+        ({"tenant": ACME, "query": "x", "as_of": "2026-01-01T00:00:00"}, "as_of"),
+        ({"tenant": ACME, "query": "x", "filters": {"kind": "fact"}}, "filters.kind"),
+        ({"tenant": ACME, "query": "x", "filters": {"colour": "red"}}, "filters.colour"),
+        ({"query": "x"}, "tenant"),
+    ],
+)
+def test_bad_requests_get_422_naming_the_field(world, body, field):
+    r = world["client"].post("/v1/recall", json=body, headers={"X-API-Key": "k-all"})
+    assert r.status_code == 422
+    assert field in [d["field"] for d in r.json()["detail"]], r.json()
+
+
+def test_reindex_and_alias_switch_keep_the_answers(world):
+    queries = ["P1 后端端口", "OD20241102 退款了吗", "那个订单退款了吗", "今天天气怎么样"]
+    before = [[h["memory_id"] for h in recall(world, q)["hits"]] for q in queries]
+    settings, conn, es = world["settings"], world["conn"], world["es"]
+    reindex(settings, conn, es, load_embedder(settings))
+    after = [[h["memory_id"] for h in recall(world, q)["hits"]] for q in queries]
+    assert after == before
+    report = orphans(settings, conn, es)
+    assert (report["missing_in_es"], report["missing_in_pg"], report["outbox_pending"]) == (0, 0, 0)
