@@ -233,13 +233,21 @@ def test_duplicate_delivery_is_one_version(stack):
     e2 = asserted(s, "drink", "coffee", 1)
     raw = encode(e)
     key = kafka_key(TENANT, s)
-    published = publish_raw(settings, [(key, raw), (key, encode(e2)), (key, raw), (key, raw)])
+    no_time = {"event_id": uuid.uuid4().hex, "type": "memory.asserted", "tenant": TENANT, "subject": s, "key": "nick"}
+    no_time |= {"content": "goes by bob", "value": "bob"}  # observed_at comes from the record's timestamp
+    sent_at = datetime.now(UTC)
+    published = publish_raw(
+        settings, [(key, raw), (key, encode(e2)), (key, raw), (key, raw), (key, orjson.dumps(no_time))]
+    )
     wait_caught_up(settings, worker=holder["worker"])
+    with pg(settings) as conn:
+        (nick,) = rows(conn, s, "nick")
+    assert abs((nick.observed_at - sent_at).total_seconds()) < 30 and nick.valid_from == nick.observed_at
     with pg(settings) as conn:
         chain = rows(conn, s, "drink")
         assert [(v.value, v.status) for v in chain] == [("tea", "superseded"), ("coffee", "active")]
         logged = conn.execute('SELECT event_id, "offset" FROM events WHERE subject = %s ORDER BY "offset"', (s,))
-        assert [r[0] for r in logged] == [e.event_id, e2.event_id]
+        assert [r[0] for r in logged] == [e.event_id, e2.event_id, no_time["event_id"]]
     assert chain[0].offset == published[0][1]  # the first delivery is the one recorded
 
 
