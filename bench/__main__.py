@@ -22,6 +22,9 @@ def run(
     eval_sample: int = typer.Option(200, help="memories sampled for self-retrieval"),
     skip: str = typer.Option("", help="comma-separated steps to skip: raw, recall, eval, lag, audit, rebuild"),
     keep: bool = typer.Option(False, help="keep the private topic/schema/index afterwards"),
+    profile: bool = typer.Option(
+        False, help="py-spy the indexer/worker while ingesting and the API under exact recall"
+    ),
     note: list[str] = typer.Option([], help="a note to record with the results (repeatable)"),
 ) -> None:
     """Generate the dataset and measure raw components, the ledger end to end, recall, lag, audit and rebuild."""
@@ -39,6 +42,7 @@ def run(
         eval_sample=eval_sample,
         skip=tuple(x.strip() for x in skip.split(",") if x.strip()),
         keep=keep,
+        profile=profile,
         notes=list(note),
     )
     path = run_bench(cfg)

@@ -275,6 +275,16 @@ def write_report(path: Path, md_path: Path = REPO_ROOT / "BENCHMARKS.md") -> Pat
         for layer, metric, value, target in summary_rows(r["eval"]):
             lines.append(f"| {layer} | {metric.strip()} | {_f(value, 4)} | {target} |")
         lines.append("")
+    if r.get("profiles"):
+        lines += ["## Profiles (py-spy, share of samples)", ""]
+        for name, prof in r["profiles"].items():
+            if not prof:
+                continue
+            lines += [f"**{name}** ({prof['samples']:,} samples). Top self time: "]
+            lines += ["; ".join(f"`{f}` {p}%" for f, p in prof["top_self_pct"][:8]) + ".", ""]
+            lines += ["Top inclusive: " + "; ".join(f"`{f}` {p}%" for f, p in prof["top_inclusive_pct"][:8]) + ".", ""]
+            ours = prof.get("top_ours_inclusive_pct") or []
+            lines += ["Our code, inclusive: " + "; ".join(f"`{f}` {p}%" for f, p in ours[:8]) + ".", ""]
     if r.get("notes"):
         lines += ["## Notes", "", *[f"- {n}" for n in r["notes"]], ""]
     md_path.write_text("\n".join(lines))

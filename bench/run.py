@@ -38,6 +38,7 @@ from bench.lag import LOAD_TENANT, PROBE_TENANT, measure_lag, probe_seed_events
 from bench.latency import audit_latency, recall_latency, recall_queries
 from bench.loader import publish_events
 from bench.machine import load_average, machine_info
+from bench.profile import Recording
 from bench.services import Services, drop_private, free_port
 from infra.settings import REPO_ROOT, Settings, get_settings
 from producers.contract import encode, from_dict, rfc3339
@@ -68,6 +69,7 @@ class RunConfig:
     out_dir: Path = RESULTS
     skip: tuple[str, ...] = ()  # steps to skip: raw, lag, audit, rebuild, eval
     catchup_timeout: float = 3600.0
+    profile: bool = False  # py-spy the indexer and worker during the last ingest phase, the API under exact recall
     notes: list[str] = field(default_factory=list)
 
 
@@ -289,6 +291,10 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
                 bar.update(t_pub, advance=n, rate=f"{published[0] / el:,.0f}/s")
                 show(probe.progress())
 
+            recs = {}
+            if cfg.profile and end == len(events):
+                secs = 30
+                recs = {n: Recording(svc.procs[n].pid, secs, svc.log_dir / f"{n}.pyspy") for n in ("indexer", "worker")}
             pub_s = publish_events(s, chunk, producer=producer, on_chunk=on_chunk)
             published_s[0] += pub_s
             pg_s, es_s = wait_caught_up(
@@ -303,6 +309,8 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
                 "fact_versions_total": prog.versions,
             }
             e2e_phases.append(phase)
+            for n, rec in recs.items():
+                res.setdefault("profiles", {})[f"{n} during ingest"] = rec.wait()
             start = end
             if point is not None:
                 if "recall" in cfg.skip:
@@ -345,6 +353,13 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
         with console.status("recall latency at full size"):
             rl = recall_latency(svc.url, API_KEY, TENANT, queries, ("exact", "keyword", "semantic"))
         res["recall_latency"].append({"fact_versions": e2e["fact_versions"], "events": n, "modes": rl})
+    if cfg.profile and "recall" not in cfg.skip:
+        with console.status("profiling the API under exact recall (py-spy, 20 s)"):
+            rec = Recording(svc.procs["api"].pid, 20, svc.log_dir / "api.pyspy")
+            t_end = time.perf_counter() + 21
+            while time.perf_counter() < t_end:
+                recall_latency(svc.url, API_KEY, TENANT, queries[:50], ("exact",), warmup=0)
+            res.setdefault("profiles", {})["api under exact recall"] = rec.wait()
     for point in res["recall_latency"]:
         for mode, v in point["modes"].items():
             console.print(
