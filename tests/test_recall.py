@@ -359,3 +359,11 @@ def test_reindex_and_alias_switch_keep_the_answers(world):
     assert after == before
     report = orphans(settings, conn, es)
     assert (report["missing_in_es"], report["missing_in_pg"], report["outbox_pending"]) == (0, 0, 0)
+
+
+def test_stats_report_no_orphans_after_catch_up(world):
+    r = world["client"].get("/v1/stats", params={"tenant": ACME}, headers={"X-API-Key": "k-acme"})
+    assert r.status_code == 200, r.text
+    search = r.json()["search"]
+    assert (search["missing_in_es"], search["missing_in_pg"], search["outbox_pending"]) == (0, 0, 0)
+    assert search["pg_versions"] == search["es_documents"] == len(ACME_FACTS)

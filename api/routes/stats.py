@@ -62,6 +62,14 @@ async def stats(
         "lag": lag,
         "total_lag": sum(v["lag"] or 0 for v in lag.values()),
     }
+    # invariant 4: version ids only in PostgreSQL or only in Elasticsearch (meaningful once outbox_pending is 0)
+    from projections.search.rebuild import orphans_async
+
+    try:
+        async with request.app.state.pg.connection() as conn:
+            body["search"] = await orphans_async(settings, conn, request.app.state.es, tenant)
+    except Exception as exc:  # noqa: BLE001 - the other counters are still worth answering
+        body["search"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     if kafka_error:
         body["kafka_error"] = kafka_error
     return json_response(body)
