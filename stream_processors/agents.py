@@ -115,6 +115,7 @@ def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
                 )
                 for e in events
             ]
+            started = time.perf_counter()
             try:
                 result = await asyncio.to_thread(runner.apply, raw)
             except Exception:  # a faust-restarted agent would go on past this batch: die, restart re-seeks
@@ -122,12 +123,13 @@ def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
                 logging.shutdown()
                 os._exit(70)
             log.info(
-                "batch: %d records, %d applied, %d duplicate, %d skipped, %d dead, positions %s",
+                "batch: %d records, %d applied, %d duplicate, %d skipped, %d dead in %.0f ms, positions %s",
                 len(raw),
                 result.applied,
                 result.duplicates,
                 result.skipped,
                 result.dead,
+                (time.perf_counter() - started) * 1000,
                 result.positions,
             )
 
