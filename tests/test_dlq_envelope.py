@@ -1,0 +1,41 @@
+"""The dead-letter record format (stream_processors.dlq.envelope): pure, no server."""
+
+from __future__ import annotations
+
+import base64
+from datetime import UTC, datetime
+
+import pytest
+
+from producers.contract import MAX_EVENT_BYTES
+from projections.postgres.recorder import DeadLetter, decode_record
+from stream_processors.dlq import MAX_RAW_IN_DLQ, envelope
+
+pytestmark = pytest.mark.unit
+
+
+def test_envelope_carries_reason_origin_and_original_bytes():
+    rec = decode_record("ledger", 3, 41, b"not json", key=b"acme|u1", timestamp_ms=1_767_225_600_123)
+    assert rec.event is None and rec.error is not None
+    body = envelope(DeadLetter(rec, rec.error))
+    assert (body["code"], body["topic"], body["partition"], body["offset"]) == ("bad_json", "ledger", 3, 41)
+    assert body["message"] and body["field"] is None
+    assert base64.b64decode(body["raw_b64"]) == b"not json" and body["raw_truncated"] is False
+    assert base64.b64decode(body["key_b64"]) == b"acme|u1"
+    assert body["timestamp_ms"] == 1_767_225_600_123
+    assert rec.timestamp == datetime(2026, 1, 1, 0, 0, 0, 123000, tzinfo=UTC)
+
+
+def test_envelope_cuts_huge_records_but_says_so():
+    raw = b"x" * (MAX_EVENT_BYTES + 10)
+    rec = decode_record("ledger", 0, 1, raw, timestamp_ms=None)
+    body = envelope(DeadLetter(rec, rec.error))
+    assert body["code"] == "too_large" and body["raw_bytes"] == len(raw)
+    assert body["raw_truncated"] == (len(raw) > MAX_RAW_IN_DLQ)
+    assert len(base64.b64decode(body["raw_b64"])) == min(len(raw), MAX_RAW_IN_DLQ)
+
+
+def test_a_record_without_value_is_a_dead_letter():
+    rec = decode_record("ledger", 0, 2, None, timestamp_ms=0)
+    body = envelope(DeadLetter(rec, rec.error))
+    assert body["code"] == "empty" and body["raw_b64"] is None
