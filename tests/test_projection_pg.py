@@ -211,7 +211,7 @@ def test_policies_supersede_override_episodic_retract_confirm(stack):
 
 def test_late_event_is_inserted_as_history(stack):
     settings, holder = stack
-    s = f"user:{uuid.uuid4().hex[:8]}"
+    s = f"repo:org/{uuid.uuid4().hex[:8]}"  # a subject with a slash still has its own URL
     publish(settings, [asserted(s, "port", 1, 0), asserted(s, "port", 3, 10)])
     publish(settings, [asserted(s, "port", 2, 5, observed_at=at(20))])  # arrives last, older valid_from
     wait_caught_up(settings, worker=holder["worker"])
@@ -224,6 +224,11 @@ def test_late_event_is_inserted_as_history(stack):
     ]
     assert chain[0].superseded_by == chain[1].version_id and chain[1].superseded_by == chain[2].version_id
     assert chain[1].superseded_at == at(10)
+    with TestClient(create_app(settings)) as client:
+        r = client.get(f"/v1/subjects/{s}/facts", params={"tenant": TENANT}, headers=HEADERS)
+        assert r.status_code == 200 and [f["value"] for f in r.json()["facts"]] == [3]
+        r = client.get(f"/v1/subjects/{s}/events", params={"tenant": TENANT}, headers=HEADERS)
+        assert [e["event"]["value"] for e in r.json()["events"]] == [1, 3, 2]  # ledger order, not valid time
 
 
 def test_duplicate_delivery_is_one_version(stack):

@@ -21,7 +21,7 @@ Tenant = Annotated[str, Query(min_length=1, max_length=128, description="the ten
 Time = Annotated[AwareDatetime | None, Query(description="RFC 3339 time with a timezone offset")]
 
 
-@router.get("/{subject}/facts")
+@router.get("/{subject:path}/facts")
 async def facts(
     request: Request,
     subject: str,
@@ -38,7 +38,7 @@ async def facts(
     return json_response({"tenant": tenant, "subject": subject, "as_of": t.isoformat(), "facts": rows})
 
 
-@router.get("/{subject}/events")
+@router.get("/{subject:path}/events")
 async def events(
     request: Request,
     subject: str,
