@@ -412,6 +412,24 @@ def test_two_workers_share_the_partitions(stack):
     _expect_consistent(settings, events, tag)
 
 
+def test_kill9_of_one_of_two_workers_mid_stream(stack):
+    """The survivor takes the dead worker's partitions over from the PostgreSQL positions."""
+    settings, holder = stack
+    tag = f"half{uuid.uuid4().hex[:6]}"
+    events = _many(250, 4, tag)
+    victim = Worker(settings).start()
+    try:
+        wait_for(lambda: "seeked to PostgreSQL positions" in victim.log(), timeout=60, what="the second worker to join")
+        before = sum(positions(settings).values())
+        publish(settings, events)
+        wait_for(lambda: "applied" in victim.log() and sum(positions(settings).values()) > before, timeout=60)
+        victim.kill()
+        wait_caught_up(settings, timeout=120, worker=holder["worker"])
+    finally:
+        victim.kill()
+    _expect_consistent(settings, events, tag)
+
+
 def test_stats_report_healthy_invariants_and_lag(stack):
     settings, holder = stack
     wait_caught_up(settings, worker=holder["worker"])
