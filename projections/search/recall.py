@@ -113,6 +113,26 @@ class _Cand:
     scores: dict[str, float] = field(default_factory=dict)
 
 
+def _verify_sql(with_subject: bool) -> str:
+    """The candidates' facts, each as the one version that holds at %(at)s (override first, then latest)."""
+    where = sql.SQL(
+        "f.tenant = %(tenant)s AND f.memory_id = ANY(%(mids)s) AND f.valid_from <= %(at)s"
+        f" AND ({EFFECTIVE_TO} IS NULL OR {EFFECTIVE_TO} > %(at)s)"
+        + (" AND f.subject = %(subject)s" if with_subject else "")
+    )
+    return (
+        sql.SQL(
+            "SELECT DISTINCT ON (memory_id) * FROM ({rows}) v ORDER BY memory_id, override DESC, "
+            "valid_from DESC, observed_at DESC, version_id DESC"
+        )
+        .format(rows=rows_sql(where))
+        .as_string()
+    )
+
+
+_VERIFY_SQL = {False: _verify_sql(False), True: _verify_sql(True)}  # rendered once: the exact path stays lean
+
+
 def _ms(t0: float) -> float:
     return round((time.perf_counter() - t0) * 1000, 3)
 
@@ -155,8 +175,7 @@ class RecallEngine:
         at = q.as_of or now
 
         t0 = time.perf_counter()
-        async with self.pool.connection() as conn:
-            vocab = await self.vocab.get(conn, self.settings.pg_schema, q.tenant)
+        vocab = await self.vocab.get(self.pool, self.settings.pg_schema, q.tenant)
         cues = extract(q.query, vocab, now)
         stages["cues"] = _ms(t0)
 
@@ -263,20 +282,27 @@ class RecallEngine:
     # --- stages -------------------------------------------------------------------------------------
 
     async def _search(self, **body: Any) -> list[dict[str, Any]]:
+        """Ids, memory ids (from doc values: no _source is read) and scores of the matching documents."""
         try:
-            res = await self.es.search(index=self.settings.es_index, track_total_hits=False, **body)
+            res = await self.es.search(
+                index=self.settings.es_index,
+                track_total_hits=False,
+                source=False,
+                docvalue_fields=["memory_id"],
+                filter_path=["hits.hits._id", "hits.hits._score", "hits.hits.fields"],
+                **body,
+            )
         except NotFoundError:  # nothing indexed yet
             return []
-        return res["hits"]["hits"]
+        return res.get("hits", {}).get("hits", [])
 
     async def _exact(self, filters: list[dict[str, Any]], top_k: int) -> list[_Cand]:
         hits = await self._search(
             query={"bool": {"filter": filters}},
             size=min(EXACT_MAX, max(4 * top_k, 20)),
             sort=[{"valid_from": "desc"}, {"version_id": "asc"}],
-            source=["memory_id"],
         )
-        return [_Cand(h["_id"], h["_source"]["memory_id"], "exact") for h in hits]
+        return [_Cand(h["_id"], h["fields"]["memory_id"][0], "exact") for h in hits]
 
     async def _fuzzy(
         self,
@@ -320,7 +346,6 @@ class RecallEngine:
                     }
                 },
                 size=size,
-                source=["memory_id"],
             )
             stages["keyword"] = _ms(t0)
         if "semantic" in use and q.query.strip():
@@ -339,7 +364,6 @@ class RecallEngine:
                     "filter": {"bool": {"filter": filters}},
                 },
                 size=size,
-                source=["memory_id"],
             )
             stages["semantic"] = _ms(t0)
         t0 = time.perf_counter()
@@ -353,7 +377,7 @@ class RecallEngine:
         cands: dict[str, _Cand] = {}
         kw_ids = {h["_id"] for h in kw}
         for rank, h in enumerate(kw, 1):
-            c = cands.setdefault(h["_id"], _Cand(h["_id"], h["_source"]["memory_id"], "keyword"))
+            c = cands.setdefault(h["_id"], _Cand(h["_id"], h["fields"]["memory_id"][0], "keyword"))
             c.scores["bm25"] = round(h["_score"], 4)
             c.scores["rrf"] = c.scores.get("rrf", 0.0) + 1 / (RRF_K + rank)
         rank = 0
@@ -362,7 +386,7 @@ class RecallEngine:
             if not semantic_passes(cos, ranked, keyword=h["_id"] in kw_ids, narrowed=narrowed):
                 continue
             rank += 1
-            c = cands.setdefault(h["_id"], _Cand(h["_id"], h["_source"]["memory_id"], "semantic"))
+            c = cands.setdefault(h["_id"], _Cand(h["_id"], h["fields"]["memory_id"][0], "semantic"))
             if c.stage == "keyword":
                 c.stage = "hybrid"
             c.scores["cosine"] = round(cos, 4)
@@ -380,19 +404,7 @@ class RecallEngine:
             prev = by_memory.get(c.memory_id)
             if prev is None or c.scores.get("rrf", 0) > prev.scores.get("rrf", 0):
                 by_memory[c.memory_id] = c
-        where = sql.SQL(
-            "f.tenant = %(tenant)s AND f.memory_id = ANY(%(mids)s) AND f.valid_from <= %(at)s "
-            "AND ("
-            + EFFECTIVE_TO
-            + " IS NULL OR "
-            + EFFECTIVE_TO
-            + " > %(at)s)"
-            + (" AND f.subject = %(subject)s" if q.subject else "")
-        )
-        query = sql.SQL(
-            "SELECT DISTINCT ON (memory_id) * FROM ({rows}) v ORDER BY memory_id, override DESC, "
-            "valid_from DESC, observed_at DESC, version_id DESC"
-        ).format(rows=rows_sql(where))
+        query = _VERIFY_SQL[bool(q.subject)]
         params = {"tenant": q.tenant, "mids": sorted(by_memory), "at": at, "subject": q.subject}
         async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(query, params)
