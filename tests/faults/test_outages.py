@@ -28,11 +28,11 @@ from infra.settings import Settings
 from producers.contract import EventType, MemoryEvent
 from producers.sdk import LedgerProducer, PublishError, PublishResult
 from projections.search.mapping import physical_indices
+from projections.search.rebuild import orphans
 from tests.conftest import unique
 from tests.faults.support import (
     TALLY,
     IndexerThread,
-    es_version_ids,
     ledger_state,
     lost_and_doubled,
     private_settings,
@@ -101,11 +101,6 @@ def outbox(settings: Settings) -> int:
         return conn.execute(f'SELECT count(*) FROM "{settings.pg_schema}".search_outbox').fetchone()[0]
 
 
-def pg_version_ids(settings: Settings) -> set[str]:
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        return {r[0] for r in conn.execute(f'SELECT version_id FROM "{settings.pg_schema}".fact_versions')}
-
-
 def check_nothing_lost(stack: Stack, *, check_positions: bool = True) -> None:
     state = ledger_state(stack.settings)
     lost, doubled, unexpected = lost_and_doubled(
@@ -117,13 +112,25 @@ def check_nothing_lost(stack: Stack, *, check_positions: bool = True) -> None:
     assert not unexpected, f"{len(unexpected)} events never acknowledged, e.g. {sorted(unexpected)[:5]}"
 
 
+def orphan_report(settings: Settings) -> dict:
+    """projections.search.rebuild.orphans (what /v1/stats reports), all tenants of the private schema."""
+    es = Elasticsearch(settings.es_url, request_timeout=30)
+    try:
+        es.indices.refresh(index=settings.es_index)
+        with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+            return orphans(settings, conn, es)
+    finally:
+        es.close()
+
+
 def check_index_caught_up(stack: Stack, timeout: float = 120.0) -> None:
     """The outbox drains to empty and the index holds exactly PostgreSQL's versions (no orphans)."""
     assert stack.indexer.alive(), f"the indexer thread died: {stack.indexer.error!r}"
     wait_for(lambda: outbox(stack.settings) == 0, timeout, 0.5, "the search outbox to drain")
-    in_pg, in_es = pg_version_ids(stack.settings), es_version_ids(stack.settings)
-    assert in_es - in_pg == set(), f"{len(in_es - in_pg)} orphan documents (no PostgreSQL row)"
-    assert in_pg - in_es == set(), f"{len(in_pg - in_es)} versions missing from the index"
+    report = orphan_report(stack.settings)
+    assert report["missing_in_pg"] == 0, f"orphan documents (no PostgreSQL row): {report}"
+    assert report["missing_in_es"] == 0, f"versions missing from the index: {report}"
+    assert report["outbox_pending"] == 0 and report["es_documents"] == report["pg_versions"] > 0, report
 
 
 @pytest.fixture(scope="module")
