@@ -150,3 +150,16 @@ def test_write_side_stores_what_the_read_side_looks_up():
 def test_embedding_text_spells_out_the_key_and_aliases():
     text = embedding_text("P1 的后端服务端口是 8080", "project.backend_port", ["端口", "backend port"])
     assert "project backend port" in text and "端口" in text and text.startswith("P1 的后端服务端口")
+
+
+def test_multi_word_aliases_match_in_any_order_and_beat_their_parts():
+    vocab = Vocabulary.build(
+        key_aliases=[
+            ("project.backend_port", ["backend port"]),
+            ("project.frontend_port", ["frontend port"]),
+            ("x.port", ["port"]),
+        ]
+    )
+    assert extract("what port does the P1 backend use", vocab, NOW).keys == ("project.backend_port",)
+    assert extract("the port used by the frontend", vocab, NOW).keys == ("project.frontend_port",)
+    assert extract("which port", vocab, NOW).keys == ("x.port",)

@@ -367,3 +367,129 @@ def test_stats_report_no_orphans_after_catch_up(world):
     search = r.json()["search"]
     assert (search["missing_in_es"], search["missing_in_pg"], search["outbox_pending"]) == (0, 0, 0)
     assert search["pg_versions"] == search["es_documents"] == len(ACME_FACTS)
+
+
+# --- end to end: SDK -> Kafka -> worker -> PostgreSQL -> `ledger indexer` -> Elasticsearch -> API ----------------
+
+
+@pytest.fixture(scope="module")
+def pipeline(base_settings):
+    import subprocess
+    import sys
+    import tempfile
+
+    from elasticsearch import Elasticsearch
+
+    from tests.helpers import Worker, cleanup, settings_env
+
+    name = unique("e2e")
+    settings = base_settings.model_copy(
+        update={
+            "topic": f"{name}.events",
+            "dlq_topic": f"{name}.events.dlq",
+            "processor_group": f"{name}-projector",
+            "pg_schema": name,
+            "es_index": f"{name}-facts",
+            "api_keys": KEYS,
+        }
+    )
+    log = tempfile.NamedTemporaryFile(prefix="indexer-", suffix=".log", delete=False)
+    worker = Worker(settings).start()
+    indexer = subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "indexer", "--poll", "0.1"],
+        env=settings_env(settings),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        with TestClient(create_app(settings)) as client:
+            yield {"settings": settings, "client": client, "worker": worker, "indexer": indexer, "log": log.name}
+    finally:
+        indexer.terminate()
+        indexer.wait(30)
+        worker.stop()
+        cleanup(settings)
+        es = Elasticsearch(settings.es_url)
+        for idx in es.indices.get(index=f"{settings.es_index}-*", allow_no_indices=True):
+            es.indices.delete(index=idx, ignore_unavailable=True)
+        es.close()
+
+
+def test_end_to_end_from_kafka_update_and_erasure(pipeline):
+    from producers.contract import EventType, MemoryEvent, Source, SourceType
+    from tests.helpers import publish, wait_caught_up, wait_for
+
+    settings, client = pipeline["settings"], pipeline["client"]
+
+    def ask(query: str) -> dict:
+        r = client.post("/v1/recall", json={"tenant": ACME, "query": query}, headers={"X-API-Key": "k-acme"})
+        assert r.status_code == 200, r.text
+        assert pipeline["indexer"].poll() is None, open(pipeline["log"]).read()[-3000:]
+        return r.json()
+
+    def fact(subject, key, content, value, day, aliases, entities=()):
+        return MemoryEvent(
+            type=EventType.ASSERTED,
+            tenant=ACME,
+            subject=subject,
+            key=key,
+            content=content,
+            value=value,
+            aliases=aliases,
+            entities=list(entities),
+            source=Source(type=SourceType.EXPLICIT, service="tests"),
+            valid_from=T0 + timedelta(days=day),
+            observed_at=T0 + timedelta(days=day),
+        )
+
+    publish(
+        settings,
+        [
+            fact(
+                "project:P1",
+                "project.backend_port",
+                "P1 的后端服务端口是 8080",
+                8080,
+                0,
+                ["端口", "backend port"],
+                ["P1"],
+            ),
+            fact("user:42", "preference.seat", "用户 42 喜欢靠窗的座位", "window", 0, ["座位偏好", "seat"]),
+            fact(
+                "user:alice",
+                "preference.drink",
+                "Alice prefers green tea in the morning",
+                "tea",
+                0,
+                ["drink"],
+                ["Alice"],
+            ),
+        ],
+    )
+    wait_caught_up(settings, timeout=90, worker=pipeline["worker"])
+
+    # the index fills, and the tenant's vocabulary (cached a few seconds) learns P1 and its aliases
+    def exact_answer() -> list:
+        hits = ask("what port does the P1 backend use")["hits"]
+        return hits if hits and hits[0]["match"]["stage"] == "exact" else []
+
+    first = wait_for(exact_answer, timeout=90, what="an exact answer about P1's port")
+    assert first[0]["value"] == 8080
+
+    publish(settings, [fact("project:P1", "project.backend_port", "P1 的后端端口改为 9090", 9090, 1, ["端口"], ["P1"])])
+    wait_caught_up(settings, timeout=60, worker=pipeline["worker"])
+    # PostgreSQL has the new version now: whatever the indexer has done so far, 8080 is never current again
+    for _ in range(5):
+        assert all(h["value"] != 8080 for h in ask("P1 后端端口")["hits"])
+    wait_for(lambda: [h["value"] for h in ask("P1 后端端口")["hits"]] == [9090], timeout=60, what="9090 indexed")
+
+    publish(settings, [MemoryEvent(type=EventType.ERASED, tenant=ACME, subject="user:42")])
+    wait_caught_up(settings, timeout=60, worker=pipeline["worker"])
+    assert ask("用户 42 的座位偏好")["hits"] == []  # verification: the rows are gone even before the index is
+
+    def caught_up() -> bool:
+        r = client.get("/v1/stats", params={"tenant": ACME}, headers={"X-API-Key": "k-acme"}).json()["search"]
+        return (r["missing_in_es"], r["missing_in_pg"], r["outbox_pending"]) == (0, 0, 0)
+
+    wait_for(caught_up, timeout=60, what="no orphans once the indexer caught up")
+    assert ask("what does Alice drink in the morning")["hits"][0]["value"] == "tea"  # the other subjects stay

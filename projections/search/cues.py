@@ -143,6 +143,8 @@ class Vocabulary:
     entities: dict[str, str] = field(default_factory=dict)  # canonical span -> normalized entity id
     aliases: dict[str, frozenset[str]] = field(default_factory=dict)  # canonical span -> keys
     namespaces: frozenset[str] = frozenset()  # `project` of `project:P1`: not content words
+    # multi-word latin phrases, by their first word: they also match in any order ("port ... backend")
+    word_sets: dict[str, tuple[tuple[str, ...], ...]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -169,7 +171,17 @@ class Vocabulary:
             for phrase in [*key_phrases(key), *(canonical(a) for a in aliases)]:
                 if phrase:
                     table.setdefault(phrase, set()).add(key)
-        return cls(ents, {k: frozenset(v) for k, v in table.items()}, frozenset(spaces))
+        bags: dict[str, set[tuple[str, ...]]] = {}
+        for phrase in table:
+            words = phrase.split(" ")
+            if 2 <= len(words) <= 4 and not any(re.match(_HAN, w) for w in words):
+                bags.setdefault(min(words), set()).add(tuple(words))
+        return cls(
+            ents,
+            {k: frozenset(v) for k, v in table.items()},
+            frozenset(spaces),
+            {w: tuple(sorted(b)) for w, b in bags.items()},
+        )
 
 
 # --- the result --------------------------------------------------------------------------------------
@@ -241,6 +253,20 @@ def _spans(seq: Sequence[str], table: dict[str, Any], max_len: int = MAX_SPAN_UN
     return sorted(kept)
 
 
+def _word_set_matches(seq: Sequence[str], vocab: Vocabulary, seen: set[str]) -> list[tuple[frozenset[int], str]]:
+    """Multi-word latin aliases whose words all occur in the query, in any order and not side by side."""
+    where: dict[str, list[int]] = {}
+    for i, u in enumerate(seq):
+        where.setdefault(u, []).append(i)
+    out = []
+    for first in where:
+        for words in vocab.word_sets.get(first, ()):
+            phrase = " ".join(words)
+            if phrase not in seen and all(w in where for w in words):
+                out.append((frozenset(where[w][0] for w in words), phrase))
+    return out
+
+
 def event_types_in(text: str) -> list[str]:
     """Canonical event types named in a text (write side: content + key + tags; read side: the query)."""
     seq = units(text)
@@ -308,9 +334,14 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
     # attribute keys through aliases (longest phrase wins over the shorter ones inside it)
     alias_spans = _spans(seq, vocab.aliases)
     cover(alias_spans)
+    found = [(frozenset(range(i, j)), phrase) for i, j, phrase in alias_spans]
+    found += _word_set_matches(seq, vocab, {p for _, _, p in alias_spans})
+    for positions, _ in found:
+        cover((k, k + 1, "") for k in positions)
+    found = [(pos, p) for pos, p in found if not any(pos < other for other, _ in found)]
     keys: list[str] = []
     matches: list[tuple[str, tuple[str, ...]]] = []
-    for _, _, phrase in alias_spans:
+    for _, phrase in sorted(found, key=lambda f: (min(f[0]), f[1])):
         ks = tuple(sorted(vocab.aliases[phrase]))
         matches.append((phrase, ks))
         keys.extend(k for k in ks if k not in keys)
