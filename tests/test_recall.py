@@ -18,8 +18,8 @@ from projections.search.rebuild import orphans, reindex
 from tests.conftest import unique
 from tests.search_support import Ledger, drain_all, private_store
 
-ACME, GLOBEX, LAG = "acme", "globex", "lagco"
-KEYS = {"k-acme": [ACME], "k-globex": [GLOBEX], "k-all": [ACME, GLOBEX, LAG]}
+ACME, GLOBEX, LAG, TIMED = "acme", "globex", "lagco", "timeco"
+KEYS = {"k-acme": [ACME], "k-globex": [GLOBEX], "k-all": [ACME, GLOBEX, LAG, TIMED]}
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 
 # (subject, key, content, value, aliases, entities, kind)
@@ -258,6 +258,41 @@ def test_superseded_value_is_never_returned_as_current_while_the_index_lags(worl
     drain_all(settings, conn, es, load_embedder(settings))
     hits = recall(world, "P9 后端端口", tenant=LAG)["hits"]
     assert [h["value"] for h in hits] == [9999] and hits[0]["match"]["verified"] == {"candidate": new.event_id}
+
+
+def test_time_words_narrow_events_to_their_range(world):
+    settings, conn, es, ledger = world["settings"], world["conn"], world["es"], world["ledger"]
+    now = datetime.now(UTC)
+    recent = ledger.assert_fact(
+        TIMED,
+        "order:OD1001",
+        "order.refund",
+        "订单 OD1001 已退款，退款金额 30 元",
+        30,
+        kind="event",
+        entities=["OD1001"],
+        valid_from=now - timedelta(days=1),
+    )
+    older = ledger.assert_fact(
+        TIMED,
+        "order:OD1002",
+        "order.refund",
+        "订单 OD1002 已退款，退款金额 45 元",
+        45,
+        kind="event",
+        entities=["OD1002"],
+        valid_from=now - timedelta(days=10),
+    )
+    drain_all(settings, conn, es, load_embedder(settings))
+    both = {h["memory_id"] for h in recall(world, "退款的订单", tenant=TIMED)["hits"]}
+    assert both == {recent.memory_id, older.memory_id}
+    for query in ("昨天退款的订单", "which orders were refunded yesterday"):
+        res = recall(world, query, tenant=TIMED)
+        assert [h["memory_id"] for h in res["hits"]] == [recent.memory_id], (query, res)
+        assert res["cues"]["time"] is not None and res["cues"]["event_types"] == ["refund"]
+    # an entity plus an event word is exact, and the time word still applies
+    assert [h["value"] for h in recall(world, "OD1002 退款了吗", tenant=TIMED)["hits"]] == [45]
+    assert recall(world, "OD1002 昨天退款了吗", tenant=TIMED)["hits"] == []
 
 
 def test_two_tenants_never_see_each_other(world):

@@ -41,7 +41,8 @@ Mode = Literal["auto", "exact", "keyword", "semantic", "hybrid"]
 #  - its cosine >= SEMANTIC_MIN on its own, or
 #  - it is distinct: cosine >= SEMANTIC_DISTINCT and at least SEMANTIC_GAP above the mean of the next nine
 #    (an unrelated question scores flat across the facts: gap <= 0.161 measured; a related one stands out), or
-#  - a known entity of the question narrowed the search to its facts: >= SEMANTIC_NARROWED (measured: the right
+#  - a known entity of the question narrowed the search to its facts, or the hit is of the event type the question
+#    names (both deterministic cues): >= SEMANTIC_NARROWED (measured for entities: the right
 #    fact 0.49..0.87, 19 of 21 at >= 0.55; the best fact of an unanswerable question about the entity reaches 0.621:
 #    2 of 7 slip through, the price of finding a Chinese question about an English fact, e.g. "Alice 早上喜欢喝什么"
 #    -> "Alice prefers green tea in the morning" at 0.552), or
@@ -290,7 +291,7 @@ class RecallEngine:
                 index=self.settings.es_index,
                 track_total_hits=False,
                 source=False,
-                docvalue_fields=["memory_id"],
+                docvalue_fields=["memory_id", "event_type"],
                 filter_path=["hits.hits._id", "hits.hits._score", "hits.hits.fields"],
                 **body,
             )
@@ -369,12 +370,12 @@ class RecallEngine:
             )
             stages["semantic"] = _ms(t0)
         t0 = time.perf_counter()
-        out = self._fuse(kw, sem, narrowed)
+        out = self._fuse(kw, sem, narrowed, set(cues.event_types))
         stages["fusion"] = _ms(t0)
         return out
 
     @staticmethod
-    def _fuse(kw: list[dict[str, Any]], sem: list[dict[str, Any]], narrowed: bool) -> list[_Cand]:
+    def _fuse(kw: list[dict[str, Any]], sem: list[dict[str, Any]], narrowed: bool, types: set[str]) -> list[_Cand]:
         """Reciprocal rank fusion of the keyword and the (cut-off) semantic list."""
         cands: dict[str, _Cand] = {}
         kw_ids = {h["_id"] for h in kw}
@@ -385,7 +386,8 @@ class RecallEngine:
         rank = 0
         ranked = [2 * h["_score"] - 1 for h in sem]  # ES reports (1 + cosine) / 2
         for h, cos in zip(sem, ranked, strict=True):
-            if not semantic_passes(cos, ranked, keyword=h["_id"] in kw_ids, narrowed=narrowed):
+            typed = bool(types) and not types.isdisjoint(h["fields"].get("event_type", ()))  # of the asked type
+            if not semantic_passes(cos, ranked, keyword=h["_id"] in kw_ids, narrowed=narrowed or typed):
                 continue
             rank += 1
             c = cands.setdefault(h["_id"], _Cand(h["_id"], h["fields"]["memory_id"][0], "semantic"))
