@@ -528,3 +528,11 @@ def test_end_to_end_from_kafka_update_and_erasure(pipeline):
 
     wait_for(caught_up, timeout=60, what="no orphans once the indexer caught up")
     assert ask("what does Alice drink in the morning")["hits"][0]["value"] == "tea"  # the other subjects stay
+
+
+def test_unreachable_index_is_a_503_not_a_guess(world):
+    dead = world["settings"].model_copy(update={"es_url": "http://127.0.0.1:9"})
+    with TestClient(create_app(dead)) as client:
+        client.app.state.es = client.app.state.es.options(max_retries=0, request_timeout=2)
+        r = client.post("/v1/recall", json={"tenant": ACME, "query": "P1 后端端口"}, headers={"X-API-Key": "k-acme"})
+    assert r.status_code == 503 and "search index unavailable" in r.text

@@ -11,7 +11,10 @@ import asyncio
 from datetime import datetime
 from typing import Literal
 
-from fastapi import APIRouter, Request, Response
+import psycopg
+from elasticsearch import TransportError
+from fastapi import APIRouter, HTTPException, Request, Response
+from psycopg_pool import PoolTimeout
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from api.deps import TenantsDep, check_tenant
@@ -103,4 +106,9 @@ async def recall(body: RecallBody, request: Request, tenants: TenantsDep) -> Res
         mode=body.mode,
         filters=body.filters.to_engine() if body.filters else RecallFilters(),
     )
-    return json_response(await _engine(request).recall(query))
+    try:
+        return json_response(await _engine(request).recall(query))
+    except TransportError as exc:  # unreachable or timing out: say so, do not guess an answer
+        raise HTTPException(503, detail=f"search index unavailable: {type(exc).__name__}") from exc
+    except (psycopg.OperationalError, PoolTimeout) as exc:
+        raise HTTPException(503, detail=f"database unavailable: {type(exc).__name__}") from exc
