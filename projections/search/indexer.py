@@ -34,7 +34,6 @@ __all__ = ["drain_once", "lock_key", "run_indexer", "DrainStats"]
 log = logging.getLogger("ledger.indexer")
 
 BATCH_SIZE = 500
-_ensured: set[tuple[str, str]] = set()
 
 
 def lock_key(settings: Settings) -> str:
@@ -65,10 +64,9 @@ def unlock(conn: psycopg.Connection, key: str) -> None:
 
 
 def _ensure(es: Elasticsearch, settings: Settings, dim: int) -> None:
-    ident = (settings.es_url, settings.es_index)
-    if ident not in _ensured:
-        ensure_index(es, settings, dim)
-        _ensured.add(ident)
+    """Checked every batch (one cheap request): writing to a vanished alias would auto-create an index
+    with dynamic mappings (no dense_vector, no CJK analyzer) under the alias's name."""
+    ensure_index(es, settings, dim)
 
 
 def _bulk(es: Elasticsearch, actions: list[dict[str, Any]], refresh: bool) -> list[tuple[bool, dict[str, Any]]]:
@@ -271,9 +269,16 @@ def run_indexer(settings: Settings, *, poll_seconds: float = 0.2, batch_size: in
                 log.info("indexer: %d rows (%d total, %.0f rows/s)", n, total, total / (time.monotonic() - t0))
             if n < batch_size:
                 time.sleep(poll_seconds)
-        except (ESConnectionError, ApiError, psycopg.OperationalError, psycopg.errors.UndefinedTable) as exc:
-            log.warning("indexer: %s: %s; retrying in %.1fs", type(exc).__name__, str(exc)[:300], backoff)
-            if isinstance(exc, psycopg.OperationalError) and conn is not None:
+        except Exception as exc:  # noqa: BLE001 - a long-running drainer backs off and retries, never dies
+            expected = isinstance(exc, (ESConnectionError, ApiError, psycopg.Error))
+            log.warning(
+                "indexer: %s: %s; retrying in %.1fs",
+                type(exc).__name__,
+                str(exc)[:300],
+                backoff,
+                exc_info=not expected,
+            )
+            if conn is not None and (isinstance(exc, psycopg.OperationalError) or conn.broken):
                 conn.close()
                 conn = None
             time.sleep(backoff)
