@@ -536,3 +536,15 @@ def test_unreachable_index_is_a_503_not_a_guess(world):
         client.app.state.es = client.app.state.es.options(max_retries=0, request_timeout=2)
         r = client.post("/v1/recall", json={"tenant": ACME, "query": "P1 后端端口"}, headers={"X-API-Key": "k-acme"})
     assert r.status_code == 503 and "search index unavailable" in r.text
+
+
+def test_keyword_stage_matches_chinese_and_english_text(world):
+    for query, fact in [
+        ("staging database PostgreSQL", ("project:P1", "project.staging_db")),
+        ("报销需要多少天内提交", ("company:acme", "policy.expense_deadline")),
+        ("公司的 VPN 地址", ("company:acme", "it.vpn_address")),
+    ]:
+        res = recall(world, query, mode="keyword")
+        assert res["hits"] and res["hits"][0]["memory_id"] == world["mids"][(ACME, *fact)], (query, res["hits"])
+        assert res["hits"][0]["match"]["stage"] == "keyword" and "bm25" in res["hits"][0]["match"]["scores"]
+        assert res["trace"]["embedding_computed"] is False
