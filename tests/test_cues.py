@@ -77,7 +77,12 @@ def test_id_shaped_tokens_are_entities_even_when_unknown():
 
 def test_known_ids_without_digits_and_bare_subject_ids_are_found():
     assert extract("what does Alice drink", VOCAB, NOW).known_entities == ("alice",)
-    assert "42" in extract("用户42喜欢什么座位", VOCAB, NOW).known_entities
+    assert "user:42" in extract("user:42 喜欢什么座位", VOCAB, NOW).known_entities
+
+
+def test_a_short_bare_number_is_not_taken_for_a_subject():
+    assert extract("报销需要在 42 天内提交吗", VOCAB, NOW).known_entities == ()
+    assert Vocabulary.build(entities=["42"]).entities == {"42": "42"}  # listed as an entity: it is one
 
 
 def test_no_cues_in_an_unrelated_question():

@@ -161,8 +161,10 @@ class Vocabulary:
             if norm and canonical(norm):
                 ents.setdefault(canonical(norm), norm)
         for s in subjects:
-            for sid in subject_ids(s):
-                if canonical(sid):
+            for i, sid in enumerate(subject_ids(s)):
+                # a short bare number (`42` of `user:42`) is too common in questions to be a cue by itself;
+                # `user:42` still is, and so is `42` when the events list it as an entity
+                if canonical(sid) and not (i > 0 and sid.isdigit() and len(sid) < 4):
                     ents.setdefault(canonical(sid), sid)
             if ":" in s:
                 spaces.update(units(s.split(":", 1)[0]))
