@@ -45,9 +45,20 @@ def normalize_text(text: str) -> str:
     return unicodedata.normalize("NFKC", text).casefold()
 
 
+def _singular(word: str) -> str:
+    """A light English plural/3rd-person rule, so `answers`, `seats`, `prefers` meet `answer`, `seat`, `prefer`."""
+    if len(word) < 4 or not word.isalpha() or not word.isascii() or not word.endswith("s"):
+        return word
+    if word.endswith("ies") and len(word) > 4:
+        return word[:-3] + "y"
+    if word.endswith(("ss", "us", "is")):
+        return word
+    return word[:-1]
+
+
 def units(text: str) -> list[str]:
-    """Latin/digit words and single Han characters, normalized; separators are dropped."""
-    return _UNIT.findall(normalize_text(text))
+    """Latin/digit words (singular) and single Han characters, normalized; separators are dropped."""
+    return [_singular(u) for u in _UNIT.findall(normalize_text(text))]
 
 
 def canonical(text: str) -> str:
@@ -105,6 +116,7 @@ _STOP_UNITS = frozenset(
     " those there any some i we you he she they them us can could would should will shall may might has have had"
     " not no yes as from into than then so if".split()
 )
+_STOP_UNITS = frozenset(_singular(w) for w in _STOP_UNITS)
 
 
 def _time_words(now: datetime) -> dict[str, tuple[datetime, datetime]]:
@@ -207,7 +219,8 @@ class Cues:
     event_types: tuple[str, ...] = ()
     time: TimeRange | None = None
     terms: tuple[str, ...] = ()  # content units no rule explained (stopwords removed)
-    text: str = ""  # the query units without stopwords: what BM25 sees
+    text: str = ""  # the query's words without stopwords and time words, as written (lowercased): what BM25 sees
+    content_units: tuple[str, ...] = ()  # the same, as units (singular): what a hit's coverage is measured on
 
     @property
     def unknown_entities(self) -> tuple[str, ...]:
@@ -307,7 +320,8 @@ def _id_tokens(text: str) -> list[str]:
 def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
     """Cues of one query against one tenant's vocabulary; `now` anchors the time words."""
     norm = normalize_text(query)
-    seq = units(query)
+    raw = _UNIT.findall(norm)  # as written; `seq` is the same list in lookup form (singular)
+    seq = [_singular(u) for u in raw]
     covered = [False] * len(seq)
 
     def cover(spans: Iterable[tuple[int, int, str]]) -> None:
@@ -357,7 +371,8 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
     timed = [False] * len(seq)  # time words are a filter, not text to match
     for i, j, _ in time_spans:
         timed[i:j] = [True] * (j - i)
-    content = [u for u, t in zip(seq, timed, strict=True) if u not in _STOP_UNITS and not t]
+    keep = [u not in _STOP_UNITS and not t for u, t in zip(seq, timed, strict=True)]
+    content = [u for u, k in zip(seq, keep, strict=True) if k]
     terms = [
         u
         for u, c in zip(seq, covered, strict=True)
@@ -371,7 +386,8 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
         event_types=tuple(event_types),
         time=time,
         terms=tuple(terms),
-        text=" ".join(content),
+        text=" ".join(u for u, k in zip(raw, keep, strict=True) if k),
+        content_units=tuple(content),
     )
 
 

@@ -53,7 +53,7 @@ SEMANTIC_GAP = 0.17
 SEMANTIC_NARROWED = 0.55
 SEMANTIC_SUPPORTED = 0.50
 KEYWORD_MIN_MATCH = "3<60%"  # of the query's analysed tokens (uni+bigrams, no stopwords): all of 1-3, else 60%
-RRF_K = 60
+RRF_K = 5  # short lists (~10): a small k keeps rank 1 clearly above rank 2, above the prior's weight
 EXACT_MAX = 100
 
 
@@ -433,7 +433,7 @@ class RecallEngine:
         """Which cues this row carries, and how much of the query's content it covers (0..1)."""
         ids = {canonical(e) for e in row["entities"] or []} | {canonical(s) for s in subject_ids(row["subject"])}
         text_units = set(units(" ".join([row["content"] or "", *(row["aliases"] or []), *key_phrases(row["key"])])))
-        query_units = [u for u in cues.text.split() if u]
+        query_units = cues.content_units
         overlap = sum(u in text_units for u in query_units) / len(query_units) if query_units else 0.0
         matched = {
             "entities": [e for e in cues.known_entities if canonical(e) in ids],
@@ -448,9 +448,9 @@ class RecallEngine:
         prior = self._prior(row, at)
         matched, overlap = self._matched(row, cues)
         if c.stage == "exact":
-            score = 1 + 0.999 * (0.6 * overlap + 0.4 * prior)
+            score = 1 + 0.9 * overlap + 0.09 * prior  # how much of the question it covers first, the prior second
         else:
-            score = 0.999 * (0.7 * c.scores.get("rrf", 0.0) + 0.3 * prior)
+            score = 0.9 * c.scores.get("rrf", 0.0) + 0.09 * prior  # the fused rank first, the prior second
         scores = {**c.scores, "prior": round(prior, 4), "overlap": round(overlap, 4)}
         match: dict[str, Any] = {"stage": c.stage, "cues": matched, "scores": scores}
         if row["version_id"] != c.version_id:
