@@ -168,3 +168,12 @@ def test_multi_word_aliases_match_in_any_order_and_beat_their_parts():
     assert extract("what port does the P1 backend use", vocab, NOW).keys == ("project.backend_port",)
     assert extract("the port used by the frontend", vocab, NOW).keys == ("project.frontend_port",)
     assert extract("which port", vocab, NOW).keys == ("x.port",)
+
+
+def test_english_plurals_meet_their_singular_aliases_but_bm25_sees_the_words_as_written():
+    vocab = Vocabulary.build(key_aliases=[("preference.seat", ["seat preference"]), ("profile.address", ["address"])])
+    cues = extract("what seats does U7 prefer", vocab, NOW)
+    assert cues.keys == ("preference.seat",)
+    assert cues.text == "seats u7 prefer"  # stopwords (`what`, `does`) gone, words unchanged
+    assert extract("home addresses", vocab, NOW).keys == ("profile.address",)
+    assert units("Cities Series bus") == ["city", "sery", "bus"]  # the rule is light, and consistent on both sides

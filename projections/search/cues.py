@@ -51,6 +51,8 @@ def _singular(word: str) -> str:
         return word
     if word.endswith("ies") and len(word) > 4:
         return word[:-3] + "y"
+    if word.endswith(("sses", "xes", "ches", "shes", "zzes")):
+        return word[:-2]
     if word.endswith(("ss", "us", "is")):
         return word
     return word[:-1]
