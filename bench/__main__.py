@@ -26,6 +26,9 @@ def run(
         False, help="py-spy the indexer/worker while ingesting and the API under exact recall"
     ),
     note: list[str] = typer.Option([], help="a note to record with the results (repeatable)"),
+    out_dir: Path | None = typer.Option(
+        None, help="results folder (default bench/results, which also rewrites BENCHMARKS.md)"
+    ),
 ) -> None:
     """Generate the dataset and measure raw components, the ledger end to end, recall, lag, audit and rebuild."""
     from bench.run import RunConfig, run_bench
@@ -43,6 +46,7 @@ def run(
         skip=tuple(x.strip() for x in skip.split(",") if x.strip()),
         keep=keep,
         profile=profile,
+        **({"out_dir": out_dir} if out_dir else {}),
         notes=list(note),
     )
     path = run_bench(cfg)

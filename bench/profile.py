@@ -95,4 +95,6 @@ def summarize(raw: Path, top: int = 12) -> dict[str, Any]:
 def _ours(frame: str) -> bool:
     """A frame of this repository's code (not the venv, not the standard library)."""
     loc = frame.partition(" (")[2]
-    return str(REPO_ROOT) in loc and "/.venv/" not in loc and "/bench/" not in loc
+    if loc.startswith("<") or "site-packages/" in loc or "/.venv/" in loc or "bench/" in loc:
+        return False
+    return not loc.startswith("/") or loc.startswith(str(REPO_ROOT))  # relative paths: run from the repo root

@@ -287,5 +287,27 @@ def write_report(path: Path, md_path: Path = REPO_ROOT / "BENCHMARKS.md") -> Pat
             lines += ["Our code, inclusive: " + "; ".join(f"`{f}` {p}%" for f, p in ours[:8]) + ".", ""]
     if r.get("notes"):
         lines += ["## Notes", "", *[f"- {n}" for n in r["notes"]], ""]
+    lines += [
+        "## How these numbers are made",
+        "",
+        "- `python -m bench run [--events 100000 --subjects 10000 --recall-at 10000 --profile]` (needs the `bench` "
+        "extra: `pip install -e '.[bench]'`) runs every step on a private topic, schema and index, with the worker, "
+        "the indexer and the API as subprocesses, then writes `bench/results/<UTC>.json`, its plot and this file. "
+        "`python -m bench report [FILE]` rewrites this file from a results file.",
+        "- Raw components: kafka-python produce (acks=all) of the same encoded events; PostgreSQL COPY of the same "
+        "events; fastembed on the same text the indexer embeds (statement + key words + aliases); Elasticsearch "
+        "bulk of the asserted events with 512-dim vectors (HNSW).",
+        "- End to end: publish with the SDK (`send_many`, acks=all) until the stored PostgreSQL positions reach the "
+        "topic's end offsets (PG visible) and the search outbox is empty with one document per fact version (ES "
+        "visible). The ratio divides events/s by the slowest raw component's items/s; the embedding bound says how "
+        "many events/s that component allows, since only assertions are embedded.",
+        "- Recall latency: real questions from `bench.dataset.questions_for`, one at a time over HTTP (httpx, "
+        "keep-alive), per `mode` (exact, keyword, semantic), 20 warm-up requests each.",
+        "- Lag: background events of another tenant at half the measured end-to-end rate; probe events (`update`: a "
+        "new value of a known entity's fact; `new`: a never-seen entity) timed from just before publishing until "
+        "their version row is in PostgreSQL, and until an exact-mode recall returns that version.",
+        "- Quality: `ledger eval` (`bench/eval.py`), see its docstring for each metric's definition.",
+        "",
+    ]
     md_path.write_text("\n".join(lines))
     return md_path

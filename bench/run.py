@@ -19,7 +19,6 @@ Order (each step on private names, so other users of the servers are not disturb
 from __future__ import annotations
 
 import random
-import shutil
 import time
 import traceback
 import uuid
@@ -241,9 +240,8 @@ def run_bench(cfg: RunConfig, console: Console | None = None) -> Path:
                 drop_private(s)
             except Exception as exc:  # noqa: BLE001 - clean-up failure is reported, not fatal
                 console.print(f"[yellow]clean-up incomplete:[/] {exc}")
-            shutil.rmtree(log_dir, ignore_errors=True) if "error" not in res else None
     console.print(f"results: {path}")
-    if "error" not in res:
+    if "error" not in res and cfg.out_dir == RESULTS:  # BENCHMARKS.md shows the default results folder only
         from bench.report import write_report
 
         md = write_report(path)
