@@ -14,11 +14,24 @@ from kafka import KafkaAdminClient
 
 from infra.settings import Settings
 
-__all__ = ["load_average", "machine_info"]
+__all__ = ["code_version", "load_average", "machine_info"]
 
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def code_version() -> dict[str, Any]:
+    """The commit measured, and which files differed from it (the processes run the working tree)."""
+    import subprocess
+
+    from infra.settings import REPO_ROOT
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.rstrip("\n")
+
+    changed = [line[3:] for line in git("status", "--porcelain").splitlines() if line[3:]]
+    return {"commit": git("rev-parse", "--short", "HEAD").strip(), "uncommitted_files": changed}
 
 
 def _cpu_model() -> str:

@@ -155,6 +155,12 @@ def write_report(path: Path, md_path: Path = REPO_ROOT / "BENCHMARKS.md") -> Pat
         f"- CPU: {m['cpu_model']}, {m['cores']} cores; RAM {m['ram_gb']} GB; {m['os']}; Python {m['python']}",
         f"- Kafka {m['kafka']}, Elasticsearch {m['elasticsearch']}, PostgreSQL {m['postgresql']}",
         f"- embedding model {m['embedding_model']}; " + ", ".join(f"{k} {v}" for k, v in m["libraries"].items()),
+        f"- code: commit {r.get('code', {}).get('commit', '?')}"
+        + (
+            f" with uncommitted {', '.join(r['code']['uncommitted_files'])}"
+            if r.get("code", {}).get("uncommitted_files")
+            else ""
+        ),
         f"- load average (1/5/15 min) at start {r['load_average_start']}, at end {r.get('load_average_end')}: "
         "the servers and this machine were shared with other work, so the numbers are noisy",
         "",

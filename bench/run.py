@@ -36,7 +36,7 @@ from bench.dataset import ATTRIBUTES, generate
 from bench.lag import LOAD_TENANT, PROBE_TENANT, measure_lag, probe_seed_events
 from bench.latency import audit_latency, recall_latency, recall_queries
 from bench.loader import publish_events
-from bench.machine import load_average, machine_info
+from bench.machine import code_version, load_average, machine_info
 from bench.profile import Recording
 from bench.services import Services, drop_private, free_port
 from infra.settings import REPO_ROOT, Settings, get_settings
@@ -204,6 +204,7 @@ def run_bench(cfg: RunConfig, console: Console | None = None) -> Path:
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
         "names": {"topic": s.topic, "pg_schema": s.pg_schema, "es_index": s.es_index},
         "machine": machine_info(s),
+        "code": code_version(),
         "load_average_start": load_average(),
         "notes": list(cfg.notes),
     }
