@@ -95,7 +95,7 @@ class VocabularyCache:
         if not task.cancelled() and task.exception() is not None:
             log.warning("vocabulary reload for %s failed: %s", key, task.exception())
 
-    def nudge(self, pool: AsyncConnectionPool, schema: str, tenant: str, min_age: float = 1.0) -> None:
+    def nudge(self, pool: AsyncConnectionPool, schema: str, tenant: str, min_age: float = 2.0) -> None:
         """The copy may be missing something a query asked for: reload in the background if it is older than
         `min_age` seconds (so a burst of such queries costs at most one reload per `min_age`)."""
         hit = self._items.get((schema, tenant))
