@@ -1,0 +1,11 @@
+"""The Elasticsearch projection and deterministic-first recall (DESIGN §4, §5).
+
+- `mapping`: index settings/mappings, physical indices behind the alias.
+- `documents`: a fact_versions row -> its search document (and the SQL that reads rows).
+- `cues`: pure cue rules (entities, keys through aliases, time words, event types), shared by write and read.
+- `indexer`: drains `search_outbox` into the index (`drain_once`, `run_indexer`, `ledger indexer`).
+- `rebuild`: `ledger reindex` (new physical index + atomic alias switch) and the orphan check.
+- `vocab`: a tenant's cue vocabulary from PostgreSQL, cached.
+- `recall`: the engine behind `POST /v1/recall`.
+- `calibrate`: measures the semantic cut-offs on the configured model.
+"""
