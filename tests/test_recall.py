@@ -548,3 +548,31 @@ def test_keyword_stage_matches_chinese_and_english_text(world):
         assert res["hits"] and res["hits"][0]["memory_id"] == world["mids"][(ACME, *fact)], (query, res["hits"])
         assert res["hits"][0]["match"]["stage"] == "keyword" and "bm25" in res["hits"][0]["match"]["scores"]
         assert res["trace"]["embedding_computed"] is False
+
+
+def test_a_temporary_preference_shadows_the_long_term_one_only_inside_its_window(world):
+    settings, conn, es, ledger = world["settings"], world["conn"], world["es"], world["ledger"]
+    style = {"aliases": ["回答风格", "answer style"], "entities": ["U9"], "kind": "preference"}
+    ledger.assert_fact(
+        TIMED, "user:U9", "preference.answer_style", "U9 喜欢简洁的回答", "concise", valid_from=T0, **style
+    )
+    ledger.assert_fact(
+        TIMED,
+        "user:U9",
+        "preference.answer_style",
+        "这次 U9 想要详细的回答",
+        "detailed",
+        valid_from=T0 + timedelta(days=1),
+        valid_to=T0 + timedelta(days=2),
+        **style,
+    )
+    drain_all(settings, conn, es, load_embedder(settings))
+
+    def value_at(at: datetime | None) -> list:
+        body = {"as_of": at.isoformat()} if at else {}
+        return [h["value"] for h in recall(world, "U9 的回答风格", tenant=TIMED, **body)["hits"]]
+
+    assert value_at(T0 + timedelta(hours=36)) == ["detailed"]
+    assert value_at(T0 + timedelta(hours=12)) == ["concise"]
+    assert value_at(T0 + timedelta(days=3)) == ["concise"]
+    assert value_at(None) == ["concise"]
