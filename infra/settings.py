@@ -69,6 +69,20 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8000
 
+    def private(self, name: str, **update: object) -> Settings:
+        """A copy whose topic, DLQ, consumer group, schema and index are all named after `name`.
+
+        Tests and benchmarks use it to get data of their own on shared servers.
+        """
+        names = {
+            "topic": f"{name}.events",
+            "dlq_topic": f"{name}.events.dlq",
+            "processor_group": f"{name}-projector",
+            "pg_schema": name,
+            "es_index": f"{name}-facts",
+        }
+        return self.model_copy(update={**names, **update})
+
     @property
     def kafka_host_port(self) -> tuple[str, int]:
         first = self.kafka_bootstrap.split(",")[0]

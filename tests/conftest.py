@@ -26,13 +26,4 @@ def base_settings() -> Settings:
 @pytest.fixture
 def settings(base_settings: Settings) -> Settings:
     """Settings with a private topic, DLQ, consumer group, schema and index for this test."""
-    name = unique("t")
-    return base_settings.model_copy(
-        update={
-            "topic": f"{name}.events",
-            "dlq_topic": f"{name}.events.dlq",
-            "processor_group": f"{name}-projector",
-            "pg_schema": name,
-            "es_index": f"{name}-facts",
-        }
-    )
+    return base_settings.private(unique("t"))

@@ -65,17 +65,7 @@ def mark(type_: str, subject: str, key: str, day: float, **kw) -> MemoryEvent:
 @pytest.fixture(scope="module")
 def stack(base_settings: Settings):
     """Private names + one running worker for the module."""
-    name = unique("pj")
-    settings = base_settings.model_copy(
-        update={
-            "topic": f"{name}.events",
-            "dlq_topic": f"{name}.events.dlq",
-            "processor_group": f"{name}-projector",
-            "pg_schema": name,
-            "es_index": f"{name}-facts",
-            "processor_batch_size": 200,
-        }
-    )
+    settings = base_settings.private(unique("pj"), processor_batch_size=200)
     publish(settings, [asserted("warmup", "k", 0, 0)])
     worker = Worker(settings).start()
     holder = {"worker": worker}

@@ -417,17 +417,7 @@ def pipeline(base_settings):
 
     from tests.helpers import Worker, cleanup, settings_env
 
-    name = unique("e2e")
-    settings = base_settings.model_copy(
-        update={
-            "topic": f"{name}.events",
-            "dlq_topic": f"{name}.events.dlq",
-            "processor_group": f"{name}-projector",
-            "pg_schema": name,
-            "es_index": f"{name}-facts",
-            "api_keys": KEYS,
-        }
-    )
+    settings = base_settings.private(unique("e2e"), api_keys=KEYS)
     log = tempfile.NamedTemporaryFile(prefix="indexer-", suffix=".log", delete=False)
     worker = Worker(settings).start()
     indexer = subprocess.Popen(
