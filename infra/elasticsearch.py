@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 from infra.maven import fetch_artifact
-from infra.procs import InfraError, owned_pid, port_open, run, service_dir, stop_pid, wait_until
+from infra.procs import InfraError, healthy_or_stopped, owned_pid, port_open, run, service_dir, stop_owned, wait_until
 from infra.settings import Settings
 
 PART = "elasticsearch"
@@ -150,19 +150,12 @@ def start(s: Settings, timeout: float = 180.0) -> None:
     if proc.returncode != 0:
         stop(s)
         raise InfraError(PART, f"bin/elasticsearch -d exited {proc.returncode}", p["log"])
-    try:
-        wait_until(lambda: healthy(s), PART, timeout, p["logs"] / "memory-ledger.log", lambda: pid(s) is not None)
-    except InfraError:
-        stop(s)
-        raise
+    log = p["logs"] / "memory-ledger.log"
+    healthy_or_stopped(lambda: healthy(s), PART, timeout, log, lambda: pid(s) is not None, lambda: stop(s))
 
 
 def stop(s: Settings) -> bool:
-    p = _paths(s)
-    running = pid(s)
-    stopped = stop_pid(running, timeout=60) if running else False
-    p["pid"].unlink(missing_ok=True)
-    return stopped
+    return stop_owned(_paths(s)["pid"], MARKER)
 
 
 def describe(s: Settings) -> dict[str, str]:

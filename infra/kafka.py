@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 
 from infra.maven import copy_dependencies
-from infra.procs import InfraError, owned_pid, port_open, run, spawn, stop_pid, wait_until
+from infra.procs import InfraError, healthy_or_stopped, owned_pid, port_open, run, spawn, stop_owned, wait_until
 from infra.settings import Settings
 
 PART = "kafka"
@@ -170,19 +170,11 @@ def start(s: Settings, timeout: float = 120.0) -> None:
     _write_config(s)
     _format_storage(s)
     spawn(_java_cmd(s, MAIN_CLASS, str(p["config"]), heap=s.kafka_heap), p["log"], p["pid"])
-    try:
-        wait_until(lambda: healthy(s), PART, timeout, p["server_log"], lambda: pid(s) is not None)
-    except InfraError:
-        stop(s)
-        raise
+    healthy_or_stopped(lambda: healthy(s), PART, timeout, p["server_log"], lambda: pid(s) is not None, lambda: stop(s))
 
 
 def stop(s: Settings) -> bool:
-    p = _paths(s)
-    running = pid(s)
-    stopped = stop_pid(running, timeout=60) if running else False
-    p["pid"].unlink(missing_ok=True)
-    return stopped
+    return stop_owned(_paths(s)["pid"], MAIN_CLASS)
 
 
 def describe(s: Settings) -> dict[str, str]:

@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from infra.procs import InfraError, owned_pid, port_open, run, service_dir, spawn, stop_pid, wait_until
+from infra.procs import InfraError, owned_pid, port_open, run, service_dir, spawn, stop_owned, wait_until
 from infra.settings import Settings
 
 PART = "postgres"
@@ -156,12 +156,8 @@ def start(s: Settings, timeout: float = 60.0) -> None:
 
 
 def stop(s: Settings) -> bool:
-    p = _paths(s)
-    running = pid(s)
     # SIGINT is PostgreSQL's "fast" shutdown: roll back clients, checkpoint, exit
-    stopped = stop_pid(running, signal.SIGINT, timeout=60) if running else False
-    p["pid"].unlink(missing_ok=True)
-    return stopped
+    return stop_owned(_paths(s)["pid"], "postgres", signal.SIGINT)
 
 
 def describe(s: Settings) -> dict[str, str]:

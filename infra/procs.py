@@ -137,6 +137,30 @@ def _reap(pid: int) -> None:
         pass
 
 
+def stop_owned(pid_file: Path, marker: str, sig: int = signal.SIGTERM, timeout: float = 60.0) -> bool:
+    """Stop the process named by a pid file (only if it is still ours) and remove the file."""
+    running = owned_pid(pid_file, marker)
+    stopped = stop_pid(running, sig, timeout) if running else False
+    pid_file.unlink(missing_ok=True)
+    return stopped
+
+
+def healthy_or_stopped(
+    check: Callable[[], bool],
+    part: str,
+    timeout: float,
+    log: Path | None,
+    alive: Callable[[], bool],
+    stop: Callable[[], object],
+) -> None:
+    """Wait for a freshly started server's health; if it never comes, stop it and re-raise."""
+    try:
+        wait_until(check, part, timeout, log, alive)
+    except InfraError:
+        stop()
+        raise
+
+
 def wait_until(
     check: Callable[[], bool],
     part: str,

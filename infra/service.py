@@ -10,7 +10,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from infra.procs import InfraError, owned_pid, spawn, stop_pid, wait_until
+from infra.procs import InfraError, owned_pid, spawn, stop_owned, wait_until
 from infra.settings import Settings
 
 SERVICES = {
@@ -56,10 +56,7 @@ def start(s: Settings, name: str, timeout: float = 90.0) -> None:
 
 
 def stop(s: Settings, name: str) -> bool:
-    running = pid(s, name)
-    stopped = stop_pid(running, timeout=30) if running else False
-    _pid_file(s, name).unlink(missing_ok=True)
-    return stopped
+    return stop_owned(_pid_file(s, name), " ".join(SERVICES[name]), timeout=30)
 
 
 def describe(s: Settings, name: str) -> dict[str, str]:
