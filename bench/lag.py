@@ -98,7 +98,9 @@ def _publisher(settings: Settings, rate: float, duration: float, probe_rate: flo
                 sent_load += len(batch)
             if now * probe_rate >= sent_probes:
                 kind = "update" if sent_probes % 2 == 0 else "new"
-                entity = f"LAG{next(seeded)}" if kind == "update" else f"LAGN{next(new_ids)}x{uuid.uuid4().hex[:4]}"
+                entity = (
+                    f"LAG{next(seeded)}" if kind == "update" else f"LN{1000 + next(new_ids)}"
+                )  # id-shaped, as in the data
                 ev = _probe_event(entity, r)
                 p = _Probe(kind, ev["event_id"], entity, time.perf_counter())
                 with st.lock:

@@ -18,6 +18,8 @@ from infra.settings import REPO_ROOT
 
 __all__ = ["Recording", "summarize"]
 
+OUR_PACKAGES = {"producers", "stream_processors", "projections", "api", "infra"}
+
 
 def _py_spy() -> str | None:
     return shutil.which("py-spy") or shutil.which(str(Path(sys.executable).parent / "py-spy"))
@@ -95,6 +97,7 @@ def summarize(raw: Path, top: int = 12) -> dict[str, Any]:
 def _ours(frame: str) -> bool:
     """A frame of this repository's code (not the venv, not the standard library)."""
     loc = frame.partition(" (")[2]
-    if loc.startswith("<") or "site-packages/" in loc or "/.venv/" in loc or "bench/" in loc:
-        return False
-    return not loc.startswith("/") or loc.startswith(str(REPO_ROOT))  # relative paths: run from the repo root
+    if loc.startswith(str(REPO_ROOT)):
+        loc = loc[len(str(REPO_ROOT)) + 1 :]
+    # py-spy shortens paths relative to sys.path, so a library's frame also looks relative: match our packages
+    return loc.split("/", 1)[0] in OUR_PACKAGES and "/cli.py" not in loc and not loc.startswith("api/cli.py")
