@@ -143,19 +143,36 @@ def pid(s: Settings) -> int | None:
     return owned_pid(_paths(s)["pid"], MAIN_CLASS)
 
 
-def healthy(s: Settings) -> bool:
-    """The broker answers a metadata request."""
+def probe(bootstrap: str, timeout: float = 5.0) -> bool:
+    """Does a broker at `bootstrap` answer a metadata request within `timeout` seconds?
+
+    The admin client runs in a daemon thread: kafka-python can block without limit on a
+    broker that is half up, and a health probe must never hang its caller.
+    """
+    import threading
+
     from kafka import KafkaAdminClient
 
+    result: list[bool] = []
+
+    def ask() -> None:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+        try:
+            admin.list_topics()
+            result.append(True)
+        finally:
+            admin.close()
+
+    thread = threading.Thread(target=ask, name="kafka-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(result)
+
+
+def healthy(s: Settings) -> bool:
+    """The broker answers a metadata request."""
     host, port = s.kafka_host_port
-    if not port_open(host, port):
-        return False
-    admin = KafkaAdminClient(bootstrap_servers=s.kafka_bootstrap, request_timeout_ms=5000)
-    try:
-        admin.list_topics()
-        return True
-    finally:
-        admin.close()
+    return port_open(host, port) and probe(s.kafka_bootstrap)
 
 
 def start(s: Settings, timeout: float = 120.0) -> None:

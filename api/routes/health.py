@@ -8,7 +8,7 @@ import time
 from fastapi import APIRouter, Request, Response
 
 from api.deps import SettingsDep
-from infra.procs import port_open
+from infra.kafka import probe as kafka_probe
 
 router = APIRouter(tags=["health"])
 
@@ -34,10 +34,9 @@ async def _es(request: Request) -> dict:
 
 
 async def _kafka(settings) -> dict:
-    host, port = settings.kafka_host_port
-    ok = await asyncio.to_thread(port_open, host, port, 2.0)
+    ok = await asyncio.to_thread(kafka_probe, settings.kafka_bootstrap, 2.5)
     if not ok:
-        raise ConnectionError(f"no broker at {settings.kafka_bootstrap}")
+        raise ConnectionError(f"no broker answers a metadata request at {settings.kafka_bootstrap}")
     return {}
 
 

@@ -32,6 +32,7 @@ from projections.search.mapping import ensure_index
 __all__ = ["drain_once", "lock_key", "run_indexer", "DrainStats"]
 
 log = logging.getLogger("ledger.indexer")
+MAX_BACKOFF_S = 4.0
 
 BATCH_SIZE = 500
 
@@ -282,4 +283,5 @@ def run_indexer(settings: Settings, *, poll_seconds: float = 0.2, batch_size: in
                 conn.close()
                 conn = None
             time.sleep(backoff)
-            backoff = min(backoff * 2, 30.0)
+            # capped low: once Elasticsearch is back the index should catch up in seconds, not half a minute
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
