@@ -293,6 +293,9 @@ def write_report(path: Path, md_path: Path = REPO_ROOT / "BENCHMARKS.md") -> Pat
             lines += ["Our code, inclusive: " + "; ".join(f"`{f}` {p}%" for f, p in ours[:8]) + ".", ""]
     if r.get("notes"):
         lines += ["## Notes", "", *[f"- {n}" for n in r["notes"]], ""]
+    analysis = path.with_suffix(".analysis.md")  # written by a person after reading this run's numbers
+    if analysis.exists():
+        lines += ["## Analysis of this run", "", analysis.read_text().strip(), ""]
     lines += [
         "## How these numbers are made",
         "",
