@@ -18,8 +18,8 @@ from projections.search.rebuild import orphans, reindex
 from tests.conftest import unique
 from tests.search_support import Ledger, drain_all, private_store
 
-ACME, GLOBEX, LAG, TIMED = "acme", "globex", "lagco", "timeco"
-KEYS = {"k-acme": [ACME], "k-globex": [GLOBEX], "k-all": [ACME, GLOBEX, LAG, TIMED]}
+ACME, GLOBEX, LAG, TIMED, FRESH = "acme", "globex", "lagco", "timeco", "freshco"
+KEYS = {"k-acme": [ACME], "k-globex": [GLOBEX], "k-all": [ACME, GLOBEX, LAG, TIMED, FRESH]}
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 
 # (subject, key, content, value, aliases, entities, kind)
@@ -216,6 +216,38 @@ def test_an_unrelated_query_returns_nothing(world, mode):
 def test_an_unknown_id_never_borrows_another_entitys_answer(world):
     assert recall(world, "P7 的后端服务端口是多少")["hits"] == []
     assert recall(world, "订单 OD99999999 退款了吗")["hits"] == []
+
+
+def test_a_brand_new_entity_is_found_exactly_before_the_vocabulary_reloads(world):
+    settings, conn, es, ledger = world["settings"], world["conn"], world["es"], world["ledger"]
+    ledger.assert_fact(
+        FRESH,
+        "project:P1",
+        "project.backend_port",
+        "P1 的后端服务端口是 8080",
+        8080,
+        aliases=["端口", "backend port"],
+        entities=["P1"],
+        valid_from=T0,
+    )
+    drain_all(settings, conn, es, load_embedder(settings))
+    recall(world, "P1 后端端口", tenant=FRESH)  # the API process now holds a fresh copy of the vocabulary
+    new = ledger.assert_fact(
+        FRESH,
+        "project:ZQ4242",
+        "project.backend_port",
+        "ZQ4242 的后端服务端口是 6543",
+        6543,
+        aliases=["端口", "后端服务地址", "backend port", "port"],
+        entities=["ZQ4242"],
+        valid_from=T0,
+    )
+    drain_all(settings, conn, es, load_embedder(settings))
+    res = recall(world, "ZQ4242 的后端服务端口是多少", tenant=FRESH)
+    assert "zq4242" not in res["cues"]["known_entities"]  # the cached vocabulary has not seen it yet
+    top = res["hits"][0]
+    assert (top["memory_id"], top["value"], top["match"]["stage"]) == (new.memory_id, 6543, "exact"), res
+    assert res["trace"]["embedding_computed"] is False
 
 
 def test_superseded_value_is_never_returned_as_current_while_the_index_lags(world):

@@ -265,15 +265,17 @@ class RecallEngine:
 
     def _exact_clause(self, cues: Cues, q: RecallQuery) -> list[dict[str, Any]] | None:
         """The filter of the exact stage, or None when the cues do not pin an answer down."""
-        anchored = bool(cues.known_entities)
-        if cues.unknown_entities and not anchored:
-            return None  # it names an id this tenant has never seen: nothing can be certain
+        # ids the vocabulary knows; failing those, id-shaped tokens it does not know (yet): the vocabulary
+        # is reloaded every few seconds, but a term filter on the indexed ids is exact and costs one query,
+        # so a fact about a brand-new entity is found exactly as soon as it is indexed
+        anchors = cues.known_entities or tuple(dict.fromkeys(x for e in cues.unknown_entities for x in subject_ids(e)))
+        anchored = bool(anchors)
         attrs: list[dict[str, Any]] = []
         if cues.keys:
             attrs.append({"terms": {"key": list(cues.keys)}})
         if cues.event_types and (anchored or q.subject or cues.keys):
             attrs.append({"terms": {"event_type": list(cues.event_types)}})
-        clause = [self._anchor(cues.known_entities)] if anchored else []
+        clause = [self._anchor(anchors)] if anchored else []
         if attrs:
             return clause + [{"bool": {"should": attrs, "minimum_should_match": 1}}]
         if anchored and (not cues.terms or q.mode == "exact"):
