@@ -14,14 +14,14 @@ from fastapi import Depends, Header, HTTPException, Request
 from infra.settings import Settings
 
 
-def get_settings_dep(request: Request) -> Settings:
+async def get_settings_dep(request: Request) -> Settings:
     return request.app.state.settings
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 
-def caller_tenants(
+async def caller_tenants(
     settings: SettingsDep,
     x_api_key: Annotated[str | None, Header()] = None,
     authorization: Annotated[str | None, Header()] = None,
