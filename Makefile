@@ -23,6 +23,8 @@ status:
 	$(PY) -m infra status
 
 test: up
+	@# the fault suite stops and starts servers: the demo's own processes must not be connected to them
+	$(PY) -m infra down worker indexer api
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: install
