@@ -266,6 +266,10 @@ def run_indexer(settings: Settings, *, poll_seconds: float = 0.2, batch_size: in
             n = drain_once(settings, conn, es, embedder, batch_size=batch_size)
             backoff = 0.5
             total += n
+            if 0 < n < batch_size:
+                # caught up: make this small batch searchable now instead of at the next 1 s refresh
+                # (a bulk catch-up leaves refreshing to the index's own interval)
+                es.indices.refresh(index=settings.es_index)
             if n:
                 log.info("indexer: %d rows (%d total, %.0f rows/s)", n, total, total / (time.monotonic() - t0))
             if n < batch_size:
