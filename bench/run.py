@@ -73,17 +73,10 @@ class RunConfig:
 
 
 def private_settings(base: Settings, stamp: str) -> Settings:
-    name = f"bench_{stamp.lower()}"
-    return base.model_copy(
-        update={
-            "topic": f"{name}.events",
-            "dlq_topic": f"{name}.events.dlq",
-            "processor_group": f"{name}-projector",
-            "pg_schema": name,
-            "es_index": f"{name}-facts",
-            "api_port": free_port(),
-            "api_keys": {API_KEY: [TENANT, PROBE_TENANT, LOAD_TENANT, AUDIT_TENANT, "bench-warmup"]},
-        }
+    return base.private(
+        f"bench_{stamp.lower()}",
+        api_port=free_port(),
+        api_keys={API_KEY: [TENANT, PROBE_TENANT, LOAD_TENANT, AUDIT_TENANT, "bench-warmup"]},
     )
 
 

@@ -253,17 +253,3 @@ def invariants(settings: Settings, tenant: str) -> dict[str, int]:
             return await invariant_counts(conn, tenant)
 
     return asyncio.run(go())
-
-
-def private_settings(base: Settings, name: str, **update: Any) -> Settings:
-    """Private topic, DLQ, group, schema and index names (like the `settings` fixture), for module fixtures."""
-    return base.model_copy(
-        update={
-            "topic": f"{name}.events",
-            "dlq_topic": f"{name}.events.dlq",
-            "processor_group": f"{name}-projector",
-            "pg_schema": name,
-            "es_index": f"{name}-facts",
-            **update,
-        }
-    )

@@ -37,7 +37,7 @@ from projections.embedding import load_embedder
 from projections.postgres.schema import create_schema
 from projections.search.mapping import physical_indices
 from tests.conftest import unique
-from tests.faults.support import TALLY, private_settings
+from tests.faults.support import TALLY
 from tests.helpers import Worker, cleanup, publish_raw, wait_caught_up
 from tests.malformed import malformed_corpus
 from tests.search_support import Ledger, drain_all
@@ -73,7 +73,7 @@ def valid_event(i: int, text: str) -> dict:
 
 @pytest.fixture
 def raw_settings(base_settings: Settings) -> Iterator[Settings]:
-    settings = private_settings(base_settings, unique("badin"))
+    settings = base_settings.private(unique("badin"))
     try:
         yield settings
     finally:
@@ -157,7 +157,7 @@ FUZZ_TENANT = "fuzz"
 @pytest.fixture(scope="module")
 def fuzz_settings(base_settings: Settings) -> Iterator[Settings]:
     """A private schema and index holding a few real facts, and a key bound to the fuzz tenant."""
-    settings = private_settings(base_settings, unique("fuzz"), api_keys={FUZZ_KEY: [FUZZ_TENANT]})
+    settings = base_settings.private(unique("fuzz"), api_keys={FUZZ_KEY: [FUZZ_TENANT]})
     admin = psycopg.connect(settings.pg_dsn, autocommit=True)
     create_schema(admin, settings.pg_schema)
     conn = psycopg.connect(settings.pg_dsn, autocommit=True)

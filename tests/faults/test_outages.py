@@ -35,7 +35,6 @@ from tests.faults.support import (
     IndexerThread,
     ledger_state,
     lost_and_doubled,
-    private_settings,
     server_down,
 )
 from tests.helpers import Worker, cleanup, wait_caught_up, wait_for
@@ -135,7 +134,7 @@ def check_index_caught_up(stack: Stack, timeout: float = 120.0) -> None:
 
 @pytest.fixture(scope="module")
 def stack(base_settings: Settings) -> Iterator[Stack]:
-    settings = private_settings(base_settings, unique("outage"))
+    settings = base_settings.private(unique("outage"))
     worker = Worker(settings)
     indexer = IndexerThread(settings)
     client = TestClient(create_app(settings))

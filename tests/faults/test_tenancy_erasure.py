@@ -34,7 +34,7 @@ from projections.postgres.rebuild import rebuild
 from projections.search.mapping import physical_indices
 from projections.search.rebuild import orphans, reindex
 from tests.conftest import unique
-from tests.faults.support import TALLY, IndexerThread, private_settings
+from tests.faults.support import TALLY, IndexerThread
 from tests.helpers import Worker, cleanup, end_offsets, wait_caught_up, wait_for
 
 A, B = "tenant-a", "tenant-b"
@@ -165,7 +165,7 @@ def es_count(settings: Settings, tenant: str, subject: str) -> int:
 
 @pytest.fixture(scope="module")
 def pipe(base_settings: Settings) -> Iterator[Pipeline]:
-    settings = private_settings(base_settings, unique("tenancy"), api_keys=KEYS)
+    settings = base_settings.private(unique("tenancy"), api_keys=KEYS)
     events = {t: tenant_facts(t) for t in (A, B)}
     worker, indexer = Worker(settings), IndexerThread(settings)
     client = TestClient(create_app(settings))

@@ -22,7 +22,7 @@ from producers.contract import EventType, MemoryEvent
 from producers.sdk import LedgerProducer, PublishError, PublishResult
 from projections.postgres.rebuild import rebuild
 from tests.conftest import unique
-from tests.faults.support import TALLY, invariants, ledger_state, lost_and_doubled, private_settings
+from tests.faults.support import TALLY, invariants, ledger_state, lost_and_doubled
 from tests.helpers import Worker, cleanup, end_offsets, positions, wait_caught_up, wait_for
 
 N_EVENTS = 20_000  # the figure: ~57 s of streaming at PUBLISH_RATE
@@ -114,7 +114,7 @@ class Publisher(threading.Thread):
 
 @pytest.fixture
 def crash_settings(base_settings: Settings):
-    settings = private_settings(base_settings, unique("crash"))
+    settings = base_settings.private(unique("crash"))
     try:
         yield settings
     finally:
