@@ -203,7 +203,7 @@ class RecallEngine:
                 hits += [h for h in await self._verify(q, at, cues, fuzzy) if h["memory_id"] not in seen]
                 stages["verify_fuzzy"] = _ms(t0)
 
-        if cues.unknown_entities or not hits:  # perhaps written after the vocabulary was loaded
+        if not hits:  # perhaps an alias or entity written after the vocabulary was loaded
             self.vocab.nudge(self.pool, self.settings.pg_schema, q.tenant)
         t0 = time.perf_counter()
         hits.sort(key=lambda h: (-h["score"], -h["_vf"], h["memory_id"]))
