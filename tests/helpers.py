@@ -191,7 +191,17 @@ def wait_caught_up(settings: Settings, timeout: float = 60.0, worker: Worker | N
 
 
 def cleanup(settings: Settings) -> None:
-    """Drop the private schema (and rebuild leftovers), the worker's faust dir, and the private topics."""
+    """Drop the private schema (and rebuild leftovers), the search indices, the worker's faust dir and topics."""
+    from elasticsearch import Elasticsearch
+
+    from projections.search.mapping import physical_indices
+
+    es = Elasticsearch(settings.es_url, request_timeout=30)
+    try:
+        for name in physical_indices(es, settings.es_index):
+            es.indices.delete(index=name, ignore_unavailable=True)
+    finally:
+        es.close()
     with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
         names = [
             r[0]

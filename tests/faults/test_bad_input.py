@@ -35,7 +35,6 @@ from infra.settings import Settings
 from producers.contract import kafka_key
 from projections.embedding import load_embedder
 from projections.postgres.schema import create_schema
-from projections.search.mapping import physical_indices
 from tests.conftest import unique
 from tests.faults.support import TALLY
 from tests.helpers import Worker, cleanup, publish_raw, wait_caught_up
@@ -173,8 +172,6 @@ def fuzz_settings(base_settings: Settings) -> Iterator[Settings]:
         yield settings
     finally:
         ledger.close()
-        for name in physical_indices(es, settings.es_index):
-            es.indices.delete(index=name, ignore_unavailable=True)
         es.close()
         conn.close()
         admin.close()

@@ -27,7 +27,6 @@ from api.main import create_app
 from infra.settings import Settings
 from producers.contract import EventType, MemoryEvent
 from producers.sdk import LedgerProducer, PublishError, PublishResult
-from projections.search.mapping import physical_indices
 from projections.search.rebuild import orphans
 from tests.conftest import unique
 from tests.faults.support import (
@@ -152,12 +151,6 @@ def stack(base_settings: Settings) -> Iterator[Stack]:
         client.__exit__(None, None, None)
         indexer.stop()
         worker.stop()
-        es = Elasticsearch(settings.es_url, request_timeout=30)
-        try:
-            for name in physical_indices(es, settings.es_index):
-                es.indices.delete(index=name, ignore_unavailable=True)
-        finally:
-            es.close()
         cleanup(settings)
 
 

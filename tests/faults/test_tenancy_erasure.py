@@ -31,7 +31,6 @@ from producers.contract import EventType, MemoryEvent, memory_id_for
 from producers.sdk import LedgerProducer
 from projections.embedding import load_embedder
 from projections.postgres.rebuild import rebuild
-from projections.search.mapping import physical_indices
 from projections.search.rebuild import orphans, reindex
 from tests.conftest import unique
 from tests.faults.support import TALLY, IndexerThread
@@ -183,12 +182,6 @@ def pipe(base_settings: Settings) -> Iterator[Pipeline]:
         client.__exit__(None, None, None)
         indexer.stop()
         worker.stop()
-        es = Elasticsearch(settings.es_url, request_timeout=30)
-        try:
-            for name in physical_indices(es, settings.es_index):
-                es.indices.delete(index=name, ignore_unavailable=True)
-        finally:
-            es.close()
         cleanup(settings)
 
 
