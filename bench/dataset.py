@@ -236,6 +236,18 @@ def _assert(tenant, subject, entity, attr: Attribute, r, observed: datetime, lan
     }
 
 
+def _mark(type_: str, tenant: str, subject: str, attr: Attribute, r: random.Random, observed: datetime) -> dict:
+    """A retraction or confirmation of a subject's attribute."""
+    return {
+        "event_id": uuid.UUID(int=r.getrandbits(128)).hex,
+        "type": type_,
+        "tenant": tenant,
+        "subject": subject,
+        "key": attr.key,
+        "observed_at": rfc3339(observed),
+    }
+
+
 def generate(
     n_events: int = 100_000,
     n_subjects: int = 10_000,
@@ -280,24 +292,9 @@ def generate(
                 tenant, subject, entity, attr, r, t, lang, valid_to=rfc3339(t + timedelta(hours=r.randint(1, 72)))
             )
         elif roll < 0.82:
-            ev = {
-                "event_id": uuid.UUID(int=r.getrandbits(128)).hex,
-                "type": "memory.retracted",
-                "tenant": tenant,
-                "subject": subject,
-                "key": attr.key,
-                "observed_at": rfc3339(t),
-                "reason": "no longer true",
-            }
+            ev = {**_mark("memory.retracted", tenant, subject, attr, r, t), "reason": "no longer true"}
         elif roll < 0.88:
-            ev = {
-                "event_id": uuid.UUID(int=r.getrandbits(128)).hex,
-                "type": "memory.confirmed",
-                "tenant": tenant,
-                "subject": subject,
-                "key": attr.key,
-                "observed_at": rfc3339(t),
-            }
+            ev = _mark("memory.confirmed", tenant, subject, attr, r, t)
         else:
             zh, en = r.choice(EPISODES)
             d = (t - timedelta(days=r.randint(0, 30))).date().isoformat()

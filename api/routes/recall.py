@@ -15,7 +15,7 @@ import psycopg
 from elasticsearch import TransportError
 from fastapi import APIRouter, HTTPException, Request, Response
 from psycopg_pool import PoolTimeout
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from api.deps import TenantsDep, check_tenant
 from api.routes._json import json_response
@@ -44,20 +44,13 @@ class Filters(BaseModel):
     tags: _Values = None
     source_type: _Values = None
 
-    @field_validator("kind")
+    @field_validator("kind", "source_type")
     @classmethod
-    def _kinds(cls, v: _Values) -> _Values:
-        bad = [k for k in _as_tuple(v) if k not in Kind._value2member_map_]
+    def _known_values(cls, v: _Values, info: ValidationInfo) -> _Values:
+        allowed = (Kind if info.field_name == "kind" else SourceType)._value2member_map_
+        bad = [k for k in _as_tuple(v) if k not in allowed]
         if bad:
-            raise ValueError(f"unknown kind {bad[0]!r}: one of {', '.join(Kind._value2member_map_)}")
-        return v
-
-    @field_validator("source_type")
-    @classmethod
-    def _sources(cls, v: _Values) -> _Values:
-        bad = [k for k in _as_tuple(v) if k not in SourceType._value2member_map_]
-        if bad:
-            raise ValueError(f"unknown source_type {bad[0]!r}: one of {', '.join(SourceType._value2member_map_)}")
+            raise ValueError(f"unknown {info.field_name} {bad[0]!r}: one of {', '.join(allowed)}")
         return v
 
     def to_engine(self) -> RecallFilters:
