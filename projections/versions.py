@@ -25,13 +25,15 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, assert_never
 
 from producers.contract import EventType, Kind, MemoryEvent
 
 __all__ = [
     "Changes",
     "Mark",
+    "Route",
     "Version",
     "apply",
     "chain_problems",
@@ -40,6 +42,7 @@ __all__ = [
     "mark_of",
     "new_version",
     "plan",
+    "route",
     "visible_at",
 ]
 
@@ -52,7 +55,8 @@ DERIVED = ("valid_to", "status", "superseded_by", "superseded_at", "version", "c
 class Version:
     """One fact_versions row."""
 
-    version_id: str
+    version_id: str  # version_id_for(tenant, event_id): unique across tenants
+    event_id: str  # the assertion's event id, as its producer chose it
     memory_id: str
     tenant: str
     subject: str
@@ -90,16 +94,38 @@ class Version:
 
 @dataclass(frozen=True, slots=True)
 class Mark:
-    """A retraction or confirmation of a fact: only its times matter to the chain."""
+    """A retraction or confirmation of a fact: its times (and a retraction's target) are all the chain needs."""
 
     event_id: str
     type: str  # EventType value
     valid_from: datetime
     observed_at: datetime
+    target: str | None = None  # a retraction's target version_id (None: the version visible at valid_from)
 
     @property
     def order(self) -> tuple[datetime, datetime, str]:
         return (self.valid_from, self.observed_at, self.event_id)
+
+
+class Route(StrEnum):
+    """Where an event goes in the projection: one place decides, so a new EventType cannot fall through."""
+
+    VERSION = "version"  # creates a fact version (new_version)
+    MARK = "mark"  # retracts or confirms a fact's versions (mark_of)
+    ERASURE = "erasure"  # purges a subject; no per-fact change
+
+
+def route(event_type: EventType) -> Route:
+    """The route of an event type. Exhaustive: a new EventType fails type checking and the unit test."""
+    match event_type:
+        case EventType.ASSERTED:
+            return Route.VERSION
+        case EventType.RETRACTED | EventType.CONFIRMED:
+            return Route.MARK
+        case EventType.ERASED:
+            return Route.ERASURE
+        case _:
+            assert_never(event_type)
 
 
 @dataclass
@@ -120,11 +146,12 @@ class Changes:
 
 def new_version(event: MemoryEvent, partition: int, offset: int) -> Version:
     """The version row an assertion creates, before its chain columns are folded in."""
-    if event.type is not EventType.ASSERTED:
+    if route(event.type) is not Route.VERSION:
         raise ValueError(f"{event.type.value} does not create a version")
     assert event.valid_from is not None and event.content is not None  # the contract fills/demands them
     return Version(
-        version_id=event.event_id,
+        version_id=event.version_id,
+        event_id=event.event_id,
         memory_id=event.memory_id,
         tenant=event.tenant,
         subject=event.subject,
@@ -149,10 +176,11 @@ def new_version(event: MemoryEvent, partition: int, offset: int) -> Version:
 
 
 def mark_of(event: MemoryEvent) -> Mark:
-    if event.type not in (EventType.RETRACTED, EventType.CONFIRMED):
+    """The mark a retraction or confirmation leaves on its fact."""
+    if route(event.type) is not Route.MARK:
         raise ValueError(f"{event.type.value} is not a retraction or confirmation")
     assert event.valid_from is not None
-    return Mark(event.event_id, event.type.value, event.valid_from, event.observed_at)
+    return Mark(event.event_id, event.type.value, event.valid_from, event.observed_at, event.target_version)
 
 
 def is_override(v: Version) -> bool:
@@ -273,11 +301,15 @@ def apply(
 
     `subject.erased` is not a per-fact change (the recorder purges the subject): no Changes.
     """
-    if event.type is EventType.ASSERTED:
-        return plan(versions, marks, new_versions=[new_version(event, partition, offset)])
-    if event.type in (EventType.RETRACTED, EventType.CONFIRMED):
-        return plan(versions, marks, new_marks=[mark_of(event)])
-    return Changes()
+    match route(event.type):
+        case Route.VERSION:
+            return plan(versions, marks, new_versions=[new_version(event, partition, offset)])
+        case Route.MARK:
+            return plan(versions, marks, new_marks=[mark_of(event)])
+        case Route.ERASURE:
+            return Changes()
+        case other:
+            assert_never(other)
 
 
 def _unique(items: Iterable[Any], key: Any) -> list[Any]:

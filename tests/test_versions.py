@@ -9,8 +9,19 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from producers.contract import EventType, MemoryEvent
-from projections.versions import Mark, Version, apply, chain_problems, fold, mark_of, new_version, visible_at
+from producers.contract import EventType, MemoryEvent, version_id_for
+from projections.versions import (
+    Mark,
+    Route,
+    Version,
+    apply,
+    chain_problems,
+    fold,
+    mark_of,
+    new_version,
+    route,
+    visible_at,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -19,6 +30,11 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 def at(days: float) -> datetime:
     return T0 + timedelta(days=days)
+
+
+def vid(eid: str) -> str:
+    """The version_id of the assertion `eid` (tenant-scoped)."""
+    return version_id_for("acme", eid)
 
 
 def ev(eid: str, day: float, *, type: str = "memory.asserted", value=None, kind="state", to=None, obs=None, **kw):
@@ -58,9 +74,7 @@ class Store:
         changes = apply(event, rows, marks, partition=0, offset=self.offset)
         for v in changes.outbox:
             self.rows[v.version_id] = v
-        if event.type in (EventType.RETRACTED, EventType.CONFIRMED) and event.event_id not in {
-            m.event_id for m in self.marks
-        }:
+        if route(event.type) is Route.MARK and event.event_id not in {m.event_id for m in self.marks}:
             self.marks.append(mark_of(event))
             self.mark_fact[event.event_id] = mid
         return changes
@@ -79,7 +93,7 @@ def test_state_supersedes_previous_version():
     s.feed(ev("a", 0, value=1))
     s.feed(ev("b", 1, value=2))
     a, b = s.chain()
-    assert (a.status, a.superseded_by, a.superseded_at, a.version) == ("superseded", "b", at(1), 1)
+    assert (a.status, a.superseded_by, a.superseded_at, a.version) == ("superseded", vid("b"), at(1), 1)
     assert (b.status, b.superseded_by, b.version) == ("active", None, 2)
     assert chain_problems(s.chain()) == []
     assert [v.value for v in visible_at(s.chain(), at(5))] == [2]
@@ -91,10 +105,10 @@ def test_late_event_with_older_valid_from_becomes_history():
     s.feed(ev("a", 0, value=1))
     s.feed(ev("c", 10, value=3))
     changes = s.feed(ev("b", 5, value=2, obs=20))  # arrives last, holds in between
-    assert {v.version_id for v in changes.inserts} == {"b"}
-    assert {v.version_id for v in changes.updates} == {"a", "c"}  # a re-pointed, c renumbered
+    assert {v.event_id for v in changes.inserts} == {"b"}
+    assert {v.event_id for v in changes.updates} == {"a", "c"}  # a re-pointed, c renumbered
     a, b, c = s.chain()
-    assert (a.superseded_by, b.superseded_by, c.superseded_by) == ("b", "c", None)
+    assert (a.superseded_by, b.superseded_by, c.superseded_by) == (vid("b"), vid("c"), None)
     assert (b.status, b.superseded_at, c.status, c.version) == ("superseded", at(10), "active", 3)
     assert [v.value for v in visible_at(s.chain(), at(7))] == [2]
     assert [v.value for v in visible_at(s.chain(), at(11))] == [3]
@@ -123,7 +137,7 @@ def test_preference_override_shadows_without_superseding():
     assert [v.value for v in visible_at(s.chain(), at(4))] == ["concise"]
     # an open-ended preference still supersedes the long-term one
     s.feed(ev("new", 8, value="bullet points", kind="preference"))
-    assert s.rows["long"].superseded_by == "new" and s.rows["tmp"].superseded_by is None
+    assert s.rows[vid("long")].superseded_by == vid("new") and s.rows[vid("tmp")].superseded_by is None
     assert chain_problems(s.chain()) == []
 
 
@@ -159,7 +173,7 @@ def test_retraction_then_late_assertion_before_it_is_retracted_too():
     s.feed(ev("r", 5, type="memory.retracted"))
     s.feed(ev("b", 3, value=2, obs=9))  # holds from 3, so the retraction at 5 ends it, not a
     a, b = s.chain()
-    assert (a.status, a.valid_to, a.superseded_by) == ("superseded", None, "b")
+    assert (a.status, a.valid_to, a.superseded_by) == ("superseded", None, vid("b"))
     assert (b.status, b.valid_to) == ("retracted", at(5))
 
 
@@ -177,6 +191,42 @@ def test_new_version_copies_the_event():
     e = ev("a", 0, value={"port": 8080}, entities=["P1"], source={"type": "explicit"})
     v = new_version(e, partition=3, offset=42)
     assert (v.partition, v.offset, v.confidence, v.entities, v.source) == (3, 42, 1.0, ("P1",), {"type": "explicit"})
+    assert (v.version_id, v.event_id) == (e.version_id, "a") == (vid("a"), "a")
+
+
+def test_version_ids_are_tenant_scoped():
+    """The same producer-chosen event_id in two tenants makes two distinct versions (issue 10, class 2)."""
+    mine, theirs = ev("same", 0, value=1), ev("same", 0, value=1).model_copy(update={"tenant": "other"})
+    assert new_version(mine, 0, 0).version_id != new_version(theirs, 0, 1).version_id
+    assert new_version(mine, 0, 0).event_id == new_version(theirs, 0, 1).event_id == "same"
+
+
+def test_every_event_type_has_a_route():
+    """One exhaustive dispatch: a new EventType without a route fails here, not in a stalled worker."""
+    expected = {
+        EventType.ASSERTED: Route.VERSION,
+        EventType.RETRACTED: Route.MARK,
+        EventType.CONFIRMED: Route.MARK,
+        EventType.ERASED: Route.ERASURE,
+    }
+    for member in EventType:
+        assert route(member) is expected.get(member), f"{member!r} has no route"
+
+
+def test_mark_carries_its_target():
+    target = vid("long")
+    assert mark_of(ev("r", 1, type="memory.retracted", target_version=target)).target == target
+    assert mark_of(ev("r", 1, type="memory.retracted")).target is None
+    assert mark_of(ev("c", 1, type="memory.confirmed")).target is None
+
+
+def test_erasure_changes_no_fact():
+    erase = MemoryEvent(event_id="x", type="subject.erased", tenant="acme", subject="user:1")
+    assert not apply(erase, [], [], partition=0, offset=0)
+    with pytest.raises(ValueError):
+        new_version(erase, 0, 0)
+    with pytest.raises(ValueError):
+        mark_of(erase)
 
 
 def _random_history(rng: random.Random, n: int) -> list[MemoryEvent]:
