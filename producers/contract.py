@@ -10,19 +10,36 @@ event JSON.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 __all__ = [
     "CURRENT_SCHEMA_VERSION",
     "EventType",
+    "INT_MAX",
+    "INT_MIN",
+    "MAX_VALUE_DEPTH",
+    "Rfc3339",
+    "check_storable",
+    "parse_rfc3339",
+    "version_id_for",
     "InvalidEvent",
     "Kind",
     "MAX_EVENT_BYTES",
@@ -41,6 +58,14 @@ __all__ = [
 CURRENT_SCHEMA_VERSION = 1
 MAX_EVENT_BYTES = 256 * 1024  # a larger record is refused, not truncated
 MAX_CONTENT_CHARS = 16_000
+# What the projections keep exactly: integers of signed 64 bits and finite IEEE doubles. A larger
+# integer is refused at the door (orjson cannot write it; a raw record bypassing the door has it
+# read as the nearest double by orjson, as JSON allows). NaN and infinities are not JSON at all.
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+MAX_VALUE_DEPTH = 32  # nesting of `value` (orjson itself stops at 254; PostgreSQL's jsonb is fine either way)
+# fields with a default: an explicit JSON null means "not given", never "refused"
+_DEFAULTED = ("event_id", "scope", "kind", "entities", "aliases", "tags", "source", "importance", "observed_at")
+_DEFAULTED += ("schema_version",)
 
 
 class EventType(StrEnum):
@@ -75,10 +100,101 @@ class InvalidEvent(ValueError):
         return {"code": self.code, "field": self.field, "message": self.message}
 
 
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,6})?([Zz]|[+-]\d{2}:\d{2})$")
+_TIME_FORMAT = "an RFC 3339 time with seconds, at most 6 fractional digits and an offset (e.g. 2026-01-02T03:04:05Z)"
+
+
 def _utc(value: datetime) -> datetime:
-    if value.tzinfo is None:
-        raise ValueError("must be an RFC 3339 time with a timezone offset (e.g. 2026-01-02T03:04:05Z)")
-    return value.astimezone(UTC)
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"must be {_TIME_FORMAT}")
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("is outside the representable range (years 0001-9999 in UTC)") from None
+
+
+def parse_rfc3339(text: str) -> datetime:
+    """Strict RFC 3339 (what the API documents), as an aware UTC datetime; ValueError otherwise.
+
+    Stricter than datetime.fromisoformat: seconds and an offset are required, and more than 6
+    fractional digits are refused rather than silently cut to microseconds.
+    """
+    if not isinstance(text, str) or not _RFC3339.match(text):
+        raise ValueError(f"must be {_TIME_FORMAT}")
+    normal = text[:10] + "T" + text[11:]
+    if normal[-1] in "Zz":
+        normal = normal[:-1] + "+00:00"
+    try:
+        value = datetime.fromisoformat(normal)
+    except ValueError as exc:
+        raise ValueError(f"is not a valid time: {exc}") from None
+    return _utc(value)
+
+
+def _time_input(v: Any) -> Any:
+    """A time field's input: an aware datetime, or a strict RFC 3339 string; never a Unix number."""
+    if v is None:
+        return None
+    if isinstance(v, datetime):
+        return _utc(v)
+    if isinstance(v, str):
+        return parse_rfc3339(v)
+    # pydantic alone would also read 1700000000 or "1700000000" as a Unix time (seconds or ms: a guess)
+    raise ValueError(f"must be {_TIME_FORMAT}")
+
+
+Rfc3339 = Annotated[datetime, BeforeValidator(_time_input)]
+"""An RFC 3339 time for request models and query parameters (the same rule as the contract's times)."""
+
+
+def _bad_text(text: str) -> str | None:
+    if "\x00" in text:
+        return "contains a NUL character (U+0000), which PostgreSQL cannot store"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate, which is not valid Unicode text"
+    return None
+
+
+def check_storable(text: str, field: str) -> str:
+    """`text` if every store can keep it, else InvalidEvent('unstorable_text') naming `field`."""
+    problem = _bad_text(text)
+    if problem is not None:
+        raise InvalidEvent("unstorable_text", problem, field)
+    return text
+
+
+def _refuse(code: str, path: str, message: str) -> PydanticCustomError:
+    return PydanticCustomError(code, "{path} " + message, {"path": path})
+
+
+def _check_json(value: Any, path: str, depth: int = 0) -> None:
+    """Refuse what the projections could not keep exactly: unstorable text, numbers out of range, deep nesting."""
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        problem = _bad_text(value)
+        if problem is not None:
+            raise _refuse("unstorable_text", path, problem)
+    elif isinstance(value, int):
+        if not INT_MIN <= value <= INT_MAX:
+            raise _refuse("number_out_of_range", path, "is an integer outside the signed 64-bit range")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise _refuse("number_out_of_range", path, "is not a finite number (NaN and infinities are not JSON)")
+    elif isinstance(value, dict | list | tuple):
+        if depth >= MAX_VALUE_DEPTH:
+            raise _refuse("too_deep", path, f"is nested deeper than {MAX_VALUE_DEPTH} levels")
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for k, item in items:
+            if isinstance(k, str):
+                problem = _bad_text(k)
+                if problem is not None:
+                    raise _refuse("unstorable_text", f"{path}.{k!r}", "has a key that " + problem)
+            _check_json(item, f"{path}.{k}", depth + 1)
+    elif isinstance(value, BaseModel):
+        _check_json(value.model_dump(mode="json"), path, depth)
 
 
 def rfc3339(value: datetime) -> str:
@@ -95,7 +211,8 @@ def new_event_id() -> str:
 
 
 def _digest(*parts: str) -> str:
-    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
+    """sha256 over a JSON array of the parts: unambiguous, whatever characters a part contains."""
+    return hashlib.sha256(orjson.dumps(parts)).hexdigest()[:32]
 
 
 def memory_id_for(
@@ -110,13 +227,14 @@ def memory_id_for(
     return _digest("fact", tenant, subject, key or "", scope)
 
 
+def version_id_for(tenant: str, event_id: str) -> str:
+    """The id of the version an assertion creates: scoped by tenant, as event ids are (DESIGN §2)."""
+    return _digest("version", tenant, event_id)
+
+
 def kafka_key(tenant: str, subject: str) -> bytes:
     """All events of one subject share a key, so they stay ordered in one partition."""
     return f"{tenant}|{subject}".encode()
-
-
-_Str = Field(min_length=1, max_length=256)
-_RFC3339_START = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
 
 
 class Source(BaseModel):
@@ -131,7 +249,7 @@ class Source(BaseModel):
 class MemoryEvent(BaseModel):
     """One memory assertion (or retraction, confirmation, erasure) on the ledger."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False, allow_inf_nan=False)
 
     event_id: str = Field(default_factory=new_event_id, min_length=1, max_length=128)
     type: EventType
@@ -152,17 +270,23 @@ class MemoryEvent(BaseModel):
     valid_from: datetime | None = None
     valid_to: datetime | None = None
     reason: str | None = Field(default=None, max_length=1024)  # why a retraction/erasure happened
+    target_version: str | None = Field(default=None, min_length=1, max_length=64)  # retract this version only
     schema_version: int = CURRENT_SCHEMA_VERSION
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        """Everything the projector could never store is refused here, at the door, with its path."""
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if not (v is None and k in _DEFAULTED)}
+            for k, v in data.items():
+                _check_json(v, str(k))
+        return data
 
     @field_validator("observed_at", "valid_from", "valid_to", mode="before")
     @classmethod
     def _rfc3339_only(cls, v: Any) -> Any:
-        # pydantic alone would also read 1700000000 or "1700000000" as a Unix time (seconds or ms: a guess)
-        if (isinstance(v, int | float) and not isinstance(v, bool)) or (
-            isinstance(v, str) and not _RFC3339_START.match(v)
-        ):
-            raise ValueError("must be an RFC 3339 time (e.g. 2026-01-02T03:04:05Z)")
-        return v
+        return _time_input(v)
 
     @field_validator("observed_at", "valid_from", "valid_to")
     @classmethod
@@ -201,6 +325,8 @@ class MemoryEvent(BaseModel):
                 raise ValueError("key is required unless kind is episodic")
         elif self.type in (EventType.RETRACTED, EventType.CONFIRMED) and self.key is None:
             raise ValueError(f"key is required for {self.type.value}")
+        if self.target_version is not None and self.type is not EventType.RETRACTED:
+            raise ValueError("target_version is only for memory.retracted")
         if self.source.type is SourceType.EXPLICIT:
             if self.confidence is not None and self.confidence != 1.0:
                 raise ValueError("an explicit source carries confidence 1.0")
@@ -218,6 +344,27 @@ class MemoryEvent(BaseModel):
         if self.kind is Kind.EPISODIC and self.type is EventType.ASSERTED:
             return memory_id_for(self.tenant, self.subject, None, episodic_event_id=self.event_id)
         return memory_id_for(self.tenant, self.subject, self.key, self.scope)
+
+    @property
+    def version_id(self) -> str:
+        """The id of the version this event creates (for an assertion): tenant-scoped."""
+        return version_id_for(self.tenant, self.event_id)
+
+    @property
+    def fingerprint(self) -> str:
+        """What the event says, without its id and its observation time: equal for a retry.
+
+        Same (tenant, event_id) with the same fingerprint is a redelivery (no effect); with another
+        fingerprint it is a conflict, reported to the publisher and dead-lettered, never applied.
+        observed_at is left out (a publisher that lets it default stamps each retry anew), and so
+        is valid_from when it only repeats observed_at.
+        """
+        wire = self.to_wire()
+        wire.pop("event_id", None)
+        observed = wire.pop("observed_at", None)
+        if wire.get("valid_from") == observed:
+            wire.pop("valid_from", None)
+        return hashlib.sha256(orjson.dumps(wire, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
 
     @property
     def kafka_key(self) -> bytes:
@@ -294,6 +441,9 @@ def from_error(exc: ValidationError) -> InvalidEvent:
     if field == "type" and code == "unknown_value":
         code = "unknown_type"
     msg = err.get("msg", "invalid")
+    ctx = err.get("ctx") or {}
+    if etype in ("unstorable_text", "number_out_of_range", "too_deep"):
+        return InvalidEvent(etype, msg.split(" ", 1)[1] if " " in msg else msg, ctx.get("path") or field)
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     if field is None:  # a cross-field rule: its message starts with the field it is about
@@ -308,24 +458,47 @@ def from_error(exc: ValidationError) -> InvalidEvent:
     return InvalidEvent(code, msg, field)
 
 
-def from_dict(data: Any, *, default_observed_at: datetime | None = None) -> MemoryEvent:
-    """Validate a decoded JSON value as an event (upcasting older schema versions)."""
+def from_dict(
+    data: Any,
+    *,
+    default_observed_at: datetime | None = None,
+    now: datetime | None = None,
+    max_future_skew: timedelta | None = None,
+) -> MemoryEvent:
+    """Validate a decoded JSON value as an event (upcasting older schema versions).
+
+    With `max_future_skew`, an observed_at later than `now` (default: `default_observed_at`, else
+    the clock) plus the skew is refused (`clock_skew`): a clock in the future would otherwise win
+    over every later update until that time comes.
+    """
     if not isinstance(data, dict):
         raise InvalidEvent("not_an_object", f"an event is a JSON object, got {type(data).__name__}")
     data = upcast(data)
     if default_observed_at is not None and data.get("observed_at") is None:
         data = {**data, "observed_at": default_observed_at}
     try:
-        return MemoryEvent.model_validate(data)
+        event = MemoryEvent.model_validate(data)
     except ValidationError as exc:
         raise from_error(exc) from None
+    if max_future_skew is not None:
+        reference = now or default_observed_at or datetime.now(UTC)
+        if event.observed_at > reference + max_future_skew:
+            raise InvalidEvent(
+                "clock_skew",
+                f"observed_at {rfc3339(event.observed_at)} is more than {max_future_skew.total_seconds():.0f} s "
+                f"after {rfc3339(reference)}",
+                "observed_at",
+            )
+    return event
 
 
-def decode(raw: bytes | None, *, default_observed_at: datetime | None = None) -> MemoryEvent:
+def decode(
+    raw: bytes | None, *, default_observed_at: datetime | None = None, max_future_skew: timedelta | None = None
+) -> MemoryEvent:
     """Kafka record bytes to a valid event, or InvalidEvent with the reason.
 
-    `default_observed_at` (the record's broker timestamp) fills a missing
-    observed_at, so replaying the log gives the same result every time.
+    `default_observed_at` (the record's broker timestamp) fills a missing observed_at and is
+    the reference of `max_future_skew`, so replaying the log gives the same result every time.
     """
     if raw is None:
         raise InvalidEvent("empty", "the record has no value")
@@ -335,8 +508,12 @@ def decode(raw: bytes | None, *, default_observed_at: datetime | None = None) ->
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidEvent("bad_json", f"not valid JSON: {exc}") from None
-    return from_dict(data, default_observed_at=default_observed_at)
+    return from_dict(data, default_observed_at=default_observed_at, max_future_skew=max_future_skew)
 
 
 def encode(event: MemoryEvent) -> bytes:
-    return orjson.dumps(event.to_wire())
+    """The record value; InvalidEvent('too_large') if the worker would refuse its size."""
+    raw = orjson.dumps(event.to_wire())
+    if len(raw) > MAX_EVENT_BYTES:
+        raise InvalidEvent("too_large", f"the event encodes to {len(raw)} bytes, more than {MAX_EVENT_BYTES}")
+    return raw
