@@ -71,16 +71,38 @@ def malformed_corpus(tenant: str, subject: str, seed: int = 5) -> list[tuple[byt
         (mutate(source={"type": "explicit"}, confidence=0.3), "invalid_value"),
         (mutate(schema_version=99), "unsupported_schema"),
         (mutate(surprise_field=True), "unknown_field"),
-        (
-            mutate(
-                content="\u0000\ud800 lone surrogate".encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-                + "x" * 20_000
-            ),
-            "invalid_value",
-        ),  # over MAX_CONTENT_CHARS
+        (mutate(content="x" * 20_000), "invalid_value"),  # over MAX_CONTENT_CHARS
+        # issue 10: what PostgreSQL could never store is refused by the contract, never retried forever
+        (mutate(content="nul \u0000 inside"), "unstorable_text"),
+        (mutate(subject="user:\u0000"), "unstorable_text"),
+        (mutate(value={"a": ["ok", "nul\u0000"]}), "unstorable_text"),
+        (mutate(value={"k\u0000": 1}), "unstorable_text"),
+        (mutate(entities=["P1", "\u0000"]), "unstorable_text"),
+        (_with(mutate(), b'"content":"a note that is fine"', b'"content":"lone \\ud800 surrogate"'), "bad_json"),
+        (mutate(value=_nested(40)), "too_deep"),
+        (_with(mutate(), b'"value":', b'"value":1e999,"x":'), "bad_json"),  # orjson: infinity is not JSON
+        (mutate(observed_at="2026-01-02T03:04Z"), "invalid_time"),  # no seconds
+        (mutate(observed_at="2026-01-02T03:04:05.1234567Z"), "invalid_time"),  # 7 fractional digits
+        (mutate(observed_at="9999-12-31T23:59:59-01:00"), "invalid_time"),  # past year 9999 in UTC
+        (mutate(observed_at="0001-01-01T00:00:00+01:00"), "invalid_time"),  # before year 1 in UTC
+        (mutate(observed_at="2099-01-01T00:00:00Z"), "clock_skew"),  # far ahead of the record timestamp
+        (mutate(target_version="v1"), "invalid_value"),  # only a retraction targets a version
         (b'{"type": "memory.asserted", "content": "' + b"x" * (MAX_EVENT_BYTES + 10) + b'"}', "too_large"),
     ]
     return corpus
 
 
 _DROP = object()
+
+
+def _with(raw: bytes, old: bytes, new: bytes) -> bytes:
+    """Raw bytes no encoder would write (an escaped lone surrogate, a number past a double)."""
+    assert old in raw
+    return raw.replace(old, new, 1)
+
+
+def _nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value

@@ -315,3 +315,225 @@ def test_bad_json_and_non_objects_are_refused_with_a_code(raw: bytes | None, cod
         decode(raw)
     assert info.value.code == code
     assert code in str(info.value)
+
+
+# -- issue 10: everything the projector could never store is refused at the door -------------
+
+_NUL, _SURROGATE = "a\x00b", "a\ud800b"
+
+
+@pytest.mark.parametrize(
+    ("over", "field"),
+    [
+        ({"content": _NUL}, "content"),
+        ({"subject": _NUL}, "subject"),
+        ({"key": "k" + _NUL}, "key"),
+        ({"scope": _NUL}, "scope"),
+        ({"tenant": "t" + _NUL}, "tenant"),
+        ({"event_id": _NUL}, "event_id"),
+        ({"value": _NUL}, "value"),
+        ({"value": {"a": [1, {"b": _NUL}]}}, "value.a.1.b"),
+        ({"value": {"k\x00": 1}}, "value.'k\\x00'"),
+        ({"entities": ["ok", _NUL]}, "entities.1"),
+        ({"aliases": [_NUL]}, "aliases.0"),
+        ({"tags": [_NUL]}, "tags.0"),
+        ({"source": {"type": "imported", "ref": _NUL}}, "source.ref"),
+        ({"content": _SURROGATE}, "content"),
+        ({"value": [_SURROGATE]}, "value.0"),
+    ],
+)
+def test_text_postgresql_cannot_store_is_refused_naming_its_path(over: dict, field: str) -> None:
+    err = _refused(_asserted(**over))
+    assert (err.code, err.field) == ("unstorable_text", field), err
+
+
+@pytest.mark.parametrize(
+    "value",
+    [10**30, 2**64, 2**63, -(2**63) - 1, float("nan"), float("inf"), -float("inf"), {"deep": [1, 2**70]}],
+)
+def test_numbers_outside_int64_and_non_finite_are_refused(value: Any) -> None:
+    err = _refused(_asserted(value=value))
+    assert err.code == "number_out_of_range" and err.field.startswith("value"), err
+
+
+@pytest.mark.parametrize("value", [2**63 - 1, -(2**63), 1.5e308, 5e-324, -0.0, 0])
+def test_numbers_kept_exactly_pass_and_round_trip(value: Any) -> None:
+    event = from_dict(_asserted(value=value))
+    assert decode(encode(event)).value == value
+
+
+@pytest.mark.parametrize("field", ["importance", "confidence"])
+def test_non_finite_scores_are_refused(field: str) -> None:
+    assert _refused(_asserted(**{field: float("nan")})).field == field
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_values_nested_past_the_limit_are_refused_and_at_the_limit_pass() -> None:
+    from_dict(_asserted(value=_nested(contract.MAX_VALUE_DEPTH)))
+    for depth in (contract.MAX_VALUE_DEPTH + 1, 300, 2000):
+        assert _refused(_asserted(value=_nested(depth))).code == "too_deep"
+
+
+_EMOJI_LIST = ["😀" * 250 + str(i) for i in range(64)]  # 64 items of 256 characters, 4 bytes each
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"value": "x" * 300_000},
+        {"value": {f"k{i}": "x" * 1000 for i in range(300)}},
+        # every field within its own limit, the record past the worker's cap
+        {
+            "content": "😀" * 16_000,
+            "aliases": _EMOJI_LIST,
+            "entities": _EMOJI_LIST,
+            "tags": _EMOJI_LIST,
+            "value": "x" * 6000,
+        },
+        {
+            "content": "😀" * 16_000,
+            "aliases": _EMOJI_LIST,
+            "entities": _EMOJI_LIST,
+            "reason": None,
+            "value": "x" * 70_000,
+        },
+    ],
+)
+def test_encode_refuses_what_the_worker_would_refuse_for_size(over: dict) -> None:
+    event = from_dict(_asserted(**over))
+    with pytest.raises(InvalidEvent) as info:
+        encode(event)
+    assert info.value.code == "too_large"
+    if len(orjson.dumps(event.to_wire())) <= MAX_EVENT_BYTES:  # pragma: no cover - the case is built to be large
+        pytest.fail("the case is not large")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-01-01T00:00Z",  # no seconds
+        "2026-01-01T00:00:00.1234567Z",  # 7 fractional digits would be cut silently
+        "2026-01-01T00:00:00",  # no offset
+        "2026-01-01",
+        "1700000000",
+        "2026-01-01 00:00:00Z",
+        "2026-02-30T00:00:00Z",
+        "2026-01-01T24:00:00Z",
+        "9999-12-31T23:59:59-01:00",  # past year 9999 once in UTC
+        "0001-01-01T00:00:00+01:00",  # before year 1 once in UTC
+        "+2026-01-01T00:00:00Z",
+    ],
+)
+def test_times_are_strict_rfc3339_within_range(text: str) -> None:
+    for field in ("observed_at", "valid_from", "valid_to"):
+        over = {field: text}
+        if field == "valid_to":
+            over["valid_from"] = "0001-01-01T00:00:00Z"
+        err = _refused(_asserted(**over))
+        assert (err.code, err.field) == ("invalid_time", field), (text, err)
+    with pytest.raises(ValueError):
+        contract.parse_rfc3339(text)
+
+
+@pytest.mark.parametrize("number", [1700000000, 1700000000.5, True])
+def test_a_number_is_never_read_as_a_unix_time(number: Any) -> None:
+    assert _refused(_asserted(observed_at=number)).code in ("invalid_time", "wrong_type")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-01-01T00:00:00Z", datetime(2026, 1, 1, tzinfo=UTC)),
+        ("2026-01-01t01:00:00.5+01:00", datetime(2026, 1, 1, 0, 0, 0, 500000, tzinfo=UTC)),
+        ("9999-12-31T23:59:59.999999Z", datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)),
+        ("0001-01-01T00:00:00Z", datetime(1, 1, 1, tzinfo=UTC)),
+    ],
+)
+def test_valid_rfc3339_times_parse_to_utc(text: str, expected: datetime) -> None:
+    assert contract.parse_rfc3339(text) == expected
+    assert from_dict(_asserted(observed_at=text)).observed_at == expected
+
+
+def test_an_observation_too_far_in_the_future_is_refused_with_a_configurable_skew() -> None:
+    now = datetime(2026, 6, 1, tzinfo=UTC)
+    skew = timedelta(minutes=5)
+    ok = from_dict(_asserted(observed_at="2026-06-01T00:04:59Z"), now=now, max_future_skew=skew)
+    assert ok.observed_at.minute == 4
+    for text in ("2026-06-01T00:05:01Z", "2099-01-01T00:00:00Z"):
+        with pytest.raises(InvalidEvent) as info:
+            from_dict(_asserted(observed_at=text), now=now, max_future_skew=skew)
+        assert (info.value.code, info.value.field) == ("clock_skew", "observed_at")
+    # the worker's reference is the record timestamp, so a replay years later judges the same
+    raw = encode(from_dict(_asserted(observed_at="2026-06-01T00:10:00Z")))
+    with pytest.raises(InvalidEvent):
+        decode(raw, default_observed_at=now, max_future_skew=skew)
+    assert decode(raw, default_observed_at=now + timedelta(minutes=6), max_future_skew=skew)
+    # a valid time in the future is a scheduled fact, not a skewed clock
+    scheduled = _asserted(observed_at="2026-06-01T00:00:00Z", valid_from="2099-01-01T00:00:00Z")
+    assert from_dict(scheduled, now=now, max_future_skew=skew)
+
+
+@pytest.mark.parametrize(
+    "field", ["event_id", "scope", "kind", "entities", "aliases", "tags", "source", "importance", "observed_at"]
+)
+def test_explicit_null_for_a_defaulted_field_means_absent(field: str) -> None:
+    event = from_dict(_asserted(**{field: None}))
+    default = MemoryEvent.model_fields[field]
+    if field not in ("event_id", "observed_at"):
+        got = getattr(event, field)
+        want = default.get_default(call_default_factory=True)
+        assert got == want, (field, got)
+
+
+def test_memory_id_is_an_unambiguous_encoding_of_its_parts() -> None:
+    pairs = [
+        (("acme", "S1", "email\x1fwork", ""), ("acme", "S1\x1femail", "work", "")),
+        (("acme", "a|b", "k", ""), ("acme", "a", "b|k", "")),
+        (("a", "b", "c", "d"), ("a", "b", "c\x1fd", "")),
+        (("t", 'x","y', "k", ""), ("t", "x", 'y","k', "")),
+        (("t", "s", "k", ""), ("t", "s", "k", " ")),
+    ]
+    for left, right in pairs:
+        assert memory_id_for(*left) != memory_id_for(*right), (left, right)
+    assert memory_id_for("t", "s", None, episodic_event_id="e") != memory_id_for("t", "s", "e")
+
+
+def test_version_ids_are_scoped_by_tenant() -> None:
+    a = from_dict(_asserted(tenant="x", event_id="same"))
+    b = from_dict(_asserted(tenant="y", event_id="same"))
+    assert a.version_id != b.version_id and a.event_id == b.event_id
+    assert a.version_id == contract.version_id_for("x", "same")
+
+
+def test_fingerprint_is_equal_for_a_retry_and_differs_for_other_content() -> None:
+    first = from_dict(_asserted(event_id="e1"))
+    retry = from_dict(_asserted(event_id="e1"))  # observed_at defaults anew: still the same event
+    assert first.observed_at != retry.observed_at or True
+    assert first.fingerprint == retry.fingerprint
+    assert from_dict(_asserted(event_id="e1", kind="state", scope="")).fingerprint == first.fingerprint
+    for over in (
+        {"value": 8081},
+        {"subject": "project:P2"},
+        {"content": "other"},
+        {"valid_from": "2020-01-01T00:00:00Z"},
+    ):
+        assert from_dict(_asserted(event_id="e1", **over)).fingerprint != first.fingerprint, over
+
+
+def test_target_version_is_only_for_retractions() -> None:
+    retraction = from_dict({**_asserted(), "type": "memory.retracted", "target_version": "v1"})
+    assert retraction.target_version == "v1"
+    assert _refused(_asserted(target_version="v1")).field == "target_version"
+
+
+def test_check_storable_names_the_field() -> None:
+    assert contract.check_storable("fine / ok", "subject") == "fine / ok"
+    with pytest.raises(InvalidEvent) as info:
+        contract.check_storable(_NUL, "subject")
+    assert (info.value.code, info.value.field) == ("unstorable_text", "subject")
