@@ -5,18 +5,26 @@ derived column (status, superseded_by/at, effective valid_to, version number, co
 from the assertions and the retractions/confirmations of one `memory_id`. So the order in which
 events arrive never matters (a late event with an older valid_from lands in its place as
 history), a replay from offset 0 gives the same rows, and `apply`/`plan` only have to diff the
-recomputed chain against the stored one.
+recomputed chain against the stored one. `route` is the one dispatch on the event type.
+
+A version's id is `version_id_for(tenant, event_id)` (tenant-scoped); `Version.event_id` keeps
+the id its producer chose.
 
 Policies:
-- `state`, `event`, and `preference` without valid_to: one lane ordered by (valid_from,
-  observed_at, event_id); each version is superseded by the next one (superseded_at = its
-  valid_from); the last one is active.
+- `state`, `event`, and `preference` without valid_to: one lane (the main lane) ordered by
+  (valid_from, observed_at, version_id); each version is superseded by the next one
+  (superseded_at = its valid_from); the last one is active.
 - `preference` with a bounded valid_to: a temporary override; it never supersedes nor is
   superseded, and readers prefer it inside its window (`visible_at`).
 - `episodic`: its own memory_id per event, so its chain is one version.
-- `memory.retracted` at time t ends the main-lane version covering t (and any override covering
-  t): valid_to = t, status `retracted`. `memory.confirmed` at time t counts on the main-lane
-  version covering t.
+- `memory.retracted` at valid time t ends one version: valid_to = t, status `retracted`.
+  Untargeted, it ends the version *visible* at t: the override in force at t if there is one
+  (the latest, as `visible_at` picks; the long-term value stays and is visible again after t),
+  else the main-lane version covering t. Targeted (`Mark.target` = a version_id), it ends exactly
+  that version if it is in force at t (main lane or override), and otherwise has no effect.
+  Retractions are applied in (valid_from, observed_at, event_id) order, so two untargeted ones at
+  the same t end the override and then the long-term version.
+- `memory.confirmed` at time t counts on the main-lane version covering t.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, assert_never
 
-from producers.contract import EventType, Kind, MemoryEvent
+from producers.contract import EventType, Kind, MemoryEvent, rfc3339
 
 __all__ = [
     "Changes",
@@ -183,6 +191,10 @@ def mark_of(event: MemoryEvent) -> Mark:
     return Mark(event.event_id, event.type.value, event.valid_from, event.observed_at, event.target_version)
 
 
+def _show(t: datetime | None) -> str:
+    return "open end" if t is None else rfc3339(t)
+
+
 def is_override(v: Version) -> bool:
     """A preference with a bounded valid_to shadows the long-term value; it supersedes nothing."""
     return v.kind == Kind.PREFERENCE.value and v.asserted_valid_to is not None
@@ -197,54 +209,100 @@ def _covering(main: Sequence[Version], ends: Sequence[datetime | None], t: datet
     return None
 
 
-def fold(versions: Iterable[Version], marks: Iterable[Mark]) -> list[Version]:
-    """Recompute the derived columns of one fact's versions from its assertions and marks.
+def _holds(v: Version, end: datetime | None, t: datetime) -> bool:
+    return v.valid_from <= t and (end is None or t < end)
 
-    Returns the versions ordered by valid time, numbered 1..n. Depends only on the sets given,
-    never on their order.
-    """
+
+@dataclass(frozen=True, slots=True)
+class _MarkOutcome:
+    """What one retraction or confirmation did in the fold: the version it hit, or why none."""
+
+    version_id: str | None
+    why_not: str = ""
+
+
+@dataclass
+class _Folded:
+    rows: list[Version]
+    marks: dict[str, _MarkOutcome]  # mark event_id -> outcome
+    retracted_by: dict[str, Mark]  # version_id -> the retraction that ended it
+
+
+def _fold(versions: Iterable[Version], marks: Iterable[Mark]) -> _Folded:
     rows = sorted(versions, key=lambda v: v.order)
+    by_id = {v.version_id: v for v in rows}
     main = [v for v in rows if not is_override(v)]
     overrides = [v for v in rows if is_override(v)]
     valid_to: dict[str, datetime | None] = {v.version_id: v.asserted_valid_to for v in rows}
     next_of: dict[str, Version] = {main[i].version_id: main[i + 1] for i in range(len(main) - 1)}
-    retracted: set[str] = set()
+    retracted_by: dict[str, Mark] = {}
+    outcomes: dict[str, _MarkOutcome] = {}
     confirmed: dict[str, list[datetime]] = {}
 
-    def ends() -> list[datetime | None]:
-        out: list[datetime | None] = []
+    def ends() -> dict[str, datetime | None]:
+        """Each version's end as things stand: its valid_to, and for the main lane its successor's start."""
+        out = dict(valid_to)
         for v in main:
             nxt = next_of.get(v.version_id)
             candidates = [t for t in (valid_to[v.version_id], nxt.valid_from if nxt else None) if t is not None]
-            out.append(min(candidates) if candidates else None)
+            out[v.version_id] = min(candidates) if candidates else None
         return out
 
+    def main_ends(end: dict[str, datetime | None]) -> list[datetime | None]:
+        return [end[v.version_id] for v in main]
+
+    def retracted_earlier(t: datetime, unretracted: dict[str, datetime | None], only: str | None) -> str:
+        """Why nothing was in force at t: a version that would have held was already retracted."""
+        for vid, r in sorted(retracted_by.items(), key=lambda kv: kv[1].order):
+            if (only is None or vid == only) and _holds(by_id[vid], unretracted[vid], t):
+                return f" (already retracted at {_show(r.valid_from)} by {r.event_id})"
+        return ""
+
     ordered = sorted(marks, key=lambda m: m.order)
+    unretracted = ends()
     for m in ordered:  # retractions first, in valid-time order: the earliest one ends a version
         if m.type != EventType.RETRACTED.value:
             continue
-        t = m.valid_from
-        i = _covering(main, ends(), t)
-        if i is not None:
-            valid_to[main[i].version_id] = t
-            retracted.add(main[i].version_id)
-        for o in overrides:
-            end = valid_to[o.version_id]
-            if o.valid_from <= t and (end is None or t < end):
-                valid_to[o.version_id] = t
-                retracted.add(o.version_id)
-    final_ends = ends()
+        t, end = m.valid_from, ends()
+        hit: Version | None = None
+        if m.target is not None:
+            target = by_id.get(m.target)
+            if target is None:
+                outcomes[m.event_id] = _MarkOutcome(None, f"target {m.target} is not a version of this fact")
+            elif not _holds(target, end[target.version_id], t):
+                why = retracted_earlier(t, unretracted, target.version_id)
+                outcomes[m.event_id] = _MarkOutcome(None, f"target {target.event_id} not in force at {_show(t)}{why}")
+            else:
+                hit = target
+        else:  # the version visible at t: the override in force (the latest, as visible_at picks), else the main lane
+            live = [o for o in overrides if _holds(o, end[o.version_id], t)]
+            i = _covering(main, main_ends(end), t)
+            hit = max(live, key=lambda o: o.order) if live else (main[i] if i is not None else None)
+            if hit is None:
+                why = retracted_earlier(t, unretracted, None)
+                outcomes[m.event_id] = _MarkOutcome(None, f"no version in force at {_show(t)}{why}")
+        if hit is not None:
+            valid_to[hit.version_id] = t
+            retracted_by[hit.version_id] = m
+            outcomes[m.event_id] = _MarkOutcome(hit.version_id)
+    final = ends()
+    live_main = main_ends(final)
     for m in ordered:
         if m.type != EventType.CONFIRMED.value:
             continue
-        i = _covering(main, final_ends, m.valid_from)
-        if i is not None:
+        i = _covering(main, live_main, m.valid_from)
+        if i is None:
+            override = any(_holds(o, final[o.version_id], m.valid_from) for o in overrides)
+            what = "no long-term version" if override else "no version"  # confirmations count on the main lane
+            outcomes[m.event_id] = _MarkOutcome(None, f"{what} in force at {_show(m.valid_from)}")
+        else:
             confirmed.setdefault(main[i].version_id, []).append(m.observed_at)
+            outcomes[m.event_id] = _MarkOutcome(main[i].version_id)
 
     out: list[Version] = []
     for number, v in enumerate(rows, start=1):
         nxt = next_of.get(v.version_id)
-        if v.version_id in retracted:
+        if v.version_id in retracted_by:
             status = RETRACTED
         elif nxt is not None:
             status = SUPERSEDED
@@ -263,7 +321,16 @@ def fold(versions: Iterable[Version], marks: Iterable[Mark]) -> list[Version]:
                 last_confirmed_at=max(confirms) if confirms else None,
             )
         )
-    return out
+    return _Folded(out, outcomes, retracted_by)
+
+
+def fold(versions: Iterable[Version], marks: Iterable[Mark]) -> list[Version]:
+    """Recompute the derived columns of one fact's versions from its assertions and marks.
+
+    Returns the versions ordered by valid time, numbered 1..n. Depends only on the sets given,
+    never on their order.
+    """
+    return _fold(versions, marks).rows
 
 
 def plan(

@@ -37,13 +37,24 @@ def vid(eid: str) -> str:
     return version_id_for("acme", eid)
 
 
-def ev(eid: str, day: float, *, type: str = "memory.asserted", value=None, kind="state", to=None, obs=None, **kw):
+def ev(
+    eid: str,
+    day: float,
+    *,
+    type: str = "memory.asserted",
+    value=None,
+    kind="state",
+    to=None,
+    obs=None,
+    key="pref.drink",
+    **kw,
+):
     data = dict(
         event_id=eid,
         type=type,
         tenant="acme",
         subject="user:1",
-        key="pref.drink",
+        key=key,
         kind=kind,
         valid_from=at(day),
         observed_at=at(obs if obs is not None else day),
@@ -177,6 +188,126 @@ def test_retraction_then_late_assertion_before_it_is_retracted_too():
     assert (b.status, b.valid_to) == ("retracted", at(5))
 
 
+def seat_history(s: Store) -> None:
+    """Long-term `seat=aisle` (a preference) and a one-week override `window` from day 5 to day 12."""
+    s.feed(ev("long", 0, value="aisle", kind="preference"))
+    s.feed(ev("tmp", 5, value="window", kind="preference", to=12))
+
+
+def seats(s: Store, *days: float) -> list[list[str]]:
+    return [[v.value for v in visible_at(s.chain(), at(d))] for d in days]
+
+
+def test_untargeted_retraction_ends_the_override_and_keeps_the_long_term_value():
+    """Issue 10, class 6: retracting `seat` during the override means "not the window seat", not "no seat"."""
+    s = Store()
+    seat_history(s)
+    s.feed(ev("r", 7, type="memory.retracted"))
+    assert (s.rows[vid("tmp")].status, s.rows[vid("tmp")].valid_to) == ("retracted", at(7))
+    assert (s.rows[vid("long")].status, s.rows[vid("long")].valid_to) == ("active", None)
+    assert seats(s, 4, 6, 8, 13) == [["aisle"], ["window"], ["aisle"], ["aisle"]]
+    assert chain_problems(s.chain()) == []
+
+
+@pytest.mark.parametrize("day", [9, 7, 13])
+def test_a_second_retraction_then_ends_the_long_term_value(day):
+    s = Store()
+    seat_history(s)
+    s.feed(ev("r1", 7, type="memory.retracted"))
+    s.feed(ev("r2", day, type="memory.retracted", obs=day + 0.1))  # at 7 too: it comes after r1 (observed later)
+    assert (s.rows[vid("long")].status, s.rows[vid("long")].valid_to) == ("retracted", at(day))
+    assert (s.rows[vid("tmp")].status, s.rows[vid("tmp")].valid_to) == ("retracted", at(7))
+    assert seats(s, 4, day - 0.5 if day > 7 else 6, day + 0.5) == [["aisle"], ["aisle" if day > 7 else "window"], []]
+
+
+def test_untargeted_retraction_without_an_override_ends_the_main_lane_version():
+    s = Store()
+    seat_history(s)
+    s.feed(ev("r", 2, type="memory.retracted"))  # before the window: the long-term value was visible
+    assert (s.rows[vid("long")].status, s.rows[vid("long")].valid_to) == ("retracted", at(2))
+    assert (s.rows[vid("tmp")].status, s.rows[vid("tmp")].valid_to) == ("active", at(12))
+    assert seats(s, 1, 3, 6, 13) == [["aisle"], [], ["window"], []]
+
+
+def test_targeted_retraction_of_the_long_term_value_while_an_override_is_in_force():
+    s = Store()
+    seat_history(s)
+    s.feed(ev("r", 7, type="memory.retracted", target_version=vid("long")))
+    assert (s.rows[vid("long")].status, s.rows[vid("long")].valid_to) == ("retracted", at(7))
+    assert (s.rows[vid("tmp")].status, s.rows[vid("tmp")].valid_to) == ("active", at(12))
+    assert seats(s, 4, 6, 8, 13) == [["aisle"], ["window"], ["window"], []]
+
+
+def test_targeted_retraction_of_the_override_ends_exactly_it():
+    s = Store()
+    seat_history(s)
+    s.feed(ev("r", 6, type="memory.retracted", target_version=vid("tmp")))
+    assert (s.rows[vid("tmp")].status, s.rows[vid("tmp")].valid_to) == ("retracted", at(6))
+    assert s.rows[vid("long")].status == "active"
+    assert seats(s, 5.5, 7) == [["window"], ["aisle"]]
+
+
+@pytest.mark.parametrize(
+    "target, day",
+    [
+        ("tmp", 3),  # before the override's window
+        ("tmp", 12),  # at its end (valid_to is exclusive)
+        ("tmp", 20),  # after it
+        ("a", 4),  # a main-lane version already superseded at 2
+        ("b", 1),  # a main-lane version not yet in force
+        ("nothing", 6),  # no such version at all
+    ],
+)
+def test_a_target_not_in_force_has_no_effect(target, day):
+    s = Store()
+    seat_history(s)
+    s.feed(ev("a", 0, value="x"))  # same key, state kind: joins the main lane with `long`
+    s.feed(ev("b", 2, value="y"))
+    before = s.chain()
+    assert not s.feed(ev("r", day, type="memory.retracted", target_version=vid(target)))
+    assert s.chain() == before
+
+
+def test_a_target_in_another_fact_has_no_effect():
+    s = Store()
+    seat_history(s)
+    s.feed(ev("food", 0, value="vegetarian", key="pref.food"))
+    s.feed(ev("other-tenant", 0, value="aisle").model_copy(update={"tenant": "other"}))
+    before = s.chain()
+    for i, target in enumerate((vid("food"), version_id_for("other", "other-tenant"), version_id_for("other", "long"))):
+        assert not s.feed(ev(f"r{i}", 6, type="memory.retracted", target_version=target))
+    assert s.chain() == before
+    assert [v.value for v in visible_at(s.chain(), at(6)) if v.key == "pref.drink" and v.tenant == "acme"] == ["window"]
+
+
+def test_retractions_with_targets_give_the_same_chain_in_any_order():
+    history = [
+        ev("long", 0, value="aisle", kind="preference"),
+        ev("tmp", 5, value="window", kind="preference", to=12),
+        ev("later", 20, value="middle", kind="preference", obs=21),
+        ev("r1", 7, type="memory.retracted"),
+        ev("r2", 7, type="memory.retracted", obs=8),
+        ev("t1", 22, type="memory.retracted", target_version=vid("later")),
+        ev("t2", 6, type="memory.retracted", target_version=vid("tmp")),
+        ev("c", 3, type="memory.confirmed"),
+    ]
+    reference = None
+    rng = random.Random(10)
+    orders = [history, history[::-1]] + [rng.sample(history, len(history)) for _ in range(300)]
+    for order in orders:
+        s = Store()
+        for e in order:
+            s.feed(e)
+        got = state_of(s.rows.values())
+        reference = reference or got
+        assert got == reference
+    rows = {v.event_id: v for v in reference}
+    # t2 ends the override at 6, so r1 (at 7) ends the long-term version and r2 finds nothing
+    assert (rows["tmp"].status, rows["tmp"].valid_to) == ("retracted", at(6))
+    assert (rows["long"].status, rows["long"].valid_to) == ("retracted", at(7))
+    assert (rows["later"].status, rows["later"].valid_to) == ("retracted", at(22))
+
+
 def test_confirmation_counts_on_the_version_in_force():
     s = Store()
     s.feed(ev("a", 0, value=1))
@@ -234,12 +365,15 @@ def _random_history(rng: random.Random, n: int) -> list[MemoryEvent]:
     for i in range(n):
         day = rng.randrange(0, 30)
         roll = rng.random()
-        if roll < 0.55:
+        if roll < 0.5:
             out.append(ev(f"s{i}", day, value=i, obs=day + rng.random()))
-        elif roll < 0.7:
+        elif roll < 0.65:
             out.append(ev(f"p{i}", day, value=i, kind="preference", to=day + rng.randrange(1, 5)))
-        elif roll < 0.85:
+        elif roll < 0.75:
             out.append(ev(f"r{i}", day, type="memory.retracted"))
+        elif roll < 0.85:  # targeted at any assertion of the history (in force at `day` or not), or at nothing
+            target = vid(f"{rng.choice('sp')}{rng.randrange(n)}")
+            out.append(ev(f"t{i}", day, type="memory.retracted", target_version=target))
         else:
             out.append(ev(f"c{i}", day, type="memory.confirmed"))
     return out
