@@ -25,6 +25,8 @@ Policies:
   Retractions are applied in (valid_from, observed_at, event_id) order, so two untargeted ones at
   the same t end the override and then the long-term version.
 - `memory.confirmed` at time t counts on the main-lane version covering t.
+
+`effects` says what each event of a fact does in that chain (the audit replay), from the same fold.
 """
 
 from __future__ import annotations
@@ -39,12 +41,16 @@ from typing import Any, assert_never
 from producers.contract import EventType, Kind, MemoryEvent, rfc3339
 
 __all__ = [
+    "EFFECTS",
+    "ERASED_EFFECT",
+    "NO_EFFECT",
     "Changes",
     "Mark",
     "Route",
     "Version",
     "apply",
     "chain_problems",
+    "effects",
     "fold",
     "is_override",
     "mark_of",
@@ -252,11 +258,13 @@ def _fold(versions: Iterable[Version], marks: Iterable[Mark]) -> _Folded:
         return [end[v.version_id] for v in main]
 
     def retracted_earlier(t: datetime, unretracted: dict[str, datetime | None], only: str | None) -> str:
-        """Why nothing was in force at t: a version that would have held was already retracted."""
-        for vid, r in sorted(retracted_by.items(), key=lambda kv: kv[1].order):
-            if (only is None or vid == only) and _holds(by_id[vid], unretracted[vid], t):
-                return f" (already retracted at {_show(r.valid_from)} by {r.event_id})"
-        return ""
+        """Why nothing was in force at t: the versions that would have held were already retracted."""
+        hits = [
+            f"{by_id[vid].event_id} at {_show(r.valid_from)} by {r.event_id}"
+            for vid, r in sorted(retracted_by.items(), key=lambda kv: kv[1].order)
+            if (only is None or vid == only) and _holds(by_id[vid], unretracted[vid], t)
+        ]
+        return f" (already retracted: {', '.join(hits)})" if hits else ""
 
     ordered = sorted(marks, key=lambda m: m.order)
     unretracted = ends()
@@ -331,6 +339,88 @@ def fold(versions: Iterable[Version], marks: Iterable[Mark]) -> list[Version]:
     never on their order.
     """
     return _fold(versions, marks).rows
+
+
+# What an event does in its fact's folded chain (`effects`): assertions ...
+ACTIVE_EFFECT = "active"  # the current main-lane version (no successor, not retracted)
+SUPERSEDED_EFFECT = "superseded"  # replaced by a later version that was observed no earlier
+HISTORY_EFFECT = "history"  # arrived late: its successor was observed before it, so it only fills the past
+OVERRIDE_EFFECT = "override"  # a temporary override (preference with valid_to), not retracted
+RETRACTED_EFFECT = "retracted"  # ended by a retraction
+# ... and marks
+ENDED_EFFECT = "ended"  # a retraction that ended a version (version_id)
+CONFIRMED_EFFECT = "confirmed"  # a confirmation that counted on a version (version_id)
+NO_EFFECT = "no_effect"  # a retraction or confirmation that matched nothing; detail says why
+ERASED_EFFECT = "erased"  # subject.erased (named by the audit replay; not per fact, so effects() never gives it)
+EFFECTS = (
+    ACTIVE_EFFECT,
+    SUPERSEDED_EFFECT,
+    HISTORY_EFFECT,
+    OVERRIDE_EFFECT,
+    RETRACTED_EFFECT,
+    ENDED_EFFECT,
+    CONFIRMED_EFFECT,
+    NO_EFFECT,
+    ERASED_EFFECT,
+)
+
+
+def _effect(effect: str, version_id: str | None, detail: str) -> dict[str, Any]:
+    return {"effect": effect, "version_id": version_id, "detail": detail}
+
+
+def effects(versions: Iterable[Version], marks: Iterable[Mark]) -> dict[str, dict[str, Any]]:
+    """What each event of one fact does now, keyed by event_id (assertions by Version.event_id).
+
+    Each value is {"effect": one of EFFECTS, "version_id": the version made/ended/confirmed (None
+    for no_effect), "detail": a sentence saying why}. Recomputed from the same fold as the rows,
+    so it is a function of the set of events and changes as later events arrive (an `active`
+    version becomes `superseded`). A mark of a fact with no versions is `no_effect`.
+    """
+    marks = list(marks)
+    folded = _fold(versions, marks)
+    by_id = {v.version_id: v for v in folded.rows}
+    out: dict[str, dict[str, Any]] = {}
+    for v in folded.rows:
+        r = folded.retracted_by.get(v.version_id)
+        nxt = by_id.get(v.superseded_by) if v.superseded_by else None
+        if r is not None:
+            eff = _effect(RETRACTED_EFFECT, v.version_id, f"ended at {_show(r.valid_from)} by retraction {r.event_id}")
+        elif nxt is not None and nxt.observed_at < v.observed_at:
+            eff = _effect(
+                HISTORY_EFFECT,
+                v.version_id,
+                f"arrived after {nxt.event_id} (observed {_show(nxt.observed_at)}), which supersedes it from "
+                f"{_show(v.superseded_at)}: kept as history for {_show(v.valid_from)} to {_show(v.superseded_at)}",
+            )
+        elif nxt is not None:
+            detail = f"superseded by {nxt.event_id} from {_show(v.superseded_at)}"
+            eff = _effect(SUPERSEDED_EFFECT, v.version_id, detail)
+        elif is_override(v):
+            eff = _effect(
+                OVERRIDE_EFFECT,
+                v.version_id,
+                f"overrides the long-term value from {_show(v.valid_from)} to {_show(v.valid_to)}",
+            )
+        else:
+            until = f" until {_show(v.valid_to)}" if v.valid_to is not None else ""
+            detail = f"the latest version (v{v.version}), in force from {_show(v.valid_from)}{until}"
+            eff = _effect(ACTIVE_EFFECT, v.version_id, detail)
+        out[v.event_id] = eff
+    for m in marks:
+        o = folded.marks.get(m.event_id)
+        if o is None or o.version_id is None:
+            why = o.why_not if o is not None else f"{m.type} is not a retraction or confirmation"
+            out[m.event_id] = _effect(NO_EFFECT, None, why)
+            continue
+        hit = by_id[o.version_id]
+        if m.type == EventType.RETRACTED.value:
+            what = "the override" if is_override(hit) else "version"
+            detail = f"ended {what} {hit.event_id} at {_show(m.valid_from)}"
+            out[m.event_id] = _effect(ENDED_EFFECT, hit.version_id, detail)
+        else:
+            out[m.event_id] = _effect(CONFIRMED_EFFECT, hit.version_id, f"confirmed version {hit.event_id}")
+    return out
 
 
 def plan(

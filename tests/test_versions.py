@@ -11,11 +11,13 @@ import pytest
 
 from producers.contract import EventType, MemoryEvent, version_id_for
 from projections.versions import (
+    EFFECTS,
     Mark,
     Route,
     Version,
     apply,
     chain_problems,
+    effects,
     fold,
     mark_of,
     new_version,
@@ -423,3 +425,105 @@ def test_all_pairs_of_two_assertions_keep_one_current():
         s.feed(ev("y", d2 + 0.5, value=2, kind=k2))
         current = [v for v in s.rows.values() if v.status == "active" and v.superseded_by is None]
         assert len(current) == 1
+
+
+def effects_of(s: Store) -> dict[str, tuple[str, str | None]]:
+    return {eid: (e["effect"], e["version_id"]) for eid, e in effects(s.rows.values(), s.marks).items()}
+
+
+def test_effects_of_assertions_active_superseded_history():
+    """Issue 10, class 12: the audit replay says what each event did."""
+    s = Store()
+    s.feed(ev("a", 0, value=1))
+    s.feed(ev("c", 10, value=3))
+    s.feed(ev("b", 5, value=2, obs=20))  # arrives last with an older valid_from: history
+    got = effects(s.rows.values(), s.marks)
+    assert {k: v["effect"] for k, v in got.items()} == {"a": "superseded", "b": "history", "c": "active"}
+    assert got["c"]["version_id"] == vid("c")
+    assert "arrived after c" in got["b"]["detail"] and "superseded by b" in got["a"]["detail"]
+
+
+def test_effects_of_retractions_say_what_they_ended_or_why_nothing():
+    s = Store()
+    seat_history(s)
+    assert effects_of(s) == {"long": ("active", vid("long")), "tmp": ("override", vid("tmp"))}
+    s.feed(ev("r1", 7, type="memory.retracted"))
+    s.feed(ev("r2", 7, type="memory.retracted", obs=8))
+    s.feed(ev("r3", 8, type="memory.retracted"))
+    s.feed(ev("t1", 10, type="memory.retracted", target_version=vid("tmp")))
+    s.feed(ev("t3", 20, type="memory.retracted", target_version=vid("tmp")))
+    s.feed(ev("t2", 6, type="memory.retracted", target_version=vid("food")))
+    got = effects(s.rows.values(), s.marks)
+    assert {k: (v["effect"], v["version_id"]) for k, v in got.items()} == {
+        "long": ("retracted", vid("long")),
+        "tmp": ("retracted", vid("tmp")),
+        "r1": ("ended", vid("tmp")),
+        "r2": ("ended", vid("long")),
+        "r3": ("no_effect", None),
+        "t1": ("no_effect", None),
+        "t2": ("no_effect", None),
+        "t3": ("no_effect", None),
+    }
+    assert "by retraction r1" in got["tmp"]["detail"] and "override tmp" in got["r1"]["detail"]
+    assert got["r3"]["detail"] == (
+        "no version in force at 2026-01-09T00:00:00.000000Z (already retracted: "
+        "tmp at 2026-01-08T00:00:00.000000Z by r1, long at 2026-01-08T00:00:00.000000Z by r2)"
+    )
+    assert got["t1"]["detail"] == (
+        "target tmp not in force at 2026-01-11T00:00:00.000000Z "
+        "(already retracted: tmp at 2026-01-08T00:00:00.000000Z by r1)"
+    )
+    assert got["t3"]["detail"] == "target tmp not in force at 2026-01-21T00:00:00.000000Z"  # its window was over
+    assert "is not a version of this fact" in got["t2"]["detail"]
+
+
+def test_effects_of_confirmations():
+    s = Store()
+    s.feed(ev("c0", 0, type="memory.confirmed"))  # before anything was asserted
+    s.feed(ev("tmp", 5, value="window", kind="preference", to=12))
+    s.feed(ev("c1", 6, type="memory.confirmed"))  # only an override in force: confirmations count on the main lane
+    s.feed(ev("a", 8, value="aisle", kind="preference"))
+    s.feed(ev("c2", 9, type="memory.confirmed"))
+    got = effects(s.rows.values(), s.marks)
+    assert (got["c2"]["effect"], got["c2"]["version_id"]) == ("confirmed", vid("a"))
+    assert (got["c0"]["effect"], got["c0"]["detail"]) == (
+        "no_effect",
+        "no version in force at 2026-01-01T00:00:00.000000Z",
+    )
+    assert (got["c1"]["effect"], got["c1"]["detail"]) == (
+        "no_effect",
+        "no long-term version in force at 2026-01-07T00:00:00.000000Z",
+    )
+    assert s.rows[vid("a")].confirmed_count == 1
+
+
+def test_marks_of_a_fact_that_never_existed_have_no_effect():
+    marks = [
+        mark_of(ev("r", 1, type="memory.retracted")),
+        mark_of(ev("t", 1, type="memory.retracted", target_version=vid("x"))),
+        mark_of(ev("c", 1, type="memory.confirmed")),
+    ]
+    got = effects([], marks)
+    assert {k: v["effect"] for k, v in got.items()} == {"r": "no_effect", "t": "no_effect", "c": "no_effect"}
+    assert all(v["version_id"] is None and v["detail"] for v in got.values())
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_effects_cover_every_event_agree_with_the_chain_and_ignore_order(seed):
+    rng = random.Random(seed)
+    history = _random_history(rng, rng.randrange(2, 14))
+    versions = [new_version(e, 0, 0) for e in history if e.type is EventType.ASSERTED]
+    marks = [mark_of(e) for e in history if e.type is not EventType.ASSERTED]
+    got = effects(versions, marks)
+    assert set(got) == {e.event_id for e in history}
+    assert all(v["effect"] in EFFECTS and isinstance(v["detail"], str) and v["detail"] for v in got.values())
+    for _ in range(4):
+        assert effects(rng.sample(versions, len(versions)), rng.sample(marks, len(marks))) == got
+    rows = {v.version_id: v for v in fold(versions, marks)}
+    ended = sorted(v["version_id"] for v in got.values() if v["effect"] == "ended")
+    assert ended == sorted(vid for vid, v in rows.items() if v.status == "retracted")  # each retraction ends one
+    confirms = [v["version_id"] for v in got.values() if v["effect"] == "confirmed"]
+    assert all(rows[vid].confirmed_count == confirms.count(vid) for vid in rows)
+    for v in rows.values():
+        assert got[v.event_id]["version_id"] == v.version_id
+        assert (got[v.event_id]["effect"] == "retracted") == (v.status == "retracted")

@@ -3,22 +3,37 @@
 Async functions take a psycopg AsyncConnection whose search_path is the projection schema (the
 API pool). "As of T" follows projections.versions.visible_at; "as known at T'" re-folds the
 subject's versions and marks observed up to T' with the same pure core, so it shows exactly
-what the ledger said at T' (later supersessions, retractions and late history left out).
+what the ledger said at T' (later supersessions, retractions and late history left out). The
+audit replay (`subject_events`) re-folds the subject's chains the same way to say what each
+event does now (`projections.versions.effects`).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from producers.contract import rfc3339
+from producers.contract import EventType, rfc3339
 from projections.postgres.recorder import VERSION_COLUMNS, row_to_version
-from projections.versions import Mark, Version, fold, is_override, visible_at
+from projections.versions import (
+    ERASED_EFFECT,
+    NO_EFFECT,
+    Mark,
+    Route,
+    Version,
+    effects,
+    fold,
+    is_override,
+    route,
+    visible_at,
+)
 
 __all__ = [
     "current_facts",
@@ -37,11 +52,12 @@ def _t(value: datetime | None) -> str | None:
 
 
 def version_dict(v: Version) -> dict[str, Any]:
-    """A version as the API shows it (times as RFC 3339, `event_id` = the assertion that made it)."""
+    """A version as the API shows it (times as RFC 3339, `event_id` = the assertion that made it, as its producer
+    named it; `version_id` = version_id_for(tenant, event_id))."""
     return {
         "memory_id": v.memory_id,
         "version_id": v.version_id,
-        "event_id": v.version_id,
+        "event_id": v.event_id,
         "version": v.version,
         "tenant": v.tenant,
         "subject": v.subject,
@@ -89,25 +105,41 @@ async def current_facts(
     return [version_dict(v) for v in rows]
 
 
+async def _subject_chains(
+    conn: psycopg.AsyncConnection, tenant: str, subject: str, known_at: datetime | None = None
+) -> tuple[dict[str, list[Version]], dict[str, list[Mark]]]:
+    """The subject's versions and marks (retractions, confirmations) per memory_id, observed by `known_at` if given."""
+    known = sql.SQL("") if known_at is None else sql.SQL(" AND observed_at <= %(known_at)s")
+    args = {"tenant": tenant, "subject": subject, "known_at": known_at}
+    cur = await conn.execute(
+        sql.SQL("SELECT {} FROM fact_versions WHERE tenant = %(tenant)s AND subject = %(subject)s{}").format(
+            _COLS, known
+        ),
+        args,
+    )
+    versions: dict[str, list[Version]] = defaultdict(list)
+    for r in await cur.fetchall():
+        v = row_to_version(r)
+        versions[v.memory_id].append(v)
+    cur = await conn.execute(
+        sql.SQL(
+            "SELECT memory_id, event_id, type, valid_from, observed_at, target_version FROM events "
+            "WHERE tenant = %(tenant)s AND subject = %(subject)s "
+            "AND type IN ('memory.retracted', 'memory.confirmed'){}"
+        ).format(known),
+        args,
+    )
+    marks: dict[str, list[Mark]] = defaultdict(list)
+    for mid, eid, typ, vf, obs, target in await cur.fetchall():
+        marks[mid].append(Mark(eid, typ, vf, obs, target))
+    return versions, marks
+
+
 async def _as_known_at(
     conn: psycopg.AsyncConnection, tenant: str, subject: str, as_of: datetime, known_at: datetime
 ) -> list[Version]:
-    cur = await conn.execute(
-        sql.SQL("SELECT {} FROM fact_versions WHERE tenant = %s AND subject = %s AND observed_at <= %s").format(_COLS),
-        (tenant, subject, known_at),
-    )
-    by_fact: dict[str, list[Version]] = defaultdict(list)
-    for r in await cur.fetchall():
-        v = row_to_version(r)
-        by_fact[v.memory_id].append(v)
-    cur = await conn.execute(
-        "SELECT memory_id, event_id, type, valid_from, observed_at FROM events WHERE tenant = %s AND subject = %s "
-        "AND type IN ('memory.retracted', 'memory.confirmed') AND observed_at <= %s",
-        (tenant, subject, known_at),
-    )
-    marks: dict[str, list[Mark]] = defaultdict(list)
-    for mid, eid, typ, vf, obs in await cur.fetchall():
-        marks[mid].append(Mark(eid, typ, vf, obs))
+    async with _one_snapshot(conn):
+        by_fact, marks = await _subject_chains(conn, tenant, subject, known_at)
     folded = [v for mid, versions in by_fact.items() for v in fold(versions, marks.get(mid, []))]
     return visible_at(folded, as_of)
 
@@ -129,17 +161,27 @@ async def subject_events(
     observed_to: datetime | None = None,
     limit: int = 10_000,
 ) -> list[dict[str, Any]]:
-    """The subject's events in ledger order (partition, offset), optionally within [from, to) of observed_at."""
-    cur = await conn.execute(
-        'SELECT event_id, type, kind, memory_id, key, scope, "partition", "offset", observed_at, valid_from, '
-        "valid_to, payload FROM events WHERE tenant = %(tenant)s AND subject = %(subject)s "
-        "AND (%(f)s::timestamptz IS NULL OR observed_at >= %(f)s) "
-        "AND (%(t)s::timestamptz IS NULL OR observed_at < %(t)s) "
-        'ORDER BY "partition", "offset" LIMIT %(limit)s',
-        {"tenant": tenant, "subject": subject, "f": observed_from, "t": observed_to, "limit": limit},
-    )
+    """The subject's events in ledger order (partition, offset), optionally within [from, to) of observed_at.
+
+    Each carries `effect`: what it does in the subject's current chains ({effect, version_id, detail},
+    projections.versions.effects), computed over all the subject's events, not only the page shown.
+    """
+    async with _one_snapshot(conn):
+        cur = await conn.execute(
+            'SELECT event_id, type, kind, memory_id, key, scope, "partition", "offset", observed_at, valid_from, '
+            "valid_to, target_version, payload FROM events WHERE tenant = %(tenant)s AND subject = %(subject)s "
+            "AND (%(f)s::timestamptz IS NULL OR observed_at >= %(f)s) "
+            "AND (%(t)s::timestamptz IS NULL OR observed_at < %(t)s) "
+            'ORDER BY "partition", "offset" LIMIT %(limit)s',
+            {"tenant": tenant, "subject": subject, "f": observed_from, "t": observed_to, "limit": limit},
+        )
+        rows = await cur.fetchall()
+        by_fact, marks = await _subject_chains(conn, tenant, subject) if rows else ({}, {})
+    done: dict[str, dict[str, Any]] = {}
+    for mid in by_fact.keys() | marks.keys():
+        done.update(effects(by_fact.get(mid, []), marks.get(mid, [])))  # event ids are unique within a tenant
     out = []
-    for eid, typ, kind, mid, key, scope, part, off, obs, vf, vt, payload in await cur.fetchall():
+    for eid, typ, kind, mid, key, scope, part, off, obs, vf, vt, target, payload in rows:
         out.append(
             {
                 "event_id": eid,
@@ -153,10 +195,32 @@ async def subject_events(
                 "observed_at": _t(obs),
                 "valid_from": _t(vf),
                 "valid_to": _t(vt),
+                "target_version": target,
+                "effect": _effect_of(eid, typ, done),
                 "event": payload,
             }
         )
     return out
+
+
+def _effect_of(event_id: str, type_: str, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    if route(EventType(type_)) is Route.ERASURE:
+        return {"effect": ERASED_EFFECT, "version_id": None, "detail": "erased what the subject had before it"}
+    found = done.get(event_id)
+    if found is not None:
+        return found
+    return {"effect": NO_EFFECT, "version_id": None, "detail": "no version of it in the projection"}
+
+
+@asynccontextmanager
+async def _one_snapshot(conn: psycopg.AsyncConnection) -> AsyncIterator[None]:
+    """Reads that must agree (a page of events and the chains behind it) see one REPEATABLE READ snapshot."""
+    if not conn.autocommit:  # already inside the caller's transaction: its isolation stands
+        yield
+        return
+    async with conn.transaction():
+        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield
 
 
 _INVARIANTS = """
@@ -207,8 +271,8 @@ def projection_checksum(conn: psycopg.Connection, schema: str) -> str:
     with conn.transaction():
         conn.execute("SET LOCAL TimeZone TO 'UTC'")
         for table, key, exclude in (
-            ("fact_versions", "version_id", set()),
-            ("events", "event_id", {"recorded_at"}),
+            ("fact_versions", ("version_id",), set()),
+            ("events", ("tenant", "event_id"), {"recorded_at"}),  # event ids are unique per tenant only
         ):
             cols = [
                 r[0]
@@ -221,10 +285,10 @@ def projection_checksum(conn: psycopg.Connection, schema: str) -> str:
             ]
             row = conn.execute(
                 sql.SQL(
-                    "SELECT count(*), md5(coalesce(string_agg(md5(t::text), '' ORDER BY t.{key}), '')) "
+                    "SELECT count(*), md5(coalesce(string_agg(md5(t::text), '' ORDER BY {key}), '')) "
                     "FROM (SELECT {cols} FROM {tbl}) t"
                 ).format(
-                    key=sql.Identifier(key),
+                    key=sql.SQL(", ").join(sql.Identifier("t", k) for k in key),
                     cols=sql.SQL(", ").join(sql.Identifier(c) for c in cols),
                     tbl=sql.Identifier(schema, table),
                 )
