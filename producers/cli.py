@@ -65,14 +65,19 @@ class _Publisher:
             self.flush()
 
     def flush(self) -> None:
+        from producers.contract import InvalidEvent
         from producers.sdk import PublishError
 
         if not self.batch:
             return
         batch, self.batch = self.batch, []
-        outcomes = self.producer.send_many(event for _, event in batch)
+        # report_invalid: what only the SDK can judge (encoded size, clock skew, an event_id re-used
+        # for other content) rejects that line alone, like a contract refusal
+        outcomes = self.producer.send_many((event for _, event in batch), report_invalid=True)
         for (line, _), outcome in zip(batch, outcomes, strict=True):
-            if isinstance(outcome, PublishError):
+            if isinstance(outcome, InvalidEvent):
+                self.summary.rejected.append(Rejection(line, outcome.code, outcome.field, outcome.message))
+            elif isinstance(outcome, PublishError):
                 self.summary.rejected.append(Rejection(line, f"publish_{outcome.code}", None, outcome.reason))
                 if outcome.code in ("unavailable", "closed"):
                     self.summary.stopped = f"line {line}: {outcome.reason}"

@@ -23,7 +23,17 @@ unknown, publish *the same event* again; the projections count one event per eve
 Errors: an invalid event raises `contract.InvalidEvent` before anything is sent (in a batch, before
 *any* of the batch is sent); a broker that refuses, times out or cannot be reached raises
 `PublishError(event_id, reason, code)`. `send_many` never raises for a broker failure and returns
-one outcome per event instead, for callers (HTTP, CLI) that report per event.
+one outcome per event instead, for callers (HTTP, CLI) that report per event; with
+`report_invalid=True` it reports invalid events the same way and sends the others.
+
+Everything the worker would refuse is refused here first: the contract's rules, the encoded size
+(`encode` raises `too_large`), an `observed_at` more than `settings.max_future_skew_s` in the
+future (`clock_skew`), and an event_id re-used for different content. The producer remembers
+the fingerprint of the last `remember_ids` (tenant, event_id) pairs it sent: publishing a known
+id with the same content is a retry (sent again, applied once), with different content it raises
+`EventIdConflict` (an InvalidEvent, code `event_id_conflict`, field `event_id`). The memory is
+per process; the worker also dead-letters a conflicting record it sees (code `event_id_conflict`),
+and POST /v1/events checks the ids already applied, so a conflict is reported, never silently dropped.
 """
 
 from __future__ import annotations
@@ -31,18 +41,27 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kafka.errors as Errors
 from kafka import KafkaProducer
 
 from infra.settings import Settings
-from producers.contract import EventType, InvalidEvent, MemoryEvent, encode, from_dict
+from producers.contract import EventType, InvalidEvent, MemoryEvent, encode, from_dict, rfc3339
 from producers.topics import MAX_MESSAGE_BYTES, ensure_topics
 
-__all__ = ["EventLike", "InvalidEvent", "LedgerProducer", "PublishError", "PublishResult"]  # InvalidEvent: re-exported
+__all__ = [  # InvalidEvent: re-exported
+    "EventIdConflict",
+    "EventLike",
+    "InvalidEvent",
+    "LedgerProducer",
+    "PublishError",
+    "PublishResult",
+]
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +89,35 @@ class PublishError(Exception):
         return {"code": f"publish_{self.code}", "field": None, "message": self.reason}
 
 
-def _as_event(event: EventLike) -> MemoryEvent:
-    if isinstance(event, MemoryEvent):
-        return event
-    return from_dict(dict(event) if isinstance(event, Mapping) else event)
+class EventIdConflict(InvalidEvent):
+    """The (tenant, event_id) was already published with different content: an id names one event.
+
+    A retry must resend the same event; new content needs a new event_id. Nothing of the batch is sent.
+    """
+
+    def __init__(self, tenant: str, event_id: str, known: str, given: str) -> None:
+        self.tenant, self.event_id, self.known_fingerprint, self.fingerprint = tenant, event_id, known, given
+        message = (
+            f"event_id {event_id!r} was already published in tenant {tenant!r} with different content "
+            f"(fingerprint {known} here {given}); resend the same event to retry, or use a new event_id"
+        )
+        super().__init__("event_id_conflict", message, "event_id")
+
+
+def _as_event(event: EventLike, max_future_skew: timedelta | None = None) -> MemoryEvent:
+    """The event validated by the contract, and not observed further in the future than `max_future_skew`."""
+    if not isinstance(event, MemoryEvent):
+        return from_dict(dict(event) if isinstance(event, Mapping) else event, max_future_skew=max_future_skew)
+    if max_future_skew is not None:
+        reference = datetime.now(UTC)
+        if event.observed_at > reference + max_future_skew:  # the contract's rule, for an already-built event
+            raise InvalidEvent(
+                "clock_skew",
+                f"observed_at {rfc3339(event.observed_at)} is more than {max_future_skew.total_seconds():.0f} s "
+                f"after {rfc3339(reference)}",
+                "observed_at",
+            )
+    return event
 
 
 def _code(exc: BaseException) -> str:
@@ -97,7 +141,9 @@ class LedgerProducer:
 
     `timeout_s` bounds every wait: connecting, fetching metadata and delivery (retries included),
     so a broker that is down gives a PublishError after about that long, never a hang.
-    `kafka_overrides` are passed to KafkaProducer as they are (e.g. `linger_ms`, `client_id`).
+    `remember_ids` bounds the (tenant, event_id) -> fingerprint memory that detects a re-used id
+    (oldest forgotten first). `kafka_overrides` are passed to KafkaProducer as they are (e.g.
+    `linger_ms`, `client_id`).
     """
 
     def __init__(
@@ -106,16 +152,21 @@ class LedgerProducer:
         *,
         timeout_s: float = 30.0,
         create_topics: bool = True,
+        remember_ids: int = 100_000,
         **kafka_overrides: Any,
     ) -> None:
         self.settings = settings
         self.topic = settings.topic
         self.timeout_s = timeout_s
+        self.max_future_skew = timedelta(seconds=settings.max_future_skew_s)
         self._create_topics = create_topics
         self._overrides = kafka_overrides
         self._producer: KafkaProducer | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._remember = max(0, remember_ids)
+        self._sent: OrderedDict[tuple[str, str], str] = OrderedDict()  # (tenant, event_id) -> fingerprint
+        self._ids_lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
     def _config(self) -> dict[str, Any]:
@@ -183,28 +234,86 @@ class LedgerProducer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- validation ------------------------------------------------------------------------
+    def check(self, event: EventLike) -> MemoryEvent:
+        """The event as it would be sent, or InvalidEvent for what the worker would refuse (nothing remembered)."""
+        valid, _raw = self._prepare(event)
+        known = self.known_fingerprint(valid.tenant, valid.event_id)
+        if known is not None and known != valid.fingerprint:
+            raise EventIdConflict(valid.tenant, valid.event_id, known, valid.fingerprint)
+        return valid
+
+    def known_fingerprint(self, tenant: str, event_id: str) -> str | None:
+        """The fingerprint this producer last sent under (tenant, event_id), if it still remembers one."""
+        with self._ids_lock:
+            return self._sent.get((tenant, event_id))
+
+    def _prepare(self, event: EventLike) -> tuple[MemoryEvent, bytes]:
+        valid = _as_event(event, self.max_future_skew)
+        return valid, encode(valid)  # encode refuses too_large, as the worker would
+
+    def _claim_ids(self, prepared: list[tuple[MemoryEvent, bytes] | InvalidEvent], report: bool) -> None:
+        """Refuse ids re-used for different content (here or earlier), then remember the batch's: atomically."""
+        with self._ids_lock:
+            batch: dict[tuple[str, str], str] = {}
+            for i, item in enumerate(prepared):
+                if isinstance(item, InvalidEvent):
+                    continue
+                event = item[0]
+                key, fingerprint = (event.tenant, event.event_id), event.fingerprint
+                known = batch.get(key) or self._sent.get(key)
+                if known is not None and known != fingerprint:
+                    conflict = EventIdConflict(event.tenant, event.event_id, known, fingerprint)
+                    if not report:
+                        raise conflict
+                    prepared[i] = conflict
+                    continue
+                batch[key] = fingerprint
+            if not self._remember:
+                return
+            for key, fingerprint in batch.items():
+                self._sent[key] = fingerprint
+                self._sent.move_to_end(key)
+            while len(self._sent) > self._remember:
+                self._sent.popitem(last=False)
+
     # -- publishing ------------------------------------------------------------------------
-    def send_many(self, events: Iterable[EventLike]) -> list[PublishResult | PublishError]:
+    def send_many(
+        self, events: Iterable[EventLike], *, report_invalid: bool = False
+    ) -> list[PublishResult | PublishError | InvalidEvent]:
         """Validate all, send all, flush, then one outcome per event, in input order.
 
-        Raises InvalidEvent (nothing sent) if any event is invalid; broker failures come back
-        as PublishError values in the list, not raised.
+        Raises InvalidEvent (nothing sent) if any event is invalid, unless `report_invalid`: then
+        each invalid event comes back as its InvalidEvent and the others are sent. Broker failures
+        come back as PublishError values in the list, not raised.
         """
-        valid = [_as_event(e) for e in events]
-        if not valid:
-            return []
+        prepared: list[tuple[MemoryEvent, bytes] | InvalidEvent] = []
+        for e in events:
+            try:
+                prepared.append(self._prepare(e))
+            except InvalidEvent as exc:
+                if not report_invalid:
+                    raise
+                prepared.append(exc)
+        self._claim_ids(prepared, report_invalid)
+        to_send = [item for item in prepared if not isinstance(item, InvalidEvent)]
+        sent = iter(self._send(to_send)) if to_send else iter(())
+        return [item if isinstance(item, InvalidEvent) else next(sent) for item in prepared]
+
+    def _send(self, prepared: list[tuple[MemoryEvent, bytes]]) -> list[PublishResult | PublishError]:
+        valid = [event for event, _ in prepared]
         try:
             producer = self._connected(valid[0].event_id)
         except PublishError as exc:
             return [PublishError(e.event_id, exc.reason, exc.code) for e in valid]
         pending: list[Any] = []
         abort: PublishError | None = None
-        for event in valid:
+        for event, raw in prepared:
             if abort is not None:  # the broker is unusable: fail fast instead of waiting per event
                 pending.append(PublishError(event.event_id, abort.reason, abort.code))
                 continue
             try:
-                pending.append(producer.send(self.topic, value=encode(event), key=event.kafka_key))
+                pending.append(producer.send(self.topic, value=raw, key=event.kafka_key))
             except Exception as exc:  # noqa: BLE001 - reported per event
                 err = PublishError(event.event_id, f"topic {self.topic!r}: {_reason(exc)}", _code(exc))
                 pending.append(err)
@@ -238,7 +347,7 @@ class LedgerProducer:
         outcomes = self.send_many(events)
         for outcome in outcomes:
             if isinstance(outcome, PublishError):
-                outcome.outcomes = outcomes
+                outcome.outcomes = outcomes  # type: ignore[assignment]  # no InvalidEvent without report_invalid
                 raise outcome
         return outcomes  # type: ignore[return-value]  # all PublishResult here
 

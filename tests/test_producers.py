@@ -18,8 +18,8 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
 from infra.settings import Settings
-from producers.contract import InvalidEvent, MemoryEvent, decode, from_dict
-from producers.sdk import LedgerProducer, PublishError, PublishResult
+from producers.contract import MAX_EVENT_BYTES, InvalidEvent, MemoryEvent, decode, from_dict
+from producers.sdk import EventIdConflict, LedgerProducer, PublishError, PublishResult
 from producers.topics import ensure_topics
 
 READ_TIMEOUT_S = 60.0
@@ -213,6 +213,76 @@ def test_an_invalid_event_in_a_batch_stops_the_batch_before_anything_is_sent(led
     assert [decode(r.value).subject for r in records] == ["marker"]
 
 
+def test_the_sdk_refuses_what_the_worker_would_refuse_before_sending(ledger: Settings) -> None:
+    """Issue 10 classes 4, 8, 9 at the SDK: size, clock skew, unstorable text, numbers; nothing reaches the topic."""
+    good = _event("p", 1, "user:1")
+    cases = [
+        ({**good, "value": "x" * (MAX_EVENT_BYTES + 1)}, "too_large", None),  # each field in its limits, too big
+        (
+            {**good, "aliases": [f"{i:03}" + "a" * 250 for i in range(64)], "value": ["v" * 4000] * 62},
+            "too_large",
+            None,
+        ),
+        ({**good, "observed_at": "2099-01-01T00:00:00Z"}, "clock_skew", "observed_at"),
+        ({**good, "content": "nul \x00 inside"}, "unstorable_text", "content"),
+        ({**good, "value": {"deep": 10**30}}, "number_out_of_range", "value.deep"),
+        ({**good, "value": float("nan")}, "number_out_of_range", "value"),
+    ]
+    with LedgerProducer(ledger) as producer:
+        for event, code, field in cases:
+            with pytest.raises(InvalidEvent) as info:
+                producer.publish_many([good, event])  # the valid one is not sent either
+            assert (info.value.code, info.value.field) == (code, field), info.value
+        built = MemoryEvent.model_validate({**good, "observed_at": "2099-01-01T00:00:00Z"})  # an event built by hand
+        with pytest.raises(InvalidEvent) as info:
+            producer.publish(built)
+        assert info.value.code == "clock_skew"
+        outcomes = producer.send_many([good, cases[0][0]], report_invalid=True)  # or reported per event
+        assert isinstance(outcomes[0], PublishResult)
+        assert isinstance(outcomes[1], InvalidEvent) and outcomes[1].code == "too_large"
+    assert [decode(r.value).event_id for r in read_topic(ledger)] == [outcomes[0].event_id]
+
+
+def test_a_reused_event_id_with_other_content_raises_event_id_conflict(ledger: Settings) -> None:
+    """Issue 10 class 3 at the SDK: (tenant, event_id) names one event; a retry is the same event."""
+    given = {**_event("p", 1, "user:1"), "event_id": "id-1"}  # observed_at left to default
+    first = from_dict(given)
+    changed = [  # the same id, different content: each a conflict
+        {**first.to_wire(), "value": {"other": True}},
+        {**first.to_wire(), "subject": "user:2"},
+        {**first.to_wire(), "type": "memory.retracted"},
+        {**first.to_wire(), "valid_from": "2020-01-01T00:00:00Z"},
+    ]
+    with LedgerProducer(ledger, remember_ids=3) as producer:
+        producer.publish(first)
+        producer.publish(given)  # a retry whose observed_at defaults again (a later time): the same event
+        for other in changed:
+            with pytest.raises(EventIdConflict) as info:
+                producer.publish(other)
+            assert isinstance(info.value, InvalidEvent)
+            assert (info.value.code, info.value.field, info.value.event_id) == ("event_id_conflict", "event_id", "id-1")
+        with pytest.raises(EventIdConflict):  # within one batch too, and nothing of the batch is sent
+            producer.publish_many([{**_event("p", 2, "user:3"), "event_id": "id-2"}, *changed[:1]])
+        with pytest.raises(EventIdConflict):
+            producer.publish_many(
+                [{**_event("p", 3, "user:3"), "event_id": "id-3"}, {**_event("p", 4, "user:3"), "event_id": "id-3"}]
+            )
+        producer.publish({**changed[0], "tenant": "globex"})  # ids are per tenant: another tenant's id-1 is its own
+        outcomes = producer.send_many([first, changed[0]], report_invalid=True)
+        assert isinstance(outcomes[0], PublishResult) and isinstance(outcomes[1], EventIdConflict)
+        for i in range(3):  # the memory is bounded: the oldest ids are forgotten first
+            producer.publish({**_event("p", 10 + i, "user:4"), "event_id": f"filler-{i}"})
+        producer.publish(changed[0])  # id-1 was forgotten here; the worker still dead-letters it
+    on_topic = [(e.tenant, e.event_id) for e in (decode(r.value) for r in read_topic(ledger))]
+    assert Counter(on_topic) == {
+        ("acme", "id-1"): 4,
+        ("globex", "id-1"): 1,
+        ("acme", "filler-0"): 1,
+        ("acme", "filler-1"): 1,
+        ("acme", "filler-2"): 1,
+    }
+
+
 def test_unreachable_broker_gives_a_clear_error_quickly(settings: Settings) -> None:
     nowhere = settings.model_copy(update={"kafka_bootstrap": "127.0.0.1:1"})
     event = from_dict(_event("p", 1, "user:1"))
@@ -310,6 +380,12 @@ def _jsonl(tmp_path: Path, n_valid: int) -> tuple[Path, list[str], dict[int, str
         elif i == 150:
             lines.append(orjson.dumps({**_event("cli", -2, "user:1"), "type": "memory.forgotten"}))
             bad[number] = "unknown_type"
+        elif i == 200:  # only the SDK can tell: the encoded record is larger than the worker takes
+            lines.append(orjson.dumps({**_event("cli", -3, "user:1"), "value": "x" * MAX_EVENT_BYTES}))
+            bad[number] = "too_large"
+        elif i == 250:  # the first line's event_id (sent in an earlier batch) with other content
+            lines.append(orjson.dumps({**_event("cli", -4, "user:1"), "event_id": ids[0]}))
+            bad[number] = "event_id_conflict"
     path = tmp_path / "events.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path, ids, bad
