@@ -1,17 +1,30 @@
-"""Dependencies every route declares: settings, the PostgreSQL pool, the caller's tenants.
+"""Dependencies every route declares: settings, the caller's tenants, request strings that can be stored.
 
-Tenancy: the caller presents an API key (`X-API-Key` header or `Authorization: Bearer`);
-`settings.api_keys` binds each key to the tenants it may use. A request naming any other
-tenant gets 403, whatever else it says.
+Tenancy: the caller presents an API key (`X-API-Key` header or `Authorization: Bearer`), both
+declared as OpenAPI security schemes (`ApiKeyAuth`, `BearerAuth`); `settings.api_keys` binds each
+key to the tenants it may use. A request naming any other tenant gets 403, whatever else it says.
+The schemes do not raise themselves (`auto_error=False`), so a 401 comes in the one error shape.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from datetime import datetime
+from typing import Annotated, Any
 
-from fastapi import Depends, Header, HTTPException, Request
+from fastapi import Depends, Query, Request, Security
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import AfterValidator, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic_core import PydanticCustomError
 
+from api.errors import ApiError
 from infra.settings import Settings
+from producers.contract import InvalidEvent, Rfc3339, check_storable
+
+API_KEY_HEADER = "X-API-Key"
+api_key_scheme = APIKeyHeader(
+    name=API_KEY_HEADER, scheme_name="ApiKeyAuth", auto_error=False, description="an API key bound to tenants"
+)
+bearer_scheme = HTTPBearer(scheme_name="BearerAuth", auto_error=False, description="the same API key as a bearer token")
 
 
 async def get_settings_dep(request: Request) -> Settings:
@@ -21,20 +34,22 @@ async def get_settings_dep(request: Request) -> Settings:
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(401, "unauthorized", message, API_KEY_HEADER, headers={"WWW-Authenticate": "Bearer"})
+
+
 async def caller_tenants(
     settings: SettingsDep,
-    x_api_key: Annotated[str | None, Header()] = None,
-    authorization: Annotated[str | None, Header()] = None,
+    x_api_key: Annotated[str | None, Security(api_key_scheme)] = None,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)] = None,
 ) -> frozenset[str]:
-    """The tenants the presented API key may use; 401 without a known key."""
-    key = x_api_key
-    if key is None and authorization and authorization.lower().startswith("bearer "):
-        key = authorization[7:].strip()
+    """The tenants the presented API key may use; 401 (field X-API-Key) without a known key."""
+    key = x_api_key or (bearer.credentials.strip() if bearer is not None else None)
     if not key:
-        raise HTTPException(401, detail="missing API key: send X-API-Key or Authorization: Bearer")
+        raise _unauthorized("missing API key: send X-API-Key or Authorization: Bearer")
     tenants = settings.api_keys.get(key)
     if tenants is None:
-        raise HTTPException(401, detail="unknown API key")
+        raise _unauthorized("unknown API key")
     return frozenset(tenants)
 
 
@@ -44,5 +59,34 @@ TenantsDep = Annotated[frozenset[str], Depends(caller_tenants)]
 def check_tenant(tenant: str, allowed: frozenset[str], field: str = "tenant") -> str:
     """Return tenant if the caller may use it, else 403 naming the field."""
     if tenant not in allowed:
-        raise HTTPException(403, detail={"field": field, "message": f"this API key may not use tenant {tenant!r}"})
+        raise ApiError(403, "forbidden_tenant", f"this API key may not use tenant {tenant!r}", field)
     return tenant
+
+
+def _storable(value: str) -> str:
+    """A path or query string PostgreSQL can store and compare (no NUL, no lone surrogate): else 422."""
+    try:
+        return check_storable(value, "")
+    except InvalidEvent as exc:
+        raise PydanticCustomError(exc.code, exc.message) from None
+
+
+# a path or query string: 422 `unstorable_text` naming the parameter, never a 500 from the database
+Storable = Annotated[str, AfterValidator(_storable)]
+
+
+TenantQuery = Annotated[
+    Storable, Query(min_length=1, max_length=128, description="the tenant (must be one the API key may use)")
+]
+
+
+def _invalid_time(value: Any, handler: ValidatorFunctionWrapHandler) -> datetime:
+    try:
+        return handler(value)
+    except ValidationError as exc:
+        message = exc.errors()[0].get("msg", "invalid").removeprefix("Value error, ")
+        raise PydanticCustomError("invalid_time", message) from None
+
+
+# a request time (query parameter or body field): the contract's strict RFC 3339, refused as `invalid_time`
+Time = Annotated[Rfc3339, WrapValidator(_invalid_time)]

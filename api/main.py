@@ -1,6 +1,7 @@
 """The FastAPI app: `uvicorn api.main:app` (or `ledger serve`).
 
-Only assembles: settings, the lifespan that opens the pools, and one router per resource.
+Only assembles: settings, the lifespan that opens the pools, the error handlers (api.errors: one
+error shape, store failures as 503 naming the store) and one router per resource.
 """
 
 from __future__ import annotations
@@ -36,11 +37,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             max_size=settings.pg_pool_size,
             configure=_configure(settings.pg_schema),
             open=False,
-            kwargs={"autocommit": True},
+            timeout=settings.pg_pool_timeout_s,  # a dead server is a prompt 503, not a 30 s wait
+            kwargs={"autocommit": True, "connect_timeout": max(2, settings.pg_connect_timeout_s)},
         )
         await pool.open(wait=False)
         app.state.pg = pool
-        app.state.es = AsyncElasticsearch(settings.es_url, request_timeout=10)
+        app.state.es = AsyncElasticsearch(settings.es_url, request_timeout=settings.es_request_timeout_s)
         app.state.producer = None  # created on first publish (api.routes.events)
         try:
             yield

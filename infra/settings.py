@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     pg_bin_dir: Path | None = None  # None: newest /usr/lib/postgresql/*/bin
     pg_schema: str = "ledger"  # the projection's tables live in this schema
     pg_pool_size: int = 10
+    pg_pool_timeout_s: float = 3.0  # the API's longest wait for a pooled connection: then 503 naming postgres
+    pg_connect_timeout_s: int = 3  # libpq connect_timeout (whole seconds, at least 2)
+    pg_door_check_timeout_s: float = 1.0  # POST /v1/events' idempotency lookup; skipped (not blocking) past it
 
     # Embedding model (fastembed, loaded from disk)
     embed_model: str = "BAAI/bge-small-zh-v1.5"
@@ -68,6 +71,11 @@ class Settings(BaseSettings):
     api_keys: dict[str, list[str]] = Field(default_factory=lambda: {"dev-key": ["demo", "acme", "globex"]})
     api_host: str = "127.0.0.1"
     api_port: int = 8000
+    api_kafka_timeout_s: float = 5.0  # the API's bound on a broker wait (connect, delivery): then 503 naming kafka
+    es_request_timeout_s: float = 10.0  # the API's bound on one Elasticsearch request
+    # an event observed further than this into the future is refused (`clock_skew`): it would win
+    # over every later update until that time; the worker applies the same window to the broker time
+    max_future_skew_s: float = 300.0
 
     def private(self, name: str, **update: object) -> Settings:
         """A copy whose topic, DLQ, consumer group, schema and index are all named after `name`.

@@ -98,6 +98,7 @@ def test_no_valid_event_is_422_with_per_event_results(client: TestClient, api_se
     results = resp.json()["results"]
     assert [r["accepted"] for r in results] == [False, False]
     assert results[0]["error"]["field"].startswith("events.0.")
+    assert resp.json()["detail"] == [r["error"] for r in results]  # the one error shape, beside the results
     assert read_topic(api_settings) == []
 
 
@@ -117,9 +118,12 @@ def test_a_bad_body_is_422_naming_the_field(client: TestClient, body: dict, fiel
     assert [d["field"] for d in resp.json()["detail"]] == [field]
 
 
-def test_a_body_that_is_not_json_is_422(client: TestClient) -> None:
+def test_a_body_that_is_not_json_is_422_naming_its_position(client: TestClient) -> None:
     resp = client.post("/v1/events", content=b"{not json", headers={**ACME, "Content-Type": "application/json"})
     assert resp.status_code == 422
+    [detail] = resp.json()["detail"]
+    assert (detail["code"], detail["field"]) == ("bad_json", "body")
+    assert "line 1, column 2 (char 1)" in detail["message"]
 
 
 def test_the_largest_allowed_batch_is_accepted(client: TestClient, api_settings: Settings) -> None:
@@ -143,15 +147,16 @@ def test_another_tenant_is_403_naming_the_event_and_nothing_is_published(
     body = [_event("user:1"), _event("user:2"), _event("user:3", tenant="globex")]
     resp = client.post("/v1/events", json={"events": body}, headers=ACME)
     assert resp.status_code == 403
-    assert resp.json()["detail"]["field"] == "events.2.tenant"
+    assert resp.json()["detail"] == [
+        {"code": "forbidden_tenant", "field": "events.2.tenant", "message": "this API key may not use tenant 'globex'"}
+    ]
     assert read_topic(api_settings) == []
     ok = client.post("/v1/events", json={"events": [_event(tenant="globex")]}, headers={"X-API-Key": "key-globex"})
     assert ok.status_code == 200
 
 
-def test_a_down_broker_is_503_and_names_every_event(api_settings: Settings, monkeypatch) -> None:
-    monkeypatch.setattr(events_route, "PRODUCER_TIMEOUT_S", 2.0)
-    nowhere = api_settings.model_copy(update={"kafka_bootstrap": "127.0.0.1:1"})
+def test_a_down_broker_is_503_and_names_every_event(api_settings: Settings) -> None:
+    nowhere = api_settings.model_copy(update={"kafka_bootstrap": "127.0.0.1:1", "api_kafka_timeout_s": 2.0})
     with TestClient(create_app(nowhere)) as c:
         resp = c.post("/v1/events", json={"events": [_event(event_id="e-1"), _event("user:2")]}, headers=ACME)
     assert resp.status_code == 503
@@ -160,3 +165,5 @@ def test_a_down_broker_is_503_and_names_every_event(api_settings: Settings, monk
     assert results[0]["event_id"] == "e-1" and results[1]["event_id"]
     assert results[0]["error"]["code"] == "publish_unavailable"
     assert results[1]["error"]["field"] == "events.1"
+    [detail] = resp.json()["detail"]
+    assert detail["code"] == "store_unavailable" and detail["message"].startswith("kafka: ")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Path, Request, Response
 
-from api.deps import TenantsDep, check_tenant
+from api.deps import Storable, TenantQuery, TenantsDep, check_tenant
+from api.errors import ApiError
 from api.routes._json import json_response
 from projections.postgres.queries import fact_history
 
@@ -16,14 +17,13 @@ router = APIRouter(prefix="/facts", tags=["facts"])
 @router.get("/{memory_id}/history")
 async def history(
     request: Request,
-    memory_id: str,
-    tenant: Annotated[str, Query(min_length=1, max_length=128)],
+    memory_id: Annotated[Storable, Path(min_length=1, max_length=256)],
+    tenant: TenantQuery,
     tenants: TenantsDep,
 ) -> Response:
     check_tenant(tenant, tenants)
     async with request.app.state.pg.connection() as conn:
         versions = await fact_history(conn, tenant, memory_id)
     if not versions:
-        message = f"no fact {memory_id!r} in tenant {tenant!r}"
-        raise HTTPException(404, detail={"field": "memory_id", "message": message})
+        raise ApiError(404, "not_found", f"no fact {memory_id!r} in tenant {tenant!r}", "memory_id")
     return json_response({"memory_id": memory_id, "tenant": tenant, "versions": versions})

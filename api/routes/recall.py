@@ -11,20 +11,17 @@ import asyncio
 from datetime import datetime
 from typing import Literal
 
-import psycopg
-from elasticsearch import TransportError
-from fastapi import APIRouter, HTTPException, Request, Response
-from psycopg_pool import PoolTimeout
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from api.deps import TenantsDep, check_tenant
+from api.deps import Storable, TenantsDep, Time, check_tenant
 from api.routes._json import json_response
 from producers.contract import Kind, SourceType
 from projections.search.recall import RecallEngine, RecallFilters, RecallQuery
 
 router = APIRouter(tags=["recall"])
 
-_Values = str | list[str] | None
+_Values = Storable | list[Storable] | None  # no NUL: PostgreSQL could not compare it
 
 
 def _as_tuple(v: _Values) -> tuple[str, ...]:
@@ -60,11 +57,11 @@ class Filters(BaseModel):
 class RecallBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    tenant: str = Field(min_length=1, max_length=128)
-    subject: str | None = Field(default=None, min_length=1, max_length=256)
-    query: str = Field(min_length=1, max_length=2000)
+    tenant: Storable = Field(min_length=1, max_length=128)
+    subject: Storable | None = Field(default=None, min_length=1, max_length=256)
+    query: Storable = Field(min_length=1, max_length=2000)
     top_k: int = Field(default=5, ge=1, le=100)
-    as_of: AwareDatetime | None = None
+    as_of: Time | None = Field(default=None, description="RFC 3339 time with seconds and an offset")
     mode: Literal["auto", "exact", "keyword", "semantic", "hybrid"] = "auto"
     filters: Filters | None = None
 
@@ -99,9 +96,5 @@ async def recall(body: RecallBody, request: Request, tenants: TenantsDep) -> Res
         mode=body.mode,
         filters=body.filters.to_engine() if body.filters else RecallFilters(),
     )
-    try:
-        return json_response(await _engine(request).recall(query))
-    except TransportError as exc:  # unreachable or timing out: say so, do not guess an answer
-        raise HTTPException(503, detail=f"search index unavailable: {type(exc).__name__}") from exc
-    except (psycopg.OperationalError, PoolTimeout) as exc:
-        raise HTTPException(503, detail=f"database unavailable: {type(exc).__name__}") from exc
+    # a store that fails is a 503 naming it (api.errors), never a guessed answer
+    return json_response(await _engine(request).recall(query))

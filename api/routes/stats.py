@@ -2,17 +2,22 @@
 
 Lag = the topic's end offset (Kafka, via kafka-python) minus the position stored in PostgreSQL
 for the projector's consumer group; `dlq_count` counts dead letters of the whole topic (an
-invalid record has no trustworthy tenant).
+invalid record has no trustworthy tenant). `search` compares PostgreSQL's versions with the
+index's documents (invariant 4).
+
+Every number here needs all three stores: if one fails the answer is a prompt 503 naming it
+(`store_unavailable`), never a partial body whose zeros would read as "healthy". `/v1/health`
+says which parts are up.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import asyncio
 
-from fastapi import APIRouter, Query, Request, Response
-from starlette.concurrency import run_in_threadpool
+from fastapi import APIRouter, Request, Response
 
-from api.deps import SettingsDep, TenantsDep, check_tenant
+from api.deps import SettingsDep, TenantQuery, TenantsDep, check_tenant
+from api.errors import store_unavailable
 from api.routes._json import json_response
 from infra.settings import Settings
 from projections.postgres.queries import invariant_counts, stored_positions
@@ -21,10 +26,16 @@ router = APIRouter(tags=["stats"])
 
 
 def _end_offsets(settings: Settings) -> dict[int, int]:
+    """The topic's end offsets; every wait bounded by `api_kafka_timeout_s` (a dead broker is a prompt error)."""
     from kafka import KafkaConsumer, TopicPartition
 
+    timeout_ms = max(1000, int(settings.api_kafka_timeout_s * 1000))
     consumer = KafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap, group_id=None, enable_auto_commit=False, request_timeout_ms=5000
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        bootstrap_timeout_ms=timeout_ms,
+        request_timeout_ms=timeout_ms,
     )
     try:
         parts = consumer.partitions_for_topic(settings.topic) or set()
@@ -34,23 +45,32 @@ def _end_offsets(settings: Settings) -> dict[int, int]:
         consumer.close()
 
 
-@router.get("/stats")
-async def stats(
-    request: Request,
-    settings: SettingsDep,
-    tenant: Annotated[str, Query(min_length=1, max_length=128)],
-    tenants: TenantsDep,
-) -> Response:
-    check_tenant(tenant, tenants)
-    async with request.app.state.pg.connection() as conn:
-        counts = await invariant_counts(conn, tenant)
-        positions = await stored_positions(conn, settings.processor_group, settings.topic)
-    lag: dict[str, dict[str, int | None]] = {}
-    kafka_error = None
+async def _kafka_ends(settings: Settings) -> dict[int, int]:
     try:
-        ends = await run_in_threadpool(_end_offsets, settings)
-    except Exception as exc:  # noqa: BLE001 - the counters are still worth answering
-        ends, kafka_error = {}, f"{type(exc).__name__}: {exc}"[:300]
+        return await asyncio.to_thread(_end_offsets, settings)
+    except Exception as exc:  # noqa: BLE001 - any failure to read the offsets is kafka's
+        raise store_unavailable("kafka", exc) from exc
+
+
+@router.get("/stats")
+async def stats(request: Request, settings: SettingsDep, tenant: TenantQuery, tenants: TenantsDep) -> Response:
+    check_tenant(tenant, tenants)
+    from projections.search.rebuild import orphans_async
+
+    ends_task = asyncio.ensure_future(_kafka_ends(settings))  # in parallel: the slowest store bounds the wait
+    try:
+        async with request.app.state.pg.connection() as conn:
+            counts = await invariant_counts(conn, tenant)
+            positions = await stored_positions(conn, settings.processor_group, settings.topic)
+            # invariant 4: version ids only in PostgreSQL or only in Elasticsearch (meaningful once outbox_pending is 0)
+            search = await orphans_async(settings, conn, request.app.state.es, tenant)
+        ends = await ends_task
+    finally:
+        if not ends_task.done():
+            ends_task.cancel()
+        elif not ends_task.cancelled():
+            ends_task.exception()  # retrieved, so a kafka failure behind a postgres one is not logged as lost
+    lag: dict[str, dict[str, int | None]] = {}
     for p in sorted(set(ends) | set(positions)):
         end, pos = ends.get(p), positions.get(p, 0)
         lag[str(p)] = {"end_offset": end, "position": pos, "lag": None if end is None else max(end - pos, 0)}
@@ -61,15 +81,6 @@ async def stats(
         "topic": settings.topic,
         "lag": lag,
         "total_lag": sum(v["lag"] or 0 for v in lag.values()),
+        "search": search,
     }
-    # invariant 4: version ids only in PostgreSQL or only in Elasticsearch (meaningful once outbox_pending is 0)
-    from projections.search.rebuild import orphans_async
-
-    try:
-        async with request.app.state.pg.connection() as conn:
-            body["search"] = await orphans_async(settings, conn, request.app.state.es, tenant)
-    except Exception as exc:  # noqa: BLE001 - the other counters are still worth answering
-        body["search"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-    if kafka_error:
-        body["kafka_error"] = kafka_error
     return json_response(body)

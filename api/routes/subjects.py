@@ -1,6 +1,9 @@
 """`GET /v1/subjects/{subject}/facts` (profile, as of valid time, as known at) and `.../events` (audit replay).
 
-`as_of`, `known_at`, `from`, `to` are RFC 3339 times with an offset; anything else is 422 naming the field.
+`as_of`, `known_at`, `from`, `to` are strict RFC 3339 times (seconds, at most 6 fractional digits,
+an offset, in range once the offset is applied: `producers.contract.Rfc3339`); anything else, a
+Unix number included, is 422 naming the parameter. A subject may contain `/` (send it as is or as
+`%2F`); a NUL anywhere is 422 `unstorable_text`.
 """
 
 from __future__ import annotations
@@ -8,27 +11,27 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response
-from pydantic import AwareDatetime
+from fastapi import APIRouter, Path, Query, Request, Response
 
-from api.deps import TenantsDep, check_tenant
+from api.deps import Storable, TenantQuery, TenantsDep, Time, check_tenant
+from api.errors import ApiError
 from api.routes._json import json_response
 from projections.postgres.queries import current_facts, subject_events
 
 router = APIRouter(prefix="/subjects", tags=["subjects"])
 
-Tenant = Annotated[str, Query(min_length=1, max_length=128, description="the tenant to read (must be the key's)")]
-Time = Annotated[AwareDatetime | None, Query(description="RFC 3339 time with a timezone offset")]
+Subject = Annotated[Storable, Path(min_length=1, max_length=256, description="the subject (may contain /)")]
+OptionalTime = Annotated[Time | None, Query(description="RFC 3339 time with seconds and an offset")]
 
 
 @router.get("/{subject:path}/facts")
 async def facts(
     request: Request,
-    subject: str,
-    tenant: Tenant,
+    subject: Subject,
+    tenant: TenantQuery,
     tenants: TenantsDep,
-    as_of: Time = None,
-    known_at: Time = None,
+    as_of: OptionalTime = None,
+    known_at: OptionalTime = None,
 ) -> Response:
     """The subject's facts at valid time `as_of` (default now), optionally only from events observed by `known_at`."""
     check_tenant(tenant, tenants)
@@ -41,17 +44,17 @@ async def facts(
 @router.get("/{subject:path}/events")
 async def events(
     request: Request,
-    subject: str,
-    tenant: Tenant,
+    subject: Subject,
+    tenant: TenantQuery,
     tenants: TenantsDep,
-    from_: Annotated[AwareDatetime | None, Query(alias="from", description="observed_at >= from")] = None,
-    to: Annotated[AwareDatetime | None, Query(description="observed_at < to")] = None,
+    from_: Annotated[Time | None, Query(alias="from", description="observed_at >= from (RFC 3339)")] = None,
+    to: Annotated[Time | None, Query(description="observed_at < to (RFC 3339)")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
 ) -> Response:
     """The subject's events in ledger order (partition, offset), each with its partition and offset."""
     check_tenant(tenant, tenants)
     if from_ is not None and to is not None and to < from_:
-        raise HTTPException(422, detail=[{"field": "to", "code": "invalid_range", "message": "to is before from"}])
+        raise ApiError(422, "invalid_range", "to is before from", "to")
     async with request.app.state.pg.connection() as conn:
         rows = await subject_events(conn, tenant, subject, from_, to, limit)
     return json_response({"tenant": tenant, "subject": subject, "events": rows})
