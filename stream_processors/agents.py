@@ -2,8 +2,14 @@
 
 The agent only collects (partition, offset, timestamp, key, value) of each message; decoding
 (producers.contract) and the write (projections.postgres.recorder) run in a worker thread so the
-event loop keeps serving the consumer. A failed batch is retried until it commits: giving up
-would let the stream move past records that were never applied.
+event loop keeps serving the consumer.
+
+Two kinds of failure. A poison record (PostgreSQL refuses its data, a constraint, a deterministic
+error of the pure core: `recorder.is_permanent`) is found by the recorder, dead-lettered as
+`unstorable`, and the rest of the batch applied: one record never stops a partition. A transient
+failure (PostgreSQL away or shutting down, a deadlock, a lock or statement timeout, the DLQ topic
+not answering) is retried with backoff until the batch commits: giving up would let the stream
+move past records that were never applied.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence, Set
+from datetime import timedelta
 
 import psycopg
 from faust.types import TP
+from kafka.errors import KafkaError
 
 from infra.settings import Settings
 from projections.postgres.recorder import BatchResult, Incoming, Recorder, connect, decode_record
@@ -46,14 +54,19 @@ class BatchRunner:
         return self._recorder
 
     def apply(self, raw: Sequence[RawRecord]) -> BatchResult:
-        records: list[Incoming] = [decode_record(t, p, o, v, key=k, timestamp_ms=ts) for t, p, o, k, v, ts in raw]
+        skew = timedelta(seconds=self.settings.max_future_skew_s)
+        records: list[Incoming] = [
+            decode_record(t, p, o, v, key=k, timestamp_ms=ts, max_future_skew=skew) for t, p, o, k, v, ts in raw
+        ]
         delay = 0.2
         while True:
             try:
                 return self._rec().apply_batch(records)
-            except psycopg.OperationalError as exc:  # PostgreSQL away: reconnect and retry, lose nothing
-                log.error("batch not applied (%s); retrying in %.1fs", exc, delay)
-            except Exception:  # noqa: BLE001 - DLQ topic down, a bug: retry (never skip a batch), say so loudly
+            except psycopg.OperationalError as exc:  # PostgreSQL away, deadlock, timeout: reconnect and retry
+                log.error("batch not applied (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay)
+            except KafkaError as exc:  # the DLQ topic did not take the dead letters: the batch rolled back
+                log.error("DLQ sink failed (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay)
+            except Exception:  # noqa: BLE001 - not a poison record (the recorder dead-letters those): a bug, retry
                 log.exception("batch not applied; retrying in %.1fs", delay)
             self._reset()
             time.sleep(delay)
@@ -123,10 +136,13 @@ def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
                 logging.shutdown()
                 os._exit(70)
             log.info(
-                "batch: %d records, %d applied, %d duplicate, %d skipped, %d dead in %.0f ms, positions %s",
+                "batch: %d records, %d applied, %d duplicate, %d conflict, %d erased replay, %d skipped, %d dead "
+                "in %.0f ms, positions %s",
                 len(raw),
                 result.applied,
                 result.duplicates,
+                result.conflicts,
+                result.erased_replays,
                 result.skipped,
                 result.dead,
                 (time.perf_counter() - started) * 1000,

@@ -26,7 +26,7 @@ from producers.contract import MemoryEvent, encode, kafka_key, memory_id_for
 from producers.sdk import LedgerProducer
 from projections.postgres.queries import projection_checksum
 from projections.postgres.rebuild import rebuild, replay
-from projections.postgres.recorder import row_to_version
+from projections.postgres.recorder import VERSION_COLUMNS, row_to_version
 from projections.postgres.schema import create_schema
 from projections.versions import chain_problems
 from tests.conftest import unique
@@ -36,6 +36,7 @@ from tests.malformed import malformed_corpus
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 TENANT = "acme"
 HEADERS = {"X-API-Key": "dev-key"}
+COLS = ", ".join(f'"{c}"' for c in VERSION_COLUMNS)  # every fact_versions column, in row_to_version's order
 
 
 def at(days: float) -> datetime:
@@ -78,9 +79,7 @@ def stack(base_settings: Settings):
 
 
 def rows(conn: psycopg.Connection, subject: str, key: str | None = None):
-    q = "SELECT version_id, memory_id, tenant, subject, key, scope, kind, value, content, entities, aliases, tags, "
-    q += 'source, confidence, importance, observed_at, valid_from, asserted_valid_to, partition, "offset", valid_to, '
-    q += "status, superseded_by, superseded_at, version, confirmed_count, last_confirmed_at FROM fact_versions "
+    q = f"SELECT {COLS} FROM fact_versions "
     q += "WHERE tenant = %s AND subject = %s" + (" AND key = %s" if key else "") + " ORDER BY memory_id, version"
     return [row_to_version(r) for r in conn.execute(q, (TENANT, subject, key) if key else (TENANT, subject))]
 
@@ -93,11 +92,7 @@ def check_invariants(conn: psycopg.Connection) -> None:
     assert problems == {}
 
 
-_ALL = (
-    "SELECT version_id, memory_id, tenant, subject, key, scope, kind, value, content, entities, aliases, tags, "
-    'source, confidence, importance, observed_at, valid_from, asserted_valid_to, partition, "offset", valid_to, '
-    "status, superseded_by, superseded_at, version, confirmed_count, last_confirmed_at FROM fact_versions"
-)
+_ALL = f"SELECT {COLS} FROM fact_versions"
 
 
 def test_policies_supersede_override_episodic_retract_confirm(stack):
@@ -170,7 +165,7 @@ def test_policies_supersede_override_episodic_retract_confirm(stack):
         assert r.status_code == 200
         versions = r.json()["versions"]
         assert [v["version"] for v in versions] == [1, 2]
-        assert versions[0]["superseded_by"] == versions[1]["event_id"] and versions[0]["superseded_at"]
+        assert versions[0]["superseded_by"] == versions[1]["version_id"] and versions[0]["superseded_at"]
         assert {"source", "event_id", "partition", "offset", "status"} <= set(versions[0])
         assert client.get(f"/v1/facts/{mid}/history", params={"tenant": "globex"}, headers=HEADERS).status_code == 404
         assert client.get("/v1/facts/nope/history", params={"tenant": TENANT}, headers=HEADERS).status_code == 404
@@ -188,7 +183,7 @@ def test_policies_supersede_override_episodic_retract_confirm(stack):
 
         # tenancy and bad input
         r = client.get(f"/v1/subjects/{s}/facts", params={"tenant": "initech"}, headers=HEADERS)
-        assert r.status_code == 403 and r.json()["detail"]["field"] == "tenant"
+        assert r.status_code == 403 and r.json()["detail"][0]["field"] == "tenant"
         r = client.get(f"/v1/subjects/{s}/facts", params={"tenant": TENANT, "as_of": "yesterday"}, headers=HEADERS)
         assert r.status_code == 422 and r.json()["detail"][0]["field"] == "as_of"
         r = client.get(

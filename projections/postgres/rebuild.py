@@ -8,8 +8,13 @@
    positions, compute both checksums, rename live -> `<schema>_old_<ts>` and rebuild -> live.
 
 The dead-letter topic is not written again (the records already went there once); the
-dead_letters table is rebuilt. Every version gets a search_outbox row, so the search
-projection re-indexes after a rebuild.
+dead_letters table is rebuilt (poison records and event_id conflicts included). The rebuild
+takes the live schema's erasure salt, so `erased_events` comes out row for row the same (it is
+not part of the checksum). Every version gets a search_outbox row, so the search projection
+re-indexes after a rebuild.
+
+A live schema of an older layout (before issue 10) is migrated this way: the rebuild has the
+current layout, and its checksum differs from the old one's only because the layouts do.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 
 import psycopg
 from kafka import KafkaConsumer, TopicPartition
@@ -25,7 +31,7 @@ from psycopg import sql
 from infra.settings import Settings
 from projections.postgres.queries import projection_checksum
 from projections.postgres.recorder import Recorder, connect, decode_record
-from projections.postgres.schema import create_schema, drop_schema
+from projections.postgres.schema import copy_erasure_salt, create_schema, drop_schema
 
 __all__ = ["RebuildReport", "rebuild", "rebuild_with_progress", "replay"]
 
@@ -66,6 +72,7 @@ def replay(
 ) -> int:
     """Apply the topic's records from the schema's stored positions up to `until` (exclusive) per partition."""
     records_done = 0
+    skew = timedelta(seconds=settings.max_future_skew_s)  # the worker's window, against the broker time
     with connect(settings.pg_dsn, schema) as conn:
         recorder = Recorder(conn, consumer=settings.processor_group, topic=settings.topic, dlq_sink=None)
         start = recorder.positions()
@@ -93,7 +100,13 @@ def replay(
                         if m.offset < todo[tp.partition]:
                             batch.append(
                                 decode_record(
-                                    m.topic, m.partition, m.offset, m.value, key=m.key, timestamp_ms=m.timestamp
+                                    m.topic,
+                                    m.partition,
+                                    m.offset,
+                                    m.value,
+                                    key=m.key,
+                                    timestamp_ms=m.timestamp,
+                                    max_future_skew=skew,
                                 )
                             )
                 if batch:
@@ -121,6 +134,8 @@ def rebuild(
     old = f"{live}_old_{stamp}"
     with psycopg.connect(settings.pg_dsn) as admin:
         create_schema(admin, fresh)
+        # the live salt: erased_events is rebuilt row for row, and ids erased before stay erased
+        copy_erasure_salt(admin, live, fresh)
     records = replay(settings, fresh, end_offsets(settings), batch_size=batch_size, progress=progress)
     with psycopg.connect(settings.pg_dsn) as conn:
         with conn.transaction():

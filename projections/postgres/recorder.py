@@ -3,25 +3,47 @@
 Exactly-once effect: the batch's rows and the positions (consumer, topic, partition -> next_offset)
 commit together. The position rows are locked first (FOR UPDATE, in partition order), records
 below the stored position are skipped (redelivery after a crash, or another worker that already
-applied them during a rebalance), a duplicate event_id is a no-op (unique key), and each fact is
-recomputed under `pg_advisory_xact_lock(hashtextextended(memory_id, 0))` (FIELD-NOTES: a plain
-SELECT ... FOR UPDATE races when two writers create a fact's first version).
+applied them during a rebalance), and each fact is recomputed under
+`pg_advisory_xact_lock(hashtextextended(memory_id, 0))` (FIELD-NOTES: a plain SELECT ... FOR
+UPDATE races when two writers create a fact's first version).
+
+Idempotency is keyed by (tenant, event_id) (`events` primary key): another tenant's event with
+the same id is an independent event. Same tenant and id with the same `MemoryEvent.fingerprint`
+is a duplicate (no effect); with another fingerprint it is a conflict: dead-lettered with code
+`event_id_conflict` (field `event_id`), never applied, never silently dropped. Dispatch on the
+event type is `projections.versions.route` (exhaustive).
+
+Erasure (`subject.erased`): the subject's versions, events and pending search upserts are purged;
+the ids of its events are kept as salted hashes in `erased_events` first, so a re-sent
+pre-erasure event has no effect (`erased_replays`), while new events about the subject apply.
+`pg_notify('memory_ledger_erasure', {schema, tenant, subject})` runs in the same transaction,
+so API processes drop cached vocabulary when it commits.
 
 Dead letters: an invalid record is written to `dead_letters` (once per topic/partition/offset) in
-the same transaction and handed to `dlq_sink` before the commit, so the DLQ topic gets it at
+the same transaction and handed to `dlq_sink` just before the commit, so the DLQ topic gets it at
 least once and the table counts it exactly once.
+
+Poison records: a failure that will happen again on every attempt (`is_permanent`: PostgreSQL
+refuses the data, a constraint, a deterministic error of the pure core) is not retried. The batch
+is bisected, each half applied in its own transaction with its positions (a half keeps ledger
+order per partition), until the single failing record is found; it is dead-lettered with code
+`unstorable` (the database's message) and the records after it are applied. Transient failures
+(connection, deadlock, DLQ topic down) propagate to the caller, which retries the whole batch:
+the halves that already committed are below the stored positions and are skipped.
 
 Public methods open the transaction; underscore twins take a cursor (STYLE §1).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import assert_never
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -29,15 +51,27 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from producers.contract import EventType, InvalidEvent, MemoryEvent, decode
-from projections.versions import Mark, Version, mark_of, new_version, plan
+from projections.postgres.idempotency import ID_HASH_SQL
+from projections.versions import Mark, Route, Version, mark_of, new_version, plan, route
 
-__all__ = ["BatchResult", "DeadLetter", "Incoming", "Recorder", "decode_record", "connect"]
+__all__ = [
+    "ERASURE_CHANNEL",
+    "BatchResult",
+    "CoreRefused",
+    "DeadLetter",
+    "Incoming",
+    "Recorder",
+    "connect",
+    "decode_record",
+    "is_permanent",
+]
 
 log = logging.getLogger(__name__)
 
+ERASURE_CHANNEL = "memory_ledger_erasure"  # LISTEN for {schema, tenant, subject} after each erasure commits
 MARK_TYPES = (EventType.RETRACTED.value, EventType.CONFIRMED.value)
 VERSION_COLUMNS = (
-    "version_id memory_id tenant subject key scope kind value content entities aliases tags source confidence "
+    "version_id event_id memory_id tenant subject key scope kind value content entities aliases tags source confidence "
     "importance observed_at valid_from asserted_valid_to partition offset valid_to status superseded_by "
     "superseded_at version confirmed_count last_confirmed_at"
 ).split()
@@ -59,12 +93,23 @@ class Incoming:
 
 
 def decode_record(
-    topic: str, partition: int, offset: int, raw: bytes | None, *, key: bytes | None = None, timestamp_ms: int | None
+    topic: str,
+    partition: int,
+    offset: int,
+    raw: bytes | None,
+    *,
+    key: bytes | None = None,
+    timestamp_ms: int | None,
+    max_future_skew: timedelta | None = None,
 ) -> Incoming:
-    """contract.decode with the record's broker timestamp as the default observed_at (replays agree)."""
+    """contract.decode with the record's broker timestamp as the default observed_at (replays agree).
+
+    The broker timestamp is also the reference of `max_future_skew` (Settings.max_future_skew):
+    a replay judges a record exactly as the live worker did.
+    """
     ts = datetime.fromtimestamp(timestamp_ms / 1000, UTC) if timestamp_ms is not None and timestamp_ms >= 0 else None
     try:
-        event = decode(raw, default_observed_at=ts)
+        event = decode(raw, default_observed_at=ts, max_future_skew=max_future_skew)
         return Incoming(topic, partition, offset, key, raw, ts, event=event)
     except InvalidEvent as exc:
         return Incoming(topic, partition, offset, key, raw, ts, error=exc)
@@ -81,15 +126,76 @@ class DeadLetter:
 
 @dataclass
 class BatchResult:
-    applied: int = 0  # events recorded (new event_ids)
-    duplicates: int = 0  # valid events whose event_id was already known
+    applied: int = 0  # events recorded (new (tenant, event_id))
+    duplicates: int = 0  # valid events whose (tenant, event_id) was already known with the same fingerprint
+    conflicts: int = 0  # same (tenant, event_id), another fingerprint: dead-lettered as event_id_conflict
+    erased_replays: int = 0  # re-sent events of an erased subject: no effect, not stored
     skipped: int = 0  # records below the stored position
     dead: int = 0  # newly dead-lettered records
     versions_written: int = 0
     positions: dict[int, int] = field(default_factory=dict)  # partition -> next_offset after the batch
 
+    def add(self, other: BatchResult) -> None:
+        """Fold in the result of another transaction over later records (bisection)."""
+        self.applied += other.applied
+        self.duplicates += other.duplicates
+        self.conflicts += other.conflicts
+        self.erased_replays += other.erased_replays
+        self.skipped += other.skipped
+        self.dead += other.dead
+        self.versions_written += other.versions_written
+        for p, o in other.positions.items():
+            self.positions[p] = max(self.positions.get(p, 0), o)
+
 
 DlqSink = Callable[[Sequence[DeadLetter]], None]
+
+# SQLSTATE classes that no retry changes: 22 data exception (e.g. 22P05 untranslatable character,
+# 22003 numeric out of range), 23 integrity constraint violation, 54 program limit exceeded (a
+# value too large for an index or a tsvector; psycopg files it under OperationalError).
+_PERMANENT_DB = (psycopg.DataError, psycopg.IntegrityError, pg_errors.ProgramLimitExceeded)
+# deterministic failures of the pure core (projections.versions) on the records it is folding
+_CORE_ERRORS = (ValueError, TypeError, KeyError)
+
+
+class CoreRefused(Exception):
+    """The pure core raised on the records it was given (ValueError, TypeError, KeyError): permanent.
+
+    Only errors raised inside a pure-core call are wrapped: the same exception types from the
+    recorder's own code (a bug, a deploy that does not match the schema) stay retryable, so a bug
+    never dead-letters good records.
+    """
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """True if applying the same records again fails the same way: dead-letter, do not retry.
+
+    Everything else (a lost connection, an admin shutdown, a deadlock, a serialization failure, a
+    lock or statement timeout, a DLQ topic that does not answer, an unknown bug) is retried.
+    """
+    return isinstance(exc, (*_PERMANENT_DB, CoreRefused))
+
+
+def _storable(text: str | None) -> str | None:
+    """Text PostgreSQL will take: NUL and lone surrogates spelled out (a dead letter must never fail)."""
+    if text is None:
+        return None
+    return text.replace("\x00", "\\u0000").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def unstorable(record: Incoming, exc: BaseException) -> Incoming:
+    """The record as a dead letter with code `unstorable`: the database's (or the core's) reason."""
+    if isinstance(exc, psycopg.Error):
+        diag = exc.diag
+        message = f"{diag.sqlstate or ''} {diag.message_primary or str(exc)}".strip()
+        if diag.message_detail:
+            message += f" ({diag.message_detail})"
+        field_name = diag.column_name
+    else:
+        cause = exc.__cause__ if isinstance(exc, CoreRefused) and exc.__cause__ is not None else exc
+        message, field_name = f"{type(cause).__name__}: {cause}", None
+    error = InvalidEvent("unstorable", message[:1000], field_name)
+    return dataclasses.replace(record, event=None, error=error)
 
 
 def connect(dsn: str, schema: str, **kwargs) -> psycopg.Connection:
@@ -116,7 +222,45 @@ class Recorder:
 
     # -- public: each opens (and retries) its own transaction ---------------------------------
     def apply_batch(self, records: Sequence[Incoming], *, attempts: int = 5) -> BatchResult:
-        """Apply records (any partitions of self.topic, ledger order within a partition) exactly once."""
+        """Apply records (any partitions of self.topic, ledger order within a partition) exactly once.
+
+        A poison record is dead-lettered (`unstorable`) and the others applied; a transient failure raises.
+        """
+        records = [r for r in records if r.topic == self.topic]
+        try:
+            return self._commit(records, attempts)
+        except Exception as exc:
+            if not is_permanent(exc):
+                raise
+            log.warning("batch of %d records refused (%s: %s); bisecting", len(records), type(exc).__name__, exc)
+            result = BatchResult()
+            self._bisect(records, exc, result, attempts)
+            return result
+
+    def positions(self) -> dict[int, int]:
+        """partition -> next_offset stored for this consumer and topic."""
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            return self._positions(cur)
+
+    # -- poison records ------------------------------------------------------------------------
+    def _bisect(self, records: list[Incoming], exc: BaseException, result: BatchResult, attempts: int) -> None:
+        """`records` failed with the permanent `exc`: apply what can be applied, in ledger order."""
+        if len(records) == 1:
+            (poison,) = records
+            log.error("record %s/%d/%d is unstorable: %s", poison.topic, poison.partition, poison.offset, exc)
+            result.add(self._commit([unstorable(poison, exc)], attempts))
+            return
+        mid = len(records) // 2
+        for half in (records[:mid], records[mid:]):  # halves of a list keep each partition's order
+            try:
+                result.add(self._commit(half, attempts))
+            except Exception as again:
+                if not is_permanent(again):
+                    raise
+                self._bisect(half, again, result, attempts)
+
+    def _commit(self, records: list[Incoming], attempts: int) -> BatchResult:
+        """One transaction over `records` with their positions; deadlocks and serialization failures retried."""
         for attempt in range(1, attempts + 1):
             try:
                 with self.conn.transaction(), self.conn.cursor() as cur:
@@ -127,11 +271,6 @@ class Recorder:
                 log.warning("batch retried after %s (attempt %d)", type(exc).__name__, attempt)
                 time.sleep(0.05 * attempt)
         raise AssertionError("unreachable")
-
-    def positions(self) -> dict[int, int]:
-        """partition -> next_offset stored for this consumer and topic."""
-        with self.conn.transaction(), self.conn.cursor() as cur:
-            return self._positions(cur)
 
     # -- cursor twins --------------------------------------------------------------------------
     def _positions(self, cur: psycopg.Cursor) -> dict[int, int]:
@@ -170,19 +309,20 @@ class Recorder:
                 continue
             seen.add((r.partition, r.offset))
             fresh.append(r)
+        letters: list[DeadLetter] = []
         if fresh:
-            self._dead_letters(cur, [r for r in fresh if r.event is None], result)
+            letters += self._dead_letters(cur, [r for r in fresh if r.event is None], result)
             segment: list[Incoming] = []
             for r in fresh:
                 if r.event is None:
                     continue
-                if r.event.type is EventType.ERASED:
-                    self._apply_events(cur, segment, result)
+                if _route(r) is Route.ERASURE:  # a barrier: what came before it in the batch is applied first
+                    self._apply_events(cur, segment, result, letters)
                     segment = []
-                    self._erase(cur, r, result)
+                    self._erase(cur, r, result, letters)
                 else:
                     segment.append(r)
-            self._apply_events(cur, segment, result)
+            self._apply_events(cur, segment, result, letters)
         ends: dict[int, int] = {}
         for r in records:
             ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
@@ -193,11 +333,14 @@ class Recorder:
             'WHERE consumer = %s AND topic = %s AND "partition" = v.p',
             (list(result.positions), list(result.positions.values()), self.consumer, self.topic),
         )
+        if letters and self.dlq_sink is not None:
+            self.dlq_sink(letters)  # last, just before the commit: raises if the DLQ topic did not take them
         return result
 
-    def _dead_letters(self, cur: psycopg.Cursor, invalid: list[Incoming], result: BatchResult) -> None:
+    def _dead_letters(self, cur: psycopg.Cursor, invalid: list[Incoming], result: BatchResult) -> list[DeadLetter]:
+        """Record the invalid records once each; returns the new ones (for the DLQ topic)."""
         if not invalid:
-            return
+            return []
         cur.execute(
             'INSERT INTO dead_letters (topic, "partition", "offset", code, field, message, raw) '
             "SELECT * FROM unnest(%b::text[], %b::int[], %b::bigint[], %b::text[], %b::text[], %b::text[], "
@@ -207,34 +350,56 @@ class Recorder:
                 [r.topic for r in invalid],
                 [r.partition for r in invalid],
                 [r.offset for r in invalid],
-                [r.error.code for r in invalid],  # type: ignore[union-attr]
-                [r.error.field for r in invalid],  # type: ignore[union-attr]
-                [r.error.message for r in invalid],  # type: ignore[union-attr]
+                [_storable(r.error.code) for r in invalid],  # type: ignore[union-attr]
+                [_storable(r.error.field) for r in invalid],  # type: ignore[union-attr]
+                [_storable(r.error.message) for r in invalid],  # type: ignore[union-attr]
                 [r.raw for r in invalid],
             ),
         )
         new = set(cur.fetchall())
         letters = [DeadLetter(r, r.error) for r in invalid if (r.partition, r.offset) in new]  # type: ignore[arg-type]
         result.dead += len(letters)
-        if letters and self.dlq_sink is not None:
-            self.dlq_sink(letters)  # raises if the DLQ topic did not take them: the batch rolls back
+        return letters
 
-    def _insert_events(self, cur: psycopg.Cursor, records: list[Incoming]) -> set[str]:
-        """Log the events; returns the event_ids that were new (duplicates are left out everywhere)."""
-        if not records:
-            return set()
-        evs = [r.event for r in records]
+    def _erased(self, cur: psycopg.Cursor, records: list[Incoming]) -> set[tuple[str, str]]:
+        """(tenant, event_id) of `records` that belonged to an erased subject."""
         cur.execute(
-            "INSERT INTO events (event_id, tenant, subject, memory_id, type, kind, key, scope, "
-            '"partition", "offset", observed_at, valid_from, valid_to, payload) '
+            "SELECT x.t, x.id FROM unnest(%b::text[], %b::text[]) AS x(t, id) WHERE EXISTS (SELECT 1 FROM "
+            f"erased_events e WHERE e.tenant = x.t AND e.id_hash = {ID_HASH_SQL.format('x.id')})",
+            ([r.event.tenant for r in records], [r.event.event_id for r in records]),  # type: ignore[union-attr]
+        )
+        return set(cur.fetchall())
+
+    def _log_events(
+        self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult, letters: list[DeadLetter]
+    ) -> list[Incoming]:
+        """Log the events once per (tenant, event_id); returns the records that are new, in order.
+
+        Left out: re-sent events of an erased subject (counted), duplicates (same fingerprint,
+        counted), conflicts (another fingerprint: dead-lettered as `event_id_conflict`).
+        """
+        if not records:
+            return []
+        erased = self._erased(cur, records)
+        if erased:
+            result.erased_replays += sum(1 for r in records if (r.event.tenant, r.event.event_id) in erased)  # type: ignore[union-attr]
+            records = [r for r in records if (r.event.tenant, r.event.event_id) not in erased]  # type: ignore[union-attr]
+            if not records:
+                return []
+        evs: list[MemoryEvent] = [r.event for r in records]  # type: ignore[misc]
+        cur.execute(
+            "INSERT INTO events (tenant, event_id, fingerprint, subject, memory_id, type, kind, key, scope, "
+            '"partition", "offset", observed_at, valid_from, valid_to, target_version, payload) '
             "SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], "
-            "%b::text[], %b::text[], %b::int[], %b::bigint[], %b::timestamptz[], %b::timestamptz[], "
-            "%b::timestamptz[], %b::jsonb[]) ON CONFLICT DO NOTHING RETURNING event_id",
+            "%b::text[], %b::text[], %b::text[], %b::int[], %b::bigint[], %b::timestamptz[], %b::timestamptz[], "
+            "%b::timestamptz[], %b::text[], %b::jsonb[]) "
+            'ON CONFLICT (tenant, event_id) DO NOTHING RETURNING "partition", "offset"',
             (
-                [e.event_id for e in evs],
                 [e.tenant for e in evs],
+                [e.event_id for e in evs],
+                [e.fingerprint for e in evs],
                 [e.subject for e in evs],
-                [None if e.type is EventType.ERASED else e.memory_id for e in evs],
+                [None if route(e.type) is Route.ERASURE else e.memory_id for e in evs],
                 [e.type.value for e in evs],
                 [e.kind.value for e in evs],
                 [e.key for e in evs],
@@ -244,30 +409,64 @@ class Recorder:
                 [e.observed_at for e in evs],
                 [e.valid_from for e in evs],
                 [e.valid_to for e in evs],
+                [e.target_version for e in evs],
                 [Jsonb(e.to_wire()) for e in evs],
             ),
         )
-        return {row[0] for row in cur.fetchall()}
-
-    def _apply_events(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult) -> None:
-        if not records:
-            return
-        new_ids = self._insert_events(cur, records)
-        result.duplicates += len({r.event.event_id for r in records}) - len(new_ids)  # type: ignore[union-attr]
-        result.applied += len(new_ids)
-        new_versions: dict[str, list[Version]] = defaultdict(list)
-        new_marks: dict[str, list[Mark]] = defaultdict(list)
-        taken: set[str] = set()
-        for r in records:
+        inserted = set(cur.fetchall())
+        new = [r for r in records if (r.partition, r.offset) in inserted]
+        known = [r for r in records if (r.partition, r.offset) not in inserted]
+        if not known:
+            return new
+        cur.execute(
+            'SELECT tenant, event_id, fingerprint, "partition", "offset" FROM events '
+            "WHERE (tenant, event_id) IN (SELECT * FROM unnest(%b::text[], %b::text[]))",
+            ([r.event.tenant for r in known], [r.event.event_id for r in known]),  # type: ignore[union-attr]
+        )
+        first = {(t, eid): (fp, p, o) for t, eid, fp, p, o in cur.fetchall()}
+        conflicts: list[Incoming] = []
+        for r in known:
             e = r.event
             assert e is not None
-            if e.event_id not in new_ids or e.event_id in taken:
+            fp, p, o = first[(e.tenant, e.event_id)]
+            if fp == e.fingerprint:
+                result.duplicates += 1
                 continue
-            taken.add(e.event_id)
-            if e.type is EventType.ASSERTED:
-                new_versions[e.memory_id].append(new_version(e, r.partition, r.offset))
-            else:
-                new_marks[e.memory_id].append(mark_of(e))
+            message = (
+                f"event_id {e.event_id!r} was already used by another event of tenant {e.tenant!r} "
+                f"(partition {p}, offset {o}); this one says something else and is not applied"
+            )
+            error = InvalidEvent("event_id_conflict", message, "event_id")
+            conflicts.append(dataclasses.replace(r, event=None, error=error))
+        if conflicts:
+            result.conflicts += len(conflicts)
+            letters += self._dead_letters(cur, conflicts, result)
+        return new
+
+    def _apply_events(
+        self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult, letters: list[DeadLetter]
+    ) -> None:
+        if not records:
+            return
+        new = self._log_events(cur, records, result, letters)
+        result.applied += len(new)
+        new_versions: dict[str, list[Version]] = defaultdict(list)
+        new_marks: dict[str, list[Mark]] = defaultdict(list)
+        for r in new:
+            e = r.event
+            assert e is not None
+            try:
+                match route(e.type):
+                    case Route.VERSION:
+                        new_versions[e.memory_id].append(new_version(e, r.partition, r.offset))
+                    case Route.MARK:
+                        new_marks[e.memory_id].append(mark_of(e))
+                    case Route.ERASURE:
+                        raise ValueError("subject.erased is applied on its own (_erase)")
+                    case unknown:
+                        assert_never(unknown)
+            except _CORE_ERRORS as exc:
+                raise CoreRefused(f"{type(exc).__name__}: {exc}") from exc
         facts = sorted(set(new_versions) | set(new_marks))
         if not facts:
             return
@@ -277,11 +476,17 @@ class Recorder:
             (facts,),
         )
         versions = self._load_versions(cur, facts)
-        marks = self._load_marks(cur, facts, exclude=new_ids)
+        fresh_marks = {m.event_id for ms in new_marks.values() for m in ms}
+        marks = self._load_marks(cur, facts, exclude=fresh_marks)
         inserts: list[Version] = []
         updates: list[Version] = []
         for mid in facts:
-            changes = plan(versions.get(mid, []), marks.get(mid, []), new_versions.get(mid, []), new_marks.get(mid, []))
+            try:
+                changes = plan(
+                    versions.get(mid, []), marks.get(mid, []), new_versions.get(mid, []), new_marks.get(mid, [])
+                )
+            except _CORE_ERRORS as exc:
+                raise CoreRefused(f"{type(exc).__name__}: {exc}") from exc
             inserts.extend(changes.inserts)
             updates.extend(changes.updates)
         self._write_versions(cur, inserts, updates)
@@ -298,15 +503,16 @@ class Recorder:
         return out
 
     def _load_marks(self, cur: psycopg.Cursor, facts: list[str], exclude: set[str]) -> dict[str, list[Mark]]:
+        """The stored retractions and confirmations of `facts` (a memory_id is one tenant's: ids are unique in it)."""
         cur.execute(
-            "SELECT memory_id, event_id, type, valid_from, observed_at FROM events "
+            "SELECT memory_id, event_id, type, valid_from, observed_at, target_version FROM events "
             "WHERE memory_id = ANY(%s) AND type IN ('memory.retracted', 'memory.confirmed')",
             (facts,),
         )
         out: dict[str, list[Mark]] = defaultdict(list)
-        for mid, eid, typ, vf, obs in cur.fetchall():
+        for mid, eid, typ, vf, obs, target in cur.fetchall():
             if eid not in exclude:
-                out[mid].append(Mark(eid, typ, vf, obs))
+                out[mid].append(Mark(eid, typ, vf, obs, target=target))
         return out
 
     def _write_versions(self, cur: psycopg.Cursor, inserts: list[Version], updates: list[Version]) -> None:
@@ -335,14 +541,22 @@ class Recorder:
                 ([v.version_id for v in touched], [v.tenant for v in touched], [v.subject for v in touched]),
             )
 
-    def _erase(self, cur: psycopg.Cursor, record: Incoming, result: BatchResult) -> None:
-        """subject.erased: purge the subject's versions and events, keep only the erasure tombstones."""
+    def _erase(self, cur: psycopg.Cursor, record: Incoming, result: BatchResult, letters: list[DeadLetter]) -> None:
+        """subject.erased: purge the subject's versions and events, keep only the erasure tombstones.
+
+        The purged events' ids stay as salted hashes (erased_events) so that re-sending one has no effect.
+        """
         e = record.event
         assert e is not None
-        if not self._insert_events(cur, [record]):
-            result.duplicates += 1
-            return
+        if not self._log_events(cur, [record], result, letters):
+            return  # a duplicate, a conflict (dead-lettered) or a replay: no erasure happens again
         result.applied += 1
+        cur.execute(
+            "INSERT INTO erased_events (tenant, id_hash) "
+            f"SELECT tenant, {ID_HASH_SQL.format('event_id')} FROM events "
+            "WHERE tenant = %s AND subject = %s AND type <> 'subject.erased' ON CONFLICT DO NOTHING",
+            (e.tenant, e.subject),
+        )
         cur.execute("DELETE FROM fact_versions WHERE tenant = %s AND subject = %s", (e.tenant, e.subject))
         cur.execute(
             "DELETE FROM events WHERE tenant = %s AND subject = %s AND type <> 'subject.erased'", (e.tenant, e.subject)
@@ -354,6 +568,20 @@ class Recorder:
             "INSERT INTO search_outbox (version_id, tenant, subject, op) VALUES (NULL, %s, %s, 'delete_subject')",
             (e.tenant, e.subject),
         )
+        cur.execute(  # delivered to LISTENers when this transaction commits (API caches)
+            "SELECT pg_notify(%s, json_build_object('schema', current_schema(), 'tenant', %s::text, "
+            "'subject', %s::text)::text)",
+            (ERASURE_CHANNEL, e.tenant, e.subject),
+        )
+
+
+def _route(record: Incoming) -> Route:
+    """The event's route; an error of the pure core on it is a poison record."""
+    assert record.event is not None
+    try:
+        return route(record.event.type)
+    except _CORE_ERRORS as exc:
+        raise CoreRefused(f"{type(exc).__name__}: {exc}") from exc
 
 
 def version_to_row(v: Version) -> tuple:

@@ -1,4 +1,9 @@
-"""Create the projection's tables in a schema, idempotently (`schema.sql`)."""
+"""Create the projection's tables in a schema, idempotently (`schema.sql`).
+
+A schema of an older layout (before issue 10: events keyed by event_id alone, no fingerprints,
+no erased_events) is refused with `SchemaOutdated` instead of half-working: `ledger rebuild`
+replays the ledger into a fresh schema of the current layout and switches over.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,29 @@ from importlib.resources import files
 import psycopg
 from psycopg import sql
 
-__all__ = ["create_schema", "drop_schema", "schema_sql"]
+__all__ = ["LAYOUT", "SchemaOutdated", "copy_erasure_salt", "create_schema", "drop_schema", "schema_sql"]
+
+LAYOUT = "2"
+
+
+class SchemaOutdated(RuntimeError):
+    """The schema holds a projection of an older layout: run `ledger rebuild`."""
 
 
 def schema_sql() -> str:
     return files("projections.postgres").joinpath("schema.sql").read_text()
+
+
+def _outdated(conn: psycopg.Connection, schema: str) -> bool:
+    """The schema has an events table but not the current layout's columns (meta, fingerprint)."""
+    has = conn.execute(
+        "SELECT count(*) FILTER (WHERE table_name = 'events'), "
+        "count(*) FILTER (WHERE table_name = 'events' AND column_name = 'fingerprint') "
+        "FROM information_schema.columns WHERE table_schema = %s",
+        (schema,),
+    ).fetchone()
+    assert has is not None
+    return has[0] > 0 and has[1] == 0
 
 
 def create_schema(conn: psycopg.Connection, schema: str) -> None:
@@ -19,9 +42,38 @@ def create_schema(conn: psycopg.Connection, schema: str) -> None:
     with conn.transaction():
         # two processes starting together must not race on CREATE ... IF NOT EXISTS
         conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"schema:{schema}",))
+        if _outdated(conn, schema):
+            raise SchemaOutdated(
+                f"schema {schema!r} holds a projection of an older layout (before layout {LAYOUT}); "
+                "run `ledger rebuild` to replay the ledger into the current one"
+            )
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
         conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
         conn.execute(schema_sql())
+
+
+def copy_erasure_salt(conn: psycopg.Connection, source: str, target: str) -> bool:
+    """Give `target` the erasure salt of `source` (a rebuild keeps erased_events row for row).
+
+    Only before `target` has erased anything; False if `source` has no salt (older layout, or none).
+    """
+    with conn.transaction():
+        exists = conn.execute("SELECT to_regclass(%s)", (sql.Identifier(source, "meta").as_string(conn),)).fetchone()
+        if exists is None or exists[0] is None:
+            return False
+        row = conn.execute(
+            sql.SQL("SELECT value FROM {} WHERE name = 'erasure_salt'").format(sql.Identifier(source, "meta"))
+        ).fetchone()
+        if row is None:
+            return False
+        erased = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(target, "erased_events")))
+        if erased.fetchone()[0]:  # type: ignore[index]
+            raise RuntimeError(f"{target} already erased events under its own salt")
+        conn.execute(
+            sql.SQL("UPDATE {} SET value = %s WHERE name = 'erasure_salt'").format(sql.Identifier(target, "meta")),
+            (row[0],),
+        )
+        return True
 
 
 def drop_schema(conn: psycopg.Connection, schema: str) -> None:

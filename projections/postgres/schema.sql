@@ -1,9 +1,24 @@
 -- The PostgreSQL projection (docs/INTERNALS.md). Run by projections.postgres.schema.create_schema
 -- with search_path set to the projection's schema; every statement is idempotent.
 
+-- Layout 2 (issue 10): events keyed by (tenant, event_id), fingerprints, erased_events, meta.
+-- A schema of an older layout is not migrated in place: `ledger rebuild` replays it into this one.
+
+-- once per schema: the layout and the salt of erased_events (random, never shown, kept by rebuild)
+CREATE TABLE IF NOT EXISTS meta (
+    name   text PRIMARY KEY,
+    value  text NOT NULL
+);
+INSERT INTO meta (name, value) VALUES ('layout', '2') ON CONFLICT DO NOTHING;
+INSERT INTO meta (name, value)
+    VALUES ('erasure_salt', replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''))
+    ON CONFLICT DO NOTHING;
+
+-- event ids are the producer's idempotency keys, scoped by tenant: (tenant, event_id) is the key
 CREATE TABLE IF NOT EXISTS events (
-    event_id     text PRIMARY KEY,
     tenant       text NOT NULL,
+    event_id     text NOT NULL,
+    fingerprint  text NOT NULL,              -- MemoryEvent.fingerprint: same id + other content = conflict
     subject      text NOT NULL,
     memory_id    text,                       -- NULL for subject.erased
     type         text NOT NULL,
@@ -15,8 +30,10 @@ CREATE TABLE IF NOT EXISTS events (
     observed_at  timestamptz NOT NULL,
     valid_from   timestamptz,
     valid_to     timestamptz,
+    target_version text,                     -- memory.retracted of one version (its version_id)
     payload      jsonb NOT NULL,
     recorded_at  timestamptz NOT NULL DEFAULT now(),  -- wall clock: not part of the checksum
+    PRIMARY KEY (tenant, event_id),
     UNIQUE ("partition", "offset")
 );
 CREATE INDEX IF NOT EXISTS events_subject_ledger ON events (tenant, subject, "partition", "offset");
@@ -26,7 +43,8 @@ CREATE INDEX IF NOT EXISTS events_marks ON events (memory_id)
     WHERE type IN ('memory.retracted', 'memory.confirmed');
 
 CREATE TABLE IF NOT EXISTS fact_versions (
-    version_id        text PRIMARY KEY,      -- = the assertion's event_id
+    version_id        text PRIMARY KEY,      -- version_id_for(tenant, event_id): unique across tenants
+    event_id          text NOT NULL,         -- the assertion's event_id, as its producer chose it
     memory_id         text NOT NULL,
     tenant            text NOT NULL,
     subject           text NOT NULL,
@@ -91,4 +109,12 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     raw          bytea,
     recorded_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (topic, "partition", "offset")
+);
+
+-- the event ids of erased subjects, as sha256(salt || event_id): a re-sent pre-erasure event has
+-- no effect, and the ids themselves are gone with the subject (not part of the checksum)
+CREATE TABLE IF NOT EXISTS erased_events (
+    tenant   text NOT NULL,
+    id_hash  bytea NOT NULL,
+    PRIMARY KEY (tenant, id_hash)
 );
