@@ -177,3 +177,143 @@ def test_english_plurals_meet_their_singular_aliases_but_bm25_sees_the_words_as_
     assert cues.text == "seats u7 prefer"  # stopwords (`what`, `does`) gone, words unchanged
     assert extract("home addresses", vocab, NOW).keys == ("profile.address",)
     assert units("Cities Series bus") == ["city", "sery", "bus"]  # the rule is light, and consistent on both sides
+
+
+# --- hostile queries (issue 10, class 11): extraction is linear and its output bounded ---------------------------
+
+BIG_VOCAB = Vocabulary.build(  # a tenant with many entities and aliases: every table lookup is exercised
+    entities=["P1", "OD20241102", "Alice", *(f"E{i}" for i in range(2000))],
+    subjects=["project:P1", "user:42", *(f"user:U{i}" for i in range(2000))],
+    key_aliases=[
+        ("project.backend_port", ["端口", "后端服务地址", "backend port", "port"]),
+        ("project.frontend_port", ["端口", "前端端口", "frontend port"]),
+        *((f"k.key_{i}", [f"alias {i} word", f"别名{i}"]) for i in range(500)),
+    ],
+)
+
+
+def _repeat(token: str, n: int) -> str:
+    return (token * (n // len(token) + 1))[:n]
+
+
+HOSTILE = {
+    "repeated short tokens": lambda n: _repeat("a b ", n),
+    "a repeated alias word": lambda n: _repeat("port ", n),
+    "a repeated CJK character": lambda n: _repeat("端", n),
+    "a repeated CJK phrase": lambda n: _repeat("的后端服务端口", n),
+    "a repeated id-shaped token": lambda n: _repeat("P1 ", n),
+    "a repeated namespaced id": lambda n: _repeat("user:42 ", n),
+    "many distinct id-shaped tokens": lambda n: " ".join(f"X{i}" for i in range(n))[:n],
+    "one huge token": lambda n: "a" * n,
+    "one huge id-shaped token": lambda n: "P" + "1" * (n - 1),
+    "dotted runs with a colon": lambda n: _repeat("a.", n - 1) + ":",
+    "many distinct words": lambda n: " ".join(f"w{chr(97 + i % 26)}{chr(97 + i // 26 % 26)}x" for i in range(n))[:n],
+    "mixed scripts": lambda n: _repeat("P1 端口 port 昨天 user:7 αβγ Привет ٣ ", n),
+    "repeated time words": lambda n: _repeat("last 3 days 昨天 ", n),
+}
+
+
+def _best_time(query: str, repeat: int = 5) -> float:
+    import time
+
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        extract(query, BIG_VOCAB, NOW)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@pytest.mark.parametrize("shape", list(HOSTILE))
+def test_hostile_queries_extract_in_linear_time(shape):
+    # before the fix: 13 s for 2,000 characters of "P1 ", 1 s of "user:42 ", 0.4 s of mixed scripts (x24 from 500
+    # to 2,000 characters); now a few ms, ~x4. The bounds are generous: the machine may be busy with other tests.
+    short, long = HOSTILE[shape](500), HOSTILE[shape](2000)
+    assert len(long) == 2000
+    t_short, t_long = _best_time(short), _best_time(long)
+    assert t_long < 0.25, f"{shape}: {t_long * 1000:.0f} ms for 2,000 characters"
+    assert t_long < 8 * max(t_short, 0.002), f"{shape}: {t_short * 1000:.1f} ms -> {t_long * 1000:.1f} ms (x4 chars)"
+
+
+@pytest.mark.parametrize("shape", list(HOSTILE))
+def test_hostile_queries_give_bounded_cues(shape):
+    from projections.search.cues import MAX_ENTITIES, MAX_KEYS, MAX_TERMS, MAX_TEXT_WORDS
+
+    cues = extract(HOSTILE[shape](2000), BIG_VOCAB, NOW)
+    assert len(cues.entities) <= MAX_ENTITIES and set(cues.known_entities) <= set(cues.entities)
+    assert len(cues.keys) <= MAX_KEYS and len(cues.alias_matches) <= MAX_KEYS
+    assert len(cues.terms) <= MAX_TERMS and len(cues.text.split()) <= MAX_TEXT_WORDS
+    assert all(len(e) <= 128 for e in cues.entities)  # a 2,000-character "id" is no id
+
+
+def test_repeats_collapse_but_short_queries_keep_every_word():
+    cues = extract(_repeat("P1 ", 2000), BIG_VOCAB, NOW)
+    assert cues.entities == cues.known_entities == ("p1",)  # one entity, however often it is said
+    ports = extract(_repeat("port ", 2000), BIG_VOCAB, NOW)
+    assert ports.alias_matches == (("port", ("project.backend_port",)),) and ports.text == "port"
+    # under the bounds nothing is deduplicated: a phrase said twice is reported twice, as before
+    twice = extract("P1 端口 和 P2 端口", VOCAB, NOW)
+    assert [p for p, _ in twice.alias_matches] == ["端 口", "端 口"] and twice.text == "p1 端 口 p2 端 口"
+
+
+def test_an_id_token_is_still_found_next_to_a_huge_run():
+    cues = extract("P1 " + "x" * 1500 + " user:42 OD20241102", BIG_VOCAB, NOW)
+    assert {"p1", "user:42", "od20241102"} <= set(cues.entities)
+
+
+# --- numeric time words (issue 10, class 9): never an inverted or overflowing range -------------------------------
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        "the last 0 days",
+        "in the last 0 weeks",
+        "past 0 hours",
+        "last 00 days",
+        "最近0天",
+        "过去 0 周",
+        "近0个小时",
+        "0 天前",
+        "0 days ago",
+        "the last 99999999999 days",
+        "past 99999999999999999999999 hours",
+        "最近99999999999天",
+        "99999999999 days ago",
+        "10000 weeks ago",
+    ],
+)
+def test_an_empty_or_out_of_range_time_span_is_no_time_cue(words):
+    cues = extract(f"OD20241102 {words} 退款了吗", VOCAB, NOW)
+    assert cues.time is None, cues.time
+    assert cues.entities == ("od20241102",) and cues.event_types == ("refund",)  # the rest of the query still counts
+
+
+@pytest.mark.parametrize(
+    ("words", "start", "end"),
+    [
+        ("the last 3 days", datetime(2026, 11, 23, tzinfo=UTC), NOW),
+        ("最近3天", datetime(2026, 11, 23, tzinfo=UTC), NOW),  # the number wins over 最近 ("recently": 7 days)
+        ("last 1 day", datetime(2026, 11, 25, tzinfo=UTC), NOW),
+        ("past 2 weeks", datetime(2026, 11, 12, tzinfo=UTC), NOW),
+        ("过去 2 个星期", datetime(2026, 11, 12, tzinfo=UTC), NOW),
+        ("past 5 hours", datetime(2026, 11, 25, 10, 30, tzinfo=UTC), NOW),
+        ("最近 5 小时", datetime(2026, 11, 25, 10, 30, tzinfo=UTC), NOW),
+        ("3 hours ago", datetime(2026, 11, 25, 12, tzinfo=UTC), datetime(2026, 11, 25, 13, tzinfo=UTC)),
+        ("1 week ago", datetime(2026, 11, 16, tzinfo=UTC), datetime(2026, 11, 23, tzinfo=UTC)),
+        ("2 周前", datetime(2026, 11, 9, tzinfo=UTC), datetime(2026, 11, 16, tzinfo=UTC)),
+        ("the last 9999 days", datetime(1999, 7, 12, tzinfo=UTC), NOW),
+    ],
+)
+def test_numeric_time_spans_become_ranges(words, start, end):
+    from datetime import timedelta
+
+    cues = extract(f"OD20241102 {words} 退款了吗", VOCAB, NOW)
+    assert cues.time is not None and cues.time.start < cues.time.end
+    assert cues.time.start == start
+    assert cues.time.end == (end + timedelta(seconds=1) if end == NOW else end)
+
+
+@pytest.mark.parametrize("words", ["1.5 days ago", "the last 3 weekends"])
+def test_a_number_that_is_not_a_count_of_units_is_no_time_cue(words):
+    assert extract(f"OD20241102 {words}", VOCAB, NOW).time is None

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from typing import Any
 
 __all__ = [
@@ -38,6 +40,13 @@ _UNIT = re.compile(rf"{_HAN}|(?:(?!{_HAN})[^\W_])+")
 _NAMESPACED = re.compile(r"(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9_.-]*:[A-Za-z0-9][A-Za-z0-9_.\-]*(?<![.-])")
 _CODE = re.compile(r"(?<![A-Za-z0-9:])[A-Za-z]{1,12}[0-9][A-Za-z0-9_-]*(?![A-Za-z0-9:])")
 MAX_SPAN_UNITS = 12  # longest alias/entity looked up, in units
+# Bounds on what one query can produce (issue 10, class 11): a 2,000-character query of repeated short tokens
+# must cost what a short one costs per unit, and yield an Elasticsearch query of bounded size.
+MAX_ID_CHARS = 128  # a run of id characters longer than this is not an id (and is never scanned by the id regexes)
+MAX_ENTITIES = 32  # entity cues kept (known ones first): they become `terms` filters
+MAX_KEYS = 32  # keys (and alias matches) kept
+MAX_TERMS = 64  # unexplained content units reported
+MAX_TEXT_WORDS = 64  # words handed to BM25; past this, repeats are dropped first
 
 
 def normalize_text(text: str) -> str:
@@ -143,11 +152,65 @@ def _time_words(now: datetime) -> dict[str, tuple[datetime, datetime]]:
     return {canonical(w): r for words, r in ranges.items() for w in words}
 
 
-_DAYS_AGO = re.compile(r"(\d{1,4})\s*(?:天前|days?\s+ago)")
-_LAST_DAYS = re.compile(r"(?:最近|过去|近|last|past)\s*(\d{1,4})\s*(?:天|days?)")
+# "the last 3 days", "过去 2 周", "5 hours ago", "3 天前": a number and a unit. Not preceded by a digit or a
+# point ("1.5 days" is not "5 days"), any number of digits (so "99999999999 days" is read whole and refused,
+# not as its last four digits); the unit word must end there ("weeks", not "weekend").
+_N = r"(?<![\d.])(\d+)"
+_UNIT_ZH = r"(?:个)?\s*(天|周|星期|礼拜|小时|钟头)"
+_UNIT_EN = r"(days?|weeks?|hours?)(?![a-z])"
+_LAST_N = re.compile(rf"(?:最近|过去|近|last|past)\s*{_N}\s*(?:{_UNIT_ZH}|{_UNIT_EN})")
+_N_AGO = re.compile(rf"{_N}\s*(?:{_UNIT_ZH}\s*前|{_UNIT_EN}\s+ago)")
+_TIME_UNITS = {
+    **dict.fromkeys(("天", "day", "days"), "day"),
+    **dict.fromkeys(("周", "星期", "礼拜", "week", "weeks"), "week"),
+    **dict.fromkeys(("小时", "钟头", "hour", "hours"), "hour"),
+}
+MAX_TIME_N = 9999  # "the last 10000 days" and beyond: refused (no time filter), never an overflow
+
+
+def _numeric_range(digits: str, unit: str, ago: bool, now: datetime) -> tuple[datetime, datetime] | None:
+    """The range of "last N <unit>" / "N <unit> ago", or None when it would be empty, inverted or out of range.
+
+    N = 0 ("the last 0 days") names no time at all: refused rather than guessed, so the query runs unfiltered.
+    """
+    if len(digits) > len(str(MAX_TIME_N)) or not 1 <= int(digits) <= MAX_TIME_N:
+        return None
+    n = int(digits)
+    day = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    try:
+        if unit == "hour":
+            hour = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+            if ago:
+                start, end = hour - timedelta(hours=n), hour - timedelta(hours=n - 1)
+            else:
+                start, end = now - timedelta(hours=n), now + timedelta(seconds=1)
+        elif ago and unit == "week":  # the calendar week n weeks back
+            start = day - timedelta(days=day.weekday() + 7 * n)
+            end = start + timedelta(days=7)
+        elif ago:
+            start, end = day - timedelta(days=n), day - timedelta(days=n - 1)
+        else:  # today counts as one of the last n days (or 7n days)
+            days = 7 * n if unit == "week" else n
+            start, end = day - timedelta(days=days - 1), now + timedelta(seconds=1)
+    except OverflowError:
+        return None
+    return (start, end) if start < end else None
 
 
 # --- the tenant vocabulary ---------------------------------------------------------------------------
+
+
+def _heads(table: Iterable[str]) -> dict[str, int]:
+    """First unit of each phrase -> the most units a phrase starting with it has: the span scan's index.
+
+    With it a query position whose unit starts no phrase costs one dict lookup, not MAX_SPAN_UNITS joins.
+    """
+    heads: dict[str, int] = {}
+    for phrase in table:
+        words = phrase.split(" ")
+        if heads.get(words[0], 0) < len(words):
+            heads[words[0]] = len(words)
+    return heads
 
 
 @dataclass(frozen=True)
@@ -159,6 +222,12 @@ class Vocabulary:
     namespaces: frozenset[str] = frozenset()  # `project` of `project:P1`: not content words
     # multi-word latin phrases, by their first word: they also match in any order ("port ... backend")
     word_sets: dict[str, tuple[tuple[str, ...], ...]] = field(default_factory=dict)
+    entity_heads: dict[str, int] = field(init=False, repr=False, compare=False)
+    alias_heads: dict[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "entity_heads", _heads(self.entities))
+        object.__setattr__(self, "alias_heads", _heads(self.aliases))
 
     @classmethod
     def build(
@@ -224,6 +293,11 @@ class Cues:
     text: str = ""  # the query's words without stopwords and time words, as written (lowercased): what BM25 sees
     content_units: tuple[str, ...] = ()  # the same, as units (singular): what a hit's coverage is measured on
 
+    @cached_property
+    def unit_counts(self) -> Counter[str]:
+        """`content_units` with their multiplicity: a hit's coverage costs the distinct units, not all of them."""
+        return Counter(self.content_units)
+
     @property
     def unknown_entities(self) -> tuple[str, ...]:
         return tuple(e for e in self.entities if e not in self.known_entities)
@@ -251,22 +325,42 @@ def _iso(t: datetime) -> str:
 
 
 _EVENT_SPANS: dict[str, str] = {canonical(w): etype for etype, words in EVENT_TYPES.items() for w in words}
+_EVENT_HEADS = _heads(_EVENT_SPANS)
+_TIME_HEADS = _heads(_time_words(datetime(2000, 1, 1, tzinfo=UTC)))  # the phrases do not depend on `now`
 
 
-def _spans(seq: Sequence[str], table: dict[str, Any], max_len: int = MAX_SPAN_UNITS) -> list[tuple[int, int, str]]:
-    """Every (start, end, phrase) whose phrase is in table, longest-first, without spans inside a longer one."""
+def _spans(
+    seq: Sequence[str], table: dict[str, Any], max_len: int = MAX_SPAN_UNITS, heads: dict[str, int] | None = None
+) -> list[tuple[int, int, str]]:
+    """Every (start, end, phrase) whose phrase is in table, longest-first, without spans inside a longer one.
+
+    Linear in len(seq): only positions whose unit starts a phrase (`heads`) are tried, at most `max_len` lengths
+    each, and a span is checked for containment against the kept spans that start at most one span length before it.
+    """
+    if heads is None:
+        heads = _heads(table)
     found = []
     n = len(seq)
-    for i in range(n):
-        for j in range(min(n, i + max_len), i, -1):
+    for i, u in enumerate(seq):
+        longest = heads.get(u)
+        if longest is None:
+            continue
+        for j in range(min(n, i + min(longest, max_len)), i, -1):
             phrase = " ".join(seq[i:j])
             if phrase in table:
                 found.append((i, j, phrase))
     found.sort(key=lambda s: (-(s[1] - s[0]), s[0]))
+    reach: dict[int, int] = {}  # start -> the furthest end of a kept span starting there
     kept: list[tuple[int, int, str]] = []
+    widest = found[0][1] - found[0][0] if found else 0
     for s in found:
-        if not any(k[0] <= s[0] and s[1] <= k[1] and (k[1] - k[0]) > (s[1] - s[0]) for k in kept):
-            kept.append(s)
+        i, j = s[0], s[1]
+        # kept spans are at least as long as s and at most `widest` long; one that contains s is longer (spans
+        # are unique), so s is dropped exactly when a kept span starting in [j - widest, i] reaches j
+        if any(reach.get(k, -1) >= j for k in range(max(0, j - widest), i + 1)):
+            continue
+        kept.append(s)
+        reach[i] = max(reach.get(i, -1), j)
     return sorted(kept)
 
 
@@ -284,26 +378,42 @@ def _word_set_matches(seq: Sequence[str], vocab: Vocabulary, seen: set[str]) -> 
     return out
 
 
+def _maximal(found: list[tuple[frozenset[int], str]]) -> list[tuple[frozenset[int], str]]:
+    """The matches whose positions are no proper subset of another match's (a superset covers their first one)."""
+    at: dict[int, list[int]] = {}
+    for n, (positions, _) in enumerate(found):
+        for p in positions:
+            at.setdefault(p, []).append(n)
+    return [
+        (positions, phrase)
+        for positions, phrase in found
+        if not any(positions < found[o][0] for o in at[min(positions)])
+    ]
+
+
 def event_types_in(text: str) -> list[str]:
     """Canonical event types named in a text (write side: content + key + tags; read side: the query)."""
     seq = units(text)
-    return sorted({_EVENT_SPANS[p] for _, _, p in _spans(seq, _EVENT_SPANS, 4)})
+    return sorted({_EVENT_SPANS[p] for _, _, p in _spans(seq, _EVENT_SPANS, 4, _EVENT_HEADS)})
 
 
 def _time_range(norm: str, seq: list[str], now: datetime) -> tuple[TimeRange | None, list[tuple[int, int, str]]]:
+    """The query's time cue, and the spans of its time words (a filter, not text to match).
+
+    A number and a unit ("the last 3 days", "最近3天", "2 周前") is the most specific cue and is read first; when
+    its range would be empty or out of range ("the last 0 days", "the last 99999999999 days") there is no time cue
+    at all (the query runs unfiltered), never an inverted range.
+    """
     words = _time_words(now)
-    spans = _spans(seq, words, 6)
+    spans = _spans(seq, words, 6, _TIME_HEADS)
+    for pattern, ago in ((_LAST_N, False), (_N_AGO, True)):
+        if m := pattern.search(norm):
+            rng = _numeric_range(m.group(1), _TIME_UNITS[m.group(2) or m.group(3)], ago, now)
+            return (None if rng is None else TimeRange(rng[0], rng[1], m.group(0))), spans
     if spans:
         first = spans[0]
         start, end = words[first[2]]
         return TimeRange(start, end, first[2].replace(" ", "") if _is_han(first[2]) else first[2]), spans
-    day = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    if m := _LAST_DAYS.search(norm):
-        n = int(m.group(1))
-        return TimeRange(day - timedelta(days=n - 1), now + timedelta(seconds=1), m.group(0)), []
-    if m := _DAYS_AGO.search(norm):
-        n = int(m.group(1))
-        return TimeRange(day - timedelta(days=n), day - timedelta(days=n - 1), m.group(0)), []
     return None, []
 
 
@@ -311,16 +421,42 @@ def _is_han(phrase: str) -> bool:
     return bool(re.match(_HAN, phrase))
 
 
+_ID_RUN = re.compile(r"[A-Za-z0-9_.:\-]+")  # every character an id token can have: ids never cross a run's ends
+
+
 def _id_tokens(text: str) -> list[str]:
+    """Id-shaped tokens, namespaced ones first; runs longer than MAX_ID_CHARS are not ids and are not scanned.
+
+    Scanning run by run is what the two regexes do on the whole text (their look-arounds see a non-id character
+    or an end either way), but a start inside a long run can then rescan at most MAX_ID_CHARS characters.
+    """
     nfkc = unicodedata.normalize("NFKC", text)
-    found = [m.group(0) for m in _NAMESPACED.finditer(nfkc)]
-    masked = _NAMESPACED.sub(" ", nfkc)
-    found += [m.group(0) for m in _CODE.finditer(masked)]
-    return [normalize_entity(t) for t in found]
+    spaced: list[str] = []
+    codes: list[str] = []
+    for run in _ID_RUN.finditer(nfkc):
+        r = run.group(0)
+        if len(r) > MAX_ID_CHARS:
+            continue
+        if ":" in r:
+            spaced += [m.group(0) for m in _NAMESPACED.finditer(r)]
+            r = _NAMESPACED.sub(" ", r)
+        codes += [m.group(0) for m in _CODE.finditer(r)]
+    return [normalize_entity(t) for t in spaced + codes]
+
+
+def _bounded_words(words: list[str], limit: int) -> list[str]:
+    """At most `limit` items: a longer list loses its repeats first, then its tail (short queries are untouched)."""
+    if len(words) <= limit:
+        return words
+    return list(dict.fromkeys(words))[:limit]
 
 
 def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
-    """Cues of one query against one tenant's vocabulary; `now` anchors the time words."""
+    """Cues of one query against one tenant's vocabulary; `now` anchors the time words.
+
+    Linear in the query's length (every table lookup goes through a prefix index, id tokens are deduplicated),
+    and the result is bounded (MAX_ENTITIES, MAX_KEYS, MAX_TERMS, MAX_TEXT_WORDS), so the search it drives is too.
+    """
     norm = normalize_text(query)
     raw = _UNIT.findall(norm)  # as written; `seq` is the same list in lookup form (singular)
     seq = [_singular(u) for u in raw]
@@ -332,41 +468,46 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
                 covered[k] = True
 
     # entities: id-shaped tokens plus ids the tenant knows (longest span wins)
-    entities: list[str] = []
-    known: list[str] = []
-    ent_spans = _spans(seq, vocab.entities)
+    known: dict[str, None] = {}
+    known_ids: set[str] = set()  # every subject_ids() of a known entity: an id token that is one adds nothing
+
+    def know(entity: str) -> None:
+        if entity not in known:
+            known[entity] = None
+            known_ids.update(subject_ids(entity))
+
+    ent_spans = _spans(seq, vocab.entities, heads=vocab.entity_heads)
     cover(ent_spans)
     for _, _, phrase in ent_spans:
-        e = vocab.entities[phrase]
-        if e not in known:
-            known.append(e)
-    for tok in _id_tokens(query):
-        cover(_spans(seq, {canonical(tok): True}))
+        know(vocab.entities[phrase])
+    tokens = list(dict.fromkeys(_id_tokens(query)))  # "P1 P1 P1 ...": one token, every occurrence covered
+    token_table = {c: True for c in map(canonical, tokens) if c}
+    cover(_spans(seq, token_table))
+    unknown: dict[str, None] = {}
+    for tok in tokens:
         for cand in subject_ids(tok):  # `project:P1` is known as such or by its bare id
-            if canonical(cand) in vocab.entities and vocab.entities[canonical(cand)] not in known:
-                known.append(vocab.entities[canonical(cand)])
-        if tok not in entities and not any(tok in subject_ids(k) for k in known):
-            entities.append(tok)
-    entities = list(dict.fromkeys([*known, *entities]))
+            if (e := vocab.entities.get(canonical(cand))) is not None:
+                know(e)
+        if tok not in known_ids:
+            unknown.setdefault(tok)
+    entities = list(dict.fromkeys([*known, *unknown]))[:MAX_ENTITIES]
+    known_list = list(known)[:MAX_ENTITIES]
 
     # attribute keys through aliases (longest phrase wins over the shorter ones inside it)
-    alias_spans = _spans(seq, vocab.aliases)
+    alias_spans = _spans(seq, vocab.aliases, heads=vocab.alias_heads)
     cover(alias_spans)
     found = [(frozenset(range(i, j)), phrase) for i, j, phrase in alias_spans]
     found += _word_set_matches(seq, vocab, {p for _, _, p in alias_spans})
     for positions, _ in found:
         cover((k, k + 1, "") for k in positions)
-    found = [(pos, p) for pos, p in found if not any(pos < other for other, _ in found)]
-    keys: list[str] = []
-    matches: list[tuple[str, tuple[str, ...]]] = []
-    for _, phrase in sorted(found, key=lambda f: (min(f[0]), f[1])):
-        ks = tuple(sorted(vocab.aliases[phrase]))
-        matches.append((phrase, ks))
-        keys.extend(k for k in ks if k not in keys)
+    found = _maximal(found)
+    phrases = _bounded_words([phrase for _, phrase in sorted(found, key=lambda f: (min(f[0]), f[1]))], MAX_KEYS)
+    matches = [(phrase, tuple(sorted(vocab.aliases[phrase]))) for phrase in phrases]
+    keys = dict.fromkeys(k for _, ks in matches for k in ks)
 
     time, time_spans = _time_range(norm, seq, now)
     cover(time_spans)
-    ev_spans = _spans(seq, _EVENT_SPANS, 4)
+    ev_spans = _spans(seq, _EVENT_SPANS, 4, _EVENT_HEADS)
     cover(ev_spans)
     event_types = sorted({_EVENT_SPANS[p] for _, _, p in ev_spans})
 
@@ -380,15 +521,16 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
         for u, c in zip(seq, covered, strict=True)
         if not c and u not in _STOP_UNITS and u not in vocab.namespaces and not u.isdigit()
     ]
+    text = [u for u, k in zip(raw, keep, strict=True) if k]
     return Cues(
         entities=tuple(entities),
-        known_entities=tuple(known),
-        keys=tuple(sorted(keys)),
+        known_entities=tuple(known_list),
+        keys=tuple(sorted(list(keys)[:MAX_KEYS])),
         alias_matches=tuple(matches),
         event_types=tuple(event_types),
         time=time,
-        terms=tuple(terms),
-        text=" ".join(u for u, k in zip(raw, keep, strict=True) if k),
+        terms=tuple(_bounded_words(terms, MAX_TERMS)),
+        text=" ".join(_bounded_words(text, MAX_TEXT_WORDS)),
         content_units=tuple(content),
     )
 
