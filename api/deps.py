@@ -63,7 +63,7 @@ def check_tenant(tenant: str, allowed: frozenset[str], field: str = "tenant") ->
     return tenant
 
 
-def _storable(value: str) -> str:
+def storable(value: str) -> str:
     """A path or query string PostgreSQL can store and compare (no NUL, no lone surrogate): else 422."""
     try:
         return check_storable(value, "")
@@ -72,7 +72,7 @@ def _storable(value: str) -> str:
 
 
 # a path or query string: 422 `unstorable_text` naming the parameter, never a 500 from the database
-Storable = Annotated[str, AfterValidator(_storable)]
+Storable = Annotated[str, AfterValidator(storable)]
 
 
 TenantQuery = Annotated[

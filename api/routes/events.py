@@ -186,7 +186,7 @@ def _conflict(index: int, event: MemoryEvent, where: str) -> dict[str, Any]:
     response_model=PublishResponse,
     responses={
         207: {"model": PublishResponse, "description": "some events accepted, some refused (see each result)"},
-        403: {"description": "an event names a tenant this API key may not use; nothing published"},
+        403: {"model": ErrorBody, "description": "an event names a tenant this API key may not use; nothing published"},
         422: {"model": PublishErrorBody, "description": "bad body, or no event valid (detail and per-event results)"},
         503: {"model": PublishErrorBody, "description": "kafka failed; nothing published, retrying the same is safe"},
     },

@@ -1,4 +1,8 @@
-"""`GET /v1/health`: is each part of the stack reachable right now? (no API key needed)"""
+"""`GET /v1/health`: is each part of the stack reachable right now? (no API key needed)
+
+200 `{"status": "ok", "parts": {...}}`, or 503 `degraded` with the same parts plus `detail` in the
+one error shape (a `store_unavailable` item naming each store that is down).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import time
 from fastapi import APIRouter, Request, Response
 
 from api.deps import SettingsDep
+from api.errors import store_unavailable
 from infra.kafka import probe as kafka_probe
 
 router = APIRouter(tags=["health"])
@@ -51,4 +56,7 @@ async def health(request: Request, settings: SettingsDep, response: Response) ->
     )
     ok = all(p["ok"] for p in parts.values())
     response.status_code = 200 if ok else 503
-    return {"status": "ok" if ok else "degraded", "parts": parts}
+    body: dict = {"status": "ok" if ok else "degraded", "parts": parts}
+    if not ok:  # the one error shape too: one store_unavailable item per part that is down
+        body["detail"] = [store_unavailable(name, p["error"]).item() for name, p in parts.items() if not p["ok"]]
+    return body

@@ -14,14 +14,14 @@ from typing import Literal
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from api.deps import Storable, TenantsDep, Time, check_tenant
+from api.deps import Storable, TenantsDep, Time, check_tenant, storable
 from api.routes._json import json_response
 from producers.contract import Kind, SourceType
 from projections.search.recall import RecallEngine, RecallFilters, RecallQuery
 
 router = APIRouter(tags=["recall"])
 
-_Values = Storable | list[Storable] | None  # no NUL: PostgreSQL could not compare it
+_Values = str | list[str] | None
 
 
 def _as_tuple(v: _Values) -> tuple[str, ...]:
@@ -40,6 +40,13 @@ class Filters(BaseModel):
     scope: _Values = None
     tags: _Values = None
     source_type: _Values = None
+
+    @field_validator("kind", "key", "scope", "tags", "source_type")
+    @classmethod
+    def _storable(cls, v: _Values) -> _Values:
+        for text in _as_tuple(v):  # a NUL could not be compared by PostgreSQL: 422 naming the filter
+            storable(text)
+        return v
 
     @field_validator("kind", "source_type")
     @classmethod

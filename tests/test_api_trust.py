@@ -1,0 +1,519 @@
+"""Issue 10 at the API's door, one test per class, against the real servers (create_app + TestClient).
+
+- class 13: every error status (401, 403, 404, 405, 422, 500, 503) has the one shape
+  `{"detail": [{"code", "field", "message"}]}`, documented in the OpenAPI spec;
+- class 8: a store that is down (a real client pointed at a dead loopback port) is a prompt 503
+  naming it on every route; bad inputs that were 500 or 503 are 4xx naming the field;
+- class 4: what the worker would dead-letter (size, depth) is refused by POST /v1/events first;
+- class 9: nothing is silently changed (non-finite numbers, Unix or sloppy times, future clocks),
+  and explicit nulls for defaulted fields mean "absent";
+- class 10: DELETE takes subjects with `/` exactly as the GET routes read them;
+- classes 2, 3, 7: idempotency by (tenant, event_id) at the door, with the projector applying
+  events for real: retries are answered from the store, conflicts refused, other tenants' ids
+  never seen, erased events never republished.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import uvicorn
+from fastapi import FastAPI, HTTPException
+from fastapi.testclient import TestClient
+
+from api.errors import ErrorBody, install_error_handlers
+from api.main import create_app
+from infra.settings import Settings
+from producers.contract import MAX_EVENT_BYTES, decode
+from producers.topics import ensure_topics
+from projections.postgres.schema import create_schema
+from tests.conftest import unique
+from tests.helpers import Worker, cleanup, end_offsets, wait_caught_up, wait_for
+from tests.test_producers import read_topic
+
+A, B = "tenant-a", "tenant-b"
+KEYS = {"key-a": [A], "key-b": [B]}
+HA, HB = {"X-API-Key": "key-a"}, {"X-API-Key": "key-b"}
+DEAD = "127.0.0.1:1"  # nothing listens there: a real client fails to connect at once
+PROMPT_S = 8.0  # pool wait 3 s, broker wait 5 s: a 503 comes well before this
+
+
+def event(subject: str = "user:1", tenant: str = A, **over: Any) -> dict[str, Any]:
+    base = {
+        "type": "memory.asserted",
+        "tenant": tenant,
+        "subject": subject,
+        "key": "pref.seat",
+        "value": "window",
+        "content": f"{subject} prefers window seats",
+    }
+    return {k: v for k, v in {**base, **over}.items() if v is not ...}
+
+
+def assert_error(resp, status: int, code: str | None = None, field: str | None | type = ...) -> dict[str, Any]:
+    """The response is `status` in the one error shape; returns its first item (checked against code, field)."""
+    assert resp.status_code == status, f"{resp.status_code} (wanted {status}): {resp.text[:500]}"
+    body = resp.json()
+    ErrorBody.model_validate(body)  # detail: a non-empty list of {code, field, message}
+    assert body["detail"], body
+    for item in body["detail"]:
+        assert set(item) == {"code", "field", "message"}, item
+        assert isinstance(item["code"], str) and item["code"] and item["message"], item
+        assert item["field"] is None or isinstance(item["field"], str), item
+    first = body["detail"][0]
+    if code is not None:
+        assert first["code"] == code, body
+    if field is not ...:
+        assert first["field"] == field, body
+    return first
+
+
+@pytest.fixture(scope="module")
+def trust_settings(base_settings: Settings) -> Iterator[Settings]:
+    """Private topic, schema (created, empty) and index; keys bound to one tenant each."""
+    settings = base_settings.private(unique("trust"), api_keys=KEYS)
+    ensure_topics(settings)
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
+        create_schema(admin, settings.pg_schema)
+    try:
+        yield settings
+    finally:
+        cleanup(settings)
+
+
+@pytest.fixture(scope="module")
+def client(trust_settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(trust_settings)) as c:
+        yield c
+
+
+# -- class 13: one error shape --------------------------------------------------------------------------
+
+
+def test_class13_every_error_status_has_the_one_documented_shape(client: TestClient) -> None:
+    json_headers = {**HA, "Content-Type": "application/json"}
+    cases = [
+        (client.get("/v1/stats", params={"tenant": A}), 401, "unauthorized", "X-API-Key"),
+        (
+            client.get("/v1/stats", params={"tenant": A}, headers={"X-API-Key": "nope"}),
+            401,
+            "unauthorized",
+            "X-API-Key",
+        ),
+        (client.post("/v1/recall", json={}, headers={"Authorization": "Basic eDp5"}), 401, "unauthorized", "X-API-Key"),
+        (client.get("/v1/stats", params={"tenant": B}, headers=HA), 403, "forbidden_tenant", "tenant"),
+        (client.delete("/v1/subjects/s", params={"tenant": B}, headers=HA), 403, "forbidden_tenant", "tenant"),
+        (
+            client.post("/v1/events", json={"events": [event(), event(tenant=B)]}, headers=HA),
+            403,
+            "forbidden_tenant",
+            "events.1.tenant",
+        ),
+        (client.get("/v1/facts/nothing/history", params={"tenant": A}, headers=HA), 404, "not_found", "memory_id"),
+        (client.get("/v1/no/such/route"), 404, "not_found", None),
+        (client.put("/v1/events", json={}), 405, "method_not_allowed", None),
+        (client.get("/v1/stats", headers=HA), 422, "missing", "tenant"),
+        (client.post("/v1/events", json={"events": []}, headers=HA), 422, "too_short", "events"),
+        (client.post("/v1/recall", json={"tenant": A, "query": " "}, headers=HA), 422, "value_error", "query"),
+        (
+            client.post("/v1/events", content=b'{"events": [\n  {"a": 1,}]}', headers=json_headers),
+            422,
+            "bad_json",
+            "body",
+        ),
+        (client.post("/v1/events", content=b"\xff\xfe{", headers=json_headers), 422, "bad_json", "body"),
+        (client.post("/v1/events", content=b"[" * 100_000, headers=json_headers), 422, "bad_json", "body"),
+    ]
+    for resp, status, code, field in cases:
+        assert_error(resp, status, code, field)
+    bad_json = assert_error(cases[12][0], 422)
+    assert "line 2, column 11 (char 23)" in bad_json["message"], bad_json  # its position, not "field": "23"
+    assert cases[0][0].headers.get("www-authenticate") == "Bearer"
+
+    # the spec documents it: every operation lists ErrorBody (or its events extension) for its error statuses
+    spec = client.get("/openapi.json").json()
+    assert set(spec["components"]["securitySchemes"]) == {"ApiKeyAuth", "BearerAuth"}
+    assert spec["components"]["securitySchemes"]["ApiKeyAuth"] == {
+        "type": "apiKey",
+        "in": "header",
+        "name": "X-API-Key",
+        "description": "an API key bound to tenants",
+    }
+    for path, methods in spec["paths"].items():
+        for method, op in methods.items():
+            errors = {s: r for s, r in op["responses"].items() if s[0] in "45"}
+            assert {"500", "503"} <= set(errors), (method, path, sorted(op["responses"]))
+            for status, r in errors.items():
+                ref = r["content"]["application/json"]["schema"]["$ref"]
+                assert ref.endswith(("/ErrorBody", "/PublishErrorBody")), (method, path, status, ref)
+            if path != "/v1/health":
+                assert {"401", "403", "422"} <= set(errors), (method, path)
+                assert op["security"] == [{"ApiKeyAuth": []}, {"BearerAuth": []}], (method, path)
+
+
+def test_class13_unexpected_errors_and_framework_exceptions_keep_the_shape() -> None:
+    """A bug is a 500 in the same shape (no traceback leaked); HTTPException details of any form are normalized."""
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("secret internals")
+
+    @app.get("/str")
+    async def as_string() -> None:
+        raise HTTPException(409, detail="plain text")
+
+    @app.get("/dict")
+    async def as_dict() -> None:
+        raise HTTPException(403, detail={"field": "tenant", "message": "no"})
+
+    with TestClient(app, raise_server_exceptions=False) as c:
+        item = assert_error(c.get("/boom"), 500, "internal_error", None)
+        assert "secret" not in item["message"] and "RuntimeError" in item["message"]
+        assert_error(c.get("/str"), 409, "error", None)
+        assert_error(c.get("/dict"), 403, "forbidden", "tenant")
+
+
+# -- class 8: store failures and inputs that were 500 ---------------------------------------------------
+
+
+def _routes(tenant: str) -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        ("GET", "/v1/subjects/user:1/facts", {"params": {"tenant": tenant}}),
+        ("GET", "/v1/subjects/user:1/facts", {"params": {"tenant": tenant, "known_at": "2026-01-01T00:00:00Z"}}),
+        ("GET", "/v1/subjects/user:1/events", {"params": {"tenant": tenant}}),
+        ("GET", "/v1/facts/abc/history", {"params": {"tenant": tenant}}),
+        ("GET", "/v1/stats", {"params": {"tenant": tenant}}),
+        ("POST", "/v1/recall", {"json": {"tenant": tenant, "query": "P1 backend port", "mode": "keyword"}}),
+        ("POST", "/v1/recall", {"json": {"tenant": tenant, "query": "user:1 seat", "mode": "exact"}}),
+        ("POST", "/v1/events", {"json": {"events": [event(tenant=tenant, event_id=unique("down"))]}}),
+        ("DELETE", "/v1/subjects/user:1", {"params": {"tenant": tenant}}),
+    ]
+
+
+# which routes need which store (the others still answer normally when it is down)
+NEEDS = {
+    "postgres": {"/v1/subjects/user:1/facts", "/v1/subjects/user:1/events", "/v1/facts/abc/history", "/v1/stats"},
+    "elasticsearch": {"/v1/stats", "/v1/recall"},
+    "kafka": {"/v1/stats", "/v1/events", "/v1/subjects/user:1"},
+}
+DOWN = {
+    "postgres": {"pg_dsn": f"postgresql://ledger:ledger@{DEAD}/ledger"},
+    "elasticsearch": {"es_url": f"http://{DEAD}"},
+    "kafka": {"kafka_bootstrap": DEAD},
+}
+
+
+@pytest.mark.parametrize("store", ["postgres", "elasticsearch", "kafka"])
+def test_class8_a_store_that_is_down_is_a_prompt_503_naming_it_on_every_route(
+    trust_settings: Settings, store: str
+) -> None:
+    settings = trust_settings.model_copy(update=DOWN[store])
+    needs = NEEDS[store] | ({"/v1/recall"} if store == "postgres" else set())  # recall reads the vocabulary
+    with TestClient(create_app(settings)) as c:
+        for method, url, kw in _routes(A):
+            t0 = time.monotonic()
+            r = c.request(method, url, headers=HA, **kw)
+            took = time.monotonic() - t0
+            assert took < PROMPT_S, f"{method} {url} with {store} down took {took:.1f}s"
+            if url in needs:
+                item = assert_error(r, 503, "store_unavailable", None)
+                assert item["message"].startswith(f"{store}: "), item
+                assert "Traceback" not in r.text
+            else:
+                assert r.status_code < 500, f"{method} {url} with {store} down: {r.status_code} {r.text[:300]}"
+            if store == "postgres" and url == "/v1/events":  # the door check is skipped, never blocking
+                assert r.status_code == 200, r.text
+                assert r.json()["idempotency_checked"] is False and "postgres" in r.json()["idempotency_note"]
+        r = c.get("/v1/health")
+        item = assert_error(r, 503, "store_unavailable", None)
+        assert not r.json()["parts"][store]["ok"] and item["message"].startswith(f"{store}: ")
+
+
+def test_class8_inputs_that_were_500_or_503_are_4xx_naming_the_field(client: TestClient) -> None:
+    before = end_offsets(client.app.state.settings)
+    cases = [  # (method, url, kwargs, field)
+        ("GET", "/v1/subjects/a%00b/facts", {"params": {"tenant": A}}, "subject"),
+        ("GET", "/v1/subjects/a%00b/events", {"params": {"tenant": A}}, "subject"),
+        ("DELETE", "/v1/subjects/a%00b", {"params": {"tenant": A}}, "subject"),
+        ("DELETE", "/v1/subjects/ab", {"params": {"tenant": A, "reason": "nul\x00"}}, "reason"),
+        ("GET", "/v1/facts/m%00/history", {"params": {"tenant": A}}, "memory_id"),
+        ("GET", "/v1/stats", {"params": {"tenant": "a\x00"}}, "tenant"),
+        ("POST", "/v1/recall", {"json": {"tenant": A, "query": "x", "subject": "s\x00"}}, "subject"),
+        ("POST", "/v1/recall", {"json": {"tenant": A, "query": "x", "filters": {"key": ["k", "\x00"]}}}, "filters.key"),
+        ("POST", "/v1/recall", {"json": {"tenant": A, "query": "x", "filters": {"tags": "t\x00"}}}, "filters.tags"),
+        ("GET", "/v1/subjects/s/facts", {"params": {"tenant": A, "as_of": "9999-12-31T23:59:59-01:00"}}, "as_of"),
+        ("GET", "/v1/subjects/s/facts", {"params": {"tenant": A, "known_at": "0001-01-01T00:00:00+01:00"}}, None),
+        ("GET", "/v1/subjects/s/events", {"params": {"tenant": A, "to": "0001-01-01T00:00:00+01:00"}}, "to"),
+        ("POST", "/v1/recall", {"json": {"tenant": A, "query": "x", "as_of": "9999-12-31T23:59:59-01:00"}}, "as_of"),
+    ]
+    for method, url, kw, field in cases:
+        item = assert_error(client.request(method, url, headers=HA, **kw), 422)
+        assert item["code"] in ("unstorable_text", "invalid_time"), (url, item)
+        if field is not None:
+            assert item["field"] == field, (url, item)
+    events = [  # values the broker "refused" with a retryable 503 before: bad input is the caller's 4xx
+        (event(value=10**30), "number_out_of_range", "events.0.value"),
+        (event(value={"n": 2**64}), "number_out_of_range", "events.0.value.n"),
+        (event(value=_nested(300)), "too_deep", None),
+        (event(observed_at="9999-12-31T23:59:59-01:00"), "invalid_time", "events.0.observed_at"),
+        (event(valid_to="0001-01-01T00:00:00+01:00"), "invalid_time", "events.0.valid_to"),
+        (event(subject="user\x00:1"), "unstorable_text", "events.0.subject"),
+        (event(value={"k\x00": 1}), "unstorable_text", None),
+    ]
+    for body, code, field in events:
+        r = client.post("/v1/events", json={"events": [body]}, headers=HA)
+        item = assert_error(r, 422, code)
+        assert item["field"].startswith("events.0"), item
+        if field is not None:
+            assert item["field"] == field, item
+        assert r.json()["results"][0]["error"] == item
+    assert end_offsets(client.app.state.settings) == before, "a refused request published something"
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# -- class 4: accepted, then dead-lettered ---------------------------------------------------------------
+
+
+def test_class4_what_the_worker_would_dead_letter_is_refused_at_the_door(client: TestClient) -> None:
+    settings = client.app.state.settings
+    before = end_offsets(settings)
+    too_big = [
+        event(value="x" * (300 * 1024)),  # a 300 KB value
+        event(value="x" * MAX_EVENT_BYTES),  # the value alone fills the record
+        event(aliases=[f"{i:03}" + "a" * 250 for i in range(64)], value=["v" * 4000] * 62),  # every field in limits
+        event(content="c" * 16_000, value={f"k{i}": "v" * 1000 for i in range(250)}),
+    ]
+    for body in too_big:
+        r = client.post("/v1/events", json={"events": [body]}, headers=HA)
+        item = assert_error(r, 422, "too_large", "events.0")
+        assert str(MAX_EVENT_BYTES) in item["message"]
+    deep = client.post("/v1/events", json={"events": [event(value=_nested(33))]}, headers=HA)
+    assert_error(deep, 422, "too_deep")
+    assert end_offsets(settings) == before, "nothing of a refused request is published"
+
+    # in a batch: the good ones are published, the oversized one is refused alone, naming it
+    batch = [event("user:7", event_id="fits-1"), event("user:7", value="y" * MAX_EVENT_BYTES), event("user:8")]
+    r = client.post("/v1/events", json={"events": batch}, headers=HA)
+    assert r.status_code == 207, r.text
+    results = r.json()["results"]
+    assert [x["accepted"] for x in results] == [True, False, True]
+    assert results[1]["error"]["code"] == "too_large" and results[1]["error"]["field"] == "events.1"
+    published = {decode(rec.value).event_id for rec in read_topic(settings)}
+    assert {results[0]["event_id"], results[2]["event_id"]} <= published
+    assert results[1]["event_id"] not in published
+
+
+# -- class 9: silent changes ------------------------------------------------------------------------------
+
+
+def test_class9_nothing_is_silently_changed(client: TestClient) -> None:
+    json_headers = {**HA, "Content-Type": "application/json"}
+    template = (
+        b'{"events": [{"type": "memory.asserted", "tenant": "tenant-a", "subject": "u", "key": "k", '
+        b'"content": "c", "value": %s}]}'
+    )
+    for literal in (b"NaN", b"Infinity", b"-Infinity", b"1e999", b'{"x": [NaN]}'):
+        r = client.post("/v1/events", content=template % literal, headers=json_headers)
+        item = assert_error(r, 422, "number_out_of_range")
+        assert item["field"].startswith("events.0.value"), item
+
+    times = ["1700000000", "1700000000000", "2026-01-01T00:00Z", "2026-01-01T00:00:00.1234567Z", "2026-01-01T00:00:00"]
+    times += ["2026-01-01", "2026-13-01T00:00:00Z", "yesterday"]
+    for bad in times:
+        for name, url in (("as_of", "facts"), ("known_at", "facts"), ("from", "events"), ("to", "events")):
+            r = client.get(f"/v1/subjects/u/{url}", params={"tenant": A, name: bad}, headers=HA)
+            assert_error(r, 422, "invalid_time", name)
+        r = client.post("/v1/recall", json={"tenant": A, "query": "k", "as_of": bad}, headers=HA)
+        assert_error(r, 422, "invalid_time", "as_of")
+        r = client.post("/v1/events", json={"events": [event(observed_at=bad)]}, headers=HA)
+        assert_error(r, 422, "invalid_time", "events.0.observed_at")
+    r = client.post("/v1/recall", json={"tenant": A, "query": "k", "as_of": 1700000000}, headers=HA)
+    assert_error(r, 422, "invalid_time", "as_of")
+    ok = client.get(
+        "/v1/subjects/u/facts", params={"tenant": A, "as_of": "2026-01-01T01:00:00.123456+01:00"}, headers=HA
+    )
+    assert ok.status_code == 200 and ok.json()["as_of"] == "2026-01-01T00:00:00.123456+00:00"
+    r = client.get(
+        "/v1/subjects/u/events",
+        params={"tenant": A, "from": "2026-01-02T00:00:00Z", "to": "2026-01-01T00:00:00Z"},
+        headers=HA,
+    )
+    assert_error(r, 422, "invalid_range", "to")
+
+    # a clock in the future would win over every later update: refused beyond the configured skew
+    skew = client.app.state.settings.max_future_skew_s
+    for future in ("2099-01-01T00:00:00Z", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + skew + 120))):
+        r = client.post("/v1/events", json={"events": [event(observed_at=future)]}, headers=HA)
+        assert_error(r, 422, "clock_skew", "events.0.observed_at")
+    near = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))  # within the window: fine
+    assert client.post("/v1/events", json={"events": [event(observed_at=near)]}, headers=HA).status_code == 200
+
+    # explicit null for a defaulted field is "absent", not refused
+    nulls = event("user:nulls", event_id=None, scope=None, observed_at=None, kind=None, entities=None, source=None)
+    r = client.post(
+        "/v1/events", json={"events": [nulls, event("user:nulls2", importance=None, tags=None)]}, headers=HA
+    )
+    assert r.status_code == 200, r.text
+    assert all(x["accepted"] and x["event_id"] for x in r.json()["results"])
+
+
+# -- class 10: DELETE of a subject with / -------------------------------------------------------------------
+
+
+@contextmanager
+def live_server(app: FastAPI) -> Iterator[str]:
+    """The app under a real uvicorn on an ephemeral loopback port (the path is decoded once, as in production;
+    Starlette's TestClient decodes it twice, which would hide the difference between %2F and %252F)."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, 30, 0.05, "uvicorn to start")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_class10_delete_takes_subjects_with_slashes_as_get_reads_them(trust_settings: Settings) -> None:
+    cases = [  # (path as sent on the wire, the subject it names)
+        ("/v1/subjects/team/alpha", "team/alpha"),
+        ("/v1/subjects/team%2Fbeta", "team/beta"),
+        ("/v1/subjects/team%252Fgamma", "team%2Fgamma"),  # an encoded %: the literal subject, not team/gamma
+        ("/v1/subjects/a/b/c/", "a/b/c/"),
+        ("/v1/subjects/x/facts", "x/facts"),  # DELETE has no /facts sub-resource: the whole rest is the subject
+    ]
+    answered = {}
+    with live_server(create_app(trust_settings)) as url, httpx.Client(base_url=url, headers=HA, timeout=30) as http:
+        for path, subject in cases:
+            r = http.delete(path, params={"tenant": A, "reason": "test"})
+            assert r.status_code == 202, f"{path}: {r.status_code} {r.text}"
+            assert r.json()["subject"] == subject, (path, r.json())
+            answered[r.json()["event_id"]] = subject
+            read = http.get(path + "/facts", params={"tenant": A})  # GET reads the same subject
+            assert read.status_code == 200 and read.json()["subject"] == subject, (path, read.text)
+        assert_error(http.delete("/v1/subjects/", params={"tenant": A}), 422, "too_short", "subject")  # no subject
+    on_topic = {e.event_id: e.subject for e in (decode(rec.value) for rec in read_topic(trust_settings))}
+    assert {eid: on_topic.get(eid) for eid in answered} == answered, "the tombstones name exactly those subjects"
+
+
+# -- classes 2, 3, 7: idempotency at the door, with the projector applying the events --------------------------
+
+
+@pytest.fixture(scope="module")
+def applied(base_settings: Settings) -> Iterator[tuple[Settings, TestClient, Worker]]:
+    settings = base_settings.private(unique("door"), api_keys=KEYS)
+    ensure_topics(settings)
+    worker = Worker(settings).start()
+    try:
+        with TestClient(create_app(settings)) as c:
+            yield settings, c, worker
+    finally:
+        worker.stop()
+        cleanup(settings)
+
+
+def _settle(settings: Settings, worker: Worker) -> None:
+    wait_caught_up(settings, timeout=90, worker=worker)
+
+
+def test_class2_3_7_idempotency_by_tenant_and_event_id_at_the_door(applied) -> None:
+    settings, c, worker = applied
+    first = [event("user:1", event_id="E1"), event("user:2", event_id="E2", key="pref.drink", value="tea")]
+    r = c.post("/v1/events", json={"events": first}, headers=HA)
+    assert r.status_code == 200, r.text
+    placed = {x["event_id"]: (x["partition"], x["offset"]) for x in r.json()["results"]}
+    assert all(not x["duplicate"] for x in r.json()["results"])
+    _settle(settings, worker)
+
+    # class 3 and retries: the same id again, with the same content or not
+    before = end_offsets(settings)
+    batch = [
+        event("user:1", event_id="E1"),  # a retry: answered from the store
+        {**event("user:2", event_id="E2", key="pref.drink", value="tea"), "observed_at": None},  # a retry too
+        event("user:1", event_id="E1", value="aisle"),  # the same id, other content
+        event("user:9", event_id="E2", key="pref.drink", value="tea"),  # other subject
+        {**event("user:2", event_id="E2", key="pref.drink", value="tea"), "type": "memory.confirmed"},
+    ]
+    r = c.post("/v1/events", json={"events": batch}, headers=HA)
+    assert r.status_code == 207, r.text
+    res = r.json()["results"]
+    assert r.json()["idempotency_checked"] is True
+    for i in (0, 1):
+        assert res[i]["accepted"] and res[i]["duplicate"], res[i]
+        assert (res[i]["partition"], res[i]["offset"]) == placed[res[i]["event_id"]]
+    for i in (2, 3, 4):
+        assert not res[i]["accepted"], res[i]
+        assert res[i]["error"]["code"] == "event_id_conflict" and res[i]["error"]["field"] == f"events.{i}.event_id"
+    assert end_offsets(settings) == before, "a retry or a conflict must publish nothing"
+
+    # within one request: the second of two identical events is a duplicate, of two different ones a conflict
+    r = c.post(
+        "/v1/events",
+        json={
+            "events": [
+                event("user:3", event_id="E3"),
+                event("user:3", event_id="E3"),
+                event("user:3", event_id="E3", value="x"),
+            ]
+        },
+        headers=HA,
+    )
+    res = r.json()["results"]
+    assert [x["accepted"] for x in res] == [True, True, False] and res[1]["duplicate"]
+    assert (res[0]["partition"], res[0]["offset"]) == (res[1]["partition"], res[1]["offset"])
+    assert res[2]["error"]["code"] == "event_id_conflict" and "events.0" in res[2]["error"]["message"]
+    assert sum(1 for rec in read_topic(settings) if decode(rec.value).event_id == "E3") == 1
+
+    # class 2: another tenant's ids are its own, and nothing tells it that tenant A has them
+    theirs = [event("user:1", tenant=B, event_id="E1", value="aisle"), event("user:2", tenant=B, event_id="E2")]
+    r = c.post("/v1/events", json={"events": theirs}, headers=HB)
+    assert r.status_code == 200, r.text
+    assert [x["duplicate"] for x in r.json()["results"]] == [False, False]
+    assert A not in r.text
+    _settle(settings, worker)
+    fa = c.get("/v1/subjects/user:1/facts", params={"tenant": A}, headers=HA).json()["facts"]
+    fb = c.get("/v1/subjects/user:1/facts", params={"tenant": B}, headers=HB).json()["facts"]
+    assert [f["value"] for f in fa] == ["window"] and [f["value"] for f in fb] == ["aisle"], (fa, fb)
+    r = c.post("/v1/events", json={"events": [event("user:1", tenant=B, event_id="E1", value="window")]}, headers=HB)
+    assert r.json()["results"][0]["error"]["code"] == "event_id_conflict"  # against B's own E1 only
+    assert A not in r.text and "window seats" not in r.json()["results"][0]["error"]["message"]
+
+    # class 7: after an erasure, re-sending a pre-erasure event is answered, not applied again
+    r = c.delete("/v1/subjects/user:1", params={"tenant": A}, headers=HA)
+    assert r.status_code == 202
+    _settle(settings, worker)
+    before = end_offsets(settings)
+    r = c.post("/v1/events", json={"events": [event("user:1", event_id="E1")]}, headers=HA)
+    assert r.status_code == 200, r.text
+    [res] = r.json()["results"]
+    assert res["accepted"] and res["duplicate"] and res["erased"], res
+    assert end_offsets(settings) == before, "an erased event was republished"
+    assert c.get("/v1/subjects/user:1/facts", params={"tenant": A}, headers=HA).json()["facts"] == []
+    # a genuinely new event about the subject is applied
+    r = c.post("/v1/events", json={"events": [event("user:1", event_id="E1-new", value="aisle")]}, headers=HA)
+    assert r.status_code == 200 and not r.json()["results"][0]["duplicate"]
+    _settle(settings, worker)
+    facts = wait_for(
+        lambda: c.get("/v1/subjects/user:1/facts", params={"tenant": A}, headers=HA).json()["facts"],
+        30,
+        0.2,
+        "the new fact",
+    )
+    assert [f["value"] for f in facts] == ["aisle"]
