@@ -2,10 +2,16 @@
 
 - Poison records (class 1): a record PostgreSQL refuses is dead-lettered as `unstorable` and the
   records after it in the same batch are applied; the partition never stops.
+- Idempotency by (tenant, event_id) (classes 2, 3): another tenant's event with the same id is
+  its own event (an erasure too); the same tenant re-using an id for other content is a conflict,
+  dead-lettered as `event_id_conflict`, the original kept; an exact redelivery has no effect.
+- Erasure that holds (class 7): re-sent pre-erasure events have no effect, new ones apply, a
+  rebuild agrees, and LISTENers hear of the erasure once it is committed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -16,14 +22,35 @@ from kafka import KafkaConsumer
 from psycopg import errors as pg_errors
 
 from infra.settings import Settings
-from producers.contract import InvalidEvent, MemoryEvent, encode, kafka_key
-from projections.postgres.recorder import CoreRefused, Recorder, connect, decode_record, is_permanent
+from producers.contract import InvalidEvent, MemoryEvent, encode, kafka_key, version_id_for
+from projections.postgres.idempotency import Known, known_events
+from projections.postgres.queries import projection_checksum
+from projections.postgres.rebuild import rebuild
+from projections.postgres.recorder import (
+    ERASURE_CHANNEL,
+    CoreRefused,
+    Recorder,
+    connect,
+    decode_record,
+    is_permanent,
+)
 from projections.postgres.schema import create_schema
 from tests.conftest import unique
-from tests.helpers import Worker, cleanup, end_offsets, pg, positions, publish_raw, wait_caught_up, wait_for
+from tests.helpers import (
+    Worker,
+    cleanup,
+    end_offsets,
+    pg,
+    positions,
+    publish,
+    publish_raw,
+    wait_caught_up,
+    wait_for,
+)
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 TENANT = "acme"
+OTHER = "globex"
 
 
 def at(days: float) -> datetime:
@@ -203,3 +230,309 @@ def test_a_transient_failure_is_retried_not_dead_lettered(base_settings: Setting
             assert other.execute("SELECT count(*) FROM dead_letters").fetchone()[0] == 0
     finally:
         cleanup(settings)
+
+
+# -- classes 2, 3, 7 against one running worker ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stack(base_settings: Settings):
+    settings = base_settings.private(unique("trust"), processor_batch_size=200)
+    publish(settings, [asserted("warmup", "k", 0)])
+    worker = Worker(settings).start()
+    try:
+        wait_caught_up(settings, timeout=60, worker=worker)
+        yield settings, worker
+    finally:
+        worker.stop()
+        cleanup(settings)
+
+
+def count(conn: psycopg.Connection, table: str, tenant: str, subject: str) -> int:
+    return conn.execute(
+        f"SELECT count(*) FROM {table} WHERE tenant = %s AND subject = %s", (tenant, subject)
+    ).fetchone()[0]
+
+
+def facts(conn: psycopg.Connection, tenant: str, subject: str) -> dict[str, object]:
+    """key -> value of the subject's current versions."""
+    rows = conn.execute(
+        "SELECT key, value FROM fact_versions WHERE tenant = %s AND subject = %s AND status = 'active' "
+        "AND valid_to IS NULL AND superseded_by IS NULL",
+        (tenant, subject),
+    )
+    return dict(rows.fetchall())
+
+
+def test_another_tenants_event_with_the_same_id_is_its_own_event(stack):
+    settings, worker = stack
+    s = f"user:{uuid.uuid4().hex[:8]}"  # the same subject name in both tenants
+    x = [asserted(s, "email", "x@acme", 0), asserted(s, "phone", "111", 0), asserted(s, "city", "Paris", 0)]
+    x += [mark("memory.retracted", s, "city", 1), asserted(s, "name", "Xavier", 0)]
+    publish(settings, x)
+    wait_caught_up(settings, worker=worker)
+    # tenant Y re-uses each of X's ids: an assertion, a retraction on an assertion's id, a confirmation on a
+    # retraction's id; and an erasure of Y's own subject with the id of X's first assertion (never suppressed)
+    ids = [e.event_id for e in x]
+    y = [
+        asserted(s, "email", "y@globex", 0, tenant=OTHER, event_id=ids[1]),
+        asserted(s, "phone", "222", 0, tenant=OTHER, event_id=ids[0]),
+        asserted(s, "city", "Rome", 0, tenant=OTHER, event_id=ids[3]),
+        mark("memory.retracted", s, "phone", 2, tenant=OTHER, event_id=ids[2]),
+    ]
+    publish(settings, y)
+    wait_caught_up(settings, worker=worker)
+    with pg(settings) as conn:
+        assert facts(conn, TENANT, s) == {"email": "x@acme", "phone": "111", "name": "Xavier"}
+        assert facts(conn, OTHER, s) == {"email": "y@globex", "city": "Rome"}
+        assert count(conn, "events", TENANT, s) == 5 and count(conn, "events", OTHER, s) == 4
+        per_tenant = dict(
+            conn.execute(
+                "SELECT tenant, count(*) FROM events WHERE event_id = ANY(%s) GROUP BY tenant", (ids,)
+            ).fetchall()
+        )
+        assert per_tenant == {TENANT: 5, OTHER: 4}
+        # a version's id is scoped by its tenant: the same event_id, two versions
+        vids = conn.execute(
+            "SELECT tenant, version_id FROM fact_versions WHERE event_id = %s ORDER BY tenant", (ids[0],)
+        ).fetchall()
+        assert vids == [(TENANT, version_id_for(TENANT, ids[0])), (OTHER, version_id_for(OTHER, ids[0]))]
+        dead = conn.execute("SELECT count(*) FROM dead_letters WHERE code = 'event_id_conflict'").fetchone()[0]
+    publish(settings, [MemoryEvent(type="subject.erased", tenant=OTHER, subject=s, event_id=ids[4])])
+    wait_caught_up(settings, worker=worker)
+    with pg(settings) as conn:
+        assert facts(conn, OTHER, s) == {} and count(conn, "events", OTHER, s) == 1  # Y's erasure happened
+        assert facts(conn, TENANT, s) == {"email": "x@acme", "phone": "111", "name": "Xavier"}  # X is untouched
+        assert count(conn, "events", TENANT, s) == 5
+        assert conn.execute("SELECT count(*) FROM dead_letters WHERE code = 'event_id_conflict'").fetchone()[0] == dead
+    assert worker.alive()
+
+
+def test_same_tenant_same_id_other_content_is_a_conflict_never_silently_dropped(stack):
+    settings, worker = stack
+    s = f"user:{uuid.uuid4().hex[:8]}"
+    key = kafka_key(TENANT, s)
+    first = [asserted(s, "email", "a@b.c", 0), asserted(s, "phone", "123", 0), asserted(s, "city", "Oslo", 0)]
+    publish(settings, first)
+    wait_caught_up(settings, worker=worker)
+    clash = [
+        asserted(s, "email", "evil@b.c", 0, event_id=first[0].event_id),  # another value
+        mark("memory.retracted", s, "phone", 1, event_id=first[1].event_id),  # another type
+        MemoryEvent(type="subject.erased", tenant=TENANT, subject=s, event_id=first[2].event_id),  # an erasure
+        asserted(s, "city", "Oslo", 0, event_id=first[2].event_id, tags=["x"]),  # one more tag
+    ]
+    placed = publish_raw(settings, [(key, encode(e)) for e in clash])
+    wait_caught_up(settings, worker=worker)
+    with pg(settings) as conn:
+        dead = {po: d for po, d in dead_letters(conn, settings).items() if po in set(placed)}
+        assert {po: (d[0], d[1]) for po, d in dead.items()} == dict.fromkeys(placed, ("event_id_conflict", "event_id"))
+        assert all(
+            first[0].event_id in d[2] or first[1].event_id in d[2] or first[2].event_id in d[2] for d in dead.values()
+        )
+        assert facts(conn, TENANT, s) == {"email": "a@b.c", "phone": "123", "city": "Oslo"}  # the originals stay
+        assert count(conn, "events", TENANT, s) == 3 and count(conn, "fact_versions", TENANT, s) == 3
+        stored = conn.execute(
+            "SELECT fingerprint FROM events WHERE tenant = %s AND event_id = %s", (TENANT, first[0].event_id)
+        ).fetchone()
+        assert stored == (first[0].fingerprint,)
+    bodies = dlq_bodies(settings, set(placed))
+    assert {bodies[po]["code"] for po in placed} == {"event_id_conflict"}
+    assert {bodies[po]["field"] for po in placed} == {"event_id"}
+    assert "conflict" in worker.log()
+
+
+def test_an_exact_redelivery_is_still_a_no_op(stack):
+    settings, worker = stack
+    s = f"user:{uuid.uuid4().hex[:8]}"
+    key = kafka_key(TENANT, s)
+    e = asserted(s, "drink", "tea", 0)
+    retract = mark("memory.retracted", s, "drink", 3)
+    no_time = {"event_id": uuid.uuid4().hex, "type": "memory.asserted", "tenant": TENANT, "subject": s, "key": "nick"}
+    no_time |= {"content": "goes by bob", "value": "bob"}  # each delivery gets its own broker timestamp
+    raws = [encode(e), encode(retract), orjson.dumps(no_time)]
+    placed = publish_raw(settings, [(key, r) for r in raws * 3])
+    # a publisher that stamps observed_at anew on each retry (valid_from defaulted): the same fingerprint
+    stamped = [
+        MemoryEvent(
+            type="memory.asserted",
+            tenant=TENANT,
+            subject=s,
+            key="lang",
+            value="nl",
+            content="speaks nl",
+            event_id="lang-1",
+            observed_at=at(day),
+        )
+        for day in (0, 0.5, 0.7)
+    ]
+    assert len({x.fingerprint for x in stamped}) == 1
+    publish_raw(settings, [(key, encode(x)) for x in stamped])
+    wait_caught_up(settings, worker=worker)
+    with pg(settings) as conn:
+        assert count(conn, "events", TENANT, s) == 4 and count(conn, "fact_versions", TENANT, s) == 3
+        lang = conn.execute(
+            "SELECT observed_at FROM fact_versions WHERE tenant = %s AND key = 'lang' AND subject = %s", (TENANT, s)
+        ).fetchall()
+        assert lang == [(at(0),)]
+        status = conn.execute(
+            "SELECT status, observed_at FROM fact_versions WHERE tenant = %s AND subject = %s AND key = 'drink'",
+            (TENANT, s),
+        ).fetchone()
+        assert status == ("retracted", at(0))  # the first delivery is the one recorded
+        assert not set(dead_letters(conn, settings)) & set(placed)
+
+
+def test_recorder_counts_duplicates_conflicts_and_erased_replays(base_settings: Settings):
+    """The same classes through the Recorder in one process (exact counts), on real PostgreSQL."""
+    settings = base_settings.private(unique("idem"))
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
+        create_schema(admin, settings.pg_schema)
+    offset = 0
+
+    def records(*events: MemoryEvent | bytes) -> list:
+        nonlocal offset
+        out = []
+        for e in events:
+            raw = e if isinstance(e, bytes) else encode(e)
+            out.append(decode_record(settings.topic, 0, offset, raw, timestamp_ms=0))
+            offset += 1
+        return out
+
+    s = "user:1"
+    a, b = asserted(s, "a", 1), asserted(s, "b", 2)
+    c = asserted(s, "c", 3)
+    try:
+        with connect(settings.pg_dsn, settings.pg_schema) as conn:
+            rec = Recorder(conn, consumer="c", topic=settings.topic)
+            r1 = rec.apply_batch(records(a, b))
+            assert (r1.applied, r1.duplicates, r1.conflicts, r1.dead) == (2, 0, 0, 0)
+            erase = MemoryEvent(type="subject.erased", tenant=TENANT, subject=s)
+            r2 = rec.apply_batch(
+                records(
+                    a,  # duplicate
+                    asserted(s, "a", 99, event_id=a.event_id),  # conflict
+                    asserted(s, "a", 1, tenant=OTHER, event_id=a.event_id),  # another tenant's: applied
+                    c,
+                    asserted(s, "c", 4, event_id=c.event_id),  # conflict with an event of the same batch
+                    erase,
+                )
+            )
+            assert (r2.applied, r2.duplicates, r2.conflicts, r2.dead, r2.erased_replays) == (3, 1, 2, 2, 0)
+            new = asserted(s, "a", 5, 10)
+            r3 = rec.apply_batch(records(a, b, c, asserted(s, "a", 77, event_id=a.event_id), erase, new))
+            # a, b, c and a's conflicting twin: erased ids, no effect; the erasure again: a duplicate
+            assert (r3.applied, r3.duplicates, r3.conflicts, r3.erased_replays) == (1, 1, 0, 4)
+            other = pg(settings)
+            assert facts(other, TENANT, s) == {"a": 5}
+            assert facts(other, OTHER, s) == {"a": 1}
+            assert other.execute("SELECT count(*) FROM erased_events").fetchone()[0] == 3  # a, b, c
+            other.close()
+    finally:
+        cleanup(settings)
+
+
+def test_erasure_survives_retries_and_a_rebuild_and_notifies_at_commit(stack):
+    settings, worker = stack
+    s = f"user:{uuid.uuid4().hex[:8]}"
+    key = kafka_key(TENANT, s)
+    before = [
+        asserted(s, "email", "a@b.c", 0, entities=["ACME"], aliases=["al"]),
+        asserted(s, "email", "new@b.c", 1),
+        asserted(s, "pref.seat", "window", 0, kind="preference", valid_to=at(5)),
+        mark("memory.confirmed", s, "email", 2),
+        mark("memory.retracted", s, "pref.seat", 3),
+        MemoryEvent(type="memory.asserted", tenant=TENANT, subject=s, kind="episodic", content="met at the cafe"),
+    ]
+    raws = [encode(e) for e in before]
+    publish_raw(settings, [(key, r) for r in raws])
+    wait_caught_up(settings, worker=worker)
+    with pg(settings) as conn:
+        ids = [e.event_id for e in before]
+        assert asyncio.run(_known(settings, TENANT, ids)) == {
+            eid: Known(e.fingerprint, False, p, o)
+            for e, eid, (p, o) in zip(
+                before,
+                ids,
+                conn.execute(
+                    'SELECT "partition", "offset" FROM events WHERE tenant = %s AND event_id = ANY(%s) '
+                    'ORDER BY "offset"',
+                    (TENANT, ids),
+                ).fetchall(),
+                strict=True,
+            )
+        }
+    assert asyncio.run(_known(settings, OTHER, ids)) == {}  # nothing about another tenant's ids
+
+    listener = psycopg.connect(settings.pg_dsn, autocommit=True)
+    listener.execute(f"LISTEN {ERASURE_CHANNEL}")
+    try:
+        publish(settings, [MemoryEvent(type="subject.erased", tenant=TENANT, subject=s, reason="GDPR")])
+        heard: list[dict] = []
+
+        def notified() -> bool:
+            for n in listener.notifies(timeout=0.5, stop_after=1):
+                body = orjson.loads(n.payload)
+                if body["schema"] == settings.pg_schema:  # the channel is shared by every schema on the server
+                    with pg(settings) as conn:  # delivered at commit: the purge is already visible
+                        body["left"] = count(conn, "fact_versions", TENANT, s) + count(conn, "events", TENANT, s)
+                    heard.append(body)
+            return bool(heard)
+
+        wait_for(notified, timeout=30, what="the erasure notification")
+    finally:
+        listener.close()
+    assert heard == [{"schema": settings.pg_schema, "tenant": TENANT, "subject": s, "left": 1}]
+    wait_caught_up(settings, worker=worker)
+
+    # the README's retry advice, followed after the erasure: re-send everything, twice
+    publish_raw(settings, [(key, r) for r in raws * 2])
+    after = asserted(s, "email", "fresh@b.c", 9)  # a genuinely new event about the subject
+    publish(settings, [after])
+    wait_caught_up(settings, worker=worker)
+    with pg(settings) as conn:
+        assert facts(conn, TENANT, s) == {"email": "fresh@b.c"}
+        assert count(conn, "fact_versions", TENANT, s) == 1
+        types = [
+            r[0]
+            for r in conn.execute("SELECT type FROM events WHERE tenant = %s AND subject = %s ORDER BY 1", (TENANT, s))
+        ]
+        assert types == ["memory.asserted", "subject.erased"]
+        ops = [
+            r[0]
+            for r in conn.execute(
+                "SELECT op FROM search_outbox WHERE tenant = %s AND subject = %s ORDER BY id", (TENANT, s)
+            )
+        ]
+        assert ops == ["delete_subject", "upsert"]
+        assert conn.execute("SELECT count(*) FROM erased_events WHERE tenant = %s", (TENANT,)).fetchone()[0] >= len(ids)
+        # no event id is kept in clear: erased_events has hashes only
+        assert conn.execute("SELECT count(*) FROM events WHERE event_id = ANY(%s)", (ids,)).fetchone()[0] == 0
+    known = asyncio.run(_known(settings, TENANT, [*ids, after.event_id]))
+    assert {eid: k.erased for eid, k in known.items()} == {**dict.fromkeys(ids, True), after.event_id: False}
+    assert "erased replay" in worker.log() and worker.alive()
+
+    # a rebuild from offset 0 agrees, erased_events included (row for row: the salt is kept)
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
+        live_erased = _erased_rows(admin, settings.pg_schema)
+        report = rebuild(settings, keep_old=True)
+        assert report.old_schema is not None
+        assert report.live_checksum == report.rebuilt_checksum == projection_checksum(admin, settings.pg_schema)
+        assert _erased_rows(admin, settings.pg_schema) == live_erased == _erased_rows(admin, report.old_schema)
+    wait_caught_up(settings, worker=worker)
+    publish_raw(settings, [(key, raws[0])])  # and the rebuilt projection still refuses the retry
+    wait_caught_up(settings, worker=worker)
+    with pg(settings) as conn:
+        assert facts(conn, TENANT, s) == {"email": "fresh@b.c"} and count(conn, "fact_versions", TENANT, s) == 1
+
+
+async def _known(settings: Settings, tenant: str, ids: list[str]) -> dict[str, Known]:
+    conn = await psycopg.AsyncConnection.connect(settings.pg_dsn, autocommit=True)
+    try:
+        await conn.execute(f'SET search_path TO "{settings.pg_schema}", public')
+        return await known_events(conn, tenant, ids)
+    finally:
+        await conn.close()
+
+
+def _erased_rows(conn: psycopg.Connection, schema: str) -> list[tuple]:
+    return conn.execute(f'SELECT tenant, id_hash FROM "{schema}".erased_events ORDER BY 1, 2').fetchall()
