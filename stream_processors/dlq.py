@@ -1,4 +1,10 @@
-"""The dead-letter sink: copy invalid ledger records to `settings.dlq_topic` with their reason.
+"""The dead-letter sink: copy refused ledger records to `settings.dlq_topic` with their reason.
+
+Three kinds of record arrive here, told apart by `code`: a record the contract refuses (its
+InvalidEvent code: `bad_json`, `too_large`, `unstorable_text`, ...), a valid event PostgreSQL or
+the pure core can never store (`unstorable`: the database's message, e.g. a constraint or a data
+exception, with the column as `field` when PostgreSQL names one), and a same-tenant re-use of
+an event_id for other content (`event_id_conflict`, field `event_id`; the original is kept).
 
 Record format (one JSON object, orjson): `{"code", "field", "message", "topic", "partition",
 "offset", "timestamp_ms", "key_b64", "raw_b64", "raw_bytes", "raw_truncated"}`. The original

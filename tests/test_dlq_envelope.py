@@ -6,9 +6,10 @@ import base64
 from datetime import UTC, datetime
 
 import pytest
+from psycopg import errors as pg_errors
 
-from producers.contract import MAX_EVENT_BYTES
-from projections.postgres.recorder import DeadLetter, decode_record
+from producers.contract import MAX_EVENT_BYTES, MemoryEvent, encode
+from projections.postgres.recorder import CoreRefused, DeadLetter, dead_letter_text, decode_record, unstorable
 from stream_processors.dlq import MAX_RAW_IN_DLQ, envelope
 
 pytestmark = pytest.mark.unit
@@ -39,3 +40,33 @@ def test_a_record_without_value_is_a_dead_letter():
     rec = decode_record("ledger", 0, 2, None, timestamp_ms=0)
     body = envelope(DeadLetter(rec, rec.error))
     assert body["code"] == "empty" and body["raw_b64"] is None
+
+
+def _valid_record():
+    event = MemoryEvent(type="memory.asserted", tenant="acme", subject="u1", key="k", value=1, content="c")
+    return decode_record("ledger", 1, 7, encode(event), key=b"acme|u1", timestamp_ms=0)
+
+
+def test_an_unstorable_record_carries_the_database_reason_and_its_bytes():
+    rec = _valid_record()
+    assert rec.event is not None
+    for exc, words in (
+        (pg_errors.CheckViolation('new row for relation "fact_versions" violates check constraint "c"'), 'c"'),
+        (pg_errors.UntranslatableCharacter("unsupported Unicode escape sequence"), "Unicode"),
+        (CoreRefused("ValueError: memory.frobbed has no route"), "no route"),
+    ):
+        dead = unstorable(rec, exc)
+        assert dead.event is None and dead.error is not None
+        body = envelope(DeadLetter(dead, dead.error))
+        assert body["code"] == "unstorable" and words in body["message"], body
+        assert base64.b64decode(body["raw_b64"]) == rec.raw and (body["partition"], body["offset"]) == (1, 7)
+
+
+def test_dead_letter_text_is_alwaysdead_letter_text():
+    """A reason quoting the bad input (NUL, a lone surrogate) must not make the dead letter itself fail."""
+    assert dead_letter_text("a\x00b") == "a\\u0000b"
+    assert dead_letter_text("x\udcff") == "x\\udcff"
+    assert dead_letter_text(None) is None
+    assert dead_letter_text("plain é 中") == "plain é 中"
+    for text in ("a\x00b", "x\udcff", "\ud800"):
+        dead_letter_text(text).encode("utf-8")  # no surrogates left: PostgreSQL takes it

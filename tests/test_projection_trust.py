@@ -34,7 +34,7 @@ from projections.postgres.recorder import (
     decode_record,
     is_permanent,
 )
-from projections.postgres.schema import create_schema
+from projections.postgres.schema import SchemaOutdated, create_schema
 from tests.conftest import unique
 from tests.helpers import (
     Worker,
@@ -536,3 +536,33 @@ async def _known(settings: Settings, tenant: str, ids: list[str]) -> dict[str, K
 
 def _erased_rows(conn: psycopg.Connection, schema: str) -> list[tuple]:
     return conn.execute(f'SELECT tenant, id_hash FROM "{schema}".erased_events ORDER BY 1, 2').fetchall()
+
+
+def test_an_older_layout_is_refused_and_ledger_rebuild_migrates_it(base_settings: Settings):
+    """A schema from before layout 2 is never half-used: the worker refuses it, `ledger rebuild` replays it."""
+    settings = base_settings.private(unique("layout"))
+    s = "user:old"
+    events = [asserted(s, "a", 1), asserted(s, "a", 2, 1), asserted(s, "b", 3)]
+    try:
+        publish(settings, events)
+        with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
+            create_schema(admin, settings.pg_schema)
+            with pg(settings) as conn:  # what a layout-1 schema looks like
+                conn.execute("ALTER TABLE events DROP COLUMN fingerprint, DROP COLUMN target_version")
+                conn.execute("ALTER TABLE fact_versions DROP COLUMN event_id")
+                conn.execute("DROP TABLE erased_events, meta")
+            with pytest.raises(SchemaOutdated, match="ledger rebuild"):
+                create_schema(admin, settings.pg_schema)
+            worker = Worker(settings).start()
+            wait_for(lambda: not worker.alive(), timeout=60, what="the worker to refuse the old layout")
+            assert worker.proc is not None and worker.proc.returncode != 0 and "ledger rebuild" in worker.log()
+            report = rebuild(settings, keep_old=True)
+            assert report.old_schema is not None and report.records == len(events)
+            create_schema(admin, settings.pg_schema)  # the current layout now: accepted
+        with pg(settings) as conn:
+            assert facts(conn, TENANT, s) == {"a": 2, "b": 3}
+            assert conn.execute("SELECT count(*) FROM events WHERE fingerprint IS NOT NULL").fetchone()[0] == 3
+        with Worker(settings) as worker:
+            wait_caught_up(settings, timeout=60, worker=worker)
+    finally:
+        cleanup(settings)

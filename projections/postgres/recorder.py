@@ -63,7 +63,9 @@ __all__ = [
     "Recorder",
     "connect",
     "decode_record",
+    "dead_letter_text",
     "is_permanent",
+    "unstorable",
 ]
 
 log = logging.getLogger(__name__)
@@ -176,7 +178,7 @@ def is_permanent(exc: BaseException) -> bool:
     return isinstance(exc, (*_PERMANENT_DB, CoreRefused))
 
 
-def _storable(text: str | None) -> str | None:
+def dead_letter_text(text: str | None) -> str | None:
     """Text PostgreSQL will take: NUL and lone surrogates spelled out (a dead letter must never fail)."""
     if text is None:
         return None
@@ -350,9 +352,9 @@ class Recorder:
                 [r.topic for r in invalid],
                 [r.partition for r in invalid],
                 [r.offset for r in invalid],
-                [_storable(r.error.code) for r in invalid],  # type: ignore[union-attr]
-                [_storable(r.error.field) for r in invalid],  # type: ignore[union-attr]
-                [_storable(r.error.message) for r in invalid],  # type: ignore[union-attr]
+                [dead_letter_text(r.error.code) for r in invalid],  # type: ignore[union-attr]
+                [dead_letter_text(r.error.field) for r in invalid],  # type: ignore[union-attr]
+                [dead_letter_text(r.error.message) for r in invalid],  # type: ignore[union-attr]
                 [r.raw for r in invalid],
             ),
         )
