@@ -39,12 +39,12 @@ from __future__ import annotations
 import logging
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
 import psycopg
 from fastapi import APIRouter, FastAPI, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import SettingsDep, TenantsDep, check_tenant
@@ -61,12 +61,34 @@ MAX_EVENTS_PER_CALL = 1000
 DOOR_CHECK_BACKOFF_S = 5.0  # after PostgreSQL failed the lookup, publish without it for this long
 
 
+def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
+    """A JSON schema with its `$defs` references inlined (it is embedded in the OpenAPI spec as it is)."""
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                target = defs[node["$ref"].rsplit("/", 1)[-1]]
+                return resolve({**target, **{k: v for k, v in node.items() if k != "$ref"}})
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    return resolve(schema)
+
+
+# documented as the contract's event (so clients and schemathesis see its fields); validated as Any here,
+# because each event is judged by the contract on its own and a bad one must not refuse the whole request
+EventItem = Annotated[Any, WithJsonSchema(_inlined(MemoryEvent.model_json_schema()))]
+
+
 class PublishRequest(BaseModel):
     """Events stay untyped here so that each one is judged by the contract on its own."""
 
     model_config = ConfigDict(extra="forbid")
 
-    events: list[Any] = Field(min_length=1, max_length=MAX_EVENTS_PER_CALL)
+    events: list[EventItem] = Field(min_length=1, max_length=MAX_EVENTS_PER_CALL)
 
 
 class EventResult(BaseModel):
