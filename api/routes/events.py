@@ -52,6 +52,7 @@ from api.errors import ErrorBody, ErrorItem, store_unavailable
 from infra.settings import Settings
 from producers.contract import EventType, InvalidEvent, MemoryEvent, from_dict
 from producers.sdk import LedgerProducer, PublishError
+from projections.postgres.idempotency import Known, known_events
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,9 @@ def _status(results: list[dict[str, Any]], broker_failed: bool) -> int:
     return 503 if broker_failed else 422
 
 
-async def _known(request: Request, settings: Settings, wanted: dict[str, list[str]]) -> tuple[dict, str | None]:
+async def _known(
+    request: Request, settings: Settings, wanted: dict[str, list[str]]
+) -> tuple[dict[tuple[str, str], Known], str | None]:
     """{(tenant, event_id): Known} for the ids the caller gave, and why the lookup was skipped (None: it was not).
 
     Each lookup names the caller's own tenant (tenancy was checked first): no answer depends on
@@ -171,11 +174,7 @@ async def _known(request: Request, settings: Settings, wanted: dict[str, list[st
     state = request.app.state
     if time.monotonic() < getattr(state, "door_check_skip_until", 0.0):
         return {}, "postgres failed a moment ago: ids were not looked up"
-    try:
-        from projections.postgres.idempotency import known_events
-    except ImportError:  # the projection's lookup is not deployed with this API: the worker still dedups
-        return {}, "this deployment has no idempotency lookup"
-    found: dict[tuple[str, str], Any] = {}
+    found: dict[tuple[str, str], Known] = {}
     try:
         async with state.pg.connection(timeout=settings.pg_door_check_timeout_s) as conn:
             for tenant, ids in wanted.items():
