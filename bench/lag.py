@@ -26,7 +26,7 @@ from psycopg import sql
 from bench.dataset import ATTRIBUTES, generate
 from bench.latency import percentiles
 from infra.settings import Settings
-from producers.contract import rfc3339
+from producers.contract import rfc3339, version_id_for
 from producers.sdk import LedgerProducer
 
 __all__ = ["measure_lag", "probe_seed_events"]
@@ -119,7 +119,7 @@ def _publisher(settings: Settings, rate: float, duration: float, probe_rate: flo
 
 def _pg_poller(settings: Settings, st: _State, deadline: list[float]) -> None:
     with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        q = sql.SQL("SELECT version_id FROM {} WHERE version_id = ANY(%s)").format(
+        q = sql.SQL("SELECT event_id FROM {} WHERE event_id = ANY(%s)").format(
             sql.Identifier(settings.pg_schema, "fact_versions")
         )
         while not (st.done.is_set() and not st.pending("pg")) and time.perf_counter() < deadline[0]:
@@ -141,7 +141,7 @@ def _recall_poller(url: str, api_key: str, st: _State, deadline: list[float]) ->
             for p in pending:
                 body = {"tenant": PROBE_TENANT, "query": f"{p.entity} 后端端口", "mode": "exact", "top_k": 3}
                 r = client.post("/v1/recall", content=orjson.dumps(body))
-                if r.status_code == 200 and any(h["version_id"] == p.event_id for h in orjson.loads(r.content)["hits"]):
+                if r.status_code == 200 and any(h["version_id"] == version_id_for(PROBE_TENANT, p.event_id) for h in orjson.loads(r.content)["hits"]):
                     p.recall = time.perf_counter()
             time.sleep(0.02)  # a poll round every ~20 ms: fine enough, without starving the indexer of CPU
 

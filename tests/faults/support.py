@@ -195,7 +195,7 @@ def es_version_ids(settings: Settings, es: Elasticsearch | None = None) -> set[s
 @dataclass
 class LedgerState:
     events: dict[str, tuple[int, int]]  # event_id -> (partition, offset) as recorded
-    versions: dict[str, int]  # version_id -> rows (always 1 with a primary key; counted anyway)
+    versions: dict[str, int]  # the assertion's event_id -> version rows (1, as version_id is a key; counted anyway)
     dead_letters: int
 
 
@@ -210,7 +210,7 @@ def ledger_state(settings: Settings) -> LedgerState:
         }
         versions = dict(
             conn.execute(
-                sql.SQL("SELECT version_id, count(*) FROM {}.fact_versions GROUP BY version_id").format(schema)
+                sql.SQL("SELECT event_id, count(*) FROM {}.fact_versions GROUP BY event_id").format(schema)
             ).fetchall()
         )
         dead = conn.execute(sql.SQL("SELECT count(*) FROM {}.dead_letters").format(schema)).fetchone()[0]
