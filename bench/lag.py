@@ -141,7 +141,8 @@ def _recall_poller(url: str, api_key: str, st: _State, deadline: list[float]) ->
             for p in pending:
                 body = {"tenant": PROBE_TENANT, "query": f"{p.entity} 后端端口", "mode": "exact", "top_k": 3}
                 r = client.post("/v1/recall", content=orjson.dumps(body))
-                if r.status_code == 200 and any(h["version_id"] == version_id_for(PROBE_TENANT, p.event_id) for h in orjson.loads(r.content)["hits"]):
+                wanted = version_id_for(PROBE_TENANT, p.event_id)
+                if r.status_code == 200 and any(h["version_id"] == wanted for h in orjson.loads(r.content)["hits"]):
                     p.recall = time.perf_counter()
             time.sleep(0.02)  # a poll round every ~20 ms: fine enough, without starving the indexer of CPU
 
