@@ -24,6 +24,7 @@ from typing import Any
 import kafka.errors as kafka_errors
 import psycopg
 from elasticsearch import ApiError as EsApiError
+from elasticsearch import SerializationError
 from elasticsearch import TransportError as EsTransportError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -217,6 +218,8 @@ async def _postgres_down(_: Request, exc: psycopg.Error) -> JSONResponse:
 async def _elasticsearch_down(_: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, EsApiError) and not (exc.status_code >= 500 or exc.status_code == 429):
         return await _internal_error(_, exc)  # a 4xx from Elasticsearch is our bug, not an outage
+    if isinstance(exc, SerializationError):
+        return await _internal_error(_, exc)  # a body we could not (de)serialize: a bug too
     log.warning("elasticsearch unavailable: %s: %s", type(exc).__name__, exc)
     return _json(503, store_unavailable("elasticsearch", exc).item())
 
