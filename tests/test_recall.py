@@ -277,19 +277,20 @@ def test_superseded_value_is_never_returned_as_current_while_the_index_lags(worl
         valid_from=T0 + timedelta(days=1),
     )
     # the outbox is NOT drained: the index still holds the old version as active
-    doc = es.get(index=settings.es_index, id=old.event_id)["_source"]
-    assert doc["status"] == "active" and not es.exists(index=settings.es_index, id=new.event_id)
+    doc = es.get(index=settings.es_index, id=old.version_id)["_source"]
+    assert doc["status"] == "active" and not es.exists(index=settings.es_index, id=new.version_id)
     for mode in ("auto", "exact", "keyword", "semantic", "hybrid"):
         hits = recall(world, "P9 的后端服务端口", tenant=LAG, mode=mode)["hits"]
         assert all(h["value"] != 8080 for h in hits), (mode, hits)
-        assert hits and hits[0]["value"] == 9999 and hits[0]["version_id"] == new.event_id, (mode, hits)
-        assert hits[0]["match"]["verified"] == {"candidate": old.event_id, "replaced_by": new.event_id}
+        assert hits and hits[0]["value"] == 9999 and hits[0]["version_id"] == new.version_id, (mode, hits)
+        assert hits[0]["event_id"] == new.event_id != new.version_id  # the producer's id, shown beside it
+        assert hits[0]["match"]["verified"] == {"candidate": old.version_id, "replaced_by": new.version_id}
     # as of a time before the change, the old value is the right answer
     past = recall(world, "P9 后端端口", tenant=LAG, as_of=(T0 + timedelta(hours=1)).isoformat())["hits"]
     assert [h["value"] for h in past] == [8080]
     drain_all(settings, conn, es, load_embedder(settings))
     hits = recall(world, "P9 后端端口", tenant=LAG)["hits"]
-    assert [h["value"] for h in hits] == [9999] and hits[0]["match"]["verified"] == {"candidate": new.event_id}
+    assert [h["value"] for h in hits] == [9999] and hits[0]["match"]["verified"] == {"candidate": new.version_id}
 
 
 def test_time_words_narrow_events_to_their_range(world):
@@ -376,6 +377,8 @@ def test_hits_carry_the_whole_fact_and_an_explanation(world):
     hit = res["hits"][0]
     for field in (
         "memory_id",
+        "version_id",
+        "event_id",
         "version",
         "subject",
         "key",

@@ -34,7 +34,7 @@ def store(settings):
             ledger.close()
 
 
-def _port(ledger: Ledger, value: int, at: datetime, tenant: str = "acme") -> MemoryEvent:
+def _port(ledger: Ledger, value: int, at: datetime, tenant: str = "acme", **extra) -> MemoryEvent:
     return ledger.assert_fact(
         tenant,
         "project:P1",
@@ -44,6 +44,7 @@ def _port(ledger: Ledger, value: int, at: datetime, tenant: str = "acme") -> Mem
         aliases=["端口", "backend port"],
         entities=["P1"],
         valid_from=at,
+        **extra,
     )
 
 
@@ -62,7 +63,7 @@ def test_outbox_rows_become_documents_with_embeddings(store, embedder):
     assert outbox_count(conn) == 0
     assert (stats.indexed, stats.embedded, stats.failed) == (2, 2, [])
 
-    doc = _doc(es, settings, e1.event_id)  # _id = version_id = the assertion's event_id
+    doc = _doc(es, settings, e1.version_id)  # _id = version_id = version_id_for(tenant, event_id)
     assert doc["memory_id"] == e1.memory_id
     assert (doc["tenant"], doc["subject"], doc["key"], doc["status"]) == (
         "acme",
@@ -73,10 +74,26 @@ def test_outbox_rows_become_documents_with_embeddings(store, embedder):
     assert doc["subject_ids"] == ["project:p1", "p1"] and doc["entities"] == ["p1"]
     assert doc["aliases"] == ["backend port", "端 口"] and doc["source_type"] == "explicit"
     assert len(doc["embedding"]) == embedder.dim and doc["valid_to"] is None
-    assert _doc(es, settings, e2.event_id)["kind"] == "preference"
+    assert _doc(es, settings, e2.version_id)["kind"] == "preference"
     # physical index behind the alias
     [physical] = physical_indices(es, settings.es_index)
     assert physical.startswith(settings.es_index + "-")
+
+
+def test_one_event_id_in_two_tenants_is_two_documents(store, embedder):
+    """The document id is the tenant-scoped version_id, never the producer's event_id: a second tenant that
+    happens to choose the same event_id gets its own document instead of overwriting the first one's."""
+    settings, conn, es, ledger = store
+    shared = "same-event-id-in-two-tenants"
+    a = _port(ledger, 8080, T0, tenant="acme", event_id=shared)
+    b = _port(ledger, 9090, T0, tenant="globex", event_id=shared)
+    drain_all(settings, conn, es, embedder)
+    assert a.event_id == b.event_id and a.version_id != b.version_id
+    assert {a.version_id, b.version_id}.isdisjoint({shared})
+    docs = {t: _doc(es, settings, e.version_id) for t, e in (("acme", a), ("globex", b))}
+    assert (docs["acme"]["tenant"], docs["acme"]["memory_id"]) == ("acme", a.memory_id)
+    assert (docs["globex"]["tenant"], docs["globex"]["memory_id"]) == ("globex", b.memory_id)
+    assert es.count(index=settings.es_index)["count"] == 2
 
 
 def test_supersession_updates_the_old_document_without_embedding_it_again(store, embedder):
@@ -89,8 +106,8 @@ def test_supersession_updates_the_old_document_without_embedding_it_again(store,
     drain_all(settings, conn, es, embedder, stats=stats)
     assert stats.embedded == 1  # only the new version; the old one got a partial update
     assert stats.updated == 1 and stats.indexed == 1
-    old_doc, new_doc = _doc(es, settings, old.event_id), _doc(es, settings, new.event_id)
-    assert old_doc["status"] == "superseded" and old_doc["superseded_by"] == new.event_id
+    old_doc, new_doc = _doc(es, settings, old.version_id), _doc(es, settings, new.version_id)
+    assert old_doc["status"] == "superseded" and old_doc["superseded_by"] == new.version_id
     assert datetime.fromisoformat(old_doc["valid_to"]) == T0 + timedelta(days=3)
     assert len(old_doc["embedding"]) == embedder.dim  # the partial update kept the vector
     assert new_doc["status"] == "active" and new_doc["version"] == 2
@@ -103,7 +120,7 @@ def test_redelivered_outbox_rows_rewrite_the_same_documents(store, embedder):
         ledger.assert_fact("acme", "user:42", "profile.city", "用户 42 住在杭州", "杭州"),
     ]
     drain_all(settings, conn, es, embedder)
-    before = {e.event_id: _doc(es, settings, e.event_id) for e in events}
+    before = {e.version_id: _doc(es, settings, e.version_id) for e in events}
 
     # the same rows again (a crash after the bulk write and before the outbox delete)
     conn.execute(
@@ -115,7 +132,7 @@ def test_redelivered_outbox_rows_rewrite_the_same_documents(store, embedder):
         "FROM fact_versions"
     )
     assert drain_all(settings, conn, es, embedder) == 4
-    after = {e.event_id: _doc(es, settings, e.event_id) for e in events}
+    after = {e.version_id: _doc(es, settings, e.version_id) for e in events}
     assert after == before
     assert es.count(index=settings.es_index)["count"] == 2
 
@@ -128,7 +145,7 @@ def test_erasure_removes_the_subject_from_the_index(store, embedder):
     ledger.publish(MemoryEvent(type=EventType.ERASED, tenant="acme", subject="project:P1"))
     drain_all(settings, conn, es, embedder)
     ids = {h["_id"] for h in es.search(index=settings.es_index, size=100)["hits"]["hits"]}
-    assert ids == {keep.event_id}
+    assert ids == {keep.version_id}
     assert orphans(settings, conn, es)["missing_in_pg"] == 0
 
 
@@ -154,7 +171,7 @@ def test_reindex_fills_a_new_index_and_switches_the_alias(store, embedder):
     events.append(ledger.assert_fact("acme", "user:42", "profile.city", "用户 42 住在杭州", "杭州"))
     drain_all(settings, conn, es, embedder)
     [old] = physical_indices(es, settings.es_index)
-    before = {e.event_id: _doc(es, settings, e.event_id) for e in events}
+    before = {e.version_id: _doc(es, settings, e.version_id) for e in events}
 
     seen = []
     report = reindex(
@@ -164,7 +181,7 @@ def test_reindex_fills_a_new_index_and_switches_the_alias(store, embedder):
     assert seen[-1] == (3, 3)
     assert physical_indices(es, settings.es_index) == [report["index"]]
     assert not es.indices.exists(index=old)
-    after = {e.event_id: _doc(es, settings, e.event_id) for e in events}
+    after = {e.version_id: _doc(es, settings, e.version_id) for e in events}
     assert after.keys() == before.keys()
     for vid in before:  # same document; the vector is recomputed, equal up to float noise
         b, a = dict(before[vid]), dict(after[vid])

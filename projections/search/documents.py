@@ -23,7 +23,8 @@ from projections.search.cues import (
 __all__ = ["EFFECTIVE_TO", "OVERRIDE", "FACT_COLUMNS", "build_doc", "embedding_text_for", "rows_sql", "status_fields"]
 
 FACT_COLUMNS = (
-    "version_id",
+    "version_id",  # version_id_for(tenant, event_id): the document id
+    "event_id",  # the assertion's event_id as its producer chose it (unique per tenant only)
     "memory_id",
     "tenant",
     "subject",

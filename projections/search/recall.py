@@ -504,6 +504,7 @@ class RecallEngine:
         return {
             "memory_id": row["memory_id"],
             "version_id": row["version_id"],
+            "event_id": row["event_id"],  # the producer's id of the assertion, beside the tenant-scoped version_id
             "version": row["version"],
             "subject": row["subject"],
             "key": row["key"],
