@@ -36,6 +36,7 @@ from projections.search.vocab import ERASURE_CHANNEL, VocabularyCache
 from tests.conftest import unique
 from tests.helpers import settings_env
 from tests.search_support import Ledger, async_pool, drain_all, private_store, run, wait_for
+from tests.test_cues import HOSTILE as CUE_SHAPES
 
 TENANT, OTHER = "trustco", "otherco"
 KEY, OTHER_KEY = "k-trust", "k-other"
@@ -381,3 +382,25 @@ def test_a_load_in_flight_during_an_erasure_is_not_cached(world):
             await pool.close()
 
     assert run(scenario()) == {"served": True, "cached": False, "cached_after": True}
+
+
+# --- the search a hostile query drives is bounded too (pure: no server) -----------------------------------------
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("shape", list(CUE_SHAPES))
+def test_a_hostile_query_builds_a_bounded_search(shape):
+    import orjson
+
+    from infra.settings import Settings
+    from projections.search.cues import extract
+    from projections.search.recall import RecallQuery
+    from tests.test_cues import BIG_VOCAB, NOW
+
+    query = CUE_SHAPES[shape](2000)
+    cues = extract(query, BIG_VOCAB, NOW)
+    eng = RecallEngine(Settings(), None, None)  # type: ignore[arg-type]  # builds bodies only, sends nothing
+    q = RecallQuery(tenant=TENANT, query=query, mode="hybrid")
+    base = eng._base_filter(q, NOW)
+    body = {"exact": eng._exact_clause(cues, q), "fuzzy": eng._fuzzy_filters(cues, base), "bm25": cues.text}
+    assert len(orjson.dumps(body)) < 8_000  # now <= 3 kB; before: 2 clauses per distinct id token (34 kB at 2,000)

@@ -326,6 +326,23 @@ class RecallEngine:
             return [{"terms": {"event_type": list(cues.event_types)}}]
         return None
 
+    def _fuzzy_filters(self, cues: Cues, base: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The filter of the keyword and semantic stages (its size is bounded by the cues' bounds)."""
+        filters = base + self._time_filter(cues)
+        if cues.known_entities:  # the query names this tenant's entity: answers about others are wrong answers
+            filters.append(self._anchor(cues.known_entities))
+        elif cues.unknown_entities:  # an id-shaped token nobody knows: it must at least be in the text
+            filters.append(
+                {
+                    "bool": {
+                        "should": [{"match": {"content": e}} for e in cues.unknown_entities]
+                        + [{"match": {"aliases_text": e}} for e in cues.unknown_entities],
+                        "minimum_should_match": 1,
+                    }
+                }
+            )
+        return filters
+
     # --- stages -------------------------------------------------------------------------------------
 
     async def _search(self, **body: Any) -> list[dict[str, Any]]:
@@ -360,20 +377,8 @@ class RecallEngine:
         stages: dict[str, float],
         trace: dict[str, Any],
     ) -> list[_Cand]:
-        filters = base + self._time_filter(cues)
+        filters = self._fuzzy_filters(cues, base)
         narrowed = bool(cues.known_entities)
-        if narrowed:  # the query names this tenant's entity: answers about others are wrong answers
-            filters.append(self._anchor(cues.known_entities))
-        elif cues.unknown_entities:  # an id-shaped token nobody knows: it must at least be in the text
-            filters.append(
-                {
-                    "bool": {
-                        "should": [{"match": {"content": e}} for e in cues.unknown_entities]
-                        + [{"match": {"aliases_text": e}} for e in cues.unknown_entities],
-                        "minimum_should_match": 1,
-                    }
-                }
-            )
         size = max(q.top_k * 2, 10)
         kw: list[dict[str, Any]] = []
         sem: list[dict[str, Any]] = []
