@@ -8,6 +8,8 @@ a thread, and the real app (create_app + TestClient) asking GET /v1/health durin
 - PostgreSQL down: the worker pauses (retries its batch) and resumes by itself; nothing lost.
 - Broker restarted: producers retry through it (the SDK within its timeout, the caller with the
   same event_ids after a PublishError); the worker rides through; nothing lost.
+- During each outage every route that needs the stopped store answers a prompt 503 naming it
+  (issue 10, class 8), and the routes that do not need it keep answering.
 Servers are stopped and started through infra's own functions, and always started again.
 """
 
@@ -94,6 +96,40 @@ def wait_health(stack: Stack, down: str | None, timeout: float = 60.0) -> dict:
     return wait_for(check, timeout, 0.5, f"/v1/health to report {down or 'nothing'} down")
 
 
+# route -> the stores it needs; asked during each outage (issue 10: a prompt 503 naming the store)
+ROUTES: list[tuple[str, str, dict | None, set[str]]] = [
+    ("GET", f"/v1/subjects/svc:warm-1/facts?tenant={TENANT}", None, {"postgres"}),
+    ("GET", f"/v1/subjects/svc:warm-1/facts?tenant={TENANT}&as_of=2026-01-01T00:00:00Z", None, {"postgres"}),
+    ("GET", f"/v1/subjects/svc:warm-1/events?tenant={TENANT}", None, {"postgres"}),
+    ("GET", f"/v1/facts/0123456789abcdef0123456789abcdef/history?tenant={TENANT}", None, {"postgres"}),
+    ("GET", f"/v1/stats?tenant={TENANT}", None, {"postgres"}),
+    ("POST", "/v1/recall", {"tenant": TENANT, "query": "WARM1 setting k1"}, {"postgres", "elasticsearch"}),
+    (
+        "POST",
+        "/v1/recall",
+        {"tenant": TENANT, "query": "what is configured", "mode": "keyword"},
+        {"postgres", "elasticsearch"},
+    ),
+    ("DELETE", f"/v1/subjects/svc:none?tenant={TENANT}", None, {"kafka"}),
+]
+
+
+def check_routes_during_outage(stack: Stack, down: str, budget_s: float = 8.0) -> None:
+    """Each route that needs `down` answers 503 naming it within `budget_s`; the others do not fail."""
+    for method, path, body, needs in ROUTES:
+        if down not in needs:
+            continue
+        t0 = time.monotonic()
+        r = stack.client.request(method, path, json=body, headers=HEADERS)
+        took = time.monotonic() - t0
+        TALLY.add(http_requests=1, http_5xx=int(r.status_code >= 500 and r.status_code != 503))
+        assert r.status_code == 503, (method, path, r.status_code, r.text[:300])
+        assert down in r.text.lower(), f"{method} {path}: the 503 does not name {down}: {r.text[:300]}"
+        detail = r.json()["detail"]
+        assert isinstance(detail, list) and detail[0]["code"] and "message" in detail[0], r.text[:300]
+        assert took < budget_s, f"{method} {path} took {took:.1f}s to say {down} is down"
+
+
 def outbox(settings: Settings) -> int:
     with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
         return conn.execute(f'SELECT count(*) FROM "{settings.pg_schema}".search_outbox').fetchone()[0]
@@ -161,6 +197,9 @@ def test_elasticsearch_down_postgres_keeps_up_and_the_index_catches_up(stack: St
         body = wait_health(stack, "elasticsearch")
         TALLY.timings_s["es_stop_to_health_503"] = round(time.monotonic() - t0, 1)
         assert body["parts"]["postgres"]["ok"] and body["parts"]["kafka"]["ok"]
+        check_routes_during_outage(stack, "elasticsearch")
+        r = stack.client.get(f"/v1/subjects/svc:warm-1/facts?tenant={TENANT}", headers=HEADERS)
+        assert r.status_code == 200, "reading facts needs only PostgreSQL"
         publish(stack, facts("es-during", 400))
         wait_caught_up(stack.settings, timeout=60, worker=stack.worker)  # PostgreSQL keeps up without ES
         assert outbox(stack.settings) > 0, "the lag must wait in the outbox while the index is away"
@@ -178,6 +217,7 @@ def test_postgres_down_processing_pauses_and_resumes(stack: Stack) -> None:
     mark = len(stack.worker.log())
     with server_down("postgres", stack.settings):
         wait_health(stack, "postgres")
+        check_routes_during_outage(stack, "postgres")
         publish(stack, facts("pg-during", 400))  # the ledger takes writes while PostgreSQL is away
         # the worker notices, keeps its batch and retries (it must neither skip it nor exit)
         wait_for(
@@ -243,6 +283,7 @@ def test_broker_restart_producers_retry_and_nothing_is_lost(stack: Stack) -> Non
     with server_down("kafka", stack.settings):
         wait_health(stack, "kafka", timeout=30)
         publisher.gate.set()  # the second half is published into the outage
+        check_routes_during_outage(stack, "kafka", budget_s=15.0)
         wait_for(lambda: len(publisher.acked) == len(events) // 2, 5, 0.05, "nothing acknowledged while down")
     t0 = time.monotonic()
     publisher.join(180)
