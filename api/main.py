@@ -47,6 +47,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            engine = getattr(app.state, "recall_engine", None)
+            if engine is not None:  # its LISTEN connection (erasure notifications) goes with the app
+                app.state.recall_engine = None
+                await engine.aclose()
             if app.state.producer is not None:
                 app.state.producer.close()
             await app.state.es.close()
