@@ -19,7 +19,7 @@ def serve(
     """Run the HTTP API."""
     import uvicorn
 
-    from infra.settings import get_settings
+    from producers.settings import get_settings
 
     s = get_settings()
     uvicorn.run("api.main:app", host=host or s.api_host, port=port or s.api_port, workers=workers, log_level="info")

@@ -14,7 +14,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from infra.settings import get_settings
+from producers.settings import get_settings
 
 console = Console(width=160)
 

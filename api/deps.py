@@ -17,8 +17,8 @@ from pydantic import AfterValidator, ValidationError, ValidatorFunctionWrapHandl
 from pydantic_core import PydanticCustomError
 
 from api.errors import ApiError
-from infra.settings import Settings
 from producers.contract import InvalidEvent, Rfc3339, check_storable
+from producers.settings import Settings
 
 API_KEY_HEADER = "X-API-Key"
 api_key_scheme = APIKeyHeader(

@@ -14,7 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from api.errors import install_error_handlers
 from api.routes import api_router
-from infra.settings import Settings, get_settings
+from producers.settings import Settings, get_settings
 
 
 def _configure(schema: str):

@@ -17,7 +17,7 @@ from elasticsearch import Elasticsearch, NotFoundError
 from kafka import KafkaConsumer, TopicPartition
 from psycopg import sql
 
-from infra.settings import Settings
+from producers.settings import Settings
 
 __all__ = ["Progress", "Probe", "wait_caught_up"]
 

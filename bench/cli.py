@@ -30,7 +30,7 @@ def eval_command(
     import orjson
 
     from bench.eval import print_table, run_eval
-    from infra.settings import REPO_ROOT, get_settings
+    from producers.settings import REPO_ROOT, get_settings
 
     s = get_settings()
     url = url or f"http://{s.api_host}:{s.api_port}"

@@ -32,7 +32,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from bench.dataset import ATTRIBUTES, questions_for, unanswerable_questions
-from infra.settings import Settings
+from producers.settings import Settings
 
 __all__ = ["RecallClient", "print_table", "retrieval_quality", "run_eval", "storage_quality", "summary_rows"]
 

@@ -25,9 +25,9 @@ from psycopg import sql
 
 from bench.dataset import ATTRIBUTES, generate
 from bench.latency import percentiles
-from infra.settings import Settings
 from producers.contract import rfc3339, version_id_for
 from producers.sdk import LedgerProducer
+from producers.settings import Settings
 
 __all__ = ["measure_lag", "probe_seed_events"]
 

@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 
 from bench.catchup import Probe, wait_caught_up
 from bench.dataset import generate
-from infra.settings import Settings
 from producers.sdk import LedgerProducer, PublishError
+from producers.settings import Settings
 
 __all__ = ["load_dataset", "publish_events"]
 

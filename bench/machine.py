@@ -12,7 +12,7 @@ import psycopg
 from elasticsearch import Elasticsearch
 from kafka import KafkaAdminClient
 
-from infra.settings import Settings
+from producers.settings import Settings
 
 __all__ = ["code_version", "load_average", "machine_info"]
 
@@ -25,7 +25,7 @@ def code_version() -> dict[str, Any]:
     """The commit measured, and which files differed from it (the processes run the working tree)."""
     import subprocess
 
-    from infra.settings import REPO_ROOT
+    from producers.settings import REPO_ROOT
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.rstrip("\n")

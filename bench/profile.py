@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from infra.settings import REPO_ROOT
+from producers.settings import REPO_ROOT
 
 __all__ = ["Recording", "summarize"]
 

@@ -16,7 +16,7 @@ from elasticsearch import Elasticsearch, helpers
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
-from infra.settings import Settings
+from producers.settings import Settings
 from projections.embedding import load_embedder
 
 __all__ = ["bench_es_bulk", "bench_fastembed", "bench_kafka_produce", "bench_pg_copy"]

@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from infra.settings import REPO_ROOT
+from producers.settings import REPO_ROOT
 
 __all__ = ["latest_results", "write_report"]
 

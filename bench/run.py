@@ -39,9 +39,9 @@ from bench.loader import publish_events
 from bench.machine import code_version, load_average, machine_info
 from bench.profile import Recording
 from bench.services import Services, drop_private, free_port
-from infra.settings import REPO_ROOT, Settings, get_settings
 from producers.contract import encode, from_dict, rfc3339
 from producers.sdk import LedgerProducer
+from producers.settings import REPO_ROOT, Settings, get_settings
 
 __all__ = ["RunConfig", "run_bench"]
 

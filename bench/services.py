@@ -24,7 +24,7 @@ import psycopg
 from elasticsearch import Elasticsearch
 from kafka import KafkaAdminClient
 
-from infra.settings import REPO_ROOT, Settings
+from producers.settings import REPO_ROOT, Settings
 
 __all__ = ["Services", "drop_private", "free_port", "settings_env"]
 
@@ -89,7 +89,7 @@ class Services:
                 return [py, "-m", "api.cli", "indexer"]
             code = (
                 "import logging; logging.basicConfig(level=logging.INFO); "
-                "from infra.settings import get_settings; from projections.search.indexer import run_indexer; "
+                "from producers.settings import get_settings; from projections.search.indexer import run_indexer; "
                 "run_indexer(get_settings())"
             )
             return [py, "-c", code]

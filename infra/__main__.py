@@ -16,7 +16,7 @@ from rich.table import Table
 
 from infra import stack
 from infra.procs import InfraError
-from infra.settings import get_settings
+from producers.settings import get_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console(width=200)

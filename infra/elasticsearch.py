@@ -15,7 +15,7 @@ from pathlib import Path
 
 from infra.maven import fetch_artifact
 from infra.procs import InfraError, healthy_or_stopped, owned_pid, port_open, run, service_dir, stop_owned, wait_until
-from infra.settings import Settings
+from producers.settings import Settings
 
 PART = "elasticsearch"
 MARKER = "org.elasticsearch"

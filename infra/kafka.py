@@ -8,7 +8,7 @@ from pathlib import Path
 
 from infra.maven import copy_dependencies
 from infra.procs import InfraError, healthy_or_stopped, owned_pid, port_open, run, spawn, stop_owned, wait_until
-from infra.settings import Settings
+from producers.settings import Settings
 
 PART = "kafka"
 MAIN_CLASS = "kafka.Kafka"

@@ -14,7 +14,7 @@ from pathlib import Path
 from infra.maven import fetch_artifact
 from infra.models import model_spec
 from infra.procs import InfraError
-from infra.settings import Settings
+from producers.settings import Settings
 
 PART = "model"
 _SPECIAL = {

@@ -14,7 +14,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from infra.procs import InfraError, owned_pid, port_open, run, service_dir, spawn, stop_owned, wait_until
-from infra.settings import Settings
+from producers.settings import Settings
 
 PART = "postgres"
 

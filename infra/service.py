@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 from infra.procs import InfraError, owned_pid, spawn, stop_owned, wait_until
-from infra.settings import Settings
+from producers.settings import Settings
 
 SERVICES = {
     "worker": ["worker"],

@@ -11,7 +11,7 @@ from types import ModuleType
 
 from infra import elasticsearch, kafka, model, postgres, service
 from infra.procs import InfraError
-from infra.settings import Settings
+from producers.settings import Settings
 
 SERVERS: dict[str, ModuleType] = {"postgres": postgres, "kafka": kafka, "elasticsearch": elasticsearch}
 SERVER_ORDER = ["postgres", "kafka", "elasticsearch", "model"]

@@ -38,7 +38,7 @@ class Summary:
 
 
 def _settings(topic: str | None) -> Any:
-    from infra.settings import get_settings
+    from producers.settings import get_settings
 
     s = get_settings()
     if topic:

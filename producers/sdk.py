@@ -2,7 +2,7 @@
 
 Usage::
 
-    from infra.settings import get_settings
+    from producers.settings import get_settings
     from producers.sdk import LedgerProducer, PublishError
     from producers.contract import InvalidEvent
 
@@ -50,8 +50,8 @@ from typing import Any
 import kafka.errors as Errors
 from kafka import KafkaProducer
 
-from infra.settings import Settings
 from producers.contract import EventType, InvalidEvent, MemoryEvent, encode, from_dict, rfc3339
+from producers.settings import Settings
 from producers.topics import MAX_MESSAGE_BYTES, ensure_topics
 
 __all__ = [  # InvalidEvent: re-exported

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import kafka.errors as Errors
 from kafka import KafkaAdminClient
 
-from infra.settings import Settings
 from producers.contract import MAX_EVENT_BYTES
+from producers.settings import Settings
 
 __all__ = ["TopicStatus", "ensure_topics", "topic_configs"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from infra.models import ModelSpec, model_spec
-from infra.settings import Settings, get_settings
+from producers.settings import Settings, get_settings
 
 __all__ = ["Embedder", "load_embedder"]
 

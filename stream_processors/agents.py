@@ -25,7 +25,7 @@ import psycopg
 from faust.types import TP
 from kafka.errors import KafkaError
 
-from infra.settings import Settings
+from producers.settings import Settings
 from projections.postgres.recorder import BatchResult, Incoming, Recorder, connect, decode_record
 from stream_processors.app import LedgerApp
 from stream_processors.dlq import DlqProducer

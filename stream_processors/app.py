@@ -16,7 +16,7 @@ import faust
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.types import TP
 
-from infra.settings import Settings
+from producers.settings import Settings
 
 __all__ = ["LedgerApp", "PositionedConsumer", "broker_url", "make_app"]
 

@@ -19,7 +19,7 @@ def rebuild(
     batch_size: int = typer.Option(2000, help="records per transaction"),
 ) -> None:
     """Replay the ledger from offset 0 into a fresh schema, switch over, and compare checksums."""
-    from infra.settings import get_settings
+    from producers.settings import get_settings
     from projections.postgres.rebuild import rebuild_with_progress
 
     report = rebuild_with_progress(get_settings(), keep_old=keep_old, batch_size=batch_size)

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 from kafka import KafkaProducer
 
-from infra.settings import Settings
+from producers.settings import Settings
 from projections.postgres.recorder import DeadLetter
 
 __all__ = ["DlqProducer", "envelope"]

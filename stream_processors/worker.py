@@ -13,7 +13,7 @@ import logging
 import faust
 import psycopg
 
-from infra.settings import Settings, get_settings
+from producers.settings import Settings, get_settings
 from producers.topics import ensure_topics
 from projections.postgres.schema import create_schema
 from stream_processors.agents import attach

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from infra.settings import Settings, get_settings
+from producers.settings import Settings, get_settings
 
 
 def unique(prefix: str) -> str:

@@ -25,9 +25,9 @@ from typing import Any
 import psycopg
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
-from infra.settings import REPO_ROOT, Settings
 from producers.contract import MemoryEvent
 from producers.sdk import LedgerProducer
+from producers.settings import REPO_ROOT, Settings
 from producers.topics import ensure_topics
 from projections.postgres.recorder import connect
 

@@ -19,8 +19,8 @@ from elasticsearch import Elasticsearch
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from infra.settings import Settings
 from producers.contract import EventType, MemoryEvent, Source, SourceType, encode
+from producers.settings import Settings
 from projections.postgres.recorder import Recorder, decode_record
 from projections.postgres.schema import create_schema, drop_schema
 from projections.search.mapping import physical_indices

@@ -9,8 +9,8 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.routes import events as events_route
-from infra.settings import Settings
 from producers.contract import decode
+from producers.settings import Settings
 from producers.topics import ensure_topics
 from tests.test_producers import drop_topics, read_topic
 

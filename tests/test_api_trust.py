@@ -30,8 +30,8 @@ from fastapi.testclient import TestClient
 
 from api.errors import ErrorBody, install_error_handlers
 from api.main import create_app
-from infra.settings import Settings
 from producers.contract import MAX_EVENT_BYTES, decode
+from producers.settings import Settings
 from producers.topics import ensure_topics
 from projections.postgres.schema import create_schema
 from tests.conftest import unique

@@ -17,9 +17,9 @@ import orjson
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
-from infra.settings import Settings
 from producers.contract import MAX_EVENT_BYTES, InvalidEvent, MemoryEvent, decode, from_dict
 from producers.sdk import EventIdConflict, LedgerProducer, PublishError, PublishResult
+from producers.settings import Settings
 from producers.topics import ensure_topics
 
 READ_TIMEOUT_S = 60.0

@@ -21,9 +21,9 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from api.main import create_app
-from infra.settings import Settings
 from producers.contract import MemoryEvent, encode, kafka_key, memory_id_for
 from producers.sdk import LedgerProducer
+from producers.settings import Settings
 from projections.postgres.queries import projection_checksum
 from projections.postgres.rebuild import rebuild, replay
 from projections.postgres.recorder import VERSION_COLUMNS, row_to_version

@@ -22,8 +22,8 @@ import pytest
 from kafka import KafkaConsumer
 from psycopg import errors as pg_errors
 
-from infra.settings import Settings
 from producers.contract import InvalidEvent, MemoryEvent, encode, kafka_key, version_id_for
+from producers.settings import Settings
 from projections.postgres.idempotency import Known, known_events
 from projections.postgres.queries import projection_checksum
 from projections.postgres.rebuild import rebuild

@@ -392,7 +392,7 @@ def test_a_load_in_flight_during_an_erasure_is_not_cached(world):
 def test_a_hostile_query_builds_a_bounded_search(shape):
     import orjson
 
-    from infra.settings import Settings
+    from producers.settings import Settings
     from projections.search.cues import extract
     from projections.search.recall import RecallQuery
     from tests.test_cues import BIG_VOCAB, NOW

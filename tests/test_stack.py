@@ -12,7 +12,7 @@ from elasticsearch import Elasticsearch
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
 
-from infra.settings import Settings
+from producers.settings import Settings
 from projections.embedding import load_embedder
 
 

@@ -49,9 +49,9 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import SettingsDep, TenantsDep, check_tenant
 from api.errors import ErrorBody, ErrorItem, store_unavailable
-from infra.settings import Settings
 from producers.contract import EventType, InvalidEvent, MemoryEvent, from_dict
 from producers.sdk import LedgerProducer, PublishError
+from producers.settings import Settings
 from projections.postgres.idempotency import Known, known_events
 
 log = logging.getLogger(__name__)

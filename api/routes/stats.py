@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request, Response
 from api.deps import SettingsDep, TenantQuery, TenantsDep, check_tenant
 from api.errors import store_unavailable
 from api.routes._json import json_response
-from infra.settings import Settings
+from producers.settings import Settings
 from projections.postgres.queries import invariant_counts, stored_positions
 
 router = APIRouter(tags=["stats"])

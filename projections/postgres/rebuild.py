@@ -28,7 +28,7 @@ import psycopg
 from kafka import KafkaConsumer, TopicPartition
 from psycopg import sql
 
-from infra.settings import Settings
+from producers.settings import Settings
 from projections.postgres.queries import projection_checksum
 from projections.postgres.recorder import Recorder, connect, decode_record
 from projections.postgres.schema import copy_erasure_salt, create_schema, drop_schema

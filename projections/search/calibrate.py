@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from infra.settings import get_settings
+from producers.settings import get_settings
 from projections.embedding import load_embedder
 from projections.search.cues import embedding_text
 

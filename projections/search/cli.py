@@ -12,7 +12,7 @@ def indexer(
     """Drain the search outbox into Elasticsearch forever (one per schema; extra ones wait on a lock)."""
     import logging
 
-    from infra.settings import get_settings
+    from producers.settings import get_settings
     from projections.search.indexer import run_indexer
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -28,7 +28,7 @@ def reindex(batch_size: int = typer.Option(256, help="documents per embedding ba
     from elasticsearch import Elasticsearch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from infra.settings import get_settings
+    from producers.settings import get_settings
     from projections.embedding import load_embedder
     from projections.search.rebuild import reindex as run
 

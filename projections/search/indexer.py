@@ -24,7 +24,7 @@ from elasticsearch.helpers import streaming_bulk
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from infra.settings import Settings
+from producers.settings import Settings
 from projections.embedding import Embedder, load_embedder
 from projections.search.documents import build_doc, embedding_text_for, rows_sql, status_fields
 from projections.search.mapping import ensure_index

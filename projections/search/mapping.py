@@ -13,7 +13,7 @@ from typing import Any
 
 from elasticsearch import Elasticsearch, NotFoundError
 
-from infra.settings import Settings
+from producers.settings import Settings
 
 __all__ = ["ensure_index", "index_body", "new_physical_name", "physical_indices", "create_physical"]
 

@@ -19,7 +19,7 @@ from elasticsearch.helpers import streaming_bulk
 from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 
-from infra.settings import Settings
+from producers.settings import Settings
 from projections.embedding import Embedder
 from projections.search.documents import build_doc, embedding_text_for, rows_sql
 from projections.search.indexer import lock_key

@@ -28,7 +28,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from infra.settings import Settings
+from producers.settings import Settings
 from projections.embedding import Embedder, load_embedder
 from projections.search.cues import Cues, canonical, event_types_in, extract, key_phrases, subject_ids, units
 from projections.search.documents import EFFECTIVE_TO, rows_sql

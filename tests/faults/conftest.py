@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from infra.settings import REPO_ROOT, Settings
+from producers.settings import REPO_ROOT, Settings
 from tests.faults.support import SERVERS, TALLY, ensure_server_up
 
 FAULTS_DIR = Path(__file__).resolve().parent

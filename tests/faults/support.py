@@ -27,7 +27,7 @@ from psycopg import sql
 import infra.elasticsearch
 import infra.kafka
 import infra.postgres
-from infra.settings import Settings
+from producers.settings import Settings
 from tests.helpers import wait_for
 
 # Every PostgreSQL connection this test process (and the workers it spawns) opens carries this

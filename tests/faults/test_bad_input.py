@@ -34,8 +34,8 @@ from schemathesis import GenerationMode
 from schemathesis.config import SchemathesisConfig
 
 from api.main import create_app
-from infra.settings import Settings
 from producers.contract import kafka_key
+from producers.settings import Settings
 from projections.embedding import load_embedder
 from projections.postgres.schema import create_schema
 from tests.conftest import unique

@@ -26,9 +26,9 @@ from elasticsearch import Elasticsearch
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from infra.settings import Settings
 from producers.contract import EventType, MemoryEvent
 from producers.sdk import LedgerProducer, PublishError, PublishResult
+from producers.settings import Settings
 from projections.search.rebuild import orphans
 from tests.conftest import unique
 from tests.faults.support import (

@@ -26,9 +26,9 @@ from fastapi.testclient import TestClient
 from kafka import KafkaConsumer, TopicPartition
 
 from api.main import create_app
-from infra.settings import Settings
 from producers.contract import EventType, MemoryEvent, memory_id_for
 from producers.sdk import LedgerProducer
+from producers.settings import Settings
 from projections.embedding import load_embedder
 from projections.postgres.rebuild import rebuild
 from projections.search.rebuild import orphans, reindex

@@ -17,9 +17,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from infra.settings import Settings
 from producers.contract import EventType, MemoryEvent
 from producers.sdk import LedgerProducer, PublishError, PublishResult
+from producers.settings import Settings
 from projections.postgres.rebuild import rebuild
 from tests.conftest import unique
 from tests.faults.support import TALLY, invariants, ledger_state, lost_and_doubled
