@@ -2,6 +2,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# the local stack uses the development API key and PostgreSQL password; a deployment never sets this
+export LEDGER_DEVELOPMENT ?= 1
 
 .PHONY: install up down status test demo lint bench
 
@@ -32,4 +34,4 @@ demo: install
 	$(VENV)/bin/ledger demo
 
 lint: install
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports

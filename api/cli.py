@@ -1,4 +1,4 @@
-"""`ledger`: the project's command line (publish, worker, serve, rebuild, eval, demo).
+"""`ledger`: the project's command line (publish, topics, worker, rebuild, indexer, reindex, serve, demo).
 
 Each sub-command lives beside the code it drives and is only registered here.
 """
@@ -48,11 +48,6 @@ from stream_processors.cli import rebuild, worker  # noqa: E402
 
 app.command()(worker)
 app.command()(rebuild)
-
-# quality evaluation lives in bench/cli.py (imports only typer at module level)
-from bench.cli import eval_command  # noqa: E402
-
-app.command(name="eval")(eval_command)
 
 # the search projection's commands live in projections/search/cli.py (imports only typer at module level)
 from projections.search.cli import indexer, reindex  # noqa: E402

@@ -1,1 +1,1 @@
-"""Benchmarks and the evaluation harness (`python -m bench run`, `ledger eval`)."""
+"""Benchmarks and the evaluation harness (`python -m bench run`, `python -m bench eval`)."""

@@ -1,12 +1,23 @@
-"""`python -m bench run` (measure everything, write results + BENCHMARKS.md) and `python -m bench report`."""
+"""`python -m bench run` (measure everything, write results + BENCHMARKS.md), `report`, and `eval`.
+
+`eval` (storage and retrieval quality of a running service) lives here, not in the product's
+`ledger` command: the product never imports the benchmarks.
+"""
 
 from __future__ import annotations
+
+import os
+
+os.environ.setdefault("LEDGER_DEVELOPMENT", "1")  # the benchmarks run on the development stack (producers.settings)
 
 from pathlib import Path
 
 import typer
 
+from bench.cli import eval_command
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="memory-ledger benchmarks")
+app.command(name="eval")(eval_command)
 
 
 @app.command()

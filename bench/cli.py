@@ -1,4 +1,4 @@
-"""`ledger eval` (registered in api/cli.py; only typer is imported at module level, so `ledger --help` stays fast)."""
+"""`python -m bench eval` (only typer is imported at module level, so `--help` stays fast)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`ledger eval`: storage and retrieval quality by seed 001's layers, as numbers.
+"""`python -m bench eval`: storage and retrieval quality by seed 001's layers, as numbers.
 
 L2 storage (read straight from PostgreSQL and Elasticsearch, no labels needed):
   double-active rate, chain completeness, explicit-confidence compliance, orphan rate.
@@ -409,7 +409,7 @@ def print_table(result: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"ledger eval: tenant {result['tenant']} ({result['storage']['memories']} memories)")
+    t = Table(title=f"bench eval: tenant {result['tenant']} ({result['storage']['memories']} memories)")
     for col in ("layer", "metric", "value", "target"):
         t.add_column(col)
     for layer, metric, value, target in summary_rows(result):

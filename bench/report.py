@@ -269,14 +269,14 @@ def write_report(path: Path, md_path: Path = REPO_ROOT / "BENCHMARKS.md") -> Pat
             "## Full rebuild from offset 0",
             "",
             f"{_f(b['records'])} records in {_f(b['seconds'], 1)} s = {_f(b['events_per_s'])} events/s "
-            f"(`projections.postgres.rebuild.rebuild`, services stopped); checksum equal to the live projection: "
+            f"(`stream_processors.rebuild.rebuild`, services stopped); checksum equal to the live projection: "
             f"{_f(b['checksum_equal'])}.",
             "",
         ]
     if r.get("eval"):
         from bench.eval import summary_rows
 
-        lines += ["## Quality (`ledger eval`, seed 001's layers)", ""]
+        lines += ["## Quality (`python -m bench eval`, seed 001's layers)", ""]
         lines += ["| layer | metric | value | target |", "|---|---|---|---|"]
         for layer, metric, value, target in summary_rows(r["eval"]):
             lines.append(f"| {layer} | {metric.strip()} | {_f(value, 4)} | {target} |")
@@ -315,7 +315,7 @@ def write_report(path: Path, md_path: Path = REPO_ROOT / "BENCHMARKS.md") -> Pat
         "- Lag: background events of another tenant at half the measured end-to-end rate; probe events (`update`: a "
         "new value of a known entity's fact; `new`: a never-seen entity) timed from just before publishing until "
         "their version row is in PostgreSQL, and until an exact-mode recall returns that version.",
-        "- Quality: `ledger eval` (`bench/eval.py`), see its docstring for each metric's definition.",
+        "- Quality: `python -m bench eval` (`bench/eval.py`), see its docstring for each metric's definition.",
         "",
     ]
     md_path.write_text("\n".join(lines))

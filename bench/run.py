@@ -12,7 +12,7 @@ Order (each step on private names, so other users of the servers are not disturb
  5. quality (bench.eval: L2 storage, L3 retrieval);
  6. produce -> queryable lag at half the measured ingest rate (bench.lag);
  7. audit replay of a subject with 1k events;
- 8. full rebuild from offset 0 (projections.postgres.rebuild), services stopped;
+ 8. full rebuild from offset 0 (stream_processors.rebuild), services stopped;
  9. results JSON + BENCHMARKS.md + plot (bench.report), clean-up.
 """
 
@@ -64,7 +64,7 @@ class RunConfig:
     probe_rate: float = 2.0
     audit_events: int = 1000
     eval_sample: int = 200
-    keep: bool = False  # keep topic/schema/index afterwards (for `ledger eval` against them)
+    keep: bool = False  # keep topic/schema/index afterwards (for `python -m bench eval` against them)
     out_dir: Path = RESULTS
     skip: tuple[str, ...] = ()  # steps to skip: raw, lag, audit, rebuild, eval
     catchup_timeout: float = 3600.0
@@ -362,7 +362,7 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
     if "eval" not in cfg.skip:
         from bench.eval import run_eval
 
-        with console.status("quality (ledger eval)"):
+        with console.status("quality (python -m bench eval)"):
             res["eval"] = run_eval(s, svc.url, API_KEY, TENANT, sample=cfg.eval_sample)
         sr = res["eval"]["retrieval"]["self_retrieval"]
         console.print(f"  self-retrieval R@1 {sr['recall_at_1']}, R@10 {sr['recall_at_10']}")
@@ -388,7 +388,7 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
         console.print(f"  audit replay of {res['audit']['events']} events: p50 {res['audit']['p50_ms']} ms")
 
     if "rebuild" not in cfg.skip:
-        from projections.postgres.rebuild import rebuild
+        from stream_processors.rebuild import rebuild
 
         svc.stop()
         total = sum(probe.end_offsets().values())

@@ -7,6 +7,10 @@ prints where it runs and logs. Each command is idempotent.
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("LEDGER_DEVELOPMENT", "1")  # infra runs the development stack (producers.settings)
+
 import sys
 import time
 

@@ -12,9 +12,9 @@ import zipfile
 from pathlib import Path
 
 from infra.maven import fetch_artifact
-from infra.models import model_spec
 from infra.procs import InfraError
 from producers.settings import Settings
+from projections.models import model_spec
 
 PART = "model"
 _SPECIAL = {

@@ -8,20 +8,45 @@ against external clusters. Nothing else in the project reads ``os.environ``.
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("kafka", "elasticsearch", "postgres", "model")
+DEV_API_KEY = "dev-key"  # works only with LEDGER_DEVELOPMENT=1
+DEV_PG_PASSWORD = "ledger"  # the password infra gives the local role; refused elsewhere
+_PG_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")  # a schema name that needs no quoting anywhere
+_KAFKA_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_ES_INDEX = re.compile(r"^[a-z0-9][a-z0-9._-]{0,254}$")
+
+
+class UnsafeSettings(ValueError):
+    """A setting that must not reach a deployment (a development secret) or an unsafe name."""
+
+
+def check_names(s: Settings) -> None:
+    """Names that end up in SQL, topic and index names: checked, never trusted (also for private copies)."""
+    if not _PG_IDENTIFIER.match(s.pg_schema):
+        raise UnsafeSettings(f"LEDGER_PG_SCHEMA {s.pg_schema!r}: lower-case letters, digits and _ (at most 63)")
+    for var, topic in (("LEDGER_TOPIC", s.topic), ("LEDGER_DLQ_TOPIC", s.dlq_topic)):
+        if not _KAFKA_TOPIC.match(topic) or topic in (".", ".."):
+            raise UnsafeSettings(f"{var} {topic!r}: letters, digits, '.', '_' and '-' (at most 249)")
+    if not _ES_INDEX.match(s.es_index):
+        raise UnsafeSettings(f"LEDGER_ES_INDEX {s.es_index!r}: lower-case letters, digits, '.', '_' and '-'")
 
 
 class Settings(BaseSettings):
     """Configuration of the whole stack; defaults run everything on loopback."""
 
     model_config = SettingsConfigDict(env_prefix="LEDGER_", env_file=".env", extra="ignore")
+
+    # development mode allows the development API key and the local default PostgreSQL password;
+    # `make demo` / `make test` set it, a deployment never does
+    development: bool = False
 
     # where infra keeps data (git-ignored) and downloads (outside the repo)
     data_dir: Path = REPO_ROOT / ".data"
@@ -62,6 +87,18 @@ class Settings(BaseSettings):
     embed_model_dir: Path | None = None  # None: <data_dir>/models/<model slug>
     embed_batch_size: int = 64
 
+    # search indexer (`ledger indexer`)
+    indexer_batch_size: int = 500  # outbox rows per batch
+    indexer_poll_s: float = 0.2  # wait between empty polls of the outbox
+    indexer_max_backoff_s: float = 4.0  # longest wait between retries while Elasticsearch or PostgreSQL is away
+
+    # the tenant cue vocabulary of each API process (recall)
+    vocab_ttl_s: float = 30.0  # a cached vocabulary older than this is reloaded in the background
+    vocab_nudge_s: float = 5.0  # a query that found nothing reloads a copy at least this old
+
+    # the producer SDK
+    producer_timeout_s: float = 30.0  # bound on connecting, metadata and delivery (retries included)
+
     # stream processors
     processor_group: str = "memory-ledger-projector"
     processor_batch_size: int = 500
@@ -77,6 +114,22 @@ class Settings(BaseSettings):
     # over every later update until that time; the worker applies the same window to the broker time
     max_future_skew_s: float = 300.0
 
+    @model_validator(mode="after")
+    def _safe(self) -> Settings:
+        check_names(self)
+        if not self.development:
+            if DEV_API_KEY in self.api_keys:
+                raise UnsafeSettings(
+                    f"LEDGER_API_KEYS holds the development key {DEV_API_KEY!r}: set your own keys, "
+                    "or LEDGER_DEVELOPMENT=1 on a development machine"
+                )
+            if urlsplit(self.pg_dsn).password == DEV_PG_PASSWORD:
+                raise UnsafeSettings(
+                    "LEDGER_PG_DSN uses the local default password: set the real one, "
+                    "or LEDGER_DEVELOPMENT=1 on a development machine"
+                )
+        return self
+
     def private(self, name: str, **update: object) -> Settings:
         """A copy whose topic, DLQ, consumer group, schema and index are all named after `name`.
 
@@ -89,7 +142,9 @@ class Settings(BaseSettings):
             "pg_schema": name,
             "es_index": f"{name}-facts",
         }
-        return self.model_copy(update={**names, **update})
+        copy = self.model_copy(update={**names, **update})
+        check_names(copy)  # model_copy does not validate
+        return copy
 
     @property
     def kafka_host_port(self) -> tuple[str, int]:

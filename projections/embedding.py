@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from infra.models import ModelSpec, model_spec
 from producers.settings import Settings, get_settings
+from projections.models import ModelSpec, model_spec
 
 __all__ = ["Embedder", "load_embedder"]
 

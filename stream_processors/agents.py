@@ -25,8 +25,9 @@ import psycopg
 from faust.types import TP
 from kafka.errors import KafkaError
 
+from producers.records import Incoming, decode_record
 from producers.settings import Settings
-from projections.postgres.recorder import BatchResult, Incoming, Recorder, connect, decode_record
+from projections.postgres.recorder import BatchResult, Recorder, connect
 from stream_processors.app import LedgerApp
 from stream_processors.dlq import DlqProducer
 

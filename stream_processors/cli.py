@@ -20,7 +20,7 @@ def rebuild(
 ) -> None:
     """Replay the ledger from offset 0 into a fresh schema, switch over, and compare checksums."""
     from producers.settings import get_settings
-    from projections.postgres.rebuild import rebuild_with_progress
+    from stream_processors.rebuild import rebuild_with_progress
 
     report = rebuild_with_progress(get_settings(), keep_old=keep_old, batch_size=batch_size)
     if report.live_checksum != report.rebuilt_checksum:

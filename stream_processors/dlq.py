@@ -24,8 +24,8 @@ from typing import Any
 import orjson
 from kafka import KafkaProducer
 
+from producers.records import DeadLetter
 from producers.settings import Settings
-from projections.postgres.recorder import DeadLetter
 
 __all__ = ["DlqProducer", "envelope"]
 

@@ -7,9 +7,14 @@ fails the test: nothing here skips.
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
+
+# the local stack runs with the development key and password (producers.settings refuses them
+# otherwise); children (workers, indexers, servers) inherit it
+os.environ.setdefault("LEDGER_DEVELOPMENT", "1")
 
 from producers.settings import Settings, get_settings
 

@@ -20,8 +20,9 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from producers.contract import EventType, MemoryEvent, Source, SourceType, encode
+from producers.records import decode_record
 from producers.settings import Settings
-from projections.postgres.recorder import Recorder, decode_record
+from projections.postgres.recorder import Recorder
 from projections.postgres.schema import create_schema, drop_schema
 from projections.search.mapping import physical_indices
 

@@ -9,7 +9,8 @@ import pytest
 from psycopg import errors as pg_errors
 
 from producers.contract import MAX_EVENT_BYTES, MemoryEvent, encode
-from projections.postgres.recorder import CoreRefused, DeadLetter, dead_letter_text, decode_record, unstorable
+from producers.records import DeadLetter, decode_record
+from projections.postgres.recorder import CoreRefused, dead_letter_text, unstorable
 from stream_processors.dlq import MAX_RAW_IN_DLQ, envelope
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""The small CI version of `ledger eval`: the whole pipeline on a small bench dataset, then the quality gates.
+"""The small CI version of `python -m bench eval`: the whole pipeline on a small bench dataset, then the quality gates.
 
 Worker, indexer and API run as subprocesses on private names (bench.services); 1,500 bilingual
 events (updates, late events, overrides, retractions, confirmations, episodes) go in through

@@ -25,10 +25,10 @@ from producers.contract import MemoryEvent, encode, kafka_key, memory_id_for
 from producers.sdk import LedgerProducer
 from producers.settings import Settings
 from projections.postgres.queries import projection_checksum
-from projections.postgres.rebuild import rebuild, replay
 from projections.postgres.recorder import VERSION_COLUMNS, row_to_version
 from projections.postgres.schema import create_schema
 from projections.versions import chain_problems
+from stream_processors.rebuild import rebuild, replay
 from tests.conftest import unique
 from tests.helpers import Worker, cleanup, end_offsets, pg, positions, publish, publish_raw, wait_caught_up, wait_for
 from tests.malformed import malformed_corpus

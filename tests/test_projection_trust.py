@@ -23,19 +23,13 @@ from kafka import KafkaConsumer
 from psycopg import errors as pg_errors
 
 from producers.contract import InvalidEvent, MemoryEvent, encode, kafka_key, version_id_for
+from producers.records import decode_record
 from producers.settings import Settings
 from projections.postgres.idempotency import Known, known_events
 from projections.postgres.queries import projection_checksum
-from projections.postgres.rebuild import rebuild
-from projections.postgres.recorder import (
-    ERASURE_CHANNEL,
-    CoreRefused,
-    Recorder,
-    connect,
-    decode_record,
-    is_permanent,
-)
+from projections.postgres.recorder import ERASURE_CHANNEL, CoreRefused, Recorder, connect, is_permanent
 from projections.postgres.schema import SchemaOutdated, create_schema
+from stream_processors.rebuild import rebuild
 from tests.conftest import unique
 from tests.helpers import (
     Worker,

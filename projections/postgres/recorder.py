@@ -42,7 +42,6 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import assert_never
 
 import psycopg
@@ -50,7 +49,8 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from producers.contract import EventType, InvalidEvent, MemoryEvent, decode
+from producers.contract import EventType, InvalidEvent, MemoryEvent
+from producers.records import DeadLetter, Incoming
 from projections.postgres.idempotency import ID_HASH_SQL
 from projections.versions import Mark, Route, Version, mark_of, new_version, plan, route
 
@@ -58,11 +58,8 @@ __all__ = [
     "ERASURE_CHANNEL",
     "BatchResult",
     "CoreRefused",
-    "DeadLetter",
-    "Incoming",
     "Recorder",
     "connect",
-    "decode_record",
     "dead_letter_text",
     "is_permanent",
     "unstorable",
@@ -78,52 +75,6 @@ VERSION_COLUMNS = (
     "superseded_at version confirmed_count last_confirmed_at"
 ).split()
 _Q = [sql.Identifier(c) for c in VERSION_COLUMNS]
-
-
-@dataclass(frozen=True, slots=True)
-class Incoming:
-    """One Kafka record, decoded by the event contract: exactly one of event/error is set."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    raw: bytes | None
-    timestamp: datetime | None
-    event: MemoryEvent | None = None
-    error: InvalidEvent | None = None
-
-
-def decode_record(
-    topic: str,
-    partition: int,
-    offset: int,
-    raw: bytes | None,
-    *,
-    key: bytes | None = None,
-    timestamp_ms: int | None,
-    max_future_skew: timedelta | None = None,
-) -> Incoming:
-    """contract.decode with the record's broker timestamp as the default observed_at (replays agree).
-
-    The broker timestamp is also the reference of `max_future_skew` (Settings.max_future_skew):
-    a replay judges a record exactly as the live worker did.
-    """
-    ts = datetime.fromtimestamp(timestamp_ms / 1000, UTC) if timestamp_ms is not None and timestamp_ms >= 0 else None
-    try:
-        event = decode(raw, default_observed_at=ts, max_future_skew=max_future_skew)
-        return Incoming(topic, partition, offset, key, raw, ts, event=event)
-    except InvalidEvent as exc:
-        return Incoming(topic, partition, offset, key, raw, ts, error=exc)
-    except Exception as exc:  # noqa: BLE001 - a record the contract cannot even judge is still a dead letter
-        error = InvalidEvent("undecodable", f"{type(exc).__name__}: {exc}"[:500])
-        return Incoming(topic, partition, offset, key, raw, ts, error=error)
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    record: Incoming
-    error: InvalidEvent
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Create the projection's tables in a schema, idempotently (`schema.sql`).
 
-A schema of an older layout (before issue 10: events keyed by event_id alone, no fingerprints,
+A schema of an older layout (events keyed by event_id alone, no fingerprints,
 no erased_events) is refused with `SchemaOutdated` instead of half-working: `ledger rebuild`
 replays the ledger into a fresh schema of the current layout and switches over.
 """

@@ -144,7 +144,7 @@ class ErasureListener:
                 await self._listen_once()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # a dropped or refused connection: try again, more slowly each time
+            except Exception as exc:  # noqa: BLE001 - a dropped or refused connection: try again, more slowly each time
                 if time.monotonic() - started > 10 * self.max_backoff:
                     backoff = self.min_backoff  # it had been up for a while: this is a new outage
                 log.warning("erasure listener down (%s: %s); reconnecting in %.1f s", type(exc).__name__, exc, backoff)

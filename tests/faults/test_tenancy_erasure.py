@@ -30,8 +30,8 @@ from producers.contract import EventType, MemoryEvent, memory_id_for
 from producers.sdk import LedgerProducer
 from producers.settings import Settings
 from projections.embedding import load_embedder
-from projections.postgres.rebuild import rebuild
 from projections.search.rebuild import orphans, reindex
+from stream_processors.rebuild import rebuild
 from tests.conftest import unique
 from tests.faults.support import TALLY, IndexerThread
 from tests.helpers import Worker, cleanup, end_offsets, wait_caught_up, wait_for

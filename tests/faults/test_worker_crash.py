@@ -20,7 +20,7 @@ import pytest
 from producers.contract import EventType, MemoryEvent
 from producers.sdk import LedgerProducer, PublishError, PublishResult
 from producers.settings import Settings
-from projections.postgres.rebuild import rebuild
+from stream_processors.rebuild import rebuild
 from tests.conftest import unique
 from tests.faults.support import TALLY, invariants, ledger_state, lost_and_doubled
 from tests.helpers import Worker, cleanup, end_offsets, positions, wait_caught_up, wait_for

@@ -13,8 +13,9 @@ takes the live schema's erasure salt, so `erased_events` comes out row for row t
 not part of the checksum). Every version gets a search_outbox row, so the search projection
 re-indexes after a rebuild.
 
-A live schema of an older layout (before issue 10) is migrated this way: the rebuild has the
-current layout, and its checksum differs from the old one's only because the layouts do.
+A live schema of an older layout (event ids not yet scoped by tenant, no fingerprints) is migrated
+this way: the rebuild has the current layout, and its checksum differs from the old one's only
+because the layouts do.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ import psycopg
 from kafka import KafkaConsumer, TopicPartition
 from psycopg import sql
 
+from producers.records import decode_record
 from producers.settings import Settings
 from projections.postgres.queries import projection_checksum
-from projections.postgres.recorder import Recorder, connect, decode_record
+from projections.postgres.recorder import Recorder, connect
 from projections.postgres.schema import copy_erasure_salt, create_schema, drop_schema
 
 __all__ = ["RebuildReport", "rebuild", "rebuild_with_progress", "replay"]

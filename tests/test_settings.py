@@ -1,0 +1,52 @@
+"""Settings validators (pure): development secrets and unsafe names never reach a deployment."""
+
+from __future__ import annotations
+
+import pytest
+
+from producers.settings import DEV_API_KEY, Settings, UnsafeSettings
+
+pytestmark = pytest.mark.unit
+
+SAFE = {"api_keys": {"k-9f2c": ["acme"]}, "pg_dsn": "postgresql://ledger:s3cret@db.internal:5432/ledger"}
+
+
+def test_a_deployment_refuses_the_development_key_and_password() -> None:
+    with pytest.raises(ValueError, match="LEDGER_API_KEYS"):
+        Settings(development=False, pg_dsn=SAFE["pg_dsn"])  # the default key is the development key
+    with pytest.raises(ValueError, match="LEDGER_PG_DSN"):
+        Settings(development=False, api_keys=SAFE["api_keys"])  # the default DSN has the local password
+    assert Settings(development=False, **SAFE).development is False
+
+
+def test_development_mode_allows_them() -> None:
+    s = Settings(development=True)
+    assert DEV_API_KEY in s.api_keys
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("pg_schema", "Ledger"),
+        ("pg_schema", 'x"; DROP SCHEMA ledger; --'),
+        ("pg_schema", "a-b"),
+        ("pg_schema", "x" * 64),
+        ("pg_schema", ""),
+        ("topic", "memory events"),
+        ("topic", ".."),
+        ("dlq_topic", "dlq/x"),
+        ("es_index", "Memory"),
+        ("es_index", "_hidden"),
+        ("es_index", "a,b"),
+    ],
+)
+def test_names_that_reach_sql_topics_and_indices_are_checked(field: str, value: str) -> None:
+    with pytest.raises(ValueError, match=f"LEDGER_{field.upper()}"):
+        Settings(development=True, **{field: value})
+
+
+def test_private_copies_are_checked_too() -> None:
+    base = Settings(development=True)
+    assert base.private("t_abc").pg_schema == "t_abc"
+    with pytest.raises(UnsafeSettings):
+        base.private('t"; --')
