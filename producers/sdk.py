@@ -139,8 +139,9 @@ def _reason(exc: BaseException) -> str:
 class LedgerProducer:
     """A thread-safe producer for the ledger topic; connects on first use.
 
-    `timeout_s` bounds every wait: connecting, fetching metadata and delivery (retries included),
-    so a broker that is down gives a PublishError after about that long, never a hang.
+    `timeout_s` (default `settings.producer_timeout_s`) bounds every wait: connecting, fetching
+    metadata and delivery (retries included), so a broker that is down gives a PublishError after
+    about that long, never a hang.
     `remember_ids` bounds the (tenant, event_id) -> fingerprint memory that detects a re-used id
     (oldest forgotten first). `kafka_overrides` are passed to KafkaProducer as they are (e.g.
     `linger_ms`, `client_id`).
@@ -150,14 +151,14 @@ class LedgerProducer:
         self,
         settings: Settings,
         *,
-        timeout_s: float = 30.0,
+        timeout_s: float | None = None,
         create_topics: bool = True,
         remember_ids: int = 100_000,
         **kafka_overrides: Any,
     ) -> None:
         self.settings = settings
         self.topic = settings.topic
-        self.timeout_s = timeout_s
+        self.timeout_s = settings.producer_timeout_s if timeout_s is None else timeout_s
         self.max_future_skew = timedelta(seconds=settings.max_future_skew_s)
         self._create_topics = create_topics
         self._overrides = kafka_overrides
