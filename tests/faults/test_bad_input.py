@@ -132,10 +132,10 @@ def test_malformed_records_go_to_the_dlq_and_valid_unicode_around_them_applies(r
 
     with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
         rows = conn.execute(
-            f'SELECT version_id, content, value, aliases FROM "{settings.pg_schema}".fact_versions'
+            f'SELECT event_id, content, value, aliases FROM "{settings.pg_schema}".fact_versions'
         ).fetchall()
         dead = conn.execute(f'SELECT count(*) FROM "{settings.pg_schema}".dead_letters').fetchone()[0]
-    stored = {vid: (content, value, aliases) for vid, content, value, aliases in rows}
+    stored = {eid: (content, value, aliases) for eid, content, value, aliases in rows}
     missing = [e["event_id"] for e in valid if e["event_id"] not in stored]
     TALLY.add(events_lost=len(missing))
     assert not missing, f"valid events around the bad ones were not applied: {missing}"
