@@ -14,10 +14,12 @@ from dataclasses import dataclass
 
 import psycopg
 from elasticsearch import Elasticsearch, NotFoundError
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaConsumer
 from psycopg import sql
 
 from producers.settings import Settings
+from producers.topics import end_offsets
+from projections.postgres.positions import stored_positions
 
 __all__ = ["Progress", "Probe", "wait_caught_up"]
 
@@ -55,7 +57,6 @@ class Probe:
         self.pg = psycopg.connect(settings.pg_dsn, autocommit=True)
         self.es = Elasticsearch(settings.es_url, request_timeout=30)
         self.consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None)
-        self._tps: list[TopicPartition] | None = None
 
     def close(self) -> None:
         self.pg.close()
@@ -63,10 +64,7 @@ class Probe:
         self.consumer.close()
 
     def end_offsets(self) -> dict[int, int]:
-        if not self._tps:
-            parts = self.consumer.partitions_for_topic(self.s.topic) or set()
-            self._tps = [TopicPartition(self.s.topic, p) for p in sorted(parts)]
-        return {tp.partition: off for tp, off in self.consumer.end_offsets(self._tps).items()}
+        return end_offsets(self.s, consumer=self.consumer)
 
     def _scalar(self, query: sql.Composable, params: tuple = ()) -> int:
         try:
@@ -77,15 +75,9 @@ class Probe:
 
     def positions(self) -> dict[int, int]:
         try:
-            rows = self.pg.execute(
-                sql.SQL('SELECT "partition", next_offset FROM {} WHERE consumer = %s AND topic = %s').format(
-                    sql.Identifier(self.s.pg_schema, "positions")
-                ),
-                (self.s.processor_group, self.s.topic),
-            ).fetchall()
+            return stored_positions(self.pg, self.s.processor_group, self.s.topic, schema=self.s.pg_schema)
         except psycopg.errors.UndefinedTable:
             return {}
-        return {p: o for p, o in rows}
 
     def es_docs(self) -> int:
         try:

@@ -3,7 +3,7 @@
 A benchmark or an end-to-end test must measure the processes a deployment runs, not
 functions called in-process: each part is started the way an operator starts it
 (`ledger worker`, `ledger indexer`, uvicorn on `api.main:app`) with the LEDGER_*
-variables of a private Settings (topic, schema, index, port, API keys). `stop()` ends
+variables of a private Settings (`Settings.child_environ`: topic, schema, index, port, API keys...). `stop()` ends
 exactly the processes this object started.
 """
 
@@ -19,53 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import orjson
 import psycopg
 from elasticsearch import Elasticsearch
 from kafka import KafkaAdminClient
 
 from producers.settings import REPO_ROOT, Settings
 
-__all__ = ["Services", "drop_private", "free_port", "settings_env"]
-
-# the Settings fields a private run changes; everything else is inherited from the environment
-_FIELDS = (
-    "kafka_bootstrap",
-    "topic",
-    "dlq_topic",
-    "topic_partitions",
-    "processor_group",
-    "processor_batch_size",
-    "processor_batch_seconds",
-    "pg_dsn",
-    "pg_schema",
-    "es_url",
-    "es_index",
-    "embed_model",
-    "data_dir",
-    "api_host",
-    "api_port",
-)
-
-
-def settings_env(s: Settings) -> dict[str, str]:
-    """The LEDGER_* variables that make a child process read the same Settings as `s`."""
-    env = {f"LEDGER_{name.upper()}": str(getattr(s, name)) for name in _FIELDS}
-    env["LEDGER_API_KEYS"] = orjson.dumps(s.api_keys).decode()
-    return env
+__all__ = ["Services", "drop_private", "free_port"]
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _ledger_has(command: str) -> bool:
-    """Whether `ledger <command>` is registered (the indexer command lands with the search projection)."""
-    from api.cli import app
-
-    return any((c.name or getattr(c.callback, "__name__", "")) == command for c in app.registered_commands)
 
 
 @dataclass
@@ -85,14 +51,7 @@ class Services:
         if name == "worker":
             return [py, "-m", "api.cli", "worker", "--loglevel", "warning"]
         if name == "indexer":
-            if _ledger_has("indexer"):
-                return [py, "-m", "api.cli", "indexer"]
-            code = (
-                "import logging; logging.basicConfig(level=logging.INFO); "
-                "from producers.settings import get_settings; from projections.search.indexer import run_indexer; "
-                "run_indexer(get_settings())"
-            )
-            return [py, "-c", code]
+            return [py, "-m", "api.cli", "indexer"]
         if name == "api":
             return [
                 py,
@@ -110,7 +69,7 @@ class Services:
         raise ValueError(f"unknown service {name!r}")
 
     def start(self, *names: str) -> None:
-        env = {**os.environ, **settings_env(self.settings), "PYTHONUNBUFFERED": "1"}
+        env = {**self.settings.child_environ(), "PYTHONUNBUFFERED": "1"}
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for name in names:
             if name in self.procs and self.procs[name].poll() is None:

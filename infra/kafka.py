@@ -9,6 +9,7 @@ from pathlib import Path
 from infra.maven import copy_dependencies
 from infra.procs import InfraError, healthy_or_stopped, owned_pid, port_open, run, spawn, stop_owned, wait_until
 from producers.settings import Settings
+from producers.topics import probe
 
 PART = "kafka"
 MAIN_CLASS = "kafka.Kafka"
@@ -141,32 +142,6 @@ def _format_storage(s: Settings) -> None:
 
 def pid(s: Settings) -> int | None:
     return owned_pid(_paths(s)["pid"], MAIN_CLASS)
-
-
-def probe(bootstrap: str, timeout: float = 5.0) -> bool:
-    """Does a broker at `bootstrap` answer a metadata request within `timeout` seconds?
-
-    The admin client runs in a daemon thread: kafka-python can block without limit on a
-    broker that is half up, and a health probe must never hang its caller.
-    """
-    import threading
-
-    from kafka import KafkaAdminClient
-
-    result: list[bool] = []
-
-    def ask() -> None:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
-        try:
-            admin.list_topics()
-            result.append(True)
-        finally:
-            admin.close()
-
-    thread = threading.Thread(target=ask, name="kafka-probe", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return bool(result)
 
 
 def healthy(s: Settings) -> bool:

@@ -8,6 +8,8 @@ against external clusters. Nothing else in the project reads ``os.environ``.
 from __future__ import annotations
 
 import functools
+import json
+import os
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -145,6 +147,31 @@ class Settings(BaseSettings):
         copy = self.model_copy(update={**names, **update})
         check_names(copy)  # model_copy does not validate
         return copy
+
+    def as_env(self, **extra: object) -> dict[str, str]:
+        """The LEDGER_* variables that make a child process read exactly these settings.
+
+        Every field is written (JSON for lists and mappings), so a private copy (`private()`,
+        `model_copy`) reaches the child whole; `extra` overrides fields by name. A field that is
+        None is left out: start the child from `child_environ()`, which drops inherited LEDGER_*.
+        """
+        env: dict[str, str] = {}
+        for name, value in {**self.model_dump(mode="json"), **extra}.items():
+            if value is None:
+                continue
+            if isinstance(value, str):
+                text = value
+            elif isinstance(value, (dict, list, bool)):
+                text = json.dumps(value)
+            else:
+                text = str(value)
+            env[f"LEDGER_{name.upper()}"] = text
+        return env
+
+    def child_environ(self, **extra: object) -> dict[str, str]:
+        """The whole environment of a child process: ours without any LEDGER_* variable, plus `as_env(**extra)`."""
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
+        return {**inherited, **self.as_env(**extra)}
 
     @property
     def kafka_host_port(self) -> tuple[str, int]:

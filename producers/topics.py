@@ -1,4 +1,4 @@
-"""Create the ledger topic and its dead-letter topic, idempotently: `ledger topics`.
+"""The ledger's Kafka topics: create them idempotently (`ledger topics`), read their end offsets, probe a broker.
 
 The ledger is the only source of truth, so its topic keeps every record forever
 (`retention.ms=-1`, `retention.bytes=-1`) and must exist with the configured
@@ -6,20 +6,24 @@ partition count *before* anything is written: producers never rely on the
 broker auto-creating it with default settings. Running this twice is harmless;
 an existing topic is reported and left untouched (changing the partition count
 of a live ledger would re-route keys and break per-subject order).
+
+`end_offsets(settings)` is what "caught up" is measured against (the API's lag, a rebuild's
+target, the benchmark's and the tests' waits); `probe(bootstrap)` is the health check of a broker.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 
 import kafka.errors as Errors
-from kafka import KafkaAdminClient
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
 from producers.contract import MAX_EVENT_BYTES
 from producers.settings import Settings
 
-__all__ = ["TopicStatus", "ensure_topics", "topic_configs"]
+__all__ = ["TopicStatus", "end_offsets", "ensure_topics", "probe", "topic_configs"]
 
 log = logging.getLogger(__name__)
 
@@ -89,3 +93,56 @@ def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[TopicS
                 settings.topic_partitions,
             )
     return out
+
+
+def end_offsets(
+    settings: Settings,
+    topic: str | None = None,
+    *,
+    timeout_s: float | None = None,
+    consumer: KafkaConsumer | None = None,
+) -> dict[int, int]:
+    """partition -> the offset the next record of `topic` (default: the ledger topic) will get.
+
+    `timeout_s` bounds every broker wait (None: kafka-python's defaults). A caller that reads the
+    offsets repeatedly passes its own `consumer` (no group), which is reused and left open.
+    """
+    topic = topic or settings.topic
+    own = consumer is None
+    if consumer is None:
+        bounds = {}
+        if timeout_s is not None:
+            timeout_ms = max(1000, int(timeout_s * 1000))
+            bounds = {"bootstrap_timeout_ms": timeout_ms, "request_timeout_ms": timeout_ms}
+        consumer = KafkaConsumer(
+            bootstrap_servers=settings.kafka_bootstrap, group_id=None, enable_auto_commit=False, **bounds
+        )
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        return {tp.partition: off for tp, off in consumer.end_offsets(tps).items()} if tps else {}
+    finally:
+        if own:
+            consumer.close()
+
+
+def probe(bootstrap: str, timeout: float = 5.0) -> bool:
+    """Does a broker at `bootstrap` answer a metadata request within `timeout` seconds?
+
+    The admin client runs in a daemon thread: kafka-python can block without limit on a
+    broker that is half up, and a health probe must never hang its caller.
+    """
+    result: list[bool] = []
+
+    def ask() -> None:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+        try:
+            admin.list_topics()
+            result.append(True)
+        finally:
+            admin.close()
+
+    thread = threading.Thread(target=ask, name="kafka-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(result)

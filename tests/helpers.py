@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -23,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaAdminClient, KafkaProducer
 
 from producers.contract import MemoryEvent
 from producers.sdk import LedgerProducer
 from producers.settings import REPO_ROOT, Settings
-from producers.topics import ensure_topics
-from projections.postgres.recorder import connect
+from producers.topics import end_offsets, ensure_topics
+from projections.postgres.connection import connect
+from projections.postgres.positions import read_positions, wait_for_positions
 
 __all__ = [
     "Worker",
@@ -58,26 +58,8 @@ def wait_for(cond: Callable[[], Any], timeout: float = 30.0, interval: float = 0
 
 
 def settings_env(settings: Settings, **extra: Any) -> dict[str, str]:
-    """LEDGER_* variables that make a child process use exactly these settings' names and addresses."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
-    for name in (
-        "kafka_bootstrap",
-        "topic",
-        "dlq_topic",
-        "topic_partitions",
-        "pg_dsn",
-        "pg_schema",
-        "es_url",
-        "es_index",
-        "processor_group",
-        "processor_batch_size",
-        "processor_batch_seconds",
-        "data_dir",
-    ):
-        env[f"LEDGER_{name.upper()}"] = str(getattr(settings, name))
-    for k, v in extra.items():
-        env[f"LEDGER_{k.upper()}"] = str(v)
-    return env
+    """The environment of a child process that uses exactly these settings (`Settings.child_environ`)."""
+    return settings.child_environ(**extra)
 
 
 class Worker:
@@ -144,49 +126,27 @@ def publish_raw(settings: Settings, records: Sequence[tuple[bytes | None, bytes 
         producer.close(5)
 
 
-def end_offsets(settings: Settings, topic: str | None = None) -> dict[int, int]:
-    topic = topic or settings.topic
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None, enable_auto_commit=False)
-    try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        return {tp.partition: off for tp, off in consumer.end_offsets(tps).items()}
-    finally:
-        consumer.close()
-
-
 def pg(settings: Settings) -> psycopg.Connection:
-    """Autocommit connection with search_path = the private schema."""
-    conn = connect(settings.pg_dsn, settings.pg_schema)
-    conn.autocommit = True
-    return conn
+    """Autocommit connection with search_path = the private schema (statements not prepared, like the worker's:
+    a rebuild may rename schemas under it)."""
+    return connect(settings.pg_dsn, settings.pg_schema, autocommit=True, prepare_threshold=None)
 
 
 def positions(settings: Settings) -> dict[int, int]:
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        exists = conn.execute("SELECT to_regclass(%s)", (f'"{settings.pg_schema}".positions',)).fetchone()
-        if not exists or exists[0] is None:
-            return {}
-        rows = conn.execute(
-            f'SELECT "partition", next_offset FROM "{settings.pg_schema}".positions WHERE consumer = %s AND topic = %s',
-            (settings.processor_group, settings.topic),
-        ).fetchall()
-    return dict(rows)
+    return read_positions(settings)
 
 
 def wait_caught_up(settings: Settings, timeout: float = 60.0, worker: Worker | None = None) -> dict[int, int]:
     """Wait until the stored positions reach the topic's current end offsets (fails fast if the worker died)."""
     ends = {p: o for p, o in end_offsets(settings).items() if o > 0}
 
-    def done() -> bool:
+    def check() -> None:
         if worker is not None and not worker.alive():
             raise AssertionError(
                 f"worker exited ({worker.proc.returncode if worker.proc else '?'}):\n{worker.log()[-4000:]}"
             )
-        stored = positions(settings)
-        return all(stored.get(p, 0) >= o for p, o in ends.items())
 
-    wait_for(done, timeout, interval=0.2, what=f"positions to reach {ends}")
+    wait_for_positions(settings, ends, timeout, check=check)
     return ends
 
 

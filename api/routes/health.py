@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request, Response
 
 from api.deps import SettingsDep
 from api.errors import store_unavailable
-from infra.kafka import probe as kafka_probe
+from producers.topics import probe as kafka_probe
 
 router = APIRouter(tags=["health"])
 

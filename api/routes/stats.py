@@ -20,34 +20,16 @@ from api.deps import SettingsDep, TenantQuery, TenantsDep, check_tenant
 from api.errors import store_unavailable
 from api.routes._json import json_response
 from producers.settings import Settings
-from projections.postgres.queries import invariant_counts, stored_positions
+from producers.topics import end_offsets
+from projections.postgres.positions import stored_positions_async
+from projections.postgres.queries import invariant_counts
 
 router = APIRouter(tags=["stats"])
 
 
-def _end_offsets(settings: Settings) -> dict[int, int]:
-    """The topic's end offsets; every wait bounded by `api_kafka_timeout_s` (a dead broker is a prompt error)."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    timeout_ms = max(1000, int(settings.api_kafka_timeout_s * 1000))
-    consumer = KafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        bootstrap_timeout_ms=timeout_ms,
-        request_timeout_ms=timeout_ms,
-    )
-    try:
-        parts = consumer.partitions_for_topic(settings.topic) or set()
-        tps = [TopicPartition(settings.topic, p) for p in sorted(parts)]
-        return {tp.partition: off for tp, off in consumer.end_offsets(tps).items()} if tps else {}
-    finally:
-        consumer.close()
-
-
 async def _kafka_ends(settings: Settings) -> dict[int, int]:
     try:
-        return await asyncio.to_thread(_end_offsets, settings)
+        return await asyncio.to_thread(end_offsets, settings, timeout_s=settings.api_kafka_timeout_s)
     except Exception as exc:  # noqa: BLE001 - any failure to read the offsets is kafka's
         raise store_unavailable("kafka", exc) from exc
 
@@ -61,7 +43,7 @@ async def stats(request: Request, settings: SettingsDep, tenant: TenantQuery, te
     try:
         async with request.app.state.pg.connection() as conn:
             counts = await invariant_counts(conn, tenant)
-            positions = await stored_positions(conn, settings.processor_group, settings.topic)
+            positions = await stored_positions_async(conn, settings.processor_group, settings.topic)
             # invariant 4: version ids only in PostgreSQL or only in Elasticsearch (meaningful once outbox_pending is 0)
             search = await orphans_async(settings, conn, request.app.state.es, tenant)
         ends = await ends_task

@@ -255,13 +255,6 @@ async def invariant_counts(conn: psycopg.AsyncConnection, tenant: str) -> dict[s
     return {d.name: int(v) for d, v in zip(cur.description, row, strict=True)}
 
 
-async def stored_positions(conn: psycopg.AsyncConnection, consumer: str, topic: str) -> dict[int, int]:
-    cur = await conn.execute(
-        'SELECT "partition", next_offset FROM positions WHERE consumer = %s AND topic = %s', (consumer, topic)
-    )
-    return {p: o for p, o in await cur.fetchall()}
-
-
 def projection_checksum(conn: psycopg.Connection, schema: str) -> str:
     """md5 over fact_versions and events in key order, without wall-clock columns.
 

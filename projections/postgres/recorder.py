@@ -157,8 +157,9 @@ def connect(dsn: str, schema: str, **kwargs) -> psycopg.Connection:
     Statements are not prepared, so names are resolved per statement: `ledger rebuild` can rename
     schemas under a running worker.
     """
-    conn = psycopg.connect(dsn, prepare_threshold=None, **kwargs)
-    conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(schema)))
+    from projections.postgres import connection
+
+    conn = connection.connect(dsn, schema, prepare_threshold=None, **kwargs)
     conn.execute("SET TimeZone TO 'UTC'")
     conn.commit()
     return conn
