@@ -31,6 +31,8 @@ from psycopg import sql
 
 from producers.records import decode_record
 from producers.settings import Settings
+from producers.topics import end_offsets
+from projections.postgres.positions import stored_positions
 from projections.postgres.queries import projection_checksum
 from projections.postgres.recorder import Recorder, connect
 from projections.postgres.schema import copy_erasure_salt, create_schema, drop_schema
@@ -52,16 +54,6 @@ class RebuildReport:
 
 def _schema_exists(conn: psycopg.Connection, schema: str) -> bool:
     return conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is not None
-
-
-def end_offsets(settings: Settings) -> dict[int, int]:
-    consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None, enable_auto_commit=False)
-    try:
-        parts = consumer.partitions_for_topic(settings.topic) or set()
-        tps = [TopicPartition(settings.topic, p) for p in sorted(parts)]
-        return {tp.partition: off for tp, off in consumer.end_offsets(tps).items()}
-    finally:
-        consumer.close()
 
 
 def replay(
@@ -145,15 +137,7 @@ def rebuild(
             if _schema_exists(conn, live):
                 lock = sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(live, "positions"))
                 conn.execute(lock)
-                live_pos = {
-                    p: o
-                    for p, o in conn.execute(
-                        sql.SQL('SELECT "partition", next_offset FROM {} WHERE consumer = %s AND topic = %s').format(
-                            sql.Identifier(live, "positions")
-                        ),
-                        (settings.processor_group, settings.topic),
-                    ).fetchall()
-                }
+                live_pos = stored_positions(conn, settings.processor_group, settings.topic, schema=live)
                 records += replay(settings, fresh, live_pos, batch_size=batch_size, progress=progress)
                 live_checksum = projection_checksum(conn, live)
                 conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(live), sql.Identifier(old)))
