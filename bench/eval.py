@@ -26,13 +26,12 @@ from typing import Any
 
 import httpx
 import orjson
-import psycopg
 from elasticsearch import Elasticsearch, NotFoundError
-from psycopg import sql
 from psycopg.rows import dict_row
 
 from bench.dataset import ATTRIBUTES, questions_for, unanswerable_questions
 from producers.settings import Settings
+from projections.postgres.connection import connect
 
 __all__ = ["RecallClient", "print_table", "retrieval_quality", "run_eval", "storage_quality", "summary_rows"]
 
@@ -101,8 +100,7 @@ def _rate(num: int, den: int) -> float | None:
 
 def storage_quality(settings: Settings, tenant: str) -> dict[str, Any]:
     """L2 numbers for one tenant: all rates in [0, 1]; double-active and orphan rates must be 0."""
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(settings.pg_schema)))
+    with connect(settings.pg_dsn, settings.pg_schema, autocommit=True) as conn:
         with conn.cursor(row_factory=dict_row) as cur:
             cur.execute(_L2_SQL, {"t": tenant})
             c = cur.fetchone() or {}
@@ -175,8 +173,10 @@ def _sample_memories(settings: Settings, tenant: str, n: int, seed: int) -> list
         ORDER BY memory_id, (kind = 'preference' AND asserted_valid_to IS NOT NULL) DESC, valid_from DESC) cur
       ORDER BY md5(memory_id || %(seed)s) LIMIT %(n)s
     """
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(settings.pg_schema)))
+    with (
+        connect(settings.pg_dsn, settings.pg_schema, autocommit=True) as conn,
+        conn.cursor(row_factory=dict_row) as cur,
+    ):
         cur.execute(query, {"t": tenant, "n": n, "seed": str(seed)})
         return cur.fetchall()
 
@@ -190,8 +190,10 @@ def _retracted_facts(settings: Settings, tenant: str, n: int, seed: int) -> list
                         AND (LEAST(g.valid_to, g.superseded_at) IS NULL OR LEAST(g.valid_to, g.superseded_at) > now()))
       ORDER BY md5(memory_id || %(seed)s) LIMIT %(n)s
     """
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(settings.pg_schema)))
+    with (
+        connect(settings.pg_dsn, settings.pg_schema, autocommit=True) as conn,
+        conn.cursor(row_factory=dict_row) as cur,
+    ):
         cur.execute(query, {"t": tenant, "n": n, "seed": str(seed)})
         rows, seen = [], set()
         for r in cur.fetchall():

@@ -1,4 +1,4 @@
-"""Produce -> queryable lag under a steady load (DESIGN §7), timed per probe event.
+"""Produce -> queryable lag under a steady load, timed per probe event.
 
 A publisher thread sends background events (another tenant) at a fixed rate and, at a lower
 fixed rate, probe events. Each probe is timed from just before it is sent until:

@@ -38,7 +38,7 @@ def _verdict(ok: bool | None) -> str:
 
 
 def targets(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """(target, measured, threshold, verdict) for issue 6 §3."""
+    """(target, measured, threshold, verdict) for each benchmark target."""
     out = []
     rl = r.get("recall_latency") or []
     if rl:
@@ -167,7 +167,7 @@ def write_report(path: Path, md_path: Path = REPO_ROOT / "BENCHMARKS.md") -> Pat
         f"Dataset: {r['dataset']['events']:,} events over {r['dataset']['subjects']:,} subjects "
         f"({', '.join(f'{k} {v:,}' for k, v in r['dataset']['by_type'].items())}).",
         "",
-        "## Targets (issue 6)",
+        "## Targets",
         "",
         "| target | measured | threshold | verdict |",
         "|---|---|---|---|",

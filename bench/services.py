@@ -3,8 +3,8 @@
 A benchmark or an end-to-end test must measure the processes a deployment runs, not
 functions called in-process: each part is started the way an operator starts it
 (`ledger worker`, `ledger indexer`, uvicorn on `api.main:app`) with the LEDGER_*
-variables of a private Settings (`Settings.child_environ`: topic, schema, index, port, API keys...). `stop()` ends
-exactly the processes this object started.
+variables of a private Settings (`Settings.child_environ`: topic, schema, index, port, API
+keys, every other field too). `stop()` ends exactly the processes this object started.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from elasticsearch import Elasticsearch
 from kafka import KafkaAdminClient
 
 from producers.settings import REPO_ROOT, Settings
+from projections.postgres.schema import drop_schema
 
 __all__ = ["Services", "drop_private", "free_port"]
 
@@ -128,7 +129,7 @@ def drop_private(s: Settings) -> None:
             "SELECT nspname FROM pg_namespace WHERE nspname = %s OR nspname LIKE %s",
             (s.pg_schema, s.pg_schema + "\\_%"),
         ).fetchall():
-            conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+            drop_schema(conn, name)
     es = Elasticsearch(s.es_url, request_timeout=60)
     try:
         for name in es.indices.get(index=f"{s.es_index}*", allow_no_indices=True):
