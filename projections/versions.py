@@ -41,6 +41,8 @@ from typing import Any, assert_never
 from producers.contract import EventType, Kind, MemoryEvent, rfc3339
 
 __all__ = [
+    "Additions",
+    "additions",
     "EFFECTS",
     "ERASED_EFFECT",
     "NO_EFFECT",
@@ -451,22 +453,51 @@ def plan(
     return changes
 
 
+@dataclass
+class Additions:
+    """What a run of events adds to each fact it touches: new versions and new marks, by memory_id."""
+
+    versions: dict[str, list[Version]] = field(default_factory=dict)
+    marks: dict[str, list[Mark]] = field(default_factory=dict)
+
+    @property
+    def facts(self) -> list[str]:
+        return sorted(set(self.versions) | set(self.marks))
+
+
+def additions(events: Iterable[tuple[MemoryEvent, int, int]]) -> Additions:
+    """The one dispatch on the event type, shared by the recorder and `apply` (and so by the tests).
+
+    `events` are (event, partition, offset). `subject.erased` adds nothing to a fact: the recorder
+    purges the subject on its own, so meeting one here is a caller's mistake (ValueError).
+    """
+    out = Additions()
+    for event, partition, offset in events:
+        match route(event.type):
+            case Route.VERSION:
+                out.versions.setdefault(event.memory_id, []).append(new_version(event, partition, offset))
+            case Route.MARK:
+                out.marks.setdefault(event.memory_id, []).append(mark_of(event))
+            case Route.ERASURE:
+                raise ValueError("subject.erased is not a change of one fact (the recorder purges the subject)")
+            case other:
+                assert_never(other)
+    return out
+
+
 def apply(
     event: MemoryEvent, versions: Sequence[Version], marks: Sequence[Mark], *, partition: int, offset: int
 ) -> Changes:
     """What one event does to its fact, given the fact's stored versions and marks.
 
-    `subject.erased` is not a per-fact change (the recorder purges the subject): no Changes.
+    The same path as the recorder's (`additions` then `plan`); `subject.erased` is not a per-fact
+    change (the recorder purges the subject): no Changes.
     """
-    match route(event.type):
-        case Route.VERSION:
-            return plan(versions, marks, new_versions=[new_version(event, partition, offset)])
-        case Route.MARK:
-            return plan(versions, marks, new_marks=[mark_of(event)])
-        case Route.ERASURE:
-            return Changes()
-        case other:
-            assert_never(other)
+    if route(event.type) is Route.ERASURE:
+        return Changes()
+    added = additions([(event, partition, offset)])
+    mid = event.memory_id
+    return plan(versions, marks, added.versions.get(mid, []), added.marks.get(mid, []))
 
 
 def _unique(items: Iterable[Any], key: Any) -> list[Any]:

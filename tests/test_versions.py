@@ -527,3 +527,22 @@ def test_effects_cover_every_event_agree_with_the_chain_and_ignore_order(seed):
     for v in rows.values():
         assert got[v.event_id]["version_id"] == v.version_id
         assert (got[v.event_id]["effect"] == "retracted") == (v.status == "retracted")
+
+
+def test_one_dispatch_serves_every_event_type() -> None:
+    """`additions` is the recorder's and apply's one path: every type lands somewhere (or is the erasure barrier)."""
+    from producers.contract import EventType, from_dict
+    from projections.versions import Route, additions, route
+
+    base = {"tenant": "t", "subject": "s", "key": "k", "content": "c", "observed_at": "2026-01-01T00:00:00Z"}
+    for event_type in EventType:
+        data = {**base, "type": event_type.value}
+        if event_type is EventType.ERASED:
+            data = {k: v for k, v in data.items() if k not in ("key", "content")}
+        event = from_dict(data)
+        if route(event_type) is Route.ERASURE:
+            with pytest.raises(ValueError, match="purges the subject"):
+                additions([(event, 0, 0)])
+            continue
+        added = additions([(event, 0, 7)])
+        assert added.facts == [event.memory_id], event_type

@@ -42,7 +42,6 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import assert_never
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -52,7 +51,7 @@ from psycopg.types.json import Jsonb
 from producers.contract import EventType, InvalidEvent, MemoryEvent
 from producers.records import DeadLetter, Incoming
 from projections.postgres.idempotency import ID_HASH_SQL
-from projections.versions import Mark, Route, Version, mark_of, new_version, plan, route
+from projections.versions import Mark, Route, Version, additions, plan, route
 
 __all__ = [
     "ERASURE_CHANNEL",
@@ -404,24 +403,12 @@ class Recorder:
             return
         new = self._log_events(cur, records, result, letters)
         result.applied += len(new)
-        new_versions: dict[str, list[Version]] = defaultdict(list)
-        new_marks: dict[str, list[Mark]] = defaultdict(list)
-        for r in new:
-            e = r.event
-            assert e is not None
-            try:
-                match route(e.type):
-                    case Route.VERSION:
-                        new_versions[e.memory_id].append(new_version(e, r.partition, r.offset))
-                    case Route.MARK:
-                        new_marks[e.memory_id].append(mark_of(e))
-                    case Route.ERASURE:
-                        raise ValueError("subject.erased is applied on its own (_erase)")
-                    case unknown:
-                        assert_never(unknown)
-            except _CORE_ERRORS as exc:
-                raise CoreRefused(f"{type(exc).__name__}: {exc}") from exc
-        facts = sorted(set(new_versions) | set(new_marks))
+        try:  # the pure core's one dispatch on the event type (projections.versions.additions)
+            added = additions((r.event, r.partition, r.offset) for r in new if r.event is not None)
+        except _CORE_ERRORS as exc:
+            raise CoreRefused(f"{type(exc).__name__}: {exc}") from exc
+        new_versions, new_marks = added.versions, added.marks
+        facts = added.facts
         if not facts:
             return
         cur.execute(
