@@ -1,0 +1,140 @@
+"""Issue 10, classes 6 and 12, through the real PostgreSQL projection and the real app.
+
+- A retraction ends the version *visible* at its time: with a long-term preference and a
+  temporary override in force, it ends the override and the long-term value shows again; a
+  `target_version` retraction ends exactly that version.
+- The audit replay (`GET /v1/subjects/{s}/events`) says what each event did, including the
+  retractions and confirmations that matched nothing (before: accepted, silently no effect).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from producers.contract import encode, from_dict, rfc3339, version_id_for
+from producers.records import decode_record
+from producers.settings import Settings
+from projections.postgres.connection import connect
+from projections.postgres.recorder import Recorder
+from projections.postgres.schema import create_schema, drop_schema
+from tests.conftest import unique
+
+TENANT, SUBJECT, KEY = "audit", "user:1", "preference.seat"
+HEADERS = {"X-API-Key": "audit-key"}
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def day(n: float) -> str:
+    return rfc3339(T0 + timedelta(days=n))
+
+
+class Writer:
+    """Events straight through the recorder the projector runs (one offset each)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.conn = connect(settings.pg_dsn, settings.pg_schema)
+        self.recorder = Recorder(self.conn, consumer="audit-tests", topic=settings.topic)
+        self.topic, self.offset = settings.topic, 0
+
+    def write(self, **fields) -> str:
+        data = {"tenant": TENANT, "subject": SUBJECT, "key": KEY, **fields}
+        event = from_dict(data)
+        record = decode_record(self.topic, 0, self.offset, encode(event), timestamp_ms=None)
+        self.offset += 1
+        result = self.recorder.apply_batch([record])
+        assert result.dead == 0, result
+        return event.event_id
+
+
+@pytest.fixture
+def stack(base_settings: Settings) -> Iterator[tuple[Writer, TestClient]]:
+    settings = base_settings.private(unique("audit"), api_keys={"audit-key": [TENANT]})
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
+        create_schema(admin, settings.pg_schema)
+    writer = Writer(settings)
+    try:
+        with TestClient(create_app(settings)) as client:
+            yield writer, client
+    finally:
+        writer.conn.close()
+        with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
+            drop_schema(admin, settings.pg_schema)
+
+
+def seat(client: TestClient, at: str) -> str | None:
+    r = client.get(f"/v1/subjects/{SUBJECT}/facts", params={"tenant": TENANT, "as_of": at}, headers=HEADERS)
+    assert r.status_code == 200, r.text
+    values = [f["value"] for f in r.json()["facts"] if f["key"] == KEY]
+    assert len(values) <= 1
+    return values[0] if values else None
+
+
+def effects(client: TestClient) -> dict[str, dict]:
+    r = client.get(f"/v1/subjects/{SUBJECT}/events", params={"tenant": TENANT}, headers=HEADERS)
+    assert r.status_code == 200, r.text
+    return {e["event_id"]: e["effect"] for e in r.json()["events"]}
+
+
+def asserted(value: str, valid_from: str, valid_to: str | None = None, kind: str = "preference") -> dict:
+    fields = {"type": "memory.asserted", "kind": kind, "value": value, "content": f"prefers {value}"}
+    fields |= {"observed_at": valid_from, "valid_from": valid_from}
+    if valid_to:
+        fields["valid_to"] = valid_to
+    return fields
+
+
+def test_retracting_inside_an_override_keeps_the_long_term_value(stack) -> None:
+    writer, client = stack
+    aisle = writer.write(**asserted("aisle", day(0)))
+    window = writer.write(**asserted("window", day(1), valid_to=day(8)))
+    assert seat(client, day(2)) == "window"
+    retraction = writer.write(type="memory.retracted", observed_at=day(3), valid_from=day(3))
+    assert seat(client, day(2)) == "window", "the past is unchanged"
+    assert seat(client, day(4)) == "aisle", "the override ended; the long-term preference shows again"
+    assert seat(client, day(9)) == "aisle"
+    got = effects(client)
+    assert got[retraction]["effect"] == "ended" and got[retraction]["version_id"] == version_id_for(TENANT, window)
+    assert got[window]["effect"] == "retracted"
+    assert got[aisle]["effect"] == "active"
+    # a second retraction now ends the long-term one
+    second = writer.write(type="memory.retracted", observed_at=day(5), valid_from=day(5))
+    assert seat(client, day(6)) is None
+    assert effects(client)[second]["version_id"] == version_id_for(TENANT, aisle)
+
+
+def test_a_targeted_retraction_ends_exactly_its_version(stack) -> None:
+    writer, client = stack
+    aisle = writer.write(**asserted("aisle", day(0)))
+    writer.write(**asserted("window", day(1), valid_to=day(8)))
+    target = version_id_for(TENANT, aisle)
+    retraction = writer.write(type="memory.retracted", observed_at=day(3), valid_from=day(3), target_version=target)
+    assert seat(client, day(4)) == "window", "the override in force stays"
+    assert seat(client, day(9)) is None, "and after it, the long-term value is gone"
+    assert effects(client)[retraction] == {**effects(client)[retraction], "effect": "ended", "version_id": target}
+
+
+def test_the_audit_replay_says_what_each_event_did(stack) -> None:
+    writer, client = stack
+    first = writer.write(**asserted("aisle", day(0), kind="state"))
+    second = writer.write(**asserted("window", day(2), kind="state"))
+    late = writer.write(**asserted("middle", day(1), kind="state"))  # arrives last, holds in the past
+    confirmed = writer.write(type="memory.confirmed", observed_at=day(3), valid_from=day(3))
+    nothing = writer.write(type="memory.retracted", key="preference.meal", observed_at=day(3), valid_from=day(3))
+    too_early = writer.write(type="memory.confirmed", observed_at=day(4), valid_from="2020-01-01T00:00:00Z")
+    wrong_target = writer.write(
+        type="memory.retracted", observed_at=day(4), valid_from=day(4), target_version=version_id_for(TENANT, "nope")
+    )
+    got = effects(client)
+    assert got[second]["effect"] == "active"
+    assert got[first]["effect"] == "superseded"
+    assert got[late]["effect"] in ("history", "superseded")
+    assert got[confirmed]["effect"] == "confirmed" and got[confirmed]["version_id"] == version_id_for(TENANT, second)
+    for eid in (nothing, too_early, wrong_target):
+        assert got[eid]["effect"] == "no_effect", got[eid]
+        assert got[eid]["detail"], "a no-effect event says why"
