@@ -1,4 +1,8 @@
-"""Dependencies every route declares: settings, the caller's tenants, request strings that can be stored.
+"""Dependencies every route declares: settings, resources, the caller's tenants, request strings that can be stored.
+
+Resources: `PoolDep`, `EsDep`, `ProducerDep`, `RecallDep` (or all of them, `ResourcesDep`) hand a
+route the parts of the app's one `api.resources.Resources`, opened by the lifespan; a route never
+creates or caches a resource. A new resource is an attribute of `Resources` plus an alias here.
 
 Tenancy: the caller presents an API key (`X-API-Key` header or `Authorization: Bearer`), both
 declared as OpenAPI security schemes (`ApiKeyAuth`, `BearerAuth`); `settings.api_keys` binds each
@@ -11,14 +15,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
+from elasticsearch import AsyncElasticsearch
 from fastapi import Depends, Query, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from psycopg_pool import AsyncConnectionPool
 from pydantic import AfterValidator, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import PydanticCustomError
 
 from api.errors import ApiError
+from api.resources import Resources
 from producers.contract import InvalidEvent, Rfc3339, check_storable
+from producers.sdk import LedgerProducer
 from producers.settings import Settings
+from projections.search.recall import RecallEngine
 
 API_KEY_HEADER = "X-API-Key"
 api_key_scheme = APIKeyHeader(
@@ -32,6 +41,39 @@ async def get_settings_dep(request: Request) -> Settings:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+
+
+# async (not def): FastAPI would run a plain function in a worker thread, a hop the hot paths must not pay
+async def get_resources(request: Request) -> Resources:
+    resources = request.app.state.resources
+    if resources is None:
+        raise RuntimeError("the app's resources are closed (requests after its lifespan ended)")
+    return resources
+
+
+ResourcesDep = Annotated[Resources, Depends(get_resources)]
+
+
+async def get_pool(request: Request) -> AsyncConnectionPool:
+    return (await get_resources(request)).pool
+
+
+async def get_es(request: Request) -> AsyncElasticsearch:
+    return (await get_resources(request)).es
+
+
+async def get_producer(request: Request) -> LedgerProducer:
+    return (await get_resources(request)).producer
+
+
+async def get_recall(request: Request) -> RecallEngine:
+    return (await get_resources(request)).recall
+
+
+PoolDep = Annotated[AsyncConnectionPool, Depends(get_pool)]
+EsDep = Annotated[AsyncElasticsearch, Depends(get_es)]
+ProducerDep = Annotated[LedgerProducer, Depends(get_producer)]
+RecallDep = Annotated[RecallEngine, Depends(get_recall)]
 
 
 def _unauthorized(message: str) -> ApiError:

@@ -1,28 +1,20 @@
 """The FastAPI app: `uvicorn api.main:app` (or `ledger serve`).
 
-Only assembles: settings, the lifespan that opens the pools, the error handlers (api.errors: one
-error shape, store failures as 503 naming the store) and one router per resource.
+Only assembles: settings, the lifespan that opens the API's resources (api.resources: the pool,
+the Elasticsearch client, the producer, the recall engine, in one place), the error handlers
+(api.errors: one error shape, store failures as 503 naming the store) and one router per resource.
 """
 
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from elasticsearch import AsyncElasticsearch
 from fastapi import FastAPI
-from psycopg_pool import AsyncConnectionPool
 
 from api.errors import install_error_handlers
+from api.resources import Resources
 from api.routes import api_router
 from producers.settings import Settings, get_settings
-
-
-def _configure(schema: str):
-    async def configure(conn) -> None:
-        await conn.execute(f'SET search_path TO "{schema}", public')
-        await conn.commit()
-
-    return configure
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -30,31 +22,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.settings = settings
-        pool = AsyncConnectionPool(
-            settings.pg_dsn,
-            min_size=1,
-            max_size=settings.pg_pool_size,
-            configure=_configure(settings.pg_schema),
-            open=False,
-            timeout=settings.pg_pool_timeout_s,  # a dead server is a prompt 503, not a 30 s wait
-            kwargs={"autocommit": True, "connect_timeout": max(2, settings.pg_connect_timeout_s)},
-        )
-        await pool.open(wait=False)
-        app.state.pg = pool
-        app.state.es = AsyncElasticsearch(settings.es_url, request_timeout=settings.es_request_timeout_s)
-        app.state.producer = None  # created on first publish (api.routes.events)
-        try:
-            yield
-        finally:
-            engine = getattr(app.state, "recall_engine", None)
-            if engine is not None:  # its LISTEN connection (erasure notifications) goes with the app
-                app.state.recall_engine = None
-                await engine.aclose()
-            if app.state.producer is not None:
-                app.state.producer.close()
-            await app.state.es.close()
-            await pool.close()
+        async with Resources.open(settings) as res:
+            app.state.resources = res
+            # read-only aliases for tests that predate Resources (tests/test_recall*.py); nothing in api/ reads them
+            app.state.pg, app.state.es, app.state.recall_engine = res.pool, res.es, res.recall
+            try:
+                yield
+            finally:
+                app.state.resources = None
 
     app = FastAPI(title="memory-ledger", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import orjson
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Response
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import SettingsDep, Storable, TenantQuery, TenantsDep, check_tenant
+from api.deps import ProducerDep, Storable, TenantQuery, TenantsDep, check_tenant
 from api.errors import ApiError, store_unavailable
-from api.routes.events import _producer
+from api.routes._json import json_response
 from producers.contract import InvalidEvent
 from producers.sdk import PublishError
 
@@ -36,8 +35,7 @@ router = APIRouter(tags=["erasure"])
     responses={202: {"description": "subject.erased published; the projections purge the subject when they apply it"}},
 )
 async def erase_subject(
-    request: Request,
-    settings: SettingsDep,
+    producer: ProducerDep,
     tenants: TenantsDep,
     subject: Annotated[Storable, Path(min_length=1, max_length=256, description="the subject (may contain /)")],
     tenant: TenantQuery,
@@ -45,7 +43,6 @@ async def erase_subject(
 ) -> Response:
     """Publish `subject.erased` for (tenant, subject); 202 with its event_id, partition and offset."""
     check_tenant(tenant, tenants)
-    producer = _producer(request.app, settings)
     try:
         result = await run_in_threadpool(producer.erase_subject, tenant, subject, reason)
     except InvalidEvent as exc:  # e.g. a blank subject: the contract names the field
@@ -60,4 +57,4 @@ async def erase_subject(
         "partition": result.partition,
         "offset": result.offset,
     }
-    return Response(orjson.dumps(body), status_code=202, media_type="application/json")
+    return json_response(body, 202)

@@ -37,20 +37,20 @@ key, 403 naming `events.N.tenant` if any event names a tenant the key may not us
 from __future__ import annotations
 
 import logging
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-import orjson
 import psycopg
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import SettingsDep, TenantsDep, check_tenant
+from api.deps import ResourcesDep, SettingsDep, TenantsDep, check_tenant
 from api.errors import ErrorBody, ErrorItem, store_unavailable
+from api.resources import Resources
+from api.routes._json import json_response
 from producers.contract import EventType, InvalidEvent, MemoryEvent, from_dict
-from producers.sdk import LedgerProducer, PublishError
+from producers.sdk import PublishError
 from producers.settings import Settings
 from projections.postgres.idempotency import Known, known_events
 
@@ -120,15 +120,6 @@ class PublishErrorBody(ErrorBody):
     idempotency_note: str | None = None
 
 
-def _producer(app: FastAPI, settings: Settings) -> LedgerProducer:
-    """The app's producer, created on first use (it connects lazily; the lifespan closes it)."""
-    producer = getattr(app.state, "producer", None)
-    if producer is None:
-        producer = LedgerProducer(settings, timeout_s=settings.api_kafka_timeout_s)
-        app.state.producer = producer
-    return producer
-
-
 def _refused(index: int, raw: Any, error: dict[str, Any]) -> dict[str, Any]:
     event_id = raw.get("event_id") if isinstance(raw, dict) else None
     return {"event_id": event_id if isinstance(event_id, str) else None, "accepted": False, "error": error}
@@ -162,7 +153,7 @@ def _status(results: list[dict[str, Any]], broker_failed: bool) -> int:
 
 
 async def _known(
-    request: Request, settings: Settings, wanted: dict[str, list[str]]
+    res: Resources, settings: Settings, wanted: dict[str, list[str]]
 ) -> tuple[dict[tuple[str, str], Known], str | None]:
     """{(tenant, event_id): Known} for the ids the caller gave, and why the lookup was skipped (None: it was not).
 
@@ -171,12 +162,11 @@ async def _known(
     """
     if not wanted:
         return {}, None
-    state = request.app.state
-    if time.monotonic() < getattr(state, "door_check_skip_until", 0.0):
+    if res.door_check.active():
         return {}, "postgres failed a moment ago: ids were not looked up"
     found: dict[tuple[str, str], Known] = {}
     try:
-        async with state.pg.connection(timeout=settings.pg_door_check_timeout_s) as conn:
+        async with res.pool.connection(timeout=settings.pg_door_check_timeout_s) as conn:
             for tenant, ids in wanted.items():
                 for event_id, known in (await known_events(conn, tenant, ids)).items():
                     found[(tenant, event_id)] = known
@@ -184,7 +174,7 @@ async def _known(
         log.warning("POST /v1/events: idempotency lookup skipped: %s: %s", type(exc).__name__, exc)
         return {}, f"the projection cannot answer ({type(exc).__name__}): ids were not looked up"
     except psycopg.OperationalError as exc:  # includes PoolTimeout
-        state.door_check_skip_until = time.monotonic() + DOOR_CHECK_BACKOFF_S
+        res.door_check.trip(DOOR_CHECK_BACKOFF_S)
         log.warning("POST /v1/events: idempotency lookup skipped: %s: %s", type(exc).__name__, exc)
         return {}, f"postgres unavailable ({type(exc).__name__}): ids were not looked up"
     return found, None
@@ -213,7 +203,7 @@ def _conflict(index: int, event: MemoryEvent, where: str) -> dict[str, Any]:
     },
 )
 async def publish_events(
-    body: PublishRequest, request: Request, settings: SettingsDep, tenants: TenantsDep
+    body: PublishRequest, settings: SettingsDep, tenants: TenantsDep, res: ResourcesDep
 ) -> Response:
     """Validate each event, answer retries and conflicts from what is stored, publish the new valid ones."""
     for i, raw in enumerate(body.events):  # tenancy first: one foreign tenant and nothing is published
@@ -234,7 +224,7 @@ async def publish_events(
         if isinstance(raw.get("event_id"), str):
             given.setdefault(event.tenant, []).append(event.event_id)
 
-    known, skipped = await _known(request, settings, given)
+    known, skipped = await _known(res, settings, given)
     to_send: list[tuple[int, MemoryEvent]] = []
     first: dict[tuple[str, str], tuple[int, MemoryEvent]] = {}  # the first occurrence of each id in this request
     repeats: list[tuple[int, MemoryEvent, int]] = []  # (index, event, index of its first occurrence)
@@ -259,8 +249,7 @@ async def publish_events(
 
     broker_failure: PublishError | None = None
     if to_send:
-        producer = _producer(request.app, settings)
-        outcomes = await run_in_threadpool(producer.send_many, [e for _, e in to_send], report_invalid=True)
+        outcomes = await run_in_threadpool(res.producer.send_many, [e for _, e in to_send], report_invalid=True)
         for (i, event), outcome in zip(to_send, outcomes, strict=True):
             if isinstance(outcome, InvalidEvent):  # too large, or an id this process sent with other content
                 results[i] = _invalid(i, body.events[i], outcome)
@@ -291,4 +280,4 @@ async def publish_events(
         else:
             detail = [r["error"] for r in done if not r["accepted"]]
         payload = {"detail": detail, **payload}
-    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+    return json_response(payload, status)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request, Response
+from fastapi import APIRouter, Path, Response
 
-from api.deps import Storable, TenantQuery, TenantsDep, check_tenant
+from api.deps import PoolDep, Storable, TenantQuery, TenantsDep, check_tenant
 from api.errors import ApiError
 from api.routes._json import json_response
 from projections.postgres.queries import fact_history
@@ -16,13 +16,13 @@ router = APIRouter(prefix="/facts", tags=["facts"])
 
 @router.get("/{memory_id}/history")
 async def history(
-    request: Request,
+    pool: PoolDep,
     memory_id: Annotated[Storable, Path(min_length=1, max_length=256)],
     tenant: TenantQuery,
     tenants: TenantsDep,
 ) -> Response:
     check_tenant(tenant, tenants)
-    async with request.app.state.pg.connection() as conn:
+    async with pool.connection() as conn:
         versions = await fact_history(conn, tenant, memory_id)
     if not versions:
         raise ApiError(404, "not_found", f"no fact {memory_id!r} in tenant {tenant!r}", "memory_id")

@@ -1,23 +1,22 @@
-"""`POST /v1/recall`: deterministic-first recall (DESIGN §5) over one tenant's memories.
+"""`POST /v1/recall`: deterministic-first recall over one tenant's memories.
 
-The handler only validates, checks tenancy and calls `projections.search.recall.RecallEngine`;
-one engine per app (created on first use) keeps the vocabulary cache and the embedder, which
-is loaded in a thread so the event loop never runs the model.
+The handler only validates, checks tenancy and calls `projections.search.recall.RecallEngine`:
+the app's one engine (api.resources: the vocabulary cache, the embedder loaded in the background
+at start-up), so the event loop never runs the model.
 """
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime
 from typing import Literal
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from api.deps import Storable, TenantsDep, Time, check_tenant, storable
+from api.deps import RecallDep, Storable, TenantsDep, Time, check_tenant, storable
 from api.routes._json import json_response
 from producers.contract import Kind, SourceType
-from projections.search.recall import RecallEngine, RecallFilters, RecallQuery
+from projections.search.recall import RecallFilters, RecallQuery
 
 router = APIRouter(tags=["recall"])
 
@@ -80,18 +79,8 @@ class RecallBody(BaseModel):
         return v
 
 
-def _engine(request: Request) -> RecallEngine:
-    state = request.app.state
-    engine = getattr(state, "recall_engine", None)
-    if engine is None or engine.es is not state.es or engine.pool is not state.pg:
-        engine = state.recall_engine = RecallEngine(state.settings, state.es, state.pg)
-        # load the model in the background now, so the first semantic query does not pay for it
-        state.recall_embedder_task = asyncio.get_running_loop().create_task(engine.embedder())
-    return engine
-
-
 @router.post("/recall")
-async def recall(body: RecallBody, request: Request, tenants: TenantsDep) -> Response:
+async def recall(body: RecallBody, engine: RecallDep, tenants: TenantsDep) -> Response:
     """Hits (exact first, then keyword/semantic), the cues extracted from the query, and a per-stage trace."""
     check_tenant(body.tenant, tenants)
     query = RecallQuery(
@@ -104,4 +93,4 @@ async def recall(body: RecallBody, request: Request, tenants: TenantsDep) -> Res
         filters=body.filters.to_engine() if body.filters else RecallFilters(),
     )
     # a store that fails is a 503 naming it (api.errors), never a guessed answer
-    return json_response(await _engine(request).recall(query))
+    return json_response(await engine.recall(query))

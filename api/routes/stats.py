@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 
-from api.deps import SettingsDep, TenantQuery, TenantsDep, check_tenant
+from api.deps import EsDep, PoolDep, SettingsDep, TenantQuery, TenantsDep, check_tenant
 from api.errors import store_unavailable
 from api.routes._json import json_response
 from producers.settings import Settings
@@ -35,17 +35,17 @@ async def _kafka_ends(settings: Settings) -> dict[int, int]:
 
 
 @router.get("/stats")
-async def stats(request: Request, settings: SettingsDep, tenant: TenantQuery, tenants: TenantsDep) -> Response:
+async def stats(settings: SettingsDep, pool: PoolDep, es: EsDep, tenant: TenantQuery, tenants: TenantsDep) -> Response:
     check_tenant(tenant, tenants)
     from projections.search.rebuild import orphans_async
 
     ends_task = asyncio.ensure_future(_kafka_ends(settings))  # in parallel: the slowest store bounds the wait
     try:
-        async with request.app.state.pg.connection() as conn:
+        async with pool.connection() as conn:
             counts = await invariant_counts(conn, tenant)
             positions = await stored_positions_async(conn, settings.processor_group, settings.topic)
             # invariant 4: version ids only in PostgreSQL or only in Elasticsearch (meaningful once outbox_pending is 0)
-            search = await orphans_async(settings, conn, request.app.state.es, tenant)
+            search = await orphans_async(settings, conn, es, tenant)
         ends = await ends_task
     finally:
         if not ends_task.done():

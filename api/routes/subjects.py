@@ -11,9 +11,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Response
 
-from api.deps import Storable, TenantQuery, TenantsDep, Time, check_tenant
+from api.deps import PoolDep, Storable, TenantQuery, TenantsDep, Time, check_tenant
 from api.errors import ApiError
 from api.routes._json import json_response
 from projections.postgres.queries import current_facts, subject_events
@@ -26,7 +26,7 @@ OptionalTime = Annotated[Time | None, Query(description="RFC 3339 time with seco
 
 @router.get("/{subject:path}/facts")
 async def facts(
-    request: Request,
+    pool: PoolDep,
     subject: Subject,
     tenant: TenantQuery,
     tenants: TenantsDep,
@@ -36,14 +36,14 @@ async def facts(
     """The subject's facts at valid time `as_of` (default now), optionally only from events observed by `known_at`."""
     check_tenant(tenant, tenants)
     t = as_of or datetime.now(UTC)
-    async with request.app.state.pg.connection() as conn:
+    async with pool.connection() as conn:
         rows = await current_facts(conn, tenant, subject, t, known_at)
     return json_response({"tenant": tenant, "subject": subject, "as_of": t.isoformat(), "facts": rows})
 
 
 @router.get("/{subject:path}/events")
 async def events(
-    request: Request,
+    pool: PoolDep,
     subject: Subject,
     tenant: TenantQuery,
     tenants: TenantsDep,
@@ -55,6 +55,6 @@ async def events(
     check_tenant(tenant, tenants)
     if from_ is not None and to is not None and to < from_:
         raise ApiError(422, "invalid_range", "to is before from", "to")
-    async with request.app.state.pg.connection() as conn:
+    async with pool.connection() as conn:
         rows = await subject_events(conn, tenant, subject, from_, to, limit)
     return json_response({"tenant": tenant, "subject": subject, "events": rows})

@@ -1,0 +1,147 @@
+"""What the API holds open across requests, opened and closed in one place.
+
+    async with Resources.open(settings) as res:
+        res.pool, res.es, res.producer, res.recall, res.kafka_probe, res.door_check
+
+The FastAPI lifespan (api.main) is the only place the API opens them; routes receive the parts
+through the typed dependencies of api.deps (`PoolDep`, `EsDep`, `ProducerDep`, `RecallDep`,
+`ResourcesDep`) and never create or cache a resource themselves. Nothing here knows about
+FastAPI: another front end in the same process (an MCP server, a metrics exporter) opens
+`Resources` once around its own serving loop and reads the same attributes, or is handed the
+API's (`app.state.resources`) to share its pool and clients.
+
+A new resource is one attribute here: created in `open`, released in the `finally` of `open`
+(in reverse order of creation), and, if routes need it, one alias in api.deps.
+
+What each part is, and why it is opened the way it is:
+- `pool`: psycopg AsyncConnectionPool, autocommit, every connection's search_path on the
+  projection schema. Opened without waiting, so a server that is down fails requests (a prompt
+  503, the pool wait bounded by `pg_pool_timeout_s`) instead of the start-up.
+- `es`: AsyncElasticsearch, each request bounded by `es_request_timeout_s`.
+- `producer`: the SDK's LedgerProducer, waits bounded by `api_kafka_timeout_s`. It connects on
+  the first publish (the SDK is lazy), so an app whose broker is down starts and serves reads;
+  closing it delivers what is buffered.
+- `recall`: the process's one RecallEngine (vocabulary cache, embedder). Its embedding model is
+  loaded in the background from `open` (`embedder_warmup`), so the first semantic query does not
+  pay for it; the engine starts its erasure LISTEN connection on the first recall, and `open`
+  closes that connection.
+- `kafka_probe`: the broker's last answer to /v1/health, reused for a second (`ProbeCache`).
+- `door_check`: the publish door's back-off after PostgreSQL failed its idempotency lookup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from elasticsearch import AsyncElasticsearch
+from psycopg_pool import AsyncConnectionPool
+
+from producers.sdk import LedgerProducer
+from producers.settings import Settings
+from projections.postgres.connection import configure_pool
+from projections.search.recall import RecallEngine
+
+__all__ = ["Backoff", "ProbeCache", "Resources"]
+
+log = logging.getLogger(__name__)
+
+
+class ProbeCache:
+    """A blocking yes/no check's last answer, reused for `ttl` seconds, with at most one check in flight.
+
+    The Kafka probe builds a kafka-python admin client: 10-130 ms idle and several hundred under
+    CPU load, which made /v1/health slow exactly when an operator needs it. A 1 s old answer is
+    still news: an outage shows within a second. The check runs in a worker thread.
+    """
+
+    def __init__(self, ttl: float = 1.0) -> None:
+        self.ttl = ttl
+        self._answer: tuple[float, bool] | None = None
+        self._task: asyncio.Future[bool] | None = None
+
+    async def ok(self, check: Callable[[], bool]) -> tuple[bool, float]:
+        """(the answer, its age in seconds); `check` runs only when no fresh answer or running check exists."""
+        now = time.monotonic()
+        if self._answer is not None and now - self._answer[0] < self.ttl:
+            return self._answer[1], now - self._answer[0]
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(asyncio.to_thread(check))
+        ok = await asyncio.shield(self._task)
+        self._answer = (time.monotonic(), ok)
+        return ok, 0.0
+
+
+@dataclass
+class Backoff:
+    """A store that failed a moment ago is not asked again before `until` (time.monotonic())."""
+
+    until: float = 0.0
+
+    def active(self) -> bool:
+        return time.monotonic() < self.until
+
+    def trip(self, seconds: float) -> None:
+        self.until = time.monotonic() + seconds
+
+
+@dataclass(eq=False)
+class Resources:
+    """The API's stores and long-lived helpers (see the module docstring); build it with `Resources.open`."""
+
+    settings: Settings
+    pool: AsyncConnectionPool
+    es: AsyncElasticsearch
+    producer: LedgerProducer
+    recall: RecallEngine
+    embedder_warmup: asyncio.Task | None = None
+    kafka_probe: ProbeCache = field(default_factory=ProbeCache)
+    door_check: Backoff = field(default_factory=Backoff)
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, settings: Settings, *, warm_embedder: bool = True) -> AsyncIterator[Resources]:
+        """Open everything (no store is contacted yet, so a store that is down does not stop start-up); close
+        it all on exit, whatever failed. `warm_embedder=False` leaves the model to the first semantic query."""
+        async with contextlib.AsyncExitStack() as stack:
+            pool = AsyncConnectionPool(
+                settings.pg_dsn,
+                min_size=1,
+                max_size=settings.pg_pool_size,
+                configure=configure_pool(settings.pg_schema),
+                open=False,
+                timeout=settings.pg_pool_timeout_s,  # a dead server is a prompt 503, not a 30 s wait
+                kwargs={"autocommit": True, "connect_timeout": max(2, settings.pg_connect_timeout_s)},
+            )
+            await pool.open(wait=False)
+            stack.push_async_callback(pool.close)
+            es = AsyncElasticsearch(settings.es_url, request_timeout=settings.es_request_timeout_s)
+            stack.push_async_callback(es.close)
+            producer = LedgerProducer(settings, timeout_s=settings.api_kafka_timeout_s)  # connects on first publish
+            stack.callback(producer.close)
+            recall = RecallEngine(settings, es, pool)
+            stack.push_async_callback(recall.aclose)  # its LISTEN connection (erasure notifications)
+            res = cls(settings=settings, pool=pool, es=es, producer=producer, recall=recall)
+            if warm_embedder:
+                res.embedder_warmup = asyncio.get_running_loop().create_task(recall.embedder(), name="embedder-warmup")
+                res.embedder_warmup.add_done_callback(_report_warmup)
+                stack.push_async_callback(_cancel, res.embedder_warmup)
+            yield res
+
+
+def _report_warmup(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:  # retrieved: the first semantic query retries
+        log.warning("embedding model not loaded in the background: %r", task.exception())
+
+
+async def _cancel(task: asyncio.Task) -> None:
+    """Stop waiting for a task at shutdown (a model load in its thread finishes on its own, unobserved)."""
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
