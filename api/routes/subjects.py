@@ -3,7 +3,9 @@
 `as_of`, `known_at`, `from`, `to` are strict RFC 3339 times (seconds, at most 6 fractional digits,
 an offset, in range once the offset is applied: `producers.contract.Rfc3339`); anything else, a
 Unix number included, is 422 naming the parameter. A subject may contain `/` (send it as is or as
-`%2F`); a NUL anywhere is 422 `unstorable_text`.
+`%2F`); a NUL anywhere is 422 `unstorable_text`. Every time in the answers (the facts' times and
+`as_of`) is spelled by `producers.contract.rfc3339`: UTC, microseconds, `Z`, whatever offset the
+request used.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from fastapi import APIRouter, Path, Query, Response
 from api.deps import PoolDep, Storable, TenantQuery, TenantsDep, Time, check_tenant
 from api.errors import ApiError
 from api.routes._json import json_response
+from producers.contract import rfc3339
 from projections.postgres.queries import current_facts, subject_events
 
 router = APIRouter(prefix="/subjects", tags=["subjects"])
@@ -38,7 +41,7 @@ async def facts(
     t = as_of or datetime.now(UTC)
     async with pool.connection() as conn:
         rows = await current_facts(conn, tenant, subject, t, known_at)
-    return json_response({"tenant": tenant, "subject": subject, "as_of": t.isoformat(), "facts": rows})
+    return json_response({"tenant": tenant, "subject": subject, "as_of": rfc3339(t), "facts": rows})
 
 
 @router.get("/{subject:path}/events")
