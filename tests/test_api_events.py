@@ -12,21 +12,13 @@ from api.routes import events as events_route
 from producers.contract import decode
 from producers.settings import Settings
 from producers.topics import ensure_topics
-from tests.test_producers import drop_topics, read_topic
+from tests.support import drop_topics, read_topic, wire
 
 ACME = {"X-API-Key": "key-acme"}
 
 
 def _event(subject: str = "user:1", **over: Any) -> dict[str, Any]:
-    base = {
-        "type": "memory.asserted",
-        "tenant": "acme",
-        "subject": subject,
-        "key": "preference.seat",
-        "value": "window",
-        "content": f"{subject} prefers window seats",
-    }
-    return {k: v for k, v in {**base, **over}.items() if v is not ...}
+    return wire(subject, **{"tenant": "acme", "key": "preference.seat", **over})
 
 
 @pytest.fixture

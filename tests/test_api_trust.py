@@ -35,8 +35,7 @@ from producers.settings import Settings
 from producers.topics import ensure_topics
 from projections.postgres.schema import create_schema
 from tests.conftest import unique
-from tests.helpers import Worker, cleanup, end_offsets, wait_caught_up, wait_for
-from tests.test_producers import read_topic
+from tests.support import Pipeline, cleanup, end_offsets, pipeline, read_topic, wait_for, wire
 
 A, B = "tenant-a", "tenant-b"
 KEYS = {"key-a": [A], "key-b": [B]}
@@ -46,15 +45,8 @@ PROMPT_S = 8.0  # pool wait 3 s, broker wait 5 s: a 503 comes well before this
 
 
 def event(subject: str = "user:1", tenant: str = A, **over: Any) -> dict[str, Any]:
-    base = {
-        "type": "memory.asserted",
-        "tenant": tenant,
-        "subject": subject,
-        "key": "pref.seat",
-        "value": "window",
-        "content": f"{subject} prefers window seats",
-    }
-    return {k: v for k, v in {**base, **over}.items() if v is not ...}
+    """One event as a client posts it, of tenant A unless told (`tests.support.wire`)."""
+    return wire(subject, tenant=tenant, **over)
 
 
 def assert_error(resp, status: int, code: str | None = None, field: str | None | type = ...) -> dict[str, Any]:
@@ -417,30 +409,20 @@ def test_class10_delete_takes_subjects_with_slashes_as_get_reads_them(trust_sett
 
 
 @pytest.fixture(scope="module")
-def applied(base_settings: Settings) -> Iterator[tuple[Settings, TestClient, Worker]]:
-    settings = base_settings.private(unique("door"), api_keys=KEYS)
-    ensure_topics(settings)
-    worker = Worker(settings).start()
-    try:
-        with TestClient(create_app(settings)) as c:
-            yield settings, c, worker
-    finally:
-        worker.stop()
-        cleanup(settings)
+def applied(base_settings: Settings) -> Iterator[Pipeline]:
+    """The app and the projector on private names (no indexer: these checks read PostgreSQL)."""
+    with pipeline(base_settings.private(unique("door"), api_keys=KEYS), indexer=False, app=True) as p:
+        yield p
 
 
-def _settle(settings: Settings, worker: Worker) -> None:
-    wait_caught_up(settings, timeout=90, worker=worker)
-
-
-def test_class2_3_7_idempotency_by_tenant_and_event_id_at_the_door(applied) -> None:
-    settings, c, worker = applied
+def test_class2_3_7_idempotency_by_tenant_and_event_id_at_the_door(applied: Pipeline) -> None:
+    settings, c = applied.settings, applied.client
     first = [event("user:1", event_id="E1"), event("user:2", event_id="E2", key="pref.drink", value="tea")]
     r = c.post("/v1/events", json={"events": first}, headers=HA)
     assert r.status_code == 200, r.text
     placed = {x["event_id"]: (x["partition"], x["offset"]) for x in r.json()["results"]}
     assert all(not x["duplicate"] for x in r.json()["results"])
-    _settle(settings, worker)
+    applied.caught_up(90)
 
     # class 3 and retries: the same id again, with the same content or not
     before = end_offsets(settings)
@@ -487,7 +469,7 @@ def test_class2_3_7_idempotency_by_tenant_and_event_id_at_the_door(applied) -> N
     assert r.status_code == 200, r.text
     assert [x["duplicate"] for x in r.json()["results"]] == [False, False]
     assert A not in r.text
-    _settle(settings, worker)
+    applied.caught_up(90)
     fa = c.get("/v1/subjects/user:1/facts", params={"tenant": A}, headers=HA).json()["facts"]
     fb = c.get("/v1/subjects/user:1/facts", params={"tenant": B}, headers=HB).json()["facts"]
     assert [f["value"] for f in fa] == ["window"] and [f["value"] for f in fb] == ["aisle"], (fa, fb)
@@ -498,7 +480,7 @@ def test_class2_3_7_idempotency_by_tenant_and_event_id_at_the_door(applied) -> N
     # class 7: after an erasure, re-sending a pre-erasure event is answered, not applied again
     r = c.delete("/v1/subjects/user:1", params={"tenant": A}, headers=HA)
     assert r.status_code == 202
-    _settle(settings, worker)
+    applied.caught_up(90)
     before = end_offsets(settings)
     r = c.post("/v1/events", json={"events": [event("user:1", event_id="E1")]}, headers=HA)
     assert r.status_code == 200, r.text
@@ -509,7 +491,7 @@ def test_class2_3_7_idempotency_by_tenant_and_event_id_at_the_door(applied) -> N
     # a genuinely new event about the subject is applied
     r = c.post("/v1/events", json={"events": [event("user:1", event_id="E1-new", value="aisle")]}, headers=HA)
     assert r.status_code == 200 and not r.json()["results"][0]["duplicate"]
-    _settle(settings, worker)
+    applied.caught_up(90)
     facts = wait_for(
         lambda: c.get("/v1/subjects/user:1/facts", params={"tenant": A}, headers=HA).json()["facts"],
         30,

@@ -15,50 +15,18 @@ from typing import Any
 
 import orjson
 import pytest
-from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka import KafkaAdminClient
 
 from producers.contract import MAX_EVENT_BYTES, InvalidEvent, MemoryEvent, decode, from_dict
 from producers.sdk import EventIdConflict, LedgerProducer, PublishError, PublishResult
 from producers.settings import Settings
 from producers.topics import ensure_topics
+from tests.support import drop_topics, read_topic
 
-READ_TIMEOUT_S = 60.0
 SUBJECTS = [f"user:{i}" for i in range(24)]  # shared by every producer, so their writes interleave
 
 
 # -- helpers ----------------------------------------------------------------------------------
-
-
-def read_topic(settings: Settings, timeout_s: float = READ_TIMEOUT_S) -> list[Any]:
-    """Every record on the topic, read from offset 0 to the end offsets (no consumer group)."""
-    consumer = KafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False, group_id=None, consumer_timeout_ms=1000
-    )
-    try:
-        parts = [TopicPartition(settings.topic, p) for p in sorted(consumer.partitions_for_topic(settings.topic))]
-        consumer.assign(parts)
-        consumer.seek_to_beginning(*parts)
-        end = consumer.end_offsets(parts)
-        records: list[Any] = []
-        deadline = time.monotonic() + timeout_s
-        while any(consumer.position(tp) < end[tp] for tp in parts):
-            assert time.monotonic() < deadline, f"could not read to the end offsets {end} in {timeout_s}s"
-            for batch in consumer.poll(timeout_ms=500).values():
-                records.extend(batch)
-        return records
-    finally:
-        consumer.close()
-
-
-def drop_topics(settings: Settings, *names: str) -> None:
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    try:
-        existing = set(admin.list_topics())
-        doomed = [n for n in (names or (settings.topic, settings.dlq_topic)) if n in existing]
-        if doomed:
-            admin.delete_topics(doomed)
-    finally:
-        admin.close()
 
 
 def _event(producer_name: str, seq: int, subject: str) -> dict[str, Any]:

@@ -11,7 +11,8 @@ import base64
 import threading
 import uuid
 from collections import Counter
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import orjson
 import psycopg
@@ -26,56 +27,40 @@ from producers.sdk import LedgerProducer
 from producers.settings import Settings
 from projections.postgres.queries import projection_checksum
 from projections.postgres.recorder import VERSION_COLUMNS, row_to_version
-from projections.postgres.schema import create_schema
+from projections.postgres.schema import create_schema, drop_schema
 from projections.versions import chain_problems
 from stream_processors.rebuild import rebuild, replay
 from tests.conftest import unique
-from tests.helpers import Worker, cleanup, end_offsets, pg, positions, publish, publish_raw, wait_caught_up, wait_for
 from tests.malformed import malformed_corpus
+from tests.support import (
+    TENANT,
+    Pipeline,
+    Worker,
+    asserted,
+    at,
+    dlq_envelopes,
+    end_offsets,
+    erased,
+    facts,
+    marked,
+    pg,
+    pipeline,
+    positions,
+    publish,
+    publish_raw,
+    wait_for,
+)
 
-T0 = datetime(2026, 3, 1, tzinfo=UTC)
-TENANT = "acme"
 HEADERS = {"X-API-Key": "dev-key"}
 COLS = ", ".join(f'"{c}"' for c in VERSION_COLUMNS)  # every fact_versions column, in row_to_version's order
 
 
-def at(days: float) -> datetime:
-    return T0 + timedelta(days=days)
-
-
-def asserted(subject: str, key: str, value, day: float, **kw) -> MemoryEvent:
-    return MemoryEvent(
-        type="memory.asserted",
-        tenant=kw.pop("tenant", TENANT),
-        subject=subject,
-        key=key,
-        value=value,
-        content=f"{subject} {key} = {value}",
-        valid_from=at(day),
-        observed_at=kw.pop("observed_at", at(day)),
-        **kw,
-    )
-
-
-def mark(type_: str, subject: str, key: str, day: float, **kw) -> MemoryEvent:
-    return MemoryEvent(
-        type=type_, tenant=TENANT, subject=subject, key=key, valid_from=at(day), observed_at=at(day), **kw
-    )
-
-
 @pytest.fixture(scope="module")
-def stack(base_settings: Settings):
-    """Private names + one running worker for the module."""
+def pipe(base_settings: Settings) -> Iterator[Pipeline]:
+    """Private names + one running worker for the module (no indexer: PostgreSQL only)."""
     settings = base_settings.private(unique("pj"), processor_batch_size=200)
-    publish(settings, [asserted("warmup", "k", 0, 0)])
-    worker = Worker(settings).start()
-    holder = {"worker": worker}
-    try:
-        wait_caught_up(settings, timeout=60, worker=worker)
-        yield settings, holder
-    finally:
-        holder["worker"].stop()
-        cleanup(settings)
+    with pipeline(settings, seed=[asserted("warmup", "k", 0, 0)], indexer=False, timeout=60) as p:
+        yield p
 
 
 def rows(conn: psycopg.Connection, subject: str, key: str | None = None):
@@ -95,8 +80,8 @@ def check_invariants(conn: psycopg.Connection) -> None:
 _ALL = f"SELECT {COLS} FROM fact_versions"
 
 
-def test_policies_supersede_override_episodic_retract_confirm(stack):
-    settings, holder = stack
+def test_policies_supersede_override_episodic_retract_confirm(pipe: Pipeline):
+    settings = pipe.settings
     s = f"user:{uuid.uuid4().hex[:8]}"
     publish(
         settings,
@@ -110,12 +95,12 @@ def test_policies_supersede_override_episodic_retract_confirm(stack):
             asserted(s, "order.status", "paid", 1, kind="event"),
             asserted(s, "order.status", "refunded", 3, kind="event"),
             asserted(s, "city", "Paris", 0),
-            mark("memory.retracted", s, "city", 4, reason="moved away"),
-            mark("memory.confirmed", s, "project.port", 3),
-            mark("memory.confirmed", s, "project.port", 4),
+            marked("memory.retracted", s, "city", 4, reason="moved away"),
+            marked("memory.confirmed", s, "project.port", 3),
+            marked("memory.confirmed", s, "project.port", 4),
         ],
     )
-    wait_caught_up(settings, worker=holder["worker"])
+    pipe.caught_up()
     with pg(settings) as conn:
         port = rows(conn, s, "project.port")
         assert [(v.value, v.status, v.version) for v in port] == [(8080, "superseded", 1), (9090, "active", 2)]
@@ -194,12 +179,12 @@ def test_policies_supersede_override_episodic_retract_confirm(stack):
         assert client.get(f"/v1/subjects/{s}/facts", params={"tenant": TENANT}).status_code == 401
 
 
-def test_late_event_is_inserted_as_history(stack):
-    settings, holder = stack
+def test_late_event_is_inserted_as_history(pipe: Pipeline):
+    settings = pipe.settings
     s = f"repo:org/{uuid.uuid4().hex[:8]}"  # a subject with a slash still has its own URL
     publish(settings, [asserted(s, "port", 1, 0), asserted(s, "port", 3, 10)])
     publish(settings, [asserted(s, "port", 2, 5, observed_at=at(20))])  # arrives last, older valid_from
-    wait_caught_up(settings, worker=holder["worker"])
+    pipe.caught_up()
     with pg(settings) as conn:
         chain = rows(conn, s, "port")
     assert [(v.value, v.version, v.status) for v in chain] == [
@@ -216,8 +201,8 @@ def test_late_event_is_inserted_as_history(stack):
         assert [e["event"]["value"] for e in r.json()["events"]] == [1, 3, 2]  # ledger order, not valid time
 
 
-def test_duplicate_delivery_is_one_version(stack):
-    settings, holder = stack
+def test_duplicate_delivery_is_one_version(pipe: Pipeline):
+    settings = pipe.settings
     s = f"user:{uuid.uuid4().hex[:8]}"
     e = asserted(s, "drink", "tea", 0)
     e2 = asserted(s, "drink", "coffee", 1)
@@ -229,7 +214,7 @@ def test_duplicate_delivery_is_one_version(stack):
     published = publish_raw(
         settings, [(key, raw), (key, encode(e2)), (key, raw), (key, raw), (key, orjson.dumps(no_time))]
     )
-    wait_caught_up(settings, worker=holder["worker"])
+    pipe.caught_up()
     with pg(settings) as conn:
         (nick,) = rows(conn, s, "nick")
     assert abs((nick.observed_at - sent_at).total_seconds()) < 30 and nick.valid_from == nick.observed_at
@@ -241,8 +226,8 @@ def test_duplicate_delivery_is_one_version(stack):
     assert chain[0].offset == published[0][1]  # the first delivery is the one recorded
 
 
-def test_invalid_records_go_to_dlq_and_valid_ones_around_them_apply(stack):
-    settings, holder = stack
+def test_invalid_records_go_to_dlq_and_valid_ones_around_them_apply(pipe: Pipeline):
+    settings = pipe.settings
     s = f"user:{uuid.uuid4().hex[:8]}"
     key = kafka_key(TENANT, s)
     corpus = malformed_corpus(TENANT, s)
@@ -254,7 +239,7 @@ def test_invalid_records_go_to_dlq_and_valid_ones_around_them_apply(stack):
         records += [(key, encode(ev)), (key, raw)]
     placed = publish_raw(settings, records)
     bad_at = {placed[2 * i + 1]: code for i, (_raw, code) in enumerate(corpus)}
-    wait_caught_up(settings, timeout=60, worker=holder["worker"])
+    pipe.caught_up(60)
     with pg(settings) as conn:
         dead = {
             (p, o): (code, field, message, bytes(raw) if raw is not None else None)
@@ -269,25 +254,7 @@ def test_invalid_records_go_to_dlq_and_valid_ones_around_them_apply(stack):
     assert all(d[2] for d in mine.values())  # and a message
     assert applied == len(valid)
     # the DLQ topic has each of them with the reason and the original bytes
-    consumer = KafkaConsumer(
-        settings.dlq_topic,
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=None,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=3000,
-    )
-    try:
-        got: dict[tuple[int, int], dict] = {}
-
-        def drained():
-            for m in consumer:
-                body = orjson.loads(m.value)
-                got[(body["partition"], body["offset"])] = body
-            return set(bad_at) <= set(got)
-
-        wait_for(drained, timeout=30, what="dead letters on the DLQ topic")
-    finally:
-        consumer.close()
+    got = dlq_envelopes(settings, want=bad_at, timeout=30)
     raw_by_place = {placed[2 * i + 1]: raw for i, (raw, _c) in enumerate(corpus)}
     for po, code in bad_at.items():
         body = got[po]
@@ -303,9 +270,9 @@ def _many(n_subjects: int, versions_per_fact: int, tag: str) -> list[MemoryEvent
             day = v if (i + v) % 7 else versions_per_fact + 1 - v  # some late, out-of-order history
             out.append(asserted(f"{tag}:{i}", "port", v, day))
             if v == 1 and i % 5 == 0:
-                out.append(mark("memory.retracted", f"{tag}:{i}", "port", day + 0.5))
+                out.append(marked("memory.retracted", f"{tag}:{i}", "port", day + 0.5))
             if v == 2 and i % 3 == 0:
-                out.append(mark("memory.confirmed", f"{tag}:{i}", "port", day + 0.2))
+                out.append(marked("memory.confirmed", f"{tag}:{i}", "port", day + 0.2))
     return out
 
 
@@ -329,19 +296,19 @@ def _expect_consistent(settings: Settings, events: list[MemoryEvent], tag: str) 
             replay(fresh, fresh.pg_schema, dict(positions(settings)))
             assert projection_checksum(admin, settings.pg_schema) == projection_checksum(admin, fresh.pg_schema)
         finally:
-            admin.execute(f'DROP SCHEMA "{fresh.pg_schema}" CASCADE')
+            drop_schema(admin, fresh.pg_schema)
 
 
-def test_kill9_in_the_middle_then_restart_loses_and_doubles_nothing(stack):
-    settings, holder = stack
-    wait_caught_up(settings, worker=holder["worker"])
-    holder["worker"].stop()
+def test_kill9_in_the_middle_then_restart_loses_and_doubles_nothing(pipe: Pipeline):
+    settings = pipe.settings
+    pipe.caught_up()
+    pipe.worker.stop()
     tag = f"crash{uuid.uuid4().hex[:6]}"
     events = _many(300, 6, tag)
     publish(settings, events)
     ends = end_offsets(settings)
     before = positions(settings)
-    worker = holder["worker"] = Worker(settings).start()
+    worker = pipe.worker = Worker(settings).start()
 
     def partway():
         now = positions(settings)
@@ -351,17 +318,17 @@ def test_kill9_in_the_middle_then_restart_loses_and_doubles_nothing(stack):
     worker.kill()
     stored = positions(settings)
     assert sum(stored.values()) < sum(ends.values()), "the worker finished before it could be killed"
-    worker = holder["worker"] = Worker(settings).start()
-    wait_caught_up(settings, timeout=120, worker=worker)
+    worker = pipe.worker = Worker(settings).start()
+    pipe.caught_up(120)
     assert "seeked to PostgreSQL positions" in worker.log()
     _expect_consistent(settings, events, tag)
 
 
-def test_kafka_commits_ahead_of_postgres_do_not_skip_events(stack):
+def test_kafka_commits_ahead_of_postgres_do_not_skip_events(pipe: Pipeline):
     """faust may commit offsets to Kafka before the batch's PostgreSQL commit: the PG positions still win."""
-    settings, holder = stack
-    wait_caught_up(settings, worker=holder["worker"])
-    holder["worker"].stop()
+    settings = pipe.settings
+    pipe.caught_up()
+    pipe.worker.stop()
     tag = f"ahead{uuid.uuid4().hex[:6]}"
     events = _many(50, 2, tag)
     publish(settings, events)
@@ -375,13 +342,13 @@ def test_kafka_commits_ahead_of_postgres_do_not_skip_events(stack):
         consumer.commit({TopicPartition(settings.topic, p): OffsetAndMetadata(o, "", -1) for p, o in ends.items()})
     finally:
         consumer.close()
-    worker = holder["worker"] = Worker(settings).start()
-    wait_caught_up(settings, timeout=60, worker=worker)
+    pipe.worker = Worker(settings).start()
+    pipe.caught_up(60)
     _expect_consistent(settings, events, tag)
 
 
-def test_two_workers_share_the_partitions(stack):
-    settings, holder = stack
+def test_two_workers_share_the_partitions(pipe: Pipeline):
+    settings = pipe.settings
     tag = f"pair{uuid.uuid4().hex[:6]}"
     events = _many(200, 4, tag)
     second = Worker(settings).start()
@@ -389,7 +356,7 @@ def test_two_workers_share_the_partitions(stack):
         publish(settings, events[: len(events) // 2])
         wait_for(lambda: "seeked to PostgreSQL positions" in second.log(), timeout=60, what="the second worker to join")
         publish(settings, events[len(events) // 2 :])
-        wait_caught_up(settings, timeout=120, worker=holder["worker"])
+        pipe.caught_up(120)
         assert second.alive(), second.log()[-3000:]
         assert "applied" in second.log()  # it did take a share of the partitions
     finally:
@@ -397,9 +364,9 @@ def test_two_workers_share_the_partitions(stack):
     _expect_consistent(settings, events, tag)
 
 
-def test_kill9_of_one_of_two_workers_mid_stream(stack):
+def test_kill9_of_one_of_two_workers_mid_stream(pipe: Pipeline):
     """The survivor takes the dead worker's partitions over from the PostgreSQL positions."""
-    settings, holder = stack
+    settings = pipe.settings
     tag = f"half{uuid.uuid4().hex[:6]}"
     events = _many(250, 4, tag)
     victim = Worker(settings).start()
@@ -409,15 +376,15 @@ def test_kill9_of_one_of_two_workers_mid_stream(stack):
         publish(settings, events)
         wait_for(lambda: "applied" in victim.log() and sum(positions(settings).values()) > before, timeout=60)
         victim.kill()
-        wait_caught_up(settings, timeout=120, worker=holder["worker"])
+        pipe.caught_up(120)
     finally:
         victim.kill()
     _expect_consistent(settings, events, tag)
 
 
-def test_stats_report_healthy_invariants_and_lag(stack):
-    settings, holder = stack
-    wait_caught_up(settings, worker=holder["worker"])
+def test_stats_report_healthy_invariants_and_lag(pipe: Pipeline):
+    settings = pipe.settings
+    pipe.caught_up()
     with TestClient(create_app(settings)) as client:
         r = client.get("/v1/stats", params={"tenant": TENANT}, headers=HEADERS)
         assert r.status_code == 200, r.text
@@ -431,13 +398,13 @@ def test_stats_report_healthy_invariants_and_lag(stack):
         assert client.get("/v1/stats", params={"tenant": "initech"}, headers=HEADERS).status_code == 403
 
 
-def test_erasure_purges_the_subject_but_keeps_a_tombstone(stack):
-    settings, holder = stack
+def test_erasure_purges_the_subject_but_keeps_a_tombstone(pipe: Pipeline):
+    settings = pipe.settings
     s = f"user:{uuid.uuid4().hex[:8]}"
-    publish(settings, [asserted(s, "email", "a@b.c", 0), asserted(s, "phone", "123", 0)])
-    publish(settings, [MemoryEvent(type="subject.erased", tenant=TENANT, subject=s, reason="GDPR")])
+    publish(settings, facts(s, {"email": "a@b.c", "phone": "123"}))
+    publish(settings, [erased(s, reason="GDPR")])
     publish(settings, [asserted(s, "phone", "456", 9)])  # after the erasure: a new life
-    wait_caught_up(settings, worker=holder["worker"])
+    pipe.caught_up()
     with pg(settings) as conn:
         left = [(v.key, v.value) for v in rows(conn, s)]
         types = Counter(r[0] for r in conn.execute("SELECT type FROM events WHERE subject = %s", (s,)))
@@ -447,9 +414,9 @@ def test_erasure_purges_the_subject_but_keeps_a_tombstone(stack):
     assert ops == ["delete_subject", "upsert"]
 
 
-def test_rebuild_switches_to_an_equal_projection_under_a_busy_worker(stack):
-    settings, holder = stack
-    wait_caught_up(settings, worker=holder["worker"])
+def test_rebuild_switches_to_an_equal_projection_under_a_busy_worker(pipe: Pipeline):
+    settings = pipe.settings
+    pipe.caught_up()
     tag = f"reb{uuid.uuid4().hex[:6]}"
     sent: list[MemoryEvent] = []
     stop = threading.Event()
@@ -473,7 +440,7 @@ def test_rebuild_switches_to_an_equal_projection_under_a_busy_worker(stack):
         stop.set()
         feeder.join(30)
     assert report.live_checksum == report.rebuilt_checksum
-    wait_caught_up(settings, timeout=60, worker=holder["worker"])
-    assert holder["worker"].alive()
+    pipe.caught_up(60)
+    assert pipe.worker.alive()
     # the worker went on in the new schema: nothing lost or doubled across the switch
     _expect_consistent(settings, sent, tag)

@@ -14,28 +14,36 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterator
 
 import orjson
 import psycopg
 import pytest
-from kafka import KafkaConsumer
 from psycopg import errors as pg_errors
 
 from producers.contract import InvalidEvent, MemoryEvent, encode, kafka_key, version_id_for
 from producers.records import decode_record
 from producers.settings import Settings
+from projections.postgres.connection import connect_async
 from projections.postgres.idempotency import Known, known_events
 from projections.postgres.queries import projection_checksum
 from projections.postgres.recorder import ERASURE_CHANNEL, CoreRefused, Recorder, connect, is_permanent
 from projections.postgres.schema import SchemaOutdated, create_schema
 from stream_processors.rebuild import rebuild
 from tests.conftest import unique
-from tests.helpers import (
+from tests.support import (
+    TENANT,
+    Pipeline,
     Worker,
+    asserted,
+    at,
     cleanup,
+    dlq_envelopes,
     end_offsets,
+    erased,
+    marked,
     pg,
+    pipeline,
     positions,
     publish,
     publish_raw,
@@ -43,57 +51,7 @@ from tests.helpers import (
     wait_for,
 )
 
-T0 = datetime(2026, 3, 1, tzinfo=UTC)
-TENANT = "acme"
 OTHER = "globex"
-
-
-def at(days: float) -> datetime:
-    return T0 + timedelta(days=days)
-
-
-def asserted(subject: str, key: str, value, day: float = 0, *, tenant: str = TENANT, **kw) -> MemoryEvent:
-    return MemoryEvent(
-        type="memory.asserted",
-        tenant=tenant,
-        subject=subject,
-        key=key,
-        value=value,
-        content=kw.pop("content", f"{subject} {key} = {value}"),
-        valid_from=at(day),
-        observed_at=kw.pop("observed_at", at(day)),
-        **kw,
-    )
-
-
-def mark(type_: str, subject: str, key: str, day: float, *, tenant: str = TENANT, **kw) -> MemoryEvent:
-    return MemoryEvent(
-        type=type_, tenant=tenant, subject=subject, key=key, valid_from=at(day), observed_at=at(day), **kw
-    )
-
-
-def dlq_bodies(settings: Settings, want: set[tuple[int, int]], timeout: float = 30) -> dict[tuple[int, int], dict]:
-    """The DLQ topic's envelopes by (partition, offset) of the original record, once `want` are all there."""
-    consumer = KafkaConsumer(
-        settings.dlq_topic,
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=None,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=2000,
-    )
-    got: dict[tuple[int, int], dict] = {}
-    try:
-
-        def drained() -> bool:
-            for m in consumer:
-                body = orjson.loads(m.value)
-                got[(body["partition"], body["offset"])] = body
-            return want <= set(got)
-
-        wait_for(drained, timeout=timeout, what=f"{len(want)} dead letters on the DLQ topic")
-    finally:
-        consumer.close()
-    return got
 
 
 def dead_letters(conn: psycopg.Connection, settings: Settings) -> dict[tuple[int, int], tuple[str, str | None, str]]:
@@ -170,10 +128,10 @@ def test_poison_records_are_dead_lettered_and_the_batch_goes_on(base_settings: S
             events.append((asserted(s, "num.xyz", 1), True))
             events.append((asserted(s, "num.42", 42), False))  # castable: stored
         if i == 15:
-            events.append((mark("memory.retracted", s, "forbidden.key", 1), True))
-            events.append((mark("memory.retracted", s, "k3", 1), False))
+            events.append((marked("memory.retracted", s, "forbidden.key", 1), True))
+            events.append((marked("memory.retracted", s, "k3", 1), False))
         if i == 20:
-            events.append((MemoryEvent(type="subject.erased", tenant=TENANT, subject=f"{s}:refused"), True))
+            events.append((erased(f"{s}:refused"), True))
             events.append((asserted(s, "late", "POISON again", content="POISON again"), True))
     placed = publish_raw(settings, [(key, encode(e)) for e, _ in events])
     assert len({p for p, _ in placed}) == 1
@@ -193,7 +151,7 @@ def test_poison_records_are_dead_lettered_and_the_batch_goes_on(base_settings: S
         assert any("poison_content" in d[2] for d in dead.values()) and any("22P02" in d[2] for d in dead.values())
         assert stored == {f"k{i}" for i in range(30)} | {"num.42"}  # everything around the poison applied
         assert k3 == ("retracted",) and logged == sum(1 for _e, bad in events if not bad)
-        bodies = dlq_bodies(settings, poison)
+        bodies = dlq_envelopes(settings, want=poison)
         assert {po: bodies[po]["code"] for po in poison} == dict.fromkeys(poison, "unstorable")
         assert "bisecting" in worker.log()
         assert worker.alive(), worker.log()[-3000:]
@@ -231,16 +189,11 @@ def test_a_transient_failure_is_retried_not_dead_lettered(base_settings: Setting
 
 
 @pytest.fixture(scope="module")
-def stack(base_settings: Settings):
+def pipe(base_settings: Settings) -> Iterator[Pipeline]:
+    """One worker for the module (no indexer: PostgreSQL only)."""
     settings = base_settings.private(unique("trust"), processor_batch_size=200)
-    publish(settings, [asserted("warmup", "k", 0)])
-    worker = Worker(settings).start()
-    try:
-        wait_caught_up(settings, timeout=60, worker=worker)
-        yield settings, worker
-    finally:
-        worker.stop()
-        cleanup(settings)
+    with pipeline(settings, seed=[asserted("warmup", "k", 0)], indexer=False, timeout=60) as p:
+        yield p
 
 
 def count(conn: psycopg.Connection, table: str, tenant: str, subject: str) -> int:
@@ -259,13 +212,13 @@ def facts(conn: psycopg.Connection, tenant: str, subject: str) -> dict[str, obje
     return dict(rows.fetchall())
 
 
-def test_another_tenants_event_with_the_same_id_is_its_own_event(stack):
-    settings, worker = stack
+def test_another_tenants_event_with_the_same_id_is_its_own_event(pipe: Pipeline):
+    settings, worker = pipe.settings, pipe.worker
     s = f"user:{uuid.uuid4().hex[:8]}"  # the same subject name in both tenants
     x = [asserted(s, "email", "x@acme", 0), asserted(s, "phone", "111", 0), asserted(s, "city", "Paris", 0)]
-    x += [mark("memory.retracted", s, "city", 1), asserted(s, "name", "Xavier", 0)]
+    x += [marked("memory.retracted", s, "city", 1), asserted(s, "name", "Xavier", 0)]
     publish(settings, x)
-    wait_caught_up(settings, worker=worker)
+    pipe.caught_up()
     # tenant Y re-uses each of X's ids: an assertion, a retraction on an assertion's id, a confirmation on a
     # retraction's id; and an erasure of Y's own subject with the id of X's first assertion (never suppressed)
     ids = [e.event_id for e in x]
@@ -273,10 +226,10 @@ def test_another_tenants_event_with_the_same_id_is_its_own_event(stack):
         asserted(s, "email", "y@globex", 0, tenant=OTHER, event_id=ids[1]),
         asserted(s, "phone", "222", 0, tenant=OTHER, event_id=ids[0]),
         asserted(s, "city", "Rome", 0, tenant=OTHER, event_id=ids[3]),
-        mark("memory.retracted", s, "phone", 2, tenant=OTHER, event_id=ids[2]),
+        marked("memory.retracted", s, "phone", 2, tenant=OTHER, event_id=ids[2]),
     ]
     publish(settings, y)
-    wait_caught_up(settings, worker=worker)
+    pipe.caught_up()
     with pg(settings) as conn:
         assert facts(conn, TENANT, s) == {"email": "x@acme", "phone": "111", "name": "Xavier"}
         assert facts(conn, OTHER, s) == {"email": "y@globex", "city": "Rome"}
@@ -293,8 +246,8 @@ def test_another_tenants_event_with_the_same_id_is_its_own_event(stack):
         ).fetchall()
         assert vids == [(TENANT, version_id_for(TENANT, ids[0])), (OTHER, version_id_for(OTHER, ids[0]))]
         dead = conn.execute("SELECT count(*) FROM dead_letters WHERE code = 'event_id_conflict'").fetchone()[0]
-    publish(settings, [MemoryEvent(type="subject.erased", tenant=OTHER, subject=s, event_id=ids[4])])
-    wait_caught_up(settings, worker=worker)
+    publish(settings, [erased(s, tenant=OTHER, event_id=ids[4])])
+    pipe.caught_up()
     with pg(settings) as conn:
         assert facts(conn, OTHER, s) == {} and count(conn, "events", OTHER, s) == 1  # Y's erasure happened
         assert facts(conn, TENANT, s) == {"email": "x@acme", "phone": "111", "name": "Xavier"}  # X is untouched
@@ -303,21 +256,21 @@ def test_another_tenants_event_with_the_same_id_is_its_own_event(stack):
     assert worker.alive()
 
 
-def test_same_tenant_same_id_other_content_is_a_conflict_never_silently_dropped(stack):
-    settings, worker = stack
+def test_same_tenant_same_id_other_content_is_a_conflict_never_silently_dropped(pipe: Pipeline):
+    settings, worker = pipe.settings, pipe.worker
     s = f"user:{uuid.uuid4().hex[:8]}"
     key = kafka_key(TENANT, s)
     first = [asserted(s, "email", "a@b.c", 0), asserted(s, "phone", "123", 0), asserted(s, "city", "Oslo", 0)]
     publish(settings, first)
-    wait_caught_up(settings, worker=worker)
+    pipe.caught_up()
     clash = [
         asserted(s, "email", "evil@b.c", 0, event_id=first[0].event_id),  # another value
-        mark("memory.retracted", s, "phone", 1, event_id=first[1].event_id),  # another type
-        MemoryEvent(type="subject.erased", tenant=TENANT, subject=s, event_id=first[2].event_id),  # an erasure
+        marked("memory.retracted", s, "phone", 1, event_id=first[1].event_id),  # another type
+        erased(s, event_id=first[2].event_id),  # an erasure
         asserted(s, "city", "Oslo", 0, event_id=first[2].event_id, tags=["x"]),  # one more tag
     ]
     placed = publish_raw(settings, [(key, encode(e)) for e in clash])
-    wait_caught_up(settings, worker=worker)
+    pipe.caught_up()
     with pg(settings) as conn:
         dead = {po: d for po, d in dead_letters(conn, settings).items() if po in set(placed)}
         assert {po: (d[0], d[1]) for po, d in dead.items()} == dict.fromkeys(placed, ("event_id_conflict", "event_id"))
@@ -330,18 +283,18 @@ def test_same_tenant_same_id_other_content_is_a_conflict_never_silently_dropped(
             "SELECT fingerprint FROM events WHERE tenant = %s AND event_id = %s", (TENANT, first[0].event_id)
         ).fetchone()
         assert stored == (first[0].fingerprint,)
-    bodies = dlq_bodies(settings, set(placed))
+    bodies = dlq_envelopes(settings, want=placed)
     assert {bodies[po]["code"] for po in placed} == {"event_id_conflict"}
     assert {bodies[po]["field"] for po in placed} == {"event_id"}
     assert re.search(r" [1-9]\d* conflict,", worker.log())  # counted in the worker's batch line
 
 
-def test_an_exact_redelivery_is_still_a_no_op(stack):
-    settings, worker = stack
+def test_an_exact_redelivery_is_still_a_no_op(pipe: Pipeline):
+    settings = pipe.settings
     s = f"user:{uuid.uuid4().hex[:8]}"
     key = kafka_key(TENANT, s)
     e = asserted(s, "drink", "tea", 0)
-    retract = mark("memory.retracted", s, "drink", 3)
+    retract = marked("memory.retracted", s, "drink", 3)
     no_time = {"event_id": uuid.uuid4().hex, "type": "memory.asserted", "tenant": TENANT, "subject": s, "key": "nick"}
     no_time |= {"content": "goes by bob", "value": "bob"}  # each delivery gets its own broker timestamp
     raws = [encode(e), encode(retract), orjson.dumps(no_time)]
@@ -362,7 +315,7 @@ def test_an_exact_redelivery_is_still_a_no_op(stack):
     ]
     assert len({x.fingerprint for x in stamped}) == 1
     publish_raw(settings, [(key, encode(x)) for x in stamped])
-    wait_caught_up(settings, worker=worker)
+    pipe.caught_up()
     with pg(settings) as conn:
         assert count(conn, "events", TENANT, s) == 4 and count(conn, "fact_versions", TENANT, s) == 3
         lang = conn.execute(
@@ -401,7 +354,7 @@ def test_recorder_counts_duplicates_conflicts_and_erased_replays(base_settings: 
             rec = Recorder(conn, consumer="c", topic=settings.topic)
             r1 = rec.apply_batch(records(a, b))
             assert (r1.applied, r1.duplicates, r1.conflicts, r1.dead) == (2, 0, 0, 0)
-            erase = MemoryEvent(type="subject.erased", tenant=TENANT, subject=s)
+            erase = erased(s)
             r2 = rec.apply_batch(
                 records(
                     a,  # duplicate
@@ -426,21 +379,21 @@ def test_recorder_counts_duplicates_conflicts_and_erased_replays(base_settings: 
         cleanup(settings)
 
 
-def test_erasure_survives_retries_and_a_rebuild_and_notifies_at_commit(stack):
-    settings, worker = stack
+def test_erasure_survives_retries_and_a_rebuild_and_notifies_at_commit(pipe: Pipeline):
+    settings, worker = pipe.settings, pipe.worker
     s = f"user:{uuid.uuid4().hex[:8]}"
     key = kafka_key(TENANT, s)
     before = [
         asserted(s, "email", "a@b.c", 0, entities=["ACME"], aliases=["al"]),
         asserted(s, "email", "new@b.c", 1),
         asserted(s, "pref.seat", "window", 0, kind="preference", valid_to=at(5)),
-        mark("memory.confirmed", s, "email", 2),
-        mark("memory.retracted", s, "pref.seat", 3),
+        marked("memory.confirmed", s, "email", 2),
+        marked("memory.retracted", s, "pref.seat", 3),
         MemoryEvent(type="memory.asserted", tenant=TENANT, subject=s, kind="episodic", content="met at the cafe"),
     ]
     raws = [encode(e) for e in before]
     publish_raw(settings, [(key, r) for r in raws])
-    wait_caught_up(settings, worker=worker)
+    pipe.caught_up()
     with pg(settings) as conn:
         ids = [e.event_id for e in before]
         assert asyncio.run(_known(settings, TENANT, ids)) == {
@@ -461,7 +414,7 @@ def test_erasure_survives_retries_and_a_rebuild_and_notifies_at_commit(stack):
     listener = psycopg.connect(settings.pg_dsn, autocommit=True)
     listener.execute(f"LISTEN {ERASURE_CHANNEL}")
     try:
-        publish(settings, [MemoryEvent(type="subject.erased", tenant=TENANT, subject=s, reason="GDPR")])
+        publish(settings, [erased(s, reason="GDPR")])
         heard: list[dict] = []
 
         def notified() -> bool:
@@ -477,13 +430,13 @@ def test_erasure_survives_retries_and_a_rebuild_and_notifies_at_commit(stack):
     finally:
         listener.close()
     assert heard == [{"schema": settings.pg_schema, "tenant": TENANT, "subject": s, "left": 1}]
-    wait_caught_up(settings, worker=worker)
+    pipe.caught_up()
 
     # the README's retry advice, followed after the erasure: re-send everything, twice
     publish_raw(settings, [(key, r) for r in raws * 2])
     after = asserted(s, "email", "fresh@b.c", 9)  # a genuinely new event about the subject
     publish(settings, [after])
-    wait_caught_up(settings, worker=worker)
+    pipe.caught_up()
     with pg(settings) as conn:
         assert facts(conn, TENANT, s) == {"email": "fresh@b.c"}
         assert count(conn, "fact_versions", TENANT, s) == 1
@@ -513,17 +466,16 @@ def test_erasure_survives_retries_and_a_rebuild_and_notifies_at_commit(stack):
         assert report.old_schema is not None
         assert report.live_checksum == report.rebuilt_checksum == projection_checksum(admin, settings.pg_schema)
         assert _erased_rows(admin, settings.pg_schema) == live_erased == _erased_rows(admin, report.old_schema)
-    wait_caught_up(settings, worker=worker)
+    pipe.caught_up()
     publish_raw(settings, [(key, raws[0])])  # and the rebuilt projection still refuses the retry
-    wait_caught_up(settings, worker=worker)
+    pipe.caught_up()
     with pg(settings) as conn:
         assert facts(conn, TENANT, s) == {"email": "fresh@b.c"} and count(conn, "fact_versions", TENANT, s) == 1
 
 
 async def _known(settings: Settings, tenant: str, ids: list[str]) -> dict[str, Known]:
-    conn = await psycopg.AsyncConnection.connect(settings.pg_dsn, autocommit=True)
+    conn = await connect_async(settings.pg_dsn, settings.pg_schema, autocommit=True)
     try:
-        await conn.execute(f'SET search_path TO "{settings.pg_schema}", public')
         return await known_events(conn, tenant, ids)
     finally:
         await conn.close()

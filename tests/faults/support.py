@@ -1,18 +1,18 @@
-"""Helpers of the fault suite: the tally it prints, server outages that always heal, an indexer thread.
+"""What only the fault suite needs: the tally it prints, server outages that always heal, lost/doubled checks.
 
 - `TALLY`: the suite's figures (events injected, faults injected, lost, applied twice, DLQ, 5xx),
   printed and written to `.data/faults-summary.json` by `tests/faults/conftest.py`.
 - `server_down(part, settings)`: stop a server through infra's own functions and ALWAYS start it
   again (try/finally), waiting until it is healthy, because nothing may run after a broken stack.
   It refuses to touch a stack other processes are using (see `assert_stack_not_shared`).
-- `IndexerThread`: `projections.search.indexer.run_indexer` in a thread of the test process.
-- `ledger_state(settings)`: what PostgreSQL holds of a topic, for lost / applied-twice checks.
+- `ledger_state(settings)`, `lost_and_doubled(...)`: what PostgreSQL holds of a topic against what
+  the broker acknowledged, for lost / applied-twice checks; `invariants(settings, tenant)`.
+Everything else (processes, the pipeline, waiting, clean-up) is `tests.support`.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,14 +21,14 @@ from types import ModuleType
 from typing import Any
 
 import psycopg
-from elasticsearch import Elasticsearch
 from psycopg import sql
 
 import infra.elasticsearch
 import infra.kafka
 import infra.postgres
 from producers.settings import Settings
-from tests.helpers import wait_for
+from projections.postgres.connection import connect_async
+from tests.support import wait_for
 
 # Every PostgreSQL connection this test process (and the workers it spawns) opens carries this
 # application_name (libpq reads PGAPPNAME), so a connection without it belongs to someone else.
@@ -130,65 +130,6 @@ def server_down(part: str, settings: Settings) -> Iterator[None]:
         TALLY.timings_s[f"{part}_outage"] = round(time.monotonic() - t0, 1)
 
 
-# -- the search indexer -----------------------------------------------------------------------------
-
-
-class IndexerThread:
-    """The real indexer loop (`run_indexer`) in a daemon thread of this process; `stop()` ends it."""
-
-    def __init__(self, settings: Settings) -> None:
-        from projections.search.indexer import run_indexer
-
-        self._stop = threading.Event()
-        self.error: BaseException | None = None
-
-        def target() -> None:
-            try:
-                run_indexer(settings, poll_seconds=0.1, stop=self._stop.is_set)
-            except BaseException as exc:  # noqa: BLE001 - reported by alive()/stop()
-                self.error = exc
-
-        self.thread = threading.Thread(target=target, name="faults-indexer", daemon=True)
-
-    def start(self) -> IndexerThread:
-        self.thread.start()
-        return self
-
-    def alive(self) -> bool:
-        return self.thread.is_alive()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        self.thread.join(timeout)
-        if self.error is not None:
-            raise AssertionError(f"the indexer thread died: {self.error!r}") from self.error
-
-
-def es_version_ids(settings: Settings, es: Elasticsearch | None = None) -> set[str]:
-    """Every document id behind the private alias (paged with search_after)."""
-    own = es is None
-    es = es or Elasticsearch(settings.es_url, request_timeout=30)
-    try:
-        if not es.indices.exists_alias(name=settings.es_index) and not es.indices.exists(index=settings.es_index):
-            return set()
-        es.indices.refresh(index=settings.es_index)
-        ids: set[str] = set()
-        after = None
-        for _ in range(10_000):  # bounded: 10M documents
-            body: dict[str, Any] = {"query": {"match_all": {}}, "sort": [{"version_id": "asc"}], "size": 1000}
-            if after is not None:
-                body["search_after"] = after
-            hits = es.search(index=settings.es_index, source=False, **body)["hits"]["hits"]
-            ids.update(h["_id"] for h in hits)
-            if len(hits) < 1000:
-                break
-            after = hits[-1]["sort"]
-        return ids
-    finally:
-        if own:
-            es.close()
-
-
 # -- what PostgreSQL holds ------------------------------------------------------------------------------
 
 
@@ -248,8 +189,7 @@ def invariants(settings: Settings, tenant: str) -> dict[str, int]:
     from projections.postgres.queries import invariant_counts
 
     async def go() -> dict[str, int]:
-        async with await psycopg.AsyncConnection.connect(settings.pg_dsn, autocommit=True) as conn:
-            await conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(settings.pg_schema)))
+        async with await connect_async(settings.pg_dsn, settings.pg_schema, autocommit=True) as conn:
             return await invariant_counts(conn, tenant)
 
     return asyncio.run(go())

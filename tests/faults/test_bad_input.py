@@ -24,7 +24,6 @@ import orjson
 import psycopg
 import pytest
 import schemathesis
-from elasticsearch import Elasticsearch
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
@@ -37,12 +36,10 @@ from api.main import create_app
 from producers.contract import kafka_key
 from producers.settings import Settings
 from projections.embedding import load_embedder
-from projections.postgres.schema import create_schema
 from tests.conftest import unique
 from tests.faults.support import TALLY
-from tests.helpers import Worker, cleanup, publish_raw, wait_caught_up
 from tests.malformed import malformed_corpus
-from tests.search_support import Ledger, drain_all
+from tests.support import RecorderWriter, Worker, cleanup, drain_all, private_store, publish_raw, wait_caught_up
 
 TENANT = "acme"  # a tenant of the default dev-key; the schema is private anyway
 SUBJECT = "user:unicode"
@@ -160,24 +157,15 @@ FUZZ_TENANT = "fuzz"
 def fuzz_settings(base_settings: Settings) -> Iterator[Settings]:
     """A private schema and index holding a few real facts, and a key bound to the fuzz tenant."""
     settings = base_settings.private(unique("fuzz"), api_keys={FUZZ_KEY: [FUZZ_TENANT]})
-    admin = psycopg.connect(settings.pg_dsn, autocommit=True)
-    create_schema(admin, settings.pg_schema)
-    conn = psycopg.connect(settings.pg_dsn, autocommit=True)
-    conn.execute(f'SET search_path TO "{settings.pg_schema}", public')
-    es = Elasticsearch(settings.es_url, request_timeout=30)
-    ledger = Ledger(settings, conn)
     try:
-        t = datetime(2026, 1, 5, tzinfo=UTC)
-        ledger.assert_fact(FUZZ_TENANT, "project:P1", "project.port", "P1 backend port is 8080", 8080, valid_from=t)
-        ledger.assert_fact(FUZZ_TENANT, "project:P1", "project.db", "P1 数据库在上海", "shanghai", entities=["P1"])
-        ledger.assert_fact(FUZZ_TENANT, "user:42", "pref.drink", "user 42 prefers tea", "tea", kind="preference")
-        drain_all(settings, conn, es, load_embedder(settings))
-        yield settings
+        with private_store(settings) as (conn, es), RecorderWriter(settings) as writer:
+            t = datetime(2026, 1, 5, tzinfo=UTC)
+            writer.assert_fact(FUZZ_TENANT, "project:P1", "project.port", "P1 backend port is 8080", 8080, valid_from=t)
+            writer.assert_fact(FUZZ_TENANT, "project:P1", "project.db", "P1 数据库在上海", "shanghai", entities=["P1"])
+            writer.assert_fact(FUZZ_TENANT, "user:42", "pref.drink", "user 42 prefers tea", "tea", kind="preference")
+            drain_all(settings, conn, es, load_embedder(settings))
+            yield settings
     finally:
-        ledger.close()
-        es.close()
-        conn.close()
-        admin.close()
         cleanup(settings)
 
 

@@ -1,7 +1,8 @@
 """Outages: each server stopped (or the broker restarted) while events flow, and started again.
 
-One private topic/schema/index for the module, one projector subprocess, the real indexer loop in
-a thread, and the real app (create_app + TestClient) asking GET /v1/health during each outage.
+One private topic/schema/index for the module (`tests.support.pipeline`): the projector and
+`ledger indexer` as subprocesses, and the real app (create_app + TestClient) asking GET /v1/health
+during each outage.
 
 - Elasticsearch down: PostgreSQL keeps up, the outbox holds the lag, the index catches up after,
   no orphans either way (every document has its row and every row its document).
@@ -25,20 +26,13 @@ import pytest
 from elasticsearch import Elasticsearch
 from fastapi.testclient import TestClient
 
-from api.main import create_app
 from producers.contract import EventType, MemoryEvent
 from producers.sdk import LedgerProducer, PublishError, PublishResult
 from producers.settings import Settings
 from projections.search.rebuild import orphans
 from tests.conftest import unique
-from tests.faults.support import (
-    TALLY,
-    IndexerThread,
-    ledger_state,
-    lost_and_doubled,
-    server_down,
-)
-from tests.helpers import Worker, cleanup, wait_caught_up, wait_for
+from tests.faults.support import TALLY, ledger_state, lost_and_doubled, server_down
+from tests.support import Indexer, Worker, pipeline, wait_caught_up, wait_for
 
 TENANT = "outage"
 HEADERS = {"X-API-Key": "dev-key"}
@@ -48,7 +42,7 @@ HEADERS = {"X-API-Key": "dev-key"}
 class Stack:
     settings: Settings
     worker: Worker
-    indexer: IndexerThread
+    indexer: Indexer
     client: TestClient
     first_seen: dict[str, tuple[int, int]] = field(default_factory=dict)
     assertions: set[str] = field(default_factory=set)
@@ -159,7 +153,7 @@ def orphan_report(settings: Settings) -> dict:
 
 def check_index_caught_up(stack: Stack, timeout: float = 120.0) -> None:
     """The outbox drains to empty and the index holds exactly PostgreSQL's versions (no orphans)."""
-    assert stack.indexer.alive(), f"the indexer thread died: {stack.indexer.error!r}"
+    stack.indexer.check()  # AssertionError with its log if the indexer process died
     wait_for(lambda: outbox(stack.settings) == 0, timeout, 0.5, "the search outbox to drain")
     report = orphan_report(stack.settings)
     assert report["missing_in_pg"] == 0, f"orphan documents (no PostgreSQL row): {report}"
@@ -169,25 +163,14 @@ def check_index_caught_up(stack: Stack, timeout: float = 120.0) -> None:
 
 @pytest.fixture(scope="module")
 def stack(base_settings: Settings) -> Iterator[Stack]:
-    settings = base_settings.private(unique("outage"))
-    worker = Worker(settings)
-    indexer = IndexerThread(settings)
-    client = TestClient(create_app(settings))
-    s = Stack(settings, worker, indexer, client)
-    try:
+    with pipeline(base_settings.private(unique("outage")), app=True) as pipe:
+        assert pipe.worker is not None and pipe.indexer is not None and pipe.client is not None
+        s = Stack(pipe.settings, pipe.worker, pipe.indexer, pipe.client)
         publish(s, facts("warm", 20))
-        worker.start()
-        indexer.start()
-        client.__enter__()
-        wait_caught_up(settings, timeout=90, worker=worker)
+        wait_caught_up(s.settings, timeout=90, worker=s.worker)
         check_index_caught_up(s)
         wait_health(s, None)
         yield s
-    finally:
-        client.__exit__(None, None, None)
-        indexer.stop()
-        worker.stop()
-        cleanup(settings)
 
 
 def test_elasticsearch_down_postgres_keeps_up_and_the_index_catches_up(stack: Stack) -> None:

@@ -1,8 +1,8 @@
 """Tenant isolation on every endpoint and recall mode, and erasure of a subject, through the whole pipeline.
 
-One module stack: events go through the SDK to a private topic, the projector subprocess applies
-them to PostgreSQL, the real indexer loop (a thread) fills a private index, and the app
-(create_app + TestClient) answers with keys bound to one tenant each.
+One module pipeline (`tests.support.pipeline`): events go through the SDK to a private topic, the
+projector subprocess applies them to PostgreSQL, `ledger indexer` (a subprocess) fills a private
+index, and the app (create_app + TestClient) answers with keys bound to one tenant each.
 
 Tenancy: two tenants hold facts about the SAME subjects and keys (different values). Each key must
 get 403 naming the other tenant on every endpoint, and never see the other tenant's data through
@@ -22,19 +22,17 @@ import orjson
 import psycopg
 import pytest
 from elasticsearch import Elasticsearch
-from fastapi.testclient import TestClient
 from kafka import KafkaConsumer, TopicPartition
 
-from api.main import create_app
 from producers.contract import EventType, MemoryEvent, memory_id_for
-from producers.sdk import LedgerProducer
 from producers.settings import Settings
 from projections.embedding import load_embedder
 from projections.search.rebuild import orphans, reindex
 from stream_processors.rebuild import rebuild
 from tests.conftest import unique
-from tests.faults.support import TALLY, IndexerThread
-from tests.helpers import Worker, cleanup, end_offsets, wait_caught_up, wait_for
+from tests.faults.support import TALLY
+from tests.support import Pipeline as Running
+from tests.support import end_offsets, pg, pipeline, wait_for
 
 A, B = "tenant-a", "tenant-b"
 KEYS = {"key-a": [A], "key-b": [B]}
@@ -123,32 +121,28 @@ def tenant_facts(tenant: str) -> list[MemoryEvent]:
 
 @dataclass
 class Pipeline:
-    settings: Settings
-    worker: Worker
-    indexer: IndexerThread
-    client: TestClient
+    """The module's running pipeline and the events it was fed, by tenant."""
+
+    running: Running
     events: dict[str, list[MemoryEvent]]
 
+    @property
+    def settings(self) -> Settings:
+        return self.running.settings
+
     def call(self, method: str, url: str, tenant: str | None, **kw):
-        r = self.client.request(method, url, headers=HEADERS[tenant] if tenant else {}, **kw)
+        assert self.running.client is not None
+        r = self.running.client.request(method, url, headers=HEADERS[tenant] if tenant else {}, **kw)
         TALLY.add(http_requests=1, http_5xx=int(r.status_code >= 500))
         return r
 
     def settle(self) -> None:
-        """The projector and the indexer have caught up with everything published."""
-        wait_caught_up(self.settings, timeout=90, worker=self.worker)
-        assert self.indexer.alive(), f"the indexer thread died: {self.indexer.error!r}"
-        wait_for(lambda: pg_count(self.settings, "SELECT count(*) FROM search_outbox") == 0, 90, 0.2, "outbox drained")
-        es = Elasticsearch(self.settings.es_url, request_timeout=30)
-        try:
-            es.indices.refresh(index=self.settings.es_index)
-        finally:
-            es.close()
+        """The projector and the indexer have caught up with everything published (and the index is refreshed)."""
+        self.running.settle(timeout=90)
 
 
 def pg_count(settings: Settings, query: str, *args) -> int:
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        conn.execute(f'SET search_path TO "{settings.pg_schema}"')
+    with pg(settings) as conn:
         return conn.execute(query, args).fetchone()[0]
 
 
@@ -166,23 +160,10 @@ def es_count(settings: Settings, tenant: str, subject: str) -> int:
 def pipe(base_settings: Settings) -> Iterator[Pipeline]:
     settings = base_settings.private(unique("tenancy"), api_keys=KEYS)
     events = {t: tenant_facts(t) for t in (A, B)}
-    worker, indexer = Worker(settings), IndexerThread(settings)
-    client = TestClient(create_app(settings))
-    p = Pipeline(settings, worker, indexer, client, events)
-    try:
-        with LedgerProducer(settings) as producer:
-            producer.publish_many(events[A] + events[B])
-        TALLY.add(events_injected=len(events[A]) + len(events[B]))
-        worker.start()
-        indexer.start()
-        client.__enter__()
-        p.settle()
-        yield p
-    finally:
-        client.__exit__(None, None, None)
-        indexer.stop()
-        worker.stop()
-        cleanup(settings)
+    seed = events[A] + events[B]
+    with pipeline(settings, seed=seed, app=True) as running:
+        TALLY.add(events_injected=len(seed))
+        yield Pipeline(running, events)
 
 
 # -- tenancy ------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from producers.settings import Settings
 from stream_processors.rebuild import rebuild
 from tests.conftest import unique
 from tests.faults.support import TALLY, invariants, ledger_state, lost_and_doubled
-from tests.helpers import Worker, cleanup, end_offsets, positions, wait_caught_up, wait_for
+from tests.support import Worker, cleanup, end_offsets, positions, wait_caught_up, wait_for
 
 N_EVENTS = 20_000  # the figure: ~57 s of streaming at PUBLISH_RATE
 KILLS = 5

@@ -1,0 +1,57 @@
+"""What tests share, in one place; import from here (`from tests.support import pipeline, wait_for`).
+
+Tests run against the real servers `python -m infra up` started, each on private names
+(`Settings.private`, see tests/conftest.py). The product's own helpers do the work wherever one
+exists (end offsets, stored positions, schema-bound connections, the settings of a child process);
+this package only adds what a test needs around them.
+
+- waiting: `wait_for(cond, timeout)`, polling instead of sleeping.
+- processes: `Worker(settings)` (the projector, `python -m stream_processors`) and `Indexer(settings)`
+  (`ledger indexer`) as child processes on the private settings.
+- kafka: `publish`, `publish_raw`, `read_topic`, `dlq_envelopes`, `drop_topics`, `end_offsets`.
+- stores: `pg`, `async_pool`, `positions`, `wait_caught_up`, `outbox_count`, `private_store`, `cleanup`.
+- writer: `RecorderWriter` (events straight through the PostgreSQL recorder, no Kafka) and `drain_all`
+  (the indexer's drain until the outbox is empty), for search and recall tests.
+- events: factories `asserted`, `facts`, `marked`, `erased`, `wire`, times `at(day)` after `T0`.
+- pipeline: `pipeline(settings, seed=..., indexer=..., app=...)`, the whole ledger for one module.
+"""
+
+from tests.support.events import T0, TENANT, asserted, at, erased, facts, marked, wire
+from tests.support.kafka import dlq_envelopes, drop_topics, end_offsets, publish, publish_raw, read_topic
+from tests.support.pipeline import Pipeline, pipeline
+from tests.support.processes import Indexer, Process, Worker
+from tests.support.stores import async_pool, cleanup, outbox_count, pg, positions, private_store, wait_caught_up
+from tests.support.waiting import wait_for
+from tests.support.writer import RecorderWriter, drain_all
+
+__all__ = [
+    "T0",
+    "TENANT",
+    "Indexer",
+    "Pipeline",
+    "Process",
+    "RecorderWriter",
+    "Worker",
+    "asserted",
+    "async_pool",
+    "at",
+    "cleanup",
+    "dlq_envelopes",
+    "drain_all",
+    "drop_topics",
+    "end_offsets",
+    "erased",
+    "facts",
+    "marked",
+    "outbox_count",
+    "pg",
+    "pipeline",
+    "positions",
+    "private_store",
+    "publish",
+    "publish_raw",
+    "read_topic",
+    "wait_caught_up",
+    "wait_for",
+    "wire",
+]

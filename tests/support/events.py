@@ -1,0 +1,76 @@
+"""Event factories: the events tests publish, built in one way.
+
+Times are days after `T0` (`at(day)`), so a test reads as a timeline; every factory takes any other
+contract field as a keyword (event_id, kind, valid_to, entities, ...).
+
+- `asserted(subject, key, value, day)`: memory.asserted, valid from and observed at `at(day)`,
+  content "<subject> <key> = <value>" unless given.
+- `facts(subject, {key: value, ...}, day)`: one assertion per key, in order.
+- `marked(type, subject, key, day)`: memory.retracted / memory.confirmed.
+- `erased(subject)`: subject.erased.
+- `wire(subject, ...)`: the JSON of one event as an HTTP client posts it (no event_id unless given;
+  a field given as `...` is left out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from producers.contract import EventType, MemoryEvent
+
+__all__ = ["T0", "TENANT", "asserted", "at", "erased", "facts", "marked", "wire"]
+
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+TENANT = "acme"
+
+
+def at(days: float) -> datetime:
+    return T0 + timedelta(days=days)
+
+
+def asserted(
+    subject: str, key: str | None, value: Any, day: float = 0, *, tenant: str = TENANT, **fields
+) -> MemoryEvent:
+    return MemoryEvent(
+        type=EventType.ASSERTED,
+        tenant=tenant,
+        subject=subject,
+        key=key,
+        value=value,
+        content=fields.pop("content", f"{subject} {key} = {value}"),
+        valid_from=at(day),
+        observed_at=fields.pop("observed_at", at(day)),
+        **fields,
+    )
+
+
+def facts(subject: str, values: Mapping[str, Any], day: float = 0, **fields) -> list[MemoryEvent]:
+    """`asserted(subject, key, value, day, **fields)` for each key of `values`, in order."""
+    return [asserted(subject, key, value, day, **fields) for key, value in values.items()]
+
+
+def marked(
+    type_: str | EventType, subject: str, key: str, day: float, *, tenant: str = TENANT, **fields
+) -> MemoryEvent:
+    return MemoryEvent(
+        type=type_, tenant=tenant, subject=subject, key=key, valid_from=at(day), observed_at=at(day), **fields
+    )
+
+
+def erased(subject: str, *, tenant: str = TENANT, **fields) -> MemoryEvent:
+    return MemoryEvent(type=EventType.ERASED, tenant=tenant, subject=subject, **fields)
+
+
+def wire(subject: str = "user:1", *, tenant: str = TENANT, **over: Any) -> dict[str, Any]:
+    """One memory.asserted as JSON ("<subject> prefers window seats"); `over` replaces fields, `...` drops one."""
+    base = {
+        "type": "memory.asserted",
+        "tenant": tenant,
+        "subject": subject,
+        "key": "pref.seat",
+        "value": "window",
+        "content": f"{subject} prefers window seats",
+    }
+    return {k: v for k, v in {**base, **over}.items() if v is not ...}

@@ -1,0 +1,104 @@
+"""`pipeline(settings)`: the whole ledger on private names, as a deployment runs it, for one test module.
+
+SDK -> Kafka topic -> projector worker (subprocess) -> PostgreSQL schema -> `ledger indexer`
+(subprocess) -> Elasticsearch index -> optionally the app (`create_app` + TestClient). Both
+processes are the real commands on the test's private settings; the indexer is always the
+`ledger indexer` process (never a thread or an in-process loop), so what is tested is what runs.
+
+    with pipeline(base_settings.private(unique("pj")), seed=[asserted("warmup", "k", 0)]) as pipe:
+        pipe.publish([...]); pipe.settle(); pipe.client.get(...)
+
+`seed` is published before the processes start (they then see it as one batch); entering waits
+until everything published is applied (and indexed, with an indexer). On exit the app, the indexer
+and whatever `pipe.worker` is then (a test may replace it) are stopped and `cleanup(settings)` runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+
+import psycopg
+from elasticsearch import Elasticsearch
+from fastapi.testclient import TestClient
+
+from producers.contract import MemoryEvent
+from producers.settings import Settings
+from producers.topics import ensure_topics
+from tests.support.kafka import publish
+from tests.support.processes import Indexer, Worker
+from tests.support.stores import cleanup, outbox_count, pg, wait_caught_up
+from tests.support.waiting import wait_for
+
+__all__ = ["Pipeline", "pipeline"]
+
+
+@dataclass
+class Pipeline:
+    settings: Settings
+    worker: Worker | None = None
+    indexer: Indexer | None = None
+    client: TestClient | None = None
+
+    def publish(self, events: Iterable[MemoryEvent | dict]) -> list:
+        """Through the SDK; the PublishResults."""
+        return publish(self.settings, events)
+
+    def caught_up(self, timeout: float = 60.0) -> dict[int, int]:
+        """The worker's stored positions reached the topic's end offsets (fails at once if it died)."""
+        return wait_caught_up(self.settings, timeout=timeout, worker=self.worker)
+
+    def settle(self, timeout: float = 90.0) -> None:
+        """Everything published so far is applied and, with an indexer, indexed and searchable."""
+        self.caught_up(timeout)
+        if self.indexer is None:
+            return
+        with pg(self.settings) as conn:
+
+            def drained() -> bool:
+                assert self.indexer is not None
+                self.indexer.check()
+                try:
+                    return outbox_count(conn) == 0
+                except psycopg.errors.UndefinedTable:
+                    return False  # the worker has not created the schema yet
+
+            wait_for(drained, timeout, 0.2, "the search outbox to drain")
+        es = Elasticsearch(self.settings.es_url, request_timeout=30)
+        try:
+            es.indices.refresh(index=self.settings.es_index)
+        finally:
+            es.close()
+
+
+@contextmanager
+def pipeline(
+    settings: Settings,
+    *,
+    seed: Iterable[MemoryEvent | dict] = (),
+    worker: bool = True,
+    indexer: bool = True,
+    app: bool = False,
+    timeout: float = 90.0,
+) -> Iterator[Pipeline]:
+    """Topics, `seed`, the worker and the indexer (each optional), the app if asked; settled, then torn down."""
+    pipe = Pipeline(settings)
+    with ExitStack() as stack:
+        stack.callback(cleanup, settings)
+        ensure_topics(settings)
+        seed = list(seed)
+        if seed:
+            publish(settings, seed)
+        if worker:
+            pipe.worker = Worker(settings).start()
+            stack.callback(lambda: pipe.worker.stop() if pipe.worker is not None else None)
+        if indexer:
+            pipe.indexer = stack.enter_context(Indexer(settings))
+        if app:
+            from api.main import create_app
+
+            pipe.client = stack.enter_context(TestClient(create_app(settings)))
+        if worker:
+            pipe.settle(timeout)
+        yield pipe

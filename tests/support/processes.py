@@ -1,0 +1,98 @@
+"""The ledger's own processes as children of the test: the projector worker and the search indexer.
+
+Each runs exactly as an operator starts it, on the test's private settings (`Settings.child_environ`),
+logging to a temporary file: `.start()`, `.alive()`, `.check()` (AssertionError with the log tail if
+it exited), `.kill()` (SIGKILL, like a crash), `.stop()` (SIGTERM, then SIGKILL), `.log()`.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from producers.settings import REPO_ROOT, Settings
+
+__all__ = ["Indexer", "Process", "Worker"]
+
+
+class Process:
+    """`python <argv>` as a child process with the LEDGER_* variables of `settings` (plus `extra_env`)."""
+
+    name = "process"
+
+    def __init__(self, settings: Settings, argv: list[str], **extra_env: Any) -> None:
+        self.settings = settings
+        self.argv = argv
+        self.env = settings.child_environ(**extra_env)
+        self.proc: subprocess.Popen | None = None
+        self.log_path = Path(tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log")[1])
+
+    def start(self) -> Process:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, *self.argv], cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check(self) -> None:
+        """AssertionError with the tail of the log if the process was started and has exited."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"{self.name} exited ({self.proc.returncode}):\n{self.log()[-4000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs, exactly like a crash."""
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class Worker(Process):
+    """The projector: `python -m stream_processors` (Kafka -> PostgreSQL)."""
+
+    name = "worker"
+
+    def __init__(self, settings: Settings, **extra_env: Any) -> None:
+        super().__init__(settings, ["-m", "stream_processors"], **extra_env)
+
+    def start(self) -> Worker:
+        super().start()
+        return self
+
+
+class Indexer(Process):
+    """The search indexer: `ledger indexer` (PostgreSQL's search outbox -> Elasticsearch), polling every 0.1 s."""
+
+    name = "indexer"
+
+    def __init__(self, settings: Settings, **extra_env: Any) -> None:
+        super().__init__(settings, ["-m", "api.cli", "indexer", "--poll", "0.1"], **extra_env)
+
+    def start(self) -> Indexer:
+        super().start()
+        return self

@@ -1,0 +1,134 @@
+"""PostgreSQL and Elasticsearch from a test's side: schema-bound connections, catching up, clean-up.
+
+- `pg(settings)`: an autocommit connection on the private schema (`projections.postgres.connection`).
+- `async_pool(settings)`: the API's pool shape on the private schema.
+- `positions(settings)`, `wait_caught_up(settings, timeout, worker=...)`: the stored positions
+  (`projections.postgres.positions`) against the topic's end offsets (`producers.topics`).
+- `outbox_count(conn)`: rows waiting in the search outbox.
+- `private_store(settings)`: a fresh schema (the projection's own DDL) and an ES client, cleaned up after.
+- `cleanup(settings)`: drop everything a test's private names hold (schemas, indices, topics, faust dir).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from elasticsearch import Elasticsearch
+from kafka import KafkaAdminClient
+from psycopg_pool import AsyncConnectionPool
+
+from producers.settings import Settings
+from producers.topics import end_offsets
+from projections.postgres.connection import configure_pool, connect
+from projections.postgres.positions import read_positions, wait_for_positions
+from projections.postgres.schema import create_schema, drop_schema
+from projections.search.mapping import physical_indices
+from tests.support.processes import Process
+
+__all__ = [
+    "async_pool",
+    "cleanup",
+    "outbox_count",
+    "pg",
+    "positions",
+    "private_store",
+    "wait_caught_up",
+]
+
+
+def pg(settings: Settings) -> psycopg.Connection:
+    """Autocommit connection on the private schema; statements not prepared, like the worker's
+    (`ledger rebuild` renames schemas under open connections)."""
+    return connect(settings.pg_dsn, settings.pg_schema, autocommit=True, prepare_threshold=None)
+
+
+def async_pool(settings: Settings) -> AsyncConnectionPool:
+    """The API's pool shape: search_path on the private schema, autocommit; opened by the caller."""
+    return AsyncConnectionPool(
+        settings.pg_dsn,
+        min_size=1,
+        max_size=4,
+        configure=configure_pool(settings.pg_schema),
+        open=False,
+        kwargs={"autocommit": True},
+    )
+
+
+def positions(settings: Settings) -> dict[int, int]:
+    """The projector's stored positions in the private schema ({} before a worker created it)."""
+    return read_positions(settings)
+
+
+def wait_caught_up(settings: Settings, timeout: float = 60.0, worker: Process | None = None) -> dict[int, int]:
+    """Wait until the stored positions reach the topic's current end offsets; returns those end offsets.
+
+    Fails at once (with its log) if `worker` has exited.
+    """
+    ends = {p: o for p, o in end_offsets(settings).items() if o > 0}
+    wait_for_positions(settings, ends, timeout, check=worker.check if worker is not None else None)
+    return ends
+
+
+def outbox_count(conn: psycopg.Connection) -> int:
+    return conn.execute("SELECT count(*) FROM search_outbox").fetchone()[0]
+
+
+@contextmanager
+def private_store(settings: Settings) -> Iterator[tuple[psycopg.Connection, Elasticsearch]]:
+    """A fresh schema (the projection's own DDL) and an ES client; afterwards no trace in PG or ES."""
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
+        create_schema(admin, settings.pg_schema)
+    conn = connect(settings.pg_dsn, settings.pg_schema, autocommit=True)
+    es = Elasticsearch(settings.es_url, request_timeout=30)
+    try:
+        yield conn, es
+    finally:
+        _drop_indices(es, settings)
+        es.close()
+        conn.close()
+        with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
+            drop_schema(admin, settings.pg_schema)
+
+
+def _drop_indices(es: Elasticsearch, settings: Settings) -> None:
+    """The alias's physical indices, any other `<index>-*` (reindex leftovers) and an index named like the alias."""
+    names = set(physical_indices(es, settings.es_index))
+    names |= set(es.indices.get(index=f"{settings.es_index}-*", allow_no_indices=True))
+    if es.indices.exists(index=settings.es_index) and not es.indices.exists_alias(name=settings.es_index):
+        names.add(settings.es_index)
+    for name in sorted(names):
+        es.indices.delete(index=name, ignore_unavailable=True)
+
+
+def cleanup(settings: Settings) -> None:
+    """Drop what the private names hold: the schema and its rebuild leftovers (`<schema>_*`), the search
+    indices, the worker's faust directory and the topics (best effort)."""
+    es = Elasticsearch(settings.es_url, request_timeout=30)
+    try:
+        _drop_indices(es, settings)
+    finally:
+        es.close()
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        names = [
+            r[0]
+            for r in conn.execute(
+                "SELECT nspname FROM pg_namespace WHERE nspname = %s OR nspname LIKE %s",
+                (settings.pg_schema, settings.pg_schema + "\\_%"),
+            ).fetchall()
+        ]
+        for name in names:
+            drop_schema(conn, name)
+    shutil.rmtree(settings.data_dir / "faust" / settings.processor_group, ignore_errors=True)
+    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    try:
+        existing = set(admin.list_topics())
+        doomed = [t for t in (settings.topic, settings.dlq_topic) if t in existing]
+        if doomed:
+            admin.delete_topics(doomed)
+    except Exception:  # noqa: BLE001 - clean-up is best effort
+        pass
+    finally:
+        admin.close()
