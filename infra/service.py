@@ -47,7 +47,8 @@ def healthy(s: Settings, name: str) -> bool:
 
 def start(s: Settings, name: str, timeout: float = 90.0) -> None:
     if pid(s, name) is None:
-        spawn([_ledger(), *SERVICES[name]], _log(s, name), _pid_file(s, name))
+        # exactly these settings, whatever the environment of the caller (`Settings.as_env`)
+        spawn([_ledger(), *SERVICES[name]], _log(s, name), _pid_file(s, name), env=s.as_env())
     try:
         wait_until(lambda: healthy(s, name), name, timeout, _log(s, name), lambda: pid(s, name) is not None)
     except InfraError:
