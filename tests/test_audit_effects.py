@@ -12,18 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
-import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from producers.contract import encode, from_dict, rfc3339, version_id_for
-from producers.records import decode_record
+from producers.contract import from_dict, rfc3339, version_id_for
 from producers.settings import Settings
-from projections.postgres.connection import connect
-from projections.postgres.recorder import Recorder
-from projections.postgres.schema import create_schema, drop_schema
 from tests.conftest import unique
+from tests.support import RecorderWriter, private_store
 
 TENANT, SUBJECT, KEY = "audit", "user:1", "preference.seat"
 HEADERS = {"X-API-Key": "audit-key"}
@@ -34,20 +30,12 @@ def day(n: float) -> str:
     return rfc3339(T0 + timedelta(days=n))
 
 
-class Writer:
-    """Events straight through the recorder the projector runs (one offset each)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.conn = connect(settings.pg_dsn, settings.pg_schema)
-        self.recorder = Recorder(self.conn, consumer="audit-tests", topic=settings.topic)
-        self.topic, self.offset = settings.topic, 0
+class Writer(RecorderWriter):
+    """Events about SUBJECT's KEY straight through the recorder the projector runs (one offset each)."""
 
     def write(self, **fields) -> str:
-        data = {"tenant": TENANT, "subject": SUBJECT, "key": KEY, **fields}
-        event = from_dict(data)
-        record = decode_record(self.topic, 0, self.offset, encode(event), timestamp_ms=None)
-        self.offset += 1
-        result = self.recorder.apply_batch([record])
+        event = from_dict({"tenant": TENANT, "subject": SUBJECT, "key": KEY, **fields})
+        result = self.apply(event)
         assert result.dead == 0, result
         return event.event_id
 
@@ -55,16 +43,8 @@ class Writer:
 @pytest.fixture
 def stack(base_settings: Settings) -> Iterator[tuple[Writer, TestClient]]:
     settings = base_settings.private(unique("audit"), api_keys={"audit-key": [TENANT]})
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
-        create_schema(admin, settings.pg_schema)
-    writer = Writer(settings)
-    try:
-        with TestClient(create_app(settings)) as client:
-            yield writer, client
-    finally:
-        writer.conn.close()
-        with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
-            drop_schema(admin, settings.pg_schema)
+    with private_store(settings), Writer(settings) as writer, TestClient(create_app(settings)) as client:
+        yield writer, client
 
 
 def seat(client: TestClient, at: str) -> str | None:

@@ -19,7 +19,7 @@ from elasticsearch import Elasticsearch
 from producers.contract import EventType, MemoryEvent, Source, SourceType, encode
 from producers.records import decode_record
 from producers.settings import Settings
-from projections.postgres.recorder import Recorder, connect
+from projections.postgres.recorder import BatchResult, Recorder, connect
 from tests.support.stores import outbox_count
 
 __all__ = ["RecorderWriter", "drain_all"]
@@ -47,14 +47,19 @@ class RecorderWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def publish(self, *events: MemoryEvent) -> list[MemoryEvent]:
+    def apply(self, *events: MemoryEvent) -> BatchResult:
+        """One batch through the recorder, each event at the next offset of partition 0; the recorder's result."""
         records = []
         for e in events:
             records.append(
                 decode_record(self.settings.topic, 0, self.offset, encode(e), timestamp_ms=int(time.time() * 1000))
             )
             self.offset += 1
-        self.recorder.apply_batch(records)
+        return self.recorder.apply_batch(records)
+
+    def publish(self, *events: MemoryEvent) -> list[MemoryEvent]:
+        """`apply`, returning the events."""
+        self.apply(*events)
         return list(events)
 
     def assert_fact(
