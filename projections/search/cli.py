@@ -6,8 +6,8 @@ import typer
 
 
 def indexer(
-    poll: float = typer.Option(0.2, help="seconds between polls of an empty outbox"),
-    batch_size: int = typer.Option(500, help="outbox rows per bulk request"),
+    poll: float | None = typer.Option(None, help="seconds between polls of an empty outbox (LEDGER_INDEXER_POLL_S)"),
+    batch_size: int | None = typer.Option(None, help="outbox rows per bulk request (LEDGER_INDEXER_BATCH_SIZE)"),
 ) -> None:
     """Drain the search outbox into Elasticsearch forever (one per schema; extra ones wait on a lock)."""
     import logging

@@ -32,9 +32,8 @@ from projections.search.mapping import ensure_index
 __all__ = ["drain_once", "lock_key", "run_indexer", "DrainStats"]
 
 log = logging.getLogger("ledger.indexer")
-MAX_BACKOFF_S = 4.0
 
-BATCH_SIZE = 500
+BATCH_SIZE = 500  # drain_once's default for callers without settings at hand (tests); the runner uses the settings
 
 
 def lock_key(settings: Settings) -> str:
@@ -251,8 +250,16 @@ def _connect(settings: Settings) -> psycopg.Connection:
     return conn
 
 
-def run_indexer(settings: Settings, *, poll_seconds: float = 0.2, batch_size: int = BATCH_SIZE, stop=None) -> None:
-    """Drain forever (until `stop()` returns true): back off on errors, never give up."""
+def run_indexer(
+    settings: Settings, *, poll_seconds: float | None = None, batch_size: int | None = None, stop=None
+) -> None:
+    """Drain forever (until `stop()` returns true): back off on errors, never give up.
+
+    `poll_seconds`, `batch_size` and the longest back-off default to the settings
+    (LEDGER_INDEXER_POLL_S, LEDGER_INDEXER_BATCH_SIZE, LEDGER_INDEXER_MAX_BACKOFF_S).
+    """
+    poll_seconds = settings.indexer_poll_s if poll_seconds is None else poll_seconds
+    batch_size = settings.indexer_batch_size if batch_size is None else batch_size
     embedder = load_embedder(settings)
     es = Elasticsearch(settings.es_url, request_timeout=30)
     conn: psycopg.Connection | None = None
@@ -288,4 +295,4 @@ def run_indexer(settings: Settings, *, poll_seconds: float = 0.2, batch_size: in
                 conn = None
             time.sleep(backoff)
             # capped low: once Elasticsearch is back the index should catch up in seconds, not half a minute
-            backoff = min(backoff * 2, MAX_BACKOFF_S)
+            backoff = min(backoff * 2, settings.indexer_max_backoff_s)
