@@ -1,4 +1,8 @@
-"""orjson responses for the read routes (FIELD-NOTES: ORJSONResponse is deprecated in FastAPI 0.165)."""
+"""The routes' one way to answer JSON: orjson bytes in a plain Response (FastAPI's ORJSONResponse is deprecated).
+
+A route that returns a Response is not validated against its `response_model` by FastAPI: the
+models in api.schemas document the bodies, tests/test_api_schema.py checks them.
+"""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import ProducerDep, Storable, TenantQuery, TenantsDep, check_tenant
 from api.errors import ApiError, store_unavailable
 from api.routes._json import json_response
+from api.schemas import ErasureResponse
 from producers.contract import InvalidEvent
 from producers.sdk import PublishError
 
@@ -32,6 +33,7 @@ router = APIRouter(tags=["erasure"])
 @router.delete(
     "/subjects/{subject:path}",
     status_code=202,
+    response_model=ErasureResponse,
     responses={202: {"description": "subject.erased published; the projections purge the subject when they apply it"}},
 )
 async def erase_subject(

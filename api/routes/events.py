@@ -46,9 +46,10 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import ResourcesDep, SettingsDep, TenantsDep, check_tenant
-from api.errors import ErrorBody, ErrorItem, store_unavailable
+from api.errors import ErrorBody, store_unavailable
 from api.resources import Resources
 from api.routes._json import json_response
+from api.schemas import PublishErrorBody, PublishResponse
 from producers.contract import EventType, InvalidEvent, MemoryEvent, from_dict
 from producers.sdk import PublishError
 from producers.settings import Settings
@@ -90,34 +91,6 @@ class PublishRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     events: list[EventItem] = Field(min_length=1, max_length=MAX_EVENTS_PER_CALL)
-
-
-class EventResult(BaseModel):
-    """What happened to one event of the request."""
-
-    event_id: str | None
-    accepted: bool
-    duplicate: bool | None = Field(None, description="true: this (tenant, event_id) was already there")
-    erased: bool | None = Field(None, description="true: its subject was erased since; nothing published")
-    memory_id: str | None = None
-    version_id: str | None = Field(None, description="the version a memory.asserted creates (tenant-scoped)")
-    partition: int | None = None
-    offset: int | None = None
-    error: ErrorItem | None = None
-
-
-class PublishResponse(BaseModel):
-    results: list[EventResult]
-    idempotency_checked: bool = Field(description="false: PostgreSQL was not asked about the ids (see the note)")
-    idempotency_note: str | None = None
-
-
-class PublishErrorBody(ErrorBody):
-    """An error response of POST /v1/events: the one error shape, plus per-event results when there are events."""
-
-    results: list[EventResult] | None = None
-    idempotency_checked: bool | None = None
-    idempotency_note: str | None = None
 
 
 def _refused(index: int, raw: Any, error: dict[str, Any]) -> dict[str, Any]:

@@ -9,12 +9,13 @@ from fastapi import APIRouter, Path, Response
 from api.deps import PoolDep, Storable, TenantQuery, TenantsDep, check_tenant
 from api.errors import ApiError
 from api.routes._json import json_response
+from api.schemas import HistoryResponse
 from projections.postgres.queries import fact_history
 
 router = APIRouter(prefix="/facts", tags=["facts"])
 
 
-@router.get("/{memory_id}/history")
+@router.get("/{memory_id}/history", response_model=HistoryResponse)
 async def history(
     pool: PoolDep,
     memory_id: Annotated[Storable, Path(min_length=1, max_length=256)],

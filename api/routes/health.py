@@ -15,6 +15,8 @@ from fastapi import APIRouter, Response
 from api.deps import ResourcesDep
 from api.errors import store_unavailable
 from api.resources import Resources
+from api.routes._json import json_response
+from api.schemas import HealthResponse
 from producers.topics import probe as kafka_probe
 
 router = APIRouter(tags=["health"])
@@ -48,8 +50,8 @@ async def _kafka(res: Resources) -> dict:
     return {"age_s": round(age, 3)}
 
 
-@router.get("/health")
-async def health(res: ResourcesDep, response: Response) -> dict:
+@router.get("/health", response_model=HealthResponse)
+async def health(res: ResourcesDep) -> Response:
     parts = dict(
         zip(
             ("postgres", "elasticsearch", "kafka"),
@@ -58,8 +60,7 @@ async def health(res: ResourcesDep, response: Response) -> dict:
         )
     )
     ok = all(p["ok"] for p in parts.values())
-    response.status_code = 200 if ok else 503
     body: dict = {"status": "ok" if ok else "degraded", "parts": parts}
     if not ok:  # the one error shape too: one store_unavailable item per part that is down
         body["detail"] = [store_unavailable(name, p["error"]).item() for name, p in parts.items() if not p["ok"]]
-    return body
+    return json_response(body, 200 if ok else 503)

@@ -2,7 +2,7 @@
 
 The handler only validates, checks tenancy and calls `projections.search.recall.RecallEngine`:
 the app's one engine (api.resources: the vocabulary cache, the embedder loaded in the background
-at start-up), so the event loop never runs the model.
+at start-up), so the event loop never runs the model. The body is `api.schemas.RecallResponse`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from api.deps import RecallDep, Storable, TenantsDep, Time, check_tenant, storable
 from api.routes._json import json_response
+from api.schemas import RecallResponse
 from producers.contract import Kind, SourceType
 from projections.search.recall import RecallFilters, RecallQuery
 
@@ -79,7 +80,7 @@ class RecallBody(BaseModel):
         return v
 
 
-@router.post("/recall")
+@router.post("/recall", response_model=RecallResponse)
 async def recall(body: RecallBody, engine: RecallDep, tenants: TenantsDep) -> Response:
     """Hits (exact first, then keyword/semantic), the cues extracted from the query, and a per-stage trace."""
     check_tenant(body.tenant, tenants)

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Response
 from api.deps import EsDep, PoolDep, SettingsDep, TenantQuery, TenantsDep, check_tenant
 from api.errors import store_unavailable
 from api.routes._json import json_response
+from api.schemas import StatsResponse
 from producers.settings import Settings
 from producers.topics import end_offsets
 from projections.postgres.positions import stored_positions_async
@@ -34,7 +35,7 @@ async def _kafka_ends(settings: Settings) -> dict[int, int]:
         raise store_unavailable("kafka", exc) from exc
 
 
-@router.get("/stats")
+@router.get("/stats", response_model=StatsResponse)
 async def stats(settings: SettingsDep, pool: PoolDep, es: EsDep, tenant: TenantQuery, tenants: TenantsDep) -> Response:
     check_tenant(tenant, tenants)
     from projections.search.rebuild import orphans_async

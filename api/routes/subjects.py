@@ -18,6 +18,7 @@ from fastapi import APIRouter, Path, Query, Response
 from api.deps import PoolDep, Storable, TenantQuery, TenantsDep, Time, check_tenant
 from api.errors import ApiError
 from api.routes._json import json_response
+from api.schemas import EventsResponse, FactsResponse
 from producers.contract import rfc3339
 from projections.postgres.queries import current_facts, subject_events
 
@@ -27,7 +28,7 @@ Subject = Annotated[Storable, Path(min_length=1, max_length=256, description="th
 OptionalTime = Annotated[Time | None, Query(description="RFC 3339 time with seconds and an offset")]
 
 
-@router.get("/{subject:path}/facts")
+@router.get("/{subject:path}/facts", response_model=FactsResponse)
 async def facts(
     pool: PoolDep,
     subject: Subject,
@@ -44,7 +45,7 @@ async def facts(
     return json_response({"tenant": tenant, "subject": subject, "as_of": rfc3339(t), "facts": rows})
 
 
-@router.get("/{subject:path}/events")
+@router.get("/{subject:path}/events", response_model=EventsResponse)
 async def events(
     pool: PoolDep,
     subject: Subject,

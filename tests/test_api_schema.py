@@ -1,0 +1,263 @@
+"""The OpenAPI spec describes every 2xx body, and the real answers are what it describes.
+
+Against the real stack (a private topic, schema and index: `Settings.private`): facts written through
+the PostgreSQL projection and indexed, then every route asked for real through the app
+(`create_app` + TestClient, lifespan included). Each answer must validate against the model its
+route declares (`response_model=` / `responses=`, read from the app's routes, not repeated here),
+carry no field that model does not declare, and spell every time with `producers.contract.rfc3339`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from httpx import Response
+from pydantic import BaseModel
+
+from api import schemas
+from api.main import create_app
+from producers.contract import parse_rfc3339, rfc3339
+from producers.settings import Settings
+from producers.topics import ensure_topics
+from projections.embedding import load_embedder
+from tests.conftest import unique
+from tests.helpers import cleanup
+from tests.search_support import Ledger, drain_all, private_store
+
+TENANT, KEY = "schemaco", "k-schema"
+H = {"X-API-Key": KEY}
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)  # zero microseconds: a time spelled without them shows
+
+
+def _event(**over: Any) -> dict[str, Any]:
+    return {
+        "type": "memory.asserted",
+        "tenant": TENANT,
+        "subject": "user:7",
+        "key": "pref.seat",
+        "value": "aisle",
+        "content": "user 7 prefers aisle seats",
+        **over,
+    }
+
+
+# (label, method, path template, request kwargs, expected status); {memory_id} is filled in from the data
+REQUESTS: list[tuple[str, str, str, dict[str, Any], int]] = [
+    ("health", "GET", "/v1/health", {}, 200),
+    ("facts", "GET", "/v1/subjects/{subject}/facts", {"params": {"tenant": TENANT}}, 200),
+    (
+        "facts as_of",
+        "GET",
+        "/v1/subjects/{subject}/facts",
+        {"params": {"tenant": TENANT, "as_of": "2026-01-06T10:00:00+01:00"}},
+        200,
+    ),
+    (
+        "facts known_at",
+        "GET",
+        "/v1/subjects/{subject}/facts",
+        {"params": {"tenant": TENANT, "known_at": "2026-01-05T12:00:00Z"}},
+        200,
+    ),
+    ("history", "GET", "/v1/facts/{memory_id}/history", {"params": {"tenant": TENANT}}, 200),
+    ("events", "GET", "/v1/subjects/{subject}/events", {"params": {"tenant": TENANT}}, 200),
+    ("stats", "GET", "/v1/stats", {"params": {"tenant": TENANT}}, 200),
+    ("recall exact", "POST", "/v1/recall", {"json": {"tenant": TENANT, "query": "P1 backend port"}}, 200),
+    (
+        "recall time cue",
+        "POST",
+        "/v1/recall",
+        {"json": {"tenant": TENANT, "query": "was order OD5001 refunded yesterday?", "mode": "hybrid"}},
+        200,
+    ),
+    (
+        "recall keyword",
+        "POST",
+        "/v1/recall",
+        {"json": {"tenant": TENANT, "query": "backend port 9090", "mode": "keyword", "top_k": 3}},
+        200,
+    ),
+    ("publish", "POST", "/v1/events", {"json": {"events": [_event()]}}, 200),
+    ("publish partly", "POST", "/v1/events", {"json": {"events": [_event(), _event(subject="")]}}, 207),
+    ("erase", "DELETE", "/v1/subjects/{subject}", {"params": {"tenant": TENANT, "reason": "schema test"}}, 202),
+]
+SUBJECT = {"facts": "project:P1", "events": "project:P1", "erase": "user:gone/with/slashes"}
+
+# producers.contract.rfc3339 is not (yet) what projections/search/recall.py and cues.py spell times with
+# (isoformat: no microseconds when they are 0); the recall helper's to change, then these marks go
+RECALL_SPELLING = pytest.mark.xfail(
+    strict=True, reason="recall's hits, trace and cues spell times with their own _iso, not producers.contract.rfc3339"
+)
+
+
+@dataclass
+class Answer:
+    label: str
+    method: str
+    template: str
+    response: Response
+    expected: int
+
+
+@pytest.fixture(scope="module")
+def world(base_settings: Settings) -> Iterator[dict[str, Any]]:
+    settings = base_settings.private(unique("schema"), api_keys={KEY: [TENANT]})
+    ensure_topics(settings)
+    try:
+        with private_store(settings) as (conn, es):
+            ledger = Ledger(settings, conn)
+            try:
+                port = ledger.assert_fact(
+                    TENANT,
+                    "project:P1",
+                    "project.backend_port",
+                    "P1 backend port is 8080",
+                    8080,
+                    aliases=["backend port"],
+                    entities=["P1"],
+                    valid_from=T0,
+                )
+                ledger.assert_fact(  # the next version: history of two, a superseded event in the audit replay
+                    TENANT,
+                    "project:P1",
+                    "project.backend_port",
+                    "P1 backend port is 9090",
+                    9090,
+                    aliases=["backend port"],
+                    entities=["P1"],
+                    valid_from=T0 + timedelta(days=1),
+                )
+                ledger.assert_fact(TENANT, "user:42", "pref.seat", "user 42 prefers window seats", "window")
+                yesterday = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0) - timedelta(days=1)
+                ledger.assert_fact(
+                    TENANT,
+                    "order:OD5001",
+                    "order.refund",
+                    "order OD5001 was refunded, 30 EUR",
+                    30,
+                    kind="event",
+                    entities=["OD5001"],
+                    valid_from=yesterday,
+                )
+                drain_all(settings, conn, es, load_embedder(settings))
+                with TestClient(create_app(settings)) as client:
+                    yield {"settings": settings, "client": client, "memory_id": port.memory_id}
+            finally:
+                ledger.close()
+    finally:
+        cleanup(settings)
+
+
+@pytest.fixture(scope="module")
+def spec(world: dict[str, Any]) -> dict[str, Any]:
+    r = world["client"].get("/openapi.json")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.fixture(scope="module")
+def answers(world: dict[str, Any]) -> dict[str, Answer]:
+    client: TestClient = world["client"]
+    out = {}
+    for label, method, template, kwargs, expected in REQUESTS:
+        subject = SUBJECT.get(label.split()[0], "")
+        url = template.format(subject=subject, memory_id=world["memory_id"])
+        out[label] = Answer(label, method, template, client.request(method, url, headers=H, **kwargs), expected)
+    return out
+
+
+def declared_models(spec: dict[str, Any]) -> dict[tuple[str, str], dict[int, type[BaseModel]]]:
+    """(METHOD, path) -> {2xx status: its model}: the component the spec names, as api.schemas defines it."""
+    out: dict[tuple[str, str], dict[int, type[BaseModel]]] = {}
+    for path, methods in spec["paths"].items():
+        for method, op in methods.items():
+            models = out.setdefault((method.upper(), path), {})
+            for status, r in op["responses"].items():
+                ref = r.get("content", {}).get("application/json", {}).get("schema", {}).get("$ref")
+                if status.startswith("2") and ref:
+                    models[int(status)] = getattr(schemas, ref.rsplit("/", 1)[-1])  # response models live there
+    return out
+
+
+def undeclared(value: Any, path: str = "") -> list[str]:
+    """Fields of a validated body that no model declares (a model's extras), anywhere in it."""
+    if isinstance(value, BaseModel):
+        found = [f"{path}.{k}".lstrip(".") for k in value.model_extra or {}]
+        for name in type(value).model_fields:
+            found += undeclared(getattr(value, name), f"{path}.{name}")
+        return found
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in undeclared(v, f"{path}.{i}")]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in undeclared(v, f"{path}.{k}")]
+    return []
+
+
+def times_in(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    """(path, text) of every string in a JSON body that reads as an RFC 3339 time."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from times_in(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from times_in(v, f"{path}.{i}")
+    elif isinstance(value, str):
+        try:
+            parse_rfc3339(value)
+        except ValueError:
+            return
+        yield path.lstrip("."), value
+
+
+def test_every_operation_documents_a_non_empty_2xx_body(spec: dict[str, Any]) -> None:
+    components = spec["components"]["schemas"]
+    operations = 0
+    for path, methods in spec["paths"].items():
+        for method, op in methods.items():
+            operations += 1
+            ok = {status: r for status, r in op["responses"].items() if status.startswith("2")}
+            assert ok, (method, path, sorted(op["responses"]))
+            for status, r in ok.items():
+                schema = r.get("content", {}).get("application/json", {}).get("schema")
+                assert schema and "$ref" in schema, (method, path, status, r)
+                target = components[schema["$ref"].rsplit("/", 1)[-1]]
+                assert target.get("properties"), (method, path, status, target)
+    assert operations, "no operation in the spec"
+
+
+def test_every_route_is_asked_and_answers_as_expected(spec: dict[str, Any], answers: dict[str, Answer]) -> None:
+    asked = {(a.method, a.template) for a in answers.values()}
+    assert asked == set(declared_models(spec)), "each operation of the spec needs a request in REQUESTS"
+    for a in answers.values():
+        assert a.response.status_code == a.expected, (a.label, a.response.status_code, a.response.text[:500])
+        assert a.response.headers["content-type"] == "application/json", a.label
+    for label in ("recall exact", "recall time cue", "recall keyword"):
+        assert answers[label].response.json()["hits"], f"{label}: no hit to check the hit model with"
+    assert answers["recall time cue"].response.json()["cues"]["time"], "no time cue to check its model with"
+    assert answers["publish partly"].response.json()["results"][1]["error"]["field"] == "events.1.subject"
+
+
+@pytest.mark.parametrize("label", [r[0] for r in REQUESTS])
+def test_the_answer_validates_against_its_declared_model(
+    spec: dict[str, Any], answers: dict[str, Answer], label: str
+) -> None:
+    a = answers[label]
+    model = declared_models(spec)[(a.method, a.template)][a.response.status_code]
+    body = model.model_validate(a.response.json())
+    assert undeclared(body) == [], f"{label}: fields {model.__name__} does not declare"
+
+
+@pytest.mark.parametrize(
+    "label", [pytest.param(r[0], marks=RECALL_SPELLING) if "recall" in r[0] else r[0] for r in REQUESTS]
+)
+def test_every_time_in_the_answer_is_spelled_by_rfc3339(answers: dict[str, Answer], label: str) -> None:
+    body = answers[label].response.json()
+    wrong = {path: text for path, text in times_in(body) if text != rfc3339(parse_rfc3339(text))}
+    assert not wrong, f"{label}: times not spelled by producers.contract.rfc3339: {wrong}"
+    if label.startswith("facts"):
+        assert body["as_of"].endswith("Z") and len(body["as_of"]) == len("2026-01-05T09:00:00.000000Z")
