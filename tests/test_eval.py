@@ -15,7 +15,8 @@ from bench.catchup import Probe, wait_caught_up
 from bench.dataset import generate
 from bench.eval import run_eval, summary_rows
 from bench.loader import publish_events
-from bench.services import Services, drop_private, free_port
+from bench.services import Services, free_port
+from tests.support import cleanup
 
 pytestmark = pytest.mark.timeout(360)
 
@@ -38,7 +39,7 @@ def eval_result(settings, tmp_path):
                 probe.close()
             result = run_eval(s, svc.url, KEY, TENANT, sample=200, paraphrase_sample=60, unanswerable=30)
     finally:
-        drop_private(s)
+        cleanup(s)
     for layer, metric, value, target in summary_rows(result):  # shown with -s, and in the failure report
         print(f"{layer} {metric:<55} {value} {target}")
     return result
