@@ -26,8 +26,7 @@ from producers.settings import Settings
 from producers.topics import ensure_topics
 from projections.embedding import load_embedder
 from tests.conftest import unique
-from tests.helpers import cleanup
-from tests.search_support import Ledger, drain_all, private_store
+from tests.support import RecorderWriter, cleanup, drain_all, private_store
 
 TENANT, KEY = "schemaco", "k-schema"
 H = {"X-API-Key": KEY}
@@ -109,46 +108,42 @@ def world(base_settings: Settings) -> Iterator[dict[str, Any]]:
     settings = base_settings.private(unique("schema"), api_keys={KEY: [TENANT]})
     ensure_topics(settings)
     try:
-        with private_store(settings) as (conn, es):
-            ledger = Ledger(settings, conn)
-            try:
-                port = ledger.assert_fact(
-                    TENANT,
-                    "project:P1",
-                    "project.backend_port",
-                    "P1 backend port is 8080",
-                    8080,
-                    aliases=["backend port"],
-                    entities=["P1"],
-                    valid_from=T0,
-                )
-                ledger.assert_fact(  # the next version: history of two, a superseded event in the audit replay
-                    TENANT,
-                    "project:P1",
-                    "project.backend_port",
-                    "P1 backend port is 9090",
-                    9090,
-                    aliases=["backend port"],
-                    entities=["P1"],
-                    valid_from=T0 + timedelta(days=1),
-                )
-                ledger.assert_fact(TENANT, "user:42", "pref.seat", "user 42 prefers window seats", "window")
-                yesterday = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0) - timedelta(days=1)
-                ledger.assert_fact(
-                    TENANT,
-                    "order:OD5001",
-                    "order.refund",
-                    "order OD5001 was refunded, 30 EUR",
-                    30,
-                    kind="event",
-                    entities=["OD5001"],
-                    valid_from=yesterday,
-                )
-                drain_all(settings, conn, es, load_embedder(settings))
-                with TestClient(create_app(settings)) as client:
-                    yield {"settings": settings, "client": client, "memory_id": port.memory_id}
-            finally:
-                ledger.close()
+        with private_store(settings) as (conn, es), RecorderWriter(settings) as ledger:
+            port = ledger.assert_fact(
+                TENANT,
+                "project:P1",
+                "project.backend_port",
+                "P1 backend port is 8080",
+                8080,
+                aliases=["backend port"],
+                entities=["P1"],
+                valid_from=T0,
+            )
+            ledger.assert_fact(  # the next version: history of two, a superseded event in the audit replay
+                TENANT,
+                "project:P1",
+                "project.backend_port",
+                "P1 backend port is 9090",
+                9090,
+                aliases=["backend port"],
+                entities=["P1"],
+                valid_from=T0 + timedelta(days=1),
+            )
+            ledger.assert_fact(TENANT, "user:42", "pref.seat", "user 42 prefers window seats", "window")
+            yesterday = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0) - timedelta(days=1)
+            ledger.assert_fact(
+                TENANT,
+                "order:OD5001",
+                "order.refund",
+                "order OD5001 was refunded, 30 EUR",
+                30,
+                kind="event",
+                entities=["OD5001"],
+                valid_from=yesterday,
+            )
+            drain_all(settings, conn, es, load_embedder(settings))
+            with TestClient(create_app(settings)) as client:
+                yield {"settings": settings, "client": client, "memory_id": port.memory_id}
     finally:
         cleanup(settings)
 

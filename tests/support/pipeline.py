@@ -67,7 +67,7 @@ class Pipeline:
             wait_for(drained, timeout, 0.2, "the search outbox to drain")
         es = Elasticsearch(self.settings.es_url, request_timeout=30)
         try:
-            es.indices.refresh(index=self.settings.es_index)
+            es.indices.refresh(index=self.settings.es_index, ignore_unavailable=True)  # none before the first document
         finally:
             es.close()
 

@@ -91,7 +91,7 @@ class Indexer(Process):
     name = "indexer"
 
     def __init__(self, settings: Settings, **extra_env: Any) -> None:
-        super().__init__(settings, ["-m", "api.cli", "indexer", "--poll", "0.1"], **extra_env)
+        super().__init__(settings, ["-m", "api.cli", "indexer"], **{"indexer_poll_s": 0.1, **extra_env})
 
     def start(self) -> Indexer:
         super().start()
