@@ -1,7 +1,7 @@
-"""Transitional: the names tests/test_recall.py and tests/test_recall_trust.py still import from here.
+"""Transitional: `settings_env`, still imported by tests/test_recall.py and tests/test_recall_trust.py.
 
-Everything lives in `tests.support`; import from there. `settings_env(settings)` is
-`settings.child_environ()`. This module goes once those two files import `tests.support`.
+Everything else is `tests.support`. `settings_env(settings, **extra)` is `settings.child_environ(**extra)`
+(`producers.settings.Settings`); this module goes once those two files call that.
 """
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from producers.settings import Settings
-from tests.support import Worker, cleanup, publish, wait_caught_up, wait_for
 
-__all__ = ["Worker", "cleanup", "publish", "settings_env", "wait_caught_up", "wait_for"]
+__all__ = ["settings_env"]
 
 
 def settings_env(settings: Settings, **extra: Any) -> dict[str, str]:

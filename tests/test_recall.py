@@ -16,7 +16,8 @@ from api.main import create_app
 from projections.embedding import load_embedder
 from projections.search.rebuild import orphans, reindex
 from tests.conftest import unique
-from tests.search_support import Ledger, drain_all, private_store
+from tests.support import RecorderWriter as Ledger
+from tests.support import drain_all, private_store
 
 ACME, GLOBEX, LAG, TIMED, FRESH = "acme", "globex", "lagco", "timeco", "freshco"
 KEYS = {"k-acme": [ACME], "k-globex": [GLOBEX], "k-all": [ACME, GLOBEX, LAG, TIMED, FRESH]}
@@ -450,7 +451,8 @@ def pipeline(base_settings):
 
     from elasticsearch import Elasticsearch
 
-    from tests.helpers import Worker, cleanup, settings_env
+    from tests.helpers import settings_env
+    from tests.support import Worker, cleanup
 
     settings = base_settings.private(unique("e2e"), api_keys=KEYS)
     log = tempfile.NamedTemporaryFile(prefix="indexer-", suffix=".log", delete=False)
@@ -477,7 +479,7 @@ def pipeline(base_settings):
 
 def test_end_to_end_from_kafka_update_and_erasure(pipeline):
     from producers.contract import EventType, MemoryEvent, Source, SourceType
-    from tests.helpers import publish, wait_caught_up, wait_for
+    from tests.support import publish, wait_caught_up, wait_for
 
     settings, client = pipeline["settings"], pipeline["client"]
 

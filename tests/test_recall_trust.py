@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from asyncio import run
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
@@ -35,7 +36,8 @@ from projections.search.recall import RecallEngine
 from projections.search.vocab import ERASURE_CHANNEL, VocabularyCache
 from tests.conftest import unique
 from tests.helpers import settings_env
-from tests.search_support import Ledger, async_pool, drain_all, private_store, run, wait_for
+from tests.support import RecorderWriter as Ledger
+from tests.support import async_pool, drain_all, private_store, wait_for
 from tests.test_cues import HOSTILE as CUE_SHAPES
 
 TENANT, OTHER = "trustco", "otherco"

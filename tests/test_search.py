@@ -14,7 +14,8 @@ from projections.embedding import load_embedder
 from projections.search.indexer import DrainStats, drain_once, lock_key
 from projections.search.mapping import physical_indices
 from projections.search.rebuild import orphans, reindex
-from tests.search_support import Ledger, drain_all, outbox_count, private_store
+from tests.support import RecorderWriter as Ledger
+from tests.support import drain_all, outbox_count, private_store
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 
