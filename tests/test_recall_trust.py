@@ -394,15 +394,24 @@ def test_a_load_in_flight_during_an_erasure_is_not_cached(world):
 def test_a_hostile_query_builds_a_bounded_search(shape):
     import orjson
 
-    from producers.settings import Settings
     from projections.search.cues import extract
-    from projections.search.recall import RecallQuery
+    from projections.search.recall.index import ElasticIndex
+    from projections.search.recall.model import RecallQuery
+    from projections.search.recall.stages import ExactStage, KeywordStage, RecallContext, SemanticStage
+    from projections.search.recall.trace import Trace
     from tests.test_cues import BIG_VOCAB, NOW
 
     query = CUE_SHAPES[shape](2000)
     cues = extract(query, BIG_VOCAB, NOW)
-    eng = RecallEngine(Settings(), None, None)  # type: ignore[arg-type]  # builds bodies only, sends nothing
+    index = ElasticIndex(None, "facts")  # type: ignore[arg-type]  # builds bodies only, sends nothing
     q = RecallQuery(tenant=TENANT, query=query, mode="hybrid")
-    base = eng._base_filter(q, NOW)
-    body = {"exact": eng._exact_clause(cues, q), "fuzzy": eng._fuzzy_filters(cues, base), "bm25": cues.text}
-    assert len(orjson.dumps(body)) < 8_000  # now <= 3 kB; before: 2 clauses per distinct id token (34 kB at 2,000)
+    ctx = RecallContext.of(q, NOW, cues, index, Trace(q.mode), embedder=None)  # type: ignore[arg-type]
+    exact, keyword, semantic = ExactStage().ask(ctx), KeywordStage().ask(ctx), SemanticStage().ask(ctx)
+    assert semantic is not None
+    bodies = {  # the three searches of a hybrid recall, the kNN one without its (fixed-size) vector
+        "exact": exact and index.exact_body(exact.scope, exact.keys, exact.event_types, 20),
+        "keyword": keyword and index.keyword_body(keyword.scope, keyword.text, 10),
+        "semantic": index.nearest_body(semantic.scope, [], 10),
+    }
+    # now <= 6 kB for all three; before: 2 clauses per distinct id token (34 kB at 2,000 for the filters alone)
+    assert len(orjson.dumps(bodies)) < 8_000

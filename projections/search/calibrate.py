@@ -24,7 +24,7 @@ instruction prefix related scores dropped more than unrelated ones):
   narrowed by entity: related right [0.492, 0.506, 0.566, 0.574, 0.596, 0.633, 0.642, 0.645, 0.652, 0.657, 0.67,
     0.671, 0.677, 0.693, 0.727, 0.743, 0.777, 0.794, 0.808, 0.81, 0.873]
   narrowed by entity: unanswerable best [0.316, 0.319, 0.404, 0.48, 0.512, 0.604, 0.621]
-The thresholds chosen from these numbers, and why, are in projections/search/recall.py.
+The thresholds chosen from these numbers, and why, are in projections/search/recall/fusion.py.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def main() -> None:
             f"unrelated let through {sum(u >= t for u in best_unrel)}/{len(best_unrel)}"
         )
     # the rule recall applies to a semantic hit without support: alone, or distinct from the background
-    from projections.search.recall import semantic_passes
+    from projections.search.recall.fusion import semantic_passes
 
     def kept(rows: np.ndarray, want: list[int] | None) -> int:
         n = 0

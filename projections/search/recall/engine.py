@@ -1,0 +1,189 @@
+"""The recall engine: cues -> the mode's tiers of stages -> fusion -> verification -> scoring -> hits.
+
+Independent of FastAPI: `RecallEngine(settings, es, pool).recall(RecallQuery(...))` returns the response dict of
+`POST /v1/recall`. Deterministic first: the exact tier (cues that pin an answer down) before the fuzzy one
+(keyword and semantic, fused), and in `auto` the fuzzy tier only when the exact one verified nothing.
+
+A tier is what its stages found, fused (or, for one stage of definite answers, as found), verified in
+PostgreSQL (verify.py) and scored in the tier's band (scoring.py), so no hit of a later tier ranks above one of
+an earlier tier. Which tiers a mode runs is the table MODE_TIERS; a new stage goes into a tier there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from elasticsearch import AsyncElasticsearch
+from psycopg_pool import AsyncConnectionPool
+
+from producers.settings import Settings
+from projections.embedding import Embedder, load_embedder
+from projections.search.cues import Cues, extract
+from projections.search.recall.fusion import rrf, single
+from projections.search.recall.index import ElasticIndex, SearchIndex
+from projections.search.recall.model import MODES, Candidate, Match, Mode, RecallQuery
+from projections.search.recall.response import hit
+from projections.search.recall.scoring import BAND, Scored, Strength, by_fused_rank, by_overlap, scored
+from projections.search.recall.stages import ExactStage, KeywordStage, RecallContext, SemanticStage, Stage
+from projections.search.recall.trace import Observer, Trace
+from projections.search.recall.verify import verify
+from projections.search.recall.workers import CUES_EXECUTOR, EMBED_EXECUTOR
+from projections.search.vocab import VocabularyCache
+
+__all__ = ["MODE_TIERS", "RecallEngine", "Tier"]
+
+# Queries longer than this have their cues extracted in a worker thread: extraction is linear (~5 us a unit), so a
+# 2,000-character query costs up to ~10 ms of CPU that must not stall the event loop; a short one (~0.1 ms) stays
+# inline, where a thread hand-off would cost the exact path more than the work itself.
+INLINE_CUES_CHARS = 256
+
+
+@dataclass(frozen=True)
+class Tier:
+    """Stages whose hits rank together: `floor` is the tier's band, `strength` its order inside the band.
+
+    `fused`: the stages' lists are cut and fused by reciprocal rank (fusion.rrf), timed as `fusion`, and the
+    tier reports its candidates even when no stage had anything to ask; otherwise the tier has one stage and runs
+    only when that stage asks something. `fallback`: only when the tiers before it verified nothing.
+    """
+
+    name: str  # trace keys: `<name>_candidates`, `verify_<name>`
+    stages: tuple[Stage[Any], ...]
+    floor: float
+    strength: Strength
+    fused: bool = False
+    fallback: bool = False
+    candidates_key: str = field(init=False)
+    verify_key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.fused and len(self.stages) != 1:
+            raise ValueError(f"tier {self.name}: an unfused tier has exactly one stage")
+        object.__setattr__(self, "candidates_key", f"{self.name}_candidates")
+        object.__setattr__(self, "verify_key", f"verify_{self.name}")
+
+
+EXACT, KEYWORD, SEMANTIC = ExactStage(), KeywordStage(), SemanticStage()
+
+
+def _exact() -> Tier:
+    return Tier("exact", (EXACT,), floor=BAND, strength=by_overlap)
+
+
+def _fuzzy(*stages: Stage[Any], fallback: bool = False) -> Tier:
+    return Tier("fuzzy", stages, floor=0.0, strength=by_fused_rank, fused=True, fallback=fallback)
+
+
+MODE_TIERS: dict[Mode, tuple[Tier, ...]] = {
+    "auto": (_exact(), _fuzzy(KEYWORD, SEMANTIC, fallback=True)),
+    "exact": (_exact(),),
+    "keyword": (_fuzzy(KEYWORD),),
+    "semantic": (_fuzzy(SEMANTIC),),
+    "hybrid": (_exact(), _fuzzy(KEYWORD, SEMANTIC)),
+}
+
+
+def _check_table(table: dict[Mode, tuple[Tier, ...]]) -> None:
+    """Every mode has tiers, and in each mode a later tier's band lies wholly below an earlier one's."""
+    assert set(table) == set(MODES), f"modes without tiers: {set(MODES) - set(table)}"
+    for mode, tiers in table.items():
+        for a, b in zip(tiers, tiers[1:], strict=False):
+            assert a.floor - b.floor >= BAND, f"{mode}: tier {b.name} could rank above tier {a.name}"
+
+
+_check_table(MODE_TIERS)
+
+
+class RecallEngine:
+    """One per process: holds the search index, the PG pool, the vocabulary cache and (lazily) the embedder."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        es: AsyncElasticsearch,
+        pool: AsyncConnectionPool,
+        *,
+        vocab: VocabularyCache | None = None,
+        embedder: Embedder | None = None,
+        index: SearchIndex | None = None,
+        observe: Observer | None = None,
+    ) -> None:
+        self.settings, self.es, self.pool = settings, es, pool
+        self.index: SearchIndex = index if index is not None else ElasticIndex(es, settings.es_index)
+        self.vocab = vocab or VocabularyCache()
+        self.observe = observe  # sees every timed stage (name, ms): the hook for metrics
+        self._embedder = embedder
+        self._embedder_lock = asyncio.Lock()
+
+    async def aclose(self) -> None:
+        """Stop the erasure listener (its PostgreSQL connection); the ES client and the pool are the caller's."""
+        await self.vocab.aclose()
+
+    async def embedder(self) -> Embedder:
+        if self._embedder is None:
+            async with self._embedder_lock:
+                if self._embedder is None:  # CPU-bound load: keep the event loop free
+                    loop = asyncio.get_running_loop()
+                    self._embedder = await loop.run_in_executor(EMBED_EXECUTOR, load_embedder, self.settings)
+                    # The process is in its steady state now (modules, clients, the model): move what lives to
+                    # the permanent generation, so a full collection (stop-the-world, ~75 ms with all of it in
+                    # view, seen as 100+ ms health answers) scans only what requests create.
+                    gc.freeze()
+        return self._embedder
+
+    async def recall(self, q: RecallQuery) -> dict[str, Any]:
+        trace = Trace(q.mode, self.observe)
+        now = datetime.now(UTC)
+        at = q.as_of or now
+        with trace.timed("cues"):
+            cues = await self._cues(q, now)
+        ctx = RecallContext.of(q, at, cues, self.index, trace, self.embedder)
+
+        hits: list[Scored] = []
+        for tier in MODE_TIERS[q.mode]:
+            if tier.fallback and hits:
+                continue
+            matches = await self._run(tier, ctx)
+            if matches:
+                with trace.timed(tier.verify_key):
+                    seen = {h.row["memory_id"] for h in hits}
+                    for row, m in await verify(self.pool, q, at, matches):
+                        if row["memory_id"] not in seen:
+                            hits.append(scored(row, m, cues, at, tier.floor, tier.strength))
+
+        if not hits:  # perhaps an alias or entity written after the vocabulary was loaded
+            self.vocab.nudge(self.pool, self.settings.pg_schema, q.tenant)
+        with trace.timed("rerank"):
+            hits.sort(key=lambda h: h.order)
+            shown = [hit(h) for h in hits[: q.top_k]]
+        return {"hits": shown, "cues": cues.as_dict(), "trace": trace.as_dict(at)}
+
+    async def _cues(self, q: RecallQuery, now: datetime) -> Cues:
+        self.vocab.listen(self.settings.pg_dsn)  # an erasure drops the cached vocabulary at once (idempotent)
+        vocab = await self.vocab.get(self.pool, self.settings.pg_schema, q.tenant)
+        if len(q.query) > INLINE_CUES_CHARS:
+            return await asyncio.get_running_loop().run_in_executor(CUES_EXECUTOR, extract, q.query, vocab, now)
+        return extract(q.query, vocab, now)
+
+    @staticmethod
+    async def _run(tier: Tier, ctx: RecallContext) -> list[Match] | None:
+        """The tier's stages, each timed by its name, and their lists fused; None: the tier did not run."""
+        found: list[tuple[Stage[Any], list[Candidate]]] = []
+        for stage in tier.stages:
+            ask = stage.ask(ctx)
+            if ask is not None:
+                with ctx.trace.timed(stage.name):
+                    found.append((stage, await stage.run(ctx, ask)))
+        if tier.fused:
+            with ctx.trace.timed("fusion"):
+                matches = rrf(found, ctx)
+        elif found:
+            matches = single(found)
+        else:
+            return None
+        ctx.trace.candidates[tier.candidates_key] = len(matches)
+        return matches

@@ -1,0 +1,90 @@
+"""Fusing the lists of a tier's stages: the semantic acceptance cut-offs, then reciprocal rank fusion.
+
+Semantic cut-offs on cosine similarity (bge-small-zh-v1.5, raw query, no instruction prefix), measured with
+`python -m projections.search.calibrate` (24 bilingual facts, 48 related, 40 unrelated questions; the numbers
+are in that module's docstring). Unrelated questions reach 0.625 at most, related ones have a median of 0.66 and
+10% of them lie under 0.57: no single cut-off separates them. A semantic hit is therefore accepted when
+ - its cosine >= SEMANTIC_MIN on its own, or
+ - it is distinct: cosine >= SEMANTIC_DISTINCT and at least SEMANTIC_GAP above the mean of the next nine
+   (an unrelated question scores flat across the facts: gap <= 0.161 measured; a related one stands out), or
+ - a known entity of the question narrowed the search to its facts, or the hit is of the event type the question
+   names (both deterministic cues): >= SEMANTIC_NARROWED (measured for entities: the right
+   fact 0.49..0.87, 19 of 21 at >= 0.55; the best fact of an unanswerable question about the entity reaches 0.621:
+   2 of 7 slip through, the price of finding a Chinese question about an English fact, e.g. "Alice 早上喜欢喝什么"
+   -> "Alice prefers green tea in the morning" at 0.552), or
+ - BM25 also matched it (lexical support): >= SEMANTIC_SUPPORTED.
+
+Then each list that is left votes 1 / (RRF_K + rank) for its documents; the sum is normalized so that 1.0 is
+first in two lists (keyword and semantic). A document found by one stage keeps that stage's name, by more:
+`hybrid`. A new stage of a fused tier joins the vote as it is; if its list needs an acceptance rule too, the
+stage's `accept` applies it (as the semantic stage applies `accept_semantic`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from projections.search.recall.model import Candidate, Match
+
+if TYPE_CHECKING:
+    from projections.search.recall.stages import RecallContext, Stage
+
+__all__ = ["RRF_K", "accept_semantic", "rrf", "semantic_passes"]
+
+SEMANTIC_MIN = 0.63
+SEMANTIC_DISTINCT = 0.55
+SEMANTIC_GAP = 0.17
+SEMANTIC_NARROWED = 0.55
+SEMANTIC_SUPPORTED = 0.50
+RRF_K = 5  # short lists (~10): a small k keeps rank 1 clearly above rank 2, above the prior's weight
+RRF_NORM = 2 / (RRF_K + 1)  # the sum of being first in two lists
+
+
+def semantic_passes(cos: float, ranked: list[float], *, keyword: bool = False, narrowed: bool = False) -> bool:
+    """Whether a semantic hit with cosine `cos` is an answer; `ranked`: the query's top cosines, best first."""
+    if cos >= SEMANTIC_MIN or (keyword and cos >= SEMANTIC_SUPPORTED) or (narrowed and cos >= SEMANTIC_NARROWED):
+        return True
+    rest = ranked[1:10]
+    background = sum(rest) / len(rest) if rest else 1.0  # one candidate only: nothing to stand out from
+    return cos >= SEMANTIC_DISTINCT and cos - background >= SEMANTIC_GAP
+
+
+def accept_semantic(found: list[Candidate], support: set[str], ctx: RecallContext) -> list[Candidate]:
+    """The semantic candidates that pass the cut-offs; `support`: version ids the tier's other stages found."""
+    cues = ctx.cues
+    narrowed = bool(cues.known_entities)
+    types = set(cues.event_types)
+    ranked = [c.score or 0.0 for c in found]
+    out = []
+    for c in found:
+        typed = bool(types) and not types.isdisjoint(c.event_types)  # of the asked type
+        if semantic_passes(c.score or 0.0, ranked, keyword=c.version_id in support, narrowed=narrowed or typed):
+            out.append(c)
+    return out
+
+
+def rrf(found: Sequence[tuple[Stage, list[Candidate]]], ctx: RecallContext) -> list[Match]:
+    """Reciprocal rank fusion of the stages' lists (in tier order), each first cut by its stage's `accept`."""
+    ids = [{c.version_id for c in cands} for _, cands in found]
+    matches: dict[str, Match] = {}
+    for i, (stage, cands) in enumerate(found):
+        support: set[str] = set().union(*(ids[:i] + ids[i + 1 :])) if len(ids) > 1 else set()
+        shown = stage.score_name  # how the list's own score is shown in the explanation (None: not shown)
+        for rank, c in enumerate(stage.accept(cands, support, ctx), 1):
+            m = matches.get(c.version_id)
+            if m is None:
+                m = matches[c.version_id] = Match(c.version_id, c.memory_id, stage.name)
+            elif m.stage != stage.name:
+                m.stage = "hybrid"
+            if shown is not None and c.score is not None:
+                m.scores[shown] = round(c.score, 4)
+            m.scores["rrf"] = m.scores.get("rrf", 0.0) + 1 / (RRF_K + rank)
+    for m in matches.values():
+        m.scores["rrf"] = round(m.scores["rrf"] / RRF_NORM, 6)  # 1.0 = first in both lists
+    return list(matches.values())
+
+
+def single(found: Iterable[tuple[Stage, list[Candidate]]]) -> list[Match]:
+    """An unfused tier: its one stage's candidates, in its order."""
+    return [Match(c.version_id, c.memory_id, stage.name) for stage, cands in found for c in cands]

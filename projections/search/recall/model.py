@@ -1,0 +1,105 @@
+"""The typed values of one recall: what is asked (`RecallQuery`, `Mode`), what a search may return (`Scope`),
+what a stage finds (`Candidate`) and how its tier ranks it (`Match`).
+
+Stages hand each other these, never strings or shared dicts; the index port (`index.SearchIndex`) speaks them too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, NamedTuple, get_args
+
+from projections.search.cues import TimeRange
+
+__all__ = ["MODES", "Candidate", "Match", "Mode", "RecallFilters", "RecallQuery", "Scope"]
+
+# The one definition of the recall modes (the API's request model uses it too).
+Mode = Literal["auto", "exact", "keyword", "semantic", "hybrid"]
+MODES: tuple[Mode, ...] = get_args(Mode)
+
+
+@dataclass(frozen=True)
+class RecallFilters:
+    """The caller's filters: each field any of its values (empty: no filter)."""
+
+    kind: tuple[str, ...] = ()
+    key: tuple[str, ...] = ()
+    scope: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    source_type: tuple[str, ...] = ()
+
+    def items(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(field, values) of the filters that are set."""
+        return [(n, v) for n in ("kind", "key", "scope", "tags", "source_type") if (v := getattr(self, n))]
+
+    def accepts(self, row: dict[str, Any]) -> bool:
+        """Whether a fact_versions row passes (verification applies them again to what PostgreSQL holds)."""
+        for name, vals in self.items():
+            if name == "tags":
+                if not set(vals) & set(row["tags"] or []):
+                    return False
+            elif name == "source_type":
+                if (row["source"] or {}).get("type") not in vals:
+                    return False
+            elif row[name] not in vals:
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class RecallQuery:
+    tenant: str
+    query: str
+    subject: str | None = None
+    top_k: int = 5
+    as_of: datetime | None = None
+    mode: Mode = "auto"
+    filters: RecallFilters = field(default_factory=RecallFilters)
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Which documents one search may return.
+
+    Always: the tenant's versions that hold at `at` (valid time), the subject if given, the caller's filters,
+    and, when the query has a time cue, only those events and episodes that happened (or were told) in it.
+    Then at most one narrowing: about one of `entities` (entity ids or subject ids), or, failing those, at least
+    one of `mentions` in the text (id-shaped tokens nobody knows).
+    """
+
+    tenant: str
+    at: datetime
+    subject: str | None = None
+    filters: RecallFilters = RecallFilters()
+    time: TimeRange | None = None
+    entities: tuple[str, ...] = ()
+    mentions: tuple[str, ...] = ()
+
+    def about(self, entities: tuple[str, ...] = (), mentions: tuple[str, ...] = ()) -> Scope:
+        """This scope narrowed to documents about `entities` (or mentioning `mentions`)."""
+        return Scope(self.tenant, self.at, self.subject, self.filters, self.time, entities, mentions)
+
+
+class Candidate(NamedTuple):
+    """One document a stage found: a version that may answer (verification decides)."""
+
+    version_id: str
+    memory_id: str
+    score: float | None = None  # the stage's own measure: BM25 (keyword), cosine (semantic); None (exact)
+    event_types: tuple[str, ...] = ()  # of the document (the semantic acceptance asks for them)
+
+
+@dataclass(slots=True)
+class Match:
+    """A candidate as its tier ranks it: which stage(s) found it and their scores (the hit's explanation)."""
+
+    version_id: str
+    memory_id: str
+    stage: str  # exact | keyword | semantic | hybrid (found by more than one stage of its tier)
+    scores: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def fused(self) -> float:
+        """The fused rank (1.0 = first in both keyword and semantic lists); 0 outside a fused tier."""
+        return self.scores.get("rrf", 0.0)

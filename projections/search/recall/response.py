@@ -1,0 +1,39 @@
+"""A scored hit as `POST /v1/recall` returns it: the whole fact as PostgreSQL holds it, its score, its explanation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from projections.search.recall.scoring import Scored
+from projections.search.recall.trace import iso
+
+__all__ = ["hit"]
+
+
+def hit(s: Scored) -> dict[str, Any]:
+    row, m = s.row, s.match
+    scores = {**m.scores, "prior": round(s.prior, 4), "overlap": round(s.overlap, 4)}
+    match: dict[str, Any] = {"stage": m.stage, "cues": s.cues, "scores": scores}
+    if row["version_id"] != m.version_id:
+        match["verified"] = {"candidate": m.version_id, "replaced_by": row["version_id"]}
+    else:
+        match["verified"] = {"candidate": m.version_id}
+    return {
+        "memory_id": row["memory_id"],
+        "version_id": row["version_id"],
+        "event_id": row["event_id"],  # the producer's id of the assertion, beside the tenant-scoped version_id
+        "version": row["version"],
+        "subject": row["subject"],
+        "key": row["key"],
+        "scope": row["scope"],
+        "value": row["value"],
+        "content": row["content"],
+        "kind": row["kind"],
+        "status": row["status"],
+        "valid_from": iso(row["valid_from"]),
+        "valid_to": iso(row["effective_to"]),
+        "observed_at": iso(row["observed_at"]),
+        "source": row["source"],
+        "score": s.score,
+        "match": match,
+    }

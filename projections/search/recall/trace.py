@@ -1,0 +1,79 @@
+"""The per-request trace of a recall: `with trace.timed("exact"): ...` is the one way a step is timed.
+
+Each section reports its own time in milliseconds under `stages_ms[name]`, not counting sections nested in it
+(the semantic stage's `embed` is reported on its own, `semantic` is the search alone). An `observe(stage, ms)`
+callback, if given, sees every section as it ends (the hook for metrics).
+
+The steps of one request run one after another (no two sections of one trace are open side by side but nested).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any
+
+__all__ = ["Observer", "Trace"]
+
+Observer = Callable[[str, float], None]  # (stage, milliseconds)
+
+
+def iso(t: datetime | None) -> str | None:
+    """A time as the recall response spells it (UTC, `Z`)."""
+    return None if t is None else t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+class _Section:
+    __slots__ = ("trace", "name", "t0", "nested", "outer")
+
+    def __init__(self, trace: Trace, name: str) -> None:
+        self.trace, self.name, self.nested = trace, name, 0.0
+
+    def __enter__(self) -> _Section:
+        self.outer = self.trace._open
+        self.trace._open = self
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        elapsed = time.perf_counter() - self.t0
+        trace = self.trace
+        trace._open = self.outer
+        if self.outer is not None:
+            self.outer.nested += elapsed
+        if exc_type is None:
+            ms = round((elapsed - self.nested) * 1000, 3)
+            trace.stages[self.name] = ms
+            if trace.observe is not None:
+                trace.observe(self.name, ms)
+
+
+class Trace:
+    """What `POST /v1/recall` returns as `trace`: per-stage times, candidate counts, whether it embedded."""
+
+    __slots__ = ("mode", "stages", "candidates", "embedding_computed", "observe", "_open", "_t0")
+
+    def __init__(self, mode: str, observe: Observer | None = None) -> None:
+        self._t0 = time.perf_counter()
+        self.mode = mode
+        self.stages: dict[str, float] = {}
+        self.candidates: dict[str, int] = {}  # "<tier>_candidates" -> how many its stages found
+        self.embedding_computed = False
+        self.observe = observe
+        self._open: _Section | None = None
+
+    def timed(self, stage: str) -> _Section:
+        """A context manager: the time spent inside it (less nested sections) is `stages_ms[stage]`."""
+        return _Section(self, stage)
+
+    def as_dict(self, as_of: datetime) -> dict[str, Any]:
+        out: dict[str, Any] = {"stages_ms": self.stages, "embedding_computed": self.embedding_computed}
+        out["mode"] = self.mode
+        out.update(self.candidates)
+        out["total_ms"] = round((time.perf_counter() - self._t0) * 1000, 3)
+        out["as_of"] = iso(as_of)
+        return out

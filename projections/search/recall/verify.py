@@ -1,0 +1,58 @@
+"""Verification: every candidate's fact is re-read in PostgreSQL, and only the version that holds there counts.
+
+What the index says is only ever a candidate: a lagging index can delay a new value, never resurrect an old one.
+A candidate whose fact has a newer version that holds at `at` is answered by that version
+(`match.verified.replaced_by`); one whose fact does not hold at `at` (retracted, erased, out of its window), or
+fails the caller's filters, is dropped.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from projections.search.documents import EFFECTIVE_TO, rows_sql
+from projections.search.recall.model import Match, RecallQuery
+
+__all__ = ["verify"]
+
+
+def _verify_sql(with_subject: bool) -> str:
+    """The candidates' facts, each as the one version that holds at %(at)s (override first, then latest)."""
+    where = sql.SQL(
+        "f.tenant = %(tenant)s AND f.memory_id = ANY(%(mids)s) AND f.valid_from <= %(at)s"
+        f" AND ({EFFECTIVE_TO} IS NULL OR {EFFECTIVE_TO} > %(at)s)"
+        + (" AND f.subject = %(subject)s" if with_subject else "")
+    )
+    return (
+        sql.SQL(
+            "SELECT DISTINCT ON (memory_id) * FROM ({rows}) v ORDER BY memory_id, override DESC, "
+            "valid_from DESC, observed_at DESC, version_id DESC"
+        )
+        .format(rows=rows_sql(where))
+        .as_string()
+    )
+
+
+_VERIFY_SQL = {False: _verify_sql(False), True: _verify_sql(True)}  # rendered once: the exact path stays lean
+
+
+async def verify(
+    pool: AsyncConnectionPool, q: RecallQuery, at: datetime, matches: list[Match]
+) -> list[tuple[dict[str, Any], Match]]:
+    """(row, match) for each candidate fact that holds at `at` and passes the filters; one per fact, in
+    memory_id order. Several versions of one fact: the best-fused match speaks for it."""
+    by_memory: dict[str, Match] = {}
+    for m in matches:
+        prev = by_memory.get(m.memory_id)
+        if prev is None or m.fused > prev.fused:
+            by_memory[m.memory_id] = m
+    params = {"tenant": q.tenant, "mids": sorted(by_memory), "at": at, "subject": q.subject}
+    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(_VERIFY_SQL[bool(q.subject)], params)
+        rows = await cur.fetchall()
+    return [(row, by_memory[row["memory_id"]]) for row in rows if q.filters.accepts(row)]
