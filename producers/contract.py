@@ -1,4 +1,4 @@
-"""The memory event contract (DESIGN §2), defined once and imported everywhere.
+"""The memory event contract, defined once and imported everywhere.
 
 Every producer builds events with :class:`MemoryEvent`; every processor turns
 raw Kafka bytes into one with :func:`decode`, which either returns a valid event
@@ -228,7 +228,7 @@ def memory_id_for(
 
 
 def version_id_for(tenant: str, event_id: str) -> str:
-    """The id of the version an assertion creates: scoped by tenant, as event ids are (DESIGN §2)."""
+    """The id of the version an assertion creates: scoped by tenant, as event ids are."""
     return _digest("version", tenant, event_id)
 
 

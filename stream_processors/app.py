@@ -1,6 +1,6 @@
 """The faust App of the projector: `make_app(settings)`.
 
-Kept thin (STYLE §2): raw values (the event contract decodes), in-memory store, no Tables, no
+Kept thin: raw values (the event contract decodes), in-memory store, no Tables, no
 leader topic, no web server. PostgreSQL is the state, so the consumer position lives there too:
 `PositionedConsumer` makes every seek "to the committed offset" go to the positions stored in
 PostgreSQL instead (faust calls it after each rebalance), so what faust may have committed to
@@ -70,7 +70,7 @@ def make_app(settings: Settings) -> LedgerApp:
         topic_disable_leader=True,  # no extra "<id>-__assignor-__leader" topic
         topic_allow_declare=False,  # the ledger topic is created by producers.topics, never by faust
         consumer_auto_offset_reset="earliest",  # only matters before the first PostgreSQL position
-        broker_session_timeout=10,  # FIELD-NOTES: ~5 s group join instead of ~30 s
+        broker_session_timeout=10,  # measured: ~5 s group join instead of ~30 s with the default 60 s
         broker_heartbeat_interval=3.3,
         broker_rebalance_timeout=10,
         web_enabled=False,

@@ -1,6 +1,6 @@
 """The PostgreSQL projection: schema, the batch recorder (rows + position in one transaction), reads.
 
-jsonb goes through orjson (FIELD-NOTES), set once for every psycopg connection of the process.
+jsonb goes through orjson (faster than the stdlib json), set once for every psycopg connection of the process.
 """
 
 from __future__ import annotations

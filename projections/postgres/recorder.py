@@ -4,7 +4,7 @@ Exactly-once effect: the batch's rows and the positions (consumer, topic, partit
 commit together. The position rows are locked first (FOR UPDATE, in partition order), records
 below the stored position are skipped (redelivery after a crash, or another worker that already
 applied them during a rebalance), and each fact is recomputed under
-`pg_advisory_xact_lock(hashtextextended(memory_id, 0))` (FIELD-NOTES: a plain SELECT ... FOR
+`pg_advisory_xact_lock(hashtextextended(memory_id, 0))` (a plain SELECT ... FOR
 UPDATE races when two writers create a fact's first version).
 
 Idempotency is keyed by (tenant, event_id) (`events` primary key): another tenant's event with
@@ -31,7 +31,7 @@ order per partition), until the single failing record is found; it is dead-lette
 (connection, deadlock, DLQ topic down) propagate to the caller, which retries the whole batch:
 the halves that already committed are below the stored positions and are skipped.
 
-Public methods open the transaction; underscore twins take a cursor (STYLE §1).
+Public methods open the transaction; underscore twins take a cursor, so several writes share one transaction.
 """
 
 from __future__ import annotations

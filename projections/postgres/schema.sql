@@ -1,7 +1,7 @@
 -- The PostgreSQL projection (docs/INTERNALS.md). Run by projections.postgres.schema.create_schema
 -- with search_path set to the projection's schema; every statement is idempotent.
 
--- Layout 2 (issue 10): events keyed by (tenant, event_id), fingerprints, erased_events, meta.
+-- Layout 2: events keyed by (tenant, event_id), fingerprints, erased_events, meta.
 -- A schema of an older layout is not migrated in place: `ledger rebuild` replays it into this one.
 
 -- once per schema: the layout and the salt of erased_events (random, never shown, kept by rebuild)
