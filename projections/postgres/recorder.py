@@ -50,7 +50,9 @@ from psycopg.types.json import Jsonb
 
 from producers.contract import EventType, InvalidEvent, MemoryEvent
 from producers.records import DeadLetter, Incoming
+from projections.postgres import connection
 from projections.postgres.idempotency import ID_HASH_SQL
+from projections.postgres.positions import stored_positions
 from projections.versions import Mark, Route, Version, additions, plan, route
 
 __all__ = [
@@ -156,8 +158,6 @@ def connect(dsn: str, schema: str, **kwargs) -> psycopg.Connection:
     Statements are not prepared, so names are resolved per statement: `ledger rebuild` can rename
     schemas under a running worker.
     """
-    from projections.postgres import connection
-
     conn = connection.connect(dsn, schema, prepare_threshold=None, **kwargs)
     conn.execute("SET TimeZone TO 'UTC'")
     conn.commit()
@@ -227,11 +227,7 @@ class Recorder:
 
     # -- cursor twins --------------------------------------------------------------------------
     def _positions(self, cur: psycopg.Cursor) -> dict[int, int]:
-        cur.execute(
-            'SELECT "partition", next_offset FROM positions WHERE consumer = %s AND topic = %s',
-            (self.consumer, self.topic),
-        )
-        return {p: o for p, o in cur.fetchall()}
+        return stored_positions(cur, self.consumer, self.topic)
 
     def _lock_positions(self, cur: psycopg.Cursor, partitions: list[int]) -> dict[int, int]:
         # the first statement of every batch touches `positions`: a schema switch (ledger rebuild)
