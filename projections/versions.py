@@ -54,6 +54,7 @@ __all__ = [
     "chain_problems",
     "effects",
     "fold",
+    "holds_at",
     "is_override",
     "mark_of",
     "new_version",
@@ -511,17 +512,26 @@ def _unique(items: Iterable[Any], key: Any) -> list[Any]:
     return out
 
 
-def visible_at(rows: Iterable[Version], t: datetime) -> list[Version]:
-    """The version of each fact that holds at valid time t: an override wins inside its window.
+def holds_at(v: Version, t: datetime) -> bool:
+    """The one "holds at t" rule: a version holds at valid time t on [valid_from, min(valid_to, superseded_at)).
 
-    A version holds on [valid_from, min(valid_to, superseded_at)); retracted or superseded
-    versions still hold before their end, so `as_of` in the past shows them.
+    Retracted and superseded versions still hold before their end, so `as_of` in the past shows them. The same
+    rule in SQL is projections.postgres.queries.holds_at_sql (and visible_sql for `visible_at`), in the search
+    index's filter projections.search.recall.index.holds_at_filter; tests/test_holds_at.py checks they agree.
     """
+    return (
+        v.valid_from <= t
+        and (v.valid_to is None or t < v.valid_to)
+        and (v.superseded_at is None or t < v.superseded_at)
+    )
+
+
+def visible_at(rows: Iterable[Version], t: datetime) -> list[Version]:
+    """The version of each fact that holds at valid time t (`holds_at`): an override wins inside its window,
+    else the latest by (valid_from, observed_at, version_id)."""
     best: dict[str, Version] = {}
     for v in rows:
-        if v.valid_from > t or (v.valid_to is not None and t >= v.valid_to):
-            continue
-        if v.superseded_at is not None and t >= v.superseded_at:
+        if not holds_at(v, t):
             continue
         cur = best.get(v.memory_id)
         if cur is None or (is_override(v), v.order) > (is_override(cur), cur.order):

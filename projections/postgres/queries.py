@@ -1,7 +1,8 @@
 """Read queries over the projection (the API's facts, history, events and stats) and the checksum.
 
 Async functions take a psycopg AsyncConnection whose search_path is the projection schema (the
-API pool). "As of T" follows projections.versions.visible_at; "as known at T'" re-folds the
+API pool). "As of T" is the one "holds at t" rule (`holds_at_sql`, `visible_sql`: the SQL of
+projections.versions.holds_at and visible_at, which recall's verification uses too); "as known at T'" re-folds the
 subject's versions and marks observed up to T' with the same pure core, so it shows exactly
 what the ledger said at T' (later supersessions, retractions and late history left out). The
 audit replay (`subject_events`) re-folds the subject's chains the same way to say what each
@@ -36,15 +37,41 @@ from projections.versions import (
 )
 
 __all__ = [
+    "EFFECTIVE_TO",
+    "OVERRIDE",
     "current_facts",
     "fact_history",
+    "holds_at_sql",
     "invariant_counts",
     "projection_checksum",
     "subject_events",
     "version_dict",
+    "visible_sql",
 ]
 
 _COLS = sql.SQL(", ").join(sql.Identifier(c) for c in VERSION_COLUMNS)
+
+# --- "which version holds at t", in SQL ------------------------------------------------------------------------
+# The rule is projections.versions.holds_at / visible_at; the search index's filter is
+# projections.search.recall.index.holds_at_filter; tests/test_holds_at.py checks that the three agree.
+
+EFFECTIVE_TO = "LEAST(f.valid_to, f.superseded_at)"  # a version's end: LEAST ignores NULLs (NULL only when both are)
+OVERRIDE = "(f.kind = 'preference' AND f.asserted_valid_to IS NOT NULL)"  # projections.versions.is_override
+
+
+def holds_at_sql(t: str = "t") -> sql.SQL:
+    """`f` (a fact_versions row) holds at the valid time %(<t>)s: valid_from <= t < its end (no end: it holds)."""
+    return sql.SQL(f"f.valid_from <= %({t})s AND ({EFFECTIVE_TO} IS NULL OR %({t})s < {EFFECTIVE_TO})")
+
+
+def visible_sql(columns: sql.Composable, where: sql.Composable, t: str = "t") -> sql.Composed:
+    """SELECT `columns` of the version of each fact (fact_versions `f` matching `where`) that holds at %(<t>)s and
+    wins there: an override first, then the latest by (valid_from, observed_at, version_id). One row per
+    memory_id, in memory_id order."""
+    return sql.SQL(
+        "SELECT DISTINCT ON (f.memory_id) {columns} FROM fact_versions f WHERE ({where}) AND {holds} "
+        "ORDER BY f.memory_id, " + OVERRIDE + " DESC, f.valid_from DESC, f.observed_at DESC, f.version_id DESC"
+    ).format(columns=columns, where=where, holds=holds_at_sql(t))
 
 
 def _t(value: datetime | None) -> str | None:
@@ -86,20 +113,16 @@ def version_dict(v: Version) -> dict[str, Any]:
     }
 
 
+_CURRENT_FACTS = visible_sql(_COLS, sql.SQL("f.tenant = %(tenant)s AND f.subject = %(subject)s"))
+
+
 async def current_facts(
     conn: psycopg.AsyncConnection, tenant: str, subject: str, as_of: datetime, known_at: datetime | None = None
 ) -> list[dict[str, Any]]:
     """The subject's facts holding at valid time `as_of` (an override wins inside its window)."""
     if known_at is not None:
         return [version_dict(v) for v in await _as_known_at(conn, tenant, subject, as_of, known_at)]
-    query = sql.SQL(
-        "SELECT DISTINCT ON (memory_id) {cols} FROM fact_versions "
-        "WHERE tenant = %(tenant)s AND subject = %(subject)s AND valid_from <= %(t)s "
-        "AND (valid_to IS NULL OR %(t)s < valid_to) AND (superseded_at IS NULL OR %(t)s < superseded_at) "
-        "ORDER BY memory_id, (kind = 'preference' AND asserted_valid_to IS NOT NULL) DESC, "
-        "valid_from DESC, observed_at DESC, version_id DESC"
-    ).format(cols=_COLS)
-    cur = await conn.execute(query, {"tenant": tenant, "subject": subject, "t": as_of})
+    cur = await conn.execute(_CURRENT_FACTS, {"tenant": tenant, "subject": subject, "t": as_of})
     rows = [row_to_version(r) for r in await cur.fetchall()]
     rows.sort(key=lambda v: (v.key or "", v.scope, v.valid_from, v.memory_id))
     return [version_dict(v) for v in rows]

@@ -11,6 +11,7 @@ from typing import Any
 
 from psycopg import sql
 
+from projections.postgres.queries import EFFECTIVE_TO, OVERRIDE
 from projections.search.cues import (
     canonical,
     embedding_text,
@@ -20,7 +21,7 @@ from projections.search.cues import (
     subject_ids,
 )
 
-__all__ = ["EFFECTIVE_TO", "OVERRIDE", "FACT_COLUMNS", "build_doc", "embedding_text_for", "rows_sql", "status_fields"]
+__all__ = ["FACT_COLUMNS", "ROW_COLUMNS", "build_doc", "embedding_text_for", "rows_sql", "status_fields"]
 
 FACT_COLUMNS = (
     "version_id",  # version_id_for(tenant, event_id): the document id
@@ -49,24 +50,19 @@ FACT_COLUMNS = (
 )
 
 
-EFFECTIVE_TO = "LEAST(f.valid_to, f.superseded_at)"  # LEAST ignores NULLs: NULL only when both are
-OVERRIDE = "(f.kind = 'preference' AND f.asserted_valid_to IS NOT NULL)"
-
-
-def _cols(alias: str) -> sql.Composable:
-    return sql.SQL(", ").join(sql.SQL("{}.{}").format(sql.Identifier(alias), sql.Identifier(c)) for c in FACT_COLUMNS)
+# the fact columns of `f`, its end (`effective_to`: the document's valid_to) and whether it is an override
+ROW_COLUMNS = sql.SQL(", ").join(
+    [
+        *(sql.Identifier("f", c) for c in FACT_COLUMNS),
+        sql.SQL(EFFECTIVE_TO + " AS effective_to"),
+        sql.SQL(OVERRIDE + " AS override"),
+    ]
+)
 
 
 def rows_sql(where: sql.Composable) -> sql.Composed:
-    """SELECT the fact columns of `f` plus `effective_to` and `override`.
-
-    As in projections.versions.visible_at: a version holds on [valid_from, min(valid_to, superseded_at));
-    a preference with an asserted valid_to is an override that wins inside its window.
-    """
-    return sql.SQL(
-        "SELECT {cols}, " + EFFECTIVE_TO + " AS effective_to, " + OVERRIDE + " AS override "
-        "FROM fact_versions f WHERE {where}"
-    ).format(cols=_cols("f"), where=where)
+    """SELECT the ROW_COLUMNS of the fact_versions rows `f` matching `where`."""
+    return sql.SQL("SELECT {cols} FROM fact_versions f WHERE {where}").format(cols=ROW_COLUMNS, where=where)
 
 
 def _iso(t: datetime | None) -> str | None:

@@ -15,27 +15,19 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from projections.search.documents import EFFECTIVE_TO, rows_sql
+from projections.postgres.queries import visible_sql
+from projections.search.documents import ROW_COLUMNS
 from projections.search.recall.model import Match, RecallQuery
 
 __all__ = ["verify"]
 
 
 def _verify_sql(with_subject: bool) -> str:
-    """The candidates' facts, each as the one version that holds at %(at)s (override first, then latest)."""
-    where = sql.SQL(
-        "f.tenant = %(tenant)s AND f.memory_id = ANY(%(mids)s) AND f.valid_from <= %(at)s"
-        f" AND ({EFFECTIVE_TO} IS NULL OR {EFFECTIVE_TO} > %(at)s)"
-        + (" AND f.subject = %(subject)s" if with_subject else "")
+    """The candidates' facts, each as the one version visible at %(at)s (override first, then latest)."""
+    where = "f.tenant = %(tenant)s AND f.memory_id = ANY(%(mids)s)" + (
+        " AND f.subject = %(subject)s" if with_subject else ""
     )
-    return (
-        sql.SQL(
-            "SELECT DISTINCT ON (memory_id) * FROM ({rows}) v ORDER BY memory_id, override DESC, "
-            "valid_from DESC, observed_at DESC, version_id DESC"
-        )
-        .format(rows=rows_sql(where))
-        .as_string()
-    )
+    return visible_sql(ROW_COLUMNS, sql.SQL(where), "at").as_string()
 
 
 _VERIFY_SQL = {False: _verify_sql(False), True: _verify_sql(True)}  # rendered once: the exact path stays lean
