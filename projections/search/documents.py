@@ -12,6 +12,7 @@ from typing import Any
 from psycopg import sql
 
 from projections.postgres.queries import EFFECTIVE_TO, OVERRIDE
+from projections.postgres.recorder import VERSION_COLUMNS
 from projections.search.cues import (
     canonical,
     embedding_text,
@@ -21,39 +22,13 @@ from projections.search.cues import (
     subject_ids,
 )
 
-__all__ = ["FACT_COLUMNS", "ROW_COLUMNS", "build_doc", "embedding_text_for", "rows_sql", "status_fields"]
+__all__ = ["ROW_COLUMNS", "build_doc", "embedding_text_for", "rows_sql", "status_fields"]
 
-FACT_COLUMNS = (
-    "version_id",  # version_id_for(tenant, event_id): the document id
-    "event_id",  # the assertion's event_id as its producer chose it (unique per tenant only)
-    "memory_id",
-    "tenant",
-    "subject",
-    "key",
-    "scope",
-    "kind",
-    "value",
-    "content",
-    "entities",
-    "aliases",
-    "tags",
-    "source",
-    "confidence",
-    "importance",
-    "observed_at",
-    "valid_from",
-    "valid_to",
-    "status",
-    "superseded_by",
-    "superseded_at",
-    "version",
-)
-
-
-# the fact columns of `f`, its end (`effective_to`: the document's valid_to) and whether it is an override
+# every column of `f` (the recorder's one list), its end (`effective_to`: the document's valid_to) and whether
+# it is an override
 ROW_COLUMNS = sql.SQL(", ").join(
     [
-        *(sql.Identifier("f", c) for c in FACT_COLUMNS),
+        *(sql.Identifier("f", c) for c in VERSION_COLUMNS),
         sql.SQL(EFFECTIVE_TO + " AS effective_to"),
         sql.SQL(OVERRIDE + " AS override"),
     ]
