@@ -26,12 +26,13 @@ from typing import Any
 
 import httpx
 import orjson
-from elasticsearch import Elasticsearch, NotFoundError
+from elasticsearch import Elasticsearch
 from psycopg.rows import dict_row
 
 from bench.dataset import ATTRIBUTES, questions_for, unanswerable_questions
 from producers.settings import Settings
 from projections.postgres.connection import connect
+from projections.search.ids import doc_ids, tenant_query
 
 __all__ = ["RecallClient", "print_table", "retrieval_quality", "run_eval", "storage_quality", "summary_rows"]
 
@@ -39,29 +40,6 @@ DATASET_KEYS = {a.key for a in ATTRIBUTES}
 
 
 # --- L2: storage ---------------------------------------------------------------------------------
-
-
-def _es_ids(es: Elasticsearch, index: str, tenant: str) -> set[str]:
-    """Every document id of the tenant (search_after over version_id; no scroll context to leak)."""
-    ids: set[str] = set()
-    after = None
-    while True:
-        body: dict[str, Any] = {
-            "query": {"bool": {"filter": [{"term": {"tenant": tenant}}]}},
-            "sort": [{"version_id": "asc"}],
-            "size": 5000,
-            "_source": False,
-        }
-        if after is not None:
-            body["search_after"] = after
-        try:
-            hits = es.search(index=index, **body)["hits"]["hits"]
-        except NotFoundError:
-            return ids
-        ids.update(h["_id"] for h in hits)
-        if len(hits) < 5000:
-            return ids
-        after = hits[-1]["sort"]
 
 
 _L2_SQL = """
@@ -107,7 +85,7 @@ def storage_quality(settings: Settings, tenant: str) -> dict[str, Any]:
         pg_ids = {r[0] for r in conn.execute("SELECT version_id FROM fact_versions WHERE tenant = %s", (tenant,))}
     es = Elasticsearch(settings.es_url, request_timeout=60)
     try:
-        es_ids = _es_ids(es, settings.es_index, tenant)
+        es_ids = doc_ids(es, settings.es_index, tenant_query(tenant))
     finally:
         es.close()
     in_es_only, in_pg_only = es_ids - pg_ids, pg_ids - es_ids

@@ -27,6 +27,7 @@ from psycopg.rows import dict_row
 from producers.settings import Settings
 from projections.embedding import Embedder, load_embedder
 from projections.search.documents import build_doc, embedding_text_for, rows_sql, status_fields
+from projections.search.ids import doc_ids, tenant_query
 from projections.search.mapping import ensure_index
 
 __all__ = ["drain_once", "lock_key", "run_indexer", "DrainStats"]
@@ -89,33 +90,13 @@ def _bulk(es: Elasticsearch, actions: list[dict[str, Any]], refresh: bool) -> li
     )
 
 
-def _subject_doc_ids(es: Elasticsearch, index: str, tenant: str, subject: str) -> set[str]:
-    """All document ids of one subject, paged with search_after (this server has no delete_by_query)."""
-    ids: set[str] = set()
-    after = None
-    while True:
-        body: dict[str, Any] = {
-            "query": {"bool": {"filter": [{"term": {"tenant": tenant}}, {"term": {"subject": subject}}]}},
-            "sort": [{"version_id": "asc"}],
-            "size": 1000,
-            "_source": False,
-        }
-        if after is not None:
-            body["search_after"] = after
-        hits = es.search(index=index, **body)["hits"]["hits"]
-        ids.update(h["_id"] for h in hits)
-        if len(hits) < 1000:
-            return ids
-        after = hits[-1]["sort"]
-
-
 def _delete_subjects(
     conn: psycopg.Connection, es: Elasticsearch, index: str, subjects: Iterable[tuple[str, str]]
 ) -> list[dict[str, Any]]:
     """Make the index hold exactly PostgreSQL's versions of each erased subject: delete the rest."""
     actions: list[dict[str, Any]] = []
     for tenant, subject in subjects:
-        in_es = _subject_doc_ids(es, index, tenant, subject)
+        in_es = doc_ids(es, index, tenant_query(tenant, subject=subject))  # no delete_by_query on this server
         if not in_es:
             continue
         in_pg = {

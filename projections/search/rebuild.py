@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from elasticsearch import AsyncElasticsearch, Elasticsearch, NotFoundError
+from elasticsearch import AsyncElasticsearch, Elasticsearch
 from elasticsearch.helpers import streaming_bulk
 from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 from producers.settings import Settings
 from projections.embedding import Embedder
 from projections.search.documents import build_doc, embedding_text_for, rows_sql
+from projections.search.ids import doc_ids, doc_ids_async, tenant_query
 from projections.search.indexer import lock_key
 from projections.search.mapping import create_physical, physical_indices
 
@@ -91,47 +92,6 @@ def reindex(
     }
 
 
-def _id_query(tenant: str | None) -> dict[str, Any]:
-    return {"bool": {"filter": [{"term": {"tenant": tenant}}]}} if tenant else {"match_all": {}}
-
-
-def _page(after: list | None, tenant: str | None) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "query": _id_query(tenant),
-        "sort": [{"version_id": "asc"}],
-        "size": 5000,
-        "_source": False,
-        "track_total_hits": False,
-    }
-    if after is not None:
-        body["search_after"] = after
-    return body
-
-
-def _es_ids(es: Elasticsearch, index: str, tenant: str | None) -> set[str]:
-    ids: set[str] = set()
-    after = None
-    try:
-        while hits := es.search(index=index, **_page(after, tenant))["hits"]["hits"]:
-            ids.update(h["_id"] for h in hits)
-            after = hits[-1]["sort"]
-    except NotFoundError:
-        pass
-    return ids
-
-
-async def _es_ids_async(es: AsyncElasticsearch, index: str, tenant: str | None) -> set[str]:
-    ids: set[str] = set()
-    after = None
-    try:
-        while hits := (await es.search(index=index, **_page(after, tenant)))["hits"]["hits"]:
-            ids.update(h["_id"] for h in hits)
-            after = hits[-1]["sort"]
-    except NotFoundError:
-        pass
-    return ids
-
-
 _PG_IDS = "SELECT version_id FROM fact_versions WHERE (%(t)s::text IS NULL OR tenant = %(t)s)"
 _PENDING = "SELECT count(*) FROM search_outbox WHERE (%(t)s::text IS NULL OR tenant = %(t)s)"
 
@@ -153,7 +113,7 @@ def orphans(settings: Settings, conn: psycopg.Connection, es: Elasticsearch, ten
     _set_path(conn, settings)
     in_pg = {r[0] for r in conn.execute(_PG_IDS, {"t": tenant})}
     pending = conn.execute(_PENDING, {"t": tenant}).fetchone()[0]
-    return _report(in_pg, _es_ids(es, settings.es_index, tenant), pending)
+    return _report(in_pg, doc_ids(es, settings.es_index, tenant_query(tenant)), pending)
 
 
 async def orphans_async(
@@ -165,4 +125,4 @@ async def orphans_async(
         in_pg = {r[0] for r in await cur.fetchall()}
         await cur.execute(_PENDING, {"t": tenant})
         pending = (await cur.fetchone())[0]
-    return _report(in_pg, await _es_ids_async(es, settings.es_index, tenant), pending)
+    return _report(in_pg, await doc_ids_async(es, settings.es_index, tenant_query(tenant)), pending)
