@@ -1,4 +1,4 @@
-"""The pure core of the fact projection: events in, version-row changes out (DESIGN §3).
+"""The pure core of the fact projection: events in, version-row changes out (fact_versions rows).
 
 No I/O here. A fact's chain is a *function of the set of its events*: `fold` recomputes every
 derived column (status, superseded_by/at, effective valid_to, version number, confirmations)

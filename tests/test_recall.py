@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from projections.embedding import load_embedder
-from projections.search.rebuild import orphans, reindex
+from projections.search.reindex import orphans, reindex
 from tests.conftest import unique
 from tests.support import RecorderWriter as Ledger
 from tests.support import drain_all, private_store

@@ -13,7 +13,7 @@ from producers.contract import EventType, MemoryEvent
 from projections.embedding import load_embedder
 from projections.search.indexer import DrainStats, drain_once, lock_key
 from projections.search.mapping import physical_indices
-from projections.search.rebuild import orphans, reindex
+from projections.search.reindex import orphans, reindex
 from tests.support import RecorderWriter as Ledger
 from tests.support import drain_all, outbox_count, private_store
 

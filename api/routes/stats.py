@@ -38,7 +38,7 @@ async def _kafka_ends(settings: Settings) -> dict[int, int]:
 @router.get("/stats", response_model=StatsResponse)
 async def stats(settings: SettingsDep, pool: PoolDep, es: EsDep, tenant: TenantQuery, tenants: TenantsDep) -> Response:
     check_tenant(tenant, tenants)
-    from projections.search.rebuild import orphans_async
+    from projections.search.reindex import orphans_async
 
     ends_task = asyncio.ensure_future(_kafka_ends(settings))  # in parallel: the slowest store bounds the wait
     try:

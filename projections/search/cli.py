@@ -21,7 +21,7 @@ def indexer(
 
 
 def reindex(batch_size: int = typer.Option(256, help="documents per embedding batch")) -> None:
-    """Rebuild the search index from PostgreSQL into a new physical index and switch the alias."""
+    """Reindex: fill a new physical index from PostgreSQL (every version), then switch the alias to it."""
     import time
 
     import psycopg
@@ -30,7 +30,7 @@ def reindex(batch_size: int = typer.Option(256, help="documents per embedding ba
 
     from producers.settings import get_settings
     from projections.embedding import load_embedder
-    from projections.search.rebuild import reindex as run
+    from projections.search.reindex import reindex as run
 
     s = get_settings()
     embedder = load_embedder(s)

@@ -1,4 +1,4 @@
-"""Cue extraction by rules (DESIGN §5 stage 1): pure functions, no I/O.
+"""Cue extraction by rules (the first step of recall): pure functions, no I/O.
 
 A query is cut into *units* (a latin/digit word, or one Han character) after NFKC +
 casefold, and every contiguous run of units is looked up in the tenant's vocabulary

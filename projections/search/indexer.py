@@ -38,7 +38,7 @@ BATCH_SIZE = 500  # drain_once's default for callers without settings at hand (t
 
 
 def lock_key(settings: Settings) -> str:
-    """One advisory lock per schema: the indexer and a rebuild never write the same index at once."""
+    """One advisory lock per schema: the indexer and a reindex never write the same index at once."""
     return f"{settings.pg_schema}.search_indexer"
 
 

@@ -74,7 +74,7 @@ def index_body(dim: int, *, shards: int = 1, refresh_interval: str = "1s") -> di
 
 
 def new_physical_name(alias: str) -> str:
-    """`<alias>-<utc timestamp in ms>`: sortable, unique per rebuild."""
+    """`<alias>-<utc timestamp in ms>`: sortable, unique per reindex."""
     return f"{alias}-{time.strftime('%Y%m%d%H%M%S', time.gmtime())}{int(time.time() * 1000) % 1000:03d}"
 
 

@@ -29,7 +29,7 @@ from fastapi.testclient import TestClient
 from producers.contract import EventType, MemoryEvent
 from producers.sdk import LedgerProducer, PublishError, PublishResult
 from producers.settings import Settings
-from projections.search.rebuild import orphans
+from projections.search.reindex import orphans
 from tests.conftest import unique
 from tests.faults.support import TALLY, ledger_state, lost_and_doubled, server_down
 from tests.support import Indexer, Worker, pipeline, wait_caught_up, wait_for
@@ -141,7 +141,7 @@ def check_nothing_lost(stack: Stack, *, check_positions: bool = True) -> None:
 
 
 def orphan_report(settings: Settings) -> dict:
-    """projections.search.rebuild.orphans (what /v1/stats reports), all tenants of the private schema."""
+    """projections.search.reindex.orphans (what /v1/stats reports), all tenants of the private schema."""
     es = Elasticsearch(settings.es_url, request_timeout=30)
     try:
         es.indices.refresh(index=settings.es_index)

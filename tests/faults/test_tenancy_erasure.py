@@ -27,7 +27,7 @@ from kafka import KafkaConsumer, TopicPartition
 from producers.contract import EventType, MemoryEvent, memory_id_for
 from producers.settings import Settings
 from projections.embedding import load_embedder
-from projections.search.rebuild import orphans, reindex
+from projections.search.reindex import orphans, reindex
 from stream_processors.rebuild import rebuild
 from tests.conftest import unique
 from tests.faults.support import TALLY

@@ -1,10 +1,11 @@
-"""Rebuild the search index from PostgreSQL into a new physical index, then switch the alias atomically.
+"""Reindex: fill a new physical index from PostgreSQL, then switch the alias atomically; and the orphan check.
 
-`ledger reindex`. The rebuild holds the indexer's advisory lock, so no batch is drained
+`ledger reindex`. The reindex holds the indexer's advisory lock, so no batch is drained
 while it runs: outbox rows that arrive meanwhile stay queued and are drained into the new
 index after the switch (documents are built from current rows, so nothing is lost or
-doubled). Also the orphan check (DESIGN §3 invariant 4): version ids in one store but not
-the other.
+doubled). The orphan check (`orphans`, `/v1/stats` `search`): every version id is in both
+stores, so the version ids only in PostgreSQL or only in the index must be none once the
+outbox is drained.
 """
 
 from __future__ import annotations
