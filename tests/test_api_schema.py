@@ -87,12 +87,6 @@ REQUESTS: list[tuple[str, str, str, dict[str, Any], int]] = [
 ]
 SUBJECT = {"facts": "project:P1", "events": "project:P1", "erase": "user:gone/with/slashes"}
 
-# producers.contract.rfc3339 is not (yet) what projections/search/recall.py and cues.py spell times with
-# (isoformat: no microseconds when they are 0); the recall helper's to change, then these marks go
-RECALL_SPELLING = pytest.mark.xfail(
-    strict=True, reason="recall's hits, trace and cues spell times with their own _iso, not producers.contract.rfc3339"
-)
-
 
 @dataclass
 class Answer:
@@ -247,9 +241,7 @@ def test_the_answer_validates_against_its_declared_model(
     assert undeclared(body) == [], f"{label}: fields {model.__name__} does not declare"
 
 
-@pytest.mark.parametrize(
-    "label", [pytest.param(r[0], marks=RECALL_SPELLING) if "recall" in r[0] else r[0] for r in REQUESTS]
-)
+@pytest.mark.parametrize("label", [r[0] for r in REQUESTS])
 def test_every_time_in_the_answer_is_spelled_by_rfc3339(answers: dict[str, Answer], label: str) -> None:
     body = answers[label].response.json()
     wrong = {path: text for path, text in times_in(body) if text != rfc3339(parse_rfc3339(text))}

@@ -19,6 +19,8 @@ from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any
 
+from producers.contract import rfc3339
+
 __all__ = [
     "Cues",
     "TimeRange",
@@ -321,7 +323,7 @@ class Cues:
 
 
 def _iso(t: datetime) -> str:
-    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return rfc3339(t)  # the one spelling of a time in a response
 
 
 _EVENT_SPANS: dict[str, str] = {canonical(w): etype for etype, words in EVENT_TYPES.items() for w in words}

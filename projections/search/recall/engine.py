@@ -114,7 +114,7 @@ class RecallEngine:
     ) -> None:
         self.settings, self.es, self.pool = settings, es, pool
         self.index: SearchIndex = index if index is not None else ElasticIndex(es, settings.es_index)
-        self.vocab = vocab or VocabularyCache()
+        self.vocab = vocab or VocabularyCache(ttl=settings.vocab_ttl_s)
         self.observe = observe  # sees every timed stage (name, ms): the hook for metrics
         self._embedder = embedder
         self._embedder_lock = asyncio.Lock()
@@ -156,7 +156,7 @@ class RecallEngine:
                             hits.append(scored(row, m, cues, at, tier.floor, tier.strength))
 
         if not hits:  # perhaps an alias or entity written after the vocabulary was loaded
-            self.vocab.nudge(self.pool, self.settings.pg_schema, q.tenant)
+            self.vocab.nudge(self.pool, self.settings.pg_schema, q.tenant, min_age=self.settings.vocab_nudge_s)
         with trace.timed("rerank"):
             hits.sort(key=lambda h: h.order)
             shown = [hit(h) for h in hits[: q.top_k]]

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from types import TracebackType
 from typing import Any
+
+from producers.contract import rfc3339
 
 __all__ = ["Observer", "Trace"]
 
@@ -21,8 +23,8 @@ Observer = Callable[[str, float], None]  # (stage, milliseconds)
 
 
 def iso(t: datetime | None) -> str | None:
-    """A time as the recall response spells it (UTC, `Z`)."""
-    return None if t is None else t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    """A time as every response spells it (producers.contract.rfc3339: UTC, microseconds, `Z`)."""
+    return None if t is None else rfc3339(t)
 
 
 class _Section:
