@@ -451,7 +451,6 @@ def pipeline(base_settings):
 
     from elasticsearch import Elasticsearch
 
-    from tests.helpers import settings_env
     from tests.support import Worker, cleanup
 
     settings = base_settings.private(unique("e2e"), api_keys=KEYS)
@@ -459,7 +458,7 @@ def pipeline(base_settings):
     worker = Worker(settings).start()
     indexer = subprocess.Popen(
         [sys.executable, "-m", "api.cli", "indexer", "--poll", "0.1"],
-        env=settings_env(settings),
+        env=settings.child_environ(),
         stdout=log,
         stderr=subprocess.STDOUT,
     )

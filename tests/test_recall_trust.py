@@ -7,7 +7,7 @@
   connection comes back after it is cut.
 - class 9: "the last 0 days" (and out-of-range numbers) through the API: no time filter, not an inverted range.
 
-Facts go through the real PostgreSQL projection (`tests.search_support.Ledger`) and the indexer. The load test
+Facts go through the real PostgreSQL projection (`tests.support.RecorderWriter`) and the indexer. The load test
 runs the API as `uvicorn api.main:app` in a subprocess (its own GIL, as deployed); the other tests serve
 `create_app(settings)` by uvicorn in a thread of this process, so they can watch its erasure listener.
 """
@@ -35,7 +35,6 @@ from projections.embedding import load_embedder
 from projections.search.recall import RecallEngine
 from projections.search.vocab import ERASURE_CHANNEL, VocabularyCache
 from tests.conftest import unique
-from tests.helpers import settings_env
 from tests.support import RecorderWriter as Ledger
 from tests.support import async_pool, drain_all, private_store, wait_for
 from tests.test_cues import HOSTILE as CUE_SHAPES
@@ -118,7 +117,7 @@ def api_process(world):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = settings_env(world["settings"], api_keys=json.dumps(world["settings"].api_keys))
+    env = world["settings"].child_environ(api_keys=json.dumps(world["settings"].api_keys))
     cmd = [sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen([*cmd, "--log-level", "warning"], env=env)
     url = f"http://127.0.0.1:{port}"
