@@ -132,26 +132,44 @@ _STOP_UNITS = frozenset(
 _STOP_UNITS = frozenset(_singular(w) for w in _STOP_UNITS)
 
 
+# The time words, by the range they name (in the order of `_time_words`'s ranges); their lookup forms are computed
+# once here: only the ranges depend on `now`.
+_TIME_PHRASES = (
+    ("今天", "今日", "today"),
+    ("昨天", "昨日", "yesterday"),
+    ("前天", "day before yesterday"),
+    ("本周", "这周", "这个星期", "this week"),
+    ("上周", "上个星期", "上星期", "last week"),
+    ("本月", "这个月", "this month"),
+    ("上个月", "上月", "last month"),
+    ("今年", "this year"),
+    ("去年", "last year"),
+    ("最近", "近期", "recently", "lately"),
+)
+_TIME_KEYS = tuple(tuple(canonical(w) for w in words) for words in _TIME_PHRASES)
+
+
 def _time_words(now: datetime) -> dict[str, tuple[datetime, datetime]]:
+    """Each time word's lookup form -> the range it names at `now`."""
     day = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     week = day - timedelta(days=day.weekday())
     month = day.replace(day=1)
     prev_month = (month - timedelta(days=1)).replace(day=1)
     next_month = (month + timedelta(days=32)).replace(day=1)
     year = day.replace(month=1, day=1)
-    ranges = {
-        ("今天", "今日", "today"): (day, day + timedelta(days=1)),
-        ("昨天", "昨日", "yesterday"): (day - timedelta(days=1), day),
-        ("前天", "day before yesterday"): (day - timedelta(days=2), day - timedelta(days=1)),
-        ("本周", "这周", "这个星期", "this week"): (week, week + timedelta(days=7)),
-        ("上周", "上个星期", "上星期", "last week"): (week - timedelta(days=7), week),
-        ("本月", "这个月", "this month"): (month, next_month),
-        ("上个月", "上月", "last month"): (prev_month, month),
-        ("今年", "this year"): (year, year.replace(year=year.year + 1)),
-        ("去年", "last year"): (year.replace(year=year.year - 1), year),
-        ("最近", "近期", "recently", "lately"): (now - timedelta(days=7), now + timedelta(seconds=1)),
-    }
-    return {canonical(w): r for words, r in ranges.items() for w in words}
+    ranges = (
+        (day, day + timedelta(days=1)),
+        (day - timedelta(days=1), day),
+        (day - timedelta(days=2), day - timedelta(days=1)),
+        (week, week + timedelta(days=7)),
+        (week - timedelta(days=7), week),
+        (month, next_month),
+        (prev_month, month),
+        (year, year.replace(year=year.year + 1)),
+        (year.replace(year=year.year - 1), year),
+        (now - timedelta(days=7), now + timedelta(seconds=1)),
+    )
+    return {key: r for keys, r in zip(_TIME_KEYS, ranges, strict=True) for key in keys}
 
 
 # "the last 3 days", "过去 2 周", "5 hours ago", "3 天前": a number and a unit. Not preceded by a digit or a

@@ -15,6 +15,7 @@ import asyncio
 import gc
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from operator import attrgetter
 from typing import Any
 
 from elasticsearch import AsyncElasticsearch
@@ -158,7 +159,7 @@ class RecallEngine:
         if not hits:  # perhaps an alias or entity written after the vocabulary was loaded
             self.vocab.nudge(self.pool, self.settings.pg_schema, q.tenant, min_age=self.settings.vocab_nudge_s)
         with trace.timed("rerank"):
-            hits.sort(key=lambda h: h.order)
+            hits.sort(key=attrgetter("order"))
             shown = [hit(h) for h in hits[: q.top_k]]
         return {"hits": shown, "cues": cues.as_dict(), "trace": trace.as_dict(at)}
 

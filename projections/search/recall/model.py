@@ -58,14 +58,15 @@ class RecallQuery:
     filters: RecallFilters = field(default_factory=RecallFilters)
 
 
-@dataclass(frozen=True, slots=True)
-class Scope:
+class Scope(NamedTuple):
     """Which documents one search may return.
 
     Always: the tenant's versions that hold at `at` (valid time), the subject if given, the caller's filters,
     and, when the query has a time cue, only those events and episodes that happened (or were told) in it.
     Then at most one narrowing: about one of `entities` (entity ids or subject ids), or, failing those, at least
     one of `mentions` in the text (id-shaped tokens nobody knows).
+
+    A NamedTuple, like the other values built on every request: immutable and cheap to build (the exact path).
     """
 
     tenant: str

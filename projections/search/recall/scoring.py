@@ -17,7 +17,7 @@ from typing import Any
 from projections.search.cues import Cues, canonical, event_types_in, key_phrases, subject_ids, units
 from projections.search.recall.model import Match
 
-__all__ = ["BAND", "Scored", "Strength", "by_fused_rank", "by_overlap", "matched", "prior", "score"]
+__all__ = ["BAND", "Scored", "Strength", "by_fused_rank", "by_overlap", "matched", "prior", "score", "scored"]
 
 BAND = 1.0  # the width of a band: tiers' floors differ by at least this much
 Strength = Callable[[Match, float], float]  # (the match, its overlap) -> its strength in its tier, in [0, 1]
@@ -71,13 +71,11 @@ class Scored:
     prior: float
     overlap: float
     cues: dict[str, Any]  # the cues it carries
-
-    @property
-    def order(self) -> tuple[float, float, str]:
-        return (-self.score, -self.row["valid_from"].timestamp(), self.row["memory_id"])
+    order: tuple[float, float, str]  # the sort key: score desc, valid_from desc, memory_id asc
 
 
 def scored(row: dict[str, Any], m: Match, cues: Cues, at: datetime, floor: float, strength: Strength) -> Scored:
     p = prior(row, at)
     found, overlap = matched(row, cues)
-    return Scored(row, m, round(score(floor, strength(m, overlap), p), 6), p, overlap, found)
+    s = round(score(floor, strength(m, overlap), p), 6)
+    return Scored(row, m, s, p, overlap, found, (-s, -row["valid_from"].timestamp(), row["memory_id"]))

@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, NamedTuple, TypeVar
 
 from projections.embedding import Embedder
 from projections.search.cues import Cues, subject_ids
@@ -86,8 +86,7 @@ class Stage(ABC, Generic[A]):
 # --- exact: the cues pin the answer down -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ExactAsk:
+class ExactAsk(NamedTuple):
     scope: Scope
     keys: tuple[str, ...] = ()
     event_types: tuple[str, ...] = ()
@@ -125,8 +124,7 @@ def _fuzzy_size(q: RecallQuery) -> int:
     return max(q.top_k * 2, 10)
 
 
-@dataclass(frozen=True, slots=True)
-class TextAsk:
+class TextAsk(NamedTuple):
     scope: Scope
     text: str
 

@@ -9,9 +9,9 @@ The steps of one request run one after another (no two sections of one trace are
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from datetime import datetime
+from time import perf_counter
 from types import TracebackType
 from typing import Any
 
@@ -34,19 +34,19 @@ class _Section:
         self.trace, self.name, self.nested = trace, name, 0.0
 
     def __enter__(self) -> _Section:
-        self.outer = self.trace._open
-        self.trace._open = self
-        self.t0 = time.perf_counter()
+        trace = self.trace
+        self.outer, trace._open = trace._open, self
+        self.t0 = perf_counter()
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        elapsed = time.perf_counter() - self.t0
-        trace = self.trace
-        trace._open = self.outer
-        if self.outer is not None:
-            self.outer.nested += elapsed
+        elapsed = perf_counter() - self.t0
+        trace, outer = self.trace, self.outer
+        trace._open = outer
+        if outer is not None:
+            outer.nested += elapsed
         if exc_type is None:
             ms = round((elapsed - self.nested) * 1000, 3)
             trace.stages[self.name] = ms
@@ -60,7 +60,7 @@ class Trace:
     __slots__ = ("mode", "stages", "candidates", "embedding_computed", "observe", "_open", "_t0")
 
     def __init__(self, mode: str, observe: Observer | None = None) -> None:
-        self._t0 = time.perf_counter()
+        self._t0 = perf_counter()
         self.mode = mode
         self.stages: dict[str, float] = {}
         self.candidates: dict[str, int] = {}  # "<tier>_candidates" -> how many its stages found
@@ -76,6 +76,6 @@ class Trace:
         out: dict[str, Any] = {"stages_ms": self.stages, "embedding_computed": self.embedding_computed}
         out["mode"] = self.mode
         out.update(self.candidates)
-        out["total_ms"] = round((time.perf_counter() - self._t0) * 1000, 3)
+        out["total_ms"] = round((perf_counter() - self._t0) * 1000, 3)
         out["as_of"] = iso(as_of)
         return out
