@@ -35,7 +35,7 @@ from tests.faults.support import TALLY, ledger_state, lost_and_doubled, server_d
 from tests.support import Indexer, Worker, pipeline, wait_caught_up, wait_for
 
 TENANT = "outage"
-HEADERS = {"X-API-Key": "dev-key"}
+HEADERS = {"X-API-Key": "outage-key"}  # bound to the outage tenant only (the fixture)
 
 
 @dataclass
@@ -101,7 +101,7 @@ ROUTES: list[tuple[str, str, dict | None, set[str]]] = [
     (
         "POST",
         "/v1/recall",
-        {"tenant": TENANT, "query": "what is configured", "mode": "keyword"},
+        {"tenant": TENANT, "query": "service warm setting", "mode": "keyword"},
         {"postgres", "elasticsearch"},
     ),
     ("DELETE", f"/v1/subjects/svc:none?tenant={TENANT}", None, {"kafka"}),
@@ -163,7 +163,8 @@ def check_index_caught_up(stack: Stack, timeout: float = 120.0) -> None:
 
 @pytest.fixture(scope="module")
 def stack(base_settings: Settings) -> Iterator[Stack]:
-    with pipeline(base_settings.private(unique("outage")), app=True) as pipe:
+    settings = base_settings.private(unique("outage"), api_keys={"outage-key": [TENANT]})
+    with pipeline(settings, app=True) as pipe:
         assert pipe.worker is not None and pipe.indexer is not None and pipe.client is not None
         s = Stack(pipe.settings, pipe.worker, pipe.indexer, pipe.client)
         publish(s, facts("warm", 20))
