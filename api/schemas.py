@@ -22,6 +22,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 
 from api.errors import ErrorBody, ErrorItem
 from producers.contract import parse_rfc3339, rfc3339
+from projections.search.recall import Mode
 from projections.versions import EFFECTS
 
 __all__ = [
@@ -255,7 +256,7 @@ class RecallHit(Body):
 class RecallTrace(Body):
     stages_ms: dict[str, float]
     embedding_computed: bool
-    mode: str
+    mode: Mode
     exact_candidates: int | None = None
     fuzzy_candidates: int | None = None
     total_ms: float

@@ -8,7 +8,6 @@ at start-up), so the event loop never runs the model. The body is `api.schemas.R
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
 
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -17,7 +16,7 @@ from api.deps import RecallDep, Storable, TenantsDep, Time, check_tenant, storab
 from api.routes._json import json_response
 from api.schemas import RecallResponse
 from producers.contract import Kind, SourceType
-from projections.search.recall import RecallFilters, RecallQuery
+from projections.search.recall import Mode, RecallFilters, RecallQuery
 
 router = APIRouter(tags=["recall"])
 
@@ -69,7 +68,7 @@ class RecallBody(BaseModel):
     query: Storable = Field(min_length=1, max_length=2000)
     top_k: int = Field(default=5, ge=1, le=100)
     as_of: Time | None = Field(default=None, description="RFC 3339 time with seconds and an offset")
-    mode: Literal["auto", "exact", "keyword", "semantic", "hybrid"] = "auto"
+    mode: Mode = "auto"
     filters: Filters | None = None
 
     @field_validator("query")
