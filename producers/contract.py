@@ -37,6 +37,7 @@ __all__ = [
     "INT_MIN",
     "MAX_VALUE_DEPTH",
     "Rfc3339",
+    "check_skew",
     "check_storable",
     "parse_rfc3339",
     "version_id_for",
@@ -481,14 +482,20 @@ def from_dict(
     except ValidationError as exc:
         raise from_error(exc) from None
     if max_future_skew is not None:
-        reference = now or default_observed_at or datetime.now(UTC)
-        if event.observed_at > reference + max_future_skew:
-            raise InvalidEvent(
-                "clock_skew",
-                f"observed_at {rfc3339(event.observed_at)} is more than {max_future_skew.total_seconds():.0f} s "
-                f"after {rfc3339(reference)}",
-                "observed_at",
-            )
+        check_skew(event, max_future_skew, now or default_observed_at)
+    return event
+
+
+def check_skew(event: MemoryEvent, max_future_skew: timedelta, reference: datetime | None = None) -> MemoryEvent:
+    """`event`, unless its observed_at is more than `max_future_skew` after `reference` (default: the clock)."""
+    reference = reference or datetime.now(UTC)
+    if event.observed_at > reference + max_future_skew:
+        raise InvalidEvent(
+            "clock_skew",
+            f"observed_at {rfc3339(event.observed_at)} is more than {max_future_skew.total_seconds():.0f} s "
+            f"after {rfc3339(reference)}",
+            "observed_at",
+        )
     return event
 
 

@@ -44,13 +44,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import kafka.errors as Errors
 from kafka import KafkaProducer
 
-from producers.contract import EventType, InvalidEvent, MemoryEvent, encode, from_dict, rfc3339
+from producers.contract import EventType, InvalidEvent, MemoryEvent, check_skew, encode, from_dict
 from producers.settings import Settings
 from producers.topics import MAX_MESSAGE_BYTES, ensure_topics
 
@@ -109,14 +109,7 @@ def _as_event(event: EventLike, max_future_skew: timedelta | None = None) -> Mem
     if not isinstance(event, MemoryEvent):
         return from_dict(dict(event) if isinstance(event, Mapping) else event, max_future_skew=max_future_skew)
     if max_future_skew is not None:
-        reference = datetime.now(UTC)
-        if event.observed_at > reference + max_future_skew:  # the contract's rule, for an already-built event
-            raise InvalidEvent(
-                "clock_skew",
-                f"observed_at {rfc3339(event.observed_at)} is more than {max_future_skew.total_seconds():.0f} s "
-                f"after {rfc3339(reference)}",
-                "observed_at",
-            )
+        check_skew(event, max_future_skew)  # the contract's rule, for an already-built event
     return event
 
 
