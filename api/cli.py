@@ -1,4 +1,4 @@
-"""`ledger`: the project's command line (publish, topics, worker, rebuild, indexer, reindex, serve, demo).
+"""`ledger`: the project's command line (publish, topics, worker, rebuild, indexer, reindex, serve, mcp, demo).
 
 Each sub-command lives beside the code it drives and is only registered here.
 """
@@ -19,10 +19,24 @@ def serve(
     """Run the HTTP API."""
     import uvicorn
 
+    from producers.logs import configure_logging, logging_config
     from producers.settings import get_settings
 
     s = get_settings()
-    uvicorn.run("api.main:app", host=host or s.api_host, port=port or s.api_port, workers=workers, log_level="info")
+    configure_logging(s, "api")
+    if workers > 1:  # one /metrics for all of uvicorn's processes (prometheus-client multiprocess mode)
+        from api.metrics import prepare_multiprocess
+
+        prepare_multiprocess(s.data_dir / "metrics" / f"api-{port or s.api_port}")
+    # uvicorn's loggers through the same configuration, in each of its worker processes too
+    uvicorn.run(
+        "api.main:app",
+        host=host or s.api_host,
+        port=port or s.api_port,
+        workers=workers,
+        log_config=logging_config(s, "api"),
+        log_level=s.log_level.lower(),
+    )
 
 
 @app.command()
@@ -38,10 +52,11 @@ def demo(
 
 
 # the write path's commands live in producers/cli.py (imports only typer at module level)
-from producers.cli import publish, topics  # noqa: E402
+from producers.cli import publish, schema, topics  # noqa: E402
 
 app.command()(publish)
 app.command()(topics)
+app.command()(schema)  # the event contract as a JSON Schema (producers in other languages)
 
 # the projector's commands live in stream_processors/cli.py (imports only typer at module level)
 from stream_processors.cli import rebuild, worker  # noqa: E402
@@ -54,6 +69,11 @@ from projections.search.cli import indexer, reindex  # noqa: E402
 
 app.command()(indexer)
 app.command()(reindex)
+
+# the MCP server's command lives in api/mcp/cli.py (imports only typer at module level)
+from api.mcp.cli import mcp  # noqa: E402
+
+app.command()(mcp)
 
 
 if __name__ == "__main__":

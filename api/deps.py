@@ -25,6 +25,7 @@ from psycopg_pool import AsyncConnectionPool
 from pydantic import AfterValidator, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import PydanticCustomError
 
+from api.access import CallerTenants, caller_id
 from api.errors import ApiError
 from api.resources import Resources
 from producers.contract import InvalidEvent, Rfc3339, check_storable
@@ -90,12 +91,20 @@ async def caller_tenants(
 ) -> frozenset[str]:
     """The tenants the presented API key may use; 401 (field X-API-Key) without a known key."""
     key = x_api_key or (bearer.credentials.strip() if bearer is not None else None)
+    return tenants_for_key(request.app.state.settings, key)
+
+
+def tenants_for_key(settings: Settings, key: str | None) -> frozenset[str]:
+    """The tenants `key` may use (`settings.api_keys`); 401 naming X-API-Key when it is missing or unknown.
+
+    The one rule for every front end: the HTTP API (`caller_tenants`) and the MCP server (api.mcp.auth).
+    """
     if not key:
         raise _unauthorized("missing API key: send X-API-Key or Authorization: Bearer")
-    tenants = request.app.state.settings.api_keys.get(key)
+    tenants = settings.api_keys.get(key)
     if tenants is None:
         raise _unauthorized("unknown API key")
-    return frozenset(tenants)
+    return CallerTenants(tenants, caller_id(key))  # a frozenset that also names the caller (api.access)
 
 
 TenantsDep = Annotated[frozenset[str], Depends(caller_tenants)]

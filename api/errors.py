@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import kafka.errors as kafka_errors
@@ -29,9 +30,9 @@ from elasticsearch import TransportError as EsTransportError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.schemas import ErrorBody, ErrorItem  # the shape is defined with the other bodies (light: the read client)
 from producers.sdk import PublishError
 
 __all__ = [
@@ -41,24 +42,12 @@ __all__ = [
     "ErrorItem",
     "error_body",
     "install_error_handlers",
+    "store_failure",
     "store_unavailable",
+    "validation_items",
 ]
 
 log = logging.getLogger(__name__)
-
-
-class ErrorItem(BaseModel):
-    """One thing wrong with a request."""
-
-    code: str = Field(description="stable machine-readable reason, e.g. missing, unstorable_text, store_unavailable")
-    field: str | None = Field(description="dotted path of the culprit (events.2.tenant, as_of, X-API-Key), or null")
-    message: str = Field(description="what is wrong, for a human")
-
-
-class ErrorBody(BaseModel):
-    """The body of every error response (4xx and 5xx)."""
-
-    detail: list[ErrorItem]
 
 
 def _doc(description: str) -> dict[str, Any]:
@@ -160,11 +149,14 @@ def _json_position(err: dict[str, Any], doc: Any) -> dict[str, Any]:
     return {"code": "bad_json", "field": "body", "message": f"the body is not valid JSON{where}: {reason}"}
 
 
-async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+def validation_items(errors: Iterable[Any], body: Any = None) -> list[dict[str, Any]]:
+    """pydantic's errors as error items (code = the error type, field = the dotted path, `body`/`query` left out).
+
+    The one mapping for a request FastAPI validated and for an MCP tool's arguments (api.mcp)."""
     items = []
-    for err in exc.errors():
+    for err in errors:
         if err.get("type") == "json_invalid":
-            items.append(_json_position(err, exc.body))
+            items.append(_json_position(err, body))
             continue
         message = err.get("msg", "") or "invalid"
         items.append(
@@ -174,7 +166,11 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
                 "message": message.removeprefix("Value error, "),
             }
         )
-    return _json(422, *items)
+    return items
+
+
+async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    return _json(422, *validation_items(exc.errors(), exc.body))
 
 
 # -- raised errors --------------------------------------------------------------------------------
@@ -208,26 +204,37 @@ async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
 # -- store failures -------------------------------------------------------------------------------
 
 
-async def _postgres_down(_: Request, exc: psycopg.Error) -> JSONResponse:
-    log.warning("postgres unavailable: %s: %s", type(exc).__name__, exc)
+def store_failure(exc: BaseException) -> ApiError | None:
+    """The 503 naming the store for a PostgreSQL, Elasticsearch or Kafka failure; None for anything else
+    (an Elasticsearch 4xx or a body it could not (de)serialize is our bug, not an outage).
+
+    The one classification for the HTTP handlers below and for the MCP tools (api.mcp)."""
     if isinstance(exc, psycopg.errors.UndefinedTable):  # the worker has not created this projection (yet)
-        return _json(503, store_unavailable("postgres", "the projection's tables do not exist yet").item())
-    return _json(503, store_unavailable("postgres", exc).item())
-
-
-async def _elasticsearch_down(_: Request, exc: Exception) -> JSONResponse:
-    if isinstance(exc, EsApiError) and not (exc.status_code >= 500 or exc.status_code == 429):
-        return await _internal_error(_, exc)  # a 4xx from Elasticsearch is our bug, not an outage
+        return store_unavailable("postgres", "the projection's tables do not exist yet")
+    if isinstance(exc, psycopg.OperationalError):  # includes psycopg_pool.PoolTimeout
+        return store_unavailable("postgres", exc)
+    if isinstance(exc, EsApiError):
+        return store_unavailable("elasticsearch", exc) if exc.status_code >= 500 or exc.status_code == 429 else None
     if isinstance(exc, SerializationError):
-        return await _internal_error(_, exc)  # a body we could not (de)serialize: a bug too
-    log.warning("elasticsearch unavailable: %s: %s", type(exc).__name__, exc)
-    return _json(503, store_unavailable("elasticsearch", exc).item())
+        return None
+    if isinstance(exc, EsTransportError):  # connection errors and timeouts
+        return store_unavailable("elasticsearch", exc)
+    if isinstance(exc, PublishError):
+        return store_unavailable("kafka", exc.reason)
+    if isinstance(exc, kafka_errors.KafkaError):
+        return store_unavailable("kafka", exc)
+    return None
 
 
-async def _kafka_down(_: Request, exc: Exception) -> JSONResponse:
-    log.warning("kafka unavailable: %s: %s", type(exc).__name__, exc)
-    reason = exc.reason if isinstance(exc, PublishError) else exc
-    return _json(503, store_unavailable("kafka", reason).item())
+async def _store_down(_: Request, exc: Exception) -> JSONResponse:
+    error = store_failure(exc)
+    if error is None:
+        return await _internal_error(_, exc)
+    log.warning("%s", error.message)
+    return _json(503, error.item())
+
+
+_postgres_down = _elasticsearch_down = _kafka_down = _store_down
 
 
 async def _internal_error(_: Request, exc: Exception) -> JSONResponse:

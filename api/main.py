@@ -11,7 +11,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from api.console import install_console
+from api.docs_ui import install_docs
 from api.errors import install_error_handlers
+from api.metrics import install as install_metrics
+from api.request_id import RequestIdMiddleware
 from api.resources import Resources
 from api.routes import api_router
 from producers.settings import Settings, get_settings
@@ -31,10 +35,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             finally:
                 app.state.resources = None
 
-    app = FastAPI(title="memory-ledger", version="0.1.0", lifespan=lifespan)
+    # /docs is served offline by api.docs_ui (FastAPI's own loads Swagger UI from a CDN); no ReDoc
+    app = FastAPI(title="memory-ledger", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
     install_error_handlers(app)
+    app.add_middleware(RequestIdMiddleware)  # X-Request-ID on the response and on every log line of the request
     app.include_router(api_router, prefix="/v1")
+    install_docs(app)
+    install_console(app)
+    install_metrics(app, settings)  # HTTP metrics by route template, GET /metrics (api.metrics, docs/metrics.md)
     return app
 
 

@@ -1,7 +1,7 @@
 """What the API holds open across requests, opened and closed in one place.
 
     async with Resources.open(settings) as res:
-        res.pool, res.es, res.producer, res.recall, res.kafka_probe, res.door_check
+        res.pool, res.es, res.producer, res.recall, res.access, res.kafka_probe, res.door_check
 
 The FastAPI lifespan (api.main) is the only place the API opens them; routes receive the parts
 through the typed dependencies of api.deps (`PoolDep`, `EsDep`, `ProducerDep`, `RecallDep`,
@@ -27,6 +27,10 @@ What each part is, and why it is opened the way it is:
   closes that connection.
 - `kafka_probe`: the broker's last answer to /v1/health, reused for a second (`ProbeCache`).
 - `door_check`: the publish door's back-off after PostgreSQL failed its idempotency lookup.
+- `offsets`: one KafkaConsumer for /v1/stats' end offsets (`EndOffsetReader`): a new one per request
+  cost ~120 ms of a bootstrap and metadata round trip, a kept one ~1 ms. Created on first use.
+- `access`: the AccessRecorder (api.access): `served(...)` queues what a recall served; its thread sends the
+  accesses to the access topic in batches, and drops (counted) whatever the broker does not take.
 """
 
 from __future__ import annotations
@@ -42,8 +46,10 @@ from dataclasses import dataclass, field
 from elasticsearch import AsyncElasticsearch
 from psycopg_pool import AsyncConnectionPool
 
+from api.access import AccessRecorder
 from producers.sdk import LedgerProducer
 from producers.settings import Settings
+from producers.topics import EndOffsetReader
 from projections.postgres.connection import configure_pool
 from projections.search.recall import RecallEngine
 
@@ -99,6 +105,8 @@ class Resources:
     es: AsyncElasticsearch
     producer: LedgerProducer
     recall: RecallEngine
+    access: AccessRecorder  # what recall and context served, recorded off the request path (api.access)
+    offsets: EndOffsetReader  # the ledger topic's end offsets for /v1/stats, one consumer kept open
     embedder_warmup: asyncio.Task | None = None
     kafka_probe: ProbeCache = field(default_factory=ProbeCache)
     door_check: Backoff = field(default_factory=Backoff)
@@ -126,7 +134,13 @@ class Resources:
             stack.callback(producer.close)
             recall = RecallEngine(settings, es, pool)
             stack.push_async_callback(recall.aclose)  # its LISTEN connection (erasure notifications)
-            res = cls(settings=settings, pool=pool, es=es, producer=producer, recall=recall)
+            access = AccessRecorder(settings).start()  # its flush thread; closing it flushes what is queued
+            stack.callback(access.close)
+            offsets = EndOffsetReader(settings, timeout_s=settings.api_kafka_timeout_s)  # connects on first read
+            stack.callback(offsets.close)
+            res = cls(
+                settings=settings, pool=pool, es=es, producer=producer, recall=recall, access=access, offsets=offsets
+            )
             if warm_embedder:
                 res.embedder_warmup = asyncio.get_running_loop().create_task(recall.embedder(), name="embedder-warmup")
                 res.embedder_warmup.add_done_callback(_report_warmup)

@@ -11,7 +11,11 @@ know, so adding one is never a breaking change.
 Times: every time in a response is a `Timestamp`, spelled by `producers.contract.rfc3339` (UTC,
 microseconds, `Z`: `2026-01-02T03:04:05.000000Z`).
 
-Error bodies (4xx, 5xx) are api.errors.ErrorBody, the one error shape.
+Error bodies (4xx, 5xx) are `ErrorBody`, the one error shape (defined here, raised by api.errors).
+
+Light on purpose: this module imports pydantic and our pure modules only (no FastAPI, no store
+client), because the read client (api.client) types its results with these models;
+tests/test_client.py fails if importing it loads a server library.
 """
 
 from __future__ import annotations
@@ -20,15 +24,19 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-from api.errors import ErrorBody, ErrorItem
 from producers.contract import parse_rfc3339, rfc3339
-from projections.search.recall import Mode
+from projections.search.modes import Mode
 from projections.versions import EFFECTS
 
 __all__ = [
     "Body",
+    "ConsistencyResponse",
+    "ContextResponse",
     "ErasureResponse",
+    "ErrorBody",
+    "ErrorItem",
     "EventResult",
+    "EventSchemaDocument",
     "EventsResponse",
     "FactVersion",
     "FactsResponse",
@@ -39,6 +47,8 @@ __all__ = [
     "PublishResponse",
     "RecallResponse",
     "StatsResponse",
+    "SubjectsResponse",
+    "TenantsResponse",
     "Timestamp",
 ]
 
@@ -63,6 +73,20 @@ Timestamp = Annotated[
     ),
 ]
 """A time in a response: the string producers.contract.rfc3339 spells (validated as any RFC 3339 time)."""
+
+
+class ErrorItem(BaseModel):
+    """One thing wrong with a request."""
+
+    code: str = Field(description="stable machine-readable reason, e.g. missing, unstorable_text, store_unavailable")
+    field: str | None = Field(description="dotted path of the culprit (events.2.tenant, as_of, X-API-Key), or null")
+    message: str = Field(description="what is wrong, for a human")
+
+
+class ErrorBody(BaseModel):
+    """The body of every error response (4xx and 5xx)."""
+
+    detail: list[ErrorItem]
 
 
 class Body(BaseModel):
@@ -253,6 +277,13 @@ class RecallHit(Body):
     match: Match
 
 
+class StageCandidate(Body):
+    rank: int
+    version_id: str
+    memory_id: str
+    score: float | None = Field(description="the stage's own measure: BM25 (keyword), cosine (semantic); null (exact)")
+
+
 class RecallTrace(Body):
     stages_ms: dict[str, float]
     embedding_computed: bool
@@ -261,6 +292,11 @@ class RecallTrace(Body):
     fuzzy_candidates: int | None = None
     total_ms: float
     as_of: Timestamp
+    known_at: Timestamp | None = Field(None, description="given known_at: the hits as the ledger knew them then")
+    known_at_left_out: int | None = Field(None, description="hits left out: their fact was not known at known_at")
+    candidates: dict[str, list[StageCandidate]] | None = Field(
+        None, description="with explain: what each stage found before verification, best first"
+    )
 
 
 class RecallResponse(Body):
@@ -283,6 +319,25 @@ class OrphanExamples(Body):
     missing_in_pg: list[str]
 
 
+class SearchCounts(Body):
+    """PostgreSQL's versions (a counter) against the index's documents (an Elasticsearch count) and the outbox; which
+    ids differ is /v1/stats/consistency's `search`."""
+
+    outbox_pending: int
+    pg_versions: int
+    es_documents: int
+
+
+class StatsTimings(Body):
+    """How long each store took to answer, in ms (they are asked in parallel)."""
+
+    postgres: float = Field(description="the counters, the bounded checks and the positions")
+    access: float = Field(description="the access summary (issue 16), after the postgres part on its connection")
+    elasticsearch: float
+    kafka: float
+    total: float
+
+
 class SearchOrphans(Body):
     """Invariant 4: version ids only in PostgreSQL or only in the index (meaningful once outbox_pending is 0)."""
 
@@ -294,11 +349,36 @@ class SearchOrphans(Body):
     es_documents: int
 
 
+class MostServed(Body):
+    memory_id: str
+    subject: str
+    key: str | None
+    scope: str
+    accesses: int
+    last_accessed_at: str
+
+
+class AccessSummary(Body):
+    """What recall and context served (issue 16), from the access projection."""
+
+    current_facts: int = Field(description="facts of the tenant with a version that holds now")
+    served_facts: int = Field(description="of those, the facts served at least once")
+    never_retrieved_ratio: float | None = Field(description="(current - served) / current; null without facts")
+    accesses_of_current: int = Field(description="accesses of the current facts")
+    most_served: list[MostServed] = Field(description="the 10 most-served facts (then the latest, then memory_id)")
+
+
 class StatsResponse(Body):
+    """Counters and bounded checks (projections.postgres.counts): milliseconds whatever the tenant's size. The full
+    checks (whole chains, counters against a recount, orphans between the stores) are /v1/stats/consistency."""
+
     tenant: str
-    double_active: int
-    chain_integrity_violations: int
+    double_active: int = Field(description="0 while the unique index that forbids it is valid (else counted)")
+    chain_integrity_violations: int = Field(
+        description="versions whose status contradicts their supersession link (row-local; chains: consistency)"
+    )
     explicit_confidence_violations: int
+    invariants_capped: bool = Field(description="the invariant counts stopped at 1,000 rows (there are more)")
     events_applied: int
     versions: int
     dlq_count: int = Field(description="dead letters of the whole topic")
@@ -307,7 +387,124 @@ class StatsResponse(Body):
     topic: str
     lag: dict[str, PartitionLag] = Field(description="per partition")
     total_lag: int
+    search: SearchCounts
+    took_ms: StatsTimings
+    access: AccessSummary
+
+
+class Invariants(Body):
+    double_active: int
+    chain_integrity_violations: int = Field(description="every rule, whole chains included")
+    explicit_confidence_violations: int
+
+
+class CounterCheck(Body):
+    counted: int = Field(description="the counter /v1/stats reports")
+    recounted: int = Field(description="its rows counted one by one, in the same snapshot")
+
+
+class ConsistencyScanned(Body):
+    """What the check read: PostgreSQL rows per table (the tenant's; dead letters of the topic) and index documents."""
+
+    postgres_rows: dict[str, int]
+    elasticsearch_documents: int
+
+
+class ConsistencyTimings(Body):
+    postgres: float = Field(description="invariants and recount, one REPEATABLE READ snapshot")
+    search: float = Field(description="every version id in PostgreSQL against every document id of the index")
+    total: float
+
+
+class ConsistencyResponse(Body):
+    """`GET /v1/stats/consistency`: everything scanned; seconds at 100k facts (the cheap answer is /v1/stats)."""
+
+    tenant: str
+    consistent: bool = Field(
+        description="no invariant broken, every counter equal to its recount and, once the outbox is drained, no "
+        "orphans (with rows still queued, the orphans are not held against it)"
+    )
+    invariants: Invariants
+    counters: dict[str, CounterCheck]
+    counter_drift: dict[str, int] = Field(description="counted - recounted, for the counters that differ")
     search: SearchOrphans
+    scanned: ConsistencyScanned
+    took_ms: ConsistencyTimings
+
+
+# -- GET /v1/tenants, GET /v1/subjects (the audit console's finders) ---------------------------------------------
+
+
+class TenantsResponse(Body):
+    tenants: list[str] = Field(description="the tenants the presented API key may use, sorted")
+
+
+class SubjectsResponse(Body):
+    tenant: str
+    prefix: str
+    subjects: list[str] = Field(description="subjects with events, starting with prefix, in code point order")
+    more: bool = Field(description="true: more subjects start with prefix than limit allowed")
+
+
+# -- POST /v1/context (issue 16: the agent's side) -------------------------------------------------------------
+
+
+class ContextLine(Body):
+    """One record of the block (api.context), in the block's order."""
+
+    status: Literal["current", "override", "history"]
+    detail: str | None = Field(description="history: superseded, retracted, ended, shadowed or not in force")
+    matched: dict[str, Any] | None = Field(description="a recall hit for the question: {rank, stage}")
+    memory_id: str
+    version_id: str
+    version: int
+    key: str | None
+    scope: str
+    kind: str
+    value: Any
+    content: str
+    source: dict[str, Any]
+    valid_from: Timestamp
+    valid_to: Timestamp | None = Field(description="the effective end (valid_to or superseded_at), null: open")
+    tokens: int = Field(description="the tokens of its line in the text")
+
+
+class ContextResponse(Body):
+    """`POST /v1/context` with format=json: the block's lines, structured, and its text."""
+
+    tenant: str
+    subject: str
+    question: str | None
+    as_of: Timestamp | None = Field(description="the request's as_of (null: now, not written in the block)")
+    include_history: bool
+    budget_tokens: int
+    tokens: int = Field(description="tokens of `text`, counted with `tokenizer`")
+    tokenizer: str = Field(description="the embedding model whose tokenizer counted")
+    lines: list[ContextLine]
+    left_out: int = Field(description="lines that did not fit the budget")
+    text: str = Field(description="the block as format=text answers it")
+
+
+# -- GET /v1/schema/event (issue 16: producers in other languages) --------------------------------------------
+
+
+class EventSchemaDocument(Body):
+    """The event contract as a JSON Schema (draft 2020-12), served as checked in (producers.event_schema).
+
+    Only its top-level keywords are declared here; the document, generated from producers.contract.MemoryEvent,
+    describes the event itself.
+    """
+
+    schema_: str = Field(alias="$schema", description="the JSON Schema dialect: draft 2020-12")
+    id_: str = Field(alias="$id", description="urn:memory-ledger:schema:memory-event:<schema_version>")
+    title: str
+    description: str = Field(description="the record (topic, key, size) and what the contract checks beyond it")
+    defs: dict[str, Any] = Field(alias="$defs", description="the enums and the source object")
+    type: Literal["object"]
+    properties: dict[str, Any] = Field(description="one per event field, each described")
+    required: list[str]
+    additionalProperties: bool
+    examples: list[dict[str, Any]] = Field(description="valid events, as a producer sends them")
 
 
 # -- DELETE /v1/subjects/{subject} ----------------------------------------------------------------------------

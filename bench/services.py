@@ -139,6 +139,6 @@ def drop_private(s: Settings) -> None:
     admin = KafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
     try:
         existing = set(admin.list_topics())
-        admin.delete_topics([t for t in (s.topic, s.dlq_topic) if t in existing])
+        admin.delete_topics([t for t in (s.topic, s.dlq_topic, s.access_topic) if t in existing])
     finally:
         admin.close()

@@ -47,7 +47,7 @@ def _table(statuses: list[stack.PartStatus]) -> Table:
 @app.command()
 def up(
     parts: list[str] = typer.Argument(None, help="parts to start (default: the servers and the model)"),
-    service: bool = typer.Option(False, "--service", help="also start the worker, the indexer and the API"),
+    service: bool = typer.Option(False, "--service", help="also start the worker, the indexer, the API and MCP"),
 ) -> None:
     """Install and start the stack, wait until every part is healthy."""
     s = get_settings()

@@ -6,7 +6,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from infra.maven import copy_dependencies
+from infra.maven import copy_dependencies, fetch_artifact
 from infra.procs import InfraError, healthy_or_stopped, owned_pid, port_open, run, spawn, stop_owned, wait_until
 from producers.settings import Settings
 from producers.topics import probe
@@ -14,6 +14,10 @@ from producers.topics import probe
 PART = "kafka"
 MAIN_CLASS = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
+# the command-line clients (org.apache.kafka.tools.ConsoleProducer, ...: docs/other-languages.md), without their
+# dependencies: the broker's jars are the rest of their classpath (kafka-tools' own tree adds ~40 MB of Connect,
+# Jetty and Jersey that the console clients never load)
+TOOLS_ARTIFACT = "org.apache.kafka:kafka-tools:{version}"
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
@@ -70,15 +74,33 @@ def _java(s: Settings) -> str:
 
 
 def install(s: Settings) -> None:
-    """Resolve the broker jars once into the download cache."""
+    """Resolve the broker jars once into the download cache, and the command-line clients' jar beside them."""
     p = _paths(s)
     marker = p["libs"] / ".complete"
-    if marker.exists():
+    if not marker.exists():
+        if p["libs"].exists():
+            shutil.rmtree(p["libs"])
+        copy_dependencies(_POM.format(version=s.kafka_version), p["work"], p["libs"], PART, p["log"])
+        marker.write_text("ok\n")
+    _install_tools(s)
+
+
+def _install_tools(s: Settings) -> None:
+    """Add the kafka-tools jar beside the broker's (also into a cache resolved before it was needed); additive only."""
+    p = _paths(s)
+    jar = p["libs"] / f"kafka-tools-{s.kafka_version}.jar"
+    if jar.exists():
         return
-    if p["libs"].exists():
-        shutil.rmtree(p["libs"])
-    copy_dependencies(_POM.format(version=s.kafka_version), p["work"], p["libs"], PART, p["log"])
-    marker.write_text("ok\n")
+    source = fetch_artifact(TOOLS_ARTIFACT.format(version=s.kafka_version), PART, p["log"])
+    partial = jar.with_suffix(".jar.part")  # not *.jar: a half-copied file never lands on a classpath
+    shutil.copyfile(source, partial)
+    partial.rename(jar)
+
+
+def tools_classpath(s: Settings) -> str:
+    """The `java -cp` value for Kafka's command-line clients (ConsoleProducer, ...), installing what is missing."""
+    install(s)
+    return str(_paths(s)["libs"] / "*")
 
 
 def _write_config(s: Settings) -> None:

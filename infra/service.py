@@ -1,4 +1,4 @@
-"""memory-ledger's own processes (stream worker, search indexer, HTTP API) run like the servers.
+"""memory-ledger's own processes (stream worker, search indexer, HTTP API, MCP server) run like the servers.
 
 infra only spawns the `ledger` commands by name; it imports none of their code, so
 the data flow (producers -> stream_processors -> projections -> api) stays one-way.
@@ -17,6 +17,11 @@ SERVICES = {
     "worker": ["worker"],
     "indexer": ["indexer"],
     "api": ["serve"],
+    "mcp": ["mcp", "--transport", "http"],  # the MCP server over Streamable HTTP, beside the API
+}
+HEALTH = {  # the services with an HTTP health route: (host, port, path)
+    "api": lambda s: (s.api_host, s.api_port, "/v1/health"),
+    "mcp": lambda s: (s.mcp_host, s.mcp_port, "/health"),
 }
 
 
@@ -39,8 +44,9 @@ def pid(s: Settings, name: str) -> int | None:
 def healthy(s: Settings, name: str) -> bool:
     if pid(s, name) is None:
         return False
-    if name == "api":
-        with urllib.request.urlopen(f"http://{s.api_host}:{s.api_port}/v1/health", timeout=3) as resp:
+    if name in HEALTH:
+        host, port, path = HEALTH[name](s)
+        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=3) as resp:
             return resp.status == 200
     return True
 
@@ -61,5 +67,6 @@ def stop(s: Settings, name: str) -> bool:
 
 
 def describe(s: Settings, name: str) -> dict[str, str]:
-    address = f"http://{s.api_host}:{s.api_port}" if name == "api" else f"ledger {' '.join(SERVICES[name])}"
+    addresses = {"api": f"http://{s.api_host}:{s.api_port}", "mcp": f"http://{s.mcp_host}:{s.mcp_port}/mcp"}
+    address = addresses.get(name, f"ledger {' '.join(SERVICES[name])}")
     return {"address": address, "log": str(_log(s, name)), "data": "-"}

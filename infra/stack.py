@@ -15,7 +15,7 @@ from producers.settings import Settings
 
 SERVERS: dict[str, ModuleType] = {"postgres": postgres, "kafka": kafka, "elasticsearch": elasticsearch}
 SERVER_ORDER = ["postgres", "kafka", "elasticsearch", "model"]
-SERVICE_ORDER = ["worker", "indexer", "api"]
+SERVICE_ORDER = ["worker", "indexer", "api", "mcp"]  # mcp: the MCP server, beside the API
 ALL_PARTS = SERVER_ORDER + SERVICE_ORDER
 
 

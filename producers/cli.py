@@ -1,4 +1,4 @@
-"""`ledger publish FILE.jsonl` (or `-` for stdin) and `ledger topics`.
+"""`ledger publish FILE.jsonl` (or `-` for stdin), `ledger topics` and `ledger schema`.
 
 `publish` streams one event per line through the SDK in batches, with a progress bar, and ends
 with a summary: accepted, rejected (line number, code, field, message), partitions used. An
@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import typer
 
-__all__ = ["publish", "topics"]
+__all__ = ["publish", "schema", "topics"]
 
 
 @dataclass
@@ -42,7 +42,7 @@ def _settings(topic: str | None) -> Any:
 
     s = get_settings()
     if topic:
-        s = s.model_copy(update={"topic": topic, "dlq_topic": f"{topic}.dlq"})
+        s = s.model_copy(update={"topic": topic, "dlq_topic": f"{topic}.dlq", "access_topic": f"{topic}.access"})
     return s
 
 
@@ -108,7 +108,9 @@ def _run(stream: IO[bytes], total: int | None, producer: Any, batch_size: int, q
         for number, size, raw in _lines(stream):
             if raw:
                 try:
-                    publisher.add(number, decode(raw))
+                    publisher.add(
+                        number, decode(raw, mint_event_id=True)
+                    )  # a line without an id gets one, as at the door
                 except InvalidEvent as exc:
                     summary.rejected.append(Rejection(number, exc.code, exc.field, exc.message))
             progress.update(task, advance=size, counts=f"{summary.accepted} accepted, {len(summary.rejected)} rejected")
@@ -170,11 +172,33 @@ def publish(
 
 
 def topics(
-    topic: str | None = typer.Option(None, help="ledger topic (default: LEDGER_TOPIC); its DLQ is TOPIC.dlq"),
+    topic: str | None = typer.Option(
+        None, help="ledger topic (default: LEDGER_TOPIC); its DLQ is TOPIC.dlq, its access topic TOPIC.access"
+    ),
 ) -> None:
-    """Create the ledger topic and its dead-letter topic (idempotent)."""
+    """Create the ledger topic, its dead-letter topic and the access topic (idempotent)."""
     from producers.topics import ensure_topics
 
     for status in ensure_topics(_settings(topic)):
         state = "created" if status.created else "exists"
         typer.echo(f"{status.name}: {state}, {status.partitions} partitions")
+
+
+def schema(
+    write: bool = typer.Option(False, "--write", help="regenerate the checked-in file from the contract"),
+    check: bool = typer.Option(False, "--check", help="exit 1 if the checked-in file differs from the contract"),
+) -> None:
+    """Print the event contract as a JSON Schema (for producers in other languages), or write/check the file."""
+    from producers.event_schema import SCHEMA_FILE, render
+
+    text = render()
+    if check:
+        same = SCHEMA_FILE.exists() and SCHEMA_FILE.read_text(encoding="utf-8") == text
+        typer.echo(f"{SCHEMA_FILE}: {'up to date' if same else 'differs from the contract: run ledger schema --write'}")
+        raise typer.Exit(0 if same else 1)
+    if write:
+        SCHEMA_FILE.parent.mkdir(parents=True, exist_ok=True)
+        SCHEMA_FILE.write_text(text, encoding="utf-8")
+        typer.echo(f"wrote {SCHEMA_FILE}")
+        return
+    typer.echo(text, nl=False)

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import (
@@ -31,6 +31,12 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 __all__ = [
+    "ACCESS_TYPE",
+    "AccessEvent",
+    "access_id_for",
+    "access_key",
+    "decode_access",
+    "encode_access",
     "CURRENT_SCHEMA_VERSION",
     "EventType",
     "INT_MAX",
@@ -500,12 +506,18 @@ def check_skew(event: MemoryEvent, max_future_skew: timedelta, reference: dateti
 
 
 def decode(
-    raw: bytes | None, *, default_observed_at: datetime | None = None, max_future_skew: timedelta | None = None
+    raw: bytes | None,
+    *,
+    default_observed_at: datetime | None = None,
+    max_future_skew: timedelta | None = None,
+    mint_event_id: bool = False,
 ) -> MemoryEvent:
     """Kafka record bytes to a valid event, or InvalidEvent with the reason.
 
     `default_observed_at` (the record's broker timestamp) fills a missing observed_at and is
     the reference of `max_future_skew`, so replaying the log gives the same result every time.
+    A record must carry its event_id; only a producer reading its own input (`ledger publish`, like
+    `POST /v1/events`) passes `mint_event_id=True` to have one minted before the event is published.
     """
     if raw is None:
         raise InvalidEvent("empty", "the record has no value")
@@ -515,6 +527,11 @@ def decode(
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidEvent("bad_json", f"not valid JSON: {exc}") from None
+    if not mint_event_id and isinstance(data, dict) and data.get("event_id") is None:
+        # the model would mint a fresh id: every replay of this record would then be another event
+        raise InvalidEvent(
+            "missing_field", "a ledger record needs its event_id (the idempotency key); none was sent", "event_id"
+        )
     return from_dict(data, default_observed_at=default_observed_at, max_future_skew=max_future_skew)
 
 
@@ -524,3 +541,76 @@ def encode(event: MemoryEvent) -> bytes:
     if len(raw) > MAX_EVENT_BYTES:
         raise InvalidEvent("too_large", f"the event encodes to {len(raw)} bytes, more than {MAX_EVENT_BYTES}")
     return raw
+
+
+# --- access events (issue 16): what recall and context served, on the access topic --------------------------------
+
+ACCESS_TYPE = "memory.accessed"
+MAX_ACCESS_BYTES = 4096  # an access record is a few hundred bytes; anything larger is not ours
+
+
+class AccessEvent(BaseModel):
+    """One memory that recall (or context) served: which version, found by which stage, to which caller, when.
+
+    It goes on `Settings.access_topic`, never on the ledger: an access is an observation of the service, not a
+    memory. It carries no content, subject or key (memory and version ids are digests) and the caller is a
+    fingerprint of the API key, never the key. `access_id` = `access_id_for(tenant, caller, serving, memory_id,
+    version_id)`: a redelivered or re-sent record is the same access, and so is a retried request that carries the
+    same request id (the serving is the request id when there is one, else a fresh id per serving).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["memory.accessed"] = ACCESS_TYPE
+    access_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    tenant: str = Field(min_length=1, max_length=128, pattern=r"^[^|\s]+$")
+    memory_id: str = Field(min_length=1, max_length=64)
+    version_id: str = Field(min_length=1, max_length=64)
+    stage: str = Field(min_length=1, max_length=32)  # exact | keyword | semantic | hybrid (the hit's match.stage)
+    via: str = Field(default="recall", min_length=1, max_length=32)  # the endpoint that served it: recall | context
+    caller: str = Field(min_length=1, max_length=128)  # api.access.caller_id(key): a fingerprint, never the key
+    request_id: str | None = Field(default=None, max_length=128)  # the caller's X-Request-ID, when it sent one
+    accessed_at: Rfc3339
+    schema_version: int = CURRENT_SCHEMA_VERSION
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for k, v in data.items():
+                _check_json(v, str(k))
+        return data
+
+
+def access_id_for(tenant: str, caller: str, serving: str, memory_id: str, version_id: str) -> str:
+    """The id of one access: the same serving of the same version to the same caller is one access."""
+    return _digest("access", tenant, caller, serving, memory_id, version_id)
+
+
+def access_key(tenant: str, memory_id: str) -> bytes:
+    """The access topic's key: a fact's accesses share a partition (its aggregate is written by one consumer)."""
+    return f"{tenant}|{memory_id}".encode()
+
+
+def encode_access(event: AccessEvent) -> bytes:
+    data = event.model_dump(mode="python")
+    data["accessed_at"] = rfc3339(event.accessed_at)
+    return orjson.dumps({k: v for k, v in data.items() if v is not None})
+
+
+def decode_access(raw: bytes | None) -> AccessEvent:
+    """Access record bytes to an AccessEvent, or InvalidEvent with the reason (as `decode` does for the ledger)."""
+    if raw is None:
+        raise InvalidEvent("empty", "the record has no value")
+    if len(raw) > MAX_ACCESS_BYTES:
+        raise InvalidEvent("too_large", f"{len(raw)} bytes is more than {MAX_ACCESS_BYTES}")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidEvent("bad_json", f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidEvent("not_an_object", f"an access is a JSON object, got {type(data).__name__}")
+    try:
+        return AccessEvent.model_validate(data)
+    except ValidationError as exc:
+        raise from_error(exc) from None

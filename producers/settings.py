@@ -12,9 +12,10 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -34,9 +35,12 @@ def check_names(s: Settings) -> None:
     """Names that end up in SQL, topic and index names: checked, never trusted (also for private copies)."""
     if not _PG_IDENTIFIER.match(s.pg_schema):
         raise UnsafeSettings(f"LEDGER_PG_SCHEMA {s.pg_schema!r}: lower-case letters, digits and _ (at most 63)")
-    for var, topic in (("LEDGER_TOPIC", s.topic), ("LEDGER_DLQ_TOPIC", s.dlq_topic)):
+    topics = (("LEDGER_TOPIC", s.topic), ("LEDGER_DLQ_TOPIC", s.dlq_topic), ("LEDGER_ACCESS_TOPIC", s.access_topic))
+    for var, topic in topics:
         if not _KAFKA_TOPIC.match(topic) or topic in (".", ".."):
             raise UnsafeSettings(f"{var} {topic!r}: letters, digits, '.', '_' and '-' (at most 249)")
+    if s.access_topic in (s.topic, s.dlq_topic):  # accesses are never written to the ledger (or its DLQ)
+        raise UnsafeSettings(f"LEDGER_ACCESS_TOPIC {s.access_topic!r} must differ from the ledger and DLQ topics")
     if not _ES_INDEX.match(s.es_index):
         raise UnsafeSettings(f"LEDGER_ES_INDEX {s.es_index!r}: lower-case letters, digits, '.', '_' and '-'")
 
@@ -106,6 +110,17 @@ class Settings(BaseSettings):
     processor_batch_size: int = 500
     processor_batch_seconds: float = 0.2
 
+    # access tracking (issue 16): each memory recall/context serves, as an event on its own topic (never the
+    # ledger's), recorded off the request path (api.access) and projected by the worker (stream_processors.access)
+    access_topic: str = "memory.access"
+    access_recording: bool = True  # False: the API records no accesses (the bench's baseline)
+    access_queue_size: int = 10_000  # servings waiting for the background flush; beyond it they are dropped (counted)
+    access_flush_s: float = 0.2  # how often the API's flush thread hands queued accesses to the producer
+    access_batch_size: int = 500  # access records per flush of the API, and per projector transaction
+    # recall's prior: the access signal's weight in a hit's score (projections.search.recall.scoring); 0 = it only
+    # breaks ties. Measured: 0.01-0.1 cost ~0.01 MRR@10 on the conversational dev set (bench/results/access-*.md)
+    access_prior_weight: float = Field(default=0.0, ge=0.0, le=0.1)
+
     # API: key -> tenants it may read and write, e.g. {"dev-key": ["acme"]}
     api_keys: dict[str, list[str]] = Field(default_factory=lambda: {"dev-key": ["demo", "acme", "globex"]})
     api_host: str = "127.0.0.1"
@@ -115,6 +130,33 @@ class Settings(BaseSettings):
     # an event observed further than this into the future is refused (`clock_skew`): it would win
     # over every later update until that time; the worker applies the same window to the broker time
     max_future_skew_s: float = 300.0
+
+    # the MCP server (`ledger mcp`, api.mcp, issue 16): where its Streamable HTTP transport binds (callers send
+    # an API key of api_keys as a bearer token); a stdio server acts with mcp_api_key (or `--api-key`)
+    mcp_host: str = "127.0.0.1"
+    mcp_port: int = 8001
+    mcp_api_key: str | None = None
+
+    # Prometheus metrics (issue 12, docs/metrics.md): the API serves them on its own app at a path, without an API
+    # key (no label holds tenant data); the worker and the indexer each on a port of their own (0: no exporter)
+    api_metrics_path: str = "/metrics"  # "": the API serves no metrics
+    worker_metrics_port: int = 9101  # several workers on one host: one port each
+    indexer_metrics_port: int = 9102
+    metrics_host: str = "127.0.0.1"  # where the worker's and the indexer's exporters bind
+    metrics_refresh_s: float = 5.0  # how often gauges that need a query are refreshed (outbox depth, consumer lag)
+
+    # the Python read client (api.client, issue 16): where it finds the API, with which key, how long it waits;
+    # arguments of LedgerClient(...) win over these
+    client_url: str | None = None  # the API's base URL; None: http://<api_host>:<api_port>
+    client_api_key: str | None = None  # None: no key is sent (every route but health and the schema answers 401)
+    client_timeout_s: float = 10.0  # bound on each phase of one request (connect, write, read, pool wait)
+
+    # logs (issue 12, producers.logs): every process writes the same lines to stderr, text or one JSON object per
+    # line, with the ids of what it is doing (request_id, event_id, tenant, batch_id, partition, offset)
+    log_format: Literal["text", "json"] = "text"
+    log_level: Annotated[
+        Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], BeforeValidator(lambda v: str(v).upper())
+    ] = "INFO"
 
     @model_validator(mode="after")
     def _safe(self) -> Settings:
@@ -140,9 +182,13 @@ class Settings(BaseSettings):
         names = {
             "topic": f"{name}.events",
             "dlq_topic": f"{name}.events.dlq",
+            "access_topic": f"{name}.access",
             "processor_group": f"{name}-projector",
             "pg_schema": name,
             "es_index": f"{name}-facts",
+            # private copies share a host with others: their exporters stay off unless asked for a port
+            "worker_metrics_port": 0,
+            "indexer_metrics_port": 0,
         }
         copy = self.model_copy(update={**names, **update})
         check_names(copy)  # model_copy does not validate

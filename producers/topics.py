@@ -53,9 +53,11 @@ def topic_configs(replication: int) -> dict[str, str]:
 
 
 def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[TopicStatus]:
-    """Create `settings.topic` and `settings.dlq_topic` unless they exist; wait until both have leaders."""
+    """Create `settings.topic`, `settings.dlq_topic` and `settings.access_topic` (recall's accesses, issue 16)
+    unless they exist; wait until all have leaders. The access topic has the ledger's configuration: it is the
+    source of the access projection, which a rebuild replays from offset 0."""
     timeout_ms = int(timeout_s * 1000)
-    names = [settings.topic, settings.dlq_topic]
+    names = [settings.topic, settings.dlq_topic, settings.access_topic]
     spec = {
         name: {
             "num_partitions": settings.topic_partitions,
@@ -93,6 +95,49 @@ def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[TopicS
                 settings.topic_partitions,
             )
     return out
+
+
+class EndOffsetReader:
+    """`end_offsets` with one KafkaConsumer kept open between calls (for the API's /v1/stats).
+
+    A new consumer per call costs a bootstrap and a metadata round trip (~120 ms here) against ~1 ms for a
+    reused one. KafkaConsumer is not thread-safe, so calls are serialised by a lock; after a failure the
+    consumer is closed and the next call starts a fresh one (a broker that came back is found again).
+    """
+
+    def __init__(self, settings: Settings, timeout_s: float) -> None:
+        self.settings, self.timeout_s = settings, timeout_s
+        self._lock = threading.Lock()
+        self._consumer: KafkaConsumer | None = None
+
+    def read(self, topic: str | None = None) -> dict[int, int]:
+        with self._lock:
+            if self._consumer is None:
+                timeout_ms = max(1000, int(self.timeout_s * 1000))
+                self._consumer = KafkaConsumer(
+                    bootstrap_servers=self.settings.kafka_bootstrap,
+                    group_id=None,
+                    enable_auto_commit=False,
+                    bootstrap_timeout_ms=timeout_ms,
+                    request_timeout_ms=timeout_ms,
+                )
+            try:
+                return end_offsets(self.settings, topic, consumer=self._consumer)
+            except BaseException:
+                self._drop()
+                raise
+
+    def _drop(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            try:
+                consumer.close(timeout_ms=1000)
+            except Exception:  # noqa: BLE001 - closing a consumer that already failed: the failure was raised
+                log.debug("closing a failed end-offset consumer", exc_info=True)
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
 
 
 def end_offsets(

@@ -25,11 +25,13 @@ import psycopg
 from faust.types import TP
 from kafka.errors import KafkaError
 
+from producers.logs import bind_ids, new_id, unbind_ids
 from producers.records import Incoming, decode_record
 from producers.settings import Settings
 from projections.postgres.recorder import BatchResult, Recorder, connect
 from stream_processors.app import LedgerApp
 from stream_processors.dlq import DlqProducer
+from stream_processors.metrics import LagGauge, record_batch, record_retry
 
 __all__ = ["BatchRunner", "attach"]
 
@@ -64,10 +66,13 @@ class BatchRunner:
             try:
                 return self._rec().apply_batch(records)
             except psycopg.OperationalError as exc:  # PostgreSQL away, deadlock, timeout: reconnect and retry
+                record_retry("postgres")
                 log.error("batch not applied (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay)
             except KafkaError as exc:  # the DLQ topic did not take the dead letters: the batch rolled back
+                record_retry("dlq")
                 log.error("DLQ sink failed (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay)
             except Exception:  # noqa: BLE001 - not a poison record (the recorder dead-letters those): a bug, retry
+                record_retry("other")
                 log.exception("batch not applied; retrying in %.1fs", delay)
             self._reset()
             time.sleep(delay)
@@ -97,6 +102,7 @@ def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
     """Add the projector agent to `app` and point its consumer's seeks at the PostgreSQL positions."""
     runner = BatchRunner(settings)
     topic = app.topic(settings.topic, value_serializer="raw", key_serializer="raw")
+    lag = LagGauge(settings.topic)  # ledger_worker_consumer_lag (stream_processors.metrics)
 
     async def stored_positions(assigned: Set[TP]) -> Mapping[TP, int]:
         mine = {tp for tp in assigned if tp.topic == settings.topic}
@@ -105,6 +111,7 @@ def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
         for attempt in range(1, 6):
             try:
                 by_partition = await asyncio.to_thread(runner.positions, {tp.partition for tp in mine})
+                lag.positions(by_partition)
                 return {tp: by_partition[tp.partition] for tp in mine}
             except Exception:  # noqa: BLE001 - retried, then fatal (below)
                 log.exception("reading the PostgreSQL positions failed (attempt %d)", attempt)
@@ -118,6 +125,7 @@ def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
 
     async def project(stream) -> None:
         async for events in stream.take_events(settings.processor_batch_size, within=settings.processor_batch_seconds):
+            batch_ids = bind_ids(batch_id=new_id())  # on every line of this batch, its thread's too (to_thread)
             raw = [
                 (
                     e.message.topic,
@@ -136,6 +144,9 @@ def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
                 log.exception("projector failed outside the retry loop; exiting so a restart resumes from PostgreSQL")
                 logging.shutdown()
                 os._exit(70)
+            record_batch(result, time.perf_counter() - started)
+            lag.positions(result.positions)
+            lag.refresh(app.consumer)
             log.info(
                 "batch: %d records, %d applied, %d duplicate, %d conflict, %d erased replay, %d skipped, %d dead "
                 "in %.0f ms, positions %s",
@@ -149,6 +160,12 @@ def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
                 (time.perf_counter() - started) * 1000,
                 result.positions,
             )
+            unbind_ids(batch_ids)
 
     app.agent(topic, name="ledger-projector", concurrency=1)(project)
+
+    async def refresh_lag(*_: object) -> None:  # between batches too: an idle or stuck worker's lag still moves
+        lag.refresh(app.consumer)
+
+    app.timer(settings.metrics_refresh_s, name="ledger-consumer-lag")(refresh_lag)
     return runner

@@ -7,6 +7,9 @@
    it, and resolves the name again once the rename commits), catch the rebuild up to the live
    positions, compute both checksums, rename live -> `<schema>_old_<ts>` and rebuild -> live.
 
+The access topic (issue 16) is replayed the same way after the ledger, into the access tables, and caught up
+to the live access positions under the same lock (the access agent's batches lock `positions` too).
+
 The dead-letter topic is not written again (the records already went there once); the
 dead_letters table is rebuilt (poison records and event_id conflicts included). The rebuild
 takes the live schema's erasure salt, so `erased_events` comes out row for row the same (it is
@@ -21,23 +24,25 @@ because the layouts do.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
 import psycopg
 from kafka import KafkaConsumer, TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
 from psycopg import sql
 
 from producers.records import decode_record
 from producers.settings import Settings
 from producers.topics import end_offsets
+from projections.postgres.access_projector import AccessProjector, decode_access_record
 from projections.postgres.positions import stored_positions
 from projections.postgres.queries import projection_checksum
 from projections.postgres.recorder import Recorder, connect
 from projections.postgres.schema import copy_erasure_salt, create_schema, drop_schema
 
-__all__ = ["RebuildReport", "rebuild", "rebuild_with_progress", "replay"]
+__all__ = ["RebuildReport", "rebuild", "rebuild_with_progress", "replay", "replay_access"]
 
 Progress = Callable[[int], None]  # called with the number of records just applied
 
@@ -54,6 +59,36 @@ class RebuildReport:
 
 def _schema_exists(conn: psycopg.Connection, schema: str) -> bool:
     return conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is not None
+
+
+def _batches(
+    settings: Settings, topic: str, start: dict[int, int], todo: dict[int, int], batch_size: int
+) -> Iterator[list[ConsumerRecord]]:
+    """The records of `topic` from `start` up to `todo` (exclusive) per partition, in polled batches."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=batch_size,
+    )
+    try:
+        tps = {p: TopicPartition(topic, p) for p in todo}
+        consumer.assign(list(tps.values()))
+        for p, tp in tps.items():
+            consumer.seek(tp, start.get(p, 0))
+        remaining = set(todo)
+        while remaining:
+            polled = consumer.poll(timeout_ms=1000, max_records=batch_size)
+            batch = [m for tp, msgs in polled.items() for m in msgs if m.offset < todo[tp.partition]]
+            if batch:
+                yield batch
+            for p in list(remaining):
+                if consumer.position(tps[p]) >= todo[p]:
+                    consumer.pause(tps[p])
+                    remaining.discard(p)
+    finally:
+        consumer.close()
 
 
 def replay(
@@ -73,47 +108,41 @@ def replay(
         todo = {p: end for p, end in until.items() if start.get(p, 0) < end}
         if not todo:
             return 0
-        consumer = KafkaConsumer(
-            bootstrap_servers=settings.kafka_bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_records=batch_size,
-        )
-        try:
-            tps = {p: TopicPartition(settings.topic, p) for p in todo}
-            consumer.assign(list(tps.values()))
-            for p, tp in tps.items():
-                consumer.seek(tp, start.get(p, 0))
-            remaining = set(todo)
-            while remaining:
-                polled = consumer.poll(timeout_ms=1000, max_records=batch_size)
-                batch = []
-                for tp, msgs in polled.items():
-                    for m in msgs:
-                        if m.offset < todo[tp.partition]:
-                            batch.append(
-                                decode_record(
-                                    m.topic,
-                                    m.partition,
-                                    m.offset,
-                                    m.value,
-                                    key=m.key,
-                                    timestamp_ms=m.timestamp,
-                                    max_future_skew=skew,
-                                )
-                            )
-                if batch:
-                    recorder.apply_batch(batch)
-                    records_done += len(batch)
-                    if progress:
-                        progress(len(batch))
-                for p in list(remaining):
-                    if consumer.position(tps[p]) >= todo[p]:
-                        consumer.pause(tps[p])
-                        remaining.discard(p)
-        finally:
-            consumer.close()
+        for msgs in _batches(settings, settings.topic, start, todo, batch_size):
+            batch = [
+                decode_record(
+                    m.topic, m.partition, m.offset, m.value, key=m.key, timestamp_ms=m.timestamp, max_future_skew=skew
+                )
+                for m in msgs
+            ]
+            recorder.apply_batch(batch)
+            records_done += len(batch)
+            if progress:
+                progress(len(batch))
+    return records_done
+
+
+def replay_access(
+    settings: Settings,
+    schema: str,
+    until: dict[int, int],
+    *,
+    batch_size: int = 2000,
+    progress: Progress | None = None,
+) -> int:
+    """`replay` for the access topic (issue 16): the same AccessProjector the worker's access agent runs."""
+    records_done = 0
+    with connect(settings.pg_dsn, schema) as conn:
+        projector = AccessProjector(conn, consumer=settings.processor_group, topic=settings.access_topic)
+        start = projector.positions()
+        todo = {p: end for p, end in until.items() if start.get(p, 0) < end}
+        if not todo:
+            return 0
+        for msgs in _batches(settings, settings.access_topic, start, todo, batch_size):
+            projector.apply_batch([decode_access_record(m.topic, m.partition, m.offset, m.value) for m in msgs])
+            records_done += len(msgs)
+            if progress:
+                progress(len(msgs))
     return records_done
 
 
@@ -131,6 +160,10 @@ def rebuild(
         # the live salt: erased_events is rebuilt row for row, and ids erased before stay erased
         copy_erasure_salt(admin, live, fresh)
     records = replay(settings, fresh, end_offsets(settings), batch_size=batch_size, progress=progress)
+    # then the accesses, whose erasure rule needs the ledger's erasures in place (projections.postgres.accesses)
+    records += replay_access(
+        settings, fresh, end_offsets(settings, settings.access_topic), batch_size=batch_size, progress=progress
+    )
     with psycopg.connect(settings.pg_dsn) as conn:
         with conn.transaction():
             live_checksum = None
@@ -139,6 +172,8 @@ def rebuild(
                 conn.execute(lock)
                 live_pos = stored_positions(conn, settings.processor_group, settings.topic, schema=live)
                 records += replay(settings, fresh, live_pos, batch_size=batch_size, progress=progress)
+                live_access = stored_positions(conn, settings.processor_group, settings.access_topic, schema=live)
+                records += replay_access(settings, fresh, live_access, batch_size=batch_size, progress=progress)
                 live_checksum = projection_checksum(conn, live)
                 conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(live), sql.Identifier(old)))
             rebuilt_checksum = projection_checksum(conn, fresh)
@@ -161,7 +196,7 @@ def rebuild_with_progress(settings: Settings, *, keep_old: bool = True, batch_si
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console()
-    total = sum(end_offsets(settings).values())
+    total = sum(end_offsets(settings).values()) + sum(end_offsets(settings, settings.access_topic).values())
     columns = (
         TextColumn("[bold]rebuild[/] {task.description}"),
         BarColumn(),

@@ -1,7 +1,8 @@
 """Run the projector worker: `python -m stream_processors` or `ledger worker`.
 
 Creates the topics (producers.topics) and the schema (idempotent), then runs one faust worker
-for the configured settings (group = LEDGER_PROCESSOR_GROUP). Start several for more
+for the configured settings (group = LEDGER_PROCESSOR_GROUP): the ledger's agent and the access
+topic's (stream_processors.access). Start several for more
 throughput: they share the partitions, and the PostgreSQL position guard keeps every effect
 exactly-once across rebalances and crashes.
 """
@@ -13,9 +14,12 @@ import logging
 import faust
 import psycopg
 
+from producers.logs import configure_logging
+from producers.metrics import serve as serve_metrics
 from producers.settings import Settings, get_settings
 from producers.topics import ensure_topics
 from projections.postgres.schema import create_schema
+from stream_processors.access import attach_access
 from stream_processors.agents import attach
 from stream_processors.app import make_app
 
@@ -32,14 +36,19 @@ def prepare(settings: Settings) -> None:
         create_schema(conn, settings.pg_schema)
 
 
-def run(settings: Settings | None = None, *, loglevel: str = "info") -> None:
-    """Block running the worker until it is stopped (SIGTERM/SIGINT)."""
+def run(settings: Settings | None = None, *, loglevel: str | None = None) -> None:
+    """Block running the worker until it is stopped (SIGTERM/SIGINT); `loglevel` overrides LEDGER_LOG_LEVEL."""
     settings = settings or get_settings()
+    configure_logging(settings, "worker", level=loglevel)  # producers.logs; faust leaves it alone (below)
     prepare(settings)
+    serve_metrics(settings.worker_metrics_port, settings.metrics_host, setting="LEDGER_WORKER_METRICS_PORT")
     app = make_app(settings)
     runner = attach(app, settings)
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    access_runner = attach_access(app, settings)  # the access topic's agent (issue 16), same group
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=False)
+    worker.spinner = None  # it writes terminal control codes to stdout, between our log lines
     try:
         worker.execute_from_commandline()
     finally:
         runner.close()
+        access_runner.close()

@@ -48,6 +48,7 @@ def _event(**over: Any) -> dict[str, Any]:
 # (label, method, path template, request kwargs, expected status); {memory_id} is filled in from the data
 REQUESTS: list[tuple[str, str, str, dict[str, Any], int]] = [
     ("health", "GET", "/v1/health", {}, 200),
+    ("event schema", "GET", "/v1/schema/event", {}, 200),
     ("facts", "GET", "/v1/subjects/{subject}/facts", {"params": {"tenant": TENANT}}, 200),
     (
         "facts as_of",
@@ -65,7 +66,10 @@ REQUESTS: list[tuple[str, str, str, dict[str, Any], int]] = [
     ),
     ("history", "GET", "/v1/facts/{memory_id}/history", {"params": {"tenant": TENANT}}, 200),
     ("events", "GET", "/v1/subjects/{subject}/events", {"params": {"tenant": TENANT}}, 200),
+    ("tenants", "GET", "/v1/tenants", {}, 200),
+    ("subject search", "GET", "/v1/subjects", {"params": {"tenant": TENANT, "prefix": "project:", "limit": 1}}, 200),
     ("stats", "GET", "/v1/stats", {"params": {"tenant": TENANT}}, 200),
+    ("stats consistency", "GET", "/v1/stats/consistency", {"params": {"tenant": TENANT}}, 200),
     ("recall exact", "POST", "/v1/recall", {"json": {"tenant": TENANT, "query": "P1 backend port"}}, 200),
     (
         "recall time cue",
@@ -79,6 +83,28 @@ REQUESTS: list[tuple[str, str, str, dict[str, Any], int]] = [
         "POST",
         "/v1/recall",
         {"json": {"tenant": TENANT, "query": "backend port 9090", "mode": "keyword", "top_k": 3}},
+        200,
+    ),
+    (
+        "recall known_at",
+        "POST",
+        "/v1/recall",
+        {"json": {"tenant": TENANT, "query": "P1 backend port", "known_at": "2026-01-05T12:00:00Z"}},
+        200,
+    ),
+    (
+        "context",
+        "POST",
+        "/v1/context",
+        {
+            "json": {
+                "tenant": TENANT,
+                "subject": "project:P1",
+                "question": "P1 backend port",
+                "format": "json",
+                "include_history": True,
+            }
+        },
         200,
     ),
     ("publish", "POST", "/v1/events", {"json": {"events": [_event()]}}, 200),

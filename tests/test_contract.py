@@ -169,11 +169,22 @@ def test_generated_event_ids_are_distinct_and_a_given_one_is_kept() -> None:
 
 def test_record_timestamp_fills_a_missing_observed_at_only() -> None:
     ts = datetime(2025, 5, 6, 7, 8, 9, tzinfo=UTC)
-    raw = orjson.dumps(_asserted())
+    raw = orjson.dumps(_asserted(event_id="evt-ts"))
     assert decode(raw, default_observed_at=ts).observed_at == ts
     assert decode(raw, default_observed_at=ts).valid_from == ts
-    given = orjson.dumps(_asserted(observed_at="2026-01-01T00:00:00Z"))
+    given = orjson.dumps(_asserted(event_id="evt-ts", observed_at="2026-01-01T00:00:00Z"))
     assert decode(given, default_observed_at=ts).observed_at == datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("event_id", [..., None])
+def test_a_ledger_record_without_an_event_id_is_refused_not_given_a_fresh_one(event_id: Any) -> None:
+    # a minted id would differ on every replay: a rebuild would make another version of the same record
+    for etype in ("memory.asserted", "memory.retracted", "memory.confirmed", "subject.erased"):
+        raw = orjson.dumps(_asserted(type=etype, event_id=event_id))
+        with pytest.raises(InvalidEvent) as err:
+            decode(raw)
+        assert (err.value.code, err.value.field) == ("missing_field", "event_id")
+    assert decode(orjson.dumps(_asserted(event_id="evt-1"))).event_id == "evt-1"
 
 
 # -- identity ---------------------------------------------------------------------------------

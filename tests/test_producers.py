@@ -404,4 +404,4 @@ def test_cli_topics_is_idempotent(settings: Settings) -> None:
         assert f"{settings.topic}: exists, 6 partitions" in second.stdout
         assert f"{settings.topic}.dlq: exists" in second.stdout
     finally:
-        drop_topics(settings, settings.topic, f"{settings.topic}.dlq")
+        drop_topics(settings, settings.topic, f"{settings.topic}.dlq", f"{settings.topic}.access")

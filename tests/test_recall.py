@@ -131,7 +131,13 @@ UNRELATED = [
 def world(base_settings):
     name = unique("rc")
     settings = base_settings.model_copy(
-        update={"pg_schema": name, "es_index": f"{name}-facts", "topic": f"{name}.events", "api_keys": KEYS}
+        update={
+            "pg_schema": name,
+            "es_index": f"{name}-facts",
+            "topic": f"{name}.events",
+            "access_topic": f"{name}.access",  # never created: the app's accesses are dropped, not sent elsewhere
+            "api_keys": KEYS,
+        }
     )
     embedder = load_embedder(settings)
     with private_store(settings) as (conn, es):
@@ -433,7 +439,7 @@ def test_reindex_and_alias_switch_keep_the_answers(world):
 
 
 def test_stats_report_no_orphans_after_catch_up(world):
-    r = world["client"].get("/v1/stats", params={"tenant": ACME}, headers={"X-API-Key": "k-acme"})
+    r = world["client"].get("/v1/stats/consistency", params={"tenant": ACME}, headers={"X-API-Key": "k-acme"})
     assert r.status_code == 200, r.text
     search = r.json()["search"]
     assert (search["missing_in_es"], search["missing_in_pg"], search["outbox_pending"]) == (0, 0, 0)
@@ -549,7 +555,8 @@ def test_end_to_end_from_kafka_update_and_erasure(pipeline):
     assert ask("用户 42 的座位偏好")["hits"] == []  # verification: the rows are gone even before the index is
 
     def caught_up() -> bool:
-        r = client.get("/v1/stats", params={"tenant": ACME}, headers={"X-API-Key": "k-acme"}).json()["search"]
+        params, headers = {"tenant": ACME}, {"X-API-Key": "k-acme"}
+        r = client.get("/v1/stats/consistency", params=params, headers=headers).json()["search"]
         return (r["missing_in_es"], r["missing_in_pg"], r["outbox_pending"]) == (0, 0, 0)
 
     wait_for(caught_up, timeout=60, what="no orphans once the indexer caught up")

@@ -18,14 +18,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
-from starlette.concurrency import run_in_threadpool
 
-from api.deps import ProducerDep, Storable, TenantQuery, TenantsDep, check_tenant
-from api.errors import ApiError, store_unavailable
+from api import writes
+from api.deps import ResourcesDep, Storable, TenantQuery, TenantsDep
+from api.requests import SUBJECT
 from api.routes._json import json_response
 from api.schemas import ErasureResponse
-from producers.contract import InvalidEvent
-from producers.sdk import PublishError
 
 router = APIRouter(tags=["erasure"])
 
@@ -37,26 +35,11 @@ router = APIRouter(tags=["erasure"])
     responses={202: {"description": "subject.erased published; the projections purge the subject when they apply it"}},
 )
 async def erase_subject(
-    producer: ProducerDep,
+    res: ResourcesDep,
     tenants: TenantsDep,
-    subject: Annotated[Storable, Path(min_length=1, max_length=256, description="the subject (may contain /)")],
+    subject: Annotated[Storable, Path(**SUBJECT, description="the subject (may contain /)")],
     tenant: TenantQuery,
     reason: Annotated[Storable | None, Query(max_length=1024, description="why (kept on the tombstone)")] = None,
 ) -> Response:
     """Publish `subject.erased` for (tenant, subject); 202 with its event_id, partition and offset."""
-    check_tenant(tenant, tenants)
-    try:
-        result = await run_in_threadpool(producer.erase_subject, tenant, subject, reason)
-    except InvalidEvent as exc:  # e.g. a blank subject: the contract names the field
-        raise ApiError(422, exc.code, exc.message, exc.field or "subject") from exc
-    except PublishError as exc:
-        raise store_unavailable("kafka", exc.reason) from exc
-    body = {
-        "event_id": result.event_id,
-        "type": "subject.erased",
-        "tenant": tenant,
-        "subject": subject,
-        "partition": result.partition,
-        "offset": result.offset,
-    }
-    return json_response(body, 202)
+    return json_response(await writes.erase_subject(res, tenants, tenant, subject, reason), 202)

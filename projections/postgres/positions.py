@@ -9,6 +9,8 @@ tests' waits all read them here.
   on a connection (or cursor) whose search_path is the projection schema, or naming the schema.
 - `read_positions(settings)`: on a connection of its own; {} while the schema has no positions yet.
 - `wait_for_positions(settings, targets, timeout)`: poll until every partition reaches its target.
+- `lock_positions(cur, consumer, topic, partitions)` / `advance_positions(cur, consumer, topic, ends)`: the
+  writer's side, inside its batch transaction (the ledger's Recorder and the access projector).
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ from psycopg import sql
 
 from producers.settings import Settings
 
-__all__ = ["read_positions", "stored_positions", "stored_positions_async", "wait_for_positions"]
+__all__ = [
+    "advance_positions",
+    "lock_positions",
+    "read_positions",
+    "stored_positions",
+    "stored_positions_async",
+    "wait_for_positions",
+]
 
 _SELECT = sql.SQL('SELECT "partition", next_offset FROM {} WHERE consumer = %s AND topic = %s')
 
@@ -80,3 +89,32 @@ def wait_for_positions(
         if time.monotonic() > deadline:
             raise TimeoutError(f"positions did not reach {dict(targets)} in {timeout:.0f}s (last: {stored})")
         time.sleep(interval)
+
+
+def lock_positions(cur: psycopg.Cursor, consumer: str, topic: str, partitions: list[int]) -> dict[int, int]:
+    """Inside a batch transaction: create missing position rows (at 0), lock them in partition order, read them.
+
+    The first statement of a batch touches `positions`: a schema switch (`ledger rebuild`) holding its lock makes
+    it wait and then resolve the name to the new schema.
+    """
+    cur.execute(
+        'INSERT INTO positions (consumer, topic, "partition", next_offset) '
+        "SELECT %s, %s, p, 0 FROM unnest(%b::int[]) AS p ON CONFLICT DO NOTHING",
+        (consumer, topic, partitions),
+    )
+    cur.execute(
+        'SELECT "partition", next_offset FROM positions WHERE consumer = %s AND topic = %s '
+        'AND "partition" = ANY(%s) ORDER BY "partition" FOR UPDATE',
+        (consumer, topic, partitions),
+    )
+    return {p: o for p, o in cur.fetchall()}
+
+
+def advance_positions(cur: psycopg.Cursor, consumer: str, topic: str, ends: Mapping[int, int]) -> None:
+    """Inside the same transaction: move each partition's position forward to `ends[p]` (never backwards)."""
+    cur.execute(
+        "UPDATE positions SET next_offset = GREATEST(positions.next_offset, v.next_offset), updated_at = now() "
+        "FROM unnest(%b::int[], %b::bigint[]) AS v(p, next_offset) "
+        'WHERE consumer = %s AND topic = %s AND "partition" = v.p',
+        (list(ends), list(ends.values()), consumer, topic),
+    )

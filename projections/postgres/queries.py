@@ -15,7 +15,7 @@ import hashlib
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -42,9 +42,11 @@ __all__ = [
     "current_facts",
     "fact_history",
     "holds_at_sql",
+    "access_summary",
     "invariant_counts",
     "projection_checksum",
     "subject_events",
+    "subject_versions",
     "version_dict",
     "visible_sql",
 ]
@@ -176,6 +178,18 @@ async def fact_history(conn: psycopg.AsyncConnection, tenant: str, memory_id: st
     return [version_dict(row_to_version(r)) for r in await cur.fetchall()]
 
 
+async def subject_versions(conn: psycopg.AsyncConnection, tenant: str, subject: str) -> list[dict[str, Any]]:
+    """Every version of the subject's facts (current, superseded, retracted), by memory_id then chain order:
+    the history lines of POST /v1/context."""
+    cur = await conn.execute(
+        sql.SQL("SELECT {} FROM fact_versions WHERE tenant = %s AND subject = %s ORDER BY memory_id, version").format(
+            _COLS
+        ),
+        (tenant, subject),
+    )
+    return [version_dict(row_to_version(r)) for r in await cur.fetchall()]
+
+
 async def subject_events(
     conn: psycopg.AsyncConnection,
     tenant: str,
@@ -279,9 +293,10 @@ async def invariant_counts(conn: psycopg.AsyncConnection, tenant: str) -> dict[s
 
 
 def projection_checksum(conn: psycopg.Connection, schema: str) -> str:
-    """md5 over fact_versions and events in key order, without wall-clock columns.
+    """md5 over fact_versions and events (and the access tables) in key order, without wall-clock columns.
 
-    Equal for two schemas that hold the same projection, e.g. the live one and a rebuild from offset 0.
+    Equal for two schemas that hold the same projection, e.g. the live one and a rebuild from offset 0. An access
+    table a schema does not have yet (created on the next start) counts as empty.
     """
     parts = []
     with conn.transaction():
@@ -289,6 +304,8 @@ def projection_checksum(conn: psycopg.Connection, schema: str) -> str:
         for table, key, exclude in (
             ("fact_versions", ("version_id",), set()),
             ("events", ("tenant", "event_id"), {"recorded_at"}),  # event ids are unique per tenant only
+            ("accesses", ("tenant", "access_id"), set()),  # issue 16: the access topic's projection
+            ("access_counts", ("tenant", "memory_id"), set()),
         ):
             cols = [
                 r[0]
@@ -299,6 +316,9 @@ def projection_checksum(conn: psycopg.Connection, schema: str) -> str:
                 ).fetchall()
                 if r[0] not in exclude
             ]
+            if not cols:  # a table of a later layout step, not created in this schema yet: empty
+                parts.append(f"{table}:0:{hashlib.md5(b'').hexdigest()}")
+                continue
             row = conn.execute(
                 sql.SQL(
                     "SELECT count(*), md5(coalesce(string_agg(md5(t::text), '' ORDER BY {key}), '')) "
@@ -312,3 +332,48 @@ def projection_checksum(conn: psycopg.Connection, schema: str) -> str:
             assert row is not None
             parts.append(f"{table}:{row[0]}:{row[1]}")
     return hashlib.md5("|".join(parts).encode()).hexdigest()
+
+
+# --- access tracking (issue 16): what recall and context served ----------------------------------------------------
+
+_SERVED = f"""
+WITH cur AS (SELECT DISTINCT f.memory_id FROM fact_versions f
+             WHERE f.tenant = %(tenant)s AND {holds_at_sql("now").as_string()})
+SELECT count(*), count(a.memory_id), coalesce(sum(a.accesses), 0)
+FROM cur LEFT JOIN access_counts a ON a.tenant = %(tenant)s AND a.memory_id = cur.memory_id
+"""
+_MOST_SERVED = """
+SELECT a.memory_id, v.subject, v.key, v.scope, a.accesses, a.last_accessed_at
+FROM access_counts a
+JOIN LATERAL (SELECT f.subject, f.key, f.scope FROM fact_versions f WHERE f.memory_id = a.memory_id
+              AND f.tenant = a.tenant ORDER BY f.version DESC LIMIT 1) v ON true
+WHERE a.tenant = %(tenant)s
+ORDER BY a.accesses DESC, a.last_accessed_at DESC, a.memory_id
+LIMIT %(top)s
+"""
+
+
+async def access_summary(conn: psycopg.AsyncConnection, tenant: str, *, top: int = 10) -> dict[str, Any]:
+    """How much of what the tenant knows is ever served: the never-retrieved ratio and the most-served facts.
+
+    `never_retrieved_ratio` = current facts (a version holds now) never served by recall or context / current
+    facts (None without current facts); `accesses_of_current` counts their accesses. `most_served`: the `top`
+    facts by accesses (then the latest access, then memory_id), current or not, with their subject and key.
+    """
+    async with _one_snapshot(conn):
+        cur = await conn.execute(_SERVED, {"tenant": tenant, "now": datetime.now(UTC)})
+        row = await cur.fetchone()
+        assert row is not None
+        current, served, accesses = (int(x) for x in row)
+        cur = await conn.execute(_MOST_SERVED, {"tenant": tenant, "top": top})
+        most = await cur.fetchall()
+    return {
+        "current_facts": current,
+        "served_facts": served,
+        "never_retrieved_ratio": round((current - served) / current, 6) if current else None,
+        "accesses_of_current": accesses,
+        "most_served": [
+            {"memory_id": m, "subject": s, "key": k, "scope": sc, "accesses": int(n), "last_accessed_at": _t(last)}
+            for m, s, k, sc, n, last in most
+        ],
+    }

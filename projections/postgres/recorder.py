@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -49,10 +49,13 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from producers.contract import EventType, InvalidEvent, MemoryEvent
+from producers.logs import record_ids
 from producers.records import DeadLetter, Incoming
 from projections.postgres import connection
+from projections.postgres.accesses import erase_accesses
+from projections.postgres.counts import EVENTS, OUTBOX, VERSIONS, add_counts, dead_letters_name
 from projections.postgres.idempotency import ID_HASH_SQL
-from projections.postgres.positions import stored_positions
+from projections.postgres.positions import advance_positions, lock_positions, stored_positions
 from projections.versions import Mark, Route, Version, additions, plan, route
 
 __all__ = [
@@ -86,8 +89,12 @@ class BatchResult:
     erased_replays: int = 0  # re-sent events of an erased subject: no effect, not stored
     skipped: int = 0  # records below the stored position
     dead: int = 0  # newly dead-lettered records
+    dead_codes: dict[str, int] = field(default_factory=dict)  # reason code -> how many of `dead` (metrics)
     versions_written: int = 0
     positions: dict[int, int] = field(default_factory=dict)  # partition -> next_offset after the batch
+    # the counters' changes written with the rows (projections.postgres.counts), the new dead letters (logged)
+    counts: Counter = field(default_factory=Counter, repr=False)
+    letters: list[DeadLetter] = field(default_factory=list, repr=False)
 
     def add(self, other: BatchResult) -> None:
         """Fold in the result of another transaction over later records (bisection)."""
@@ -97,9 +104,13 @@ class BatchResult:
         self.erased_replays += other.erased_replays
         self.skipped += other.skipped
         self.dead += other.dead
+        for code, n in other.dead_codes.items():
+            self.dead_codes[code] = self.dead_codes.get(code, 0) + n
         self.versions_written += other.versions_written
         for p, o in other.positions.items():
             self.positions[p] = max(self.positions.get(p, 0), o)
+        self.counts.update(other.counts)
+        self.letters.extend(other.letters)
 
 
 DlqSink = Callable[[Sequence[DeadLetter]], None]
@@ -200,7 +211,14 @@ class Recorder:
         """`records` failed with the permanent `exc`: apply what can be applied, in ledger order."""
         if len(records) == 1:
             (poison,) = records
-            log.error("record %s/%d/%d is unstorable: %s", poison.topic, poison.partition, poison.offset, exc)
+            log.error(
+                "record %s/%d/%d is unstorable: %s",
+                poison.topic,
+                poison.partition,
+                poison.offset,
+                exc,
+                extra=record_ids(poison),
+            )
             result.add(self._commit([unstorable(poison, exc)], attempts))
             return
         mid = len(records) // 2
@@ -217,7 +235,9 @@ class Recorder:
         for attempt in range(1, attempts + 1):
             try:
                 with self.conn.transaction(), self.conn.cursor() as cur:
-                    return self._apply_batch(cur, records)
+                    result = self._apply_batch(cur, records)
+                _log_dead_letters(result.letters)  # committed: each once
+                return result
             except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure) as exc:
                 if attempt == attempts:
                     raise
@@ -230,19 +250,8 @@ class Recorder:
         return stored_positions(cur, self.consumer, self.topic)
 
     def _lock_positions(self, cur: psycopg.Cursor, partitions: list[int]) -> dict[int, int]:
-        # the first statement of every batch touches `positions`: a schema switch (ledger rebuild)
-        # holding its lock makes this wait and then resolve the name to the new schema
-        cur.execute(
-            'INSERT INTO positions (consumer, topic, "partition", next_offset) '
-            "SELECT %s, %s, p, 0 FROM unnest(%b::int[]) AS p ON CONFLICT DO NOTHING",
-            (self.consumer, self.topic, partitions),
-        )
-        cur.execute(
-            'SELECT "partition", next_offset FROM positions WHERE consumer = %s AND topic = %s '
-            'AND "partition" = ANY(%s) ORDER BY "partition" FOR UPDATE',
-            (self.consumer, self.topic, partitions),
-        )
-        return {p: o for p, o in cur.fetchall()}
+        # the first statement of every batch touches `positions` (a schema switch by ledger rebuild waits it out)
+        return lock_positions(cur, self.consumer, self.topic, partitions)
 
     def _apply_batch(self, cur: psycopg.Cursor, records: Sequence[Incoming]) -> BatchResult:
         result = BatchResult()
@@ -276,12 +285,8 @@ class Recorder:
         for r in records:
             ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
         result.positions = {p: max(stored[p], end) for p, end in ends.items()}
-        cur.execute(
-            "UPDATE positions SET next_offset = GREATEST(positions.next_offset, v.next_offset), updated_at = now() "
-            "FROM unnest(%b::int[], %b::bigint[]) AS v(p, next_offset) "
-            'WHERE consumer = %s AND topic = %s AND "partition" = v.p',
-            (list(result.positions), list(result.positions.values()), self.consumer, self.topic),
-        )
+        advance_positions(cur, self.consumer, self.topic, result.positions)
+        add_counts(cur, result.counts, shard=min(stored))  # a shard whose position row this transaction holds
         if letters and self.dlq_sink is not None:
             self.dlq_sink(letters)  # last, just before the commit: raises if the DLQ topic did not take them
         return result
@@ -308,6 +313,10 @@ class Recorder:
         new = set(cur.fetchall())
         letters = [DeadLetter(r, r.error) for r in invalid if (r.partition, r.offset) in new]  # type: ignore[arg-type]
         result.dead += len(letters)
+        result.counts[("", dead_letters_name(self.topic))] += len(letters)
+        result.letters.extend(letters)
+        for letter in letters:
+            result.dead_codes[letter.error.code] = result.dead_codes.get(letter.error.code, 0) + 1
         return letters
 
     def _erased(self, cur: psycopg.Cursor, records: list[Incoming]) -> set[tuple[str, str]]:
@@ -364,6 +373,7 @@ class Recorder:
         )
         inserted = set(cur.fetchall())
         new = [r for r in records if (r.partition, r.offset) in inserted]
+        result.counts.update((r.event.tenant, EVENTS) for r in new)  # type: ignore[union-attr]
         known = [r for r in records if (r.partition, r.offset) not in inserted]
         if not known:
             return new
@@ -426,7 +436,7 @@ class Recorder:
                 raise CoreRefused(f"{type(exc).__name__}: {exc}") from exc
             inserts.extend(changes.inserts)
             updates.extend(changes.updates)
-        self._write_versions(cur, inserts, updates)
+        self._write_versions(cur, inserts, updates, result.counts)
         result.versions_written += len(inserts) + len(updates)
 
     def _load_versions(self, cur: psycopg.Cursor, facts: list[str]) -> dict[str, list[Version]]:
@@ -452,7 +462,9 @@ class Recorder:
                 out[mid].append(Mark(eid, typ, vf, obs, target=target))
         return out
 
-    def _write_versions(self, cur: psycopg.Cursor, inserts: list[Version], updates: list[Version]) -> None:
+    def _write_versions(
+        self, cur: psycopg.Cursor, inserts: list[Version], updates: list[Version], counts: Counter
+    ) -> None:
         # updates first: a row stops being current before its successor is inserted (unique index)
         if updates:
             cur.execute(
@@ -470,6 +482,7 @@ class Recorder:
             with cur.copy(copy_sql) as copy:
                 for v in inserts:
                     copy.write_row(version_to_row(v))
+            counts.update((v.tenant, VERSIONS) for v in inserts)
         touched = [*inserts, *updates]
         if touched:
             cur.execute(
@@ -477,6 +490,7 @@ class Recorder:
                 "SELECT v, t, s, 'upsert' FROM unnest(%b::text[], %b::text[], %b::text[]) AS x(v, t, s)",
                 ([v.version_id for v in touched], [v.tenant for v in touched], [v.subject for v in touched]),
             )
+            counts.update((v.tenant, OUTBOX) for v in touched)
 
     def _erase(self, cur: psycopg.Cursor, record: Incoming, result: BatchResult, letters: list[DeadLetter]) -> None:
         """subject.erased: purge the subject's versions and events, keep only the erasure tombstones.
@@ -494,21 +508,42 @@ class Recorder:
             "WHERE tenant = %s AND subject = %s AND type <> 'subject.erased' ON CONFLICT DO NOTHING",
             (e.tenant, e.subject),
         )
+        erase_accesses(cur, e.tenant, e.subject)  # its versions' accesses and aggregates, while the versions exist
         cur.execute("DELETE FROM fact_versions WHERE tenant = %s AND subject = %s", (e.tenant, e.subject))
+        result.counts[(e.tenant, VERSIONS)] -= cur.rowcount
         cur.execute(
             "DELETE FROM events WHERE tenant = %s AND subject = %s AND type <> 'subject.erased'", (e.tenant, e.subject)
         )
+        result.counts[(e.tenant, EVENTS)] -= cur.rowcount
         cur.execute(
             "DELETE FROM search_outbox WHERE tenant = %s AND subject = %s AND op = 'upsert'", (e.tenant, e.subject)
         )
+        result.counts[(e.tenant, OUTBOX)] -= cur.rowcount
         cur.execute(
             "INSERT INTO search_outbox (version_id, tenant, subject, op) VALUES (NULL, %s, %s, 'delete_subject')",
             (e.tenant, e.subject),
         )
+        result.counts[(e.tenant, OUTBOX)] += 1
         cur.execute(  # delivered to LISTENers when this transaction commits (API caches)
             "SELECT pg_notify(%s, json_build_object('schema', current_schema(), 'tenant', %s::text, "
             "'subject', %s::text)::text)",
             (ERASURE_CHANNEL, e.tenant, e.subject),
+        )
+
+
+def _log_dead_letters(letters: Sequence[DeadLetter]) -> None:
+    """One line per dead letter, after its transaction committed, with the record's ids (producers.logs)."""
+    for letter in letters:
+        r, err = letter.record, letter.error
+        log.warning(
+            "dead letter %s/%d/%d: %s%s: %s",
+            r.topic,
+            r.partition,
+            r.offset,
+            err.code,
+            f" ({err.field})" if err.field else "",
+            err.message,
+            extra={**record_ids(r), "code": err.code, "field": err.field},
         )
 
 

@@ -41,6 +41,8 @@ CREATE INDEX IF NOT EXISTS events_subject_time ON events (tenant, subject, obser
 -- retractions and confirmations of a fact, re-read when its chain is recomputed
 CREATE INDEX IF NOT EXISTS events_marks ON events (memory_id)
     WHERE type IN ('memory.retracted', 'memory.confirmed');
+-- the console's subject finder: prefix ranges in code point order (projections.postgres.subject_search)
+CREATE INDEX IF NOT EXISTS events_subject_c ON events (tenant, subject COLLATE "C");
 
 CREATE TABLE IF NOT EXISTS fact_versions (
     version_id        text PRIMARY KEY,      -- version_id_for(tenant, event_id): unique across tenants
@@ -118,3 +120,71 @@ CREATE TABLE IF NOT EXISTS erased_events (
     id_hash  bytea NOT NULL,
     PRIMARY KEY (tenant, id_hash)
 );
+
+-- Access tracking (issue 16): the projection of the access topic (projections.postgres.accesses), written by
+-- the worker's access agent with its positions in `positions` (consumer = the group, topic = the access topic),
+-- so each record counts once. Additive: an existing layout-2 schema gets these tables on the next start.
+-- `accesses`: one row per access id (a redelivery is a no-op); no content, subject or key, ids are digests.
+CREATE TABLE IF NOT EXISTS accesses (
+    tenant       text NOT NULL,
+    access_id    text NOT NULL,             -- contract.access_id_for(tenant, caller, serving, memory_id, version_id)
+    memory_id    text NOT NULL,
+    version_id   text NOT NULL,
+    stage        text NOT NULL,
+    via          text NOT NULL,
+    caller       text NOT NULL,             -- a fingerprint of the API key, never the key
+    request_id   text,
+    accessed_at  timestamptz NOT NULL,
+    "partition"  integer NOT NULL,
+    "offset"     bigint NOT NULL,
+    PRIMARY KEY (tenant, access_id)
+);
+CREATE INDEX IF NOT EXISTS accesses_version ON accesses (version_id);  -- an erasure removes its versions' accesses
+-- per fact: how often and how lately it was served (recall's prior reads it; a function of `accesses`)
+CREATE TABLE IF NOT EXISTS access_counts (
+    tenant            text NOT NULL,
+    memory_id         text NOT NULL,
+    accesses          bigint NOT NULL CHECK (accesses > 0),
+    last_accessed_at  timestamptz NOT NULL,
+    PRIMARY KEY (tenant, memory_id)
+);
+-- the version ids of erased subjects, as sha256(salt || version_id) (the erasure salt of `meta`): an access of
+-- an erased version that arrives after the erasure (a lagging projector, a replay) is dropped, not counted
+CREATE TABLE IF NOT EXISTS erased_versions (
+    tenant   text NOT NULL,
+    id_hash  bytea NOT NULL,
+    PRIMARY KEY (tenant, id_hash)
+);
+
+-- /v1/stats' counters (issue 12, projections.postgres.counts): per tenant and name (events, versions, outbox,
+-- dead_letters/<topic> under tenant ''), written by the recorder and the indexer in the transactions that write
+-- the rows they count; a count is the sum over its shards (a shard per writer: see counts.py). Additive: a
+-- layout-2 schema that predates the table is counted once, on the next start, with its writers held off.
+CREATE TABLE IF NOT EXISTS counts (
+    tenant  text NOT NULL,
+    name    text NOT NULL,
+    shard   integer NOT NULL,
+    n       bigint NOT NULL,
+    PRIMARY KEY (tenant, name, shard)
+);
+-- what the counters must equal: GET /v1/stats/consistency compares them, the one-time backfill below uses it
+CREATE OR REPLACE VIEW counts_recount AS
+    SELECT tenant, 'events' AS name, count(*) AS n FROM events GROUP BY tenant
+    UNION ALL SELECT tenant, 'versions', count(*) FROM fact_versions GROUP BY tenant
+    UNION ALL SELECT tenant, 'outbox', count(*) FROM search_outbox GROUP BY tenant
+    UNION ALL SELECT '', 'dead_letters/' || topic, count(*) FROM dead_letters GROUP BY topic;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM meta WHERE name = 'counts') THEN
+        LOCK TABLE events, fact_versions, search_outbox, dead_letters IN SHARE MODE;
+        DELETE FROM counts;
+        INSERT INTO counts (tenant, name, shard, n) SELECT tenant, name, 0, n FROM counts_recount;
+        INSERT INTO meta (name, value) VALUES ('counts', 'recounted at ' || now());
+    END IF;
+END $$;
+-- versions breaking a row-local rule of /v1/stats' invariants (normally none, so counting them reads an empty
+-- index); the predicate is projections.postgres.stats.SUSPECT, word for word, so the planner uses the index
+CREATE INDEX IF NOT EXISTS fact_versions_suspect ON fact_versions (tenant) WHERE
+    (status = 'superseded' AND superseded_by IS NULL) OR (status = 'active' AND superseded_by IS NOT NULL)
+    OR ((superseded_by IS NULL) <> (superseded_at IS NULL))
+    OR ((source->>'type') = 'explicit' AND confidence <> 1.0);

@@ -10,14 +10,13 @@ def indexer(
     batch_size: int | None = typer.Option(None, help="outbox rows per bulk request (LEDGER_INDEXER_BATCH_SIZE)"),
 ) -> None:
     """Drain the search outbox into Elasticsearch forever (one per schema; extra ones wait on a lock)."""
-    import logging
-
+    from producers.logs import configure_logging
     from producers.settings import get_settings
     from projections.search.indexer import run_indexer
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("elastic_transport").setLevel(logging.WARNING)
-    run_indexer(get_settings(), poll_seconds=poll, batch_size=batch_size)
+    settings = get_settings()
+    configure_logging(settings, "indexer")
+    run_indexer(settings, poll_seconds=poll, batch_size=batch_size)
 
 
 def reindex(batch_size: int = typer.Option(256, help="documents per embedding batch")) -> None:
@@ -28,11 +27,13 @@ def reindex(batch_size: int = typer.Option(256, help="documents per embedding ba
     from elasticsearch import Elasticsearch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from producers.logs import configure_logging
     from producers.settings import get_settings
     from projections.embedding import load_embedder
     from projections.search.reindex import reindex as run
 
     s = get_settings()
+    configure_logging(s, "reindex")
     embedder = load_embedder(s)
     with (
         psycopg.connect(s.pg_dsn, autocommit=True) as conn,

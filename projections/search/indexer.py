@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,8 +25,12 @@ from elasticsearch.helpers import streaming_bulk
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from producers.logs import bind_ids, new_id, unbind_ids
+from producers.metrics import serve as serve_metrics
 from producers.settings import Settings
 from projections.embedding import Embedder, load_embedder
+from projections.postgres.counts import INDEXER_SHARD, OUTBOX, add_counts
+from projections.search import metrics
 from projections.search.documents import build_doc, embedding_text_for, rows_sql, status_fields
 from projections.search.ids import doc_ids, tenant_query
 from projections.search.mapping import ensure_index
@@ -123,7 +128,11 @@ def _existing(es: Elasticsearch, index: str, ids: list[str]) -> set[str]:
 
 
 def _index_actions(index: str, rows: list[dict[str, Any]], embedder: Embedder, stats: DrainStats) -> list[dict]:
-    vectors = embedder.embed([embedding_text_for(r) for r in rows]) if rows else []
+    if not rows:
+        return []
+    started = time.perf_counter()
+    vectors = embedder.embed([embedding_text_for(r) for r in rows])
+    metrics.embedding(len(rows), time.perf_counter() - started)
     stats.embedded += len(rows)
     return [
         {"_op_type": "index", "_index": index, "_id": r["version_id"], "_source": build_doc(r, v.tolist())}
@@ -218,7 +227,10 @@ def _drain(
         if (vid not in failed_ids if op == "upsert" else not failed_ids)  # an erasure retries on any failure
     ]
     with conn.transaction():
-        conn.execute("DELETE FROM search_outbox WHERE id = ANY(%s)", (done,))
+        gone = conn.execute("DELETE FROM search_outbox WHERE id = ANY(%s) RETURNING tenant", (done,)).fetchall()
+        # /v1/stats' outbox counters, in the same transaction (projections.postgres.counts)
+        removed = Counter((tenant, OUTBOX) for (tenant,) in gone)
+        add_counts(conn, {k: -n for k, n in removed.items()}, shard=INDEXER_SHARD)
     stats.rows += len(done)
     if stats.failed:
         log.warning("indexer: %d documents failed, kept in the outbox: %s", len(failed_ids), stats.failed[:3])
@@ -246,12 +258,31 @@ def run_indexer(
     conn: psycopg.Connection | None = None
     backoff = 0.5
     total, t0 = 0, time.monotonic()
+    metrics.register()
+    serve_metrics(settings.indexer_metrics_port, settings.metrics_host, setting="LEDGER_INDEXER_METRICS_PORT")
+    gauges_at = -settings.metrics_refresh_s  # the outbox gauges are read after the first drain
     log.info("indexer: draining %s.search_outbox into %s", settings.pg_schema, settings.es_index)
+    batch_ids = bind_ids()
     while stop is None or not stop():
+        unbind_ids(batch_ids)
+        batch_ids = bind_ids(batch_id=new_id())  # on every line of this round (producers.logs)
         try:
             if conn is None or conn.closed:
                 conn = _connect(settings)
-            n = drain_once(settings, conn, es, embedder, batch_size=batch_size)
+            stats, started = DrainStats(), time.perf_counter()
+            n = drain_once(settings, conn, es, embedder, batch_size=batch_size, stats=stats)
+            if n or stats.failed:
+                metrics.record_drain(
+                    indexed=stats.indexed,
+                    updated=stats.updated,
+                    deleted=stats.deleted,
+                    failed=len(stats.failed),
+                    rows=stats.rows,
+                    seconds=time.perf_counter() - started,
+                )
+            if time.monotonic() - gauges_at >= settings.metrics_refresh_s:
+                metrics.refresh_outbox(conn)
+                gauges_at = time.monotonic()
             backoff = 0.5
             total += n
             if 0 < n < batch_size:
@@ -264,6 +295,10 @@ def run_indexer(
                 time.sleep(poll_seconds)
         except Exception as exc:  # noqa: BLE001 - a long-running drainer backs off and retries, never dies
             expected = isinstance(exc, (ESConnectionError, ApiError, psycopg.Error))
+            es_error = isinstance(exc, (ESConnectionError, ApiError))
+            metrics.record_drain_error(
+                "elasticsearch" if es_error else "postgres" if isinstance(exc, psycopg.Error) else "other"
+            )
             log.warning(
                 "indexer: %s: %s; retrying in %.1fs",
                 type(exc).__name__,

@@ -178,6 +178,9 @@ def read_calls(tenant: str) -> list[tuple[str, str, dict]]:
         ("GET", "/v1/subjects/project:P1/events", {"params": {"tenant": tenant}}),
         ("GET", f"/v1/facts/{mid}/history", {"params": {"tenant": tenant}}),
         ("GET", "/v1/stats", {"params": {"tenant": tenant}}),
+        ("GET", "/v1/stats/consistency", {"params": {"tenant": tenant}}),
+        ("GET", "/v1/subjects", {"params": {"tenant": tenant, "prefix": "project:"}}),
+        ("POST", "/v1/context", {"json": {"tenant": tenant, "subject": "project:P1", "question": "P1 backend port"}}),
     ]
     for mode in MODES:
         calls.append(("POST", "/v1/recall", {"json": {"tenant": tenant, "query": "P1 backend port", "mode": mode}}))

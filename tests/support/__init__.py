@@ -14,6 +14,9 @@ this package only adds what a test needs around them.
   (the indexer's drain until the outbox is empty), for search and recall tests.
 - events: factories `asserted`, `facts`, `marked`, `erased`, `wire`, times `at(day)` after `T0`.
 - pipeline: `pipeline(settings, seed=..., indexer=..., app=...)`, the whole ledger for one module.
+- browser (import it directly: it needs Playwright): `ApiServer` (uvicorn child on a free port), `chromium()`,
+  `OfflinePage` (every request to another origin aborted); console_world / console_page: the audit console's
+  world and page object (tests/test_console.py, `python -m tests.support.shoot_console` for docs/console/).
 """
 
 from tests.support.events import T0, TENANT, asserted, at, erased, facts, marked, wire

@@ -90,11 +90,11 @@ def dlq_envelopes(
 
 
 def drop_topics(settings: Settings, *names: str) -> None:
-    """Delete `names` (default: the ledger topic and its DLQ) if they exist."""
+    """Delete `names` (default: the ledger topic, its DLQ and the access topic) if they exist."""
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     try:
         existing = set(admin.list_topics())
-        doomed = [n for n in (names or (settings.topic, settings.dlq_topic)) if n in existing]
+        doomed = [n for n in (names or (settings.topic, settings.dlq_topic, settings.access_topic)) if n in existing]
         if doomed:
             admin.delete_topics(doomed)
     finally:

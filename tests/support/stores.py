@@ -125,7 +125,7 @@ def cleanup(settings: Settings) -> None:
     admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     try:
         existing = set(admin.list_topics())
-        doomed = [t for t in (settings.topic, settings.dlq_topic) if t in existing]
+        doomed = [t for t in (settings.topic, settings.dlq_topic, settings.access_topic) if t in existing]
         if doomed:
             admin.delete_topics(doomed)
     except Exception:  # noqa: BLE001 - clean-up is best effort

@@ -24,8 +24,10 @@ from psycopg_pool import AsyncConnectionPool
 from producers.settings import Settings
 from projections.embedding import Embedder, load_embedder
 from projections.search.cues import Cues, extract
+from projections.search.recall.access import access_signals, order_ties, tied_memory_ids
 from projections.search.recall.fusion import rrf, single
 from projections.search.recall.index import ElasticIndex, SearchIndex
+from projections.search.recall.metrics import observe_stage
 from projections.search.recall.model import MODES, Candidate, Match, Mode, RecallQuery
 from projections.search.recall.response import hit
 from projections.search.recall.scoring import BAND, Scored, Strength, by_fused_rank, by_overlap, scored
@@ -111,12 +113,13 @@ class RecallEngine:
         vocab: VocabularyCache | None = None,
         embedder: Embedder | None = None,
         index: SearchIndex | None = None,
-        observe: Observer | None = None,
+        observe: Observer | None = observe_stage,
     ) -> None:
         self.settings, self.es, self.pool = settings, es, pool
         self.index: SearchIndex = index if index is not None else ElasticIndex(es, settings.es_index)
         self.vocab = vocab or VocabularyCache(ttl=settings.vocab_ttl_s)
-        self.observe = observe  # sees every timed stage (name, ms): the hook for metrics
+        self.access_weight = settings.access_prior_weight  # the access signal's share of the prior (scoring)
+        self.observe = observe  # sees every timed stage (name, ms); default: the stage histogram (recall.metrics)
         self._embedder = embedder
         self._embedder_lock = asyncio.Lock()
 
@@ -154,7 +157,7 @@ class RecallEngine:
                     seen = {h.row["memory_id"] for h in hits}
                     for row, m in await verify(self.pool, q, at, matches):
                         if row["memory_id"] not in seen:
-                            hits.append(scored(row, m, cues, at, tier.floor, tier.strength))
+                            hits.append(scored(row, m, cues, at, tier.floor, tier.strength, self.access_weight))
 
         if not hits:  # perhaps an alias or entity written after the vocabulary was loaded
             self.vocab.nudge(self.pool, self.settings.pg_schema, q.tenant, min_age=self.settings.vocab_nudge_s)
@@ -170,8 +173,7 @@ class RecallEngine:
             return await asyncio.get_running_loop().run_in_executor(CUES_EXECUTOR, extract, q.query, vocab, now)
         return extract(q.query, vocab, now)
 
-    @staticmethod
-    async def _run(tier: Tier, ctx: RecallContext) -> list[Match] | None:
+    async def _run(self, tier: Tier, ctx: RecallContext) -> list[Match] | None:
         """The tier's stages, each timed by its name, and their lists fused; None: the tier did not run."""
         found: list[tuple[Stage[Any], list[Candidate]]] = []
         for stage in tier.stages:
@@ -179,8 +181,12 @@ class RecallEngine:
             if ask is not None:
                 with ctx.trace.timed(stage.name):
                     found.append((stage, await stage.run(ctx, ask)))
+                if ctx.query.explain:
+                    ctx.trace.list_candidates(stage.name, found[-1][1])
         if tier.fused:
             with ctx.trace.timed("fusion"):
+                if tied := tied_memory_ids(found):  # ties a stage cannot break go by access (recall.access)
+                    found = order_ties(found, await access_signals(self.pool, ctx.query.tenant, tied, ctx.at))
                 matches = rrf(found, ctx)
         elif found:
             matches = single(found)

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any, NamedTuple
 
 from projections.search.cues import TimeRange
+from projections.search.modes import MODES, Mode
 
 __all__ = ["MODES", "Candidate", "Match", "Mode", "RecallFilters", "RecallQuery", "Scope"]
 
-# The one definition of the recall modes (the API's request model uses it too).
-Mode = Literal["auto", "exact", "keyword", "semantic", "hybrid"]
-MODES: tuple[Mode, ...] = get_args(Mode)
+# Mode, MODES: defined once in projections.search.modes (a leaf, so api.schemas names them without the engine)
 
 
 @dataclass(frozen=True)
@@ -56,6 +55,7 @@ class RecallQuery:
     as_of: datetime | None = None
     mode: Mode = "auto"
     filters: RecallFilters = field(default_factory=RecallFilters)
+    explain: bool = False  # the trace lists each stage's candidates (the console's playground), not only counts
 
 
 class Scope(NamedTuple):

@@ -13,6 +13,8 @@ __all__ = ["hit"]
 def hit(s: Scored) -> dict[str, Any]:
     row, m = s.row, s.match
     scores = {**m.scores, "prior": round(s.prior, 4), "overlap": round(s.overlap, 4)}
+    if s.access:  # the access signal inside the prior (scoring.access_signal), for a fact served before
+        scores["access"] = round(s.access, 4)
     match: dict[str, Any] = {"stage": m.stage, "cues": s.cues, "scores": scores}
     if row["version_id"] != m.version_id:
         match["verified"] = {"candidate": m.version_id, "replaced_by": row["version_id"]}

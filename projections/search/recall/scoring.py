@@ -1,9 +1,21 @@
 """Scoring a verified hit: its tier's band, its strength in the tier, the prior; and which cues it carries.
 
-score = floor + 0.9 * strength + 0.09 * prior, with strength and prior in [0, 1]: a hit scores in
-[floor, floor + 0.99], so a tier with a higher floor always ranks above one with a lower floor. The exact tier's
-floor is 1 and its strength is how much of the question a hit covers (`overlap`); the fuzzy tier's floor is 0 and
-its strength is the fused rank. Ties break on (score desc, valid_from desc, memory_id asc).
+score = floor + 0.9 * strength + 0.09 * prior, with strength in [0, 1] and prior in [0, 1 + MAX_ACCESS_WEIGHT]: a
+hit scores in [floor, floor + 0.999], so a tier with a higher floor always ranks above one with a lower floor (an
+exact hit above every fuzzy one, however often that one was served). The exact tier's floor is 1 and its strength is
+how much of the question a hit covers (`overlap`); the fuzzy tier's floor is 0 and its strength is the fused rank.
+Ties break on (score desc, valid_from desc, access signal desc, memory_id asc).
+
+The prior: valid-time recency, importance and confidence (weights 0.4, 0.3, 0.3: [0, 1]), plus `access_weight` *
+the access signal (issue 16): how often the fact was served (log-scaled, full at ACCESS_SATURATION accesses) and how
+lately (half-life ACCESS_HALF_LIFE_DAYS), half each, read from `access_counts` by the verification. The weight is
+`Settings.access_prior_weight`, at most MAX_ACCESS_WEIGHT (+0.009 on a score), by default 0: measured on the
+conversational dev set with recording on, any weight from 0.01 to 0.1 cost 0.009-0.011 of MRR@10 (any@10, frac@10
+unchanged), because it decides exact score ties that valid-time order decided before (bench/results/access-*.md).
+Whatever the weight, the signal orders what the other signals leave exactly equal: the final tie-break after
+valid_from here, and the candidates a fused stage scores exactly alike (recall.access.order_ties). A fact never
+served has a signal of exactly 0: with no accesses recorded recall answers what it answered before access
+tracking. Deterministic for a given state: the aggregates are a function of the access log, ages are taken at `at`.
 """
 
 from __future__ import annotations
@@ -17,9 +29,25 @@ from typing import Any
 from projections.search.cues import Cues, canonical, event_types_in, key_phrases, subject_ids, units
 from projections.search.recall.model import Match
 
-__all__ = ["BAND", "Scored", "Strength", "by_fused_rank", "by_overlap", "matched", "prior", "score", "scored"]
+__all__ = [
+    "MAX_ACCESS_WEIGHT",
+    "BAND",
+    "Scored",
+    "Strength",
+    "access_signal",
+    "by_fused_rank",
+    "by_overlap",
+    "matched",
+    "prior",
+    "score",
+    "scored",
+]
 
 BAND = 1.0  # the width of a band: tiers' floors differ by at least this much
+MAX_ACCESS_WEIGHT = 0.1  # the largest share of the prior the access signal may have (the other three sum to 1)
+ACCESS_SATURATION = 100  # accesses at which the frequency half of the signal is full (log scale below)
+ACCESS_HALF_LIFE_DAYS = 7.0  # recency of the last access
+assert 0.9 + 0.09 * (1 + MAX_ACCESS_WEIGHT) < BAND  # the strongest fuzzy hit stays below the weakest exact one
 Strength = Callable[[Match, float], float]  # (the match, its overlap) -> its strength in its tier, in [0, 1]
 
 
@@ -33,11 +61,23 @@ def by_fused_rank(match: Match, overlap: float) -> float:
     return match.fused
 
 
-def prior(row: dict[str, Any], at: datetime) -> float:
-    """Recency (30-day half-life from valid_from), importance, confidence: each in [0, 1]."""
+def access_signal(row: dict[str, Any], at: datetime) -> float:
+    """How often and how lately the fact was served, in [0, 1]; 0 for a fact never served (or without the columns)."""
+    n = row.get("accesses") or 0
+    if n <= 0:
+        return 0.0
+    frequency = min(1.0, math.log1p(n) / math.log1p(ACCESS_SATURATION))
+    age_days = max(0.0, (at - row["last_accessed_at"]).total_seconds() / 86400)
+    return 0.5 * frequency + 0.5 * math.pow(0.5, age_days / ACCESS_HALF_LIFE_DAYS)
+
+
+def prior(row: dict[str, Any], at: datetime, access: float = 0.0, weight: float = 0.0) -> float:
+    """Recency (30-day half-life from valid_from), importance, confidence, each in [0, 1], weighted to [0, 1]; plus
+    `weight` (at most MAX_ACCESS_WEIGHT) * `access` (the access signal)."""
     age_days = max(0.0, (at - row["valid_from"]).total_seconds() / 86400)
     recency = math.pow(0.5, age_days / 30)
-    return 0.4 * recency + 0.3 * float(row["importance"]) + 0.3 * float(row["confidence"])
+    base = 0.4 * recency + 0.3 * float(row["importance"]) + 0.3 * float(row["confidence"])
+    return base + min(weight, MAX_ACCESS_WEIGHT) * access if access and weight > 0 else base
 
 
 def matched(row: dict[str, Any], cues: Cues) -> tuple[dict[str, Any], float]:
@@ -71,11 +111,21 @@ class Scored:
     prior: float
     overlap: float
     cues: dict[str, Any]  # the cues it carries
-    order: tuple[float, float, str]  # the sort key: score desc, valid_from desc, memory_id asc
+    order: tuple[float, float, float, str]  # the sort key: score desc, valid_from desc, access desc, memory_id asc
+    access: float = 0.0  # the access signal (0: never served)
 
 
-def scored(row: dict[str, Any], m: Match, cues: Cues, at: datetime, floor: float, strength: Strength) -> Scored:
-    p = prior(row, at)
+def scored(
+    row: dict[str, Any],
+    m: Match,
+    cues: Cues,
+    at: datetime,
+    floor: float,
+    strength: Strength,
+    access_weight: float = 0.0,
+) -> Scored:
+    a = access_signal(row, at)
+    p = prior(row, at, a, access_weight)
     found, overlap = matched(row, cues)
     s = round(score(floor, strength(m, overlap), p), 6)
-    return Scored(row, m, s, p, overlap, found, (-s, -row["valid_from"].timestamp(), row["memory_id"]))
+    return Scored(row, m, s, p, overlap, found, (-s, -row["valid_from"].timestamp(), -a, row["memory_id"]), a)

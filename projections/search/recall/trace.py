@@ -20,6 +20,7 @@ from producers.contract import rfc3339
 __all__ = ["Observer", "Trace"]
 
 Observer = Callable[[str, float], None]  # (stage, milliseconds)
+EXPLAIN_LIMIT = 20  # candidates listed per stage when a request asks to explain (the rest are counted only)
 
 
 def iso(t: datetime | None) -> str | None:
@@ -57,16 +58,26 @@ class _Section:
 class Trace:
     """What `POST /v1/recall` returns as `trace`: per-stage times, candidate counts, whether it embedded."""
 
-    __slots__ = ("mode", "stages", "candidates", "embedding_computed", "observe", "_open", "_t0")
+    __slots__ = ("mode", "stages", "candidates", "listed", "embedding_computed", "observe", "_open", "_t0")
 
     def __init__(self, mode: str, observe: Observer | None = None) -> None:
         self._t0 = perf_counter()
         self.mode = mode
         self.stages: dict[str, float] = {}
         self.candidates: dict[str, int] = {}  # "<tier>_candidates" -> how many its stages found
+        self.listed: dict[str, list[dict[str, Any]]] | None = None  # explain: stage -> its candidates, best first
         self.embedding_computed = False
         self.observe = observe
         self._open: _Section | None = None
+
+    def list_candidates(self, stage: str, found: list[Any]) -> None:
+        """Keep what `stage` found (explain only): version and memory ids and the stage's own score, best first."""
+        if self.listed is None:
+            self.listed = {}
+        self.listed[stage] = [
+            {"rank": i + 1, "version_id": c.version_id, "memory_id": c.memory_id, "score": c.score}
+            for i, c in enumerate(found[:EXPLAIN_LIMIT])
+        ]
 
     def timed(self, stage: str) -> _Section:
         """A context manager: the time spent inside it (less nested sections) is `stages_ms[stage]`."""
@@ -78,4 +89,6 @@ class Trace:
         out.update(self.candidates)
         out["total_ms"] = round((perf_counter() - self._t0) * 1000, 3)
         out["as_of"] = iso(as_of)
+        if self.listed is not None:
+            out["candidates"] = self.listed
         return out

@@ -23,11 +23,16 @@ __all__ = ["verify"]
 
 
 def _verify_sql(with_subject: bool) -> str:
-    """The candidates' facts, each as the one version visible at %(at)s (override first, then latest)."""
+    """The candidates' facts, each as the one version visible at %(at)s (override first, then latest), with the
+    fact's access aggregate (`accesses`, `last_accessed_at`: NULL when never served) for the prior."""
     where = "f.tenant = %(tenant)s AND f.memory_id = ANY(%(mids)s)" + (
         " AND f.subject = %(subject)s" if with_subject else ""
     )
-    return visible_sql(ROW_COLUMNS, sql.SQL(where), "at").as_string()
+    visible = visible_sql(ROW_COLUMNS, sql.SQL(where), "at").as_string()
+    return (
+        f"SELECT v.*, a.accesses, a.last_accessed_at FROM ({visible}) v "
+        "LEFT JOIN access_counts a ON a.tenant = v.tenant AND a.memory_id = v.memory_id ORDER BY v.memory_id"
+    )
 
 
 _VERIFY_SQL = {False: _verify_sql(False), True: _verify_sql(True)}  # rendered once: the exact path stays lean

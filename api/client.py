@@ -1,0 +1,457 @@
+"""The read client of the ledger's HTTP API: `LedgerClient` (sync) and `AsyncLedgerClient` (async), on httpx.
+
+    from api.client import LedgerClient, LedgerError
+
+    with LedgerClient("http://127.0.0.1:8000", api_key="dev-key", tenant="demo") as ledger:
+        for hit in ledger.recall("P1 的后端服务地址是什么").hits:
+            print(hit.value, hit.match.stage, hit.source)
+        profile = ledger.facts("project:P1", as_of="2026-01-01T00:00:00Z")
+        chain = ledger.history(profile.facts[0].memory_id)
+
+Beside the producer SDK (producers.sdk, which writes to Kafka), this reads what the projections
+hold: recall, the prompt-ready context block, a subject's facts (as of a valid time, as known at a
+transaction time), a fact's history, a subject's events in ledger order (audit replay), stats,
+health and the event schema.
+`AsyncLedgerClient` has the same methods as coroutines.
+
+Results are the API's own response models (api.schemas: `RecallResponse`, `FactsResponse`, ...),
+never a second definition of a shape; they keep fields this client does not know (the models
+allow extra fields), so a newer server never breaks an older client.
+
+Validation is the server's: an argument left as None is not sent (the server's default applies)
+and a bad one (a naive datetime, `top_k=0`, no tenant at all) comes back as the API's 422 naming
+the field. Every failure raises one exception type, `LedgerError`: `.status` (None when the API
+did not answer), `.detail` (the API's `{"detail": [{code, field, message}]}` items), `.code`,
+`.field`, `.message` of the first item, and `.store` (postgres, elasticsearch or kafka) for a 503
+`store_unavailable`. `health()` is the exception: a 503 there is an answer (`status: degraded`).
+
+Configuration: whatever is not given as an argument comes from `settings` (default
+`producers.settings.get_settings()`: `LEDGER_CLIENT_URL` (else http://LEDGER_API_HOST:LEDGER_API_PORT),
+`LEDGER_CLIENT_API_KEY`, `LEDGER_CLIENT_TIMEOUT_S`); with url, api_key and timeout all given no
+settings are read. `http=` lends the client an httpx client of yours (proxies, TLS, event hooks);
+it is then yours to close.
+
+Import cost: httpx, pydantic and our pure modules only (no FastAPI, no store client);
+tests/test_client.py checks it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from api.schemas import (
+    ContextResponse,
+    ErrorBody,
+    ErrorItem,
+    EventSchemaDocument,
+    EventsResponse,
+    FactsResponse,
+    HealthResponse,
+    HistoryResponse,
+    RecallResponse,
+    StatsResponse,
+)
+from producers.contract import rfc3339
+from producers.settings import Settings, get_settings
+
+__all__ = ["AsyncLedgerClient", "LedgerClient", "LedgerError"]
+
+STORES = ("postgres", "elasticsearch", "kafka")
+Time = datetime | str
+Filters = Mapping[str, str | Sequence[str]]
+
+
+class LedgerError(Exception):
+    """The API refused a request (or could not be reached): its status and its error items."""
+
+    def __init__(self, status: int | None, detail: Sequence[ErrorItem]) -> None:
+        self.status = status
+        self.detail = list(detail) or [ErrorItem(code="error", field=None, message="no detail")]
+        first = self.detail[0]
+        self.code, self.field, self.message = first.code, first.field, first.message
+        super().__init__(
+            f"{status if status is not None else 'no answer'}: "
+            + "; ".join(f"{i.code}" + (f" ({i.field})" if i.field else "") + f": {i.message}" for i in self.detail)
+        )
+
+    @property
+    def store(self) -> str | None:
+        """The store a 503 names (`postgres: database unavailable (...)` -> postgres), else None."""
+        for item in self.detail:
+            name = item.message.split(":", 1)[0]
+            if item.code == "store_unavailable" and name in STORES:
+                return name
+        return None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The API's error body: `{"detail": [{code, field, message}, ...]}`."""
+        return ErrorBody(detail=self.detail).model_dump(mode="json")
+
+
+# -- what each method asks: one description, sent by either client ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Call:
+    method: str
+    path: str
+    model: type[BaseModel]
+    params: dict[str, Any] | None = None
+    body: dict[str, Any] | None = None
+    answers: tuple[int, ...] = (200,)  # statuses whose body is `model` (health: 503 too)
+
+
+def _segment(text: str) -> str:
+    """A path segment: every reserved character escaped (a subject's `/` included; the API reads `%2F` as `/`)."""
+    return quote(text, safe="")
+
+
+def _time(value: Time) -> str:
+    """An aware datetime in the API's spelling; anything else as it is, for the server to judge (and name)."""
+    if isinstance(value, datetime):
+        return rfc3339(value) if value.utcoffset() is not None else value.isoformat()
+    return str(value)
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _times(**values: Time | None) -> dict[str, str]:
+    return {k: _time(v) for k, v in values.items() if v is not None}
+
+
+def _recall(
+    tenant: str | None,
+    query: str,
+    subject: str | None,
+    top_k: int | None,
+    as_of: Time | None,
+    mode: str | None,
+    filters: Filters | None,
+) -> _Call:
+    body = _given(tenant=tenant, query=query, subject=subject, top_k=top_k, mode=mode, **_times(as_of=as_of))
+    if filters is not None:
+        body["filters"] = {k: (v if isinstance(v, str) else list(v)) for k, v in filters.items()}
+    return _Call("POST", "/v1/recall", RecallResponse, body=body)
+
+
+def _context(
+    tenant: str | None,
+    subject: str,
+    question: str | None,
+    budget_tokens: int | None,
+    include_history: bool | None,
+    as_of: Time | None,
+    top_k: int | None,
+    mode: str | None,
+) -> _Call:
+    body = _given(
+        tenant=tenant,
+        subject=subject,
+        question=question,
+        budget_tokens=budget_tokens,
+        include_history=include_history,
+        top_k=top_k,
+        mode=mode,
+        **_times(as_of=as_of),
+    )
+    return _Call("POST", "/v1/context", ContextResponse, body={**body, "format": "json"})  # .text: the text form
+
+
+def _facts(tenant: str | None, subject: str, as_of: Time | None, known_at: Time | None) -> _Call:
+    params = _given(tenant=tenant, **_times(as_of=as_of, known_at=known_at))
+    return _Call("GET", f"/v1/subjects/{_segment(subject)}/facts", FactsResponse, params=params)
+
+
+def _history(tenant: str | None, memory_id: str) -> _Call:
+    return _Call("GET", f"/v1/facts/{_segment(memory_id)}/history", HistoryResponse, params=_given(tenant=tenant))
+
+
+def _events(tenant: str | None, subject: str, from_: Time | None, to: Time | None, limit: int | None) -> _Call:
+    params = {**_given(tenant=tenant, limit=limit), **_times(**{"from": from_, "to": to})}
+    return _Call("GET", f"/v1/subjects/{_segment(subject)}/events", EventsResponse, params=params)
+
+
+def _stats(tenant: str | None) -> _Call:
+    return _Call("GET", "/v1/stats", StatsResponse, params=_given(tenant=tenant))
+
+
+_HEALTH = _Call("GET", "/v1/health", HealthResponse, answers=(200, 503))
+_EVENT_SCHEMA = _Call("GET", "/v1/schema/event", EventSchemaDocument)
+
+
+# -- what each answer means: one reading, for either client --------------------------------------------------------
+
+
+def _result(call: _Call, response: httpx.Response) -> Any:
+    if response.status_code in call.answers:
+        try:
+            return call.model.model_validate_json(response.content)
+        except ValidationError as exc:
+            if response.status_code == 200:  # the server answered, but not with the shape it documents
+                item = ErrorItem(code="bad_response", field=None, message=f"not a {call.model.__name__}: {exc}"[:500])
+                raise LedgerError(200, [item]) from exc
+            # a 503 that is not a health body (a proxy's page): an error like any other
+    raise _error(response)
+
+
+def _error(response: httpx.Response) -> LedgerError:
+    try:
+        return LedgerError(response.status_code, ErrorBody.model_validate_json(response.content).detail)
+    except ValidationError:  # not the API's error shape (a proxy's page, a server of another kind)
+        text = response.text.strip()[:300] or response.reason_phrase
+        return LedgerError(
+            response.status_code, [ErrorItem(code=f"http_{response.status_code}", field=None, message=text)]
+        )
+
+
+def _unreachable(url: str, exc: httpx.TransportError) -> LedgerError:
+    code = "api_timeout" if isinstance(exc, httpx.TimeoutException) else "api_unreachable"
+    message = f"api: no answer from {url} ({type(exc).__name__}: {exc})"[:500]
+    return LedgerError(None, [ErrorItem(code=code, field=None, message=message)])
+
+
+@dataclass(frozen=True)
+class _Config:
+    url: str
+    headers: dict[str, str]
+    timeout: float
+
+
+def _config(url: str | None, api_key: str | None, timeout: float | None, settings: Settings | None) -> _Config:
+    if url is None or api_key is None or timeout is None:
+        s = settings or get_settings()
+        url = url or s.client_url or f"http://{s.api_host}:{s.api_port}"
+        api_key = api_key if api_key is not None else s.client_api_key
+        timeout = timeout if timeout is not None else s.client_timeout_s
+    return _Config(url.rstrip("/"), {"X-API-Key": api_key} if api_key else {}, timeout)
+
+
+class _Base:
+    def __init__(self, config: _Config, tenant: str | None) -> None:
+        self.url, self.tenant, self.timeout = config.url, tenant, config.timeout
+        self._headers = config.headers
+
+    def _tenant(self, tenant: str | None) -> str | None:
+        return tenant if tenant is not None else self.tenant
+
+    def _request(self, call: _Call) -> dict[str, Any]:
+        return {
+            "method": call.method,
+            "url": self.url + call.path,
+            "params": call.params,
+            "json": call.body,
+            "headers": self._headers,
+            "timeout": self.timeout,
+        }
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r}, tenant={self.tenant!r})"
+
+
+class LedgerClient(_Base):
+    """The sync client; a context manager (closes its httpx client, unless it was lent one)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        api_key: str | None = None,
+        tenant: str | None = None,
+        timeout: float | None = None,
+        settings: Settings | None = None,
+        http: httpx.Client | None = None,
+    ) -> None:
+        super().__init__(_config(url, api_key, timeout, settings), tenant)
+        self._owned = http is None
+        self._http = http if http is not None else httpx.Client()
+
+    def _send(self, call: _Call) -> Any:
+        try:
+            response = self._http.request(**self._request(call))
+        except httpx.TransportError as exc:
+            raise _unreachable(self.url, exc) from exc
+        return _result(call, response)
+
+    def recall(
+        self,
+        query: str,
+        *,
+        tenant: str | None = None,
+        subject: str | None = None,
+        top_k: int | None = None,
+        as_of: Time | None = None,
+        mode: str | None = None,
+        filters: Filters | None = None,
+    ) -> RecallResponse:
+        """POST /v1/recall: exact cues first, then keywords and vectors; each hit says which stage found it and why."""
+        return self._send(_recall(self._tenant(tenant), query, subject, top_k, as_of, mode, filters))
+
+    def context(
+        self,
+        subject: str,
+        question: str | None = None,
+        *,
+        tenant: str | None = None,
+        budget_tokens: int | None = None,
+        include_history: bool | None = None,
+        as_of: Time | None = None,
+        top_k: int | None = None,
+        mode: str | None = None,
+    ) -> ContextResponse:
+        """POST /v1/context: the prompt-ready block for a subject (and a question); `.text` is what to paste."""
+        return self._send(
+            _context(self._tenant(tenant), subject, question, budget_tokens, include_history, as_of, top_k, mode)
+        )
+
+    def facts(
+        self, subject: str, *, tenant: str | None = None, as_of: Time | None = None, known_at: Time | None = None
+    ) -> FactsResponse:
+        """GET /v1/subjects/{subject}/facts: the facts holding at valid time `as_of` (now), as known at `known_at`."""
+        return self._send(_facts(self._tenant(tenant), subject, as_of, known_at))
+
+    def history(self, memory_id: str, *, tenant: str | None = None) -> HistoryResponse:
+        """GET /v1/facts/{memory_id}/history: the fact's version chain, oldest first."""
+        return self._send(_history(self._tenant(tenant), memory_id))
+
+    def events(
+        self,
+        subject: str,
+        *,
+        tenant: str | None = None,
+        from_: Time | None = None,
+        to: Time | None = None,
+        limit: int | None = None,
+    ) -> EventsResponse:
+        """GET /v1/subjects/{subject}/events: the audit replay, in ledger order, each event with its effect."""
+        return self._send(_events(self._tenant(tenant), subject, from_, to, limit))
+
+    def stats(self, *, tenant: str | None = None) -> StatsResponse:
+        """GET /v1/stats: invariant counters (0 when healthy), lag per partition, dead letters, search orphans."""
+        return self._send(_stats(self._tenant(tenant)))
+
+    def health(self) -> HealthResponse:
+        """GET /v1/health: every part's state; `status` is `degraded` (not an exception) while a store is down."""
+        return self._send(_HEALTH)
+
+    def event_schema(self) -> EventSchemaDocument:
+        """GET /v1/schema/event: the event contract's JSON Schema (`.model_dump(by_alias=True)`: the document)."""
+        return self._send(_EVENT_SCHEMA)
+
+    def close(self) -> None:
+        if self._owned:
+            self._http.close()
+
+    def __enter__(self) -> LedgerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncLedgerClient(_Base):
+    """The async client: LedgerClient's methods as coroutines; an async context manager."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        api_key: str | None = None,
+        tenant: str | None = None,
+        timeout: float | None = None,
+        settings: Settings | None = None,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        super().__init__(_config(url, api_key, timeout, settings), tenant)
+        self._owned = http is None
+        self._http = http if http is not None else httpx.AsyncClient()
+
+    async def _send(self, call: _Call) -> Any:
+        try:
+            response = await self._http.request(**self._request(call))
+        except httpx.TransportError as exc:
+            raise _unreachable(self.url, exc) from exc
+        return _result(call, response)
+
+    async def recall(
+        self,
+        query: str,
+        *,
+        tenant: str | None = None,
+        subject: str | None = None,
+        top_k: int | None = None,
+        as_of: Time | None = None,
+        mode: str | None = None,
+        filters: Filters | None = None,
+    ) -> RecallResponse:
+        """POST /v1/recall: exact cues first, then keywords and vectors; each hit says which stage found it and why."""
+        return await self._send(_recall(self._tenant(tenant), query, subject, top_k, as_of, mode, filters))
+
+    async def context(
+        self,
+        subject: str,
+        question: str | None = None,
+        *,
+        tenant: str | None = None,
+        budget_tokens: int | None = None,
+        include_history: bool | None = None,
+        as_of: Time | None = None,
+        top_k: int | None = None,
+        mode: str | None = None,
+    ) -> ContextResponse:
+        """POST /v1/context: the prompt-ready block for a subject (and a question); `.text` is what to paste."""
+        return await self._send(
+            _context(self._tenant(tenant), subject, question, budget_tokens, include_history, as_of, top_k, mode)
+        )
+
+    async def facts(
+        self, subject: str, *, tenant: str | None = None, as_of: Time | None = None, known_at: Time | None = None
+    ) -> FactsResponse:
+        """GET /v1/subjects/{subject}/facts: the facts holding at valid time `as_of` (now), as known at `known_at`."""
+        return await self._send(_facts(self._tenant(tenant), subject, as_of, known_at))
+
+    async def history(self, memory_id: str, *, tenant: str | None = None) -> HistoryResponse:
+        """GET /v1/facts/{memory_id}/history: the fact's version chain, oldest first."""
+        return await self._send(_history(self._tenant(tenant), memory_id))
+
+    async def events(
+        self,
+        subject: str,
+        *,
+        tenant: str | None = None,
+        from_: Time | None = None,
+        to: Time | None = None,
+        limit: int | None = None,
+    ) -> EventsResponse:
+        """GET /v1/subjects/{subject}/events: the audit replay, in ledger order, each event with its effect."""
+        return await self._send(_events(self._tenant(tenant), subject, from_, to, limit))
+
+    async def stats(self, *, tenant: str | None = None) -> StatsResponse:
+        """GET /v1/stats: invariant counters (0 when healthy), lag per partition, dead letters, search orphans."""
+        return await self._send(_stats(self._tenant(tenant)))
+
+    async def health(self) -> HealthResponse:
+        """GET /v1/health: every part's state; `status` is `degraded` (not an exception) while a store is down."""
+        return await self._send(_HEALTH)
+
+    async def event_schema(self) -> EventSchemaDocument:
+        """GET /v1/schema/event: the event contract's JSON Schema (`.model_dump(by_alias=True)`: the document)."""
+        return await self._send(_EVENT_SCHEMA)
+
+    async def aclose(self) -> None:
+        if self._owned:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncLedgerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,780 @@
+/* memory-ledger audit console: vanilla JS over the /v1 read API (api/console/__init__.py, docs/console.md).
+ *
+ * Every value from the API is hostile input: it reaches the page only as text (el() below appends
+ * strings as text nodes, attributes are set with setAttribute; nothing is ever parsed as markup, and
+ * tests/test_console.py fails on any of the DOM's HTML-parsing calls in this file).
+ * The page is served with a CSP that allows only this service's script, styles and API.
+ *
+ * State lives in the URL hash (#tenant=..&subject=..&view=..), so a view can be linked and reloaded;
+ * the API key lives in sessionStorage (this tab only) and goes out as X-API-Key.
+ * Each panel carries data-state (empty | loading | ready | error): the browser test waits on it.
+ */
+"use strict";
+
+(() => {
+  const KEY_STORE = "memory-ledger.console.api-key";
+  const API = new URL("v1/", document.baseURI); // the page is <root>/console, the API <root>/v1/
+  const VIEWS = ["facts", "chain", "asof", "recall"];
+
+  const $ = (id) => document.getElementById(id);
+
+  /** An element with properties and children; strings become text nodes (never markup). */
+  function el(tag, props, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(props || {})) {
+      if (v === undefined || v === null || v === false) continue;
+      if (k === "class") node.className = v;
+      else if (k === "dataset") Object.assign(node.dataset, v);
+      else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+      else node.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const c of children.flat(Infinity)) {
+      if (c === undefined || c === null || c === false) continue;
+      node.append(c instanceof Node ? c : String(c));
+    }
+    return node;
+  }
+
+  /** A JSON value as text: strings as they are, anything else as compact JSON. */
+  const show = (v) => (typeof v === "string" ? v : JSON.stringify(v));
+  /** A time as the API spells it; it may wrap only after the "T" (the text stays exactly the API's). */
+  function time(t) {
+    if (!t) return el("span", { class: "time" }, "—");
+    const cut = t.indexOf("T") + 1;
+    return cut > 0
+      ? el("span", { class: "time" }, t.slice(0, cut), el("wbr"), t.slice(cut))
+      : el("span", { class: "time" }, t);
+  }
+  const shortId = (id) =>
+    id ? el("code", { class: "id", title: id }, id.length > 12 ? id.slice(0, 12) + "…" : id) : "—";
+  const badge = (text, kind) => el("span", { class: `badge ${kind || text}` }, text);
+  const ledger = (p, o) => el("code", { class: "ledger", title: "partition/offset" }, `${p}/${o}`);
+
+  function source(src) {
+    if (!src || typeof src !== "object") return "—";
+    const parts = [src.type, src.service, src.ref].filter((x) => x !== undefined && x !== null && x !== "");
+    return el("span", { class: "source", title: JSON.stringify(src) }, parts.map(show).join(" · ") || "—");
+  }
+
+  // -- the API -------------------------------------------------------------------------------------------------
+
+  class ApiError extends Error {
+    constructor(status, items) {
+      super(items.map((i) => i.message).join("; "));
+      this.status = status;
+      this.items = items;
+    }
+  }
+
+  const apiKey = () => sessionStorage.getItem(KEY_STORE) || "";
+
+  async function api(method, path, { params, body } = {}) {
+    const url = new URL(path, API);
+    for (const [k, v] of Object.entries(params || {})) {
+      if (v !== undefined && v !== null && v !== "") url.searchParams.set(k, v);
+    }
+    const headers = { "X-API-Key": apiKey(), Accept: "application/json" };
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    let response;
+    try {
+      response = await fetch(url, {
+        method,
+        headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+        cache: "no-store",
+        credentials: "omit",
+      });
+    } catch (exc) {
+      throw new ApiError(0, [{ code: "unreachable", field: null, message: `the service did not answer (${exc})` }]);
+    }
+    let data = null;
+    try {
+      data = await response.json();
+    } catch {
+      data = null;
+    }
+    if (!response.ok) {
+      const items =
+        data && Array.isArray(data.detail) && data.detail.length
+          ? data.detail
+          : [{ code: `http_${response.status}`, field: null, message: response.statusText || "error" }];
+      if (response.status === 401) signOut(items);
+      throw new ApiError(response.status, items);
+    }
+    return data;
+  }
+
+  const subjectPath = (subject, tail) => `subjects/${encodeURIComponent(subject)}/${tail}`;
+
+  // -- errors ----------------------------------------------------------------------------------------------------
+
+  function errorNode(err) {
+    const items = err instanceof ApiError ? err.items : [{ code: "error", field: null, message: String(err) }];
+    const status = err instanceof ApiError && err.status ? `${err.status} ` : "";
+    return items.map((i) =>
+      el(
+        "div",
+        { class: "error-item", dataset: { code: String(i.code), status: String(err.status ?? "") } },
+        el("strong", null, `${status}${i.code}`),
+        i.field ? [" · ", el("code", null, i.field)] : null,
+        ": ",
+        i.message,
+      ),
+    );
+  }
+
+  function showError(err) {
+    const box = $("error");
+    box.replaceChildren(...errorNode(err));
+    box.hidden = false;
+  }
+
+  function clearError() {
+    $("error").hidden = true;
+    $("error").replaceChildren();
+  }
+
+  /** Run a panel's load: data-state loading -> ready, or error (shown in the banner). */
+  async function guarded(panel, fn) {
+    panel.dataset.state = "loading";
+    try {
+      await fn();
+      panel.dataset.state = "ready";
+    } catch (err) {
+      panel.dataset.state = "error";
+      showError(err);
+    }
+  }
+
+  // -- state and the URL hash ------------------------------------------------------------------------------------
+
+  const state = {
+    tenants: [],
+    tenant: null,
+    subject: null,
+    view: "facts",
+    facts: [],
+    events: [],
+    chainMemory: null,
+    asofSeq: 0,
+    valid: [], // as-of change points: [{t, what: [..]}], the last is "now"
+    known: [], // known-at points, the last is "everything"
+  };
+
+  function readHash() {
+    const h = new URLSearchParams(location.hash.slice(1));
+    return { tenant: h.get("tenant"), subject: h.get("subject"), view: h.get("view"), memory: h.get("fact") };
+  }
+
+  function writeHash() {
+    const h = new URLSearchParams();
+    if (state.tenant) h.set("tenant", state.tenant);
+    if (state.subject) h.set("subject", state.subject);
+    if (state.view !== "facts") h.set("view", state.view);
+    if (state.view === "chain" && state.chainMemory) h.set("fact", state.chainMemory);
+    const next = "#" + h.toString();
+    if (location.hash !== next) history.replaceState(null, "", next);
+  }
+
+  // -- sign in / out ---------------------------------------------------------------------------------------------
+
+  function signOut(items) {
+    sessionStorage.removeItem(KEY_STORE);
+    $("app").hidden = true;
+    $("who").hidden = true;
+    $("login").hidden = false;
+    const box = $("login-error");
+    if (items) {
+      box.replaceChildren(...errorNode(new ApiError(401, items)));
+      box.hidden = false;
+    } else {
+      box.hidden = true;
+    }
+    $("api-key").focus();
+  }
+
+  async function enter() {
+    let data;
+    try {
+      data = await api("GET", "tenants");
+    } catch (err) {
+      if (!(err instanceof ApiError && err.status === 401)) {
+        signOut(err.items || [{ code: "error", field: null, message: String(err) }]);
+      }
+      return;
+    }
+    state.tenants = data.tenants;
+    $("tenant").replaceChildren(...state.tenants.map((t) => el("option", { value: t }, t)));
+    $("login").hidden = true;
+    $("login-error").hidden = true;
+    $("app").hidden = false;
+    $("who").hidden = false;
+    const h = readHash();
+    await openTenant(h.tenant || state.tenants[0] || null, false);
+    if (h.view && VIEWS.includes(h.view)) selectView(h.view, false);
+    if (h.subject) await openSubject(h.subject, h.memory);
+    else writeHash();
+  }
+
+  // -- tenants and subjects ---------------------------------------------------------------------------------------
+
+  async function openTenant(tenant, write = true) {
+    state.tenant = tenant;
+    state.subject = null;
+    if (state.tenants.includes(tenant)) $("tenant").value = tenant;
+    resetSubject();
+    if (write) writeHash();
+    await searchSubjects();
+  }
+
+  async function searchSubjects() {
+    clearError();
+    const list = $("subjects");
+    list.replaceChildren();
+    $("subjects-note").textContent = "";
+    if (!state.tenant) return;
+    list.dataset.state = "loading";
+    try {
+      const data = await api("GET", "subjects", {
+        params: { tenant: state.tenant, prefix: $("prefix").value, limit: 50 },
+      });
+      list.replaceChildren(
+        ...data.subjects.map((s) =>
+          el(
+            "li",
+            null,
+            el(
+              "button",
+              { type: "button", class: "subject", dataset: { subject: s }, onclick: () => openSubject(s) },
+              s,
+            ),
+          ),
+        ),
+      );
+      $("subjects-note").textContent = data.subjects.length
+        ? `${data.subjects.length} subject${data.subjects.length === 1 ? "" : "s"}` +
+          (data.more ? ", more: narrow the prefix" : "")
+        : "no subject starts with this prefix";
+      list.dataset.state = "ready";
+    } catch (err) {
+      list.dataset.state = "error";
+      showError(err);
+    }
+  }
+
+  function resetSubject() {
+    state.facts = [];
+    state.events = [];
+    state.chainMemory = null;
+    $("subject-title").textContent = "No subject open";
+    $("subject-note").textContent = state.tenant
+      ? `Tenant ${state.tenant}: find a subject, or try the recall playground.`
+      : "This key has no tenant.";
+    for (const id of ["facts", "timeline", "chain", "asof-facts"]) $(id).tBodies[0].replaceChildren();
+    for (const v of ["facts", "chain", "asof"]) $(`panel-${v}`).dataset.state = "empty";
+    $("chain-fact").replaceChildren();
+    $("facts-count").textContent = "";
+    $("events-count").textContent = "";
+  }
+
+  async function openSubject(subject, memory) {
+    clearError();
+    resetSubject();
+    state.subject = subject;
+    $("subject-input").value = subject;
+    $("subject-title").replaceChildren(el("span", { class: "tenant-name" }, state.tenant ?? "—"), " / ", subject);
+    $("subject-note").textContent = "";
+    writeHash();
+    const panel = $("panel-facts");
+    await guarded(panel, async () => {
+      const params = { tenant: state.tenant };
+      const [facts, events] = await Promise.all([
+        api("GET", subjectPath(subject, "facts"), { params }),
+        api("GET", subjectPath(subject, "events"), { params }),
+      ]);
+      state.facts = facts.facts;
+      state.events = events.events;
+      renderFacts($("facts"), state.facts);
+      $("facts-count").textContent = `${state.facts.length} holding now`;
+      renderTimeline();
+      $("subject-note").textContent =
+        `${state.events.length} events, ${state.facts.length} facts holding now (${facts.as_of})`;
+      buildChainChoices();
+      buildAsofPoints();
+    });
+    if (panel.dataset.state !== "ready") return;
+    if (memory) state.chainMemory = memory;
+    if (state.view === "chain") await loadChain();
+    if (state.view === "asof") await loadAsof();
+  }
+
+  // -- facts and timeline -------------------------------------------------------------------------------------------
+
+  function status(f) {
+    return [
+      badge(f.status),
+      f.override ? badge("override") : null,
+      f.confirmed_count ? badge(`confirmed ×${f.confirmed_count}`, "confirmed") : null,
+    ];
+  }
+
+  function renderFacts(table, facts) {
+    table.tBodies[0].replaceChildren(
+      ...facts.map((f) =>
+        el(
+          "tr",
+          { dataset: { memoryId: f.memory_id, versionId: f.version_id } },
+          el("td", { dataset: { field: "key" } }, f.key ?? "—"),
+          el("td", { dataset: { field: "scope" } }, f.scope),
+          el("td", { class: "value", dataset: { field: "value" }, title: f.content }, show(f.value)),
+          el("td", { dataset: { field: "kind" } }, f.kind),
+          el("td", { dataset: { field: "version" } }, String(f.version)),
+          el("td", { dataset: { field: "valid_from" } }, time(f.valid_from)),
+          el("td", { dataset: { field: "valid_to" } }, time(f.valid_to)),
+          el("td", { dataset: { field: "observed_at" } }, time(f.observed_at)),
+          el("td", { dataset: { field: "source" } }, source(f.source)),
+          el("td", { dataset: { field: "status" } }, status(f)),
+          el(
+            "td",
+            null,
+            el("button", { type: "button", class: "quiet small", onclick: () => showChain(f.memory_id) }, "chain"),
+          ),
+        ),
+      ),
+    );
+  }
+
+  function renderTimeline() {
+    const rows = state.events.map((e) => {
+      const ev = e.event || {};
+      const asserted = e.type === "memory.asserted";
+      const valid = e.valid_from || e.valid_to ? [time(e.valid_from), " → ", time(e.valid_to)] : "—";
+      return el(
+        "tr",
+        { dataset: { eventId: e.event_id, effect: e.effect.effect } },
+        el("td", { dataset: { field: "ledger" } }, ledger(e.partition, e.offset)),
+        el("td", { dataset: { field: "observed_at" } }, time(e.observed_at)),
+        el(
+          "td",
+          null,
+          el("span", { dataset: { field: "type" } }, e.type),
+          el("br"),
+          el("code", { class: "id event-id", title: e.event_id, dataset: { field: "event_id" } }, e.event_id),
+        ),
+        el(
+          "td",
+          { dataset: { field: "key" } },
+          e.key ?? "—",
+          e.scope ? el("span", { class: "scope" }, ` @${e.scope}`) : null,
+        ),
+        el("td", { class: "value", dataset: { field: "value" } }, asserted ? show(ev.value) : "—"),
+        el("td", { dataset: { field: "valid" } }, valid),
+        el("td", { dataset: { field: "source" } }, source(ev.source)),
+        el(
+          "td",
+          { dataset: { field: "effect" } },
+          badge(e.effect.effect),
+          " ",
+          el("span", { class: "detail" }, e.effect.detail),
+          e.effect.version_id ? [" ", shortId(e.effect.version_id)] : null,
+        ),
+      );
+    });
+    $("timeline").tBodies[0].replaceChildren(...rows);
+    $("events-count").textContent = `${state.events.length} events`;
+  }
+
+  // -- version chain ------------------------------------------------------------------------------------------------
+
+  function buildChainChoices() {
+    const seen = new Map(); // memory_id -> label, from the events (a retracted fact is in no current list)
+    for (const e of state.events) {
+      if (e.memory_id && !seen.has(e.memory_id))
+        seen.set(e.memory_id, `${e.key ?? "(no key)"}${e.scope ? " @" + e.scope : ""}`);
+    }
+    $("chain-fact").replaceChildren(
+      ...[...seen].map(([mid, label]) => el("option", { value: mid }, `${label} — ${mid.slice(0, 12)}…`)),
+    );
+    if (!state.chainMemory && seen.size) state.chainMemory = seen.keys().next().value;
+    if (state.chainMemory) $("chain-fact").value = state.chainMemory;
+  }
+
+  async function showChain(memory) {
+    state.chainMemory = memory;
+    selectView("chain");
+  }
+
+  async function loadChain() {
+    const panel = $("panel-chain");
+    const memory = state.chainMemory;
+    if (!memory || !state.tenant) return;
+    $("chain-fact").value = memory;
+    writeHash();
+    await guarded(panel, async () => {
+      const data = await api("GET", `facts/${encodeURIComponent(memory)}/history`, {
+        params: { tenant: state.tenant },
+      });
+      const byVersion = new Map(data.versions.map((v) => [v.version_id, v.version]));
+      const marks = new Map(); // version_id -> events that ended, confirmed or overrode it
+      for (const e of state.events) {
+        const vid = e.effect.version_id;
+        if (vid && e.type !== "memory.asserted") marks.set(vid, [...(marks.get(vid) || []), e]);
+      }
+      const first = data.versions[0];
+      $("chain-title").replaceChildren(
+        "Version chain of ",
+        el("code", null, first ? `${first.key ?? "(no key)"}${first.scope ? " @" + first.scope : ""}` : memory),
+        ` — ${data.versions.length} version${data.versions.length === 1 ? "" : "s"}`,
+      );
+      $("chain").tBodies[0].replaceChildren(
+        ...data.versions.map((v) =>
+          el(
+            "tr",
+            { dataset: { versionId: v.version_id, status: v.status }, class: v.status },
+            el("td", { dataset: { field: "version" } }, String(v.version)),
+            el("td", { class: "value", dataset: { field: "value" }, title: v.content }, show(v.value)),
+            el("td", { dataset: { field: "valid_from" } }, time(v.valid_from)),
+            el("td", { dataset: { field: "valid_to" } }, time(v.valid_to)),
+            el("td", { dataset: { field: "observed_at" } }, time(v.observed_at)),
+            el("td", { dataset: { field: "ledger" } }, ledger(v.partition, v.offset)),
+            el("td", { dataset: { field: "status" } }, status(v)),
+            el(
+              "td",
+              { dataset: { field: "superseded" } },
+              v.superseded_by
+                ? [`by v${byVersion.get(v.superseded_by) ?? "?"} at `, time(v.superseded_at)]
+                : v.override
+                  ? "override: wins inside its window, never superseded"
+                  : "—",
+            ),
+            el("td", { dataset: { field: "source" } }, source(v.source)),
+            el(
+              "td",
+              { dataset: { field: "marks" } },
+              (marks.get(v.version_id) || []).map((e) =>
+                el("div", null, e.type, " ", ledger(e.partition, e.offset), " ", badge(e.effect.effect)),
+              ),
+            ),
+          ),
+        ),
+      );
+    });
+  }
+
+  // -- as of --------------------------------------------------------------------------------------------------------
+
+  function buildAsofPoints() {
+    const valid = new Map();
+    const known = new Map();
+    const add = (map, t, what) => {
+      if (!t) return;
+      map.set(t, [...(map.get(t) || []), what]);
+    };
+    for (const e of state.events) {
+      const what = `${e.type} ${e.key ?? ""} (${e.partition}/${e.offset})`;
+      add(valid, e.valid_from, `${what} starts`);
+      add(valid, e.valid_to, `${what} ends`);
+      add(known, e.observed_at, `${what} observed`);
+    }
+    const points = (map) => [...map].sort((a, b) => (a[0] < b[0] ? -1 : 1)).map(([t, what]) => ({ t, what }));
+    state.valid = [...points(valid), { t: null, what: ["now"] }];
+    state.known = [...points(known), { t: null, what: ["everything the ledger holds"] }];
+    for (const [slider, pts] of [
+      ["asof-slider", state.valid],
+      ["known-slider", state.known],
+    ]) {
+      $(slider).max = String(pts.length - 1);
+      $(slider).value = String(pts.length - 1);
+    }
+    syncSlider("asof-slider", "asof-valid", "asof-point", state.valid);
+    syncSlider("known-slider", "asof-known", "known-point", state.known);
+  }
+
+  function syncSlider(sliderId, textId, noteId, points) {
+    const p = points[Number($(sliderId).value)] || { t: null, what: [] };
+    $(textId).value = p.t ?? "";
+    $(noteId).textContent = `point ${Number($(sliderId).value) + 1} of ${points.length}: ${p.what.join("; ")}`;
+  }
+
+  let asofTimer = null;
+  function scheduleAsof() {
+    clearTimeout(asofTimer);
+    $("panel-asof").dataset.state = "loading";
+    asofTimer = setTimeout(loadAsof, 150);
+  }
+
+  async function loadAsof() {
+    if (!state.subject) return;
+    const panel = $("panel-asof");
+    const seq = ++state.asofSeq;
+    const asOf = $("asof-valid").value.trim();
+    const knownAt = $("asof-known").value.trim();
+    panel.dataset.state = "loading";
+    try {
+      const data = await api("GET", subjectPath(state.subject, "facts"), {
+        params: { tenant: state.tenant, as_of: asOf, known_at: knownAt },
+      });
+      if (seq !== state.asofSeq) return; // a later move of the control answers instead
+      clearError();
+      renderFacts($("asof-facts"), data.facts);
+      $("asof-summary").replaceChildren(
+        `${data.facts.length} fact${data.facts.length === 1 ? "" : "s"} holding at valid time `,
+        time(data.as_of),
+        ", as known at ",
+        knownAt ? time(knownAt) : "now (everything the ledger holds)",
+      );
+      panel.dataset.asOf = data.as_of;
+      panel.dataset.knownAt = knownAt;
+      panel.dataset.state = "ready";
+    } catch (err) {
+      if (seq !== state.asofSeq) return;
+      panel.dataset.state = "error";
+      showError(err);
+    }
+  }
+
+  // -- recall playground --------------------------------------------------------------------------------------------
+
+  const chips = (values) =>
+    values && values.length
+      ? values.map((v) => el("span", { class: "chip" }, show(v)))
+      : el("span", { class: "none" }, "—");
+
+  function renderCues(cues) {
+    const rows = [
+      ["entities", chips(cues.entities)],
+      ["known entities", chips(cues.known_entities)],
+      ["keys", chips(cues.keys)],
+      [
+        "aliases",
+        cues.aliases.length
+          ? cues.aliases.map((a) => el("span", { class: "chip" }, `${a.phrase} → ${a.keys.join(", ")}`))
+          : chips([]),
+      ],
+      ["event types", chips(cues.event_types)],
+      [
+        "time",
+        cues.time
+          ? el("span", { class: "chip" }, `${cues.time.words}: `, time(cues.time.from), " → ", time(cues.time.to))
+          : chips([]),
+      ],
+      ["terms", chips(cues.terms)],
+    ];
+    $("recall-cues").replaceChildren(
+      ...rows.flatMap(([name, value]) => [el("dt", null, name), el("dd", { dataset: { cue: name } }, value)]),
+    );
+  }
+
+  function renderTrace(trace) {
+    const rows = Object.entries(trace.stages_ms).map(([stage, ms]) =>
+      el("tr", { dataset: { stage } }, el("th", null, stage), el("td", { dataset: { field: "ms" } }, `${ms} ms`)),
+    );
+    for (const [k, v] of Object.entries(trace)) {
+      if (k.endsWith("_candidates")) {
+        rows.push(
+          el("tr", { dataset: { candidates: k } }, el("th", null, k.replace("_", " ")), el("td", null, String(v))),
+        );
+      }
+    }
+    for (const [stage, found] of Object.entries(trace.candidates || {})) {
+      rows.push(
+        el(
+          "tr",
+          { dataset: { stageCandidates: stage } },
+          el("th", null, `${stage} found`),
+          el(
+            "td",
+            null,
+            found.length
+              ? el(
+                  "ol",
+                  { class: "candidates" },
+                  found.map((c) =>
+                    el(
+                      "li",
+                      { dataset: { versionId: c.version_id } },
+                      shortId(c.version_id),
+                      c.score === null ? "" : ` · ${c.score}`,
+                    ),
+                  ),
+                )
+              : "nothing",
+          ),
+        ),
+      );
+    }
+    rows.push(
+      el("tr", { dataset: { total: "" } }, el("th", null, "total"), el("td", null, `${trace.total_ms} ms`)),
+      el("tr", null, el("th", null, "embedding computed"), el("td", null, trace.embedding_computed ? "yes" : "no")),
+      el("tr", null, el("th", null, "mode"), el("td", null, trace.mode)),
+      el("tr", null, el("th", null, "as of"), el("td", null, time(trace.as_of))),
+    );
+    $("recall-trace").tBodies[0].replaceChildren(...rows);
+  }
+
+  function why(match) {
+    const cues = Object.entries(match.cues || {}).filter(
+      ([, v]) => v !== null && v !== undefined && !(Array.isArray(v) && !v.length),
+    );
+    const verified = match.verified || {};
+    return [
+      el(
+        "div",
+        { dataset: { field: "cues" } },
+        cues.length ? "matched " : "no cue of the query matched (fuzzy similarity only)",
+        cues.map(([k, v]) =>
+          el(
+            "span",
+            { class: "chip", dataset: { cue: k } },
+            `${k.replace("_", " ")}: ${Array.isArray(v) ? v.map(show).join(", ") : show(v)}`,
+          ),
+        ),
+      ),
+      el(
+        "div",
+        { dataset: { field: "scores" } },
+        Object.entries(match.scores || {}).map(([k, v]) =>
+          el("span", { class: "score", dataset: { score: k } }, `${k} ${v}`),
+        ),
+      ),
+      el(
+        "div",
+        { dataset: { field: "verified" } },
+        verified.replaced_by
+          ? [
+              "the index proposed ",
+              shortId(verified.candidate),
+              "; PostgreSQL holds ",
+              shortId(verified.replaced_by),
+              " at as_of",
+            ]
+          : ["verified against PostgreSQL ", shortId(verified.candidate)],
+      ),
+    ];
+  }
+
+  function renderHits(hits) {
+    $("recall-hits").tBodies[0].replaceChildren(
+      ...hits.map((h, i) =>
+        el(
+          "tr",
+          { dataset: { versionId: h.version_id, stage: h.match.stage } },
+          el("td", null, String(i + 1)),
+          el("td", { dataset: { field: "score" } }, String(h.score)),
+          el("td", { dataset: { field: "stage" } }, badge(h.match.stage, "stage")),
+          el("td", { dataset: { field: "subject" } }, h.subject),
+          el("td", { dataset: { field: "key" } }, h.key ?? "—"),
+          el("td", { class: "value", dataset: { field: "value" } }, show(h.value)),
+          el("td", { class: "content", dataset: { field: "content" } }, h.content),
+          el("td", { dataset: { field: "valid_from" } }, time(h.valid_from)),
+          el("td", { class: "why", dataset: { field: "why" } }, why(h.match)),
+        ),
+      ),
+    );
+    $("recall-count").textContent = `${hits.length}`;
+  }
+
+  async function runRecall() {
+    clearError();
+    const panel = $("panel-recall");
+    const body = {
+      tenant: state.tenant,
+      query: $("recall-query").value,
+      mode: $("recall-mode").value,
+      top_k: Number($("recall-topk").value) || 5,
+      explain: true,
+    };
+    const asOf = $("recall-asof").value.trim();
+    if (asOf) body.as_of = asOf;
+    if ($("recall-subject-only").checked && state.subject) body.subject = state.subject;
+    await guarded(panel, async () => {
+      const data = await api("POST", "recall", { body });
+      renderCues(data.cues);
+      renderTrace(data.trace);
+      renderHits(data.hits);
+    });
+  }
+
+  // -- views --------------------------------------------------------------------------------------------------------
+
+  function selectView(view, load = true) {
+    state.view = view;
+    for (const b of $("tabs").querySelectorAll("button[data-view]")) {
+      b.setAttribute("aria-selected", String(b.dataset.view === view));
+    }
+    for (const v of VIEWS) $(`panel-${v}`).hidden = v !== view;
+    writeHash();
+    if (!load) return;
+    if (view === "chain") loadChain();
+    if (view === "asof" && $("panel-asof").dataset.state === "empty") loadAsof();
+  }
+
+  // -- wiring -------------------------------------------------------------------------------------------------------
+
+  function wire() {
+    $("login-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const key = $("api-key").value.trim();
+      if (!key) return;
+      sessionStorage.setItem(KEY_STORE, key);
+      $("api-key").value = "";
+      $("login-error").hidden = true;
+      enter();
+    });
+    $("sign-out").addEventListener("click", () => {
+      history.replaceState(null, "", location.pathname + location.search); // the next key starts afresh
+      signOut();
+    });
+    $("tenant").addEventListener("change", (ev) => openTenant(ev.target.value));
+    $("search-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      searchSubjects();
+    });
+    $("open-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const s = $("subject-input").value;
+      if (s) openSubject(s);
+    });
+    for (const b of $("tabs").querySelectorAll("button[data-view]")) {
+      b.addEventListener("click", () => selectView(b.dataset.view));
+    }
+    $("chain-fact").addEventListener("change", (ev) => {
+      state.chainMemory = ev.target.value;
+      loadChain();
+    });
+    $("asof-slider").addEventListener("input", () => {
+      syncSlider("asof-slider", "asof-valid", "asof-point", state.valid);
+      scheduleAsof();
+    });
+    $("known-slider").addEventListener("input", () => {
+      syncSlider("known-slider", "asof-known", "known-point", state.known);
+      scheduleAsof();
+    });
+    $("asof-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      loadAsof();
+    });
+    $("asof-now").addEventListener("click", () => {
+      buildAsofPoints();
+      loadAsof();
+    });
+    $("recall-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      runRecall();
+    });
+    window.addEventListener("hashchange", () => {
+      if (!apiKey() || $("app").hidden) return;
+      const h = readHash();
+      const reopen = async () => {
+        if (h.tenant && h.tenant !== state.tenant) await openTenant(h.tenant, false);
+        if (h.view && VIEWS.includes(h.view) && h.view !== state.view) selectView(h.view, false);
+        if (h.subject && h.subject !== state.subject) await openSubject(h.subject, h.memory);
+      };
+      reopen();
+    });
+  }
+
+  wire();
+  if (apiKey()) enter();
+  else signOut();
+})();

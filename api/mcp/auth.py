@@ -1,0 +1,63 @@
+"""Who calls a tool: the ledger API key (a bearer token over HTTP, the process's key over stdio) and its tenants.
+
+Over Streamable HTTP the SDK's bearer middleware asks `KeyVerifier` about the `Authorization: Bearer`
+token: a key of `settings.api_keys` passes, anything else is a 401 before any tool runs. Over stdio
+there is no request to carry a key: the server acts with the key it was started with
+(`LEDGER_MCP_API_KEY` or `ledger mcp --api-key`). Either way the tenants are
+`api.deps.tenants_for_key(settings, key)`, the rule of the HTTP API.
+
+A key bound to one tenant may leave `tenant` out of a call; a key bound to several names one per call
+(422 `missing_field` on `tenant` otherwise), and a tenant the key may not use is 403 `forbidden_tenant`
+(checked by api.reads / api.writes, as for the HTTP routes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.provider import AccessToken
+
+from api.deps import tenants_for_key
+from api.errors import ApiError
+from producers.settings import Settings
+
+__all__ = ["KeyVerifier", "caller_tenants", "with_tenant"]
+
+
+class KeyVerifier:
+    """The SDK's TokenVerifier for ledger API keys (no OAuth server: the key is the token)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        key = token.strip()
+        try:
+            tenants_for_key(self.settings, key)
+        except ApiError:
+            return None
+        # the principal is the key, named by a digest (never the key itself) for the SDK's session checks
+        client_id = "ledger-key-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+        return AccessToken(token=key, client_id=client_id, scopes=[])
+
+
+def caller_tenants(settings: Settings, stdio_key: str | None) -> frozenset[str]:
+    """The tenants of this call's key: the bearer token of the HTTP request, else the stdio server's key."""
+    token = get_access_token()
+    return tenants_for_key(settings, token.token if token is not None else stdio_key)
+
+
+def with_tenant(arguments: dict[str, Any], tenants: frozenset[str]) -> dict[str, Any]:
+    """The arguments with a tenant: as given, or the key's only tenant; 422 naming tenant for a key of several.
+
+    A given tenant is judged where the HTTP API judges it: the request model validates it, then the function the
+    tool runs (api.reads, api.writes) refuses one the key may not use (403 `forbidden_tenant`, field `tenant`).
+    """
+    if arguments.get("tenant") is not None:
+        return arguments
+    if len(tenants) != 1:
+        names = ", ".join(sorted(tenants))
+        raise ApiError(422, "missing_field", f"this API key may use several tenants ({names}): name one", "tenant")
+    return {**arguments, "tenant": next(iter(tenants))}

@@ -1,0 +1,157 @@
+"""The read side of the API as functions: facts, the audit replay, history, recall and the context block.
+
+Each function takes the process's `api.resources.Resources`, the tenants the caller's API key may use
+(api.deps.tenants_for_key) and validated parameters (api.requests), checks the tenant first, and returns
+the body the HTTP route answers (raising `api.errors.ApiError` for a refusal; a store failure propagates
+and becomes the 503 naming it). The routes (api.routes.subjects, facts, recall, context) and the MCP tools
+(api.mcp) call these, so both front ends serve the same answers from the same code.
+
+Recall "as known at" (`known_at`): recall runs as of the valid time, then each hit is re-read as the ledger
+knew it at `known_at` (`current_facts(..., known_at)`: the subject's chain re-folded from what was observed
+by then). A hit whose fact had no version holding at that valid time by then is left out; one whose version
+then was another shows that version (`match.verified.replaced_by`). Not covered: a fact recall cannot find
+now (retracted or superseded since `known_at`, so the index no longer holds it at that valid time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+from api.access import caller_of
+from api.context import ContextBlock, build_context
+from api.deps import check_tenant
+from api.errors import ApiError
+from api.requests import ContextBody, RecallBody
+from api.resources import Resources
+from api.tokens import token_counter
+from producers.contract import parse_rfc3339, rfc3339
+from projections.postgres.queries import current_facts, fact_history, subject_events, subject_versions
+from projections.search.recall import RecallFilters, RecallQuery
+
+__all__ = ["context", "history", "recall", "subject_facts", "subject_log"]
+
+
+async def subject_facts(
+    res: Resources,
+    tenants: frozenset[str],
+    tenant: str,
+    subject: str,
+    as_of: datetime | None = None,
+    known_at: datetime | None = None,
+) -> dict[str, Any]:
+    """The subject's facts at valid time `as_of` (default now), optionally only from events observed by `known_at`."""
+    check_tenant(tenant, tenants)
+    t = as_of or datetime.now(UTC)
+    async with res.pool.connection() as conn:
+        rows = await current_facts(conn, tenant, subject, t, known_at)
+    return {"tenant": tenant, "subject": subject, "as_of": rfc3339(t), "facts": rows}
+
+
+async def subject_log(
+    res: Resources,
+    tenants: frozenset[str],
+    tenant: str,
+    subject: str,
+    from_: datetime | None = None,
+    to: datetime | None = None,
+    limit: int = 10_000,
+) -> dict[str, Any]:
+    """The subject's events in ledger order (partition, offset), each with its partition, offset and effect."""
+    check_tenant(tenant, tenants)
+    if from_ is not None and to is not None and to < from_:
+        raise ApiError(422, "invalid_range", "to is before from", "to")
+    async with res.pool.connection() as conn:
+        rows = await subject_events(conn, tenant, subject, from_, to, limit)
+    return {"tenant": tenant, "subject": subject, "events": rows}
+
+
+async def history(res: Resources, tenants: frozenset[str], tenant: str, memory_id: str) -> dict[str, Any]:
+    """A fact's version chain, oldest first; 404 naming memory_id if the tenant has no such fact."""
+    check_tenant(tenant, tenants)
+    async with res.pool.connection() as conn:
+        versions = await fact_history(conn, tenant, memory_id)
+    if not versions:
+        raise ApiError(404, "not_found", f"no fact {memory_id!r} in tenant {tenant!r}", "memory_id")
+    return {"memory_id": memory_id, "tenant": tenant, "versions": versions}
+
+
+async def recall(res: Resources, tenants: frozenset[str], body: RecallBody) -> dict[str, Any]:
+    """`POST /v1/recall`: hits (exact first, then keyword/semantic), the query's cues and a per-stage trace."""
+    check_tenant(body.tenant, tenants)
+    query = RecallQuery(
+        tenant=body.tenant,
+        query=body.query,
+        subject=body.subject,
+        top_k=body.top_k,
+        as_of=body.as_of,
+        mode=body.mode,
+        filters=body.filters.to_engine() if body.filters else RecallFilters(),
+        explain=body.explain,
+    )
+    # a store that fails is a 503 naming it (api.errors), never a guessed answer
+    answer = await res.recall.recall(query)
+    if body.known_at is not None:
+        answer = await _as_known(res, body.tenant, answer, body.known_at)
+    res.access.served(body.tenant, caller_of(tenants), answer["hits"])  # issue 16: queued, sent off the request path
+    return answer
+
+
+_VERSION_FIELDS = ("version_id", "event_id", "version", "value", "content", "kind", "status", "valid_from")
+_VERSION_FIELDS += ("observed_at", "source")
+
+
+async def _as_known(res: Resources, tenant: str, answer: dict[str, Any], known_at: datetime) -> dict[str, Any]:
+    """The hits as the ledger knew them at `known_at` (see the module docstring)."""
+    at = parse_rfc3339(answer["trace"]["as_of"])
+    known: dict[str, dict[str, Any]] = {}
+    async with res.pool.connection() as conn:
+        for subject in sorted({h["subject"] for h in answer["hits"]}):
+            for row in await current_facts(conn, tenant, subject, at, known_at):
+                known[row["memory_id"]] = row
+    hits = []
+    for h in answer["hits"]:
+        row = known.get(h["memory_id"])
+        if row is None:
+            continue
+        if row["version_id"] != h["version_id"]:
+            ends = [t for t in (row["valid_to"], row["superseded_at"]) if t is not None]
+            verified = {**h["match"]["verified"], "replaced_by": row["version_id"]}
+            h = {
+                **h,
+                **{k: row[k] for k in _VERSION_FIELDS},
+                "valid_to": min(ends, key=parse_rfc3339) if ends else None,
+                "match": {**h["match"], "verified": verified},
+            }
+        hits.append(h)
+    trace = {**answer["trace"], "known_at": rfc3339(known_at), "known_at_left_out": len(answer["hits"]) - len(hits)}
+    return {**answer, "hits": hits, "trace": trace}
+
+
+async def context(res: Resources, tenants: frozenset[str], body: ContextBody) -> ContextBlock:
+    """`POST /v1/context`: the subject's facts (and, asked, their history) with the recall hits for the question
+    first, as one block within the token budget (api.context builds it; this only gathers the rows)."""
+    check_tenant(body.tenant, tenants)
+    t = body.as_of or datetime.now(UTC)
+
+    async def rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        async with res.pool.connection() as conn:
+            facts = await current_facts(conn, body.tenant, body.subject, t)
+            versions = await subject_versions(conn, body.tenant, body.subject) if body.include_history else []
+        return facts, versions
+
+    async def hits() -> list[dict[str, Any]]:
+        if body.question is None:
+            return []
+        ask = RecallBody(
+            tenant=body.tenant, subject=body.subject, query=body.question, top_k=body.top_k, as_of=t, mode=body.mode
+        )
+        return (await recall(res, tenants, ask))["hits"]
+
+    # the rows and the recall at once (gather, not a TaskGroup: a store failure stays itself, the 503 naming it)
+    (facts, versions), found = await asyncio.gather(rows(), hits())
+    counter = token_counter(res.settings.model_dir)
+    return build_context(
+        body, facts=facts, hits=found, versions=versions, at=t, count=counter.count, tokenizer=res.settings.embed_model
+    )

@@ -1,0 +1,152 @@
+"""`python -m bench.access`: what access tracking (issue 16) costs recall, measured in one run.
+
+Two API processes serve the same private data (one worker, one indexer, a bench.dataset loaded through the
+SDK): one records accesses (`LEDGER_ACCESS_RECORDING=true`, its accesses go to the private access topic and the
+worker projects them, so the aggregates grow during the run and the prior reads them), the other does not.
+The same real questions (bench.latency.recall_queries) go to both, one request at a time over HTTP (httpx,
+keep-alive), interleaved request by request and in alternating order each round, so machine noise falls on
+both alike. Reported per mode: client-side p50/p90/p99 for each, the p50 difference, and how many accesses the
+worker projected; and, in-process, what `AccessRecorder.served` itself costs a request (it only queues).
+
+    python -m bench.access [--events 3000] [--queries 200] [--rounds 3] [--modes exact,keyword]
+
+Writes bench/results/access-<UTC>.json (and prints it). The target: recording adds at most 1 ms to the p50.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("LEDGER_DEVELOPMENT", "1")  # the benchmarks run on the development stack
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import typer
+
+from bench.dataset import generate
+from bench.latency import percentiles, recall_queries
+from bench.loader import load_dataset
+from bench.machine import machine_info
+from bench.services import Services, drop_private, free_port
+from producers.settings import REPO_ROOT, Settings, get_settings
+
+__all__ = ["measure", "served_cost"]
+
+TENANT = "bench"
+KEY = "bench-access-key"
+
+
+def served_cost(settings: Settings, n: int = 20_000, hits: int = 5) -> dict[str, float]:
+    """Microseconds per `AccessRecorder.served` call with `hits` hits (queue only; the flush thread is not started)."""
+    from api.access import AccessRecorder
+
+    recorder = AccessRecorder(settings.model_copy(update={"access_queue_size": n + 1}), enabled=True)
+    served = [{"memory_id": f"m{i}", "version_id": f"v{i}", "match": {"stage": "exact"}} for i in range(hits)]
+    t0 = time.perf_counter()
+    for _ in range(n):
+        recorder.served(TENANT, "key:bench", served)
+    per_call = (time.perf_counter() - t0) / n * 1e6
+    return {"calls": n, "hits_per_call": hits, "us_per_call": round(per_call, 3)}
+
+
+def _stats(client: httpx.Client) -> dict[str, Any]:
+    r = client.get("/v1/stats", params={"tenant": TENANT})
+    r.raise_for_status()
+    return orjson.loads(r.content)["access"]
+
+
+def measure(
+    urls: dict[str, str], queries: list[str], modes: tuple[str, ...], rounds: int, warmup: int = 20
+) -> dict[str, Any]:
+    """Interleaved client-side latencies per mode and variant (see the module docstring)."""
+    headers = {"X-API-Key": KEY, "Content-Type": "application/json"}
+    clients = {name: httpx.Client(base_url=url, headers=headers, timeout=30) for name, url in urls.items()}
+    names = list(urls)
+    out: dict[str, Any] = {}
+    try:
+        for mode in modes:
+            for q in queries[:warmup]:
+                for name in names:
+                    clients[name].post("/v1/recall", content=orjson.dumps({"tenant": TENANT, "query": q, "mode": mode}))
+            ms: dict[str, list[float]] = {name: [] for name in names}
+            hits: dict[str, int] = dict.fromkeys(names, 0)
+            for r in range(rounds):
+                order = names if r % 2 == 0 else names[::-1]
+                for q in queries:
+                    body = orjson.dumps({"tenant": TENANT, "query": q, "mode": mode, "top_k": 5})
+                    for name in order:
+                        t0 = time.perf_counter()
+                        resp = clients[name].post("/v1/recall", content=body)
+                        ms[name].append((time.perf_counter() - t0) * 1000)
+                        if resp.status_code != 200:
+                            raise RuntimeError(f"recall {mode} on {name}: {resp.status_code} {resp.text[:300]}")
+                        hits[name] += len(orjson.loads(resp.content)["hits"])
+            res = {name: {**percentiles(ms[name]), "hits_served": hits[name]} for name in names}
+            on, off = res["recording"], res["not_recording"]
+            res["p50_added_ms"] = round(on["p50_ms"] - off["p50_ms"], 3)
+            res["median_of_paired_differences_ms"] = round(
+                statistics.median(a - b for a, b in zip(ms["recording"], ms["not_recording"], strict=True)), 3
+            )
+            out[mode] = res
+    finally:
+        for c in clients.values():
+            c.close()
+    return out
+
+
+def main(
+    events: int = typer.Option(3000, help="events in the dataset"),
+    queries: int = typer.Option(200, help="distinct questions per mode"),
+    rounds: int = typer.Option(3, help="passes over the questions (alternating which API is asked first)"),
+    modes: str = typer.Option("exact,keyword", help="recall modes to measure"),
+    out: Path | None = typer.Option(None, help="JSON output (default: bench/results/access-<UTC>.json)"),
+) -> None:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    base = get_settings()
+    settings = base.private(f"bench_access_{stamp.lower()}", api_keys={KEY: [TENANT]})
+    log_dir = base.data_dir / "bench" / f"access-{stamp}"
+    started = time.time()
+    on = Services(settings.model_copy(update={"api_port": free_port(), "access_recording": True}), log_dir / "on")
+    off = Services(settings.model_copy(update={"api_port": free_port(), "access_recording": False}), log_dir / "off")
+    try:
+        on.start("worker", "indexer")
+        loaded = load_dataset(settings, events, max(1, events // 10), tenant=TENANT, timeout=3600)
+        typer.echo(f"loaded {loaded['events']:,} events; PG+ES caught up after {loaded['es_caught_up_s']:.1f}s")
+        on.start("api")
+        off.start("api")
+        qs = recall_queries(list(generate(events, max(1, events // 10), tenants=(TENANT,))), TENANT, queries)
+        latency = measure(
+            {"recording": on.url, "not_recording": off.url}, qs, tuple(m for m in modes.split(",") if m), rounds
+        )
+        time.sleep(2 * settings.access_flush_s + 2)  # the last accesses flushed and projected
+        with httpx.Client(base_url=on.url, headers={"X-API-Key": KEY}, timeout=30) as client:
+            access = _stats(client)
+        result = {
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "seconds": round(time.time() - started, 1),
+            "machine": machine_info(settings),
+            "dataset": {"events": events, "subjects": max(1, events // 10), "queries_per_mode": len(qs)},
+            "rounds": rounds,
+            "latency": latency,
+            "served_call": served_cost(settings),
+            "access_projection_after_run": {k: v for k, v in access.items() if k != "most_served"},
+            "target": "recording adds <= 1 ms to recall's p50",
+        }
+    finally:
+        off.stop()
+        on.stop()
+        drop_private(settings)
+    path = out or REPO_ROOT / "bench" / "results" / f"access-{stamp}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    typer.echo(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    typer.echo(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,201 @@
+"""The audit console as a browser user drives it: one page object for the tests and the screenshot script.
+
+`ConsolePage(page)` clicks, types and moves the controls of api/console/static/ the way a person
+would, waits on the panels' `data-state` (empty | loading | ready | error) instead of sleeping, and
+reads what is shown back as text (`rows("facts")`: the textContent of each row's `data-field` elements).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from playwright.sync_api import Page, Response
+
+__all__ = ["ConsolePage"]
+
+_ROWS_JS = """id => Array.from(document.querySelectorAll(`#${id} tbody tr`)).map(tr => ({
+  ...Object.fromEntries(
+    Array.from(tr.querySelectorAll('[data-field]')).map(td => [td.dataset.field, td.textContent])),
+  _data: {...tr.dataset},
+}))"""
+_CHIPS = """(el, sel, key) => Object.fromEntries(
+  Array.from(el.querySelectorAll(sel)).map(c => [c.dataset[key], c.textContent]))"""
+_CUES_JS = """ds => Object.fromEntries(ds.map(d =>
+  [d.dataset.cue, Array.from(d.querySelectorAll('.chip')).map(c => c.textContent)]))"""
+_WHY_JS = f"""rs => {{ const chips = {_CHIPS}; return rs.map(r => ({{
+  version_id: r.dataset.versionId,
+  stage: r.querySelector('td[data-field=stage]').textContent,
+  cues: chips(r, '[data-field=cues] .chip', 'cue'),
+  scores: chips(r, '[data-field=scores] .score', 'score'),
+  verified: r.querySelector('[data-field=verified]').textContent,
+}})); }}"""
+
+
+class ConsolePage:
+    def __init__(self, page: Page, timeout_ms: float = 60_000) -> None:
+        self.page = page
+        self.timeout = timeout_ms
+        page.set_default_timeout(timeout_ms)
+
+    # -- getting in ----------------------------------------------------------------------------------------
+
+    def open(self, fragment: str = "") -> ConsolePage:
+        self.page.goto("/console" + fragment)
+        self.page.wait_for_selector("#login:not([hidden]), #app:not([hidden])")
+        return self
+
+    def login(self, key: str) -> None:
+        """Type the key, sign in, and wait until the app or the login error shows."""
+        self.page.fill("#api-key", key)
+        self.page.click("#sign-in")
+        self.page.wait_for_selector("#app:not([hidden]), #login-error:not([hidden])")
+
+    def signed_in(self) -> bool:
+        return self.page.is_visible("#app")
+
+    def login_error(self) -> str:
+        return self.page.text_content("#login-error") or ""
+
+    # -- tenants and subjects ----------------------------------------------------------------------------------
+
+    def tenants(self) -> list[str]:
+        return self.page.eval_on_selector_all("#tenant option", "os => os.map(o => o.textContent)")
+
+    def pick_tenant(self, tenant: str) -> None:
+        self.page.select_option("#tenant", tenant)
+        self._wait("#subjects")
+
+    def subjects(self) -> list[str]:
+        self._wait("#subjects")
+        return self.page.eval_on_selector_all("#subjects button.subject", "bs => bs.map(b => b.textContent)")
+
+    def search(self, prefix: str) -> list[str]:
+        self.page.fill("#prefix", prefix)
+        self.page.click("#search")
+        return self.subjects()
+
+    def open_subject(self, subject: str) -> str:
+        """Click the subject in the finder's list; the facts panel's state when it settles."""
+        self.page.locator("#subjects").get_by_role("button", name=subject, exact=True).click()
+        return self._wait("#panel-facts")
+
+    def type_subject(self, subject: str) -> str:
+        """Open a subject by typing its name (the finder's second form)."""
+        self.page.fill("#subject-input", subject)
+        self.page.click("#open")
+        return self._wait("#panel-facts")
+
+    # -- what is shown -----------------------------------------------------------------------------------------
+
+    def rows(self, table: str) -> list[dict[str, Any]]:
+        """Each row of table #<table>: {data-field: its textContent, ..., "_data": the row's data-* attributes}."""
+        return self.page.evaluate(_ROWS_JS, table)
+
+    def error(self) -> str:
+        """The error banner's text ('' when hidden)."""
+        return (self.page.text_content("#error") or "") if self.page.is_visible("#error") else ""
+
+    def error_codes(self) -> list[str]:
+        return self.page.eval_on_selector_all("#error .error-item", "es => es.map(e => e.dataset.code)")
+
+    def view(self, name: str) -> str:
+        """Open a tab (facts, chain, asof, recall); the panel's state once it settles."""
+        self.page.click(f'#tabs button[data-view="{name}"]')
+        return self._wait(f"#panel-{name}", also=("empty",))  # a load starts on the click: empty = nothing to load
+
+    def chain_of(self, key: str) -> str:
+        """The version chain of the fact with this key (the "chain" button on its row of current facts)."""
+        self.page.click('#tabs button[data-view="facts"]')
+        row = self.page.locator("#facts tbody tr").filter(has=self.page.locator('td[data-field="key"]', has_text=key))
+        row.get_by_role("button", name="chain").click()
+        return self._wait("#panel-chain")
+
+    # -- as of ----------------------------------------------------------------------------------------------------
+
+    def slider(self, which: str = "asof") -> tuple[int, int]:
+        """(position, last position) of the valid-time ("asof") or known-at ("known") slider."""
+        sid = "#asof-slider" if which == "asof" else "#known-slider"
+        value, top = self.page.eval_on_selector(sid, "s => [Number(s.value), Number(s.max)]")
+        return value, top
+
+    def move(self, which: str, key: str) -> Response:
+        """Press `key` (ArrowLeft, ArrowRight, Home, End) once on a slider, as a person moves it; the facts
+        response the page received for it. The slider must be able to move that way (else nothing is asked)."""
+        sid = "#asof-slider" if which == "asof" else "#known-slider"
+        self.page.focus(sid)
+        with self.page.expect_response(lambda r: "/facts?" in r.url and r.request.method == "GET") as answer:
+            self.page.keyboard.press(key)
+        self._wait("#panel-asof")
+        return answer.value
+
+    def move_to(self, which: str, time: str) -> None:
+        """Move a slider with the keyboard (Home, then ArrowRight) to the point that shows `time`."""
+        field = 0 if which == "asof" else 1
+        if self.slider(which)[0] != 0:
+            self.move(which, "Home")
+        while self.asof_inputs()[field] != time:
+            value, top = self.slider(which)
+            if value >= top:
+                raise AssertionError(f"the {which} slider has no point {time}")
+            self.move(which, "ArrowRight")
+
+    def asof_inputs(self) -> tuple[str, str]:
+        """The valid time and known-at time the controls show ('' = now / everything)."""
+        return self.page.input_value("#asof-valid"), self.page.input_value("#asof-known")
+
+    def asof_shown(self) -> dict[str, str]:
+        return self.page.eval_on_selector("#panel-asof", "p => ({state: p.dataset.state, asOf: p.dataset.asOf || ''})")
+
+    # -- recall ----------------------------------------------------------------------------------------------------
+
+    def recall(self, query: str, mode: str = "auto", top_k: int = 5) -> Response:
+        """Run a recall in the playground; the page's own /v1/recall response."""
+        self.page.click('#tabs button[data-view="recall"]')
+        self.page.fill("#recall-query", query)
+        self.page.select_option("#recall-mode", mode)
+        self.page.fill("#recall-topk", str(top_k))
+        with self.page.expect_response(lambda r: r.url.endswith("/v1/recall")) as answer:
+            self.page.click("#recall-run")
+        self._wait("#panel-recall")
+        return answer.value
+
+    def trace_shown(self) -> dict[str, str]:
+        """The stages table: {stage or row name: its text}."""
+        return self.page.eval_on_selector_all(
+            "#recall-trace tbody tr",
+            "rs => Object.fromEntries(rs.map(r => [r.cells[0].textContent, r.cells[1].textContent]))",
+        )
+
+    def candidates_shown(self) -> dict[str, list[str]]:
+        """The trace's per-stage candidate lists: {stage: [version id of each item, best first]} (empty: nothing)."""
+        return self.page.eval_on_selector_all(
+            "#recall-trace tbody tr[data-stage-candidates]",
+            "rs => Object.fromEntries(rs.map(r => [r.dataset.stageCandidates,"
+            " [...r.querySelectorAll('li')].map(li => li.dataset.versionId)]))",
+        )
+
+    def cues_shown(self) -> dict[str, list[str]]:
+        """The cues panel: {cue name: its chips' texts}."""
+        return self.page.eval_on_selector_all("#recall-cues dd", _CUES_JS)
+
+    def why_shown(self) -> list[dict[str, Any]]:
+        """Per hit: the stage, the matched cue chips ({cue: text}), the scores ({name: text}), the verification text."""
+        return self.page.eval_on_selector_all("#recall-hits tbody tr", _WHY_JS)
+
+    # -- waiting ---------------------------------------------------------------------------------------------------
+
+    def wait_panel(self, name: str, state: str) -> None:
+        """Until panel `name` (facts, chain, asof, recall) is in `state`."""
+        self.page.wait_for_function(
+            "([sel, want]) => document.querySelector(sel)?.dataset.state === want", arg=[f"#panel-{name}", state]
+        )
+
+    def _wait(self, selector: str, also: tuple[str, ...] = ()) -> str:
+        """Until the element's data-state is ready or error (or one of `also`); that state."""
+        settled = ["ready", "error", *also]
+        self.page.wait_for_function(
+            "([sel, ok]) => { const e = document.querySelector(sel); return e && ok.includes(e.dataset.state); }",
+            arg=[selector, settled],
+            timeout=self.timeout,
+        )
+        return self.page.eval_on_selector(selector, "e => e.dataset.state")

@@ -1,0 +1,115 @@
+"""The audit console's world: a small ledger with every kind of change, the whole stack, the API as a server.
+
+`console_world(settings)` publishes `scenario()` through the SDK, runs the projector worker and the
+search indexer (`pipeline`) until everything is applied and indexed, then serves the API with
+`uvicorn api.main:app` on a free port (`ApiServer`), all on the caller's private names. Used by
+tests/test_console.py and by the screenshot script (`python -m tests.support.shoot_console`).
+
+The subject `user:42` of tenant `acme` has, in ledger order: a preference, a state, a supersession,
+a confirmation, a temporary override (a preference with a bounded valid_to), a second supersession,
+a late event (valid from day 2, observed on day 12: an "as known at" difference), a retraction, a
+retraction that matches nothing (`no_effect`), and a hostile value (markup in value, content, source).
+Tenant `globex` (another key) holds `user:secret-globex` and its own `user:42`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from producers.contract import EventType, MemoryEvent, Source
+from producers.settings import Settings
+from tests.support.browser import ApiServer
+from tests.support.events import asserted, at, marked
+from tests.support.pipeline import Pipeline, pipeline
+
+__all__ = [
+    "AUDITOR_KEY",
+    "CONSOLE_KEYS",
+    "FOREIGN",
+    "FOREIGN_KEY",
+    "HOSTILE",
+    "SUBJECT",
+    "ConsoleWorld",
+    "console_world",
+    "scenario",
+]
+
+AUDITOR_KEY, FOREIGN_KEY = "auditor-key", "globex-key"
+CONSOLE_KEYS = {AUDITOR_KEY: ["acme", "initech"], FOREIGN_KEY: ["globex"]}
+TENANT, FOREIGN = "acme", "globex"
+SUBJECT = "user:42"
+HOSTILE = "<img src=x onerror=window.__pwned=1>"
+
+
+def _src(type_: str, service: str, ref: str) -> Source:
+    return Source(type=type_, service=service, ref=ref)
+
+
+def scenario() -> list[MemoryEvent]:
+    """The events of the console's world, with fixed event ids (the screenshots are the same each run)."""
+    chat, crm = "chat", "crm-import"
+    u = SUBJECT
+    return [
+        asserted(u, "pref.seat", "window", 0, kind="preference", event_id="ev-seat-1",
+                 content="user 42 prefers window seats", aliases=["seat preference", "座位偏好"],
+                 source=_src("explicit", chat, "msg-101")),
+        asserted(u, "home.city", "Lyon", 1, event_id="ev-city-1", content="user 42 lives in Lyon",
+                 source=_src("imported", crm, "row-7731")),
+        asserted(u, "pref.seat", "aisle", 3, kind="preference", event_id="ev-seat-2",
+                 content="user 42 now prefers aisle seats", aliases=["seat preference"],
+                 source=_src("explicit", chat, "msg-207")),
+        marked(EventType.CONFIRMED, u, "pref.seat", 4, event_id="ev-seat-ok", source=_src("system", "trips", "t-88")),
+        asserted(u, "pref.seat", "window", 5, kind="preference", valid_to=at(8), event_id="ev-seat-trip",
+                 content="for the Berlin trip (5-8 March) user 42 wants window seats",
+                 source=_src("explicit", chat, "msg-233")),
+        asserted(u, "home.city", "Berlin", 6, event_id="ev-city-2", content="user 42 moved to Berlin",
+                 source=_src("explicit", chat, "msg-240")),
+        asserted(u, "note.free_text", HOSTILE, 7, event_id="ev-hostile",
+                 content=f"{HOSTILE} <script>window.__pwned=2</script> <b>not bold</b>",
+                 source=_src("inferred", "<b>scraper</b>", "<img src=y onerror=window.__pwned=3>")),
+        marked(EventType.RETRACTED, u, "pref.meal", 9, event_id="ev-meal-retract", reason="no such preference",
+               source=_src("explicit", chat, "msg-251")),
+        marked(EventType.RETRACTED, u, "home.city", 10, event_id="ev-city-retract", reason="address unknown",
+               source=_src("explicit", chat, "msg-260")),
+        asserted(u, "profile.language", "de", 2, observed_at=at(12), event_id="ev-lang",
+                 content="user 42 speaks German", source=_src("imported", crm, "row-9120")),
+        asserted("project:P1", "project.backend_port", 8080, 0, entities=["P1"], event_id="ev-p1-1",
+                 aliases=["backend port", "后端服务地址"], content="项目 P1 的后端服务端口是 8080",
+                 source=_src("explicit", chat, "msg-17")),
+        asserted("project:P1", "project.backend_port", 9090, 20, entities=["P1"], event_id="ev-p1-2",
+                 aliases=["backend port", "后端服务地址"], content="P1 backend port moved to 9090",
+                 source=_src("explicit", "deploy-bot", "change-4411")),
+        asserted("user:7", "pref.seat", "middle", 1, kind="preference", event_id="ev-u7",
+                 source=_src("explicit", chat, "msg-31")),
+        asserted("order:OD5001", "order.refund", 30, 15, kind="event", entities=["OD5001"], event_id="ev-refund",
+                 content="order OD5001 was refunded, 30 EUR", source=_src("system", "billing", "rf-5001")),
+        asserted("user:1", "pref.seat", "window", 0, tenant="initech", kind="preference", event_id="ev-initech",
+                 source=_src("explicit", chat, "msg-1")),
+        asserted("user:secret-globex", "pref.seat", "globex-only-value", 0, tenant=FOREIGN, kind="preference",
+                 event_id="ev-globex-1", content="globex secret", source=_src("explicit", chat, "g-1")),
+        asserted(SUBJECT, "pref.seat", "globex-only-value", 0, tenant=FOREIGN, kind="preference",
+                 event_id="ev-globex-2", content="globex secret about its own user 42",
+                 source=_src("explicit", chat, "g-2")),
+    ]  # fmt: skip
+
+
+@dataclass
+class ConsoleWorld:
+    settings: Settings
+    pipe: Pipeline
+    api: ApiServer
+
+    @property
+    def url(self) -> str:
+        return self.api.url
+
+
+@contextmanager
+def console_world(settings: Settings) -> Iterator[ConsoleWorld]:
+    """`scenario()` applied and indexed on `settings`' private names (keys: CONSOLE_KEYS), and the API serving it."""
+    settings = settings.model_copy(update={"api_keys": CONSOLE_KEYS})
+    with pipeline(settings, seed=scenario()) as pipe, ApiServer(settings) as api:
+        api.wait_ready()
+        yield ConsoleWorld(settings, pipe, api)

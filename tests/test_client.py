@@ -1,0 +1,316 @@
+"""The read client (api.client) against the real API: `ledger serve` as a child on a free port, on private settings.
+
+The ledger runs as deployed: events through the SDK, the projector worker and the search indexer from
+tests/support (pipeline), the API as its own process; the client talks HTTP to it. Each method, sync and
+async, returns the API's response model, equal to the JSON the server sent in that very response (captured
+with an httpx event hook); errors raise LedgerError carrying the API's error items and status: a 422 names
+the field, another tenant is a 403, a PostgreSQL that does not answer is a 503 naming postgres (a second
+API child whose DSN points at a port nobody listens on). Two unit tests: the two clients' methods agree,
+and importing the client loads no server library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from api import schemas
+from api.client import AsyncLedgerClient, LedgerClient, LedgerError
+from producers.event_schema import SCHEMA_ID, checked_in
+from producers.settings import REPO_ROOT, Settings
+from tests.conftest import unique
+from tests.support import Process, asserted, at, marked, pipeline, wait_for
+
+A, B = "acme", "globex"
+KEY_A, KEY_B = "client-key-acme", "client-key-globex"
+SUBJECT = "project:P1"
+ODD = "team/x y?z%2F#1 é"  # every character a URL reserves: the client escapes, the API reads it back
+PORT_TEXT = "Project P1's backend port is {}"
+P1_PORT = {"entities": ["P1"], "aliases": ["backend port"]}
+
+EVENTS = [
+    asserted(SUBJECT, "project.port", 8080, 0, **P1_PORT, content=PORT_TEXT.format(8080)),
+    asserted(SUBJECT, "project.owner", "ada", 1, entities=["P1"], content="Ada owns project P1"),
+    asserted(SUBJECT, "project.port", 9090, 5, **P1_PORT, content=PORT_TEXT.format(9090)),
+    marked("memory.confirmed", SUBJECT, "project.owner", 6),
+    asserted(ODD, "team.size", 7, 1),
+    asserted(SUBJECT, "project.port", 1111, 0, tenant=B, entities=["P1"], content=PORT_TEXT.format(1111)),
+]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Api(Process):
+    """`ledger serve` on a free loopback port, on `settings`."""
+
+    name = "api"
+
+    def __init__(self, settings: Settings) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(settings, ["-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)])
+
+    def start(self, timeout: float = 60.0) -> Api:
+        super().start()
+
+        def answers() -> bool:
+            self.check()
+            try:
+                return httpx.get(self.url + "/v1/health", timeout=10).status_code in (200, 503)  # a dead store: ~3 s
+            except httpx.TransportError:
+                return False
+
+        wait_for(answers, timeout, 0.3, f"the API on {self.url}")
+        return self
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    api: Api
+    memory_id: str = ""
+    bodies: list[Any] = field(default_factory=list)  # what the server sent, response by response
+
+    def capture(self, response: httpx.Response) -> None:
+        response.read()
+        self.bodies.append(response.json())
+
+    async def acapture(self, response: httpx.Response) -> None:
+        await response.aread()
+        self.bodies.append(response.json())
+
+    def client(self, key: str | None = KEY_A, tenant: str | None = A) -> LedgerClient:
+        http = httpx.Client(event_hooks={"response": [self.capture]})
+        return LedgerClient(self.api.url, api_key=key or "", tenant=tenant, timeout=30, http=http)
+
+    def aclient(self, key: str | None = KEY_A, tenant: str | None = A) -> AsyncLedgerClient:
+        http = httpx.AsyncClient(event_hooks={"response": [self.acapture]})
+        return AsyncLedgerClient(self.api.url, api_key=key or "", tenant=tenant, timeout=30, http=http)
+
+
+@pytest.fixture(scope="module")
+def stack(base_settings: Settings) -> Iterator[Stack]:
+    settings = base_settings.private(unique("cl"), api_keys={KEY_A: [A], KEY_B: [B]})
+    with pipeline(settings, seed=EVENTS) as pipe, Api(settings) as api:
+        pipe.worker.check()
+        st = Stack(settings, api)
+        with st.client() as c:
+            st.memory_id = next(f.memory_id for f in c.facts(SUBJECT).facts if f.key == "project.port")
+        yield st
+
+
+# (label, method name, args, kwargs, response model, what the answer must show)
+CALLS: list[tuple[str, str, tuple, dict[str, Any], type, Any]] = [
+    ("recall", "recall", ("P1 backend port",), {}, schemas.RecallResponse, lambda r: r.hits[0].value == 9090),
+    ("recall as_of", "recall", ("P1 backend port",), {"as_of": at(2)}, schemas.RecallResponse,
+     lambda r: r.hits[0].value == 8080 and r.hits[0].match.stage == "exact"),
+    ("recall filters", "recall", ("who owns P1",), {"mode": "keyword", "top_k": 3, "filters": {"key": "project.owner"}},
+     schemas.RecallResponse, lambda r: [h.key for h in r.hits] == ["project.owner"]),
+    ("context", "context", (SUBJECT, "what is the backend port of P1?"), {"budget_tokens": 400},
+     schemas.ContextResponse, lambda r: r.lines[0].value == 9090 and r.lines[0].matched and "9090" in r.text),
+    ("context with history", "context", (SUBJECT,), {"include_history": True, "as_of": at(7), "top_k": 2},
+     schemas.ContextResponse, lambda r: ("history", 8080) in [(line.status, line.value) for line in r.lines]),
+    ("facts", "facts", (SUBJECT,), {}, schemas.FactsResponse,
+     lambda r: {f.key: f.value for f in r.facts} == {"project.port": 9090, "project.owner": "ada"}),
+    ("facts as_of", "facts", (SUBJECT,), {"as_of": at(2)}, schemas.FactsResponse,
+     lambda r: {f.key: f.value for f in r.facts} == {"project.port": 8080, "project.owner": "ada"}),
+    ("facts known_at", "facts", (SUBJECT,), {"known_at": "2026-03-03T00:00:00+00:00"}, schemas.FactsResponse,
+     lambda r: {f.key: f.value for f in r.facts} == {"project.port": 8080, "project.owner": "ada"}),
+    ("facts, reserved characters", "facts", (ODD,), {}, schemas.FactsResponse,
+     lambda r: r.subject == ODD and [f.value for f in r.facts] == [7]),
+    ("history", "history", ("{memory_id}",), {}, schemas.HistoryResponse,
+     lambda r: [v.value for v in r.versions] == [8080, 9090] and r.versions[0].status == "superseded"),
+    ("events", "events", (SUBJECT,), {}, schemas.EventsResponse,
+     lambda r: [e.type for e in r.events].count("memory.asserted") == 3 and len(r.events) == 4),
+    ("events window", "events", (SUBJECT,), {"from_": at(1), "to": at(5.5), "limit": 10}, schemas.EventsResponse,
+     lambda r: [e.event["value"] for e in r.events] == ["ada", 9090]),
+    ("stats", "stats", (), {}, schemas.StatsResponse,
+     lambda r: r.tenant == A and r.double_active == 0 and r.events_applied == 5 and r.total_lag == 0),
+    ("health", "health", (), {}, schemas.HealthResponse, lambda r: r.status == "ok" and r.parts.postgres.ok),
+    ("event schema", "event_schema", (), {}, schemas.EventSchemaDocument,
+     lambda r: r.id_ == SCHEMA_ID and r.model_dump(by_alias=True) == json.loads(checked_in())),
+]  # fmt: skip
+
+
+def _dumped(result: Any) -> Any:
+    return result.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+def _args(st: Stack, args: tuple) -> tuple:
+    return tuple(a.format(memory_id=st.memory_id) if a == "{memory_id}" else a for a in args)
+
+
+@pytest.mark.parametrize(("label", "method", "args", "kwargs", "model", "shows"), CALLS, ids=[c[0] for c in CALLS])
+def test_each_method_returns_the_api_model_equal_to_the_raw_json_sync(
+    stack: Stack, label, method, args, kwargs, model, shows
+):
+    with stack.client() as client:
+        result = getattr(client, method)(*_args(stack, args), **kwargs)
+    assert type(result) is model, (label, type(result))
+    assert _dumped(result) == stack.bodies[-1], label
+    assert shows(result), (label, _dumped(result))
+
+
+@pytest.mark.parametrize(("label", "method", "args", "kwargs", "model", "shows"), CALLS, ids=[c[0] for c in CALLS])
+def test_each_method_returns_the_api_model_equal_to_the_raw_json_async(
+    stack: Stack, label, method, args, kwargs, model, shows
+):
+    async def call() -> Any:
+        async with stack.aclient() as client:
+            return await getattr(client, method)(*_args(stack, args), **kwargs)
+
+    result = asyncio.run(call())
+    assert type(result) is model, (label, type(result))
+    assert _dumped(result) == stack.bodies[-1], label
+    assert shows(result), (label, _dumped(result))
+
+
+def test_the_context_text_is_the_text_form_byte_for_byte(stack: Stack) -> None:
+    """`context(...).text` is what POST /v1/context answers with format=text (what a prompt gets)."""
+    ask = {"tenant": A, "subject": SUBJECT, "question": "P1 backend port", "as_of": "2026-03-08T00:00:00Z"}
+    raw = httpx.post(stack.api.url + "/v1/context", json=ask, headers={"X-API-Key": KEY_A}, timeout=30)
+    assert raw.status_code == 200 and raw.headers["content-type"].startswith("text/plain"), raw.text
+    with stack.client() as c:
+        assert c.context(SUBJECT, "P1 backend port", as_of="2026-03-08T00:00:00Z").text == raw.text
+
+
+def _refused(call) -> LedgerError:
+    with pytest.raises(LedgerError) as refused:
+        call()
+    return refused.value
+
+
+def test_a_422_names_the_field_and_carries_the_api_error_body(stack: Stack) -> None:
+    from datetime import datetime
+
+    with stack.client() as c:
+        cases = [
+            (lambda: c.facts(SUBJECT, as_of="yesterday"), "invalid_time", "as_of"),
+            (lambda: c.facts(SUBJECT, as_of=datetime(2026, 3, 2)), "invalid_time", "as_of"),  # naive: no offset
+            (lambda: c.events(SUBJECT, from_=1700000000), "invalid_time", "from"),
+            (lambda: c.recall("P1", top_k=0), "greater_than_equal", "top_k"),
+            (lambda: c.context(SUBJECT, budget_tokens=10), "greater_than_equal", "budget_tokens"),
+            (lambda: c.recall("P1", mode="psychic"), "literal_error", "mode"),
+            (lambda: c.recall("P1", filters={"kind": "mood"}), "value_error", "filters.kind"),
+            (lambda: c.facts("bad\x00subject"), "unstorable_text", "subject"),
+        ]
+        for call, code, field_ in cases:
+            err = _refused(call)
+            assert (err.status, err.code, err.field) == (422, code, field_), (code, str(err))
+            assert err.as_dict() == stack.bodies[-1] and err.store is None
+    with stack.client(tenant=None) as c:  # no tenant anywhere: the server says which field is missing
+        err = _refused(lambda: c.facts(SUBJECT))
+        assert (err.status, err.code, err.field) == (422, "missing", "tenant")
+
+
+def test_another_tenant_is_a_403_error_object_and_each_key_sees_its_own(stack: Stack) -> None:
+    with stack.client() as c:
+        for call in (
+            lambda: c.facts(SUBJECT, tenant=B),
+            lambda: c.recall("P1 backend port", tenant=B),
+            lambda: c.history(stack.memory_id, tenant=B),
+            lambda: c.events(SUBJECT, tenant=B),
+            lambda: c.stats(tenant=B),
+        ):
+            err = _refused(call)
+            assert (err.status, err.code, err.field) == (403, "forbidden_tenant", "tenant"), str(err)
+            assert err.as_dict() == stack.bodies[-1]
+            assert "globex" in err.message
+    with stack.client(KEY_B, B) as c:
+        assert [f.value for f in c.facts(SUBJECT).facts] == [1111]
+        assert _refused(lambda: c.history(stack.memory_id)).status == 404  # acme's fact is not globex's
+
+    async def other_tenant() -> LedgerError:
+        async with stack.aclient() as c:
+            try:
+                await c.facts(SUBJECT, tenant=B)
+            except LedgerError as exc:
+                return exc
+        raise AssertionError("no error")
+
+    err = asyncio.run(other_tenant())
+    assert (err.status, err.code, err.field) == (403, "forbidden_tenant", "tenant")
+
+
+def test_401_404_and_no_answer_are_the_same_exception(stack: Stack) -> None:
+    with stack.client(key=None) as c:
+        err = _refused(lambda: c.facts(SUBJECT))
+        assert (err.status, err.code, err.field) == (401, "unauthorized", "X-API-Key")
+        assert c.event_schema().id_ == SCHEMA_ID  # the public contract needs no key
+    with stack.client(key="not-a-key") as c:
+        assert _refused(lambda: c.stats()).code == "unauthorized"
+    with stack.client() as c:
+        err = _refused(lambda: c.history("no-such-fact"))
+        assert (err.status, err.code, err.field) == (404, "not_found", "memory_id")
+    with LedgerClient(f"http://127.0.0.1:{free_port()}", api_key=KEY_A, tenant=A, timeout=2) as c:
+        err = _refused(lambda: c.facts(SUBJECT))
+        assert err.status is None and err.code == "api_unreachable" and err.message.startswith("api: ")
+
+
+def test_a_store_that_does_not_answer_is_a_503_naming_it(stack: Stack) -> None:
+    """A second API child whose PostgreSQL DSN points at a port nobody listens on (nothing is stopped)."""
+    dead_pg = stack.settings.pg_dsn.replace(f":{stack.settings.pg_host_port[1]}/", f":{free_port()}/")
+    assert dead_pg != stack.settings.pg_dsn
+    with Api(stack.settings.model_copy(update={"pg_dsn": dead_pg, "pg_connect_timeout_s": 2})) as api:
+        with LedgerClient(api.url, api_key=KEY_A, tenant=A, timeout=30) as c:
+            err = _refused(lambda: c.facts(SUBJECT))
+            assert (err.status, err.code, err.store) == (503, "store_unavailable", "postgres"), str(err)
+            health = c.health()  # an answer, not an exception: the parts say what is down
+            assert health.status == "degraded" and not health.parts.postgres.ok and health.parts.kafka.ok
+            assert [item.message.split(":")[0] for item in health.detail or []] == ["postgres"]
+
+
+@pytest.mark.unit
+def test_the_sync_and_async_clients_have_the_same_methods() -> None:
+    def public(cls: type) -> dict[str, inspect.Signature]:
+        return {n: inspect.signature(f) for n, f in vars(cls).items() if not n.startswith("_") and callable(f)}
+
+    sync, async_ = public(LedgerClient), public(AsyncLedgerClient)
+    assert set(sync) - {"close"} == set(async_) - {"aclose"}
+    for name in set(sync) - {"close"}:
+        assert inspect.iscoroutinefunction(getattr(AsyncLedgerClient, name)), name
+        s, a = sync[name], async_[name]
+        assert list(s.parameters) == list(a.parameters) and s.return_annotation == a.return_annotation, name
+
+
+@pytest.mark.unit
+def test_settings_give_what_arguments_do_not() -> None:
+    s = Settings(development=True, api_host="10.0.0.5", api_port=8123, client_timeout_s=4.5)
+    with LedgerClient(settings=s) as c:
+        assert (c.url, c.timeout, c._headers) == ("http://10.0.0.5:8123", 4.5, {})
+    s = s.model_copy(update={"client_url": "https://ledger.example/", "client_api_key": "k1"})
+    with LedgerClient(settings=s, timeout=1.0) as c:
+        assert (c.url, c.timeout, c._headers) == ("https://ledger.example", 1.0, {"X-API-Key": "k1"})
+    with LedgerClient("http://h:1", api_key="k2", timeout=2.0, settings=s) as c:  # arguments win
+        assert (c.url, c.timeout, c._headers) == ("http://h:1", 2.0, {"X-API-Key": "k2"})
+
+
+SERVER_LIBRARIES = ("fastapi", "starlette", "uvicorn", "psycopg", "psycopg_pool", "elasticsearch", "kafka", "aiokafka",
+                    "faust", "fastembed", "onnxruntime", "numpy")  # fmt: skip
+
+
+@pytest.mark.unit
+def test_importing_the_client_loads_no_server_library() -> None:
+    code = (
+        "import json, sys, time; t = time.perf_counter(); import api.client; "
+        "print(json.dumps([round(time.perf_counter() - t, 3), sorted({m.split('.')[0] for m in sys.modules})]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    seconds, modules = json.loads(out.stdout)
+    loaded = sorted(set(SERVER_LIBRARIES) & set(modules))
+    assert not loaded, f"importing api.client loads {loaded} (api.schemas must stay light)"
+    print(f"import api.client: {seconds} s")

@@ -1,0 +1,394 @@
+"""The audit console (`/console`) in a real headless Chromium against the real stack (issue 12).
+
+The world (tests.support.console_world): the scenario published through the SDK to Kafka, projected
+by the worker into PostgreSQL and indexed by the indexer into Elasticsearch, served by `uvicorn
+api.main:app` in a child process, all on private names. The browser is Debian's Chromium driven by
+Playwright; every request it makes to anything but the service is aborted and must not happen, and
+no script error may occur (checked after each test). What is shown is read back as text and
+compared with the API's own JSON: the answer the page received and an independent request.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser
+
+from api.console import CSP
+from tests.conftest import unique
+from tests.support.browser import OfflinePage, chromium
+from tests.support.console_page import ConsolePage
+from tests.support.console_world import AUDITOR_KEY, FOREIGN, FOREIGN_KEY, HOSTILE, SUBJECT, ConsoleWorld, console_world
+
+TENANT = "acme"
+SECRET_SUBJECT, SECRET_VALUE = "user:secret-globex", "globex-only-value"
+KEY_STORE = "memory-ledger.console.api-key"
+
+
+@pytest.fixture(scope="module")
+def world(base_settings) -> Iterator[ConsoleWorld]:
+    with console_world(base_settings.private(unique("console"))) as w:
+        yield w
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def tab(world: ConsoleWorld, browser: Browser) -> Iterator[OfflinePage]:
+    with OfflinePage(browser, world.url) as t:
+        yield t
+        assert t.blocked == [], "the console asked for something outside the service"
+        assert t.errors == [], "the console's script threw"
+
+
+def api(world: ConsoleWorld, path: str, key: str = AUDITOR_KEY, status: int = 200, **params: Any) -> dict[str, Any]:
+    r = httpx.get(world.url + path, params=params, headers={"X-API-Key": key}, timeout=60)
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+def signed_in(tab: OfflinePage, key: str = AUDITOR_KEY) -> ConsolePage:
+    console = ConsolePage(tab.page).open()
+    console.login(key)
+    assert console.signed_in(), console.login_error()
+    return console
+
+
+def shown(value: Any) -> str:
+    """A JSON value as the console writes it: a string as it is, anything else as compact JSON."""
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def fact_row(f: dict[str, Any]) -> dict[str, Any]:
+    """What a row of a facts table must show for this fact of the API."""
+    return {
+        "key": f["key"] or "—",
+        "scope": f["scope"],
+        "value": shown(f["value"]),
+        "kind": f["kind"],
+        "version": str(f["version"]),
+        "valid_from": f["valid_from"],
+        "valid_to": f["valid_to"] or "—",
+        "observed_at": f["observed_at"],
+        "version_id": f["version_id"],
+    }
+
+
+FACT_FIELDS = ("key", "scope", "value", "kind", "version", "valid_from", "valid_to", "observed_at")
+
+
+def facts_shown(console: ConsolePage, table: str) -> list[dict[str, Any]]:
+    """The rows of a facts table as fact_row() spells them (the version id from the row's data attribute)."""
+    return [{**{k: r[k] for k in FACT_FIELDS}, "version_id": r["_data"]["versionId"]} for r in console.rows(table)]
+
+
+def error_line(body: dict[str, Any], status: int) -> str:
+    """The banner line the console shows for the first item of an API error body."""
+    item = body["detail"][0]
+    return f"{status} {item['code']}" + (f" · {item['field']}" if item["field"] else "") + f": {item['message']}"
+
+
+# -- signing in, tenants, subjects ---------------------------------------------------------------------------
+
+
+def test_signing_in_lists_the_keys_tenants_and_their_subjects(world: ConsoleWorld, tab: OfflinePage) -> None:
+    console = ConsolePage(tab.page).open()
+    assert tab.page.is_visible("#login") and not console.signed_in()
+    console.login("not-a-key")
+    assert not console.signed_in()
+    assert console.login_error() == error_line(api(world, "/v1/tenants", key="not-a-key", status=401), 401)
+
+    console.login(AUDITOR_KEY)
+    assert console.signed_in()
+    assert console.tenants() == api(world, "/v1/tenants")["tenants"] == ["acme", "initech"]
+    listed = console.subjects()  # the first tenant's subjects, listed at sign-in
+    assert listed == api(world, "/v1/subjects", tenant=TENANT)["subjects"]
+    assert SUBJECT in listed and SECRET_SUBJECT not in listed
+    assert console.search("user:") == api(world, "/v1/subjects", tenant=TENANT, prefix="user:")["subjects"]
+    assert console.search("user:") == ["user:42", "user:7"]
+    console.pick_tenant("initech")
+    assert console.subjects() == api(world, "/v1/subjects", tenant="initech", prefix="user:")["subjects"] == ["user:1"]
+
+    # the key lives in this tab's sessionStorage: a reload stays signed in, signing out forgets it
+    tab.page.reload()
+    tab.page.wait_for_selector("#app:not([hidden])")
+    assert tab.page.evaluate(f"sessionStorage.getItem('{KEY_STORE}')") == AUDITOR_KEY
+    tab.page.click("#sign-out")
+    assert tab.page.is_visible("#login") and not console.signed_in()
+    assert tab.page.evaluate(f"sessionStorage.getItem('{KEY_STORE}')") is None
+
+
+# -- facts and timeline --------------------------------------------------------------------------------------
+
+
+def test_a_subjects_facts_and_timeline_are_what_the_api_says(world: ConsoleWorld, tab: OfflinePage) -> None:
+    console = signed_in(tab)
+    assert console.open_subject(SUBJECT) == "ready", console.error()
+
+    facts = api(world, f"/v1/subjects/{SUBJECT}/facts", tenant=TENANT)["facts"]
+    assert facts_shown(console, "facts") == [fact_row(f) for f in facts]
+    assert {f["key"] for f in facts} == {"pref.seat", "profile.language", "note.free_text"}  # home.city retracted
+
+    events = api(world, f"/v1/subjects/{SUBJECT}/events", tenant=TENANT)["events"]
+    rows = console.rows("timeline")
+    assert [r["_data"]["eventId"] for r in rows] == [e["event_id"] for e in events]  # ledger order
+    for r, e in zip(rows, events, strict=True):
+        assert r["ledger"] == f"{e['partition']}/{e['offset']}"
+        assert (r["type"], r["event_id"]) == (e["type"], e["event_id"])
+        assert r["observed_at"] == e["observed_at"]
+        assert r["_data"]["effect"] == e["effect"]["effect"]
+        assert r["effect"].startswith(e["effect"]["effect"]) and e["effect"]["detail"] in r["effect"]
+        src = e["event"]["source"]
+        assert r["source"] == " · ".join(str(src[k]) for k in ("type", "service", "ref") if src.get(k))
+    assert {e["effect"]["effect"] for e in events} >= {"superseded", "active", "confirmed", "override", "no_effect"}
+
+
+def test_a_hostile_value_is_shown_as_text(world: ConsoleWorld, tab: OfflinePage) -> None:
+    console = signed_in(tab)
+    assert console.open_subject(SUBJECT) == "ready", console.error()
+    hostile = [r for r in console.rows("facts") if r["key"] == "note.free_text"]
+    assert [r["value"] for r in hostile] == [HOSTILE]
+    timeline = {r["_data"]["eventId"]: r for r in console.rows("timeline")}
+    assert timeline["ev-hostile"]["value"] == HOSTILE
+    assert timeline["ev-hostile"]["source"] == "inferred · <b>scraper</b> · <img src=y onerror=window.__pwned=3>"
+    assert tab.page.locator("#app img, #app b, #app script").count() == 0
+    assert tab.page.evaluate("window.__pwned") is None
+
+    # a hostile tenant name in a link comes back in the API's 403 message: text too
+    evil = "<img src=x onerror=window.__pwned=4>"
+    tab.page.goto("about:blank")
+    ConsolePage(tab.page).open("#" + str(httpx.QueryParams({"tenant": evil, "subject": "x"})))
+    tab.page.wait_for_selector("#error:not([hidden])")
+    body = api(world, "/v1/subjects", tenant=evil, status=403)
+    assert console.error().startswith(error_line(body, 403)) and evil in console.error()
+    assert tab.page.locator("#app img, body img").count() == 0
+    assert tab.page.evaluate("window.__pwned") is None
+
+
+# -- the version chain ---------------------------------------------------------------------------------------
+
+
+def test_the_version_chain_shows_supersessions_and_overrides(world: ConsoleWorld, tab: OfflinePage) -> None:
+    console = signed_in(tab)
+    assert console.open_subject(SUBJECT) == "ready", console.error()
+    assert console.chain_of("pref.seat") == "ready", console.error()
+
+    facts = api(world, f"/v1/subjects/{SUBJECT}/facts", tenant=TENANT)["facts"]
+    memory_id = next(f["memory_id"] for f in facts if f["key"] == "pref.seat")
+    versions = api(world, f"/v1/facts/{memory_id}/history", tenant=TENANT)["versions"]
+    number = {v["version_id"]: v["version"] for v in versions}
+    rows = console.rows("chain")
+    assert [r["_data"]["versionId"] for r in rows] == [v["version_id"] for v in versions]
+    for r, v in zip(rows, versions, strict=True):
+        assert (r["version"], r["value"]) == (str(v["version"]), shown(v["value"]))
+        assert (r["valid_from"], r["valid_to"], r["observed_at"]) == (
+            v["valid_from"],
+            v["valid_to"] or "—",
+            v["observed_at"],
+        )
+        assert r["ledger"] == f"{v['partition']}/{v['offset']}"
+        assert r["status"].startswith(v["status"]) and ("override" in r["status"]) == v["override"]
+        if v["superseded_by"]:
+            assert r["superseded"] == f"by v{number[v['superseded_by']]} at {v['superseded_at']}"
+        elif v["override"]:
+            assert r["superseded"].startswith("override")
+        else:
+            assert r["superseded"] == "—"
+    assert any(v["superseded_by"] for v in versions) and any(v["override"] for v in versions)
+
+    # the confirmation shows on the version it confirmed
+    events = api(world, f"/v1/subjects/{SUBJECT}/events", tenant=TENANT)["events"]
+    confirmed = next(e["effect"]["version_id"] for e in events if e["type"] == "memory.confirmed")
+    marks = {r["_data"]["versionId"]: r["marks"] for r in rows}
+    assert "memory.confirmed" in marks[confirmed]
+    assert all("memory.confirmed" not in m for vid, m in marks.items() if vid != confirmed)
+
+
+# -- as of ---------------------------------------------------------------------------------------------------
+
+
+def _values(rows: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((r["key"], r["value"]) for r in rows))
+
+
+def test_the_as_of_control_replays_what_the_api_says(world: ConsoleWorld, tab: OfflinePage) -> None:
+    console = signed_in(tab)
+    assert console.open_subject(SUBJECT) == "ready", console.error()
+    assert console.view("asof") == "ready", console.error()
+    position, top = console.slider("asof")
+    assert position == top and console.asof_inputs() == ("", "")  # now, everything known
+    now = api(world, f"/v1/subjects/{SUBJECT}/facts", tenant=TENANT)["facts"]
+    assert facts_shown(console, "asof-facts") == [fact_row(f) for f in now]
+
+    path = f"/v1/subjects/{SUBJECT}/facts"
+    seen: dict[str, tuple] = {}
+    answer = console.move("asof", "Home")
+    while True:
+        as_of, known_at = console.asof_inputs()
+        assert as_of and known_at == ""
+        expected = api(world, path, tenant=TENANT, as_of=as_of)
+        assert answer.json()["facts"] == expected["facts"], as_of  # the page asked for the time the control shows
+        assert facts_shown(console, "asof-facts") == [fact_row(f) for f in expected["facts"]], as_of
+        assert console.asof_shown() == {"state": "ready", "asOf": expected["as_of"]}
+        seen[as_of] = _values(console.rows("asof-facts"))
+        if console.slider("asof")[0] == top - 1:
+            break
+        answer = console.move("asof", "ArrowRight")
+    assert len(set(seen.values())) >= 5, seen  # the facts shown change as the control moves
+    seat = {t: dict(v).get("pref.seat") for t, v in seen.items()}
+    assert seat["2026-03-04T00:00:00.000000Z"] == "aisle"  # v2 superseded v1 on day 3
+    assert seat["2026-03-06T00:00:00.000000Z"] == "window"  # the trip override, days 5 to 8
+    assert seat["2026-03-09T00:00:00.000000Z"] == "aisle"  # the override's window has ended
+
+    # known at: the language (valid from day 2) was only observed on day 12
+    console.move("asof", "End")
+    console.move_to("known", "2026-03-11T00:00:00.000000Z")
+    expected = api(world, path, tenant=TENANT, known_at="2026-03-11T00:00:00.000000Z")
+    assert facts_shown(console, "asof-facts") == [fact_row(f) for f in expected["facts"]]
+    assert "profile.language" not in {r["key"] for r in console.rows("asof-facts")}
+    console.move("known", "End")
+    assert "profile.language" in {r["key"] for r in console.rows("asof-facts")}
+
+    # a time typed by hand that the API refuses: its error, as the API words it
+    tab.page.fill("#asof-valid", "1700000000")
+    tab.page.press("#asof-valid", "Enter")
+    tab.page.wait_for_selector("#error:not([hidden])")
+    body = api(world, path, tenant=TENANT, as_of="1700000000", status=422)
+    assert console.error() == error_line(body, 422) and console.error_codes() == ["invalid_time"]
+
+
+# -- the recall playground -----------------------------------------------------------------------------------
+
+
+def _number(text: str) -> float:
+    return float(re.sub(r"\s*ms$", "", text))
+
+
+@pytest.mark.parametrize(
+    ("query", "mode"),
+    [("P1 的后端服务地址是什么", "auto"), ("refunded order", "keyword")],
+    ids=["exact-alias", "keyword"],
+)
+def test_the_recall_playground_explains_each_hit_as_the_api_does(
+    world: ConsoleWorld, tab: OfflinePage, query: str, mode: str
+) -> None:
+    console = signed_in(tab)
+    answer = console.recall(query, mode=mode)
+    assert answer.status == 200
+    got = answer.json()
+    assert got["hits"], got
+
+    # the trace shown is the trace the page received: every stage's time, every tier's candidates
+    trace = console.trace_shown()
+    for stage, ms in got["trace"]["stages_ms"].items():
+        assert _number(trace[stage]) == ms, stage
+    tiers = {k: v for k, v in got["trace"].items() if k.endswith("_candidates")}
+    assert tiers and all(trace[k.replace("_", " ", 1)] == str(v) for k, v in tiers.items())
+    assert _number(trace["total"]) == got["trace"]["total_ms"]
+    assert trace["embedding computed"] == ("yes" if got["trace"]["embedding_computed"] else "no")
+    assert trace["mode"] == got["trace"]["mode"] == mode
+    # each stage's candidates (the page asks to explain): the ids the API listed, in its order
+    listed = got["trace"]["candidates"]
+    assert listed and set(listed) <= set(got["trace"]["stages_ms"])
+    assert console.candidates_shown() == {s: [c["version_id"] for c in found] for s, found in listed.items()}
+    assert any(h["version_id"] in {c["version_id"] for found in listed.values() for c in found} for h in got["hits"])
+
+    cues = console.cues_shown()
+    for name in ("entities", "known_entities", "keys", "event_types", "terms"):
+        assert cues[name.replace("_", " ")] == got["cues"][name], name
+    assert cues["aliases"] == [f"{a['phrase']} → {', '.join(a['keys'])}" for a in got["cues"]["aliases"]]
+
+    # each hit: its stage and why it matched, as the API said
+    why = console.why_shown()
+    assert [w["version_id"] for w in why] == [h["version_id"] for h in got["hits"]]
+    for w, h in zip(why, got["hits"], strict=True):
+        m = h["match"]
+        assert w["stage"] == m["stage"]
+        expected_cues = {
+            k: f"{k.replace('_', ' ', 1)}: {', '.join(v) if isinstance(v, list) else v}"
+            for k, v in m["cues"].items()
+            if v
+        }
+        assert w["cues"] == expected_cues
+        assert {k: float(t.split(" ", 1)[1]) for k, t in w["scores"].items()} == m["scores"]
+        assert ("replaced_by" in m["verified"]) == ("PostgreSQL holds" in w["verified"])
+
+    # an independent request answers the same hits for the same reasons
+    body = {"tenant": TENANT, "query": query, "mode": mode, "top_k": 5}
+    again = httpx.post(f"{world.url}/v1/recall", json=body, headers={"X-API-Key": AUDITOR_KEY}, timeout=60).json()
+    assert [(h["version_id"], h["match"]["stage"], h["match"]["cues"]) for h in again["hits"]] == [
+        (h["version_id"], h["match"]["stage"], h["match"]["cues"]) for h in got["hits"]
+    ]
+    assert again["cues"] == got["cues"]
+    assert "candidates" not in again["trace"]  # listed only when asked to explain
+    if mode == "auto":  # the alias cue finds P1's port exactly, and only the version holding now
+        assert got["hits"][0]["match"]["stage"] == "exact"
+        port = api(world, "/v1/subjects/project:P1/facts", tenant=TENANT)["facts"]
+        assert got["hits"][0]["version_id"] == next(f["version_id"] for f in port)
+    else:
+        assert {h["match"]["stage"] for h in got["hits"]} == {"keyword"}
+
+
+# -- tenancy -------------------------------------------------------------------------------------------------
+
+
+def test_another_tenants_subject_is_not_reachable(world: ConsoleWorld, tab: OfflinePage) -> None:
+    console = signed_in(tab)
+    assert FOREIGN not in console.tenants()
+    for tenant in console.tenants():
+        console.pick_tenant(tenant)
+        assert SECRET_SUBJECT not in console.subjects()
+
+    # its name typed in the key's own tenant: nothing (the API has no event of it there either)
+    console.pick_tenant(TENANT)
+    assert console.type_subject(SECRET_SUBJECT) == "ready"
+    assert console.rows("facts") == [] and console.rows("timeline") == []
+    assert api(world, f"/v1/subjects/{SECRET_SUBJECT}/events", tenant=TENANT)["events"] == []
+
+    # a direct link into the other tenant: the API's 403, shown, and none of its data
+    tab.page.goto("about:blank")
+    ConsolePage(tab.page).open(f"#tenant={FOREIGN}&subject={SECRET_SUBJECT}")
+    tab.page.wait_for_selector("#error:not([hidden])")
+    console.wait_panel("facts", "error")
+    body = api(world, f"/v1/subjects/{SECRET_SUBJECT}/facts", tenant=FOREIGN, status=403)
+    assert console.error() == error_line(body, 403) and console.error_codes() == ["forbidden_tenant"]
+    assert console.rows("facts") == [] and console.rows("timeline") == []
+    assert SECRET_VALUE not in tab.page.inner_text("body")
+
+    # the same subject's own user:42 in acme shows acme's values only
+    tab.page.goto("about:blank")
+    ConsolePage(tab.page).open(f"#tenant={TENANT}&subject={SUBJECT}")
+    console.wait_panel("facts", "ready")
+    assert SECRET_VALUE not in tab.page.inner_text("body")
+
+    # with globex's own key the subject is there (so the checks above could fail)
+    tab.page.click("#sign-out")
+    console.login(FOREIGN_KEY)
+    assert console.tenants() == [FOREIGN] and SECRET_SUBJECT in console.subjects()
+
+
+# -- the page itself -----------------------------------------------------------------------------------------
+
+
+def test_the_console_ships_every_asset_and_writes_no_markup(world: ConsoleWorld) -> None:
+    page = httpx.get(f"{world.url}/console", timeout=30)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert page.headers["content-security-policy"] == CSP
+    refs = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert refs and all(not re.match(r"^[a-z]+:|^//", ref) for ref in refs), refs  # relative: this service
+    for ref in refs:
+        asset = httpx.get(f"{world.url}/{ref}", timeout=30)
+        assert asset.status_code == 200, ref
+        assert asset.headers["content-security-policy"] == CSP
+    script = httpx.get(f"{world.url}/console/static/console.js", timeout=30).text
+    assert not re.search(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|eval\(|new Function", script)
+    assert not re.search(r"https?://", script + page.text)

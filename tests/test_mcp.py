@@ -1,0 +1,337 @@
+"""The MCP server (`ledger mcp`, api.mcp) with the SDK's own client, over stdio and Streamable HTTP, on the real stack.
+
+One private ledger for the module: a worker and an indexer (tests.support.pipeline), the MCP server over
+Streamable HTTP and the HTTP API as children on free ports, and, per stdio test, `ledger mcp` spawned by the
+SDK's stdio client. Keys: one bound to acme, one to globex, one to both.
+
+What is proved, on both transports: every tool is listed with its JSON schema and annotations; each tool
+runs and answers what the HTTP route answers (remember -> the door, recall = POST /v1/recall, ...); a bad
+argument is a tool error in the API's error shape naming the field, and the server keeps serving; another
+tenant's data is never reachable, also with a key bound to two tenants (which must name one per call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from producers.settings import Settings
+from tests.conftest import unique
+from tests.support import asserted, at, pipeline
+from tests.support.servers import ApiServer, McpHttpServer, mcp_stdio
+
+KEYS = {"k-acme": ["acme"], "k-globex": ["globex"], "k-both": ["acme", "globex"]}
+TRANSPORTS = ["stdio", "http"]
+TOOLS = {"remember", "recall", "recall_at", "facts", "fact_history", "forget", "context"}
+
+
+def _seed() -> list:
+    return [
+        asserted(
+            "project:P1",
+            "project.backend_port",
+            8080,
+            0,
+            content="P1 backend port is 8080",
+            aliases=["backend port"],
+            entities=["P1"],
+        ),
+        asserted(
+            "project:P1",
+            "project.backend_port",
+            9090,
+            5,
+            content="P1 backend port is 9090",
+            aliases=["backend port"],
+            entities=["P1"],
+        ),
+        asserted(
+            "project:G1",
+            "project.backend_port",
+            7000,
+            0,
+            tenant="globex",
+            content="G1 backend port is 7000 (globex secret)",
+            aliases=["backend port"],
+            entities=["G1"],
+        ),
+    ]
+
+
+@pytest.fixture(scope="module")
+def stack(base_settings: Settings) -> Iterator[dict[str, Any]]:
+    settings = base_settings.private(unique("mcp"), api_keys=KEYS)
+    with pipeline(settings, seed=_seed()) as pipe:
+        with McpHttpServer(settings) as server, ApiServer(settings) as api:
+            yield {"settings": settings, "pipe": pipe, "mcp_url": server.url, "api_url": api.url, "server": server}
+
+
+@asynccontextmanager
+async def connect(stack: dict[str, Any], transport: str, key: str) -> AsyncIterator[Client]:
+    """The SDK's client on `transport`, acting with `key` (stdio: the spawned server's key; http: the bearer)."""
+    if transport == "stdio":
+        async with Client(mcp_stdio(stack["settings"], key), read_timeout_seconds=120) as client:
+            yield client
+        return
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=120) as http:
+        async with Client(streamable_http_client(stack["mcp_url"], http_client=http)) as client:
+            yield client
+
+
+async def call(client: Client, tool: str, arguments: dict[str, Any]) -> tuple[bool, dict[str, Any], str]:
+    """(is_error, structured content, text) of one tool call."""
+    r = await client.call_tool(tool, arguments)
+    text = r.content[0].text if r.content else ""
+    return bool(r.is_error), r.structured_content or {}, text
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def _api(stack: dict[str, Any], method: str, path: str, key: str = "k-acme", **kwargs: Any) -> httpx.Response:
+    return httpx.request(method, stack["api_url"] + path, headers={"X-API-Key": key}, timeout=60, **kwargs)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_every_tool_is_listed_with_its_schema_and_annotations(stack: dict[str, Any], transport: str) -> None:
+    async def scenario() -> list[Any]:
+        async with connect(stack, transport, "k-acme") as client:
+            return (await client.list_tools()).tools
+
+    tools = {t.name: t for t in run(scenario())}
+    assert set(tools) == TOOLS
+    for t in tools.values():
+        assert t.description and "\n" not in t.description, t.name  # one line, for a model
+        assert t.input_schema["type"] == "object" and t.input_schema["properties"], t.name
+        assert "$ref" not in str(t.input_schema), t.name  # references inlined
+        assert "tenant" not in t.input_schema.get("required", []), t.name  # a one-tenant key may leave it out
+        a = t.annotations
+        assert a is not None and None not in (a.read_only_hint, a.destructive_hint, a.idempotent_hint), t.name
+    for name in ("recall", "recall_at", "facts", "fact_history", "context"):
+        assert tools[name].annotations.read_only_hint is True
+    assert tools["forget"].annotations.destructive_hint is True and tools["forget"].annotations.read_only_hint is False
+    assert (
+        tools["remember"].annotations.idempotent_hint is True and tools["remember"].annotations.read_only_hint is False
+    )
+    assert set(tools["remember"].input_schema["required"]) == {"event_id", "subject", "content"}
+    assert "as_of" not in tools["recall"].input_schema["properties"]
+    assert {"as_of", "known_at"} <= set(tools["recall_at"].input_schema["properties"])
+    assert tools["recall"].input_schema["properties"]["top_k"]["maximum"] == 100  # the route's own limits
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_each_tool_runs_the_code_the_http_routes_run(stack: dict[str, Any], transport: str) -> None:
+    pipe = stack["pipe"]
+    subject = f"user:{transport}-{uuid.uuid4().hex[:6]}"
+    seat = {
+        "event_id": f"seat-{subject}",
+        "subject": subject,
+        "key": "pref.seat",
+        "value": "window",
+        "content": f"{subject} prefers window seats",
+        "aliases": ["seat"],
+        "source": {"type": "explicit", "service": "chat", "ref": "msg-1"},
+        "valid_from": "2026-03-01T00:00:00Z",
+    }
+
+    async def scenario() -> None:
+        async with connect(stack, transport, "k-acme") as client:
+            error, first, _ = await call(client, "remember", seat)
+            assert not error and first["duplicate"] is False and first["partition"] is not None, first
+            error, again, _ = await call(client, "remember", seat)  # a retry: answered from the ledger or the SDK
+            assert not error and again["event_id"] == first["event_id"] and again["memory_id"] == first["memory_id"]
+            error, conflict, _ = await call(client, "remember", {**seat, "value": "aisle"})
+            assert error and conflict["detail"][0] == {**conflict["detail"][0], "code": "event_id_conflict"}
+            assert conflict["detail"][0]["field"] == "event_id" and conflict["status"] == 422
+            episode = {"event_id": f"ep-{subject}", "subject": subject, "kind": "episodic", "content": "flew to Oslo"}
+            error, ep, _ = await call(client, "remember", episode)
+            assert not error and ep["version_id"], ep
+            await asyncio.to_thread(pipe.settle)
+
+            error, hits, _ = await call(client, "recall", {"query": f"which seat does {subject} prefer?"})
+            assert not error and hits["hits"][0]["memory_id"] == first["memory_id"], hits
+            routed = _api(
+                stack, "POST", "/v1/recall", json={"tenant": "acme", "query": f"which seat does {subject} prefer?"}
+            )
+            assert [(h["version_id"], h["match"]["stage"]) for h in hits["hits"]] == [
+                (h["version_id"], h["match"]["stage"]) for h in routed.json()["hits"]
+            ]
+
+            before = {"query": "P1 backend port", "as_of": at(2).isoformat()}
+            error, past, _ = await call(client, "recall_at", before)
+            assert not error and past["hits"][0]["value"] == 8080, past
+            error, now, _ = await call(client, "recall_at", {**before, "as_of": at(30).isoformat()})
+            assert not error and now["hits"][0]["value"] == 9090
+            known = {**before, "as_of": at(30).isoformat(), "known_at": at(1).isoformat()}
+            error, then, _ = await call(client, "recall_at", known)  # the 9090 update was not observed by day 1
+            assert not error and then["hits"][0]["value"] == 8080 and then["trace"]["known_at"], then
+            routed = _api(stack, "POST", "/v1/recall", json={"tenant": "acme", **known})
+            assert [h["value"] for h in routed.json()["hits"]] == [h["value"] for h in then["hits"]]
+
+            error, facts, _ = await call(client, "facts", {"subject": subject})
+            assert not error and {f["key"] for f in facts["facts"]} == {"pref.seat", None}
+            params = {"tenant": "acme", "as_of": facts["as_of"]}
+            assert _api(stack, "GET", f"/v1/subjects/{subject}/facts", params=params).json() == facts
+            error, chain, _ = await call(client, "fact_history", {"memory_id": first["memory_id"]})
+            assert not error and [v["value"] for v in chain["versions"]] == ["window"]
+            url = f"/v1/facts/{first['memory_id']}/history"
+            assert _api(stack, "GET", url, params={"tenant": "acme"}).json() == chain
+
+            ask = {"subject": subject, "question": "which seat?", "as_of": "2026-06-01T00:00:00Z"}
+            error, block, text = await call(client, "context", ask)
+            assert not error and text.startswith("<<<LEDGER MEMORY ") and '"pref.seat" = "window"' in text
+            assert text == block["text"]
+            routed = _api(stack, "POST", "/v1/context", json={"tenant": "acme", **ask})
+            assert routed.text == text  # byte for byte the route's block
+
+            error, gone, _ = await call(client, "forget", {"subject": subject, "key": "pref.seat", "reason": "moved"})
+            assert not error and gone["action"] == "retracted" and gone["event_id"], gone
+            await asyncio.to_thread(pipe.settle)
+            error, facts, _ = await call(client, "facts", {"subject": subject})
+            assert not error and [f["key"] for f in facts["facts"]] == [None]  # the episode stays
+            error, erased, _ = await call(client, "forget", {"subject": subject, "erase_subject": True})
+            assert not error and erased["action"] == "erased" and erased["type"] == "subject.erased", erased
+            await asyncio.to_thread(pipe.settle)
+            error, facts, _ = await call(client, "facts", {"subject": subject})
+            assert not error and facts["facts"] == []
+
+    run(scenario())
+
+
+BAD = [
+    ("recall", {"query": "x", "top_k": 0}, "top_k", "greater_than_equal"),
+    ("recall", {"tenant": "", "query": "x"}, "tenant", "string_too_short"),  # validated before tenancy, as HTTP does
+    ("recall", {"top_k": 3}, "query", "missing"),
+    ("recall", {"query": "   "}, "query", "value_error"),
+    ("recall", {"query": "x", "as_of": "2026-01-01T00:00:00Z"}, "as_of", "extra_forbidden"),
+    ("recall", {"query": "x", "filters": {"kind": "gossip"}}, "filters.kind", "value_error"),
+    ("recall_at", {"query": "x", "as_of": 1700000000}, "as_of", "invalid_time"),
+    ("recall_at", {"query": "x"}, "as_of", "missing"),
+    ("facts", {"subject": "a\u0000b"}, "subject", "unstorable_text"),
+    ("facts", {"subject": "s", "known_at": "yesterday"}, "known_at", "invalid_time"),
+    ("fact_history", {"memory_id": "no-such-fact"}, "memory_id", "not_found"),
+    ("remember", {"subject": "s", "content": "c", "key": "k"}, "event_id", "missing_field"),
+    ("remember", {"event_id": "e1", "subject": "s", "content": "c"}, "key", "missing_field"),
+    (
+        "remember",
+        {"event_id": "e2", "subject": "s", "key": "k", "content": "c", "value": {"x": "\u0000"}},
+        "value.x",
+        "unstorable_text",
+    ),
+    (
+        "remember",
+        {"event_id": "e3", "subject": "s", "key": "k", "content": "c", "type": "subject.erased"},
+        "type",
+        "unknown_field",
+    ),
+    (
+        "remember",
+        {"event_id": "e4", "subject": "s", "key": "k", "content": "c", "valid_from": "2026-01-01"},
+        "valid_from",
+        "invalid_time",
+    ),
+    ("forget", {"subject": "s"}, "key", "missing_field"),
+    ("forget", {"subject": "s", "key": "k", "erase_subject": True}, "key", "invalid_value"),
+    ("context", {"subject": "s", "budget_tokens": 10}, "budget_tokens", "greater_than_equal"),
+    ("context", {"subject": "s", "format": "xml"}, "format", "literal_error"),
+]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_bad_argument_is_a_tool_error_naming_the_field(stack: dict[str, Any], transport: str) -> None:
+    async def scenario() -> list[tuple[str, Any]]:
+        wrong = []
+        async with connect(stack, transport, "k-acme") as client:
+            for tool, arguments, field, code in BAD:
+                error, body, text = await call(client, tool, arguments)
+                item = (body.get("detail") or [{}])[0]
+                if not (error and item.get("field") == field and item.get("code") == code and field in text):
+                    wrong.append((tool, arguments, body))
+                assert body.get("status") in (404, 422), body
+            error, body, _ = await call(client, "recall", {"query": "P1 backend port"})  # still serving
+            assert not error and body["hits"], body
+        return wrong
+
+    assert run(scenario()) == []
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_another_tenants_data_is_never_reachable(stack: dict[str, Any], transport: str) -> None:
+    async def scenario() -> None:
+        async with connect(stack, transport, "k-globex") as client:
+            error, body, _ = await call(client, "recall", {"query": "P1 backend port"})  # the key's own tenant
+            assert not error and all(h["subject"] == "project:G1" for h in body["hits"]), body
+            for tool, arguments in (
+                ("recall", {"tenant": "acme", "query": "P1 backend port"}),
+                ("recall_at", {"tenant": "acme", "query": "P1 backend port", "as_of": at(2).isoformat()}),
+                ("facts", {"tenant": "acme", "subject": "project:P1"}),
+                ("context", {"tenant": "acme", "subject": "project:P1", "question": "backend port"}),
+                ("remember", {"tenant": "acme", "event_id": "x1", "subject": "s", "key": "k", "content": "c"}),
+                ("forget", {"tenant": "acme", "subject": "project:P1", "erase_subject": True}),
+            ):
+                error, body, _ = await call(client, tool, arguments)
+                assert error and body["status"] == 403, (tool, body)
+                assert body["detail"][0] == {**body["detail"][0], "code": "forbidden_tenant", "field": "tenant"}
+            error, facts, _ = await call(client, "facts", {"subject": "project:P1"})  # globex has no such subject
+            assert not error and facts["facts"] == []
+        async with connect(stack, transport, "k-both") as client:
+            error, body, _ = await call(client, "recall", {"query": "backend port"})
+            assert error and body["detail"][0]["code"] == "missing_field" and body["detail"][0]["field"] == "tenant"
+            error, body, _ = await call(client, "recall", {"tenant": "globex", "query": "backend port"})
+            assert not error and body["hits"] and all("globex" in h["content"] for h in body["hits"]), body
+            error, body, _ = await call(client, "recall", {"tenant": "acme", "query": "backend port"})
+            assert not error and body["hits"] and not any("globex" in h["content"] for h in body["hits"]), body
+
+    run(scenario())
+    assert not _api(stack, "POST", "/v1/recall", key="k-globex", json={"tenant": "acme", "query": "x"}).is_success
+
+
+def test_http_refuses_a_missing_or_unknown_bearer_before_any_tool(stack: dict[str, Any]) -> None:
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+    for auth in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Bearer dev-key"}, {"X-API-Key": "k-acme"}):
+        r = httpx.post(stack["mcp_url"], json=ping, headers={**headers, **auth}, timeout=30)
+        assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer"), (auth, r.status_code)
+    stack["server"].check()
+
+
+def test_stdio_refuses_to_start_without_a_known_key(stack: dict[str, Any]) -> None:
+    import subprocess
+
+    params = mcp_stdio(stack["settings"], "nope")
+    done = subprocess.run(
+        [params.command, *params.args], env=params.env, cwd=params.cwd, capture_output=True, timeout=120, input=b""
+    )
+    assert done.returncode == 2 and b"unknown API key" in done.stderr, done.stderr[-2000:]
+    assert done.stdout == b""  # stdout is the protocol: nothing else is ever written there
+
+
+def test_infra_runs_the_mcp_service_beside_the_api(stack: dict[str, Any], tmp_path: Any) -> None:
+    """`python -m infra up --service` starts the `mcp` part like the API: spawned by name, healthy over HTTP, stopped
+    by its pid file (here on a private data dir and port, so the shared stack's pid files are never touched)."""
+    from infra import service
+    from infra import stack as infra_stack
+    from tests.support.servers import free_port
+
+    assert "mcp" in infra_stack.SERVICE_ORDER and infra_stack.SERVICE_ORDER.index(
+        "mcp"
+    ) > infra_stack.SERVICE_ORDER.index("api")
+    base: Settings = stack["settings"]
+    s = base.model_copy(update={"data_dir": tmp_path, "embed_model_dir": base.model_dir, "mcp_port": free_port()})
+    try:
+        service.start(s, "mcp", timeout=120)
+        assert service.healthy(s, "mcp") and service.pid(s, "mcp") is not None
+        assert service.describe(s, "mcp")["address"] == f"http://127.0.0.1:{s.mcp_port}/mcp"
+    finally:
+        assert service.stop(s, "mcp") or service.pid(s, "mcp") is None
+    assert service.pid(s, "mcp") is None
