@@ -86,7 +86,8 @@ def bench_app():
 
     from api.main import create_app
     from api.routes._json import json_response
-    from api.routes.stats import _kafka_ends, _lag_part, _settle
+    from api.routes.stats import _lag_part, _settle
+    from producers.topics import end_offsets
     from projections.postgres.positions import stored_positions_async
     from projections.postgres.queries import access_summary, invariant_counts
     from projections.search.reindex import orphans_async
@@ -96,7 +97,10 @@ def bench_app():
     @app.get("/bench/stats-before", include_in_schema=False)
     async def stats_before(request: Request, tenant: str = Query(min_length=1)) -> Response:
         settings, res = request.app.state.settings, request.app.state.resources
-        ends_task = asyncio.ensure_future(_kafka_ends(settings))
+        # as before: a new consumer per request (the route now keeps one, Resources.offsets)
+        ends_task = asyncio.ensure_future(
+            asyncio.to_thread(end_offsets, settings, timeout_s=settings.api_kafka_timeout_s)
+        )
         try:
             async with res.pool.connection() as conn:
                 counts = await invariant_counts(conn, tenant)

@@ -505,6 +505,18 @@ def check_skew(event: MemoryEvent, max_future_skew: timedelta, reference: dateti
     return event
 
 
+def load_record(raw: bytes | None, max_bytes: int) -> Any:
+    """A record's JSON value, or InvalidEvent: no value (`empty`), over `max_bytes` (`too_large`), not JSON."""
+    if raw is None:
+        raise InvalidEvent("empty", "the record has no value")
+    if len(raw) > max_bytes:
+        raise InvalidEvent("too_large", f"{len(raw)} bytes is more than {max_bytes}")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidEvent("bad_json", f"not valid JSON: {exc}") from None
+
+
 def decode(
     raw: bytes | None,
     *,
@@ -519,14 +531,7 @@ def decode(
     A record must carry its event_id; only a producer reading its own input (`ledger publish`, like
     `POST /v1/events`) passes `mint_event_id=True` to have one minted before the event is published.
     """
-    if raw is None:
-        raise InvalidEvent("empty", "the record has no value")
-    if len(raw) > MAX_EVENT_BYTES:
-        raise InvalidEvent("too_large", f"{len(raw)} bytes is more than {MAX_EVENT_BYTES}")
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidEvent("bad_json", f"not valid JSON: {exc}") from None
+    data = load_record(raw, MAX_EVENT_BYTES)
     if not mint_event_id and isinstance(data, dict) and data.get("event_id") is None:
         # the model would mint a fresh id: every replay of this record would then be another event
         raise InvalidEvent(
@@ -600,14 +605,7 @@ def encode_access(event: AccessEvent) -> bytes:
 
 def decode_access(raw: bytes | None) -> AccessEvent:
     """Access record bytes to an AccessEvent, or InvalidEvent with the reason (as `decode` does for the ledger)."""
-    if raw is None:
-        raise InvalidEvent("empty", "the record has no value")
-    if len(raw) > MAX_ACCESS_BYTES:
-        raise InvalidEvent("too_large", f"{len(raw)} bytes is more than {MAX_ACCESS_BYTES}")
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidEvent("bad_json", f"not valid JSON: {exc}") from None
+    data = load_record(raw, MAX_ACCESS_BYTES)
     if not isinstance(data, dict):
         raise InvalidEvent("not_an_object", f"an access is a JSON object, got {type(data).__name__}")
     try:

@@ -31,7 +31,7 @@ from producers.contract import AccessEvent, InvalidEvent, decode_access
 from projections.postgres.accesses import erased_version_ids, lock_access_facts
 from projections.postgres.counts import add_counts, dead_letters_name
 from projections.postgres.positions import advance_positions, lock_positions, stored_positions
-from projections.postgres.recorder import dead_letter_text, is_permanent
+from projections.postgres.recorder import insert_dead_letters, is_permanent
 
 __all__ = ["AccessBatchResult", "AccessProjector", "AccessRecord", "decode_access_record"]
 
@@ -203,20 +203,6 @@ class AccessProjector:
         """Record the invalid records once each; the number newly recorded."""
         if not invalid:
             return 0
-        cur.execute(
-            'INSERT INTO dead_letters (topic, "partition", "offset", code, field, message, raw) '
-            "SELECT * FROM unnest(%b::text[], %b::int[], %b::bigint[], %b::text[], %b::text[], %b::text[], "
-            '%b::bytea[]) ON CONFLICT DO NOTHING RETURNING "offset"',
-            (
-                [r.topic for r in invalid],
-                [r.partition for r in invalid],
-                [r.offset for r in invalid],
-                [dead_letter_text(r.error.code) for r in invalid],  # type: ignore[union-attr]
-                [dead_letter_text(r.error.field) for r in invalid],  # type: ignore[union-attr]
-                [dead_letter_text(r.error.message) for r in invalid],  # type: ignore[union-attr]
-                [r.raw for r in invalid],
-            ),
-        )
-        new = len(cur.fetchall())
+        new = len(insert_dead_letters(cur, invalid))
         result.dead += new
         return new

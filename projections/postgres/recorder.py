@@ -42,6 +42,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -139,6 +140,27 @@ def is_permanent(exc: BaseException) -> bool:
     lock or statement timeout, a DLQ topic that does not answer, an unknown bug) is retried.
     """
     return isinstance(exc, (*_PERMANENT_DB, CoreRefused))
+
+
+def insert_dead_letters(cur: psycopg.Cursor, invalid: Sequence[Any]) -> set[tuple[int, int]]:
+    """Record refused records (topic, partition, offset, error, raw) once each; the new (partition, offset) pairs.
+
+    The ledger's recorder and the access projector both keep their refusals here (a redelivery records nothing)."""
+    cur.execute(
+        'INSERT INTO dead_letters (topic, "partition", "offset", code, field, message, raw) '
+        "SELECT * FROM unnest(%b::text[], %b::int[], %b::bigint[], %b::text[], %b::text[], %b::text[], "
+        '%b::bytea[]) ON CONFLICT DO NOTHING RETURNING "partition", "offset"',
+        (
+            [r.topic for r in invalid],
+            [r.partition for r in invalid],
+            [r.offset for r in invalid],
+            [dead_letter_text(r.error.code) for r in invalid],
+            [dead_letter_text(r.error.field) for r in invalid],
+            [dead_letter_text(r.error.message) for r in invalid],
+            [r.raw for r in invalid],
+        ),
+    )
+    return set(cur.fetchall())
 
 
 def dead_letter_text(text: str | None) -> str | None:
@@ -295,22 +317,7 @@ class Recorder:
         """Record the invalid records once each; returns the new ones (for the DLQ topic)."""
         if not invalid:
             return []
-        cur.execute(
-            'INSERT INTO dead_letters (topic, "partition", "offset", code, field, message, raw) '
-            "SELECT * FROM unnest(%b::text[], %b::int[], %b::bigint[], %b::text[], %b::text[], %b::text[], "
-            "%b::bytea[]) "
-            'ON CONFLICT DO NOTHING RETURNING "partition", "offset"',
-            (
-                [r.topic for r in invalid],
-                [r.partition for r in invalid],
-                [r.offset for r in invalid],
-                [dead_letter_text(r.error.code) for r in invalid],  # type: ignore[union-attr]
-                [dead_letter_text(r.error.field) for r in invalid],  # type: ignore[union-attr]
-                [dead_letter_text(r.error.message) for r in invalid],  # type: ignore[union-attr]
-                [r.raw for r in invalid],
-            ),
-        )
-        new = set(cur.fetchall())
+        new = insert_dead_letters(cur, invalid)
         letters = [DeadLetter(r, r.error) for r in invalid if (r.partition, r.offset) in new]  # type: ignore[arg-type]
         result.dead += len(letters)
         result.counts[("", dead_letters_name(self.topic))] += len(letters)

@@ -66,7 +66,11 @@ class Process:
         return self.log_path.read_text(errors="replace")
 
     def __enter__(self):
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # a start that timed out or failed leaves no child behind (no __exit__ runs)
+            self.kill()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
