@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 from kafka import KafkaConsumer, TopicPartition
@@ -91,6 +92,32 @@ def _batches(
         consumer.close()
 
 
+def _replay(
+    settings: Settings,
+    schema: str,
+    topic: str,
+    until: dict[int, int],
+    projector_for: Callable[[psycopg.Connection], Any],
+    decode_one: Callable[[ConsumerRecord], Any],
+    batch_size: int,
+    progress: Progress | None,
+) -> int:
+    """Apply `topic`'s records from the projector's stored positions up to `until` (exclusive) per partition."""
+    records_done = 0
+    with connect(settings.pg_dsn, schema) as conn:
+        projector = projector_for(conn)
+        start = projector.positions()
+        todo = {p: end for p, end in until.items() if start.get(p, 0) < end}
+        if not todo:
+            return 0
+        for msgs in _batches(settings, topic, start, todo, batch_size):
+            projector.apply_batch([decode_one(m) for m in msgs])
+            records_done += len(msgs)
+            if progress:
+                progress(len(msgs))
+    return records_done
+
+
 def replay(
     settings: Settings,
     schema: str,
@@ -99,27 +126,20 @@ def replay(
     batch_size: int = 2000,
     progress: Progress | None = None,
 ) -> int:
-    """Apply the topic's records from the schema's stored positions up to `until` (exclusive) per partition."""
-    records_done = 0
+    """The ledger topic's records into `schema` through the worker's Recorder (no DLQ topic: dead letters stay rows)."""
     skew = timedelta(seconds=settings.max_future_skew_s)  # the worker's window, against the broker time
-    with connect(settings.pg_dsn, schema) as conn:
-        recorder = Recorder(conn, consumer=settings.processor_group, topic=settings.topic, dlq_sink=None)
-        start = recorder.positions()
-        todo = {p: end for p, end in until.items() if start.get(p, 0) < end}
-        if not todo:
-            return 0
-        for msgs in _batches(settings, settings.topic, start, todo, batch_size):
-            batch = [
-                decode_record(
-                    m.topic, m.partition, m.offset, m.value, key=m.key, timestamp_ms=m.timestamp, max_future_skew=skew
-                )
-                for m in msgs
-            ]
-            recorder.apply_batch(batch)
-            records_done += len(batch)
-            if progress:
-                progress(len(batch))
-    return records_done
+    return _replay(
+        settings,
+        schema,
+        settings.topic,
+        until,
+        lambda conn: Recorder(conn, consumer=settings.processor_group, topic=settings.topic, dlq_sink=None),
+        lambda m: decode_record(
+            m.topic, m.partition, m.offset, m.value, key=m.key, timestamp_ms=m.timestamp, max_future_skew=skew
+        ),
+        batch_size,
+        progress,
+    )
 
 
 def replay_access(
@@ -131,19 +151,16 @@ def replay_access(
     progress: Progress | None = None,
 ) -> int:
     """`replay` for the access topic (issue 16): the same AccessProjector the worker's access agent runs."""
-    records_done = 0
-    with connect(settings.pg_dsn, schema) as conn:
-        projector = AccessProjector(conn, consumer=settings.processor_group, topic=settings.access_topic)
-        start = projector.positions()
-        todo = {p: end for p, end in until.items() if start.get(p, 0) < end}
-        if not todo:
-            return 0
-        for msgs in _batches(settings, settings.access_topic, start, todo, batch_size):
-            projector.apply_batch([decode_access_record(m.topic, m.partition, m.offset, m.value) for m in msgs])
-            records_done += len(msgs)
-            if progress:
-                progress(len(msgs))
-    return records_done
+    return _replay(
+        settings,
+        schema,
+        settings.access_topic,
+        until,
+        lambda conn: AccessProjector(conn, consumer=settings.processor_group, topic=settings.access_topic),
+        lambda m: decode_access_record(m.topic, m.partition, m.offset, m.value),
+        batch_size,
+        progress,
+    )
 
 
 def rebuild(
