@@ -1,4 +1,4 @@
-"""`ledger`: the project's command line (publish, topics, worker, rebuild, indexer, reindex, serve, mcp, demo).
+"""`ledger`: the project's command line (publish, topics, worker, rebuild, indexer, reindex, serve, mcp, demo, keys).
 
 Each sub-command lives beside the code it drives and is only registered here.
 """
@@ -74,6 +74,11 @@ app.command()(reindex)
 from api.mcp.cli import mcp  # noqa: E402
 
 app.command()(mcp)
+
+# the key-encryption keys' commands (issue 13) live in producers/keys/cli.py (imports only typer at module level)
+from producers.keys.cli import keys_app  # noqa: E402
+
+app.add_typer(keys_app, name="keys")
 
 
 if __name__ == "__main__":

@@ -89,6 +89,7 @@ async def recall(res: Resources, tenants: frozenset[str], body: RecallBody) -> d
         mode=body.mode,
         filters=body.filters.to_engine() if body.filters else RecallFilters(),
         explain=body.explain,
+        rerank=body.rerank,
     )
     # a store that fails is a 503 naming it (api.errors), never a guessed answer
     answer = await res.recall.recall(query)

@@ -121,6 +121,9 @@ class RecallBody(BaseModel):
     explain: bool = Field(
         default=False, description="list each stage's candidates (ids, stage score, best first; up to 20) in the trace"
     )
+    rerank: bool | None = Field(
+        default=None, description="rerank the first fuzzy hits with the cross-encoder (null: LEDGER_RERANK_ENABLED)"
+    )
 
     _query_not_blank = field_validator("query")(_not_blank)
 

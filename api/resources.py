@@ -29,6 +29,8 @@ What each part is, and why it is opened the way it is:
 - `door_check`: the publish door's back-off after PostgreSQL failed its idempotency lookup.
 - `offsets`: one KafkaConsumer for /v1/stats' end offsets (`EndOffsetReader`): a new one per request
   cost ~120 ms of a bootstrap and metadata round trip, a kept one ~1 ms. Created on first use.
+- `keys`: the key store's data keys (issue 13), cached: the producer seals with them when encryption is on, and
+  `POST /v1/keys` hands them to producers without database credentials. None when no KEK is configured.
 - `access`: the AccessRecorder (api.access): `served(...)` queues what a recall served; its thread sends the
   accesses to the access topic in batches, and drops (counted) whatever the broker does not take.
 """
@@ -47,6 +49,7 @@ from elasticsearch import AsyncElasticsearch
 from psycopg_pool import AsyncConnectionPool
 
 from api.access import AccessRecorder
+from producers.keys.provider import CachedKeys, sealing_keys_for
 from producers.sdk import LedgerProducer
 from producers.settings import Settings
 from producers.topics import EndOffsetReader
@@ -107,7 +110,9 @@ class Resources:
     recall: RecallEngine
     access: AccessRecorder  # what recall and context served, recorded off the request path (api.access)
     offsets: EndOffsetReader  # the ledger topic's end offsets for /v1/stats, one consumer kept open
+    keys: CachedKeys | None = None  # data keys from the key store (POST /v1/keys, sealing); None: no KEK here
     embedder_warmup: asyncio.Task | None = None
+    rerank_warmup: asyncio.Task | None = None  # the cross-encoder (recall.rerank), loaded the same way
     kafka_probe: ProbeCache = field(default_factory=ProbeCache)
     door_check: Backoff = field(default_factory=Backoff)
 
@@ -130,8 +135,13 @@ class Resources:
             stack.push_async_callback(pool.close)
             es = AsyncElasticsearch(settings.es_url, request_timeout=settings.es_request_timeout_s)
             stack.push_async_callback(es.close)
-            producer = LedgerProducer(settings, timeout_s=settings.api_kafka_timeout_s)  # connects on first publish
+            keys = api_key_source(settings)  # issue 13: None without a KEK; a wrong KEK fails here, at start
+            producer = LedgerProducer(  # connects on first publish; seals with `keys` when encryption is on
+                settings, timeout_s=settings.api_kafka_timeout_s, keys=keys if settings.encryption != "off" else None
+            )
             stack.callback(producer.close)
+            if keys is not None and settings.encryption == "off":
+                stack.callback(keys.close)
             recall = RecallEngine(settings, es, pool)
             stack.push_async_callback(recall.aclose)  # its LISTEN connection (erasure notifications)
             access = AccessRecorder(settings).start()  # its flush thread; closing it flushes what is queued
@@ -139,18 +149,40 @@ class Resources:
             offsets = EndOffsetReader(settings, timeout_s=settings.api_kafka_timeout_s)  # connects on first read
             stack.callback(offsets.close)
             res = cls(
-                settings=settings, pool=pool, es=es, producer=producer, recall=recall, access=access, offsets=offsets
+                settings=settings,
+                pool=pool,
+                es=es,
+                producer=producer,
+                recall=recall,
+                access=access,
+                offsets=offsets,
+                keys=keys,
             )
             if warm_embedder:
                 res.embedder_warmup = asyncio.get_running_loop().create_task(recall.embedder(), name="embedder-warmup")
                 res.embedder_warmup.add_done_callback(_report_warmup)
                 stack.push_async_callback(_cancel, res.embedder_warmup)
+                if settings.rerank_enabled:  # issue 15: a query before it is loaded is served without rerank
+                    warm = recall.reranker.model()
+                    res.rerank_warmup = asyncio.get_running_loop().create_task(warm, name="rerank-warmup")
+                    res.rerank_warmup.add_done_callback(_report_warmup)
+                    stack.push_async_callback(_cancel, res.rerank_warmup)
             yield res
+
+
+def api_key_source(settings: Settings) -> CachedKeys | None:
+    """The key store with this process's KEK (never the API's own key endpoint); None when no KEK is configured.
+
+    The KEK is checked against the store at start; a store that does not answer yet is checked on first use.
+    """
+    if settings.kek is None and settings.kek_file is None and settings.encryption == "off":
+        return None
+    return sealing_keys_for(settings.model_copy(update={"key_endpoint": None}))
 
 
 def _report_warmup(task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None:  # retrieved: the first semantic query retries
-        log.warning("embedding model not loaded in the background: %r", task.exception())
+        log.warning("model not loaded in the background (%s): %r", task.get_name(), task.exception())
 
 
 async def _cancel(task: asyncio.Task) -> None:

@@ -32,7 +32,12 @@ __all__ = [
     "Body",
     "ConsistencyResponse",
     "ContextResponse",
+    "DataKeyItem",
+    "ErasureRecord",
     "ErasureResponse",
+    "ErasuresResponse",
+    "KeysResponse",
+    "RetireResponse",
     "ErrorBody",
     "ErrorItem",
     "EventResult",
@@ -251,7 +256,10 @@ class Verified(Body):
 class Match(Body):
     stage: Literal["exact", "keyword", "semantic", "hybrid"]
     cues: MatchedCues
-    scores: dict[str, float] = Field(description="bm25, cosine, rrf (fuzzy stages), prior, overlap")
+    scores: dict[str, float] = Field(
+        description="bm25, cosine, rrf (fuzzy stages), prior, overlap; rerank (the cross-encoder's logit) and "
+        "rank_before_rerank (the hit's place among the fuzzy hits before it) when the rerank stage scored it"
+    )
     verified: Verified
 
 
@@ -287,6 +295,9 @@ class StageCandidate(Body):
 class RecallTrace(Body):
     stages_ms: dict[str, float]
     embedding_computed: bool
+    embedding_models: list[str] | None = Field(
+        None, description="the models the semantic stage embedded the query with (per language, issue 15)"
+    )
     mode: Mode
     exact_candidates: int | None = None
     fuzzy_candidates: int | None = None
@@ -296,6 +307,11 @@ class RecallTrace(Body):
     known_at_left_out: int | None = Field(None, description="hits left out: their fact was not known at known_at")
     candidates: dict[str, list[StageCandidate]] | None = Field(
         None, description="with explain: what each stage found before verification, best first"
+    )
+    rerank: dict[str, Any] | None = Field(
+        None,
+        description="the rerank stage (cross-encoder over the first fuzzy hits): computed, candidates, scored, "
+        "budget_ms, stopped (null, budget, language, loading, unavailable), not_english",
     )
 
 
@@ -359,12 +375,14 @@ class MostServed(Body):
 
 
 class AccessSummary(Body):
-    """What recall and context served (issue 16), from the access projection."""
+    """What recall and context served (issue 16), from counters (projections.postgres.queries.access_summary)."""
 
-    current_facts: int = Field(description="facts of the tenant with a version that holds now")
+    active_facts: int = Field(
+        description="facts of the tenant with a version of status active (neither superseded nor retracted)"
+    )
     served_facts: int = Field(description="of those, the facts served at least once")
-    never_retrieved_ratio: float | None = Field(description="(current - served) / current; null without facts")
-    accesses_of_current: int = Field(description="accesses of the current facts")
+    never_retrieved_ratio: float | None = Field(description="(active - served) / active; null without active facts")
+    accesses_of_active: int = Field(description="accesses of the active facts")
     most_served: list[MostServed] = Field(description="the 10 most-served facts (then the latest, then memory_id)")
 
 
@@ -540,3 +558,74 @@ class HealthResponse(Body):
     status: Literal["ok", "degraded"]
     parts: HealthParts
     detail: list[ErrorItem] | None = Field(None, description="503 only: one store_unavailable item per part down")
+
+
+# -- POST /v1/keys, POST /v1/keys/retire, GET /v1/erasures (issue 13) -------------------------------------------
+
+
+class DataKeyItem(Body):
+    subject: str
+    key_id: str = Field(description="the envelope's `kid`")
+    key: str = Field(description="the 32-byte data key, base64: keep it in memory only")
+
+
+class KeysResponse(Body):
+    tenant: str
+    keys: list[DataKeyItem]
+
+
+class RetireResponse(Body):
+    retired: int = Field(description="keys retired: 1, or 0 when the subject had no live key")
+
+
+class ErasureLedger(Body):
+    topic: str
+    partition: int = Field(description="the subject's partition: all its records are there")
+    first_offset: int | None = Field(description="the subject's earliest projected event (null: none was)")
+    erasure_offset: int = Field(description="the erasure event's offset: the records covered lie before it")
+
+
+class ErasureRecords(Body):
+    total: int = Field(description="events of the subject the projection purged")
+    sealed: int = Field(description="of those, sealed: unreadable once their key is destroyed")
+    clear: int = Field(description="of those, published in clear: still readable in the topic")
+
+
+class ErasureKey(Body):
+    key_id: str
+    fingerprint: str = Field(description="sha256 over a label and the destroyed key (names it, reveals nothing)")
+
+
+class ErasurePostgres(Body):
+    versions: int
+    events: int
+    accesses: int
+    pending_index: int
+
+
+class ErasureSearch(Body):
+    documents: int | None = Field(description="documents the indexer deleted (null until it has)")
+    purged_at: str | None
+
+
+class ErasurePurged(Body):
+    postgres: ErasurePostgres
+    elasticsearch: ErasureSearch
+
+
+class ErasureRecord(Body):
+    erasure_id: str = Field(description="the subject.erased event's event_id")
+    tenant: str
+    subject_digest: str = Field(description="contract.subject_digest_for(tenant, subject): no subject in clear")
+    requested_at: str
+    applied_at: str
+    ledger: ErasureLedger
+    records: ErasureRecords
+    keys: list[ErasureKey] = Field(description="the data keys this erasure destroyed")
+    purged: ErasurePurged
+    complete: bool = Field(description="true once the search projection has deleted the subject's documents too")
+
+
+class ErasuresResponse(Body):
+    tenant: str
+    erasures: list[ErasureRecord]

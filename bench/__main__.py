@@ -1,4 +1,5 @@
-"""`python -m bench run` (measure everything, write results + BENCHMARKS.md), `report`, `eval`, `stats`, `agent`.
+"""`python -m bench run` (measure everything, write results + BENCHMARKS.md), `report`, `eval`, `stats`, `agent`,
+`crypto`.
 
 `eval` (storage and retrieval quality of a running service) lives here, not in the product's
 `ledger` command: the product never imports the benchmarks.
@@ -16,12 +17,14 @@ import typer
 
 from bench.agent import agent_command
 from bench.cli import eval_command
+from bench.crypto import crypto_command
 from bench.stats import stats_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="memory-ledger benchmarks")
 app.command(name="eval")(eval_command)
 app.command(name="stats")(stats_command)  # /v1/stats and /v1/stats/consistency at 100k facts (bench/stats.py)
 app.command(name="agent")(agent_command)  # POST /v1/context, MCP recall beside HTTP recall (bench/agent.py)
+app.command(name="crypto")(crypto_command)  # encryption off vs on: publish, ingest, seal/open (bench/crypto.py)
 
 
 @app.command()

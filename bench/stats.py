@@ -4,6 +4,9 @@
    `--facts` fact versions, straight through the worker's Recorder (projections.postgres.recorder, batches of
    2,000, Kafka-like partitions and offsets) into a private schema: the rows and the counters the worker would
    write, without publishing 100k records through Kafka one by one.
+   Then accesses: `--served` of the facts (a deterministic draw) get 1 to 5 accesses each through the worker's
+   AccessProjector (projections.postgres.access_projector, batches of 2,000), so `/v1/stats` `access` counts
+   served facts and `most_served` walks a realistic access_counts.
 2. Index: the indexer's own `drain_once` empties the outbox into a private index, with `NoVectors` instead of the
    model: the documents have no embedding. Neither stats call reads a vector, and embedding and HNSW-indexing
    100k texts would cost many minutes of CPU that measure nothing here.
@@ -13,6 +16,10 @@
    same access summary the route has today, so before/after differ only by the change.
 4. Measure: one keep-alive client, one request at a time; p50/p99 per route (bench.latency.percentiles), the
    server's own `took_ms` for /v1/stats, and before/after = p50(before) / p50(/v1/stats).
+5. In process, on one connection: the counters against the old scans, and the access summary (counters and the
+   index-ordered most_served) against the one before it (`_SERVED_BEFORE`: every version of the tenant that
+   holds now, left-joined to access_counts) and against a walk of access_counts probing each served fact
+   (`_SERVED_BOUNDED`, option (b) of issue 12: the numerator only, the denominator would still be the scan).
 
 Writes bench/results/stats-<UTC>.json and .md (the API's log: .data/logs/bench-stats-<UTC>/); drops the private
 schema, index and topics unless `--keep`.
@@ -38,6 +45,22 @@ __all__ = ["NoVectors", "bench_app", "stats_command"]
 TENANT = "bench"
 KEY = "k-bench"
 BATCH = 2000
+
+# the access summary's count before the counters (issue 12): every fact of the tenant with a version holding now
+_SERVED_BEFORE = """
+WITH cur AS (SELECT DISTINCT f.memory_id FROM fact_versions f
+             WHERE f.tenant = %(tenant)s AND f.valid_from <= %(now)s
+               AND (LEAST(f.valid_to, f.superseded_at) IS NULL OR %(now)s < LEAST(f.valid_to, f.superseded_at)))
+SELECT count(*), count(a.memory_id), coalesce(sum(a.accesses), 0)
+FROM cur LEFT JOIN access_counts a ON a.tenant = %(tenant)s AND a.memory_id = cur.memory_id
+"""
+# option (b): walk access_counts, one index probe of fact_versions per served fact (the numerator only)
+_SERVED_BOUNDED = """
+SELECT count(*), coalesce(sum(a.accesses), 0) FROM access_counts a
+WHERE a.tenant = %(tenant)s AND EXISTS (SELECT 1 FROM fact_versions f WHERE f.memory_id = a.memory_id
+  AND f.tenant = a.tenant AND f.valid_from <= %(now)s
+  AND (LEAST(f.valid_to, f.superseded_at) IS NULL OR %(now)s < LEAST(f.valid_to, f.superseded_at)))
+"""
 
 
 class _NoVector:
@@ -156,6 +179,47 @@ def load(settings, facts: int, seed: int) -> dict[str, Any]:
     return {"events": len(events), "applied": applied, "versions": versions, "seconds": time.perf_counter() - t0}
 
 
+def serve(settings, share: float, seed: int) -> dict[str, Any]:
+    """`share` of the loaded facts get 1..5 accesses each, through the access projector the worker runs."""
+    import random
+    from datetime import UTC, datetime, timedelta
+
+    from producers.contract import AccessEvent, access_id_for, encode_access
+    from projections.postgres.access_projector import AccessProjector, decode_access_record
+    from projections.postgres.recorder import connect
+
+    r = random.Random(seed)
+    t0 = time.perf_counter()
+    with connect(settings.pg_dsn, settings.pg_schema) as conn:
+        facts = conn.execute(
+            "SELECT DISTINCT ON (memory_id) memory_id, version_id FROM fact_versions WHERE tenant = %s "
+            "ORDER BY memory_id, version DESC",
+            (TENANT,),
+        ).fetchall()
+        conn.commit()
+        chosen = [f for f in facts if r.random() < share]
+        at = datetime.now(UTC) - timedelta(days=1)
+        records, offset = [], 0
+        for i, (memory_id, version_id) in enumerate(chosen):
+            for j in range(r.randint(1, 5)):
+                a = AccessEvent(
+                    access_id=access_id_for(TENANT, "key:bench", f"serving-{i}-{j}", memory_id, version_id),
+                    tenant=TENANT,
+                    memory_id=memory_id,
+                    version_id=version_id,
+                    stage="keyword",
+                    caller="key:bench",
+                    accessed_at=at + timedelta(seconds=i + j),
+                )
+                records.append(decode_access_record(settings.access_topic, 0, offset, encode_access(a)))
+                offset += 1
+        projector = AccessProjector(conn, consumer=settings.processor_group, topic=settings.access_topic)
+        applied = 0
+        for k in range(0, len(records), BATCH):
+            applied += projector.apply_batch(records[k : k + BATCH]).applied
+    return {"facts": len(facts), "served": len(chosen), "accesses": applied, "seconds": time.perf_counter() - t0}
+
+
 def index(settings) -> dict[str, Any]:
     """Drain the outbox into the private index with the indexer's own code (documents without vectors)."""
     import psycopg
@@ -223,14 +287,17 @@ def measure(url: str, stats_n: int, scan_n: int) -> dict[str, Any]:
 
 
 def measure_in_process(settings, fast_n: int, slow_n: int) -> dict[str, Any]:
-    """The changed part alone (no HTTP, no Kafka, no access summary): the counters and the ES count against the
-    old scans (invariant_counts, every version id of both stores), on one connection and one client."""
+    """The changed parts alone (no HTTP, no Kafka), on one connection and one client: the counters and the ES count
+    against the old scans (invariant_counts, every version id of both stores); the access summary against the one
+    before the access counters and against option (b)."""
+    from datetime import UTC, datetime
+
     from elasticsearch import AsyncElasticsearch
 
     from api.routes.stats import _es_documents
     from bench.latency import percentiles
     from projections.postgres.connection import connect_async
-    from projections.postgres.queries import invariant_counts
+    from projections.postgres.queries import _MOST_SERVED, access_summary, invariant_counts
     from projections.postgres.stats import stats_counts
     from projections.search.reindex import orphans_async
 
@@ -247,8 +314,26 @@ def measure_in_process(settings, fast_n: int, slow_n: int) -> dict[str, Any]:
                 await invariant_counts(conn, TENANT)
                 await orphans_async(settings, conn, es, TENANT)
 
+            async def access_after() -> None:
+                await access_summary(conn, TENANT)
+
+            async def access_before() -> None:  # the summary as it was: the holds-now scan, then most_served
+                async with conn.transaction():
+                    await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                    await conn.execute(_SERVED_BEFORE, {"tenant": TENANT, "now": datetime.now(UTC)})
+                    await conn.execute(_MOST_SERVED, {"tenant": TENANT, "top": 10})
+
+            async def access_bounded() -> None:
+                await conn.execute(_SERVED_BOUNDED, {"tenant": TENANT, "now": datetime.now(UTC)})
+
             out = {}
-            for name, work, n in (("counters", new, fast_n), ("scans_before", old, slow_n)):
+            for name, work, n in (
+                ("counters", new, fast_n),
+                ("scans_before", old, slow_n),
+                ("access_summary", access_after, fast_n),
+                ("access_summary_before", access_before, slow_n * 3),
+                ("access_bounded_served_only", access_bounded, slow_n * 3),
+            ):
                 await work()  # warm-up
                 ms = []
                 for _ in range(n):
@@ -257,6 +342,16 @@ def measure_in_process(settings, fast_n: int, slow_n: int) -> dict[str, Any]:
                     ms.append((time.perf_counter() - t0) * 1000)
                 out[name] = percentiles(ms)
             out["before_after_p50"] = round(out["scans_before"]["p50_ms"] / out["counters"]["p50_ms"], 1)
+            out["access_before_after_p50"] = round(
+                out["access_summary_before"]["p50_ms"] / out["access_summary"]["p50_ms"], 1
+            )
+            cur = await conn.execute(_SERVED_BEFORE, {"tenant": TENANT, "now": datetime.now(UTC)})
+            out["holds_now_before"] = dict(
+                zip(("facts", "served", "accesses"), map(int, await cur.fetchone()), strict=True)
+            )
+            out["access_after_body"] = {
+                k: v for k, v in (await access_summary(conn, TENANT)).items() if k != "most_served"
+            }
             return out
         finally:
             await conn.close()
@@ -289,16 +384,23 @@ def _markdown(result: dict[str, Any]) -> str:
         f"/v1/stats/consistency scanned {m['consistency']['scanned']} in {m['consistency']['server_took_ms']} ms; "
         f"consistent: {m['consistency']['consistent']}.",
         "",
-        "The changed part alone, in process (PostgreSQL + Elasticsearch, no HTTP, no Kafka, no access summary):",
+        "The changed parts alone, in process (PostgreSQL + Elasticsearch, no HTTP, no Kafka; access_summary_before "
+        "= the holds-now scan + most_served, access_bounded_served_only = option (b)'s numerator alone):",
         "",
         "| work | n | p50 ms | p99 ms |",
         "|---|---|---|---|",
         *[
             f"| {name} | {p['n']} | {p['p50_ms']} | {p['p99_ms']} |"
-            for name, p in ((k, v) for k, v in result["in_process"].items() if isinstance(v, dict))
+            for name, p in ((k, v) for k, v in result["in_process"].items() if isinstance(v, dict) and "p50_ms" in v)
         ],
         "",
-        f"before/after: p50 x{result['in_process']['before_after_p50']}.",
+        f"before/after: p50 x{result['in_process']['before_after_p50']} (counters); access summary p50 "
+        f"x{result['in_process']['access_before_after_p50']}.",
+        "",
+        f"Accesses: {result['served']['served']:,} of {result['served']['facts']:,} facts served, "
+        f"{result['served']['accesses']:,} accesses through the AccessProjector in {result['served']['seconds']:.1f}s. "
+        f"Before (versions holding now): {result['in_process']['holds_now_before']}; after (active facts, "
+        f"counters): {result['in_process']['access_after_body']}.",
         "",
     ]
     return "\n".join(lines)
@@ -309,6 +411,7 @@ def stats_command(
     requests: int = typer.Option(200, help="timed GET /v1/stats requests"),
     scans: int = typer.Option(10, help="timed requests of the scanning routes (consistency, stats before)"),
     seed: int = typer.Option(7, help="dataset seed"),
+    served: float = typer.Option(0.2, help="share of the facts that get accesses (1 to 5 each)"),
     keep: bool = typer.Option(False, help="keep the private schema, index and topics"),
     out_dir: Path | None = typer.Option(None, help="results folder (default bench/results)"),
 ) -> None:
@@ -335,6 +438,8 @@ def stats_command(
             create_schema(conn, settings.pg_schema)
         result["load"] = load(settings, facts, seed)
         typer.echo(f"loaded {result['load']}")
+        result["served"] = serve(settings, served, seed)
+        typer.echo(f"served {result['served']}")
         result["index"] = index(settings)
         typer.echo(f"indexed {result['index']}")
         with _bench_api(settings, settings.log_dir / f"bench-stats-{started}") as services:  # .data: git-ignored

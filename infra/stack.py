@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from infra import elasticsearch, kafka, model, postgres, service
+from infra import elasticsearch, kafka, model, postgres, reranker, service
 from infra.procs import InfraError
 from producers.settings import Settings
 
@@ -58,8 +58,11 @@ def up(s: Settings, parts: list[str], report=print) -> None:
             if part == "model":
                 if part in s.managed:
                     model.install(s)
+                    reranker.install(s)  # recall's cross-encoder (issue 15), beside the embedding model
                 if not model.healthy(s):
                     raise InfraError("model", f"no model files in {s.model_dir}")
+                if s.rerank_enabled and not reranker.healthy(s):
+                    raise InfraError("model", f"no cross-encoder files in {s.rerank_dir}")
                 report(part, "ready")
             elif part in SERVICE_ORDER:
                 was_running = service.pid(s, part) is not None

@@ -54,7 +54,9 @@ __all__ = [
     "Source",
     "SourceType",
     "decode",
+    "decode_value",
     "encode",
+    "subject_digest_for",
     "kafka_key",
     "memory_id_for",
     "new_event_id",
@@ -237,6 +239,11 @@ def memory_id_for(
 def version_id_for(tenant: str, event_id: str) -> str:
     """The id of the version an assertion creates: scoped by tenant, as event ids are."""
     return _digest("version", tenant, event_id)
+
+
+def subject_digest_for(tenant: str, subject: str) -> str:
+    """A subject's name where its id must not appear in clear (the key store, erasure records)."""
+    return _digest("subject", tenant, subject)
 
 
 def kafka_key(tenant: str, subject: str) -> bytes:
@@ -531,7 +538,22 @@ def decode(
     A record must carry its event_id; only a producer reading its own input (`ledger publish`, like
     `POST /v1/events`) passes `mint_event_id=True` to have one minted before the event is published.
     """
-    data = load_record(raw, MAX_EVENT_BYTES)
+    return decode_value(
+        load_record(raw, MAX_EVENT_BYTES),
+        default_observed_at=default_observed_at,
+        max_future_skew=max_future_skew,
+        mint_event_id=mint_event_id,
+    )
+
+
+def decode_value(
+    data: Any,
+    *,
+    default_observed_at: datetime | None = None,
+    max_future_skew: timedelta | None = None,
+    mint_event_id: bool = False,
+) -> MemoryEvent:
+    """`decode` of a record's JSON value already loaded (a sealed record, once opened, is judged the same way)."""
     if not mint_event_id and isinstance(data, dict) and data.get("event_id") is None:
         # the model would mint a fresh id: every replay of this record would then be another event
         raise InvalidEvent(

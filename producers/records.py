@@ -8,17 +8,33 @@ a replay decides exactly as the live worker did.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from producers.contract import InvalidEvent, MemoryEvent, decode
+import orjson
 
-__all__ = ["DeadLetter", "Incoming", "decode_record"]
+from producers.contract import (
+    MAX_EVENT_BYTES,
+    InvalidEvent,
+    MemoryEvent,
+    decode_value,
+    load_record,
+    subject_digest_for,
+)
+from producers.keys.envelope import MAX_SEALED_BYTES, Envelope, open_envelope, parse_envelope
+
+__all__ = ["DeadLetter", "Incoming", "decode_record", "open_record"]
 
 
 @dataclass(frozen=True, slots=True)
 class Incoming:
-    """One Kafka record, decoded by the event contract: exactly one of event/error is set."""
+    """One Kafka record, decoded by the event contract: exactly one of event/error/envelope is set, or `erased`.
+
+    A sealed record (issue 13) comes out of `decode_record` with its `envelope` and `key_id`; whoever holds the
+    key store opens it with `open_record` (the recorder, in its transaction), which sets event or error, or
+    `erased` when its data key was destroyed by its subject's erasure.
+    """
 
     topic: str
     partition: int
@@ -28,6 +44,10 @@ class Incoming:
     timestamp: datetime | None
     event: MemoryEvent | None = None
     error: InvalidEvent | None = None
+    envelope: Envelope | None = None  # sealed, not opened yet
+    key_id: str | None = None  # the data key that sealed it; None: a clear record
+    erased: bool = False  # sealed with a data key an erasure destroyed: the record is no longer readable
+    max_future_skew: timedelta | None = None  # the reader's window, applied again when a sealed record is opened
 
 
 def decode_record(
@@ -46,14 +66,68 @@ def decode_record(
     a replay judges a record exactly as the live worker did.
     """
     ts = datetime.fromtimestamp(timestamp_ms / 1000, UTC) if timestamp_ms is not None and timestamp_ms >= 0 else None
+    base = Incoming(topic, partition, offset, key, raw, ts, max_future_skew=max_future_skew)
     try:
-        event = decode(raw, default_observed_at=ts, max_future_skew=max_future_skew)
-        return Incoming(topic, partition, offset, key, raw, ts, event=event)
+        # a sealed record may be larger than a clear one (base64): anything else past MAX_EVENT_BYTES is too large
+        oversize = raw is not None and len(raw) > MAX_EVENT_BYTES
+        too_large = InvalidEvent("too_large", f"{len(raw or b'')} bytes is more than {MAX_EVENT_BYTES}")
+        try:
+            data = load_record(raw, MAX_SEALED_BYTES)
+        except InvalidEvent:
+            if oversize:
+                raise too_large from None
+            raise
+        envelope = parse_envelope(data) if isinstance(data, dict) else None
+        if envelope is not None:
+            return dataclasses.replace(base, envelope=envelope, key_id=envelope.key_id)
+        if oversize:
+            raise too_large
+        event = decode_value(data, default_observed_at=ts, max_future_skew=max_future_skew)
+        return dataclasses.replace(base, event=event)
     except InvalidEvent as exc:
-        return Incoming(topic, partition, offset, key, raw, ts, error=exc)
+        return dataclasses.replace(base, error=exc)
     except Exception as exc:  # noqa: BLE001 - a record the contract cannot even judge is still a dead letter
         error = InvalidEvent("undecodable", f"{type(exc).__name__}: {exc}"[:500])
-        return Incoming(topic, partition, offset, key, raw, ts, error=error)
+        return dataclasses.replace(base, error=error)
+
+
+def open_record(
+    record: Incoming, key: bytes | None, *, destroyed: bool = False, owner: tuple[str, str] | None = None
+) -> Incoming:
+    """A sealed record opened with its data key `key` (None: the key store does not know its key id).
+
+    `owner`: the (tenant, subject digest) the key belongs to: a record sealed with another subject's key is refused
+    (`key_mismatch`), or erasing its own subject would not shred it. `destroyed`: its key was destroyed by an
+    erasure: the record is `erased` (never a dead letter). Otherwise the
+    opened fields are judged by the contract exactly as a clear record is (`decode_value`, the same broker time
+    and skew window), so a sealed and a clear record of the same event give the same event.
+    """
+    envelope = record.envelope
+    if envelope is None:
+        return record
+    if destroyed:
+        return dataclasses.replace(record, envelope=None, erased=True)
+    try:
+        if key is None:
+            raise InvalidEvent("unknown_key", f"no data key {envelope.key_id!r} in the key store", "sealed.kid")
+        tenant, subject = envelope.tenant, envelope.subject
+        if owner is not None and (
+            not isinstance(tenant, str)
+            or not isinstance(subject, str)
+            or owner != (tenant, subject_digest_for(tenant, subject))
+        ):
+            raise InvalidEvent("key_mismatch", f"data key {envelope.key_id!r} belongs to another subject", "sealed.kid")
+        wire = open_envelope(envelope, key)
+        size = len(orjson.dumps(wire))  # the opened event is held to the clear limit, as the SDK's `encode` is
+        if size > MAX_EVENT_BYTES:
+            raise InvalidEvent("too_large", f"the opened event is {size} bytes, more than {MAX_EVENT_BYTES}")
+        event = decode_value(wire, default_observed_at=record.timestamp, max_future_skew=record.max_future_skew)
+        return dataclasses.replace(record, envelope=None, event=event)
+    except InvalidEvent as exc:
+        return dataclasses.replace(record, envelope=None, error=exc)
+    except Exception as exc:  # noqa: BLE001 - an opened record the contract cannot judge is still a dead letter
+        error = InvalidEvent("undecodable", f"{type(exc).__name__}: {exc}"[:500])
+        return dataclasses.replace(record, envelope=None, error=error)
 
 
 @dataclass(frozen=True, slots=True)

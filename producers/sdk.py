@@ -51,6 +51,8 @@ import kafka.errors as Errors
 from kafka import KafkaProducer
 
 from producers.contract import EventType, InvalidEvent, MemoryEvent, check_skew, encode, from_dict
+from producers.keys.envelope import encode_sealed, sealable
+from producers.keys.provider import SealingKeys, sealing_keys_for
 from producers.settings import Settings
 from producers.topics import MAX_MESSAGE_BYTES, ensure_topics
 
@@ -147,6 +149,7 @@ class LedgerProducer:
         timeout_s: float | None = None,
         create_topics: bool = True,
         remember_ids: int = 100_000,
+        keys: SealingKeys | None = None,
         **kafka_overrides: Any,
     ) -> None:
         self.settings = settings
@@ -161,6 +164,11 @@ class LedgerProducer:
         self._remember = max(0, remember_ids)
         self._sent: OrderedDict[tuple[str, str], str] = OrderedDict()  # (tenant, event_id) -> fingerprint
         self._ids_lock = threading.Lock()
+        # issue 13: with encryption on, every event but an erasure is sealed with its subject's data key; the key
+        # source is checked here, so a missing or wrong KEK fails at start, not per event
+        if keys is None and settings.encryption != "off":
+            keys = sealing_keys_for(settings)
+        self.keys = keys
 
     # -- lifecycle -------------------------------------------------------------------------
     def _config(self) -> dict[str, Any]:
@@ -215,12 +223,14 @@ class LedgerProducer:
         return self
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Deliver what is buffered (bounded by timeout_s), then release the connection."""
+        """Deliver what is buffered (bounded by timeout_s), then release the connection (and the key source)."""
         with self._lock:
             self._closed = True
             producer, self._producer = self._producer, None
         if producer is not None:
             producer.close(timeout=self.timeout_s if timeout_s is None else timeout_s)
+        if self.keys is not None:
+            self.keys.close()
 
     def __enter__(self) -> LedgerProducer:
         return self
@@ -290,9 +300,51 @@ class LedgerProducer:
                     raise
                 prepared.append(exc)
         self._claim_ids(prepared, report_invalid)
-        to_send = [item for item in prepared if not isinstance(item, InvalidEvent)]
+        refused: dict[int, PublishError] = {}
+        if self.keys is not None:
+            self._seal(prepared, refused, report_invalid)
+        to_send = [item for i, item in enumerate(prepared) if not isinstance(item, InvalidEvent) and i not in refused]
         sent = iter(self._send(to_send)) if to_send else iter(())
-        return [item if isinstance(item, InvalidEvent) else next(sent) for item in prepared]
+        return [
+            item if isinstance(item, InvalidEvent) else refused[i] if i in refused else next(sent)
+            for i, item in enumerate(prepared)
+        ]
+
+    def _seal(
+        self,
+        prepared: list[tuple[MemoryEvent, bytes] | InvalidEvent],
+        refused: dict[int, PublishError],
+        report_invalid: bool,
+    ) -> None:
+        """Replace each clear record by its sealed one; without a data key, nothing of it is sent (unavailable)."""
+        assert self.keys is not None
+        for item in prepared:  # an erasure retires its subject's key first: later events get a new one
+            if not isinstance(item, InvalidEvent) and not sealable(item[0]):
+                event = item[0]
+                try:
+                    self.keys.retire(event.tenant, event.subject, event.event_id)
+                except Exception as exc:  # noqa: BLE001 - an erasure is never held back: the worker then shreds the live key
+                    log.warning("erasure %s: the subject's key was not retired (%s)", event.event_id, _reason(exc))
+        todo = [i for i, item in enumerate(prepared) if not isinstance(item, InvalidEvent) and sealable(item[0])]
+        if not todo:
+            return
+        pairs = {(prepared[i][0].tenant, prepared[i][0].subject) for i in todo}  # type: ignore[index]
+        try:
+            keys = self.keys.sealing_keys(pairs)
+        except Exception as exc:  # noqa: BLE001 - the key service failed: reported per event, nothing sent clear
+            for i in todo:
+                event = prepared[i][0]  # type: ignore[index]
+                refused[i] = PublishError(event.event_id, f"no data key: {_reason(exc)}", "unavailable")
+            return
+        for i in todo:
+            event = prepared[i][0]  # type: ignore[index]
+            try:
+                clear = prepared[i][1]  # type: ignore[index]
+                prepared[i] = (event, encode_sealed(event, keys[(event.tenant, event.subject)], clear=clear))
+            except InvalidEvent as exc:
+                if not report_invalid:
+                    raise
+                prepared[i] = exc
 
     def _send(self, prepared: list[tuple[MemoryEvent, bytes]]) -> list[PublishResult | PublishError]:
         valid = [event for event, _ in prepared]

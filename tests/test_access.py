@@ -311,8 +311,8 @@ def test_recall_records_each_served_memory_once_on_the_access_topic_and_projects
         stats = client.get("/v1/stats", params={"tenant": TENANT}, headers={"X-API-Key": KEY})
         assert stats.status_code == 200, stats.text
         access = stats.json()["access"]
-        assert (access["current_facts"], access["served_facts"], access["never_retrieved_ratio"]) == (4, 4, 0.0)
-        assert access["accesses_of_current"] == 10
+        assert (access["active_facts"], access["served_facts"], access["never_retrieved_ratio"]) == (4, 4, 0.0)
+        assert access["accesses_of_active"] == 10
         assert [m["memory_id"] for m in access["most_served"]][3] == p8[0]
         assert {m["memory_id"] for m in access["most_served"][:3]} == p7
         assert all(m["accesses"] == 3 and m["subject"] == "project:P7" for m in access["most_served"][:3])
@@ -482,7 +482,7 @@ def test_stats_report_the_never_retrieved_ratio(world):
     assert r.status_code == 200, r.text
     access = r.json()["access"]
     served = {m["memory_id"] for m in access["most_served"]}
-    assert access["current_facts"] == 5 and access["served_facts"] == len(served)
+    assert access["active_facts"] == 5 and access["served_facts"] == len(served)
     assert access["never_retrieved_ratio"] == round((5 - len(served)) / 5, 6)
     assert access["most_served"][0]["memory_id"] == world["facts"]["popular"].memory_id
     assert access["most_served"][0]["key"] == "project.notes"

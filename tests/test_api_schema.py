@@ -9,6 +9,8 @@ carry no field that model does not declare, and spell every time with `producers
 
 from __future__ import annotations
 
+import base64
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -17,11 +19,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from httpx import Response
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 
 from api import schemas
 from api.main import create_app
-from producers.contract import parse_rfc3339, rfc3339
+from producers.contract import EventType, MemoryEvent, parse_rfc3339, rfc3339
 from producers.settings import Settings
 from producers.topics import ensure_topics
 from projections.embedding import load_embedder
@@ -110,7 +112,18 @@ REQUESTS: list[tuple[str, str, str, dict[str, Any], int]] = [
     ("publish", "POST", "/v1/events", {"json": {"events": [_event()]}}, 200),
     ("publish partly", "POST", "/v1/events", {"json": {"events": [_event(), _event(subject="")]}}, 207),
     ("erase", "DELETE", "/v1/subjects/{subject}", {"params": {"tenant": TENANT, "reason": "schema test"}}, 202),
+    ("keys", "POST", "/v1/keys", {"json": {"tenant": TENANT, "subjects": ["user:7", "user:8"]}}, 200),
+    (
+        "keys retire",
+        "POST",
+        "/v1/keys/retire",
+        {"json": {"tenant": TENANT, "subject": "user:8", "erasure_id": "schema-retire"}},
+        200,
+    ),
+    ("erasures", "GET", "/v1/erasures", {"params": {"tenant": TENANT}}, 200),
+    ("erasure", "GET", "/v1/erasures/{erasure_id}", {"params": {"tenant": TENANT}}, 200),
 ]
+ERASURE_ID = "schema-erasure/1"  # an event id may hold a slash: the route takes the rest of the path
 SUBJECT = {"facts": "project:P1", "events": "project:P1", "erase": "user:gone/with/slashes"}
 
 
@@ -125,7 +138,8 @@ class Answer:
 
 @pytest.fixture(scope="module")
 def world(base_settings: Settings) -> Iterator[dict[str, Any]]:
-    settings = base_settings.private(unique("schema"), api_keys={KEY: [TENANT]})
+    kek = SecretStr(base64.b64encode(os.urandom(32)).decode())  # POST /v1/keys answers with a KEK configured
+    settings = base_settings.private(unique("schema"), api_keys={KEY: [TENANT]}, kek=kek)
     ensure_topics(settings)
     try:
         with private_store(settings) as (conn, es), RecorderWriter(settings) as ledger:
@@ -161,6 +175,10 @@ def world(base_settings: Settings) -> Iterator[dict[str, Any]]:
                 entities=["OD5001"],
                 valid_from=yesterday,
             )
+            ledger.assert_fact(TENANT, "user:erased", "pref.seat", "user erased prefers aisle seats", "aisle")
+            ledger.publish(
+                MemoryEvent(type=EventType.ERASED, tenant=TENANT, subject="user:erased", event_id=ERASURE_ID)
+            )
             drain_all(settings, conn, es, load_embedder(settings))
             with TestClient(create_app(settings)) as client:
                 yield {"settings": settings, "client": client, "memory_id": port.memory_id}
@@ -181,7 +199,7 @@ def answers(world: dict[str, Any]) -> dict[str, Answer]:
     out = {}
     for label, method, template, kwargs, expected in REQUESTS:
         subject = SUBJECT.get(label.split()[0], "")
-        url = template.format(subject=subject, memory_id=world["memory_id"])
+        url = template.format(subject=subject, memory_id=world["memory_id"], erasure_id=ERASURE_ID)
         out[label] = Answer(label, method, template, client.request(method, url, headers=H, **kwargs), expected)
     return out
 

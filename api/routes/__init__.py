@@ -24,3 +24,6 @@ from api.routes import subject_search, tenants  # noqa: E402  (the audit console
 
 for _module in (tenants, subject_search):
     api_router.include_router(_module.router, responses=ERROR_RESPONSES)
+from api.routes import keys  # noqa: E402  (issue 13: data keys for producers, erasure records)
+
+api_router.include_router(keys.router, responses=ERROR_RESPONSES)

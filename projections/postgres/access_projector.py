@@ -5,7 +5,9 @@ skip records below them, write, advance the positions, commit. On top of that ev
 (`AccessEvent.access_id`, a digest of the serving), the primary key of `accesses`: a record delivered twice at
 another offset (a producer retry) is a no-op as well. `access_counts` (per tenant and memory_id: how many
 accesses, the last one) only grows by the rows that were new, so it is a function of `accesses` and a replay
-from offset 0 gives the same numbers.
+from offset 0 gives the same numbers. In the same transaction it adds to `/v1/stats`' access counters
+(projections.postgres.counts) the new accesses of active facts and the active facts served for the first time
+(projections.postgres.accesses.served_deltas), on its own shard (`access_shard` of its lowest partition).
 
 An access of an erased version is dropped (`erased`; projections.postgres.accesses explains why both orders of
 an erasure and an access give the same tables). An invalid record (not an AccessEvent) is written to
@@ -28,8 +30,8 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from producers.contract import AccessEvent, InvalidEvent, decode_access
-from projections.postgres.accesses import erased_version_ids, lock_access_facts
-from projections.postgres.counts import add_counts, dead_letters_name
+from projections.postgres.accesses import erased_version_ids, lock_access_facts, served_deltas
+from projections.postgres.counts import access_shard, add_counts, dead_letters_name
 from projections.postgres.positions import advance_positions, lock_positions, stored_positions
 from projections.postgres.recorder import insert_dead_letters, is_permanent
 
@@ -136,7 +138,7 @@ class AccessProjector:
             # the dead-letter counter of this topic (projections.postgres.counts), on a shard whose position row
             # this transaction holds locked, as the ledger's Recorder does
             add_counts(cur, {("", dead_letters_name(self.topic)): dead}, shard=min(stored))
-        self._record(cur, [r for r in fresh if r.event is not None], result)
+        self._record(cur, [r for r in fresh if r.event is not None], result, shard=access_shard(min(stored)))
         ends: dict[int, int] = {}
         for r in records:
             ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
@@ -144,7 +146,7 @@ class AccessProjector:
         advance_positions(cur, self.consumer, self.topic, result.positions)
         return result
 
-    def _record(self, cur: psycopg.Cursor, records: list[AccessRecord], result: AccessBatchResult) -> None:
+    def _record(self, cur: psycopg.Cursor, records: list[AccessRecord], result: AccessBatchResult, shard: int) -> None:
         if not records:
             return
         events: list[AccessEvent] = [r.event for r in records]  # type: ignore[misc]
@@ -186,6 +188,8 @@ class AccessProjector:
         for k, times in sorted(grouped.items()):
             agg[k] = (len(times), max(times))
         if agg:
+            # before access_counts grows: which facts are served for the first time (the locks above are held)
+            add_counts(cur, served_deltas(cur, {k: n for k, (n, _) in agg.items()}), shard=shard)
             cur.execute(
                 "INSERT INTO access_counts (tenant, memory_id, accesses, last_accessed_at) "
                 "SELECT * FROM unnest(%b::text[], %b::text[], %b::bigint[], %b::timestamptz[]) "

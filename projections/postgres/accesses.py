@@ -11,19 +11,47 @@ sees what the other committed:
 - the access came first: the erasure deletes it (`erase_accesses`) and recomputes the fact's aggregate.
 
 Either order gives the same tables, which is what makes a rebuild from offset 0 (both topics replayed in any
-interleaving) equal to the live projection. Memory and version ids are digests and the caller is a fingerprint,
-so nothing personal is kept; even so an erased subject leaves no access row and no aggregate behind.
+interleaving) equal to the live projection.
+
+The counters of `/v1/stats` `access` (projections.postgres.counts: `facts_active`, `facts_active_served`,
+`accesses_active`) follow the same lock. A fact is *active* while one of its versions has status `active`. The
+recorder computes which facts a batch makes active or inactive (`active_transitions`, pure: the stored chain
+against the planned one) and, holding those facts' access locks, adjusts all three by the facts' `access_counts`
+rows (`transition_deltas`); the access projector, holding the locks of the facts it serves, adds the new accesses
+of active facts and counts a fact as served when its first accesses arrive (`served_deltas`); an erasure
+subtracts the subject's active facts before it purges them. Whoever takes a fact's lock second sees what the
+first committed, so the counters come out the same in either order, on redelivery (no new rows, no deltas) and
+in a rebuild (the same code over the same records).
+
+Memory and version ids are digests and the caller is a fingerprint, so nothing personal is kept; even so an
+erased subject leaves no access row and no aggregate behind.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 import psycopg
 
+from projections.postgres.counts import (
+    ACCESSES_ACTIVE,
+    FACTS_ACTIVE,
+    FACTS_ACTIVE_SERVED,
+    Deltas,
+    add_counts,
+)
 from projections.postgres.idempotency import ID_HASH_SQL
+from projections.versions import ACTIVE, Version
 
-__all__ = ["erase_accesses", "erased_version_ids", "lock_access_facts", "recount"]
+__all__ = [
+    "active_transitions",
+    "erase_accesses",
+    "erased_version_ids",
+    "lock_access_facts",
+    "recount",
+    "served_deltas",
+    "transition_deltas",
+]
 
 
 def lock_access_facts(cur: psycopg.Cursor, memory_ids: Iterable[str]) -> None:
@@ -35,6 +63,75 @@ def lock_access_facts(cur: psycopg.Cursor, memory_ids: Iterable[str]) -> None:
             "FROM unnest(%b::text[]) WITH ORDINALITY AS t(m, i) ORDER BY i",
             (ids,),
         )
+
+
+def active_transitions(
+    stored: Mapping[str, Sequence[Version]], inserts: Iterable[Version], updates: Iterable[Version]
+) -> dict[tuple[str, str], int]:
+    """(tenant, memory_id) -> +1 (the fact becomes active) or -1 (it stops being active), for the facts whose rows
+    `inserts` and `updates` change (a fact is active while one of its versions has status `active`)."""
+    changed: dict[str, dict[str, Version]] = {}
+    for v in (*updates, *inserts):
+        changed.setdefault(v.memory_id, {})[v.version_id] = v
+    out: dict[tuple[str, str], int] = {}
+    for mid, new in changed.items():
+        before = {v.version_id: v for v in stored.get(mid, ())}
+        was = any(v.status == ACTIVE for v in before.values())
+        now = any(v.status == ACTIVE for v in {**before, **new}.values())
+        if was != now:
+            out[(next(iter(new.values())).tenant, mid)] = 1 if now else -1
+    return out
+
+
+def _aggregates(cur: psycopg.Cursor, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """(tenant, memory_id) -> accesses, for the keys with an access_counts row."""
+    cur.execute(
+        "SELECT a.tenant, a.memory_id, a.accesses FROM access_counts a "
+        "JOIN unnest(%b::text[], %b::text[]) AS x(t, m) ON a.tenant = x.t AND a.memory_id = x.m",
+        ([t for t, _ in keys], [m for _, m in keys]),
+    )
+    return {(t, m): int(n) for t, m, n in cur.fetchall()}
+
+
+def transition_deltas(cur: psycopg.Cursor, transitions: Mapping[tuple[str, str], int]) -> Deltas:
+    """The recorder's share of the access counters for facts that become active (+1) or inactive (-1): takes their
+    access locks (so an access projector serving them waits, or is seen), then counts their aggregates in or out."""
+    deltas: Deltas = Deltas()
+    if not transitions:
+        return deltas
+    keys = sorted(transitions)
+    lock_access_facts(cur, (m for _, m in keys))
+    served = _aggregates(cur, keys)
+    for (tenant, mid), d in transitions.items():
+        deltas[(tenant, FACTS_ACTIVE)] += d
+        if (tenant, mid) in served:
+            deltas[(tenant, FACTS_ACTIVE_SERVED)] += d
+            deltas[(tenant, ACCESSES_ACTIVE)] += d * served[(tenant, mid)]
+    return deltas
+
+
+def served_deltas(cur: psycopg.Cursor, new: Mapping[tuple[str, str], int]) -> Deltas:
+    """The access projector's share, before it adds `new` ((tenant, memory_id) -> new accesses) to access_counts and
+    holding those facts' access locks: the accesses of active facts, and an active fact served for the first time."""
+    deltas: Deltas = Deltas()
+    if not new:
+        return deltas
+    keys = sorted(new)
+    cur.execute(
+        "SELECT DISTINCT f.tenant, f.memory_id FROM fact_versions f "
+        "JOIN unnest(%b::text[], %b::text[]) AS x(t, m) ON f.memory_id = x.m AND f.tenant = x.t "
+        "WHERE f.status = 'active'",
+        ([t for t, _ in keys], [m for _, m in keys]),
+    )
+    active = {(t, m) for t, m in cur.fetchall()}
+    if not active:
+        return deltas
+    served = _aggregates(cur, sorted(active))
+    for key in sorted(active):
+        deltas[(key[0], ACCESSES_ACTIVE)] += new[key]
+        if key not in served:
+            deltas[(key[0], FACTS_ACTIVE_SERVED)] += 1
+    return deltas
 
 
 def erased_version_ids(cur: psycopg.Cursor, tenants: list[str], version_ids: list[str]) -> set[tuple[str, str]]:
@@ -69,13 +166,20 @@ def erase_accesses(cur: psycopg.Cursor, tenant: str, subject: str) -> None:
     projector has not applied yet is dropped when it comes; the accesses already applied are deleted and the
     facts' aggregates recomputed (an aggregate left with no accesses is gone).
     """
-    cur.execute("SELECT memory_id, version_id FROM fact_versions WHERE tenant = %s AND subject = %s", (tenant, subject))
+    cur.execute(
+        'SELECT memory_id, version_id, status, "partition" FROM fact_versions WHERE tenant = %s AND subject = %s',
+        (tenant, subject),
+    )
     rows = cur.fetchall()
     if not rows:
         return
-    memory_ids = sorted({m for m, _ in rows})
-    version_ids = [v for _, v in rows]
+    memory_ids = sorted({m for m, *_ in rows})
+    version_ids = [v for _, v, *_ in rows]
     lock_access_facts(cur, memory_ids)
+    # the access counters lose the subject's active facts (their versions are deleted next), on the shard of the
+    # subject's partition: its events share one key, so this batch holds that partition's position row locked
+    gone = {(tenant, m): -1 for m, _, status, _ in rows if status == ACTIVE}
+    add_counts(cur, transition_deltas(cur, gone), shard=min(p for *_, p in rows))
     cur.execute(
         "INSERT INTO erased_versions (tenant, id_hash) "
         f"SELECT %s, {ID_HASH_SQL.format('v')} FROM unnest(%b::text[]) AS x(v) ON CONFLICT DO NOTHING",

@@ -49,11 +49,20 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from producers.contract import EventType, InvalidEvent, MemoryEvent
+from producers.contract import EventType, InvalidEvent, MemoryEvent, subject_digest_for
+from producers.keys.envelope import has_personal
+from producers.keys.store import (
+    ErasureRecord,
+    KeyContext,
+    destroy_subject_keys,
+    erasure_recorded,
+    key_states,
+    record_erasure,
+)
 from producers.logs import record_ids
-from producers.records import DeadLetter, Incoming
+from producers.records import DeadLetter, Incoming, open_record
 from projections.postgres import connection
-from projections.postgres.accesses import erase_accesses
+from projections.postgres.accesses import active_transitions, erase_accesses, transition_deltas
 from projections.postgres.counts import EVENTS, OUTBOX, VERSIONS, add_counts, dead_letters_name
 from projections.postgres.idempotency import ID_HASH_SQL
 from projections.postgres.positions import advance_positions, lock_positions, stored_positions
@@ -200,11 +209,23 @@ def connect(dsn: str, schema: str, **kwargs) -> psycopg.Connection:
 class Recorder:
     """Writes batches for one consumer (group) and topic into the schema the connection points at."""
 
-    def __init__(self, conn: psycopg.Connection, *, consumer: str, topic: str, dlq_sink: DlqSink | None = None):
+    def __init__(
+        self,
+        conn: psycopg.Connection,
+        *,
+        consumer: str,
+        topic: str,
+        dlq_sink: DlqSink | None = None,
+        keys: KeyContext | None = None,
+    ):
         self.conn = conn
         self.consumer = consumer
         self.topic = topic
         self.dlq_sink = dlq_sink
+        # issue 13: the key store that opens sealed records and whose subject keys an erasure destroys; None: a
+        # sealed record stops the batch (KekError, retried loudly) and an erasure leaves no erasure record
+        self.keys = keys
+        self._unwrapped: dict[tuple[str, bytes], bytes] = {}  # (key id, wrapped bytes) -> data key: unwrap once
 
     # -- public: each opens (and retries) its own transaction ---------------------------------
     def apply_batch(self, records: Sequence[Incoming], *, attempts: int = 5) -> BatchResult:
@@ -289,17 +310,22 @@ class Recorder:
                 continue
             seen.add((r.partition, r.offset))
             fresh.append(r)
+        fresh = self._open(cur, fresh, result)
         letters: list[DeadLetter] = []
         if fresh:
             letters += self._dead_letters(cur, [r for r in fresh if r.event is None], result)
             segment: list[Incoming] = []
+            destroyed: set[str] = set()  # keys an erasure earlier in this batch destroyed
             for r in fresh:
                 if r.event is None:
+                    continue
+                if r.key_id is not None and r.key_id in destroyed:  # sealed with a key this batch shredded
+                    result.erased_replays += 1
                     continue
                 if _route(r) is Route.ERASURE:  # a barrier: what came before it in the batch is applied first
                     self._apply_events(cur, segment, result, letters)
                     segment = []
-                    self._erase(cur, r, result, letters)
+                    destroyed |= self._erase(cur, r, result, letters)
                 else:
                     segment.append(r)
             self._apply_events(cur, segment, result, letters)
@@ -312,6 +338,46 @@ class Recorder:
         if letters and self.dlq_sink is not None:
             self.dlq_sink(letters)  # last, just before the commit: raises if the DLQ topic did not take them
         return result
+
+    def _open(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult) -> list[Incoming]:
+        """Open the sealed records with their data keys (read in this transaction); drop the shredded ones.
+
+        A record sealed with a key an erasure destroyed is its subject's erased past: counted as an erased replay,
+        never a dead letter. An unknown key, another subject's key or a ciphertext that does not open is a dead
+        letter (`unknown_key`, `key_mismatch`, `bad_ciphertext`). With encryption required, a clear record that
+        carries personal fields is one too (`not_encrypted`).
+        """
+        sealed = [r for r in records if r.envelope is not None]
+        required = self.keys is not None and self.keys.required
+        if not sealed and not required:
+            return records
+        states = {}
+        if sealed:
+            if self.keys is None:
+                raise RuntimeError("a sealed record reached a recorder without a key store (KeyContext)")
+            kids = [r.key_id for r in sealed]
+            states = key_states(cur, self.keys.schema, self.keys.keks, kids, cache=self._unwrapped)  # type: ignore[arg-type]
+        out: list[Incoming] = []
+        for r in records:
+            if r.envelope is not None:
+                state = states.get(r.key_id)  # type: ignore[arg-type]
+                if state is None:
+                    r = open_record(r, None)
+                else:
+                    r = open_record(r, state.key, destroyed=state.destroyed, owner=(state.tenant, state.subject_digest))
+                if r.erased:
+                    result.erased_replays += 1
+                    continue
+            elif required and r.event is not None and r.event.type is not EventType.ERASED:
+                if has_personal(r.event.to_wire()):
+                    error = InvalidEvent(
+                        "not_encrypted",
+                        "encryption is required: this record carries personal fields in clear",
+                        "sealed",
+                    )
+                    r = dataclasses.replace(r, event=None, error=error)
+            out.append(r)
+        return out
 
     def _dead_letters(self, cur: psycopg.Cursor, invalid: list[Incoming], result: BatchResult) -> list[DeadLetter]:
         """Record the invalid records once each; returns the new ones (for the DLQ topic)."""
@@ -354,10 +420,10 @@ class Recorder:
         evs: list[MemoryEvent] = [r.event for r in records]  # type: ignore[misc]
         cur.execute(
             "INSERT INTO events (tenant, event_id, fingerprint, subject, memory_id, type, kind, key, scope, "
-            '"partition", "offset", observed_at, valid_from, valid_to, target_version, payload) '
+            '"partition", "offset", observed_at, valid_from, valid_to, target_version, payload, key_id) '
             "SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], "
             "%b::text[], %b::text[], %b::text[], %b::int[], %b::bigint[], %b::timestamptz[], %b::timestamptz[], "
-            "%b::timestamptz[], %b::text[], %b::jsonb[]) "
+            "%b::timestamptz[], %b::text[], %b::jsonb[], %b::text[]) "
             'ON CONFLICT (tenant, event_id) DO NOTHING RETURNING "partition", "offset"',
             (
                 [e.tenant for e in evs],
@@ -376,6 +442,7 @@ class Recorder:
                 [e.valid_to for e in evs],
                 [e.target_version for e in evs],
                 [Jsonb(e.to_wire()) for e in evs],
+                [r.key_id for r in records],
             ),
         )
         inserted = set(cur.fetchall())
@@ -443,6 +510,8 @@ class Recorder:
                 raise CoreRefused(f"{type(exc).__name__}: {exc}") from exc
             inserts.extend(changes.inserts)
             updates.extend(changes.updates)
+        # /v1/stats' access counters: facts this batch makes active or inactive (projections.postgres.accesses)
+        result.counts.update(transition_deltas(cur, active_transitions(versions, inserts, updates)))
         self._write_versions(cur, inserts, updates, result.counts)
         result.versions_written += len(inserts) + len(updates)
 
@@ -499,16 +568,31 @@ class Recorder:
             )
             counts.update((v.tenant, OUTBOX) for v in touched)
 
-    def _erase(self, cur: psycopg.Cursor, record: Incoming, result: BatchResult, letters: list[DeadLetter]) -> None:
-        """subject.erased: purge the subject's versions and events, keep only the erasure tombstones.
+    def _erase(self, cur: psycopg.Cursor, record: Incoming, result: BatchResult, letters: list[DeadLetter]) -> set[str]:
+        """subject.erased: purge the subject's versions and events, keep only the erasure tombstones; the keys shredded.
 
-        The purged events' ids stay as salted hashes (erased_events) so that re-sending one has no effect.
+        The purged events' ids stay as salted hashes (erased_events) so that re-sending one has no effect. Then, in
+        the same transaction, the subject's data key is destroyed and the erasure record written (issue 13): a
+        worker killed anywhere in between rolls all of it back and its restart does all of it. A replay of an
+        erasure already recorded (a rebuild) destroys nothing: the subject's key now may be a newer one.
         """
         e = record.event
         assert e is not None
         if not self._log_events(cur, [record], result, letters):
-            return  # a duplicate, a conflict (dead-lettered) or a replay: no erasure happens again
+            return set()  # a duplicate, a conflict (dead-lettered) or a replay: no erasure happens again
         result.applied += 1
+        cur.execute(
+            'SELECT count(*), count(key_id), min("offset") FROM events '
+            "WHERE tenant = %s AND subject = %s AND type <> 'subject.erased'",
+            (e.tenant, e.subject),
+        )
+        n_events, n_sealed, first_offset = cur.fetchone()  # type: ignore[misc]
+        cur.execute(
+            "SELECT count(*) FROM accesses a JOIN fact_versions f ON f.version_id = a.version_id "
+            "WHERE f.tenant = %s AND f.subject = %s",
+            (e.tenant, e.subject),
+        )
+        n_accesses = cur.fetchone()[0]  # type: ignore[index]
         cur.execute(
             "INSERT INTO erased_events (tenant, id_hash) "
             f"SELECT tenant, {ID_HASH_SQL.format('event_id')} FROM events "
@@ -517,6 +601,7 @@ class Recorder:
         )
         erase_accesses(cur, e.tenant, e.subject)  # its versions' accesses and aggregates, while the versions exist
         cur.execute("DELETE FROM fact_versions WHERE tenant = %s AND subject = %s", (e.tenant, e.subject))
+        n_versions = cur.rowcount
         result.counts[(e.tenant, VERSIONS)] -= cur.rowcount
         cur.execute(
             "DELETE FROM events WHERE tenant = %s AND subject = %s AND type <> 'subject.erased'", (e.tenant, e.subject)
@@ -525,6 +610,7 @@ class Recorder:
         cur.execute(
             "DELETE FROM search_outbox WHERE tenant = %s AND subject = %s AND op = 'upsert'", (e.tenant, e.subject)
         )
+        n_outbox = cur.rowcount
         result.counts[(e.tenant, OUTBOX)] -= cur.rowcount
         cur.execute(
             "INSERT INTO search_outbox (version_id, tenant, subject, op) VALUES (NULL, %s, %s, 'delete_subject')",
@@ -536,6 +622,37 @@ class Recorder:
             "'subject', %s::text)::text)",
             (ERASURE_CHANNEL, e.tenant, e.subject),
         )
+        if self.keys is None or erasure_recorded(cur, self.keys.schema, e.tenant, e.event_id):
+            return set()
+        shredded = destroy_subject_keys(cur, self.keys.schema, e.tenant, e.subject, e.event_id)
+        record_erasure(
+            cur,
+            self.keys.schema,
+            ErasureRecord(
+                tenant=e.tenant,
+                erasure_id=e.event_id,
+                subject_digest=subject_digest_for(e.tenant, e.subject),
+                requested_at=e.observed_at,
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                first_offset=first_offset,
+                records=n_events,
+                sealed_records=n_sealed,
+                clear_records=n_events - n_sealed,
+                key_ids=[k for k, _ in shredded],
+                key_fingerprints=[f for _, f in shredded],
+                purged={
+                    "postgres": {
+                        "versions": n_versions,
+                        "events": n_events,
+                        "accesses": n_accesses,
+                        "pending_index": n_outbox,
+                    }
+                },
+            ),
+        )
+        return {k for k, _ in shredded}
 
 
 def _log_dead_letters(letters: Sequence[DeadLetter]) -> None:

@@ -148,6 +148,8 @@ CREATE TABLE IF NOT EXISTS access_counts (
     last_accessed_at  timestamptz NOT NULL,
     PRIMARY KEY (tenant, memory_id)
 );
+-- /v1/stats' most-served facts: the first rows of this index, in the order queries.access_summary sorts them
+CREATE INDEX IF NOT EXISTS access_counts_most ON access_counts (tenant, accesses DESC, last_accessed_at DESC, memory_id);
 -- the version ids of erased subjects, as sha256(salt || version_id) (the erasure salt of `meta`): an access of
 -- an erased version that arrives after the erasure (a lagging projector, a replay) is dropped, not counted
 CREATE TABLE IF NOT EXISTS erased_versions (
@@ -172,7 +174,16 @@ CREATE OR REPLACE VIEW counts_recount AS
     SELECT tenant, 'events' AS name, count(*) AS n FROM events GROUP BY tenant
     UNION ALL SELECT tenant, 'versions', count(*) FROM fact_versions GROUP BY tenant
     UNION ALL SELECT tenant, 'outbox', count(*) FROM search_outbox GROUP BY tenant
-    UNION ALL SELECT '', 'dead_letters/' || topic, count(*) FROM dead_letters GROUP BY topic;
+    UNION ALL SELECT '', 'dead_letters/' || topic, count(*) FROM dead_letters GROUP BY topic
+    -- /v1/stats' access counters (projections.postgres.accesses): facts with an active version, those of them
+    -- with accesses, and their accesses
+    UNION ALL SELECT f.tenant, x.name, CASE x.name WHEN 'facts_active' THEN count(*)
+                                                   WHEN 'facts_active_served' THEN count(a.memory_id)
+                                                   ELSE coalesce(sum(a.accesses), 0)::bigint END
+        FROM (SELECT DISTINCT tenant, memory_id FROM fact_versions WHERE status = 'active') f
+        LEFT JOIN access_counts a ON a.tenant = f.tenant AND a.memory_id = f.memory_id
+        CROSS JOIN (VALUES ('facts_active'), ('facts_active_served'), ('accesses_active')) AS x(name)
+        GROUP BY f.tenant, x.name;
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM meta WHERE name = 'counts') THEN
@@ -182,9 +193,34 @@ BEGIN
         INSERT INTO meta (name, value) VALUES ('counts', 'recounted at ' || now());
     END IF;
 END $$;
+-- the access counters, once, in a schema whose counters predate them (a fresh schema counts zero rows here)
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM meta WHERE name = 'counts_access') THEN
+        LOCK TABLE fact_versions, access_counts IN SHARE MODE;
+        DELETE FROM counts WHERE name IN ('facts_active', 'facts_active_served', 'accesses_active');
+        INSERT INTO counts (tenant, name, shard, n) SELECT tenant, name, 0, n FROM counts_recount
+            WHERE name IN ('facts_active', 'facts_active_served', 'accesses_active');
+        INSERT INTO meta (name, value) VALUES ('counts_access', 'recounted at ' || now());
+    END IF;
+END $$;
 -- versions breaking a row-local rule of /v1/stats' invariants (normally none, so counting them reads an empty
 -- index); the predicate is projections.postgres.stats.SUSPECT, word for word, so the planner uses the index
 CREATE INDEX IF NOT EXISTS fact_versions_suspect ON fact_versions (tenant) WHERE
     (status = 'superseded' AND superseded_by IS NULL) OR (status = 'active' AND superseded_by IS NOT NULL)
     OR ((superseded_by IS NULL) <> (superseded_at IS NULL))
     OR ((source->>'type') = 'explicit' AND confidence <> 1.0);
+
+-- issue 13: the data key that sealed each event (NULL: a clear record); an erasure record counts both kinds
+ALTER TABLE events ADD COLUMN IF NOT EXISTS key_id text;
+
+-- issue 14: what the indexer has made searchable, in order (projections.search.vocab): each API process reads only
+-- the rows after its watermark into the tenant's cue vocabulary, so a new entity or alias is a cue for the first
+-- recall after its document is indexed, with no TTL. The indexer keeps the newest rows only (VOCAB_LOG_KEEP); an
+-- API process whose watermark is older than the oldest row reloads the tenant whole.
+CREATE TABLE IF NOT EXISTS vocab_log (
+    seq         bigserial PRIMARY KEY,
+    tenant      text NOT NULL,
+    version_id  text NOT NULL
+);
+CREATE INDEX IF NOT EXISTS vocab_log_tenant ON vocab_log (tenant, seq);

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from projections.postgres.counts import EVENTS, OUTBOX, VERSIONS, dead_letters_name
+from projections.postgres.counts import ACCESS_COUNTERS, EVENTS, OUTBOX, VERSIONS, dead_letters_name
 from projections.postgres.queries import invariant_counts
 
 __all__ = ["INVARIANT_CAP", "SUSPECT", "recount_check", "stats_counts"]
@@ -89,6 +89,7 @@ async def recount_check(conn: psycopg.AsyncConnection, tenant: str, topic: str) 
     and the rows they count are then read at the same instant, so writers running meanwhile cause no drift.
     """
     names = {EVENTS: "events_applied", VERSIONS: "versions", OUTBOX: "search_outbox_pending"}
+    names |= {name: name for name in ACCESS_COUNTERS}  # /v1/stats `access` (facts_active, ...)
     dead = dead_letters_name(topic)
     t0 = time.perf_counter()
     async with conn.transaction():

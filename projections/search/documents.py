@@ -6,6 +6,7 @@ same document: redelivery and crash-redo are harmless.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +22,7 @@ from projections.search.cues import (
     normalize_entity,
     subject_ids,
 )
+from projections.search.stemming import STEM_FIELD, stem_text
 
 __all__ = ["ROW_COLUMNS", "build_doc", "embedding_text_for", "rows_sql", "status_fields"]
 
@@ -62,8 +64,17 @@ def embedding_text_for(row: dict[str, Any]) -> str:
     return embedding_text(row["content"], row["key"], row["aliases"] or ())
 
 
-def build_doc(row: dict[str, Any], vector: list[float] | None) -> dict[str, Any]:
-    """The whole document of one version; `vector` None leaves the embedding out (partial update)."""
+def vectors_doc(vectors: Sequence[tuple[str, str, list[float]]]) -> dict[str, Any]:
+    """A document's vectors, (field, model, vector) each, and `embed_model`: the models that made them (issue 15,
+    projections.languages; a search asks only for vectors of the model it embedded the question with)."""
+    return {**{f: v for f, _, v in vectors}, "embed_model": [m for _, m, _ in vectors]}
+
+
+def build_doc(
+    row: dict[str, Any], vector: list[float] | None, *, vectors: Sequence[tuple[str, str, list[float]]] = ()
+) -> dict[str, Any]:
+    """The whole document of one version; `vector` None (and no `vectors`) leaves the embedding out (partial
+    update). `vectors`: (field, model, vector) per model (Embedders.vectors), recorded with their models."""
     aliases = row["aliases"] or []
     tags = row["tags"] or []
     key = row["key"]
@@ -84,6 +95,7 @@ def build_doc(row: dict[str, Any], vector: list[float] | None) -> dict[str, Any]
         "aliases_text": " ; ".join(aliases) or None,
         "tags": list(tags),
         "content": row["content"],
+        STEM_FIELD: stem_text(row["content"]),  # English stems: the server has no stemmer (mapping)
         "valid_from": _iso(row["valid_from"]),
         "observed_at": _iso(row["observed_at"]),
         "confidence": row["confidence"],
@@ -92,4 +104,6 @@ def build_doc(row: dict[str, Any], vector: list[float] | None) -> dict[str, Any]
     }
     if vector is not None:
         doc["embedding"] = vector
+    if vectors:
+        doc.update(vectors_doc(vectors))
     return doc

@@ -25,15 +25,17 @@ from elasticsearch.helpers import streaming_bulk
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from producers.keys.store import search_purged
 from producers.logs import bind_ids, new_id, unbind_ids
 from producers.metrics import serve as serve_metrics
 from producers.settings import Settings
-from projections.embedding import Embedder, load_embedder
+from projections.embedding import Embedder, Embedders, load_embedder
 from projections.postgres.counts import INDEXER_SHARD, OUTBOX, add_counts
 from projections.search import metrics
 from projections.search.documents import build_doc, embedding_text_for, rows_sql, status_fields
 from projections.search.ids import doc_ids, tenant_query
 from projections.search.mapping import ensure_index
+from projections.search.vocab import log_indexed
 
 __all__ = ["drain_once", "lock_key", "run_indexer", "DrainStats"]
 
@@ -127,15 +129,15 @@ def _existing(es: Elasticsearch, index: str, ids: list[str]) -> set[str]:
     return {d["_id"] for d in docs if d.get("found")}
 
 
-def _index_actions(index: str, rows: list[dict[str, Any]], embedder: Embedder, stats: DrainStats) -> list[dict]:
+def _index_actions(index: str, rows: list[dict[str, Any]], embedder: Embedders, stats: DrainStats) -> list[dict]:
     if not rows:
         return []
     started = time.perf_counter()
-    vectors = embedder.embed([embedding_text_for(r) for r in rows])
+    vectors = embedder.vectors([embedding_text_for(r) for r in rows])  # each by its language's model (issue 15)
     metrics.embedding(len(rows), time.perf_counter() - started)
     stats.embedded += len(rows)
     return [
-        {"_op_type": "index", "_index": index, "_id": r["version_id"], "_source": build_doc(r, v.tolist())}
+        {"_op_type": "index", "_index": index, "_id": r["version_id"], "_source": build_doc(r, None, vectors=v)}
         for r, v in zip(rows, vectors, strict=True)
     ]
 
@@ -144,7 +146,7 @@ def drain_once(
     settings: Settings,
     conn: psycopg.Connection,
     es: Elasticsearch,
-    embedder: Embedder,
+    embedder: Embedder | Embedders,
     *,
     batch_size: int = BATCH_SIZE,
     refresh: bool = False,
@@ -161,7 +163,7 @@ def drain_once(
     if not try_lock(conn, key):
         return 0
     try:
-        return _drain(settings, conn, es, embedder, batch_size, refresh, stats)
+        return _drain(settings, conn, es, Embedders.of(settings, embedder), batch_size, refresh, stats)
     finally:
         unlock(conn, key)
 
@@ -170,7 +172,7 @@ def _drain(
     settings: Settings,
     conn: psycopg.Connection,
     es: Elasticsearch,
-    embedder: Embedder,
+    embedder: Embedders,
     batch_size: int,
     refresh: bool,
     stats: DrainStats,
@@ -190,7 +192,8 @@ def _drain(
 
     # erasures first: the upserts below re-assert whatever PostgreSQL still holds
     failed_ids: set[str] = set()
-    actions = _delete_subjects(conn, es, index, erased)
+    per_subject = {pair: _delete_subjects(conn, es, index, [pair]) for pair in erased}
+    actions = [a for pair in erased for a in per_subject[pair]]
     actions += [{"_op_type": "delete", "_index": index, "_id": v} for v in version_ids if v not in rows]
     actions += [
         {"_op_type": "update", "_index": index, "_id": v, "doc": status_fields(rows[v])}
@@ -231,6 +234,11 @@ def _drain(
         # /v1/stats' outbox counters, in the same transaction (projections.postgres.counts)
         removed = Counter((tenant, OUTBOX) for (tenant,) in gone)
         add_counts(conn, {k: -n for k, n in removed.items()}, shard=INDEXER_SHARD)
+        # issue 14: what is now searchable, for the API's vocabularies (projections.search.vocab)
+        log_indexed(conn, [(t, v) for _, v, t, _, op in batch if op == "upsert" and v in rows and v not in failed_ids])
+        if erased and not failed_ids:  # issue 13: the erasure records learn what the search projection deleted
+            for (tenant, subject), deletes in per_subject.items():
+                search_purged(conn.cursor(), settings.keys_schema, tenant, subject, len(deletes))
     stats.rows += len(done)
     if stats.failed:
         log.warning("indexer: %d documents failed, kept in the outbox: %s", len(failed_ids), stats.failed[:3])
@@ -253,7 +261,7 @@ def run_indexer(
     """
     poll_seconds = settings.indexer_poll_s if poll_seconds is None else poll_seconds
     batch_size = settings.indexer_batch_size if batch_size is None else batch_size
-    embedder = load_embedder(settings)
+    embedder = Embedders(settings, load_embedder(settings))
     es = Elasticsearch(settings.es_url, request_timeout=30)
     conn: psycopg.Connection | None = None
     backoff = 0.5

@@ -4,6 +4,11 @@ The server build ships no analysis-common plugin (no `cjk`, `smartcn`, `ik`), so
 text uses what core has: the `standard` tokenizer (one token per Han character) +
 `lowercase` + a `shingle` filter, i.e. unigrams and bigrams. "后端端口" and
 "backend port" are then both searchable by BM25.
+
+Nor does it ship a stemmer: `content_stem` holds English stems computed in Python
+(projections.search.stemming) under the core `whitespace` analyzer. A field added to the
+mapping later (ADDED_FIELDS) is put on an existing index by `ensure_index`, so a new
+document can carry it; `ledger reindex` fills it for the documents written before.
 """
 
 from __future__ import annotations
@@ -14,8 +19,14 @@ from typing import Any
 from elasticsearch import Elasticsearch, NotFoundError
 
 from producers.settings import Settings
+from projections.languages import EN_FIELD
+from projections.models import model_spec
 
 __all__ = ["ensure_index", "index_body", "new_physical_name", "physical_indices", "create_physical"]
+
+STEM_MAPPING = {"type": "text", "analyzer": "whitespace"}  # built in: the stems are computed before indexing
+# fields added after indices existed: ensure_index puts them on an existing index (a mapping only grows)
+ADDED_FIELDS = {"content_stem": STEM_MAPPING}
 
 ANALYSIS = {
     "filter": {"bigram": {"type": "shingle", "max_shingle_size": 2}},
@@ -23,8 +34,21 @@ ANALYSIS = {
 }
 
 
-def index_body(dim: int, *, shards: int = 1, refresh_interval: str = "1s") -> dict[str, Any]:
-    """Settings and strict mappings for one physical index of fact versions."""
+HNSW = {"type": "hnsw"}
+
+
+def _vector(dim: int) -> dict[str, Any]:
+    return {"type": "dense_vector", "dims": dim, "similarity": "cosine", "index": True, "index_options": HNSW}
+
+
+def vector_fields(settings: Settings, dim: int | None = None) -> dict[str, Any]:
+    """issue 15: the model-name field and the English model's vector field (projections.languages)."""
+    return {"embed_model": {"type": "keyword"}, EN_FIELD: _vector(dim or model_spec(settings.embed_model_en).dim)}
+
+
+def index_body(dim: int, *, shards: int = 1, refresh_interval: str = "1s", en_dim: int | None = None) -> dict[str, Any]:
+    """Settings and strict mappings for one physical index of fact versions (`en_dim`: embedding_en's, issue 15;
+    None: the same as `dim`)."""
     keyword = {"type": "keyword"}
     text = {"type": "text", "analyzer": "cjk_bigram"}
     return {
@@ -55,19 +79,16 @@ def index_body(dim: int, *, shards: int = 1, refresh_interval: str = "1s") -> di
                 "tags": keyword,
                 "superseded_by": keyword,
                 "content": text,
+                "content_stem": STEM_MAPPING,  # English stems of the content (projections.search.stemming)
                 "valid_from": {"type": "date"},
                 "valid_to": {"type": "date"},  # effective end: min(valid_to, superseded_at)
                 "observed_at": {"type": "date"},
                 "version": {"type": "integer"},
                 "confidence": {"type": "float"},
                 "importance": {"type": "float"},
-                "embedding": {
-                    "type": "dense_vector",
-                    "dims": dim,
-                    "similarity": "cosine",
-                    "index": True,
-                    "index_options": {"type": "hnsw"},
-                },
+                "embedding": _vector(dim),  # embed_model's vectors
+                "embed_model": keyword,  # the model that made the document's vector (issue 15)
+                "embedding_en": _vector(en_dim or dim),  # embed_model_en's vectors (projections.languages)
             },
         },
     }
@@ -95,13 +116,29 @@ def create_physical(es: Elasticsearch, alias: str, dim: int, **kw: Any) -> str:
     return name
 
 
+_GROWN: set[str] = set()  # physical indices this process has put ADDED_FIELDS on (ensure_index runs every batch)
+
+
+def _grow(es: Elasticsearch, name: str, settings: Settings) -> None:
+    """Put ADDED_FIELDS on an index created before them, once per process (idempotent: the same definitions).
+
+    The issue-15 vector field only where it is missing: an index whose `embedding_en` has another dimension than
+    the configured English model's keeps it (its documents then fail to index, loudly: switching is a reindex)."""
+    if name not in _GROWN:
+        have = es.indices.get_mapping(index=name)[name]["mappings"].get("properties", {})
+        added = {k: v for k, v in vector_fields(settings).items() if k not in have}
+        es.indices.put_mapping(index=name, properties={**ADDED_FIELDS, **added})
+        _GROWN.add(name)
+
+
 def ensure_index(es: Elasticsearch, settings: Settings, dim: int) -> str:
     """Make sure the alias exists (creating its first physical index); return the physical name. Idempotent."""
     alias = settings.es_index
     current = physical_indices(es, alias)
     if current:
+        _grow(es, current[-1], settings)
         return current[-1]
-    name = create_physical(es, alias, dim)
+    name = create_physical(es, alias, dim, en_dim=vector_fields(settings)["embedding_en"]["dims"])
     try:
         es.indices.update_aliases(actions=[{"add": {"index": name, "alias": alias, "is_write_index": True}}])
     except Exception:

@@ -21,11 +21,12 @@ from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 
 from producers.settings import Settings
-from projections.embedding import Embedder
+from projections.embedding import Embedder, Embedders
+from projections.languages import EN_FIELD
 from projections.search.documents import build_doc, embedding_text_for, rows_sql
 from projections.search.ids import doc_ids, doc_ids_async, tenant_query
 from projections.search.indexer import lock_key
-from projections.search.mapping import create_physical, physical_indices
+from projections.search.mapping import create_physical, physical_indices, vector_fields
 
 __all__ = ["orphans", "orphans_async", "reindex"]
 
@@ -40,28 +41,32 @@ def reindex(
     settings: Settings,
     conn: psycopg.Connection,
     es: Elasticsearch,
-    embedder: Embedder,
+    embedder: Embedder | Embedders,
     *,
     batch_size: int = 256,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Index every fact version into `<alias>-<ts>`, point the alias at it, delete the old index."""
+    """Index every fact version into `<alias>-<ts>`, point the alias at it, delete the old index.
+
+    Every version is re-embedded by the configured model of its language (issue 15): switching a model is this."""
     _set_path(conn, settings)
+    embedder = Embedders.of(settings, embedder)
     alias = settings.es_index
     t0 = time.monotonic()
     conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (lock_key(settings),))
     try:
         total = conn.execute("SELECT count(*) FROM fact_versions").fetchone()[0]
-        new = create_physical(es, alias, embedder.dim, refresh_interval="-1")
+        en_dim = vector_fields(settings)[EN_FIELD]["dims"]
+        new = create_physical(es, alias, embedder.dim, refresh_interval="-1", en_dim=en_dim)
         done = 0
         try:
             with conn.transaction(), conn.cursor(name="reindex", row_factory=dict_row) as cur:
                 cur.itersize = batch_size
                 cur.execute(rows_sql(sql.SQL("true")) + sql.SQL(" ORDER BY f.version_id"))
                 while rows := cur.fetchmany(batch_size):
-                    vectors = embedder.embed([embedding_text_for(r) for r in rows])
+                    vectors = embedder.vectors([embedding_text_for(r) for r in rows])
                     actions = [
-                        {"_index": new, "_id": r["version_id"], "_source": build_doc(r, v.tolist())}
+                        {"_index": new, "_id": r["version_id"], "_source": build_doc(r, None, vectors=v)}
                         for r, v in zip(rows, vectors, strict=True)
                     ]
                     for ok, info in streaming_bulk(es, actions, max_retries=6, initial_backoff=0.5, max_backoff=16):

@@ -1,9 +1,14 @@
-"""A tenant's cue vocabulary (entity ids, subjects, key aliases) read from PostgreSQL, cached briefly.
+"""A tenant's cue vocabulary (entity ids, subjects, key aliases) read from PostgreSQL, kept up to date incrementally.
 
-The cache keeps recall's exact path to one ES query and one PG query; a new alias or
-entity becomes a cue within about `ttl` seconds, or `min_age` after a query that found nothing
-(until then an id-shaped token still anchors the exact stage, and keyword/semantic find the rest).
-A reload scans the tenant's versions (~0.5 s at 83k versions), hence the long ttl.
+A full load scans the tenant's versions (~0.5 s at 83k versions), so it happens once per process and tenant (and
+after an erasure). After that, the vocabulary follows the indexer (issue 14): the indexer appends each version it
+made searchable to `vocab_log` (a sequence per row) in the transaction that completes its batch, and every recall
+first reads the tenant's newest sequence (one index probe, ~0.3 ms); when it is past the cached watermark, only
+the versions after it are read and merged (`Vocabulary.merged`). So a new entity, subject or alias is a cue for
+the first recall after its document is indexed, in every API process, and no TTL decides it. A watermark the log
+no longer reaches (pruned, or a rebuilt schema whose sequence restarted) means a full reload. The watermark reads
+sequences in commit order because one indexer writes the log at a time (its advisory lock); indexers that write
+concurrently would need a commit-ordered watermark (e.g. a short lag window), or a row committed late is skipped.
 
 Erasure cannot wait for the ttl: a cached vocabulary would keep naming the erased subject and its
 key aliases in recall's `cues`. The recorder runs `pg_notify('memory_ledger_erasure', {schema,
@@ -22,16 +27,37 @@ import time
 from collections.abc import Callable
 
 import orjson
+import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from projections.search.cues import Vocabulary
 
-__all__ = ["ERASURE_CHANNEL", "ErasureListener", "VocabularyCache", "load_vocabulary"]
+__all__ = ["ERASURE_CHANNEL", "VOCAB_LOG_KEEP", "ErasureListener", "VocabularyCache", "load_vocabulary", "log_indexed"]
 
 ERASURE_CHANNEL = "memory_ledger_erasure"  # the recorder's pg_notify channel: {schema, tenant, subject}
 
 log = logging.getLogger(__name__)
+
+VOCAB_LOG_KEEP = 200_000  # rows of vocab_log the indexer keeps (an API process further behind reloads whole)
+
+_MARKS = "SELECT (SELECT min(seq) FROM vocab_log), (SELECT max(seq) FROM vocab_log WHERE tenant = %s)"
+_DELTA = """
+SELECT f.entities, f.subject, f.key, f.aliases FROM vocab_log l JOIN fact_versions f ON f.version_id = l.version_id
+WHERE l.tenant = %s AND l.seq > %s AND l.seq <= %s
+"""
+
+
+def log_indexed(conn: psycopg.Connection, indexed: list[tuple[str, str]]) -> None:
+    """The indexer made these (tenant, version_id) searchable: log them for the API's vocabularies (its transaction)."""
+    if not indexed:
+        return
+    conn.execute(
+        "INSERT INTO vocab_log (tenant, version_id) SELECT * FROM unnest(%s::text[], %s::text[])",
+        ([t for t, _ in indexed], [v for _, v in indexed]),
+    )
+    conn.execute("DELETE FROM vocab_log WHERE seq <= (SELECT max(seq) FROM vocab_log) - %s", (VOCAB_LOG_KEEP,))
+
 
 _SQL = """
 SELECT 'e', e, NULL::text[] FROM (SELECT DISTINCT unnest(entities) AS e FROM fact_versions WHERE tenant = %(t)s) x
@@ -153,19 +179,22 @@ class ErasureListener:
 
 
 class VocabularyCache:
-    """Per (schema, tenant) vocabulary, stale-while-revalidate.
+    """Per (schema, tenant) vocabulary with its watermark in `vocab_log` (see the module docstring).
 
-    A fresh entry (younger than `ttl`) is served as is; an older one is still served while one
-    background task reloads it, so no request waits for a reload; only a tenant's very first
-    recall waits for its load (concurrent first requests share it).
+    `get` asks PostgreSQL for the tenant's newest logged sequence on every call and brings the cached copy up to it
+    first (a delta, or a full load the first time, after an erasure, or when the log no longer reaches the
+    watermark); concurrent callers share one load. `ttl` and `nudge` are kept for callers: the watermark makes
+    them unnecessary.
     """
 
     def __init__(self, ttl: float = 30.0, max_tenants: int = 1024) -> None:
         self.ttl, self.max_tenants = ttl, max_tenants
-        self._items: dict[tuple[str, str], tuple[float, Vocabulary]] = {}
+        self._items: dict[tuple[str, str], tuple[int, Vocabulary]] = {}  # key -> (watermark, vocabulary)
         self._loading: dict[tuple[str, str], asyncio.Task[Vocabulary]] = {}
         self._generation: dict[tuple[str, str], int] = {}  # bumped by invalidate(): a load begun before is stale
         self.invalidations = 0
+        self.full_loads = 0  # for tests and the bench: how often a tenant was read whole
+        self.delta_loads = 0
         self.listener: ErasureListener | None = None
 
     def invalidate(self, schema: str | None = None, tenant: str | None = None) -> None:
@@ -194,25 +223,50 @@ class VocabularyCache:
         if self.listener is not None:
             await self.listener.aclose()
 
-    async def _load(self, pool: AsyncConnectionPool, key: tuple[str, str], generation: int) -> Vocabulary:
+    def watermark(self, schema: str, tenant: str) -> int | None:
+        hit = self._items.get((schema, tenant))
+        return None if hit is None else hit[0]
+
+    async def _refresh(
+        self, pool: AsyncConnectionPool, key: tuple[str, str], newest: int, delta_from: int | None, generation: int
+    ) -> Vocabulary:
+        """Bring the entry to `newest`: the rows after `delta_from` merged into the cached copy, or a full load."""
         async with pool.connection() as conn:
-            entities, subjects, key_aliases = await _rows(conn, key[1])
-        # building is CPU work proportional to the tenant's data: keep it off the event loop
-        vocab = await asyncio.to_thread(
+            if delta_from is not None:
+                cur = await conn.execute(_DELTA, (key[1], delta_from, newest))
+                rows = await cur.fetchall()
+                entities = [e for ents, *_ in rows for e in ents or ()]
+                subjects = [s for _, s, _, _ in rows]
+                key_aliases = [(k, a or []) for _, _, k, a in rows if k is not None]
+            else:
+                entities, subjects, key_aliases = await _rows(conn, key[1])
+        # building is CPU work proportional to what was read: keep it off the event loop
+        built = await asyncio.to_thread(
             lambda: Vocabulary.build(entities=entities, subjects=subjects, key_aliases=key_aliases)
         )
+        if delta_from is not None:
+            self.delta_loads += 1
+            base = self._items.get(key)
+            vocab = built if base is None else base[1].merged(built)
+        else:
+            self.full_loads += 1
+            vocab = built
         if self._generation.get(key, 0) != generation:
             return vocab  # invalidated while loading (an erasure committed): serve this caller, cache nothing
         if key not in self._items and len(self._items) >= self.max_tenants:
             self._items.pop(next(iter(self._items)))
-        self._items[key] = (time.monotonic(), vocab)
+        self._items[key] = (newest, vocab)
         return vocab
 
-    def _start(self, pool: AsyncConnectionPool, key: tuple[str, str]) -> asyncio.Task[Vocabulary]:
+    def _start(
+        self, pool: AsyncConnectionPool, key: tuple[str, str], newest: int = 0, delta_from: int | None = None
+    ) -> asyncio.Task[Vocabulary]:
+        """The one load of `key` in flight, started if none is: up to `newest`, a delta after `delta_from` or whole."""
         task = self._loading.get(key)
         if task is None:
-            generation = self._generation.get(key, 0)  # as of now: an invalidation from here on voids the result
-            task = self._loading[key] = asyncio.get_running_loop().create_task(self._load(pool, key, generation))
+            generation = self._generation.get(key, 0)  # an invalidation from here on voids the result
+            task = asyncio.get_running_loop().create_task(self._refresh(pool, key, newest, delta_from, generation))
+            self._loading[key] = task
             task.add_done_callback(lambda t, k=key: self._done(k, t))
         return task
 
@@ -220,21 +274,35 @@ class VocabularyCache:
         if self._loading.get(key) is task:
             del self._loading[key]
         if not task.cancelled() and task.exception() is not None:
-            log.warning("vocabulary reload for %s failed: %s", key, task.exception())
+            log.warning("vocabulary load for %s failed: %s", key, task.exception())
 
     def nudge(self, pool: AsyncConnectionPool, schema: str, tenant: str, min_age: float = 5.0) -> None:
-        """The copy may be missing something a query asked for: reload in the background if it is older than
-        `min_age` seconds (so a burst of such queries costs at most one reload per `min_age`)."""
-        hit = self._items.get((schema, tenant))
-        if hit is not None and time.monotonic() - hit[0] >= min_age:
-            self._start(pool, (schema, tenant))
+        """Kept for callers: every `get` already reads what was indexed since the last one."""
+
+    async def _marks(self, pool: AsyncConnectionPool, tenant: str) -> tuple[int | None, int | None] | None:
+        """(oldest sequence in the log, the tenant's newest), or None for a schema without the log yet."""
+        async with pool.connection() as conn:
+            try:
+                cur = await conn.execute(_MARKS, (tenant,))
+            except psycopg.errors.UndefinedTable:
+                return None
+            row = await cur.fetchone()
+        return (row[0], row[1]) if row is not None else (None, None)
 
     async def get(self, pool: AsyncConnectionPool, schema: str, tenant: str) -> Vocabulary:
-        """The tenant's vocabulary; a connection is taken from `pool` only when it must be (re)loaded."""
+        """The tenant's vocabulary, including every version indexed before this call began."""
         key = (schema, tenant)
-        hit = self._items.get(key)
-        if hit is None:
-            return await asyncio.shield(self._start(pool, key))
-        if time.monotonic() - hit[0] >= self.ttl:
-            self._start(pool, key)  # refresh in the background, serve the stale copy now
-        return hit[1]
+        marks = await self._marks(pool, tenant)
+        oldest, newest = marks if marks is not None else (None, 0)
+        newest = newest or 0
+        while True:
+            hit = self._items.get(key)
+            if hit is not None and (marks is None or hit[0] == newest):
+                return hit[1]  # up to date (or an older schema without the log: loaded once, kept)
+            reaches = hit is not None and hit[0] < newest and (oldest is None or oldest <= hit[0] + 1)
+            task = self._start(pool, key, newest, hit[0] if reaches else None)  # type: ignore[index]
+            vocab = await asyncio.shield(task)
+            after = self._items.get(key)
+            if after is None or after[0] >= newest:  # invalidated meanwhile (serve what was read), or caught up
+                return vocab
+            # a load begun for an older watermark: go again from where it got to

@@ -16,7 +16,8 @@ this package only adds what a test needs around them.
 - pipeline: `pipeline(settings, seed=..., indexer=..., app=...)`, the whole ledger for one module.
 - browser (import it directly: it needs Playwright): `ApiServer` (uvicorn child on a free port), `chromium()`,
   `OfflinePage` (every request to another origin aborted); console_world / console_page: the audit console's
-  world and page object (tests/test_console.py, `python -m tests.support.shoot_console` for docs/console/).
+  world and page object (tests/test_console.py, `python -m tests.support.shoot_console` for docs/console/);
+  erasure_world: the Erasures view's world, encryption on and subjects erased (tests/test_console_erasures.py).
 """
 
 from tests.support.events import T0, TENANT, asserted, at, erased, facts, marked, wire

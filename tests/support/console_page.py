@@ -99,7 +99,7 @@ class ConsolePage:
         return self.page.eval_on_selector_all("#error .error-item", "es => es.map(e => e.dataset.code)")
 
     def view(self, name: str) -> str:
-        """Open a tab (facts, chain, asof, recall); the panel's state once it settles."""
+        """Open a tab (facts, chain, asof, recall, erasures); the panel's state once it settles."""
         self.page.click(f'#tabs button[data-view="{name}"]')
         return self._wait(f"#panel-{name}", also=("empty",))  # a load starts on the click: empty = nothing to load
 
@@ -182,10 +182,52 @@ class ConsolePage:
         """Per hit: the stage, the matched cue chips ({cue: text}), the scores ({name: text}), the verification text."""
         return self.page.eval_on_selector_all("#recall-hits tbody tr", _WHY_JS)
 
+    # -- erasures (issue 13) ----------------------------------------------------------------------------------------
+
+    def erasures(self, subject: str = "") -> str:
+        """In the Erasures view, list the records of `subject` ('' = every subject); the panel's state."""
+        self.page.click('#tabs button[data-view="erasures"]')
+        self._wait("#panel-erasures", also=("empty",))
+        self.page.fill("#erasures-subject", subject)
+        self.page.click("#erasures-find")
+        return self._wait("#panel-erasures")
+
+    def erased_note(self) -> dict[str, Any]:
+        """The subject head's erasure note: its text and the erasure ids it links to ('' and [] when hidden)."""
+        if not self.page.is_visible("#subject-erased"):
+            return {"text": "", "links": []}
+        links = self.page.eval_on_selector_all(
+            "#subject-erased a.erasure-link", "as => as.map(a => [a.dataset.erasureId, a.textContent])"
+        )
+        return {"text": self.page.text_content("#subject-erased") or "", "links": links}
+
+    def follow_erasure(self, erasure_id: str) -> str:
+        """Click the note's link to this erasure record; the Erasures panel's state once it settles."""
+        links = self.page.locator("#subject-erased a.erasure-link")
+        links.filter(has_text=erasure_id).first.click()
+        return self._wait("#panel-erasures")
+
+    def erasure_shown(self) -> str:
+        """The id of the record shown on its own above the list ('' when none)."""
+        if not self.page.is_visible("#erasure-detail"):
+            return ""
+        return self.page.eval_on_selector("#erasure-one tbody tr", "tr => tr.dataset.erasureId")
+
+    def erasure_keys(self, table: str = "erasures") -> list[list[tuple[str, str]]]:
+        """Per row of an erasures table: the destroyed keys shown, (key id, fingerprint) as text."""
+        return [
+            [tuple(k) for k in row]
+            for row in self.page.eval_on_selector_all(
+                f"#{table} tbody tr",
+                "rs => rs.map(r => [...r.querySelectorAll('.key')].map(k =>"
+                " [k.querySelector('.key-id').textContent, k.querySelector('.fingerprint').textContent]))",
+            )
+        ]
+
     # -- waiting ---------------------------------------------------------------------------------------------------
 
     def wait_panel(self, name: str, state: str) -> None:
-        """Until panel `name` (facts, chain, asof, recall) is in `state`."""
+        """Until panel `name` (facts, chain, asof, recall, erasures) is in `state`."""
         self.page.wait_for_function(
             "([sel, want]) => document.querySelector(sel)?.dataset.state === want", arg=[f"#panel-{name}", state]
         )

@@ -3,7 +3,8 @@
 Runs the console's world (tests.support.console_world: the real Kafka, PostgreSQL and Elasticsearch
 on private names, the worker, the indexer, the API as a server; all cleaned up after) and drives a
 headless Chromium through it with the same page object as tests/test_console.py, with every request
-to another origin blocked. Writes facts-timeline.png, version-chain.png, as-of.png and recall.png.
+to another origin blocked. Writes facts-timeline.png, version-chain.png, as-of.png and recall.png; then, in the
+erasure world (tests.support.erasure_world: encryption on, subjects erased), erasures.png.
 Needs the stack `python -m infra up` starts; docs/console.md shows the pictures.
 """
 
@@ -21,6 +22,8 @@ from producers.settings import REPO_ROOT, get_settings  # noqa: E402
 from tests.support.browser import OfflinePage, chromium  # noqa: E402
 from tests.support.console_page import ConsolePage  # noqa: E402
 from tests.support.console_world import AUDITOR_KEY, SUBJECT, console_world  # noqa: E402
+from tests.support.erasure_world import AUDITOR_KEY as ERASURE_KEY  # noqa: E402
+from tests.support.erasure_world import GONE, erasure_settings, erasure_world  # noqa: E402
 
 RECALL_QUERY = "P1 的后端服务地址是什么"  # "what is P1's backend address?": the alias cue finds it exactly
 AS_OF, KNOWN_AT = "2026-03-06T00:00:00.000000Z", "2026-03-11T00:00:00.000000Z"  # inside the trip override
@@ -57,7 +60,28 @@ def shoot(out: Path) -> list[Path]:
         picture("recall.png")
         if tab.blocked or tab.errors:
             raise SystemExit(f"the console reached outside the service or threw: {tab.blocked} {tab.errors}")
-    return written
+    return [*written, shoot_erasures(out)]
+
+
+def shoot_erasures(out: Path) -> Path:
+    """erasures.png: an erased subject, its note and its erasure record (issue 13)."""
+    path = out / "erasures.png"
+    settings = erasure_settings(get_settings(), f"shots_{uuid.uuid4().hex[:8]}")
+    with (
+        erasure_world(settings) as world,
+        chromium() as browser,
+        OfflinePage(browser, world.url, width=1600, height=800) as tab,
+    ):
+        console = ConsolePage(tab.page)
+        console.open()
+        console.login(ERASURE_KEY)
+        assert console.type_subject(GONE) == "ready", console.error()
+        assert console.follow_erasure(world.erasures[GONE]) == "ready", console.error()
+        tab.page.evaluate("document.activeElement && document.activeElement.blur()")
+        tab.page.screenshot(path=str(path), full_page=True)
+        if tab.blocked or tab.errors:
+            raise SystemExit(f"the console reached outside the service or threw: {tab.blocked} {tab.errors}")
+    return path
 
 
 def main(argv: list[str] | None = None) -> None:

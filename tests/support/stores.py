@@ -91,6 +91,7 @@ def private_store(settings: Settings) -> Iterator[tuple[psycopg.Connection, Elas
         conn.close()
         with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
             drop_schema(admin, settings.pg_schema)
+            drop_schema(admin, settings.keys_schema)  # the key store a recorder created beside it (issue 13)
 
 
 def _drop_indices(es: Elasticsearch, settings: Settings) -> None:

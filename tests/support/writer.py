@@ -17,6 +17,7 @@ import psycopg
 from elasticsearch import Elasticsearch
 
 from producers.contract import EventType, MemoryEvent, Source, SourceType, encode
+from producers.keys.store import key_context
 from producers.records import decode_record
 from producers.settings import Settings
 from projections.postgres.recorder import BatchResult, Recorder, connect
@@ -35,7 +36,9 @@ class RecorderWriter:
     def __init__(self, settings: Settings, conn: psycopg.Connection | None = None) -> None:
         self.settings = settings
         self.conn = connect(settings.pg_dsn, settings.pg_schema)
-        self.recorder = Recorder(self.conn, consumer="search-tests", topic=settings.topic)
+        keys = key_context(settings, self.conn)  # as the worker: erasures shred and leave their record (issue 13)
+        self.conn.commit()
+        self.recorder = Recorder(self.conn, consumer="search-tests", topic=settings.topic, keys=keys)
         self.offset = 0
 
     def close(self) -> None:

@@ -5,7 +5,7 @@
  * tests/test_console.py fails on any of the DOM's HTML-parsing calls in this file).
  * The page is served with a CSP that allows only this service's script, styles and API.
  *
- * State lives in the URL hash (#tenant=..&subject=..&view=..), so a view can be linked and reloaded;
+ * State lives in the URL hash (#tenant=..&subject=..&view=..&erasure=..), so a view can be linked and reloaded;
  * the API key lives in sessionStorage (this tab only) and goes out as X-API-Key.
  * Each panel carries data-state (empty | loading | ready | error): the browser test waits on it.
  */
@@ -14,7 +14,8 @@
 (() => {
   const KEY_STORE = "memory-ledger.console.api-key";
   const API = new URL("v1/", document.baseURI); // the page is <root>/console, the API <root>/v1/
-  const VIEWS = ["facts", "chain", "asof", "recall"];
+  const VIEWS = ["facts", "chain", "asof", "recall", "erasures"];
+  const ERASURES_LIMIT = 100; // records listed per request (the API allows up to 500)
 
   const $ = (id) => document.getElementById(id);
 
@@ -159,11 +160,19 @@
     asofSeq: 0,
     valid: [], // as-of change points: [{t, what: [..]}], the last is "now"
     known: [], // known-at points, the last is "everything"
+    erasure: null, // the erasure record shown in the Erasures view (its erasure id)
+    erasuresSeq: 0, // the latest Erasures load: an earlier one that answers late is dropped
   };
 
   function readHash() {
     const h = new URLSearchParams(location.hash.slice(1));
-    return { tenant: h.get("tenant"), subject: h.get("subject"), view: h.get("view"), memory: h.get("fact") };
+    return {
+      tenant: h.get("tenant"),
+      subject: h.get("subject"),
+      view: h.get("view"),
+      memory: h.get("fact"),
+      erasure: h.get("erasure"),
+    };
   }
 
   function writeHash() {
@@ -172,6 +181,7 @@
     if (state.subject) h.set("subject", state.subject);
     if (state.view !== "facts") h.set("view", state.view);
     if (state.view === "chain" && state.chainMemory) h.set("fact", state.chainMemory);
+    if (state.view === "erasures" && state.erasure) h.set("erasure", state.erasure);
     const next = "#" + h.toString();
     if (location.hash !== next) history.replaceState(null, "", next);
   }
@@ -211,9 +221,11 @@
     $("who").hidden = false;
     const h = readHash();
     await openTenant(h.tenant || state.tenants[0] || null, false);
+    state.erasure = h.erasure;
     if (h.view && VIEWS.includes(h.view)) selectView(h.view, false);
     if (h.subject) await openSubject(h.subject, h.memory);
     else writeHash();
+    if (state.view === "erasures") await loadErasures();
   }
 
   // -- tenants and subjects ---------------------------------------------------------------------------------------
@@ -221,10 +233,14 @@
   async function openTenant(tenant, write = true) {
     state.tenant = tenant;
     state.subject = null;
+    state.erasure = null;
+    state.erasuresSeq++; // a load of the previous tenant's erasures still under way is dropped
     if (state.tenants.includes(tenant)) $("tenant").value = tenant;
     resetSubject();
+    resetErasures();
     if (write) writeHash();
     await searchSubjects();
+    if (write && state.view === "erasures") await loadErasures();
   }
 
   async function searchSubjects() {
@@ -275,6 +291,8 @@
     $("chain-fact").replaceChildren();
     $("facts-count").textContent = "";
     $("events-count").textContent = "";
+    $("subject-erased").hidden = true;
+    $("subject-erased").replaceChildren();
   }
 
   async function openSubject(subject, memory) {
@@ -301,6 +319,10 @@
         `${state.events.length} events, ${state.facts.length} facts holding now (${facts.as_of})`;
       buildChainChoices();
       buildAsofPoints();
+      if (state.events.some((e) => e.type === "subject.erased")) {
+        const erased = await api("GET", "erasures", { params: { ...params, subject, limit: ERASURES_LIMIT } });
+        renderErasedNote(subject, erased.erasures);
+      }
     });
     if (panel.dataset.state !== "ready") return;
     if (memory) state.chainMemory = memory;
@@ -695,6 +717,209 @@
     });
   }
 
+  // -- erasures (issue 13: the records of crypto-shredding) ---------------------------------------------------------
+
+  const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+
+  /** The link that opens an erasure record in the Erasures view (a real fragment: it can be copied). */
+  function erasureLink(id, subject) {
+    const h = new URLSearchParams();
+    if (state.tenant) h.set("tenant", state.tenant);
+    if (state.subject) h.set("subject", state.subject);
+    h.set("view", "erasures");
+    h.set("erasure", id);
+    return el(
+      "a",
+      {
+        href: "#" + h.toString(),
+        class: "id erasure-link",
+        dataset: { erasureId: id },
+        onclick: (ev) => {
+          ev.preventDefault();
+          showErasure(id, subject);
+        },
+      },
+      id,
+    );
+  }
+
+  /** The subject head's note for a subject with subject.erased in its timeline: its erasure records. */
+  function renderErasedNote(subject, records) {
+    const box = $("subject-erased");
+    if (!records.length) {
+      box.replaceChildren(
+        badge("erased"),
+        " This subject has an erasure in its timeline but no erasure record: it was applied without a key store ",
+        "(encryption off), so no data key was destroyed.",
+      );
+    } else {
+      box.replaceChildren(
+        badge("erased"),
+        ` This subject was erased (${plural(records.length, "erasure record")}): `,
+        ...records.flatMap((r, i) => [
+          i ? "; " : "",
+          erasureLink(r.erasure_id, subject),
+          " applied ",
+          time(r.applied_at),
+          r.complete ? "" : " (the search index is not purged yet)",
+        ]),
+      );
+    }
+    box.hidden = false;
+  }
+
+  function showErasure(id, subject) {
+    state.erasure = id;
+    if (subject !== undefined) $("erasures-subject").value = subject; // from a subject: list its records
+    selectView("erasures");
+  }
+
+  function resetErasures() {
+    $("panel-erasures").dataset.state = "empty";
+    for (const id of ["erasures", "erasure-one"]) $(id).tBodies[0].replaceChildren();
+    $("erasure-detail").hidden = true;
+    $("erasures-count").textContent = "";
+  }
+
+  /** A purged count as text ("—" for a store that has not reported yet); times as the API spells them. */
+  const purgedValue = (k, v) => (v === null || v === undefined ? "—" : k.endsWith("_at") ? time(v) : show(v));
+
+  function erasureRow(r, linked) {
+    const led = r.ledger || {};
+    const recs = r.records || {};
+    const field = (name, ...children) => el("span", { dataset: { field: name } }, ...children);
+    const num = (v) => (v === null || v === undefined ? "—" : String(v));
+    return el(
+      "tr",
+      {
+        dataset: { erasureId: r.erasure_id, complete: String(r.complete) },
+        class: linked && r.erasure_id === state.erasure ? "selected" : null,
+      },
+      el(
+        "td",
+        { dataset: { field: "erasure_id" } },
+        linked ? erasureLink(r.erasure_id) : el("code", { class: "id" }, r.erasure_id),
+      ),
+      el(
+        "td",
+        { dataset: { field: "complete" } },
+        r.complete ? badge("yes", "complete") : badge("no", "incomplete"),
+      ),
+      el(
+        "td",
+        { class: "when" },
+        el("div", null, "requested ", field("requested_at", time(r.requested_at))),
+        el("div", null, "applied ", field("applied_at", time(r.applied_at))),
+      ),
+      el("td", { dataset: { field: "subject_digest" } }, el("code", { class: "digest" }, r.subject_digest)),
+      el(
+        "td",
+        { class: "records" },
+        field("records.total", num(recs.total)),
+        " records",
+        el("br"),
+        field("records.sealed", num(recs.sealed)),
+        " sealed · ",
+        field("records.clear", num(recs.clear)),
+        " clear",
+      ),
+      el(
+        "td",
+        { class: "keys", dataset: { field: "keys" } },
+        (r.keys || []).length
+          ? r.keys.map((k) =>
+              el(
+                "div",
+                { class: "key", dataset: { keyId: k.key_id } },
+                el("code", { class: "key-id" }, k.key_id),
+                el("br"),
+                "fingerprint ",
+                el("code", { class: "fingerprint" }, k.fingerprint),
+              ),
+            )
+          : el("span", { class: "none" }, "none (no sealed record)"),
+      ),
+      el(
+        "td",
+        { class: "purged" },
+        Object.entries(r.purged || {}).map(([store, counts]) =>
+          el(
+            "div",
+            { class: "store", dataset: { store } },
+            el("strong", null, store),
+            Object.entries(counts && typeof counts === "object" ? counts : { count: counts }).map(([k, v], i) => [
+              i ? " · " : " ", // outside the count: the line may wrap here
+              el(
+                "span",
+                { class: "purged-count" },
+                `${k.replaceAll("_", " ")} `,
+                field(`purged.${store}.${k}`, purgedValue(k, v)),
+              ),
+            ]),
+          ),
+        ),
+      ),
+      el(
+        "td",
+        { class: "ledger-range" },
+        field("ledger.topic", el("code", null, led.topic ?? "—")),
+        el("br"),
+        "partition ",
+        field("ledger.partition", num(led.partition)),
+        el("br"),
+        "offsets ",
+        field("ledger.first_offset", num(led.first_offset)),
+        " → ",
+        field("ledger.erasure_offset", num(led.erasure_offset)),
+        " (the erasure)",
+      ),
+    );
+  }
+
+  async function loadErasures() {
+    const panel = $("panel-erasures");
+    if (!state.tenant) return;
+    const seq = ++state.erasuresSeq;
+    clearError();
+    resetErasures();
+    writeHash();
+    const subject = $("erasures-subject").value;
+    const wanted = state.erasure;
+    panel.dataset.state = "loading";
+    try {
+      const params = { tenant: state.tenant, subject, limit: ERASURES_LIMIT };
+      const [list, one] = await Promise.all([
+        api("GET", "erasures", { params }),
+        wanted
+          ? api("GET", `erasures/${encodeURIComponent(wanted)}`, { params: { tenant: state.tenant } })
+          : Promise.resolve(null),
+      ]);
+      if (seq !== state.erasuresSeq) return; // a later load answers instead
+      if (one) {
+        $("erasure-title").replaceChildren(
+          "Erasure record ",
+          el("code", null, one.erasure_id),
+          one.complete ? " — complete" : " — not complete: the search index is not purged yet",
+        );
+        $("erasure-one").tBodies[0].replaceChildren(erasureRow(one, false));
+        $("erasure-detail").hidden = false;
+      }
+      $("erasures").tBodies[0].replaceChildren(...list.erasures.map((r) => erasureRow(r, true)));
+      $("erasures-title").firstChild.textContent = subject
+        ? `Erasure records of subject ${subject} `
+        : `Erasure records of tenant ${state.tenant} `;
+      const n = list.erasures.length;
+      $("erasures-count").textContent =
+        (n ? plural(n, "record") : "no erasure record") +
+        (n === ERASURES_LIMIT ? `, the newest ${ERASURES_LIMIT}: narrow by subject` : "");
+      panel.dataset.state = "ready";
+    } catch (err) {
+      if (seq !== state.erasuresSeq) return;
+      panel.dataset.state = "error";
+      showError(err);
+    }
+  }
+
   // -- views --------------------------------------------------------------------------------------------------------
 
   function selectView(view, load = true) {
@@ -707,6 +932,7 @@
     if (!load) return;
     if (view === "chain") loadChain();
     if (view === "asof" && $("panel-asof").dataset.state === "empty") loadAsof();
+    if (view === "erasures") loadErasures();
   }
 
   // -- wiring -------------------------------------------------------------------------------------------------------
@@ -762,13 +988,29 @@
       ev.preventDefault();
       runRecall();
     });
+    $("erasures-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      state.erasure = null;
+      loadErasures();
+    });
+    $("erasures-all").addEventListener("click", () => {
+      $("erasures-subject").value = "";
+      state.erasure = null;
+      loadErasures();
+    });
     window.addEventListener("hashchange", () => {
       if (!apiKey() || $("app").hidden) return;
       const h = readHash();
       const reopen = async () => {
+        const before = [state.tenant, state.view, state.erasure];
         if (h.tenant && h.tenant !== state.tenant) await openTenant(h.tenant, false);
         if (h.view && VIEWS.includes(h.view) && h.view !== state.view) selectView(h.view, false);
         if (h.subject && h.subject !== state.subject) await openSubject(h.subject, h.memory);
+        const moved = before[0] !== state.tenant || before[1] !== "erasures" || h.erasure !== before[2];
+        if (h.view === "erasures" && moved) {
+          state.erasure = h.erasure;
+          await loadErasures();
+        }
       };
       reopen();
     });

@@ -29,6 +29,7 @@ from projections.search.recall.fusion import rrf, single
 from projections.search.recall.index import ElasticIndex, SearchIndex
 from projections.search.recall.metrics import observe_stage
 from projections.search.recall.model import MODES, Candidate, Match, Mode, RecallQuery
+from projections.search.recall.rerank import Reranker
 from projections.search.recall.response import hit
 from projections.search.recall.scoring import BAND, Scored, Strength, by_fused_rank, by_overlap, scored
 from projections.search.recall.stages import ExactStage, KeywordStage, RecallContext, SemanticStage, Stage
@@ -116,18 +117,33 @@ class RecallEngine:
         observe: Observer | None = observe_stage,
     ) -> None:
         self.settings, self.es, self.pool = settings, es, pool
-        self.index: SearchIndex = index if index is not None else ElasticIndex(es, settings.es_index)
+        self.index: SearchIndex = (
+            index
+            if index is not None
+            else ElasticIndex(es, settings.es_index, stem_min_match=settings.keyword_stem_min_match)
+        )
         self.vocab = vocab or VocabularyCache(ttl=settings.vocab_ttl_s)
         self.access_weight = settings.access_prior_weight  # the access signal's share of the prior (scoring)
         self.observe = observe  # sees every timed stage (name, ms); default: the stage histogram (recall.metrics)
         self._embedder = embedder
         self._embedder_lock = asyncio.Lock()
+        self.reranker = Reranker(settings)  # the cross-encoder over the first fuzzy hits (recall.rerank)
+        self._by_model: dict[str, Embedder] = {}  # issue 15: the other language's model, loaded on first use
 
     async def aclose(self) -> None:
         """Stop the erasure listener (its PostgreSQL connection); the ES client and the pool are the caller's."""
         await self.vocab.aclose()
 
-    async def embedder(self) -> Embedder:
+    async def embedder(self, model: str | None = None) -> Embedder:
+        """The embedder of `model` (default: embed_model, or the one handed in), loaded once off the event loop."""
+        if model is not None and model != self.settings.embed_model:
+            async with self._embedder_lock:
+                if model not in self._by_model:
+                    loop = asyncio.get_running_loop()
+                    self._by_model[model] = await loop.run_in_executor(
+                        EMBED_EXECUTOR, lambda: load_embedder(self.settings, model=model)
+                    )
+            return self._by_model[model]
         if self._embedder is None:
             async with self._embedder_lock:
                 if self._embedder is None:  # CPU-bound load: keep the event loop free
@@ -145,7 +161,7 @@ class RecallEngine:
         at = q.as_of or now
         with trace.timed("cues"):
             cues = await self._cues(q, now)
-        ctx = RecallContext.of(q, at, cues, self.index, trace, self.embedder)
+        ctx = RecallContext.of(q, at, cues, self.index, trace, self.embedder, settings=self.settings)
 
         hits: list[Scored] = []
         for tier in MODE_TIERS[q.mode]:
@@ -163,6 +179,8 @@ class RecallEngine:
             self.vocab.nudge(self.pool, self.settings.pg_schema, q.tenant, min_age=self.settings.vocab_nudge_s)
         with trace.timed("rerank"):
             hits.sort(key=attrgetter("order"))
+            if self.reranker.wanted(q):  # fuzzy hits only, never above an exact one; timed `cross_encoder` apart
+                hits = await self.reranker.rerank(q, hits, trace)
             shown = [hit(h) for h in hits[: q.top_k]]
         return {"hits": shown, "cues": cues.as_dict(), "trace": trace.as_dict(at)}
 

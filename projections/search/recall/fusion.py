@@ -41,8 +41,13 @@ RRF_K = 5  # short lists (~10): a small k keeps rank 1 clearly above rank 2, abo
 RRF_NORM = 2 / (RRF_K + 1)  # the sum of being first in two lists
 
 
-def semantic_passes(cos: float, ranked: list[float], *, keyword: bool = False, narrowed: bool = False) -> bool:
-    """Whether a semantic hit with cosine `cos` is an answer; `ranked`: the query's top cosines, best first."""
+def semantic_passes(
+    cos: float, ranked: list[float], *, keyword: bool = False, narrowed: bool = False, offset: float = 0.0
+) -> bool:
+    """Whether a semantic hit with cosine `cos` is an answer; `ranked`: the query's top cosines, best first.
+
+    `offset`: the model's (ModelSpec.cosine_offset, issue 15): the cut-offs above were measured on bge-small-zh."""
+    cos, ranked = cos - offset, [r - offset for r in ranked]
     if cos >= SEMANTIC_MIN or (keyword and cos >= SEMANTIC_SUPPORTED) or (narrowed and cos >= SEMANTIC_NARROWED):
         return True
     rest = ranked[1:10]
@@ -55,11 +60,16 @@ def accept_semantic(found: list[Candidate], support: set[str], ctx: RecallContex
     cues = ctx.cues
     narrowed = bool(cues.known_entities)
     types = set(cues.event_types)
-    ranked = [c.score or 0.0 for c in found]
+    models = ctx.semantic_models  # issue 15: each hit is measured against its own model's list, with its offset
+    ranked: dict[str, list[float]] = {}
+    for c in found:
+        ranked.setdefault(models.get(c.version_id, ("", 0.0))[0], []).append(c.score or 0.0)
     out = []
     for c in found:
         typed = bool(types) and not types.isdisjoint(c.event_types)  # of the asked type
-        if semantic_passes(c.score or 0.0, ranked, keyword=c.version_id in support, narrowed=narrowed or typed):
+        model, off = models.get(c.version_id, ("", 0.0))
+        keyword = c.version_id in support
+        if semantic_passes(c.score or 0.0, ranked[model], keyword=keyword, narrowed=narrowed or typed, offset=off):
             out.append(c)
     return out
 

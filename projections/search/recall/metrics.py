@@ -3,7 +3,7 @@
 `observe_stage` is RecallEngine's default observer: every section a recall times (`trace.timed`) is one
 observation of `ledger_recall_stage_duration_seconds{stage}`, in the process that runs the engine (the API).
 Stage names come from the code (cues, exact, keyword, embed, semantic, fusion, verify_exact, verify_fuzzy,
-rerank), never from the request, so the family has a handful of series.
+rerank, cross_encoder), never from the request, so the family has a handful of series.
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ class RecallQuery:
     mode: Mode = "auto"
     filters: RecallFilters = field(default_factory=RecallFilters)
     explain: bool = False  # the trace lists each stage's candidates (the console's playground), not only counts
+    rerank: bool | None = None  # the cross-encoder over the fuzzy hits (recall.rerank); None: as the settings say
 
 
 class Scope(NamedTuple):

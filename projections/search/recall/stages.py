@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import ClassVar, Generic, NamedTuple, TypeVar
 
+from producers.settings import Settings
 from projections.embedding import Embedder
+from projections.languages import DEFAULT_FIELD, slot_field, slots, text_slot
 from projections.search.cues import Cues, subject_ids
 from projections.search.recall.fusion import accept_semantic
 from projections.search.recall.index import SearchIndex
@@ -41,7 +43,10 @@ class RecallContext:
     scope: Scope  # tenant, validity at `at`, subject, filters, the time cue
     index: SearchIndex
     trace: Trace
-    embedder: Callable[[], Awaitable[Embedder]]
+    embedder: Callable[..., Awaitable[Embedder]]  # (model name or None: the default) -> its embedder
+    settings: Settings | None = None  # the models per language (issue 15); None: one model, the default
+    # version id -> (the model that found it, its cut-off offset) (issue 15: fusion.accept_semantic)
+    semantic_models: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -51,9 +56,11 @@ class RecallContext:
         cues: Cues,
         index: SearchIndex,
         trace: Trace,
-        embedder: Callable[[], Awaitable[Embedder]],
+        embedder: Callable[..., Awaitable[Embedder]],
+        settings: Settings | None = None,
     ) -> RecallContext:
-        return cls(q, at, cues, Scope(q.tenant, at, q.subject, q.filters, cues.time), index, trace, embedder)
+        scope = Scope(q.tenant, at, q.subject, q.filters, cues.time)
+        return cls(q, at, cues, scope, index, trace, embedder, settings)
 
     def fuzzy_scope(self) -> Scope:
         """The scope of the keyword and semantic stages: a known entity of the query narrows it to that entity
@@ -143,7 +150,19 @@ class KeywordStage(Stage[TextAsk]):
 
 
 class SemanticStage(Stage[TextAsk]):
-    """Nearest neighbours of the raw query's embedding, cut by the acceptance rules of fusion.accept_semantic."""
+    """Nearest neighbours of the raw query's embedding, cut by the acceptance rules of fusion.accept_semantic.
+
+    Issue 15: the query is embedded by the model of its language (projections.languages, with the model's query
+    instruction) and searches only that model's vectors. With `embed_cross_language` (default) every document has
+    a vector of the default (Chinese) model, English ones one of the English model too: a Chinese question
+    searches the default model's vectors of all documents (as before issue 15); an English question searches the
+    English vectors and, when the tenant has documents without one (Chinese memories), also the default model's
+    vectors of those, the two lists merged by cosine less each model's cut-off offset (ModelSpec.cosine_offset,
+    the cut-offs' scale), so the better match leads whichever model found it (interleaving by rank would put the
+    English list's weak first neighbour above a close Chinese fact).
+    The English model does not embed Chinese questions: measured, its cosines do not separate them
+    (BENCHMARKS.md, "Embedding models per language").
+    """
 
     name = "semantic"
     score_name = "cosine"
@@ -151,12 +170,59 @@ class SemanticStage(Stage[TextAsk]):
     def ask(self, ctx: RecallContext) -> TextAsk | None:
         return TextAsk(ctx.fuzzy_scope(), ctx.query.query) if ctx.query.query.strip() else None
 
+    async def _passes(self, ctx: RecallContext, text: str) -> list[tuple[str | None, str, str | None]]:
+        """(model name, vector field, leave out documents with a vector of) to search, the question's own first."""
+        s = ctx.settings
+        if s is None or len(slots(s)) == 1 or text_slot(text) == "default":
+            return [(s.embed_model if s is not None else None, DEFAULT_FIELD, None)]
+        zh, en = s.embed_model, s.embed_model_en
+        out: list[tuple[str | None, str, str | None]] = [(en, slot_field(s, "en"), None)]
+        # documents indexed before issue 15 name no model and hold the default model's vector (legacy): an English
+        # question reaches them through this pass until `ledger reindex` gives them their English vectors
+        if s.embed_cross_language and await ctx.index.has_model(ctx.query.tenant, zh, without=en, legacy=True):
+            out.append((zh, DEFAULT_FIELD, en))  # the memories in Chinese, by the Chinese model
+        return out
+
     async def run(self, ctx: RecallContext, ask: TextAsk) -> list[Candidate]:
-        with ctx.trace.timed("embed"):  # loads the model on first use; both off the event loop
-            emb = await ctx.embedder()
-            vec = await asyncio.get_running_loop().run_in_executor(EMBED_EXECUTOR, emb.embed_query, ask.text)
-            ctx.trace.embedding_computed = True
-        return await ctx.index.nearest(ask.scope, vec.tolist(), _fuzzy_size(ctx.query))
+        size = _fuzzy_size(ctx.query)
+        lists: list[tuple[list[Candidate], float]] = []
+        for model, vector_field, without in await self._passes(ctx, ask.text):
+            with ctx.trace.timed("embed_cross" if lists else "embed"):  # loads the model on first use, off the loop
+                emb = await ctx.embedder(model)
+                vec = await asyncio.get_running_loop().run_in_executor(EMBED_EXECUTOR, emb.embed_query, ask.text)
+                ctx.trace.embedding_computed = True
+            ctx.trace.embedding_models.append(emb.name)
+            found = await ctx.index.nearest(ask.scope, vec.tolist(), size, vector_field, model, without)
+            offset = _offset(ctx, emb)
+            for c in found:
+                ctx.semantic_models.setdefault(c.version_id, (emb.name, offset))
+            lists.append((found, offset))
+        return merge_by_offset(lists, size) if len(lists) > 1 else lists[0][0]
 
     def accept(self, found: list[Candidate], support: set[str], ctx: RecallContext) -> list[Candidate]:
         return accept_semantic(found, support, ctx)
+
+
+def _offset(ctx: RecallContext, emb: Embedder) -> float:
+    """The cut-off offset of the model's cosines: the model's measured one, or `semantic_offset_en` for the
+    English model when set."""
+    s = ctx.settings
+    if s is not None and s.semantic_offset_en is not None and len(slots(s)) > 1 and emb.name == s.embed_model_en:
+        return s.semantic_offset_en
+    return emb.spec.cosine_offset
+
+
+def merge_by_offset(lists: list[tuple[list[Candidate], float]], size: int) -> list[Candidate]:
+    """The `size` best of several models' lists by cosine less the model's offset (ties: the earlier list);
+    a version already taken is skipped. The candidates keep their own cosine (the explanation shows it)."""
+    ranked = sorted(
+        ((-((c.score or 0.0) - off), i, r, c) for i, (found, off) in enumerate(lists) for r, c in enumerate(found)),
+        key=lambda t: t[:3],
+    )
+    out: list[Candidate] = []
+    seen: set[str] = set()
+    for *_, c in ranked:
+        if c.version_id not in seen:
+            seen.add(c.version_id)
+            out.append(c)
+    return out[:size]

@@ -58,7 +58,18 @@ class _Section:
 class Trace:
     """What `POST /v1/recall` returns as `trace`: per-stage times, candidate counts, whether it embedded."""
 
-    __slots__ = ("mode", "stages", "candidates", "listed", "embedding_computed", "observe", "_open", "_t0")
+    __slots__ = (
+        "mode",
+        "stages",
+        "candidates",
+        "listed",
+        "embedding_computed",
+        "embedding_models",
+        "rerank",
+        "observe",
+        "_open",
+        "_t0",
+    )
 
     def __init__(self, mode: str, observe: Observer | None = None) -> None:
         self._t0 = perf_counter()
@@ -67,6 +78,8 @@ class Trace:
         self.candidates: dict[str, int] = {}  # "<tier>_candidates" -> how many its stages found
         self.listed: dict[str, list[dict[str, Any]]] | None = None  # explain: stage -> its candidates, best first
         self.embedding_computed = False
+        self.embedding_models: list[str] = []  # the models the semantic stage embedded the query with (issue 15)
+        self.rerank: dict[str, Any] | None = None  # the rerank stage's account (recall.rerank), if it ran
         self.observe = observe
         self._open: _Section | None = None
 
@@ -85,10 +98,14 @@ class Trace:
 
     def as_dict(self, as_of: datetime) -> dict[str, Any]:
         out: dict[str, Any] = {"stages_ms": self.stages, "embedding_computed": self.embedding_computed}
+        if self.embedding_models:
+            out["embedding_models"] = self.embedding_models
         out["mode"] = self.mode
         out.update(self.candidates)
         out["total_ms"] = round((perf_counter() - self._t0) * 1000, 3)
         out["as_of"] = iso(as_of)
         if self.listed is not None:
             out["candidates"] = self.listed
+        if self.rerank is not None:
+            out["rerank"] = self.rerank
         return out

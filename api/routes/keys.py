@@ -1,0 +1,121 @@
+"""Data keys for producers without database credentials, and the erasure records (issue 13).
+
+`POST /v1/keys` {tenant, subjects}: each subject's current data key (created on first use), base64, for a
+producer that seals events itself (`LEDGER_KEY_ENDPOINT`, producers.keys.provider.RemoteKeys). A key for a tenant
+is as sensitive as reading that tenant's memories, which the same API key may already do; responses are
+`Cache-Control: no-store`. `POST /v1/keys/retire` {tenant, subject, erasure_id}: called by a producer just before
+it publishes that erasure, so the events it publishes afterwards get a new key. Both answer 409
+`encryption_unavailable` when this API has no key-encryption key configured.
+
+`GET /v1/erasures?tenant=[&subject=]` lists the tenant's erasure records (newest first); `GET
+/v1/erasures/{erasure_id}?tenant=` reads one (404 until the worker has applied it). A record holds no personal data:
+the subject as a digest, counts per store, the destroyed keys' ids and fingerprints, the ledger offsets covered.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.deps import PoolDep, ResourcesDep, SettingsDep, Storable, TenantQuery, TenantsDep, check_tenant
+from api.errors import ApiError
+from api.requests import SUBJECT, TENANT
+from api.routes._json import json_response
+from api.schemas import ErasureRecord, ErasuresResponse, KeysResponse, RetireResponse
+from projections.postgres.erasures import erasure_record, list_erasures
+
+router = APIRouter(tags=["encryption"])
+
+MAX_SUBJECTS = 500
+
+
+class KeysBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: Storable = Field(**TENANT)
+    subjects: list[Annotated[Storable, Field(**SUBJECT)]] = Field(min_length=1, max_length=MAX_SUBJECTS)
+
+
+class RetireBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: Storable = Field(**TENANT)
+    subject: Storable = Field(**SUBJECT)
+    erasure_id: Storable = Field(min_length=1, max_length=128)
+
+
+def _keys(res):  # the API's key source, or 409
+    if res.keys is None:
+        raise ApiError(
+            409,
+            "encryption_unavailable",
+            "this API has no key-encryption key configured (LEDGER_KEK / LEDGER_KEK_FILE)",
+        )
+    return res.keys
+
+
+@router.post("/keys", response_model=KeysResponse, responses={200: {"description": "each subject's key (no-store)"}})
+async def data_keys(res: ResourcesDep, tenants: TenantsDep, body: KeysBody) -> Response:
+    """The current data key of each subject of `tenant` (created on first use), for a producer that seals."""
+    check_tenant(body.tenant, tenants, "tenant")
+    source = _keys(res)
+    subjects = list(dict.fromkeys(body.subjects))
+    keys = await run_in_threadpool(source.sealing_keys, [(body.tenant, s) for s in subjects])
+    items = [
+        {
+            "subject": s,
+            "key_id": keys[(body.tenant, s)].key_id,
+            "key": base64.b64encode(keys[(body.tenant, s)].key).decode(),
+        }
+        for s in subjects
+    ]
+    response = json_response({"tenant": body.tenant, "keys": items})
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@router.post("/keys/retire", response_model=RetireResponse)
+async def retire_key(res: ResourcesDep, tenants: TenantsDep, body: RetireBody) -> Response:
+    """Stop handing out the subject's current key: its erasure `erasure_id` is about to be published."""
+    check_tenant(body.tenant, tenants, "tenant")
+    retired = await run_in_threadpool(_keys(res).retire, body.tenant, body.subject, body.erasure_id)
+    return json_response({"retired": retired})
+
+
+@router.get("/erasures", response_model=ErasuresResponse)
+async def erasures(
+    pool: PoolDep,
+    settings: SettingsDep,
+    tenants: TenantsDep,
+    tenant: TenantQuery,
+    subject: Annotated[Storable | None, Query(**SUBJECT, description="only this subject's erasures")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> Response:
+    """The tenant's erasure records, newest first."""
+    check_tenant(tenant, tenants)
+    async with pool.connection() as conn:
+        items = await list_erasures(conn, settings.keys_schema, tenant, subject=subject, limit=limit)
+    return json_response({"tenant": tenant, "erasures": items})
+
+
+@router.get("/erasures/{erasure_id:path}", response_model=ErasureRecord)
+async def erasure(
+    pool: PoolDep,
+    settings: SettingsDep,
+    tenants: TenantsDep,
+    tenant: TenantQuery,
+    erasure_id: Annotated[Storable, Path(min_length=1, max_length=128)],
+) -> Response:
+    """One erasure record (404 `not_found` until the worker has applied that erasure)."""
+    check_tenant(tenant, tenants)
+    async with pool.connection() as conn:
+        item = await erasure_record(conn, settings.keys_schema, tenant, erasure_id)
+    if item is None:
+        raise ApiError(
+            404, "not_found", f"no erasure {erasure_id!r} has been applied in tenant {tenant!r}", "erasure_id"
+        )
+    return json_response(item)

@@ -1,0 +1,428 @@
+"""The key store: data keys per (tenant, subject), wrapped by the KEK, and the erasure records, in PostgreSQL.
+
+Why PostgreSQL: the projection already depends on it, and destroying a key in the *same transaction* as the
+purge it completes makes erasure atomic: a worker killed between the purge and the key deletion rolls both back,
+and its restart does both (issue 13). The tables live in `Settings.keys_schema`, beside the projection's schema,
+which `ledger rebuild` replaces: a rebuild must find the keys (and the history of erasures) where they were.
+
+Functions taking a cursor run inside the caller's transaction (the recorder's, the indexer's); `KeyStore` is the
+producer side (its own connection, get-or-create of sealing keys). Back up this schema with the KEK kept apart:
+the key table without the KEK is useless, and the KEK without the table opens nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib.resources import files
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from producers.contract import subject_digest_for
+from producers.keys.envelope import DataKey, fingerprint_of
+from producers.keys.kek import CHECK_PLAINTEXT, KekError, KeyEncryption, load_keks
+from producers.settings import Settings
+
+__all__ = [
+    "ErasureRecord",
+    "KeyContext",
+    "KeyState",
+    "KeyStore",
+    "check_store",
+    "destroy_subject_keys",
+    "ensure_key_schema",
+    "erasure_recorded",
+    "key_context",
+    "key_states",
+    "record_erasure",
+    "retire_subject_key",
+    "rotate",
+    "search_purged",
+]
+
+
+def _t(schema: str, table: str) -> sql.Composed:
+    return sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(table))
+
+
+def ensure_key_schema(conn: psycopg.Connection, schema: str) -> None:
+    """Create the key store's schema and tables unless they exist (concurrent starts are serialised)."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"schema:{schema}",))
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+        conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
+        conn.execute(files("producers.keys").joinpath("schema.sql").read_text())
+
+
+def _key_aad(key_id: str, tenant: str, digest: str) -> bytes:
+    return f"memory-ledger data key\n{key_id}\n{tenant}\n{digest}".encode()
+
+
+def _check_aad(kek_id: str) -> bytes:
+    return f"memory-ledger kek check\n{kek_id}".encode()
+
+
+def check_store(conn: psycopg.Connection, schema: str, keks: KeyEncryption | None) -> dict[str, int]:
+    """Fail loudly (KekError) unless `keks` opens everything the store holds; live data keys per KEK id.
+
+    Each configured KEK must open its check value (written on its first use here); every KEK that wraps a live
+    data key must be configured. Without any KEK, the store must hold no live data key: such a process could not
+    open a sealed record, and finding that out per record would be silent data loss.
+    """
+    ensure_key_schema(conn, schema)
+    with conn.transaction():
+        live = dict(
+            conn.execute(
+                sql.SQL("SELECT kek_id, count(*) FROM {} WHERE destroyed_at IS NULL GROUP BY kek_id").format(
+                    _t(schema, "data_keys")
+                )
+            ).fetchall()
+        )
+        if keks is None:
+            if live:
+                raise KekError(
+                    f"the key store {schema!r} holds {sum(live.values())} data keys but no key-encryption key is "
+                    "configured: set LEDGER_KEK or LEDGER_KEK_FILE"
+                )
+            return {}
+        missing = {k: n for k, n in live.items() if k not in keks.ids()}
+        if missing:
+            raise KekError(
+                f"the key store {schema!r} holds data keys wrapped by key-encryption keys that are not configured: "
+                + ", ".join(f"{k!r} ({n} keys)" for k, n in sorted(missing.items()))
+            )
+        checks = dict(
+            conn.execute(sql.SQL("SELECT kek_id, check_value FROM {}").format(_t(schema, "kek_checks"))).fetchall()
+        )
+        for kek_id in sorted(keks.ids()):
+            if kek_id in checks:
+                try:
+                    ok = keks.unwrap(kek_id, bytes(checks[kek_id]), _check_aad(kek_id)) == CHECK_PLAINTEXT
+                except KekError:
+                    ok = False
+                if not ok:
+                    raise KekError(
+                        f"the key-encryption key {kek_id!r} is not the one this key store {schema!r} was used with "
+                        "(its check value does not open): wrong LEDGER_KEK / LEDGER_KEK_FILE"
+                    )
+            else:
+                conn.execute(
+                    sql.SQL("INSERT INTO {} (kek_id, check_value) VALUES (%s, %s) ON CONFLICT DO NOTHING").format(
+                        _t(schema, "kek_checks")
+                    ),
+                    (kek_id, keks.wrap(kek_id, CHECK_PLAINTEXT, _check_aad(kek_id))),
+                )
+    return live
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """A data key as the opener sees it: whose it is, and its bytes (None once destroyed)."""
+
+    key_id: str
+    tenant: str
+    subject_digest: str
+    key: bytes | None = field(repr=False)
+
+    @property
+    def destroyed(self) -> bool:
+        return self.key is None
+
+
+def key_states(
+    cur: psycopg.Cursor,
+    schema: str,
+    keks: KeyEncryption | None,
+    key_ids: Iterable[str],
+    cache: dict[tuple[str, bytes], bytes] | None = None,
+) -> dict[str, KeyState]:
+    """The data keys of `key_ids` that the store knows, unwrapped (in the caller's transaction and snapshot).
+
+    An id the store does not know is absent. A live key whose KEK is not configured raises KekError: the caller
+    must stop, not dead-letter (check_store at start makes this the exception).
+    """
+    ids = sorted(set(key_ids))
+    if not ids:
+        return {}
+    cur.execute(
+        sql.SQL("SELECT key_id, tenant, subject_digest, kek_id, wrapped FROM {} WHERE key_id = ANY(%s)").format(
+            _t(schema, "data_keys")
+        ),
+        (ids,),
+    )
+    out: dict[str, KeyState] = {}
+    for key_id, tenant, digest, kek_id, wrapped in cur.fetchall():
+        if wrapped is None:
+            out[key_id] = KeyState(key_id, tenant, digest, None)
+            continue
+        if keks is None:
+            raise KekError(f"a sealed record needs data key {key_id!r} but no key-encryption key is configured")
+        wrapped = bytes(wrapped)
+        key = cache.get((key_id, wrapped)) if cache is not None else None
+        if key is None:  # unwrapping is the KEK's work (a KMS round trip elsewhere): once per wrapped key
+            key = keks.unwrap(kek_id, wrapped, _key_aad(key_id, tenant, digest))
+            if cache is not None:
+                if len(cache) >= 100_000:
+                    cache.clear()
+                cache[(key_id, wrapped)] = key
+        out[key_id] = KeyState(key_id, tenant, digest, key)
+    return out
+
+
+def destroy_subject_keys(
+    cur: psycopg.Cursor, schema: str, tenant: str, subject: str, erasure_id: str
+) -> list[tuple[str, str]]:
+    """Destroy the keys that sealed the subject's past (wrapped bytes overwritten by NULL); [(key_id, fingerprint)].
+
+    Which keys: every retired one (a producer retires the live key before it publishes an erasure, so events
+    published after the erasure get a new key that this erasure leaves alone), and the live key too unless this
+    erasure retired one (an erasure published by a path that did not retire: a raw Kafka producer).
+    """
+    table = _t(schema, "data_keys")
+    digest = subject_digest_for(tenant, subject)
+    cur.execute(
+        sql.SQL(
+            "UPDATE {t} SET wrapped = NULL, kek_id = NULL, destroyed_at = now(), erasure_id = %(e)s "
+            "WHERE tenant = %(t)s AND subject_digest = %(d)s AND destroyed_at IS NULL AND (retired_at IS NOT NULL "
+            "OR NOT EXISTS (SELECT 1 FROM {t} r WHERE r.tenant = %(t)s AND r.subject_digest = %(d)s "
+            "AND r.retired_by = %(e)s)) RETURNING key_id, fingerprint"
+        ).format(t=table),
+        {"e": erasure_id, "t": tenant, "d": digest},
+    )
+    return sorted(cur.fetchall())
+
+
+def retire_subject_key(conn: psycopg.Connection, schema: str, tenant: str, subject: str, erasure_id: str) -> int:
+    """Stop handing out the subject's live key: `erasure_id` is about to be published (producers call this first)."""
+    cur = conn.execute(
+        sql.SQL(
+            "UPDATE {} SET retired_at = now(), retired_by = %s WHERE tenant = %s AND subject_digest = %s "
+            "AND destroyed_at IS NULL AND retired_at IS NULL"
+        ).format(_t(schema, "data_keys")),
+        (erasure_id, tenant, subject_digest_for(tenant, subject)),
+    )
+    return cur.rowcount
+
+
+@dataclass(frozen=True)
+class ErasureRecord:
+    """What one erasure did (the `erasures` row): counts, keys and offsets, no personal data."""
+
+    tenant: str
+    erasure_id: str
+    subject_digest: str
+    requested_at: Any
+    topic: str
+    partition: int
+    offset: int
+    first_offset: int | None
+    records: int
+    sealed_records: int
+    clear_records: int
+    key_ids: list[str]
+    key_fingerprints: list[str]
+    purged: dict[str, Any]
+
+
+def erasure_recorded(cur: psycopg.Cursor, schema: str, tenant: str, erasure_id: str) -> bool:
+    """Whether this erasure was applied before (by the live worker, or a rebuild): its keys are gone already."""
+    cur.execute(
+        sql.SQL("SELECT 1 FROM {} WHERE tenant = %s AND erasure_id = %s").format(_t(schema, "erasures")),
+        (tenant, erasure_id),
+    )
+    return cur.fetchone() is not None
+
+
+def record_erasure(cur: psycopg.Cursor, schema: str, r: ErasureRecord) -> None:
+    cur.execute(
+        sql.SQL(
+            'INSERT INTO {} (tenant, erasure_id, subject_digest, requested_at, topic, "partition", "offset", '
+            "first_offset, records, sealed_records, clear_records, key_ids, key_fingerprints, purged) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+        ).format(_t(schema, "erasures")),
+        (
+            r.tenant,
+            r.erasure_id,
+            r.subject_digest,
+            r.requested_at,
+            r.topic,
+            r.partition,
+            r.offset,
+            r.first_offset,
+            r.records,
+            r.sealed_records,
+            r.clear_records,
+            r.key_ids,
+            r.key_fingerprints,
+            Jsonb(r.purged),
+        ),
+    )
+
+
+def search_purged(cur: psycopg.Cursor, schema: str, tenant: str, subject: str, documents: int) -> None:
+    """The indexer deleted `documents` search documents of an erased subject: complete its erasure records.
+
+    Nothing to complete where no worker created the key store yet (an indexer started alone)."""
+    cur.execute("SELECT to_regclass(%s)", (_t(schema, "erasures").as_string(cur.connection),))
+    row = cur.fetchone()
+    if row is None or row[0] is None:
+        return
+    cur.execute(
+        sql.SQL(
+            "UPDATE {} SET search_documents = coalesce(search_documents, 0) + %s, search_purged_at = now() "
+            "WHERE tenant = %s AND subject_digest = %s AND search_purged_at IS NULL"
+        ).format(_t(schema, "erasures")),
+        (documents, tenant, subject_digest_for(tenant, subject)),
+    )
+
+
+def rotate(
+    conn: psycopg.Connection,
+    schema: str,
+    keks: KeyEncryption,
+    *,
+    batch: int = 500,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Rewrap every live data key not under the active KEK with it (the log is not touched); how many were."""
+    check_store(conn, schema, keks)
+    done = 0
+    while True:
+        with conn.transaction():
+            rows = conn.execute(
+                sql.SQL(
+                    "SELECT key_id, tenant, subject_digest, kek_id, wrapped FROM {} WHERE destroyed_at IS NULL "
+                    "AND kek_id <> %s ORDER BY key_id LIMIT %s FOR UPDATE SKIP LOCKED"
+                ).format(_t(schema, "data_keys")),
+                (keks.active_id, batch),
+            ).fetchall()
+            if not rows:
+                return done
+            for key_id, tenant, digest, kek_id, wrapped in rows:
+                aad = _key_aad(key_id, tenant, digest)
+                rewrapped = keks.wrap(keks.active_id, keks.unwrap(kek_id, bytes(wrapped), aad), aad)
+                conn.execute(
+                    sql.SQL(
+                        "UPDATE {} SET kek_id = %s, wrapped = %s WHERE key_id = %s AND destroyed_at IS NULL"
+                    ).format(_t(schema, "data_keys")),
+                    (keks.active_id, rewrapped, key_id),
+                )
+            done += len(rows)
+            if progress:
+                progress(len(rows))
+
+
+class KeyStore:
+    """The producer side of the store: each subject's live data key, created on first use (one connection, locked)."""
+
+    def __init__(self, dsn: str, schema: str, keks: KeyEncryption, *, connect_timeout_s: int = 3) -> None:
+        self.dsn, self.schema, self.keks = dsn, schema, keks
+        self._timeout = connect_timeout_s
+        self._conn: psycopg.Connection | None = None
+        self._lock = threading.Lock()
+
+    def _connection(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=max(2, self._timeout))
+            check_store(self._conn, self.schema, self.keks)
+        return self._conn
+
+    def check(self) -> dict[str, int]:
+        """Connect and check the KEKs against the store now (KekError if they do not fit)."""
+        with self._lock:
+            return check_store(self._connection(), self.schema, self.keks)
+
+    def sealing_keys(self, pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], DataKey]:
+        """(tenant, subject) -> its live data key, creating the missing ones (a concurrent creator's key wins)."""
+        wanted = {(t, s): subject_digest_for(t, s) for t, s in pairs}
+        if not wanted:
+            return {}
+        with self._lock:
+            conn = self._connection()
+            try:
+                found = self._live(conn, wanted)
+                missing = [p for p in wanted if p not in found]
+                if missing:
+                    self._create(conn, [(t, s, wanted[(t, s)]) for t, s in missing])
+                    found.update(self._live(conn, {p: wanted[p] for p in missing}))
+            except psycopg.OperationalError:
+                conn.close()
+                raise
+        return found
+
+    def _live(self, conn: psycopg.Connection, wanted: dict[tuple[str, str], str]) -> dict[tuple[str, str], DataKey]:
+        by_digest = {(t, d): (t, s) for (t, s), d in wanted.items()}
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT key_id, tenant, subject_digest, kek_id, wrapped FROM {} WHERE destroyed_at IS NULL "
+                "AND retired_at IS NULL AND (tenant, subject_digest) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
+            ).format(_t(self.schema, "data_keys")),
+            ([t for t, _ in by_digest], [d for _, d in by_digest]),
+        ).fetchall()
+        out = {}
+        for key_id, tenant, digest, kek_id, wrapped in rows:
+            key = self.keks.unwrap(kek_id, bytes(wrapped), _key_aad(key_id, tenant, digest))
+            out[by_digest[(tenant, digest)]] = DataKey(key_id, key)
+        return out
+
+    def _create(self, conn: psycopg.Connection, rows: Sequence[tuple[str, str, str]]) -> None:
+        ids, tenants, digests, keks, wrapped, prints = [], [], [], [], [], []
+        for tenant, _subject, digest in rows:
+            key_id, key = uuid.uuid4().hex, os.urandom(32)
+            ids.append(key_id)
+            tenants.append(tenant)
+            digests.append(digest)
+            keks.append(self.keks.active_id)
+            wrapped.append(self.keks.wrap(self.keks.active_id, key, _key_aad(key_id, tenant, digest)))
+            prints.append(fingerprint_of(key))
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (key_id, tenant, subject_digest, kek_id, wrapped, fingerprint) "
+                "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::bytea[], %s::text[]) "
+                "ON CONFLICT (tenant, subject_digest) WHERE destroyed_at IS NULL AND retired_at IS NULL DO NOTHING"
+            ).format(_t(self.schema, "data_keys")),
+            (ids, tenants, digests, keks, wrapped, prints),
+        )
+
+    def retire(self, tenant: str, subject: str, erasure_id: str) -> int:
+        """The subject's erasure `erasure_id` is about to be published: its next event gets a new key."""
+        with self._lock:
+            conn = self._connection()
+            try:
+                return retire_subject_key(conn, self.schema, tenant, subject, erasure_id)
+            except psycopg.OperationalError:
+                conn.close()
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+@dataclass(frozen=True)
+class KeyContext:
+    """What a reader of the ledger needs to open sealed records and to shred on erasure (recorder, rebuild)."""
+
+    schema: str  # the key store's schema (Settings.keys_schema)
+    keks: KeyEncryption | None  # None: no KEK configured (then the store must hold no live key: check_store)
+    required: bool = False  # encryption=required: a clear record with personal fields is refused (`not_encrypted`)
+
+
+def key_context(settings: Settings, conn: psycopg.Connection) -> KeyContext:
+    """The KeyContext of `settings`, checked against the store now: a missing or wrong KEK raises KekError here."""
+    keks = load_keks(settings.kek.get_secret_value() if settings.kek else None, settings.kek_file)
+    if keks is None and settings.encryption != "off":
+        raise KekError(
+            f"LEDGER_ENCRYPTION is {settings.encryption} but no key-encryption key is configured: "
+            "set LEDGER_KEK or LEDGER_KEK_FILE"
+        )
+    check_store(conn, settings.keys_schema, keks)
+    return KeyContext(settings.keys_schema, keks, required=settings.encryption == "required")

@@ -1,0 +1,180 @@
+"""The rerank stage: an offline cross-encoder reorders the first fuzzy hits, never above an exact one (issue 15).
+
+After the tiers are verified and scored, the hits are in their fused order. This stage takes the first
+`rerank_candidates` fuzzy hits (keyword / semantic / hybrid: the fuzzy tier's band, below every exact hit), scores
+each (question, content) pair with the cross-encoder (projections.reranker), and reorders those it scored by
+`rerank_key`: `weight * sigmoid(ce) + (1 - weight) * strength`, where strength is the hit's score within its band
+(fused rank and prior), ties by the order before. The reordered hits take the scores the same positions had
+before (the multiset of scores is unchanged), so score still orders the response, every exact hit still ranks
+above them, and the fuzzy hits the stage did not score stay where they were, below the scored ones.
+
+Bounded twice: by the candidate count, and by a time budget (`rerank_budget_ms`): pairs are scored in batches of
+`rerank_batch_size`, and before each batch the time it would take (the mean time per pair so far) is added to the
+time spent; if that exceeds the budget the stage stops and the rest keep the fused order. The trace says how
+many it scored and why it stopped (`trace.rerank`). A question the exact tier answered (auto) has no fuzzy hits:
+no cross-encoder score is computed (`rerank.computed` false). The model is English (ms-marco): a question that is
+not English text (projections.languages.text_slot) is not reranked (`stopped: "language"`; measured: reranking the
+structured-fact eval's Chinese paraphrases cost 0.13 of paraphrase stability), and a fuzzy hit that is not English
+keeps its place (`not_english` counts them) while the English ones trade places around it. Not loaded yet (the
+API loads it in the background, api.resources): the stage is skipped (`stopped: "loading"`), never waited for.
+
+Each hit it scored carries `scores.rerank` (the cross-encoder's logit) and `scores.rank_before_rerank` (its
+position among the fuzzy hits before, from 1) in its explanation. Timed as `cross_encoder` (the model alone; the
+reordering is part of `rerank`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from functools import partial
+from time import perf_counter
+from typing import Any
+
+from producers.settings import Settings
+from projections.languages import text_slot
+from projections.reranker import CrossEncoder, load_cross_encoder
+from projections.search.recall.model import RecallQuery
+from projections.search.recall.scoring import BAND, Scored
+from projections.search.recall.trace import Trace
+
+__all__ = ["Reranker", "ScoredBatch", "reorder", "rerank_key", "score_within"]
+
+FUZZY_STAGES = frozenset({"keyword", "semantic", "hybrid"})
+# The cross-encoder's own thread, at the normal priority (not the embedders' lowered one, recall.workers): its work
+# is bounded by the budget, and at nice 10 on a busy host a pair took ~2x as long (~36-47 ms against ~18 ms), so the
+# budget bought half the pairs. One thread: concurrent reranks queue, and the wait counts against their budgets.
+RERANK_EXECUTOR = ThreadPoolExecutor(1, thread_name_prefix="recall-rerank")
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def rerank_key(ce: float, strength: float, weight: float) -> float:
+    """The order of a scored candidate (higher first): the cross-encoder's probability blended with its strength."""
+    return weight * _sigmoid(ce) + (1.0 - weight) * strength
+
+
+def reorder(strengths: Sequence[float], ce: Sequence[float], weight: float) -> list[int]:
+    """The new order of the first len(ce) candidates (indices into them), best first; ties keep the order before.
+
+    `strengths`: each candidate's strength before, in [0, 1], in their order before; `ce`: the cross-encoder
+    scores of the first len(ce) of them (a budget may have stopped it early: the rest are not reordered).
+    """
+    n = len(ce)
+    return sorted(range(n), key=lambda i: (-rerank_key(ce[i], strengths[i], weight), i))
+
+
+@dataclass(frozen=True)
+class ScoredBatch:
+    """What `score_within` did: the scores of the first candidates, and why it stopped short (None: it did not)."""
+
+    scores: list[float]
+    stopped: str | None
+
+
+def score_within(
+    score: Callable[[list[str]], list[float]],
+    texts: Sequence[str],
+    batch: int,
+    budget_ms: float,
+    clock: Callable[[], float] = perf_counter,
+    start: float | None = None,
+) -> ScoredBatch:
+    """Score `texts` in batches while the budget lasts: a batch starts only if its projected time fits.
+
+    The projection is the mean time per text so far (the slowest one measured worse: one preempted batch on a
+    busy host stopped the stage for good); the first batch always runs (no estimate yet, and a stage that scores
+    nothing is no stage) unless the budget was spent before it could start: `start` (the clock when the stage
+    began, default now) counts the wait for the thread. The stage may so overrun the budget by about one batch.
+    Runs in a worker thread (onnxruntime releases the GIL).
+    """
+    out: list[float] = []
+    t0 = clock() if start is None else start
+    waited = 0.0  # the time it queued for the thread: spent, but no measure of a pair
+    for i in range(0, len(texts), batch):
+        part = list(texts[i : i + batch])
+        spent = (clock() - t0) * 1000
+        if spent >= budget_ms or (out and spent + (spent - waited) / len(out) * len(part) > budget_ms):
+            return ScoredBatch(out, "budget")
+        if not out:
+            waited = spent
+        out.extend(score(part))
+    return ScoredBatch(out, None)
+
+
+class Reranker:
+    """The rerank stage of one RecallEngine: the cross-encoder (loaded once, in the background) and its bounds."""
+
+    def __init__(self, settings: Settings, model: CrossEncoder | None = None) -> None:
+        self.settings = settings
+        self.enabled = settings.rerank_enabled
+        self.candidates, self.budget_ms = settings.rerank_candidates, settings.rerank_budget_ms
+        self.batch, self.weight = settings.rerank_batch_size, settings.rerank_weight
+        self._model = model
+        self._loading: asyncio.Future[CrossEncoder] | None = None
+
+    def wanted(self, q: RecallQuery) -> bool:
+        """The request's flag wins; without one, the setting. Never for mode `exact` (it has no fuzzy tier)."""
+        return q.mode != "exact" and (q.rerank if q.rerank is not None else self.enabled)
+
+    async def model(self) -> CrossEncoder:
+        """Load the model (once, in the embedding workers); the API's warm-up awaits this."""
+        if self._model is None:
+            if self._loading is None:
+                loop = asyncio.get_running_loop()
+                self._loading = loop.run_in_executor(RERANK_EXECUTOR, load_cross_encoder, self.settings)
+            self._model = await self._loading
+        return self._model
+
+    async def rerank(self, q: RecallQuery, hits: list[Scored], trace: Trace) -> list[Scored]:
+        """`hits` (sorted, exact first) with their first fuzzy hits reordered by the cross-encoder."""
+        start = next((i for i, h in enumerate(hits) if h.match.stage in FUZZY_STAGES and h.score < BAND), None)
+        info: dict[str, Any] = {"computed": False, "candidates": 0, "scored": 0, "budget_ms": self.budget_ms}
+        trace.rerank = info
+        if start is None:
+            return hits  # nothing fuzzy: an exact answer (or none) is never reranked
+        head = hits[start : start + self.candidates]
+        info["candidates"] = len(head)
+        if self._model is None:
+            if self._loading is None:  # nobody warmed it up (tests, the CLI): load it now, for the next query
+                self._loading = asyncio.get_running_loop().run_in_executor(
+                    RERANK_EXECUTOR, load_cross_encoder, self.settings
+                )
+            if self._loading.done() and self._loading.exception() is None:
+                self._model = self._loading.result()
+            else:
+                info["stopped"] = "unavailable" if self._loading.done() else "loading"
+                return hits
+        if text_slot(q.query) != "en":  # an English model: on Chinese it reorders at random (tests/test_eval.py)
+            info["stopped"] = "language"
+            return hits
+        english = [i for i, h in enumerate(head) if text_slot(h.row["content"] or "") == "en"]
+        if len(english) < len(head):
+            info["not_english"] = len(head) - len(english)  # those keep their places
+        model = self._model
+        texts = [head[i].row["content"] for i in english]
+        with trace.timed("cross_encoder"):
+            t0 = perf_counter()
+            done = await asyncio.get_running_loop().run_in_executor(
+                RERANK_EXECUTOR,
+                partial(score_within, start=t0),
+                lambda part: model.score(q.query, part),
+                texts,
+                self.batch,
+                self.budget_ms,
+            )
+        info.update(computed=bool(done.scores), scored=len(done.scores), stopped=done.stopped)
+        slots = english[: len(done.scores)]  # the places of the scored hits, best first: they trade places
+        order = reorder([head[i].score for i in slots], done.scores, self.weight)  # fuzzy: score in [0, 1)
+        out = list(head)
+        for place, j in zip(slots, order, strict=True):
+            h, s = head[slots[j]], head[place].score
+            h.match.scores["rerank"] = round(done.scores[j], 4)
+            h.match.scores["rank_before_rerank"] = slots[j] + 1
+            out[place] = replace(h, score=s, order=(-s, *h.order[1:]))
+        return hits[:start] + out + hits[start + len(head) :]

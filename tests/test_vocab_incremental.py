@@ -1,0 +1,158 @@
+"""The API's cue vocabulary follows the indexer (issue 14, projections.search.vocab): no TTL decides it.
+
+Against the real servers: a worker and the `ledger indexer` process, and two API apps (two processes' caches). A
+new fact's entity and alias are cues of the first recall after its document is indexed, in both, answered by the
+exact stage; the caches read only the delta; a watermark the log no longer reaches means a full reload. A unit
+test checks `Vocabulary.merged` against a build over both inputs, over many random inputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from elasticsearch import Elasticsearch
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from projections.search.cues import Vocabulary
+from projections.search.vocab import VocabularyCache
+from tests.conftest import unique
+from tests.support import asserted, async_pool, pg, pipeline, private_store, wait_for
+
+TENANT, KEY = "vocabco", "k-vocab"
+H = {"X-API-Key": KEY}
+
+
+def _recall(client: TestClient, query: str) -> dict:
+    r = client.post("/v1/recall", json={"tenant": TENANT, "query": query, "mode": "auto"}, headers=H)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _searchable(settings, version_id: str) -> bool:
+    es = Elasticsearch(settings.es_url, request_timeout=30)
+    try:
+        es.indices.refresh(index=settings.es_index)
+        return bool(es.exists(index=settings.es_index, id=version_id))
+    finally:
+        es.close()
+
+
+def test_a_new_entity_and_alias_are_exact_cues_of_the_first_recall_after_indexing(base_settings):
+    settings = base_settings.private(unique("vocab"), api_keys={KEY: [TENANT]})
+    seed = [
+        asserted(
+            "project:P1",
+            "project.port",
+            8080,
+            0,
+            tenant=TENANT,
+            content="项目 P1 的后端服务端口是 8080",
+            entities=["P1"],
+            aliases=["端口"],
+        )
+    ]
+    with (
+        pipeline(settings, seed=seed) as pipe,
+        TestClient(create_app(settings)) as a,
+        TestClient(create_app(settings)) as b,
+    ):
+        caches = [client.app.state.resources.recall.vocab for client in (a, b)]
+        for client, cache in zip((a, b), caches, strict=True):  # each cache holds the tenant's vocabulary, no Q7
+            assert _recall(client, "P1 项目的端口是多少")["hits"][0]["match"]["stage"] == "exact"
+            wait_for(lambda c=cache: c.listener.listening, 10, what="the erasure listener")  # (its connect drops all)
+            assert "q7" not in _recall(client, "Q7 项目的端口是多少")["cues"]["known_entities"]
+        loads = [(c.full_loads, c.delta_loads) for c in caches]
+        new = asserted(
+            "project:Q7",
+            "project.listen_port",
+            8081,
+            1,
+            tenant=TENANT,
+            content="项目 Q7 的后端服务端口是 8081",
+            entities=["Q7"],
+            aliases=["监听端口", "listen port"],
+        )
+        pipe.publish([new])
+        wait_for(lambda: _searchable(settings, new.version_id), 60, 0.05, "Q7's document")
+        for client in (a, b):  # the first question after the document exists: exact, with the new cues
+            res = _recall(client, "Q7 项目的监听端口是多少")
+            top = res["hits"][0]
+            assert (top["memory_id"], top["value"], top["match"]["stage"]) == (new.memory_id, 8081, "exact"), res
+            assert "q7" in res["cues"]["known_entities"]
+            assert "project.listen_port" in {k for al in res["cues"]["aliases"] for k in al["keys"]}, res["cues"]
+        for cache, (full, delta) in zip(caches, loads, strict=True):  # what changed was read, not the tenant whole
+            assert cache.full_loads == full and cache.delta_loads > delta, (loads, cache.full_loads, cache.delta_loads)
+
+
+def test_a_watermark_the_log_no_longer_reaches_reloads_the_tenant_whole(base_settings):
+    settings = base_settings.private(unique("vocab"), api_keys={KEY: [TENANT]})
+    seed = [asserted("project:P1", "project.port", 8080, 0, tenant=TENANT, content="P1 port", entities=["P1"])]
+    with pipeline(settings, seed=seed) as pipe:
+        key = (settings.pg_schema, TENANT)
+
+        async def scenario() -> tuple[int, int, int, bool]:
+            pool = async_pool(settings)
+            await pool.open()
+            try:
+                cache = VocabularyCache()
+                await cache.get(pool, *key)
+                first = cache.watermark(*key)
+                pipe.publish(
+                    [asserted("project:Z9", "project.port", 1, 1, tenant=TENANT, content="Z9", entities=["Z9"])]
+                )
+                pipe.settle()
+                with pg(settings) as conn:  # the log is pruned past this cache's watermark
+                    conn.execute("DELETE FROM vocab_log WHERE seq <= (SELECT max(seq) FROM vocab_log)")
+                    conn.commit()
+                pipe.publish(
+                    [asserted("project:Y8", "project.port", 2, 2, tenant=TENANT, content="Y8", entities=["Y8"])]
+                )
+                pipe.settle()
+                vocab = await cache.get(pool, *key)
+                return first or 0, cache.full_loads, cache.delta_loads, {"z9", "y8"} <= set(vocab.entities.values())
+            finally:
+                await pool.close()
+
+        first, full, delta, knows = asyncio.run(scenario())
+        assert first > 0 and full == 2 and delta == 0 and knows, (first, full, delta, knows)
+
+
+@pytest.mark.unit
+def test_merging_two_vocabularies_equals_building_over_both_inputs():
+    rng = random.Random(14)
+    words = ["P1", "Q7", "OD5001", "端口", "backend port", "listen port", "window seat", "用户", "ZQ4242", "alpha"]
+    for _ in range(300):
+
+        def inputs():
+            return (
+                rng.sample(words, rng.randint(0, 4)),
+                [f"{rng.choice(['user', 'project', 'team'])}:{rng.choice(words)}" for _ in range(rng.randint(0, 3))],
+                [(f"k.{rng.randint(0, 3)}", rng.sample(words, rng.randint(0, 3))) for _ in range(rng.randint(0, 3))],
+            )
+
+        (e1, s1, k1), (e2, s2, k2) = inputs(), inputs()
+        merged = Vocabulary.build(entities=e1, subjects=s1, key_aliases=k1).merged(
+            Vocabulary.build(entities=e2, subjects=s2, key_aliases=k2)
+        )
+        full = Vocabulary.build(entities=e1 + e2, subjects=s1 + s2, key_aliases=k1 + k2)
+        for name in ("entities", "aliases", "namespaces", "word_sets", "entity_heads", "alias_heads"):
+            assert getattr(merged, name) == getattr(full, name), (name, e1, s1, k1, e2, s2, k2)
+
+
+def test_no_vocab_log_is_kept_beyond_its_bound(base_settings):
+    """The indexer prunes the log to its newest VOCAB_LOG_KEEP rows (checked with a small bound)."""
+    from projections.search import vocab
+
+    settings = base_settings.private(unique("vocab"))
+    with private_store(settings) as (conn, _es):
+        keep, vocab.VOCAB_LOG_KEEP = vocab.VOCAB_LOG_KEEP, 5
+        try:
+            for i in range(4):
+                vocab.log_indexed(conn, [(TENANT, f"v{i}-{j}") for j in range(3)])
+        finally:
+            vocab.VOCAB_LOG_KEEP = keep
+        n, low, high = conn.execute("SELECT count(*), min(seq), max(seq) FROM vocab_log").fetchone()
+    assert n == 5 and high - low == 4, (n, low, high)
