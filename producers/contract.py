@@ -9,6 +9,7 @@ event JSON.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -241,6 +242,7 @@ def version_id_for(tenant: str, event_id: str) -> str:
     return _digest("version", tenant, event_id)
 
 
+@functools.lru_cache(maxsize=65_536)  # the worker asks for it once per sealed record: a batch repeats subjects
 def subject_digest_for(tenant: str, subject: str) -> str:
     """A subject's name where its id must not appear in clear (the key store, erasure records)."""
     return _digest("subject", tenant, subject)
