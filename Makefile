@@ -26,7 +26,7 @@ status:
 
 test: up
 	@# the fault suite stops and starts servers: the demo's own processes must not be connected to them
-	$(PY) -m infra down worker indexer api mcp
+	$(PY) -m infra down worker indexer embedder api mcp
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: install

@@ -1,4 +1,4 @@
-"""`ledger`: the project's command line (publish, topics, worker, rebuild, indexer, reindex, serve, mcp, demo, keys).
+"""`ledger`: the command line (publish, topics, worker, rebuild, indexer, embedder, reindex, serve, mcp, demo, keys).
 
 Each sub-command lives beside the code it drives and is only registered here.
 """
@@ -65,9 +65,10 @@ app.command()(worker)
 app.command()(rebuild)
 
 # the search projection's commands live in projections/search/cli.py (imports only typer at module level)
-from projections.search.cli import indexer, reindex  # noqa: E402
+from projections.search.cli import embedder, indexer, reindex  # noqa: E402
 
 app.command()(indexer)
+app.command()(embedder)
 app.command()(reindex)
 
 # the MCP server's command lives in api/mcp/cli.py (imports only typer at module level)

@@ -237,6 +237,7 @@ class RecallCues(Body):
     event_types: list[str]
     time: TimeCue | None
     terms: list[str]
+    scopes: list[str] = Field(default=[], description="the tenant's scopes the query names (issue 15)")
 
 
 class MatchedCues(Body):
@@ -246,6 +247,7 @@ class MatchedCues(Body):
     keys: list[str] | None = None
     event_types: list[str] | None = None
     time: str | None = None
+    scope: str | None = Field(None, description="the hit's scope, when the query names it (issue 15)")
 
 
 class Verified(Body):
@@ -258,9 +260,20 @@ class Match(Body):
     cues: MatchedCues
     scores: dict[str, float] = Field(
         description="bm25, cosine, rrf (fuzzy stages), prior, overlap; rerank (the cross-encoder's logit) and "
-        "rank_before_rerank (the hit's place among the fuzzy hits before it) when the rerank stage scored it"
+        "rank_before_rerank (the hit's place among the fuzzy hits before it) when the rerank stage scored it; "
+        "preference (the factor on an episode about none of the subjects the query names, issue 15)"
     )
     verified: Verified
+    preferred: list[str] | None = Field(
+        None,
+        description="why a preference moved the hit up (issue 15): subject cue 'x' (an episode about a subject "
+        "the query names), scope cue 'x' or default scope (its fact's version of that scope comes first)",
+    )
+    duplicates: list[str] | None = Field(
+        None,
+        description="the other episodes of this hit's near-duplicate group (issue 15: the same thing said again, a "
+        "re-import), version ids: recall returns one hit per group",
+    )
 
 
 class RecallHit(Body):
@@ -342,6 +355,19 @@ class SearchCounts(Body):
     outbox_pending: int
     pg_versions: int
     es_documents: int
+    # issue 14: two-phase indexing's two lags
+    vectors_pending: int = Field(
+        description="versions whose document is written but lacks a configured model's vector (semantic recall "
+        "does not see them yet; exact and keyword recall do)"
+    )
+    documents_lag_s: float | None = Field(description="age of the oldest outbox row (null: every document written)")
+    vectors_lag_s: float | None = Field(
+        description="age of the oldest version awaiting its vectors, since PostgreSQL had it (null: none)"
+    )
+    duplicate_groups: int = Field(
+        description="groups of near-duplicate episodes (issue 15): recall returns one hit per group"
+    )
+    duplicate_episodes: int = Field(description="episodes linked to a group as repeats of its first episode")
 
 
 class StatsTimings(Body):
@@ -400,7 +426,10 @@ class StatsResponse(Body):
     events_applied: int
     versions: int
     dlq_count: int = Field(description="dead letters of the whole topic")
-    search_outbox_pending: int
+    search_outbox_pending: int = Field(
+        description="the search projection's pending work: outbox rows plus versions awaiting their vectors "
+        "(issue 14); 0 when every stage of recall sees everything applied"
+    )
     consumer: str
     topic: str
     lag: dict[str, PartitionLag] = Field(description="per partition")

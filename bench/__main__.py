@@ -16,15 +16,19 @@ from pathlib import Path
 import typer
 
 from bench.agent import agent_command
-from bench.cli import eval_command
+from bench.cli import conversations_command, eval_command
 from bench.crypto import crypto_command
+from bench.embedding import embedding_command, quality_command
 from bench.stats import stats_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="memory-ledger benchmarks")
 app.command(name="eval")(eval_command)
+app.command(name="conversations")(conversations_command)  # the conversational dev set (issue 15)
 app.command(name="stats")(stats_command)  # /v1/stats and /v1/stats/consistency at 100k facts (bench/stats.py)
 app.command(name="agent")(agent_command)  # POST /v1/context, MCP recall beside HTTP recall (bench/agent.py)
 app.command(name="crypto")(crypto_command)  # encryption off vs on: publish, ingest, seal/open (bench/crypto.py)
+app.command(name="embedding")(embedding_command)  # the embedding stage's candidates (issue 14, bench/embedding.py)
+app.command(name="embedding-quality")(quality_command)  # one candidate's `ledger eval` + dev set (bench/embedding.py)
 
 
 @app.command()
@@ -43,6 +47,8 @@ def run(
     profile: bool = typer.Option(
         False, help="py-spy the indexer/worker while ingesting and the API under exact recall"
     ),
+    indexers: int = typer.Option(1, help="`ledger indexer` processes sharing the outbox (issue 14)"),
+    embedders: int = typer.Option(1, help="`ledger embedder` processes sharing the embed queue (issue 14)"),
     note: list[str] = typer.Option([], help="a note to record with the results (repeatable)"),
     out_dir: Path | None = typer.Option(
         None, help="results folder (default bench/results, which also rewrites BENCHMARKS.md)"
@@ -64,6 +70,8 @@ def run(
         skip=tuple(x.strip() for x in skip.split(",") if x.strip()),
         keep=keep,
         profile=profile,
+        indexers=indexers,
+        embedders=embedders,
         **({"out_dir": out_dir} if out_dir else {}),
         notes=list(note),
     )

@@ -129,15 +129,15 @@ def _load(settings, svc, events: int, subjects: int, seed: int, timeout: float) 
     from producers.topics import ensure_topics
 
     ensure_topics(settings)
-    svc.start("worker", "indexer")
+    svc.start("worker", "indexer", "embedder")
     data = list(generate(events, subjects, seed=seed, tenants=(TENANT,)))
     publish_s = publish_events(settings, data)
     probe = Probe(settings)
     try:
-        pg_s, es_s = wait_caught_up(probe, timeout=timeout, alive=svc.check_alive)
+        pg_s, es_s, _ = wait_caught_up(probe, timeout=timeout, alive=svc.check_alive)
     finally:
         probe.close()
-    svc.stop("worker", "indexer")  # the data is static from here: idle pollers would only add noise
+    svc.stop("worker", "indexer", "embedder")  # the data is static from here: idle pollers would only add noise
     return {"events": len(data), "publish_s": round(publish_s, 2), "pg_caught_up_s": pg_s, "es_caught_up_s": es_s}
 
 

@@ -2,8 +2,9 @@
 
 "Visible in PostgreSQL" = the stored positions (committed with the projection rows) reach the
 topic's end offsets. "Visible in Elasticsearch" = the search outbox is drained and the index
-holds one searchable document per fact version. Both are read from the stores themselves,
-never from the processes' logs.
+holds one searchable document per fact version (exact and keyword recall see them). "Semantic" =
+besides, no version awaits its vectors (issue 14: documents first, vectors after). All read from
+the stores themselves, never from the processes' logs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ class Progress:
     outbox: int
     versions: int
     es_docs: int
+    embed_pending: int = 0
+
+    @property
+    def semantic_done(self) -> bool:
+        return self.es_done and self.embed_pending == 0
 
     @property
     def pg_done(self) -> bool:
@@ -93,6 +99,9 @@ class Probe:
             outbox=self._scalar(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "search_outbox"))),
             versions=self._scalar(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "fact_versions"))),
             es_docs=self.es_docs(),
+            embed_pending=self._scalar(
+                sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "embed_queue"))
+            ),
         )
 
 
@@ -103,23 +112,29 @@ def wait_caught_up(
     interval: float = 0.2,
     on_progress: Callable[[Progress], None] | None = None,
     alive: Callable[[], None] | None = None,
-) -> tuple[float | None, float]:
-    """Poll until PG and then ES hold everything published so far.
+    semantic: bool = True,
+) -> tuple[float | None, float, float | None]:
+    """Poll until PG, then ES, then (with `semantic`) the vectors hold everything published so far.
 
-    Returns (seconds until PG caught up, seconds until ES caught up), from the call. Raises
-    TimeoutError (with the last progress) after `timeout`; `alive()` may raise if a process died.
+    Returns (seconds until PG caught up, until ES did, until the vectors did: None without `semantic`), from the
+    call. Raises TimeoutError (with the last progress) after `timeout`; `alive()` may raise if a process died.
     """
     t0 = time.perf_counter()
     ends = probe.end_offsets()
     pg_at: float | None = None
+    es_at: float | None = None
     while True:
         prog = probe.progress(ends)
         if on_progress:
             on_progress(prog)
         if pg_at is None and prog.pg_done:
             pg_at = time.perf_counter() - t0
-        if prog.es_done:
-            return pg_at, time.perf_counter() - t0
+        if es_at is None and prog.es_done:
+            es_at = time.perf_counter() - t0
+            if not semantic:
+                return pg_at, es_at, None
+        if es_at is not None and prog.semantic_done:
+            return pg_at, es_at, time.perf_counter() - t0
         if time.perf_counter() - t0 > timeout:
             raise TimeoutError(f"not caught up after {timeout:.0f}s: {prog}")
         if alive:

@@ -1,4 +1,4 @@
-"""`python -m bench eval` (only typer is imported at module level, so `--help` stays fast)."""
+"""`python -m bench eval` and `conversations` (only typer is imported at module level, so `--help` stays fast)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-__all__ = ["eval_command"]
+__all__ = ["conversations_command", "eval_command"]
 
 
 def eval_command(
@@ -47,3 +47,63 @@ def eval_command(
     typer.echo(f"wrote {path}")
     if result["storage"]["double_active_rate"] or result["storage"]["orphan_rate"]:
         raise typer.Exit(1)
+
+
+def conversations_command(
+    url: str | None = typer.Option(None, help="score a running API instead of starting private services"),
+    api_key: str = typer.Option("dev-key", help="with --url: a key bound to conv-dev-26 and conv-dev-30"),
+    modes: str = typer.Option("auto,hybrid,keyword,semantic", help="comma-separated recall modes"),
+    k: int = typer.Option(10, help="hits per question"),
+    ingest: bool = typer.Option(True, help="publish the turns first (--no-ingest: they are in the service)"),
+    record: bool = typer.Option(True, help="write bench/results/conversations-<UTC>.json and BENCHMARKS.md's table"),
+) -> None:
+    """Conversational recall on the dev set (issue 15): any/frac/MRR@k per category and mode, p50/p95 latency,
+    beside a plain BM25 over the same turns; on private services (worker, indexer, embedder, API) unless --url."""
+    import httpx
+    import orjson
+    from rich.progress import Progress
+
+    from bench import conversations as cv
+    from producers.settings import REPO_ROOT, get_settings
+
+    convs = cv.load()
+    chosen = [m for m in modes.split(",") if m]
+    total = sum(len(cv.questions(d)) for d in convs.values())
+
+    def run(base: str, key: str) -> dict:
+        with httpx.Client(base_url=base, headers={"X-API-Key": key}, timeout=120) as client:
+            info: dict = {}
+            if ingest:
+                info["turns"] = cv.ingest(client, convs)
+                info["searchable_after_s"] = round(cv.wait_searchable(client, convs), 1)
+            with Progress() as bar:
+                task = bar.add_task("questions", total=total)
+                result = cv.score(client, convs, k=k, modes=chosen, progress=lambda n: bar.advance(task, n))
+            return {**info, **result}
+
+    if url:
+        result = run(url, api_key)
+    else:
+        from bench.services import Services, drop_private, free_port
+
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        s = get_settings().private(
+            f"conv_{stamp.lower()}",
+            api_port=free_port(),
+            api_keys={"conv-key": [cv.tenant(c) for c in convs]},
+        )
+        try:
+            with Services(s, s.log_dir / f"conversations-{stamp}") as svc:
+                svc.start("worker", "indexer", "embedder", "api")
+                result = run(svc.url, "conv-key")
+        finally:
+            drop_private(s)
+    for row in cv.table_rows(result):
+        typer.echo(row)
+    if record:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        path = REPO_ROOT / "bench" / "results" / f"conversations-{stamp}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(orjson.dumps({"stamp": stamp, **result}, option=orjson.OPT_INDENT_2))
+        cv.write_section(REPO_ROOT / "BENCHMARKS.md", path, result)
+        typer.echo(f"wrote {path} and BENCHMARKS.md")

@@ -3,7 +3,9 @@
 A publisher thread sends background events (another tenant) at a fixed rate and, at a lower
 fixed rate, probe events. Each probe is timed from just before it is sent until:
   - `pg`: its version row is readable in PostgreSQL, and
-  - `recall`: an exact-mode POST /v1/recall returns that very version.
+  - `recall`: an exact-mode POST /v1/recall returns that very version, and
+  - `vector`: its vectors are stored (issue 14: the embedding stage runs after the document exists; semantic
+    recall sees the version once an indexer rewrote its document with them, one outbox batch later).
 Two kinds of probes: `update` (a new value of a fact whose entity the tenant already knows,
 the common case) and `new` (a fact about an entity never seen before).
 """
@@ -69,6 +71,7 @@ class _Probe:
     sent: float
     pg: float | None = None
     recall: float | None = None
+    vector: float | None = None
 
 
 @dataclass
@@ -133,6 +136,21 @@ def _pg_poller(settings: Settings, st: _State, deadline: list[float]) -> None:
             time.sleep(0.005)
 
 
+def _vector_poller(settings: Settings, st: _State, deadline: list[float]) -> None:
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        q = sql.SQL("SELECT DISTINCT version_id FROM {} WHERE version_id = ANY(%s)").format(
+            sql.Identifier(settings.pg_schema, "version_vectors")
+        )
+        while not (st.done.is_set() and not st.pending("vector")) and time.perf_counter() < deadline[0]:
+            pending = {version_id_for(PROBE_TENANT, p.event_id): p for p in st.pending("vector")}
+            if pending:
+                seen = {row[0] for row in conn.execute(q, (list(pending),))}
+                t = time.perf_counter()
+                for vid in seen:
+                    pending[vid].vector = t
+            time.sleep(0.02)
+
+
 def _recall_poller(url: str, api_key: str, st: _State, deadline: list[float]) -> None:
     headers = {"X-API-Key": api_key, "Content-Type": "application/json"}
     with httpx.Client(base_url=url, headers=headers, timeout=10) as client:
@@ -150,13 +168,14 @@ def _recall_poller(url: str, api_key: str, st: _State, deadline: list[float]) ->
 def measure_lag(
     settings: Settings, url: str, api_key: str, rate: float, *, duration: float = 30.0, probe_rate: float = 2.0
 ) -> dict[str, Any]:
-    """Steady load at `rate` events/s for `duration` s; per-probe lag to PG and to an exact recall."""
+    """Steady load at `rate` events/s for `duration` s; per-probe lag to PG, to an exact recall and to its vectors."""
     st = _State()
     pub: dict[str, Any] = {}
     deadline = [time.perf_counter() + duration + 120]
     threads = [
         threading.Thread(target=_pg_poller, args=(settings, st, deadline), daemon=True),
         threading.Thread(target=_recall_poller, args=(url, api_key, st, deadline), daemon=True),
+        threading.Thread(target=_vector_poller, args=(settings, st, deadline), daemon=True),
     ]
     for t in threads:
         t.start()
@@ -175,7 +194,9 @@ def measure_lag(
         out[kind] = {
             "pg": percentiles([(p.pg - p.sent) * 1000 for p in ps if p.pg is not None]),
             "recall": percentiles([(p.recall - p.sent) * 1000 for p in ps if p.recall is not None]),
+            "vector": percentiles([(p.vector - p.sent) * 1000 for p in ps if p.vector is not None]),
             "never_seen_pg": sum(p.pg is None for p in ps),
             "never_seen_recall": sum(p.recall is None for p in ps),
+            "never_seen_vector": sum(p.vector is None for p in ps),
         }
     return out

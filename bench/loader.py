@@ -41,12 +41,19 @@ def publish_events(
 
 
 def load_dataset(settings: Settings, n_events: int, n_subjects: int, *, tenant: str, timeout: float) -> dict:
-    """Publish a dataset and wait until PostgreSQL and Elasticsearch hold all of it (a worker and indexer run)."""
+    """Publish a dataset and wait until PostgreSQL and Elasticsearch hold all of it, vectors too (a worker, an
+    indexer and an embedder run)."""
     events = list(generate(n_events, n_subjects, tenants=(tenant,)))
     seconds = publish_events(settings, events)
     probe = Probe(settings)
     try:
-        pg_s, es_s = wait_caught_up(probe, timeout=timeout)
+        pg_s, es_s, vec_s = wait_caught_up(probe, timeout=timeout)
     finally:
         probe.close()
-    return {"events": len(events), "publish_s": seconds, "pg_caught_up_s": pg_s, "es_caught_up_s": es_s}
+    return {
+        "events": len(events),
+        "publish_s": seconds,
+        "pg_caught_up_s": pg_s,
+        "es_caught_up_s": es_s,
+        "vectors_caught_up_s": vec_s,
+    }

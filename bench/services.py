@@ -37,7 +37,8 @@ def free_port() -> int:
 
 @dataclass
 class Services:
-    """Start/stop the worker, the search indexer and the API for one Settings; logs go to `log_dir`."""
+    """Start/stop the worker, the search indexers, the embedders and the API for one Settings; logs go to
+    `log_dir`."""
 
     settings: Settings
     log_dir: Path
@@ -51,8 +52,10 @@ class Services:
         py = sys.executable
         if name == "worker":
             return [py, "-m", "api.cli", "worker", "--loglevel", "warning"]
-        if name == "indexer":
+        if name.startswith("indexer"):  # indexer, indexer-2, ...: any number share the outbox (issue 14)
             return [py, "-m", "api.cli", "indexer"]
+        if name.startswith("embedder"):
+            return [py, "-m", "api.cli", "embedder"]
         if name == "api":
             return [
                 py,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from infra.maven import copy_dependencies, fetch_artifact
@@ -103,41 +104,77 @@ def tools_classpath(s: Settings) -> str:
     return str(_paths(s)["libs"] / "*")
 
 
+def server_properties(
+    *,
+    node_id: int,
+    voters: str,
+    host: str,
+    port: int,
+    controller_port: int,
+    data_dir: Path,
+    partitions: int,
+    replication: int = 1,
+    min_isr: int = 1,
+    extra: Sequence[str] = (),
+) -> str:
+    """server.properties of one KRaft node (broker and controller in one process).
+
+    The defaults are the single-broker stack's; `infra.kafka_cluster` passes a node id, the voters of
+    the quorum, the internal topics' replication and `extra` lines for each node of a cluster.
+    """
+    return "\n".join(
+        [
+            "process.roles=broker,controller",
+            f"node.id={node_id}",
+            f"controller.quorum.voters={voters}",
+            f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}",
+            f"advertised.listeners=PLAINTEXT://{host}:{port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            f"log.dirs={data_dir}",
+            f"num.partitions={partitions}",
+            f"offsets.topic.replication.factor={replication}",
+            "offsets.topic.num.partitions=6",
+            f"transaction.state.log.replication.factor={replication}",
+            f"transaction.state.log.min.isr={min_isr}",
+            f"share.coordinator.state.topic.replication.factor={replication}",
+            f"share.coordinator.state.topic.min.isr={min_isr}",
+            "group.initial.rebalance.delay.ms=0",
+            "auto.create.topics.enable=true",
+            "log.retention.hours=-1",
+            "message.max.bytes=10485760",
+            *extra,
+            "",
+        ]
+    )
+
+
+def log4j_properties(log: Path) -> str:
+    """The broker's log4j2 configuration: everything to one file."""
+    return _LOG4J2.format(log=log)
+
+
 def _write_config(s: Settings) -> None:
     p = _paths(s)
     host, port = s.kafka_host_port
     p["config"].parent.mkdir(parents=True, exist_ok=True)
     p["config"].write_text(
-        "\n".join(
-            [
-                "process.roles=broker,controller",
-                "node.id=1",
-                f"controller.quorum.voters=1@{host}:{s.kafka_controller_port}",
-                f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{s.kafka_controller_port}",
-                f"advertised.listeners=PLAINTEXT://{host}:{port}",
-                "controller.listener.names=CONTROLLER",
-                "inter.broker.listener.name=PLAINTEXT",
-                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-                f"log.dirs={p['data']}",
-                f"num.partitions={s.topic_partitions}",
-                "offsets.topic.replication.factor=1",
-                "offsets.topic.num.partitions=6",
-                "transaction.state.log.replication.factor=1",
-                "transaction.state.log.min.isr=1",
-                "share.coordinator.state.topic.replication.factor=1",
-                "share.coordinator.state.topic.min.isr=1",
-                "group.initial.rebalance.delay.ms=0",
-                "auto.create.topics.enable=true",
-                "log.retention.hours=-1",
-                "message.max.bytes=10485760",
-                "",
-            ]
+        server_properties(
+            node_id=1,
+            voters=f"1@{host}:{s.kafka_controller_port}",
+            host=host,
+            port=port,
+            controller_port=s.kafka_controller_port,
+            data_dir=p["data"],
+            partitions=s.topic_partitions,
         )
     )
-    p["log4j"].write_text(_LOG4J2.format(log=p["server_log"]))
+    p["log4j"].write_text(log4j_properties(p["server_log"]))
 
 
-def _java_cmd(s: Settings, main: str, *args: str, heap: str = "256m") -> list[str]:
+def java_command(s: Settings, main: str, *args: str, heap: str = "256m", log4j: Path | None = None) -> list[str]:
+    """`java ... main args` on the broker's classpath; `log4j`: another node's configuration (default: ours)."""
     p = _paths(s)
     return [
         _java(s),
@@ -145,7 +182,7 @@ def _java_cmd(s: Settings, main: str, *args: str, heap: str = "256m") -> list[st
         f"-Xmx{heap}",
         "-XX:+UseG1GC",
         "-Djava.awt.headless=true",
-        f"-Dlog4j2.configurationFile={p['log4j']}",
+        f"-Dlog4j2.configurationFile={log4j or p['log4j']}",
         "-cp",
         str(p["libs"] / "*"),
         main,
@@ -159,7 +196,7 @@ def _format_storage(s: Settings) -> None:
         return
     p["data"].mkdir(parents=True, exist_ok=True)
     cluster_id = uuid.uuid4().hex[:22]
-    run(_java_cmd(s, STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(p["config"])), PART, p["log"])
+    run(java_command(s, STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(p["config"])), PART, p["log"])
 
 
 def pid(s: Settings) -> int | None:
@@ -183,7 +220,7 @@ def start(s: Settings, timeout: float = 120.0) -> None:
     install(s)
     _write_config(s)
     _format_storage(s)
-    spawn(_java_cmd(s, MAIN_CLASS, str(p["config"]), heap=s.kafka_heap), p["log"], p["pid"])
+    spawn(java_command(s, MAIN_CLASS, str(p["config"]), heap=s.kafka_heap), p["log"], p["pid"])
     healthy_or_stopped(lambda: healthy(s), PART, timeout, p["server_log"], lambda: pid(s) is not None, lambda: stop(s))
 
 

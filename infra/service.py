@@ -1,4 +1,6 @@
-"""memory-ledger's own processes (stream worker, search indexer, HTTP API, MCP server) run like the servers.
+"""memory-ledger's own processes (stream worker, search indexers and embedders, HTTP API, MCP server) run like the
+servers. `LEDGER_INDEXERS` / `LEDGER_EMBEDDERS` say how many of those two to run (issue 14: they share the work);
+the k-th gets its own pid file, log and metrics port (the configured port + k - 1).
 
 infra only spawns the `ledger` commands by name; it imports none of their code, so
 the data flow (producers -> stream_processors -> projections -> api) stays one-way.
@@ -16,6 +18,7 @@ from producers.settings import Settings
 SERVICES = {
     "worker": ["worker"],
     "indexer": ["indexer"],
+    "embedder": ["embedder"],  # issue 14: the embedding stage, apart from the indexer
     "api": ["serve"],
     "mcp": ["mcp", "--transport", "http"],  # the MCP server over Streamable HTTP, beside the API
 }
@@ -23,6 +26,25 @@ HEALTH = {  # the services with an HTTP health route: (host, port, path)
     "api": lambda s: (s.api_host, s.api_port, "/v1/health"),
     "mcp": lambda s: (s.mcp_host, s.mcp_port, "/health"),
 }
+
+
+SCALED = {"indexer": ("indexers", "indexer_metrics_port"), "embedder": ("embedders", "embedder_metrics_port")}
+MAX_INSTANCES = 16  # stop looks this far, so lowering the count still stops the extra ones
+
+
+def instances(s: Settings, name: str, *, every: bool = False) -> list[str]:
+    """The instance names of a service: `indexer`, `indexer-2`, ... (`every`: all that may have been started)."""
+    n = MAX_INSTANCES if every else getattr(s, SCALED[name][0]) if name in SCALED else 1
+    return [name] + [f"{name}-{k}" for k in range(2, n + 1)] if name in SCALED else [name]
+
+
+def _env(s: Settings, name: str, instance: str) -> dict[str, str]:
+    env = s.as_env()
+    if name in SCALED and instance != name:
+        port_setting = SCALED[name][1]
+        port = getattr(s, port_setting)
+        env[f"LEDGER_{port_setting.upper()}"] = str(port + int(instance.rsplit("-", 1)[1]) - 1 if port else 0)
+    return env
 
 
 def _ledger() -> str:
@@ -37,12 +59,17 @@ def _log(s: Settings, name: str) -> Path:
     return s.log_dir / f"{name}.log"
 
 
+def _pid_of(s: Settings, name: str, instance: str) -> int | None:
+    return owned_pid(_pid_file(s, instance), " ".join(SERVICES[name]))
+
+
 def pid(s: Settings, name: str) -> int | None:
-    return owned_pid(_pid_file(s, name), " ".join(SERVICES[name]))
+    """The first instance's pid (each instance has its own pid file)."""
+    return _pid_of(s, name, name)
 
 
 def healthy(s: Settings, name: str) -> bool:
-    if pid(s, name) is None:
+    if any(_pid_of(s, name, i) is None for i in instances(s, name)):
         return False
     if name in HEALTH:
         host, port, path = HEALTH[name](s)
@@ -52,9 +79,10 @@ def healthy(s: Settings, name: str) -> bool:
 
 
 def start(s: Settings, name: str, timeout: float = 90.0) -> None:
-    if pid(s, name) is None:
-        # exactly these settings, whatever the environment of the caller (`Settings.as_env`)
-        spawn([_ledger(), *SERVICES[name]], _log(s, name), _pid_file(s, name), env=s.as_env())
+    for instance in instances(s, name):
+        if _pid_of(s, name, instance) is None:
+            # exactly these settings, whatever the environment of the caller (`Settings.as_env`)
+            spawn([_ledger(), *SERVICES[name]], _log(s, instance), _pid_file(s, instance), env=_env(s, name, instance))
     try:
         wait_until(lambda: healthy(s, name), name, timeout, _log(s, name), lambda: pid(s, name) is not None)
     except InfraError:
@@ -63,10 +91,15 @@ def start(s: Settings, name: str, timeout: float = 90.0) -> None:
 
 
 def stop(s: Settings, name: str) -> bool:
-    return stop_owned(_pid_file(s, name), " ".join(SERVICES[name]), timeout=30)
+    stopped = [
+        stop_owned(_pid_file(s, i), " ".join(SERVICES[name]), timeout=30) for i in instances(s, name, every=True)
+    ]
+    return any(stopped)
 
 
 def describe(s: Settings, name: str) -> dict[str, str]:
     addresses = {"api": f"http://{s.api_host}:{s.api_port}", "mcp": f"http://{s.mcp_host}:{s.mcp_port}/mcp"}
     address = addresses.get(name, f"ledger {' '.join(SERVICES[name])}")
+    if name in SCALED:
+        address += f" x{len(instances(s, name))}"
     return {"address": address, "log": str(_log(s, name)), "data": "-"}

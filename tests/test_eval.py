@@ -30,7 +30,7 @@ def eval_result(settings, tmp_path):
     events = list(generate(1500, 150, seed=7, tenants=(TENANT,)))
     try:
         with Services(s, tmp_path / "logs") as svc:
-            svc.start("worker", "indexer", "api")
+            svc.start("worker", "indexer", "embedder", "api")
             publish_events(s, events)
             probe = Probe(s)
             try:

@@ -37,6 +37,7 @@ from producers.topics import ensure_topics
 from projections.search.indexer import lock_key
 from tests.support import (
     TENANT,
+    Embedder,
     Indexer,
     Worker,
     asserted,
@@ -163,7 +164,12 @@ def test_requests_are_labelled_by_route_template_never_by_raw_path(base_settings
 def metered(settings: Settings) -> Iterator[Settings]:
     """Private settings with free metrics ports and gauges refreshed twice a second; cleaned up afterwards."""
     s = settings.model_copy(
-        update={"worker_metrics_port": free_port(), "indexer_metrics_port": free_port(), "metrics_refresh_s": 0.5}
+        update={
+            "worker_metrics_port": free_port(),
+            "indexer_metrics_port": free_port(),
+            "embedder_metrics_port": free_port(),
+            "metrics_refresh_s": 0.5,
+        }
     )
     try:
         ensure_topics(s)
@@ -228,7 +234,8 @@ def test_every_process_counts_a_real_ingest_exactly(metered: Settings) -> None:
         assert delta(w2, w0, "ledger_worker_records_total", outcome="applied") == N + M
         worker.check()
 
-    # the indexer cannot drain while the test holds its lock: the outbox gauges show what waits
+    # the indexer cannot drain while the test holds the reindex lock: the outbox gauge shows what waits
+    embedder_url = f"http://127.0.0.1:{s.embedder_metrics_port}/metrics"
     with psycopg.connect(s.pg_dsn, autocommit=True) as locker:
         assert locker.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (lock_key(s),)).fetchone()[0]
         with Indexer(s) as indexer:
@@ -236,7 +243,7 @@ def test_every_process_counts_a_real_ingest_exactly(metered: Settings) -> None:
                 lambda: (
                     (i := up(indexer_url, indexer))
                     and value(i, "ledger_indexer_outbox_depth") == N + M
-                    and value(i, "ledger_indexer_vectors_pending") == N + M
+                    and value(i, "ledger_indexer_vectors_pending") == 0
                     and i
                 ),
                 120,
@@ -245,25 +252,55 @@ def test_every_process_counts_a_real_ingest_exactly(metered: Settings) -> None:
             )
             assert value(i0, "ledger_indexer_documents_total", op="index") == 0
             locker.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (lock_key(s),))
+            # issue 14: documents first, without vectors: they wait in the embed queue (no embedder runs yet)
             i1 = wait_for(
                 lambda: (
                     (i := scrape(indexer_url))
                     and value(i, "ledger_indexer_outbox_depth") == 0
-                    and value(i, "ledger_indexer_vectors_pending") == 0
+                    and value(i, "ledger_indexer_vectors_pending") == N + M
                     and delta(i, i0, "ledger_indexer_documents_total", op="index") >= N + M
                     and i
                 ),
                 60,
                 0.3,
-                "the outbox drained",
+                "the outbox drained into documents without vectors",
             )
             assert delta(i1, i0, "ledger_indexer_documents_total", op="index") == N + M
-            assert delta(i1, i0, "ledger_indexer_documents_total", op="update") == 0
-            assert delta(i1, i0, "ledger_indexer_embedded_texts_total") == N + M
             assert delta(i1, i0, "ledger_indexer_outbox_rows_total") == N + M
             assert delta(i1, i0, "ledger_indexer_failed_documents_total") == 0
-            assert delta(i1, i0, "ledger_indexer_embedding_duration_seconds_count") >= 1
             assert delta(i1, i0, "ledger_indexer_batch_duration_seconds_count") >= 1
+            with Embedder(s) as embedder:
+                e1 = wait_for(
+                    lambda: (
+                        (e := up(embedder_url, embedder))
+                        and value(e, "ledger_embedder_queue_depth") == 0
+                        and value(e, "ledger_embedder_versions_total", outcome="stored") == N + M
+                        and e
+                    ),
+                    180,
+                    0.5,
+                    "the embedder's queue drained",
+                )
+                assert value(e1, "ledger_embedder_versions_total", outcome="gone") == 0
+                assert value(e1, "ledger_embedder_texts_total") >= N + M  # English text: two models each
+                assert value(e1, "ledger_embedder_embedding_duration_seconds_count") >= 1
+                assert value(e1, "ledger_embedder_oldest_pending_seconds") == 0
+                embedder.check()
+            # each document once more, now with its vectors
+            i2 = wait_for(
+                lambda: (
+                    (i := scrape(indexer_url))
+                    and value(i, "ledger_indexer_vectors_pending") == 0
+                    and value(i, "ledger_indexer_outbox_depth") == 0
+                    and delta(i, i0, "ledger_indexer_documents_total", op="index") >= 2 * (N + M)
+                    and i
+                ),
+                60,
+                0.3,
+                "the documents rewritten with their vectors",
+            )
+            assert delta(i2, i0, "ledger_indexer_documents_total", op="index") == 2 * (N + M)
+            assert delta(i2, i0, "ledger_indexer_documents_total", op="update") == 0
             indexer.check()
 
     # the API: K recalls, one refused, one read of a subject's facts; /metrics needs no key

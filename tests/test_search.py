@@ -11,11 +11,13 @@ from elasticsearch import Elasticsearch
 
 from producers.contract import EventType, MemoryEvent
 from projections.embedding import load_embedder
+from projections.search.embedder import embed_once
 from projections.search.indexer import DrainStats, drain_once, lock_key
 from projections.search.mapping import physical_indices
 from projections.search.reindex import orphans, reindex
 from tests.support import RecorderWriter as Ledger
 from tests.support import drain_all, outbox_count, private_store
+from tests.support.stores import embed_queue_count
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 
@@ -53,16 +55,26 @@ def _doc(es: Elasticsearch, settings, version_id: str) -> dict:
     return es.get(index=settings.es_index, id=version_id, source_exclude_vectors=False)["_source"]
 
 
-def test_outbox_rows_become_documents_with_embeddings(store, embedder):
+def test_outbox_rows_become_documents_first_and_get_their_vectors_after(store, embedder):
+    """Two-phase indexing (issue 14): the indexer writes the documents with no embedding on its path and queues
+    them for the embedder, which stores the vectors and sends the versions back through the outbox."""
     settings, conn, es, ledger = store
     e1 = _port(ledger, 8080, T0)
     e2 = ledger.assert_fact("acme", "user:42", "preference.seat", "用户 42 喜欢靠窗的座位", "window", kind="preference")
     assert outbox_count(conn) == 2
 
     stats = DrainStats()
-    assert drain_once(settings, conn, es, embedder, refresh=True, stats=stats) == 2
-    assert outbox_count(conn) == 0
-    assert (stats.indexed, stats.embedded, stats.failed) == (2, 2, [])
+    assert drain_once(settings, conn, es, refresh=True, stats=stats) == 2
+    assert outbox_count(conn) == 0 and embed_queue_count(conn) == 2
+    assert (stats.indexed, stats.queued, stats.failed) == (2, 2, [])
+    first = _doc(es, settings, e1.version_id)
+    assert "embedding" not in first and first["content"] == e1.content and first["status"] == "active"
+
+    done = embed_once(settings, conn, embedder)
+    assert (done.claimed, done.stored, done.texts) == (2, 2, 2)
+    assert embed_queue_count(conn) == 0 and outbox_count(conn) == 2  # the documents go round once more
+    assert drain_once(settings, conn, es, refresh=True) == 2
+    assert embed_queue_count(conn) == 0  # they have every configured vector now: nothing queued again
 
     doc = _doc(es, settings, e1.version_id)  # _id = version_id = version_id_for(tenant, event_id)
     assert doc["memory_id"] == e1.memory_id
@@ -97,20 +109,23 @@ def test_one_event_id_in_two_tenants_is_two_documents(store, embedder):
     assert es.count(index=settings.es_index)["count"] == 2
 
 
-def test_supersession_updates_the_old_document_without_embedding_it_again(store, embedder):
+def test_supersession_rewrites_the_old_document_with_its_stored_vector(store, embedder):
     settings, conn, es, ledger = store
     old = _port(ledger, 8080, T0)
     drain_all(settings, conn, es, embedder)
+    vector = _doc(es, settings, old.version_id)["embedding"]
     new = _port(ledger, 9090, T0 + timedelta(days=3))
 
     stats = DrainStats()
-    drain_all(settings, conn, es, embedder, stats=stats)
-    assert stats.embedded == 1  # only the new version; the old one got a partial update
-    assert stats.updated == 1 and stats.indexed == 1
-    old_doc, new_doc = _doc(es, settings, old.version_id), _doc(es, settings, new.version_id)
+    assert drain_once(settings, conn, es, refresh=True, stats=stats) == 2
+    assert stats.indexed == 2 and stats.queued == 1  # only the new version needs an embedding
+    old_doc = _doc(es, settings, old.version_id)
     assert old_doc["status"] == "superseded" and old_doc["superseded_by"] == new.version_id
     assert datetime.fromisoformat(old_doc["valid_to"]) == T0 + timedelta(days=3)
-    assert len(old_doc["embedding"]) == embedder.dim  # the partial update kept the vector
+    assert old_doc["embedding"] == vector  # read back from PostgreSQL, not embedded again
+    drain_all(settings, conn, es, embedder)
+    new_doc = _doc(es, settings, new.version_id)
+    assert len(new_doc["embedding"]) == embedder.dim
     assert new_doc["status"] == "active" and new_doc["version"] == 2
 
 
@@ -184,17 +199,15 @@ def test_reindex_fills_a_new_index_and_switches_the_alias(store, embedder):
     assert not es.indices.exists(index=old)
     after = {e.version_id: _doc(es, settings, e.version_id) for e in events}
     assert after.keys() == before.keys()
-    for vid in before:  # same document; the vector is recomputed, equal up to float noise
-        b, a = dict(before[vid]), dict(after[vid])
-        assert max(abs(x - y) for x, y in zip(b.pop("embedding"), a.pop("embedding"), strict=True)) < 1e-4
-        assert a == b
+    assert after == before  # the same documents: the stored vectors are copied, not embedded again
+    assert report["embedded"] == 0
     # the indexer keeps writing into the new index
     _port(ledger, 7070, T0 + timedelta(days=2))
     drain_all(settings, conn, es, embedder)
     assert es.count(index=report["index"])["count"] == 4
 
 
-def test_only_one_indexer_drains_at_a_time(store, embedder):
+def test_no_indexer_writes_while_a_reindex_holds_the_lock(store, embedder):
     settings, conn, es, ledger = store
     _port(ledger, 8080, T0)
     other = psycopg.connect(settings.pg_dsn, autocommit=True)
@@ -202,10 +215,10 @@ def test_only_one_indexer_drains_at_a_time(store, embedder):
         assert other.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (lock_key(settings),)).fetchone()[
             0
         ]
-        assert drain_once(settings, conn, es, embedder) == 0
+        assert drain_once(settings, conn, es) == 0
         assert outbox_count(conn) == 1
         other.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (lock_key(settings),))
-        assert drain_once(settings, conn, es, embedder, refresh=True) == 1
+        assert drain_once(settings, conn, es, refresh=True) == 1
     finally:
         other.close()
 
@@ -215,10 +228,10 @@ def test_elasticsearch_down_keeps_the_outbox_and_a_later_drain_catches_up(store,
     _port(ledger, 8080, T0)
     dead = Elasticsearch("http://127.0.0.1:9", request_timeout=2, max_retries=0)
     with pytest.raises(ESConnectionError):
-        drain_once(settings, conn, dead, embedder)
+        drain_once(settings, conn, dead)
     assert outbox_count(conn) == 1  # PostgreSQL kept it; nothing was lost
     _port(ledger, 9090, T0 + timedelta(days=1))
-    assert drain_all(settings, conn, es, embedder) == 3
+    assert drain_all(settings, conn, es, embedder) == 3 + 2  # and each version once more with its vectors
 
 
 def test_rejected_documents_stay_in_the_outbox(store, embedder):
@@ -231,11 +244,11 @@ def test_rejected_documents_stay_in_the_outbox(store, embedder):
         _port(ledger, 9090, T0 + timedelta(days=1))
         stats = DrainStats()
         try:
-            drain_once(settings, conn, es, embedder, stats=stats)
+            drain_once(settings, conn, es, stats=stats)
         except Exception:  # noqa: BLE001 - refused before the bulk (mget on a closed index) is fine too
             pass
         assert outbox_count(conn) == 2
     finally:
         es.indices.open(index=physical, wait_for_active_shards=1)
-    assert drain_all(settings, conn, es, embedder) == 2
+    assert drain_all(settings, conn, es, embedder) == 2 + 1  # the new version once more with its vector
     assert es.count(index=settings.es_index)["count"] == 2

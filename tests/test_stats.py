@@ -61,6 +61,7 @@ def recount(settings: Settings, tenant: str) -> tuple[dict[str, int], dict[str, 
             "events": conn.execute("SELECT count(*) FROM events WHERE tenant = %s", (tenant,)).fetchone()[0],
             "versions": conn.execute("SELECT count(*) FROM fact_versions WHERE tenant = %s", (tenant,)).fetchone()[0],
             "outbox": conn.execute("SELECT count(*) FROM search_outbox WHERE tenant = %s", (tenant,)).fetchone()[0],
+            "embed_queue": conn.execute("SELECT count(*) FROM embed_queue WHERE tenant = %s", (tenant,)).fetchone()[0],
             f"dead_letters/{settings.topic}": conn.execute(
                 "SELECT count(*) FROM dead_letters WHERE topic = %s", (settings.topic,)
             ).fetchone()[0],
@@ -91,14 +92,21 @@ def check_counts(pipe: Pipeline, step: str) -> dict[str, dict[str, int]]:
         reported = {
             "events": body["events_applied"],
             "versions": body["versions"],
-            "outbox": body["search_outbox_pending"],
+            "outbox": body["search"]["outbox_pending"],
+            "embed_queue": body["search"]["vectors_pending"],
             f"dead_letters/{pipe.settings.topic}": body["dlq_count"],
         }
+        assert body["search_outbox_pending"] == rows["outbox"] + rows["embed_queue"]  # documents and vectors
         assert reported == rows, f"{step}, {tenant}: /v1/stats {reported} != rows {rows}"
         assert body["search"] == {
             "outbox_pending": 0,
             "pg_versions": rows["versions"],
             "es_documents": rows["versions"],
+            "vectors_pending": 0,  # issue 14: settled means every document has its vectors too
+            "documents_lag_s": None,
+            "vectors_lag_s": None,
+            "duplicate_groups": 0,
+            "duplicate_episodes": 0,
         }
         invariants = ("double_active", "chain_integrity_violations", "explicit_confidence_violations")
         assert [body[k] for k in invariants] == [0, 0, 0], body

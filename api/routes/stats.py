@@ -114,15 +114,16 @@ async def stats(
         es_documents, es_ms = await docs_task
     finally:
         _settle(ends_task, docs_task)
-    counts = pg["counts"]
+    counts = dict(pg["counts"])
+    lag = counts.pop("search_lag")
     body = {
         "tenant": tenant,
         **counts,
         **_lag_part(settings, ends, pg["positions"]),
         "search": {
-            "outbox_pending": counts["search_outbox_pending"],
             "pg_versions": counts["versions"],
             "es_documents": es_documents,
+            **lag,
         },
         "access": access,
         "took_ms": {

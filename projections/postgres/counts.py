@@ -7,6 +7,9 @@ Table `counts (tenant, name, shard, n)` (schema.sql): a count is the sum of `n` 
 - `versions` (the fact's tenant): + a version the recorder inserts; - the versions an erasure purges.
 - `outbox` (the row's tenant): + a search_outbox row the recorder queues; - one the indexer (or an erasure) removes.
 - `dead_letters/<topic>` (tenant ''): + a dead letter of that topic the recorder writes.
+- `embed_queue` (the version's tenant, issue 14): + a version an indexer queued for its vectors; - one an embedder
+  finished (or found gone). Indexers and embedders write shard -1 under one transaction lock (projections.search.
+  claims.TAIL_LOCK), so several of them never deadlock on a counter row.
 - `facts_active`, `facts_active_served`, `accesses_active` (the fact's tenant; `/v1/stats` `access`): the facts
   with a version of status `active` (neither superseded nor retracted: a property the projection stores, so the
   count does not depend on the clock), those of them with an `access_counts` row, and the sum of their accesses.
@@ -15,18 +18,18 @@ Table `counts (tenant, name, shard, n)` (schema.sql): a count is the sum of `n` 
   accesses.
 
 Exactly once like the rows they count: a redelivered record writes no rows and no counts, a rolled-back batch
-neither. Shards keep writers off each other's rows: the recorder adds to the shard of the lowest ledger
-partition of its batch, whose position row it holds locked (`FOR UPDATE`) until it commits, so two batches that
-could write the same counter row are already serialized by that lock; the indexer (one per schema, under its
-advisory lock) writes shard -1; the access projector writes `access_shard(p)` (-2 - p) for the lowest access-topic
-partition p of its batch, whose position row it holds locked, so it never shares a counter row with the recorder;
-an erasure adds its access counters on the shard of the lowest ledger partition of the subject's versions (the
-erasure's own, which this transaction holds locked, as all the subject's events share one key). Each writer
-sends its deltas in one statement sorted by (tenant, name), so counter rows are always locked in the same order
-(the erasure's statement writes rows of a shard no other transaction can hold). A rebuild replays into a fresh
-schema through the same recorder and access projector, so it recomputes them; a schema created before the table
-existed is counted once when it gets it (schema.sql, `meta` row `counts`), and one created before the access
-counters gets those once (`meta` row `counts_access`).
+neither. Shards keep writers off each other's rows: the recorder adds to the shard of the lowest ledger partition of
+its batch, whose position row it holds locked (`FOR UPDATE`) until it commits, so two batches that could write the
+same counter row are already serialized by that lock; the indexers and embedders (any number, each finishing its
+batch under one transaction-level advisory lock) write shard -1; the access projector writes `access_shard(p)` (-2 -
+p) for the lowest access-topic partition p of its batch, whose position row it holds locked, so it never shares a
+counter row with the recorder; an erasure adds its access counters on the shard of the lowest ledger partition of
+the subject's versions (the erasure's own, which this transaction holds locked, as all the subject's events share
+one key). Each writer sends its deltas in one statement sorted by (tenant, name), so counter rows are always locked
+in the same order (the erasure's statement writes rows of a shard no other transaction can hold). A rebuild replays
+into a fresh schema through the same recorder and access projector, so it recomputes them; a schema created before
+the table existed is counted once when it gets it (schema.sql, `meta` row `counts`), and one created before the
+access counters gets those once (`meta` row `counts_access`).
 
 The invariant counters of `/v1/stats` are bounded too: `double_active` is 0 while the unique index
 `fact_versions_one_current` is valid (it makes a second active version impossible; without it the scan runs),
@@ -48,6 +51,7 @@ __all__ = [
     "ACCESSES_ACTIVE",
     "ACCESS_COUNTERS",
     "DEAD_LETTERS",
+    "EMBED",
     "EVENTS",
     "FACTS_ACTIVE",
     "FACTS_ACTIVE_SERVED",
@@ -61,6 +65,7 @@ __all__ = [
 ]
 
 EVENTS, VERSIONS, OUTBOX, DEAD_LETTERS = "events", "versions", "outbox", "dead_letters"
+EMBED = "embed_queue"
 INDEXER_SHARD = -1
 FACTS_ACTIVE, FACTS_ACTIVE_SERVED, ACCESSES_ACTIVE = "facts_active", "facts_active_served", "accesses_active"
 ACCESS_COUNTERS = (FACTS_ACTIVE, FACTS_ACTIVE_SERVED, ACCESSES_ACTIVE)

@@ -303,7 +303,7 @@ def projection_checksum(conn: psycopg.Connection, schema: str) -> str:
     with conn.transaction():
         conn.execute("SET LOCAL TimeZone TO 'UTC'")
         for table, key, exclude in (
-            ("fact_versions", ("version_id",), set()),
+            ("fact_versions", ("version_id",), {"rev"}),  # issue 14: a document revision, drawn anew by a replay
             ("events", ("tenant", "event_id"), {"recorded_at"}),  # event ids are unique per tenant only
             ("accesses", ("tenant", "access_id"), set()),  # issue 16: the access topic's projection
             ("access_counts", ("tenant", "memory_id"), set()),

@@ -12,7 +12,16 @@ from importlib.resources import files
 import psycopg
 from psycopg import sql
 
-__all__ = ["LAYOUT", "SchemaOutdated", "copy_erasure_salt", "create_schema", "drop_schema", "schema_sql"]
+__all__ = [
+    "LAYOUT",
+    "SchemaOutdated",
+    "continue_revisions",
+    "copy_erasure_salt",
+    "copy_vectors",
+    "create_schema",
+    "drop_schema",
+    "schema_sql",
+]
 
 LAYOUT = "2"
 
@@ -80,3 +89,45 @@ def drop_schema(conn: psycopg.Connection, schema: str) -> None:
     """Drop a schema and everything in it (tests and rebuild clean-up)."""
     with conn.transaction():
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+REV_JUMP = 2**40  # a rebuilt schema's document revisions start this far past the live one's (issue 14)
+
+
+def _has(conn: psycopg.Connection, schema: str, name: str) -> bool:
+    row = conn.execute("SELECT to_regclass(%s)", (sql.Identifier(schema, name).as_string(conn),)).fetchone()
+    return row is not None and row[0] is not None
+
+
+def continue_revisions(conn: psycopg.Connection, source: str, target: str) -> bool:
+    """Start `target`'s document revisions past `source`'s, before anything is replayed into it (issue 14).
+
+    The search index keeps a document's highest revision (external versions): the rebuilt schema's documents must
+    win over the live schema's, including those the live indexers write while the rebuild replays. False if
+    `source` has no revisions (an older layout, or none)."""
+    with conn.transaction():
+        if not _has(conn, source, "doc_rev"):
+            return False
+        last = conn.execute(sql.SQL("SELECT last_value FROM {}").format(sql.Identifier(source, "doc_rev"))).fetchone()
+        conn.execute("SELECT setval(%s, %s)", (sql.Identifier(target, "doc_rev").as_string(conn), last[0] + REV_JUMP))  # type: ignore[index]
+    return True
+
+
+def copy_vectors(conn: psycopg.Connection, source: str, target: str) -> int:
+    """Copy `source`'s stored vectors of the versions `target` has and lacks (a version's text comes from its event,
+    so its vectors are the same), so a rebuild embeds nothing again; how many. In the caller's transaction."""
+    if not _has(conn, source, "version_vectors"):
+        return 0
+    cur = conn.execute(
+        sql.SQL(
+            "INSERT INTO {t} (version_id, field, model, vec) SELECT v.version_id, v.field, v.model, v.vec FROM {s} v "
+            "JOIN {f} f ON f.version_id = v.version_id "
+            "WHERE NOT EXISTS (SELECT 1 FROM {t} w WHERE w.version_id = v.version_id AND w.field = v.field) "
+            "ON CONFLICT DO NOTHING"
+        ).format(
+            t=sql.Identifier(target, "version_vectors"),
+            s=sql.Identifier(source, "version_vectors"),
+            f=sql.Identifier(target, "fact_versions"),
+        )
+    )
+    return cur.rowcount

@@ -158,6 +158,38 @@ CREATE TABLE IF NOT EXISTS erased_versions (
     PRIMARY KEY (tenant, id_hash)
 );
 
+-- issue 14: two-phase indexing (projections.search.indexer writes documents, projections.search.embedder vectors).
+-- `rev` is the version's document revision: every change of what its search document holds draws a new one (the
+-- recorder's status updates, an embedder storing its vectors), so Elasticsearch keeps the newest state of a document
+-- whichever of several indexers writes last (external_gte versions). It starts high, above the write counts that
+-- were the documents' versions before; `ledger rebuild` starts a rebuilt schema's sequence past the live one's.
+CREATE SEQUENCE IF NOT EXISTS doc_rev START WITH 1000000;
+ALTER TABLE fact_versions ADD COLUMN IF NOT EXISTS rev bigint NOT NULL DEFAULT nextval('doc_rev');
+-- a version's vectors, one per vector field, with the model that made it (float32 little-endian, unit length);
+-- kept with the version (an erasure deletes them with it) so a reindex need not embed again
+CREATE TABLE IF NOT EXISTS version_vectors (
+    version_id  text NOT NULL REFERENCES fact_versions (version_id) ON DELETE CASCADE,
+    field       text NOT NULL,
+    model       text NOT NULL,
+    vec         bytea NOT NULL,
+    PRIMARY KEY (version_id, field)
+);
+-- versions whose document lacks a vector of the configured models: the embedders' work, claimed FOR UPDATE SKIP
+-- LOCKED; `since` is when PostgreSQL had the version (its outbox row's time): the semantic lag starts there
+CREATE TABLE IF NOT EXISTS embed_queue (
+    id          bigserial PRIMARY KEY,
+    version_id  text NOT NULL UNIQUE,
+    tenant      text NOT NULL,
+    since       timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS embed_queue_tenant ON embed_queue (tenant, id);
+-- the oldest pending row of a tenant (`/v1/stats`' document lag)
+CREATE INDEX IF NOT EXISTS search_outbox_tenant_id ON search_outbox (tenant, id);
+-- an embedder's row (a document to write again with its new vectors) waits behind every new version's: a new fact
+-- is never queued behind a backlog of vector rewrites (the indexers claim in (priority, id) order)
+ALTER TABLE search_outbox ADD COLUMN IF NOT EXISTS priority smallint NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS search_outbox_claim ON search_outbox (priority, id);
+
 -- /v1/stats' counters (issue 12, projections.postgres.counts): per tenant and name (events, versions, outbox,
 -- dead_letters/<topic> under tenant ''), written by the recorder and the indexer in the transactions that write
 -- the rows they count; a count is the sum over its shards (a shard per writer: see counts.py). Additive: a
@@ -174,6 +206,7 @@ CREATE OR REPLACE VIEW counts_recount AS
     SELECT tenant, 'events' AS name, count(*) AS n FROM events GROUP BY tenant
     UNION ALL SELECT tenant, 'versions', count(*) FROM fact_versions GROUP BY tenant
     UNION ALL SELECT tenant, 'outbox', count(*) FROM search_outbox GROUP BY tenant
+    UNION ALL SELECT tenant, 'embed_queue', count(*) FROM embed_queue GROUP BY tenant
     UNION ALL SELECT '', 'dead_letters/' || topic, count(*) FROM dead_letters GROUP BY topic
     -- /v1/stats' access counters (projections.postgres.accesses): facts with an active version, those of them
     -- with accesses, and their accesses
@@ -224,3 +257,18 @@ CREATE TABLE IF NOT EXISTS vocab_log (
     version_id  text NOT NULL
 );
 CREATE INDEX IF NOT EXISTS vocab_log_tenant ON vocab_log (tenant, seq);
+
+
+-- issue 15: near-duplicate episodes (projections.search.duplicates). An episode that repeats one already stored
+-- (the same thing said again, a re-import) is linked to that episode's group when its vectors are stored, never
+-- deleted: recall returns one hit per group and lists the others. `group_id` is the group's first episode (not a
+-- foreign key: a group outlives an erased first member); the measures that decided it are kept.
+CREATE TABLE IF NOT EXISTS episode_links (
+    version_id  text PRIMARY KEY REFERENCES fact_versions (version_id) ON DELETE CASCADE,
+    tenant      text NOT NULL,
+    group_id    text NOT NULL,
+    cosine      real NOT NULL,
+    text_similarity real NOT NULL,
+    linked_at   timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS episode_links_group ON episode_links (tenant, group_id);

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from projections.postgres.counts import ACCESS_COUNTERS, EVENTS, OUTBOX, VERSIONS, dead_letters_name
+from projections.postgres.counts import ACCESS_COUNTERS, EMBED, EVENTS, OUTBOX, VERSIONS, dead_letters_name
 from projections.postgres.queries import invariant_counts
 
 __all__ = ["INVARIANT_CAP", "SUSPECT", "recount_check", "stats_counts"]
@@ -39,6 +39,13 @@ SELECT
   (SELECT coalesce(sum(n), 0) FROM counts WHERE tenant = %(tenant)s AND name = 'versions') AS versions,
   (SELECT coalesce(sum(n), 0) FROM counts WHERE tenant = '' AND name = %(dead)s) AS dlq_count,
   (SELECT coalesce(sum(n), 0) FROM counts WHERE tenant = %(tenant)s AND name = 'outbox') AS search_outbox_pending,
+  (SELECT coalesce(sum(n), 0) FROM counts WHERE tenant = %(tenant)s AND name = 'embed_queue') AS vectors_pending,
+  (SELECT extract(epoch FROM now() - created_at) FROM search_outbox WHERE tenant = %(tenant)s ORDER BY id LIMIT 1)
+    AS outbox_oldest_s,
+  (SELECT extract(epoch FROM now() - since) FROM embed_queue WHERE tenant = %(tenant)s ORDER BY id LIMIT 1)
+    AS vectors_oldest_s,
+  (SELECT count(DISTINCT group_id) FROM episode_links WHERE tenant = %(tenant)s) AS duplicate_groups,
+  (SELECT count(*) FROM episode_links WHERE tenant = %(tenant)s) AS duplicate_episodes,
   (SELECT coalesce(bool_and(indisunique AND indisvalid), false) FROM pg_index
      WHERE indexrelid = to_regclass('fact_versions_one_current')) AS one_current_enforced,
   s.chain, s.explicit, s.suspect
@@ -59,7 +66,8 @@ async def stats_counts(conn: psycopg.AsyncConnection, tenant: str, topic: str) -
     cur = await conn.execute(_STATS, {"tenant": tenant, "dead": dead_letters_name(topic), "cap": INVARIANT_CAP + 1})
     row = await cur.fetchone()
     assert row is not None
-    events, versions, dead, outbox, enforced, chain, explicit, suspect = row
+    events, versions, dead, outbox, vectors, outbox_age, vectors_age, groups, dups = row[:9]
+    enforced, chain, explicit, suspect = row[9:]
     if enforced:
         double = 0
     else:  # the index that makes it impossible is gone or invalid: count for real
@@ -73,7 +81,19 @@ async def stats_counts(conn: psycopg.AsyncConnection, tenant: str, topic: str) -
         "events_applied": int(events),
         "versions": int(versions),
         "dlq_count": int(dead),
-        "search_outbox_pending": int(outbox),
+        # issue 14: what the search projection still has to do, documents and vectors (0: complete, and searchable
+        # by every stage: a client waiting for 0 before it asks keeps working with two-phase indexing)
+        "search_outbox_pending": int(outbox) + int(vectors),
+        # the two lags of two-phase indexing (the oldest row of each queue, in seconds; None: empty)
+        "search_lag": {
+            "outbox_pending": int(outbox),
+            "vectors_pending": int(vectors),
+            "documents_lag_s": None if outbox_age is None else round(float(outbox_age), 3),
+            "vectors_lag_s": None if vectors_age is None else round(float(vectors_age), 3),
+            # issue 15: near-duplicate episodes (projections.search.duplicates)
+            "duplicate_groups": int(groups),
+            "duplicate_episodes": int(dups),
+        },
     }
 
 
@@ -88,7 +108,7 @@ async def recount_check(conn: psycopg.AsyncConnection, tenant: str, topic: str) 
     Opens a REPEATABLE READ transaction on `conn` (an autocommit connection) unless one is open: the counters
     and the rows they count are then read at the same instant, so writers running meanwhile cause no drift.
     """
-    names = {EVENTS: "events_applied", VERSIONS: "versions", OUTBOX: "search_outbox_pending"}
+    names = {EVENTS: "events_applied", VERSIONS: "versions", OUTBOX: "search_outbox_pending", EMBED: "vectors_pending"}
     names |= {name: name for name in ACCESS_COUNTERS}  # /v1/stats `access` (facts_active, ...)
     dead = dead_letters_name(topic)
     t0 = time.perf_counter()

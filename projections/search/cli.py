@@ -1,4 +1,4 @@
-"""`ledger indexer` and `ledger reindex` (registered in api/cli.py; only typer is imported at module level)."""
+"""`ledger indexer`, `ledger embedder` and `ledger reindex` (registered in api/cli.py; only typer imported at once)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ def indexer(
     poll: float | None = typer.Option(None, help="seconds between polls of an empty outbox (LEDGER_INDEXER_POLL_S)"),
     batch_size: int | None = typer.Option(None, help="outbox rows per bulk request (LEDGER_INDEXER_BATCH_SIZE)"),
 ) -> None:
-    """Drain the search outbox into Elasticsearch forever (one per schema; extra ones wait on a lock)."""
+    """Drain the search outbox into Elasticsearch forever (run as many as you like: they share the outbox)."""
     from producers.logs import configure_logging
     from producers.settings import get_settings
     from projections.search.indexer import run_indexer
@@ -19,8 +19,28 @@ def indexer(
     run_indexer(settings, poll_seconds=poll, batch_size=batch_size)
 
 
-def reindex(batch_size: int = typer.Option(256, help="documents per embedding batch")) -> None:
-    """Reindex: fill a new physical index from PostgreSQL (every version), then switch the alias to it."""
+def embedder(
+    poll: float | None = typer.Option(None, help="seconds between polls of an empty queue (LEDGER_EMBEDDER_POLL_S)"),
+    batch_size: int | None = typer.Option(None, help="versions per claim (LEDGER_EMBEDDER_BATCH_SIZE)"),
+) -> None:
+    """Embed the versions whose documents lack vectors, forever (run as many as you like: they share the queue)."""
+    from producers.logs import configure_logging
+    from producers.settings import get_settings
+    from projections.search.embedder import run_embedder
+
+    settings = get_settings()
+    configure_logging(settings, "embedder")
+    run_embedder(settings, poll_seconds=poll, batch_size=batch_size)
+
+
+def reindex(
+    batch_size: int = typer.Option(256, help="documents per bulk request (and per embedding batch)"),
+    embed: bool = typer.Option(
+        True, help="embed versions without a stored vector of the configured models now (--no-embed: queue them)"
+    ),
+) -> None:
+    """Reindex: fill a new physical index from PostgreSQL (every version, with its stored vectors), then switch the
+    alias to it. Vectors of a switched model are computed now (or, with --no-embed, by the embedders afterwards)."""
     import time
 
     import psycopg
@@ -34,7 +54,7 @@ def reindex(batch_size: int = typer.Option(256, help="documents per embedding ba
 
     s = get_settings()
     configure_logging(s, "reindex")
-    embedder = load_embedder(s)
+    embedder = load_embedder(s) if embed else None
     with (
         psycopg.connect(s.pg_dsn, autocommit=True) as conn,
         Elasticsearch(s.es_url, request_timeout=60) as es,

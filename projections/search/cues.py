@@ -32,6 +32,7 @@ __all__ = [
     "key_phrases",
     "normalize_entity",
     "normalize_text",
+    "scope_phrases",
     "subject_ids",
     "units",
 ]
@@ -119,6 +120,32 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "complaint": ("投诉", "complaint", "complained"),
     "meeting": ("会议", "开会", "meeting", "meet"),
 }
+
+# Scope words (issue 15): how questions name an environment. A tenant scope belongs to a group when its lookup form,
+# or one of its words, is a member ("test", "env-test", "qa"); then every member of the group names it in a question.
+# Only the tenant's own scopes are cues (Vocabulary.scopes), so "test" in a tenant without a test scope is a word.
+# Left out on purpose: words that mostly mean something else in a question ("live", "local", "stage", 开发 alone).
+SCOPE_SYNONYMS: tuple[tuple[str, ...], ...] = (
+    ("test", "testing", "test env", "test environment", "qa", "测试", "测试环境", "测试服", "测试服务器"),
+    ("staging", "staging env", "staging environment", "preprod", "pre production", "uat", "预发", "预发布", "预发环境"),
+    ("prod", "production", "prod env", "production environment", "生产", "生产环境", "线上", "线上环境", "正式环境"),
+    ("dev", "development", "dev env", "development environment", "开发环境", "本地环境"),
+)
+_SCOPE_GROUPS = tuple(frozenset(canonical(w) for w in group) for group in SCOPE_SYNONYMS)
+
+
+def scope_phrases(scope: str) -> list[str]:
+    """The lookup forms that name `scope` in a question: its own, and its synonym group's (SCOPE_SYNONYMS)."""
+    own = canonical(scope)
+    if not own:
+        return []
+    words = set(own.split(" "))
+    out = [own]
+    for group in _SCOPE_GROUPS:
+        if own in group or words & group:
+            out += sorted(group - {own})
+    return out
+
 
 _STOP_UNITS = frozenset(
     "的 了 吗 呢 是 在 有 和 与 及 我 你 他 她 它 们 这 那 哪 什 么 多 少 怎 样 如 何 为 谁"
@@ -242,12 +269,15 @@ class Vocabulary:
     namespaces: frozenset[str] = frozenset()  # `project` of `project:P1`: not content words
     # multi-word latin phrases, by their first word: they also match in any order ("port ... backend")
     word_sets: dict[str, tuple[tuple[str, ...], ...]] = field(default_factory=dict)
+    scopes: dict[str, str] = field(default_factory=dict)  # canonical span -> the tenant's scope it names (issue 15)
     entity_heads: dict[str, int] = field(init=False, repr=False, compare=False)
     alias_heads: dict[str, int] = field(init=False, repr=False, compare=False)
+    scope_heads: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entity_heads", _heads(self.entities))
         object.__setattr__(self, "alias_heads", _heads(self.aliases))
+        object.__setattr__(self, "scope_heads", _heads(self.scopes))
 
     @classmethod
     def build(
@@ -256,6 +286,7 @@ class Vocabulary:
         entities: Iterable[str] = (),
         subjects: Iterable[str] = (),
         key_aliases: Iterable[tuple[str, Iterable[str]]] = (),
+        scopes: Iterable[str] = (),
     ) -> Vocabulary:
         ents: dict[str, str] = {}
         spaces: set[str] = set()
@@ -286,6 +317,7 @@ class Vocabulary:
             {k: frozenset(v) for k, v in table.items()},
             frozenset(spaces),
             {w: tuple(sorted(b)) for w, b in bags.items()},
+            _scope_table(scopes),
         )
 
     def merged(self, other: Vocabulary) -> Vocabulary:
@@ -295,7 +327,7 @@ class Vocabulary:
         Costs copies of the dicts (C speed) and a pass over `other` only, so an incremental load stays cheap on a
         tenant with a large vocabulary.
         """
-        if not (other.entities or other.aliases or other.namespaces):
+        if not (other.entities or other.aliases or other.namespaces or other.scopes):
             return self
         entities = {**other.entities, **self.entities}
         aliases = dict(self.aliases)
@@ -304,17 +336,33 @@ class Vocabulary:
         word_sets = dict(self.word_sets)
         for word, bags in other.word_sets.items():
             word_sets[word] = tuple(sorted(set(word_sets.get(word, ())) | set(bags)))
+        scopes = _scope_table([*self.scopes.values(), *other.scopes.values()]) if other.scopes else self.scopes
         merged = object.__new__(Vocabulary)
         for name, value in (
             ("entities", entities),
             ("aliases", aliases),
             ("namespaces", self.namespaces | other.namespaces),
             ("word_sets", word_sets),
+            ("scopes", scopes),
+            ("scope_heads", _heads(scopes)),
             ("entity_heads", _merged_heads(self.entity_heads, other.entity_heads)),
             ("alias_heads", _merged_heads(self.alias_heads, other.alias_heads)),
         ):
             object.__setattr__(merged, name, value)
         return merged
+
+
+def _scope_table(scopes: Iterable[str]) -> dict[str, str]:
+    """Lookup form -> scope, for the tenant's named scopes (the default scope '' is never named): a scope's own
+    name first, then its synonyms (the first scope in sorted order wins a synonym two scopes share)."""
+    names = sorted({s for s in scopes if s and canonical(s)})
+    table: dict[str, str] = {}
+    for own in (True, False):
+        for s in names:
+            phrases = scope_phrases(s)
+            for phrase in phrases[:1] if own else phrases[1:]:
+                table.setdefault(phrase, s)
+    return table
 
 
 def _merged_heads(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
@@ -348,6 +396,7 @@ class Cues:
     terms: tuple[str, ...] = ()  # content units no rule explained (stopwords removed)
     text: str = ""  # the query's words without stopwords and time words, as written (lowercased): what BM25 sees
     content_units: tuple[str, ...] = ()  # the same, as units (singular): what a hit's coverage is measured on
+    scopes: tuple[str, ...] = ()  # the tenant's scopes the query names ("测试环境" -> `test`), in query order
 
     @cached_property
     def unit_counts(self) -> Counter[str]:
@@ -373,6 +422,7 @@ class Cues:
             if self.time is None
             else {"words": self.time.words, "from": _iso(self.time.start), "to": _iso(self.time.end)},
             "terms": list(self.terms),
+            "scopes": list(self.scopes),
         }
 
 
@@ -561,6 +611,10 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
     matches = [(phrase, tuple(sorted(vocab.aliases[phrase]))) for phrase in phrases]
     keys = dict.fromkeys(k for _, ks in matches for k in ks)
 
+    scope_spans = _spans(seq, vocab.scopes, 6, vocab.scope_heads) if vocab.scopes else []
+    cover(scope_spans)  # explained (not terms), still words BM25 sees, like an entity's or an alias's
+    scopes = tuple(dict.fromkeys(vocab.scopes[p] for _, _, p in scope_spans))
+
     time, time_spans = _time_range(norm, seq, now)
     cover(time_spans)
     ev_spans = _spans(seq, _EVENT_SPANS, 4, _EVENT_HEADS)
@@ -588,6 +642,7 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
         terms=tuple(_bounded_words(terms, MAX_TERMS)),
         text=" ".join(_bounded_words(text, MAX_TEXT_WORDS)),
         content_units=tuple(content),
+        scopes=scopes,
     )
 
 

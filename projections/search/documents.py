@@ -37,9 +37,10 @@ ROW_COLUMNS = sql.SQL(", ").join(
 )
 
 
-def rows_sql(where: sql.Composable) -> sql.Composed:
-    """SELECT the ROW_COLUMNS of the fact_versions rows `f` matching `where`."""
-    return sql.SQL("SELECT {cols} FROM fact_versions f WHERE {where}").format(cols=ROW_COLUMNS, where=where)
+def rows_sql(where: sql.Composable, extra: sql.Composable | None = None) -> sql.Composed:
+    """SELECT the ROW_COLUMNS (and `extra` columns before them) of the fact_versions rows `f` matching `where`."""
+    cols = ROW_COLUMNS if extra is None else sql.SQL("{}{}").format(extra, sql.SQL(", ") + ROW_COLUMNS)
+    return sql.SQL("SELECT {cols} FROM fact_versions f WHERE {where}").format(cols=cols, where=where)
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -102,6 +103,8 @@ def build_doc(
         "importance": row["importance"],
         **status_fields(row),
     }
+    if row.get("episode_group"):  # issue 15: a near-duplicate episode's group (projections.search.duplicates)
+        doc["episode_group"] = row["episode_group"]
     if vector is not None:
         doc["embedding"] = vector
     if vectors:

@@ -1,12 +1,18 @@
-"""The search indexer: drains `search_outbox` into Elasticsearch (`ledger indexer`).
+"""The search indexer: drains `search_outbox` into Elasticsearch (`ledger indexer`), any number at once.
 
-The PostgreSQL projection writes an outbox row in the same transaction as every version
-it inserts or changes. The indexer takes a batch in id order, reads the *current* rows of
-those versions, bulk-writes their documents and only then deletes exactly those outbox
-rows. A crash between the two redoes the batch: ids are the version ids and the
-documents are built from current state, so redoing changes nothing. While
-Elasticsearch is down the loop backs off and the outbox grows; PostgreSQL is never
-blocked. One indexer per schema drains at a time (a session advisory lock).
+The PostgreSQL projection writes an outbox row in the same transaction as every version it inserts or changes
+(and an embedder one when it stored a version's vectors). An indexer claims a batch of rows (`FOR UPDATE SKIP
+LOCKED`, projections.search.claims), reads the *current* rows of those versions with their stored vectors in one
+statement, bulk-writes the documents and deletes exactly those outbox rows in the same transaction: a crash
+anywhere rolls the claim back and another indexer (or this one, restarted) redoes it.
+
+Two-phase (issue 14): no embedding happens here. A version becomes a document (cues, text, dates, status) in the
+first batch that sees it; a version whose configured vectors are not stored yet goes to `embed_queue`, the
+embedders' work (projections.search.embedder), whose stored vectors bring it back here. Each document is written
+with its version's revision as an external version (`external_gte`): whichever of several indexers writes last,
+Elasticsearch keeps the newest state, so a late vector never revives a superseded version and a vector never
+lands on another version's document (it is read with its own row). While Elasticsearch is down the loop backs
+off and the outbox grows; PostgreSQL is never blocked.
 """
 
 from __future__ import annotations
@@ -29,15 +35,18 @@ from producers.keys.store import search_purged
 from producers.logs import bind_ids, new_id, unbind_ids
 from producers.metrics import serve as serve_metrics
 from producers.settings import Settings
-from projections.embedding import Embedder, Embedders, load_embedder
-from projections.postgres.counts import INDEXER_SHARD, OUTBOX, add_counts
+from projections.models import model_spec
+from projections.postgres.counts import EMBED, INDEXER_SHARD, OUTBOX, add_counts
 from projections.search import metrics
-from projections.search.documents import build_doc, embedding_text_for, rows_sql, status_fields
+from projections.search.claims import finish, reindex_key, writing
+from projections.search.documents import build_doc, rows_sql
+from projections.search.duplicates import GROUP_COLUMN
 from projections.search.ids import doc_ids, tenant_query
 from projections.search.mapping import ensure_index
+from projections.search.vectors import VECTOR_COLUMNS, attached, lacking
 from projections.search.vocab import log_indexed
 
-__all__ = ["drain_once", "lock_key", "run_indexer", "DrainStats"]
+__all__ = ["DOC_EXTRA", "DrainStats", "doc_action", "drain_once", "lock_key", "read_rows", "run_indexer"]
 
 log = logging.getLogger("ledger.indexer")
 
@@ -45,17 +54,18 @@ BATCH_SIZE = 500  # drain_once's default for callers without settings at hand (t
 
 
 def lock_key(settings: Settings) -> str:
-    """One advisory lock per schema: the indexer and a reindex never write the same index at once."""
-    return f"{settings.pg_schema}.search_indexer"
+    """The reindex lock's key (projections.search.claims): indexers hold it shared, a reindex exclusively."""
+    return reindex_key(settings)
 
 
 @dataclass
 class DrainStats:
     rows: int = 0
     indexed: int = 0
-    updated: int = 0
+    updated: int = 0  # kept for the metrics' labels: every write is a whole document now
     deleted: int = 0
-    embedded: int = 0
+    stale: int = 0  # writes Elasticsearch refused because a newer revision was already there
+    queued: int = 0  # versions sent to the embed queue (a configured vector not stored yet)
     failed: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -63,18 +73,10 @@ def _set_path(conn: psycopg.Connection, settings: Settings) -> None:
     conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(settings.pg_schema)))
 
 
-def try_lock(conn: psycopg.Connection, key: str) -> bool:
-    return bool(conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)).fetchone()[0])
-
-
-def unlock(conn: psycopg.Connection, key: str) -> None:
-    conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
-
-
-def _ensure(es: Elasticsearch, settings: Settings, dim: int) -> None:
+def _ensure(es: Elasticsearch, settings: Settings) -> None:
     """Checked every batch (one cheap request): writing to a vanished alias would auto-create an index
     with dynamic mappings (no dense_vector, no CJK analyzer) under the alias's name."""
-    ensure_index(es, settings, dim)
+    ensure_index(es, settings, model_spec(settings.embed_model).dim)
 
 
 def _bulk(es: Elasticsearch, actions: list[dict[str, Any]], refresh: bool) -> list[tuple[bool, dict[str, Any]]]:
@@ -100,7 +102,10 @@ def _bulk(es: Elasticsearch, actions: list[dict[str, Any]], refresh: bool) -> li
 def _delete_subjects(
     conn: psycopg.Connection, es: Elasticsearch, index: str, subjects: Iterable[tuple[str, str]]
 ) -> list[dict[str, Any]]:
-    """Make the index hold exactly PostgreSQL's versions of each erased subject: delete the rest."""
+    """Make the index hold exactly PostgreSQL's versions of each erased subject: delete the rest.
+
+    The index is listed before PostgreSQL is read: a version written after the erasure is in PostgreSQL before
+    its document exists, so it is never deleted here."""
     actions: list[dict[str, Any]] = []
     for tenant, subject in subjects:
         in_es = doc_ids(es, index, tenant_query(tenant, subject=subject))  # no delete_by_query on this server
@@ -116,129 +121,120 @@ def _delete_subjects(
     return actions
 
 
-def _read_rows(conn: psycopg.Connection, version_ids: list[str]) -> dict[str, dict[str, Any]]:
+# what a document needs beside the row: its revision, its stored vectors, its near-duplicate group (issue 15)
+DOC_EXTRA = sql.SQL("f.rev, ") + VECTOR_COLUMNS + sql.SQL(", " + GROUP_COLUMN)
+
+
+def read_rows(conn: psycopg.Connection, version_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The current rows of `version_ids` with their revision and stored vectors, in one snapshot."""
+    query = rows_sql(sql.SQL("f.version_id = ANY(%s)"), extra=DOC_EXTRA)
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(rows_sql(sql.SQL("f.version_id = ANY(%s)")), (version_ids,))
+        cur.execute(query, (version_ids,))
         return {r["version_id"]: r for r in cur.fetchall()}
 
 
-def _existing(es: Elasticsearch, index: str, ids: list[str]) -> set[str]:
-    if not ids:
-        return set()
-    docs = es.mget(index=index, ids=ids, source=False)["docs"]
-    return {d["_id"] for d in docs if d.get("found")}
-
-
-def _index_actions(index: str, rows: list[dict[str, Any]], embedder: Embedders, stats: DrainStats) -> list[dict]:
-    if not rows:
-        return []
-    started = time.perf_counter()
-    vectors = embedder.vectors([embedding_text_for(r) for r in rows])  # each by its language's model (issue 15)
-    metrics.embedding(len(rows), time.perf_counter() - started)
-    stats.embedded += len(rows)
-    return [
-        {"_op_type": "index", "_index": index, "_id": r["version_id"], "_source": build_doc(r, None, vectors=v)}
-        for r, v in zip(rows, vectors, strict=True)
-    ]
+def doc_action(settings: Settings, index: str, row: dict[str, Any]) -> dict[str, Any]:
+    """The bulk action writing `row`'s whole document at its revision (an older revision than the index's is
+    refused by Elasticsearch: a 409 that means a newer state is already there)."""
+    return {
+        "_op_type": "index",
+        "_index": index,
+        "_id": row["version_id"],
+        "version": row["rev"],
+        "version_type": "external_gte",
+        "_source": build_doc(row, None, vectors=attached(settings, row)),
+    }
 
 
 def drain_once(
     settings: Settings,
     conn: psycopg.Connection,
     es: Elasticsearch,
-    embedder: Embedder | Embedders,
     *,
     batch_size: int = BATCH_SIZE,
     refresh: bool = False,
     stats: DrainStats | None = None,
 ) -> int:
-    """Move one batch of the outbox into the index; returns how many outbox rows it consumed.
+    """Claim one batch of the outbox and move it into the index; returns how many outbox rows it consumed.
 
-    Returns 0 when the outbox is empty or another indexer holds the lock. Rows whose
-    document failed stay in the outbox for the next call.
+    Returns 0 when the outbox has no unclaimed row or a reindex runs. Rows whose document failed stay in the
+    outbox for the next call. `conn` is an autocommit connection: the batch is one transaction of its own.
     """
     stats = stats if stats is not None else DrainStats()
     _set_path(conn, settings)
-    key = lock_key(settings)
-    if not try_lock(conn, key):
-        return 0
-    try:
-        return _drain(settings, conn, es, Embedders.of(settings, embedder), batch_size, refresh, stats)
-    finally:
-        unlock(conn, key)
+    with conn.transaction():
+        if not writing(conn, settings):
+            return 0
+        return _drain(settings, conn, es, batch_size, refresh, stats)
 
 
 def _drain(
-    settings: Settings,
-    conn: psycopg.Connection,
-    es: Elasticsearch,
-    embedder: Embedders,
-    batch_size: int,
-    refresh: bool,
-    stats: DrainStats,
+    settings: Settings, conn: psycopg.Connection, es: Elasticsearch, batch_size: int, refresh: bool, stats: DrainStats
 ) -> int:
     batch = conn.execute(
-        "SELECT id, version_id, tenant, subject, op FROM search_outbox ORDER BY id LIMIT %s", (batch_size,)
+        "SELECT id, version_id, tenant, subject, op, created_at FROM search_outbox ORDER BY priority, id LIMIT %s "
+        "FOR UPDATE SKIP LOCKED",  # new versions' documents before vector rewrites (schema.sql, `priority`)
+        (batch_size,),
     ).fetchall()
     if not batch:
         return 0
-    _ensure(es, settings, embedder.dim)
+    _ensure(es, settings)
     index = settings.es_index
 
-    erased = sorted({(t, s) for _, _, t, s, op in batch if op == "delete_subject"})
-    version_ids = sorted({vid for _, vid, _, _, op in batch if op == "upsert" and vid})
-    rows = _read_rows(conn, version_ids)
-    existing = _existing(es, index, [v for v in version_ids if v in rows])
+    erased = sorted({(t, s) for _, _, t, s, op, _ in batch if op == "delete_subject"})
+    version_ids = sorted({vid for _, vid, _, _, op, _ in batch if op == "upsert" and vid})
+    rows = read_rows(conn, version_ids)
 
     # erasures first: the upserts below re-assert whatever PostgreSQL still holds
     failed_ids: set[str] = set()
     per_subject = {pair: _delete_subjects(conn, es, index, [pair]) for pair in erased}
     actions = [a for pair in erased for a in per_subject[pair]]
     actions += [{"_op_type": "delete", "_index": index, "_id": v} for v in version_ids if v not in rows]
-    actions += [
-        {"_op_type": "update", "_index": index, "_id": v, "doc": status_fields(rows[v])}
-        for v in version_ids
-        if v in existing
-    ]
-    actions += _index_actions(index, [rows[v] for v in version_ids if v in rows and v not in existing], embedder, stats)
+    actions += [doc_action(settings, index, rows[v]) for v in version_ids if v in rows]
 
-    missing: list[str] = []
     for ok, info in _bulk(es, actions, refresh):
         op, res = next(iter(info.items()))
         status = res.get("status", 0)
         if ok or (op == "delete" and status == 404):
             stats.indexed += op == "index"
-            stats.updated += op == "update"
             stats.deleted += op == "delete"
-        elif op == "update" and status == 404:  # deleted since the mget: write it whole
-            missing.append(res["_id"])
+        elif op == "index" and status == 409:  # a newer revision is in the index already: nothing to write
+            stats.stale += 1
         else:
             failed_ids.add(res["_id"])
             stats.failed.append(res)
-    if missing:
-        for ok, info in _bulk(es, _index_actions(index, [rows[v] for v in missing], embedder, stats), refresh):
-            res = next(iter(info.values()))
-            if ok:
-                stats.indexed += 1
-            else:
-                failed_ids.add(res["_id"])
-                stats.failed.append(res)
 
     done = [
         oid
-        for oid, vid, tenant, subject, op in batch
+        for oid, vid, tenant, subject, op, _ in batch
         if (vid not in failed_ids if op == "upsert" else not failed_ids)  # an erasure retries on any failure
     ]
-    with conn.transaction():
-        gone = conn.execute("DELETE FROM search_outbox WHERE id = ANY(%s) RETURNING tenant", (done,)).fetchall()
-        # /v1/stats' outbox counters, in the same transaction (projections.postgres.counts)
-        removed = Counter((tenant, OUTBOX) for (tenant,) in gone)
-        add_counts(conn, {k: -n for k, n in removed.items()}, shard=INDEXER_SHARD)
-        # issue 14: what is now searchable, for the API's vocabularies (projections.search.vocab)
-        log_indexed(conn, [(t, v) for _, v, t, _, op in batch if op == "upsert" and v in rows and v not in failed_ids])
-        if erased and not failed_ids:  # issue 13: the erasure records learn what the search projection deleted
-            for (tenant, subject), deletes in per_subject.items():
-                search_purged(conn.cursor(), settings.keys_schema, tenant, subject, len(deletes))
+    since: dict[str, Any] = {}
+    for _, vid, _, _, op, created in batch:
+        if op == "upsert" and vid in rows and vid not in failed_ids:
+            since[vid] = min(since.get(vid, created), created)
+    unembedded = [(v, rows[v]["tenant"], since[v]) for v in sorted(since) if lacking(settings, rows[v])]
+    finish(conn, settings)  # the closing statements, serialized with every other indexer's and embedder's
+    gone = conn.execute("DELETE FROM search_outbox WHERE id = ANY(%s) RETURNING tenant", (done,)).fetchall()
+    deltas: Counter = Counter()
+    for (tenant,) in gone:  # /v1/stats' counters, in the same transaction (projections.postgres.counts)
+        deltas[(tenant, OUTBOX)] -= 1
+    if unembedded:
+        queued = conn.execute(
+            "INSERT INTO embed_queue (version_id, tenant, since) "
+            "SELECT * FROM unnest(%s::text[], %s::text[], %s::timestamptz[]) ON CONFLICT (version_id) DO NOTHING "
+            "RETURNING tenant",
+            ([v for v, _, _ in unembedded], [t for _, t, _ in unembedded], [c for _, _, c in unembedded]),
+        ).fetchall()
+        for (tenant,) in queued:
+            deltas[(tenant, EMBED)] += 1
+        stats.queued += len(queued)
+    add_counts(conn, deltas, shard=INDEXER_SHARD)
+    # issue 14: what is now searchable, for the API's vocabularies (projections.search.vocab)
+    log_indexed(conn, [(t, v) for _, v, t, _, op, _ in batch if op == "upsert" and v in rows and v not in failed_ids])
+    if erased and not failed_ids:  # issue 13: the erasure records learn what the search projection deleted
+        for (tenant, subject), deletes in per_subject.items():
+            search_purged(conn.cursor(), settings.keys_schema, tenant, subject, len(deletes))
     stats.rows += len(done)
     if stats.failed:
         log.warning("indexer: %d documents failed, kept in the outbox: %s", len(failed_ids), stats.failed[:3])
@@ -261,7 +257,6 @@ def run_indexer(
     """
     poll_seconds = settings.indexer_poll_s if poll_seconds is None else poll_seconds
     batch_size = settings.indexer_batch_size if batch_size is None else batch_size
-    embedder = Embedders(settings, load_embedder(settings))
     es = Elasticsearch(settings.es_url, request_timeout=30)
     conn: psycopg.Connection | None = None
     backoff = 0.5
@@ -278,7 +273,7 @@ def run_indexer(
             if conn is None or conn.closed:
                 conn = _connect(settings)
             stats, started = DrainStats(), time.perf_counter()
-            n = drain_once(settings, conn, es, embedder, batch_size=batch_size, stats=stats)
+            n = drain_once(settings, conn, es, batch_size=batch_size, stats=stats)
             if n or stats.failed:
                 metrics.record_drain(
                     indexed=stats.indexed,
@@ -287,9 +282,10 @@ def run_indexer(
                     failed=len(stats.failed),
                     rows=stats.rows,
                     seconds=time.perf_counter() - started,
+                    stale=stats.stale,
                 )
             if time.monotonic() - gauges_at >= settings.metrics_refresh_s:
-                metrics.refresh_outbox(conn)
+                metrics.refresh_queues(conn)
                 gauges_at = time.monotonic()
             backoff = 0.5
             total += n

@@ -26,7 +26,11 @@ __all__ = ["ensure_index", "index_body", "new_physical_name", "physical_indices"
 
 STEM_MAPPING = {"type": "text", "analyzer": "whitespace"}  # built in: the stems are computed before indexing
 # fields added after indices existed: ensure_index puts them on an existing index (a mapping only grows)
-ADDED_FIELDS = {"content_stem": STEM_MAPPING}
+ADDED_FIELDS = {
+    "content_stem": STEM_MAPPING,
+    # issue 15: the near-duplicate group an episode belongs to (projections.search.duplicates): its first episode
+    "episode_group": {"type": "keyword"},
+}
 
 ANALYSIS = {
     "filter": {"bigram": {"type": "shingle", "max_shingle_size": 2}},
@@ -80,6 +84,7 @@ def index_body(dim: int, *, shards: int = 1, refresh_interval: str = "1s", en_di
                 "superseded_by": keyword,
                 "content": text,
                 "content_stem": STEM_MAPPING,  # English stems of the content (projections.search.stemming)
+                "episode_group": keyword,  # issue 15: a near-duplicate episode's group (its first episode's id)
                 "valid_from": {"type": "date"},
                 "valid_to": {"type": "date"},  # effective end: min(valid_to, superseded_at)
                 "observed_at": {"type": "date"},

@@ -1,12 +1,12 @@
-"""The search indexer's metrics (docs/metrics.md), served by `ledger indexer` on LEDGER_INDEXER_METRICS_PORT.
+"""The search indexers' and embedders' metrics (docs/metrics.md), served by `ledger indexer` on
+LEDGER_INDEXER_METRICS_PORT and by `ledger embedder` on LEDGER_EMBEDDER_METRICS_PORT (issue 14: two processes).
 
-What each drain wrote (`record_drain`), how long embedding took (`embedding`), and two gauges read from
-`search_outbox` every `metrics_refresh_s` (`refresh_outbox`): its depth, and the versions in it awaiting a
-vector. The indexer embeds a new version's text in the same batch that writes its document, so no document is
-ever in the index without its vector: "awaiting a vector" counts the distinct versions with a pending upsert, an
-upper bound on the embeddings still to compute (a version already indexed is updated in place, not embedded again).
+The indexer: what each drain wrote (`record_drain`) and two gauges read every `metrics_refresh_s`
+(`refresh_queues`): the outbox depth (documents still to write) and the embed queue's depth (documents without
+a configured vector yet). The embedder: what each batch embedded (`record_embed`, `embedding`), the queue depth
+and the age of its oldest version, the semantic lag (`refresh_queues` too).
 
-The families are registered by the indexer process only (`register`): the API imports this module too (its
+The families are registered by those processes only (`register`): the API imports this module too (its
 stats and orphan checks reach projections.search.indexer), and must not show an outbox depth of 0 of its own.
 Recall's per-stage latency lives in projections.search.recall.metrics.
 """
@@ -20,14 +20,26 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from producers.metrics import BATCH_BUCKETS, counter, gauge, histogram
 
-__all__ = ["embedding", "record_drain", "record_drain_error", "refresh_outbox", "register"]
+__all__ = [
+    "EMBEDDER_FAMILIES",
+    "INDEXER_FAMILIES",
+    "embedding",
+    "record_drain",
+    "record_drain_error",
+    "record_embed",
+    "record_embed_error",
+    "refresh_outbox",
+    "refresh_queues",
+    "register",
+]
 
 _UNREGISTERED = {"registry": None}  # see the module docstring: `register` adds them to the default registry
 
 DOCUMENTS = counter(
     "indexer_documents_total",
-    "Documents the indexer wrote to Elasticsearch, by operation: index (a new version, embedded), update (status "
-    "fields of an indexed version), delete (a version or an erased subject's document gone from PostgreSQL)",
+    "Documents the indexer wrote to Elasticsearch, by operation: index (a version's whole document, with the "
+    "vectors stored so far), update (no longer written: kept at 0 for dashboards), delete (a version or an erased "
+    "subject's document gone from PostgreSQL), stale (a write refused because a newer revision was indexed)",
     ("op",),
     **_UNREGISTERED,
 )
@@ -51,54 +63,82 @@ DRAIN_ERRORS = counter(
     ("store",),
     **_UNREGISTERED,
 )
-EMBED_SECONDS = histogram(
-    "indexer_embedding_duration_seconds",
-    "Time of one embedding call of the indexer (a batch of texts)",
-    buckets=BATCH_BUCKETS,
-    **_UNREGISTERED,
-)
-EMBEDDED = counter("indexer_embedded_texts_total", "Texts the indexer embedded", **_UNREGISTERED)
 OUTBOX_DEPTH = gauge(
     "indexer_outbox_depth", "Rows in search_outbox (upserts and subject deletions) not yet indexed", **_UNREGISTERED
 )
 VECTORS_PENDING = gauge(
     "indexer_vectors_pending",
-    "Distinct versions with a pending upsert in search_outbox: at most this many embeddings still to compute (the "
-    "indexer embeds in the batch that writes the document, so no indexed document lacks its vector)",
+    "Versions in embed_queue: documents written without a configured model's vector yet (semantic recall does "
+    "not see them until an embedder stores it and the next batch writes it)",
     **_UNREGISTERED,
 )
-FAMILIES = (
-    DOCUMENTS,
-    OUTBOX_ROWS,
-    FAILED,
-    DRAIN_SECONDS,
-    DRAIN_ERRORS,
-    EMBED_SECONDS,
-    EMBEDDED,
-    OUTBOX_DEPTH,
-    VECTORS_PENDING,
-)
+INDEXER_FAMILIES = (DOCUMENTS, OUTBOX_ROWS, FAILED, DRAIN_SECONDS, DRAIN_ERRORS, OUTBOX_DEPTH, VECTORS_PENDING)
 
-_OPS = {op: DOCUMENTS.labels(op) for op in ("index", "update", "delete")}
+EMBED_SECONDS = histogram(
+    "embedder_embedding_duration_seconds",
+    "Time of one embedding call of the embedder (a batch of texts of one model)",
+    buckets=BATCH_BUCKETS,
+    **_UNREGISTERED,
+)
+EMBEDDED = counter(
+    "embedder_texts_total", "Texts the embedder embedded (one per model a version needs)", **_UNREGISTERED
+)
+EMBED_VERSIONS = counter(
+    "embedder_versions_total",
+    "Versions the embedder finished, by outcome: stored (vectors stored, document queued for rewriting), "
+    "complete (already had them), gone (erased or replaced before it got there)",
+    ("outcome",),
+    **_UNREGISTERED,
+)
+EMBED_BATCH_SECONDS = histogram(
+    "embedder_batch_duration_seconds",
+    "Time of one embedder batch that finished versions, claim to commit",
+    buckets=BATCH_BUCKETS,
+    **_UNREGISTERED,
+)
+EMBED_ERRORS = counter(
+    "embedder_errors_total",
+    "Embedder batches that failed and were retried with back-off, by store (postgres, elasticsearch, other)",
+    ("store",),
+    **_UNREGISTERED,
+)
+QUEUE_DEPTH = gauge(
+    "embedder_queue_depth", "Versions in embed_queue (documents without their vectors)", **_UNREGISTERED
+)
+QUEUE_AGE = gauge(
+    "embedder_oldest_pending_seconds",
+    "Age of the oldest version in embed_queue since PostgreSQL had it: the semantic lag (0 when the queue is empty)",
+    **_UNREGISTERED,
+)
+EMBEDDER_FAMILIES = (EMBED_SECONDS, EMBEDDED, EMBED_VERSIONS, EMBED_BATCH_SECONDS, EMBED_ERRORS, QUEUE_DEPTH, QUEUE_AGE)
+FAMILIES = INDEXER_FAMILIES + EMBEDDER_FAMILIES
+
+_OPS = {op: DOCUMENTS.labels(op) for op in ("index", "update", "delete", "stale")}
 for _store in ("elasticsearch", "postgres", "other"):
     DRAIN_ERRORS.labels(_store)  # at 0 from the start, so a rate() sees the first error
-_registered: set[int] = set()
+for _store in ("postgres", "elasticsearch", "other"):
+    EMBED_ERRORS.labels(_store)
+for _outcome in ("stored", "complete", "gone"):
+    EMBED_VERSIONS.labels(_outcome)
+_registered: set[tuple[int, int]] = set()
 _lock = threading.Lock()
 
 
-def register(registry: CollectorRegistry = REGISTRY) -> None:
-    """Add the indexer's families to `registry` (idempotent); `run_indexer` calls it before serving."""
+def register(registry: CollectorRegistry = REGISTRY, families: tuple = INDEXER_FAMILIES) -> None:
+    """Add `families` (the indexer's, or EMBEDDER_FAMILIES) to `registry` (idempotent); each runner calls it."""
     with _lock:
-        if id(registry) in _registered:
-            return
-        for family in FAMILIES:
+        for family in families:
+            if (id(registry), id(family)) in _registered:
+                continue
             registry.register(family)
-        _registered.add(id(registry))
+            _registered.add((id(registry), id(family)))
 
 
-def record_drain(*, indexed: int, updated: int, deleted: int, failed: int, rows: int, seconds: float) -> None:
+def record_drain(
+    *, indexed: int, updated: int, deleted: int, failed: int, rows: int, seconds: float, stale: int = 0
+) -> None:
     """One drain that consumed outbox rows (the `DrainStats` of one `drain_once`)."""
-    for op, n in (("index", indexed), ("update", updated), ("delete", deleted)):
+    for op, n in (("index", indexed), ("update", updated), ("delete", deleted), ("stale", stale)):
         if n:
             _OPS[op].inc(n)
     if failed:
@@ -117,10 +157,29 @@ def embedding(texts: int, seconds: float) -> None:
     EMBED_SECONDS.observe(seconds)
 
 
-def refresh_outbox(conn: psycopg.Connection) -> None:
-    """Read the outbox gauges: one count over search_outbox (`conn` has the projection schema on its path)."""
-    depth, pending = conn.execute(
-        "SELECT count(*), count(DISTINCT version_id) FILTER (WHERE op = 'upsert') FROM search_outbox"
+def record_embed(*, stored: int, complete: int, gone: int, seconds: float) -> None:
+    """One embedder batch that finished versions."""
+    for outcome, n in (("stored", stored), ("complete", complete), ("gone", gone)):
+        if n:
+            EMBED_VERSIONS.labels(outcome).inc(n)
+    EMBED_BATCH_SECONDS.observe(seconds)
+
+
+def record_embed_error(store: str) -> None:
+    EMBED_ERRORS.labels(store).inc()
+
+
+def refresh_queues(conn: psycopg.Connection) -> None:
+    """Read the queue gauges: two counts and the oldest pending version (`conn` has the projection schema on its
+    path). Both processes set all of them; each serves its own families only."""
+    depth, embed, oldest = conn.execute(
+        "SELECT (SELECT count(*) FROM search_outbox), (SELECT count(*) FROM embed_queue), "
+        "(SELECT extract(epoch FROM now() - since) FROM embed_queue ORDER BY id LIMIT 1)"
     ).fetchone()
     OUTBOX_DEPTH.set(depth)
-    VECTORS_PENDING.set(pending)
+    VECTORS_PENDING.set(embed)
+    QUEUE_DEPTH.set(embed)
+    QUEUE_AGE.set(float(oldest or 0.0))
+
+
+refresh_outbox = refresh_queues  # the indexer's name for it before issue 14

@@ -1,11 +1,13 @@
 """Reindex: fill a new physical index from PostgreSQL, then switch the alias atomically; and the orphan check.
 
-`ledger reindex`. The reindex holds the indexer's advisory lock, so no batch is drained
-while it runs: outbox rows that arrive meanwhile stay queued and are drained into the new
-index after the switch (documents are built from current rows, so nothing is lost or
-doubled). The orphan check (`orphans`, `/v1/stats` `search`): every version id is in both
-stores, so the version ids only in PostgreSQL or only in the index must be none once the
-outbox is drained.
+`ledger reindex`. The reindex holds the reindex lock exclusively (projections.search.claims): the indexers'
+batches in flight finish first, and new ones wait (skip) while it runs, so outbox rows that arrive meanwhile stay
+queued and are drained into the new index after the switch (documents are built from current rows, so nothing
+is lost or doubled). Embedders keep running: they write PostgreSQL only. Each document is written with its
+version's stored vectors and revision, so a reindex embeds nothing unless a model changed; a version without a
+stored vector of a configured model is embedded now (and stored), or queued for the embedders with `embedder`
+None. The orphan check (`orphans`, `/v1/stats` `search`): every version id is in both stores, so the version ids
+only in PostgreSQL or only in the index must be none once the outbox is drained.
 """
 
 from __future__ import annotations
@@ -23,10 +25,14 @@ from psycopg.rows import dict_row
 from producers.settings import Settings
 from projections.embedding import Embedder, Embedders
 from projections.languages import EN_FIELD
-from projections.search.documents import build_doc, embedding_text_for, rows_sql
+from projections.models import model_spec
+from projections.postgres.counts import EMBED, INDEXER_SHARD, add_counts
+from projections.search.claims import finish, release_reindex, take_reindex
+from projections.search.documents import embedding_text_for, rows_sql
 from projections.search.ids import doc_ids, doc_ids_async, tenant_query
-from projections.search.indexer import lock_key
+from projections.search.indexer import DOC_EXTRA, doc_action
 from projections.search.mapping import create_physical, physical_indices, vector_fields
+from projections.search.vectors import lacking, pack, store_vectors
 
 __all__ = ["orphans", "orphans_async", "reindex"]
 
@@ -37,38 +43,87 @@ def _set_path(conn: psycopg.Connection, settings: Settings) -> None:
     conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(settings.pg_schema)))
 
 
+def _fill_missing(
+    settings: Settings, writer: psycopg.Connection, rows: list[dict[str, Any]], embedder: Embedders | None
+) -> int:
+    """Give `rows` lacking a configured vector their vectors (stored, new revisions), or queue them; how many."""
+    todo = [r for r in rows if lacking(settings, r)]
+    if not todo:
+        return 0
+    with writer.transaction():
+        if embedder is None:
+            queued = writer.execute(
+                "INSERT INTO embed_queue (version_id, tenant, since) SELECT * FROM unnest(%s::text[], %s::text[]), "
+                "now() ON CONFLICT (version_id) DO NOTHING RETURNING tenant",
+                ([r["version_id"] for r in todo], [r["tenant"] for r in todo]),
+            ).fetchall()
+            finish(writer, settings)
+            deltas: dict[tuple[str, str], int] = {}
+            for (tenant,) in queued:
+                deltas[(tenant, EMBED)] = deltas.get((tenant, EMBED), 0) + 1
+            add_counts(writer, deltas, shard=INDEXER_SHARD)
+            return len(todo)
+        made = embedder.vectors([embedding_text_for(r) for r in todo])
+        locked = {
+            v
+            for (v,) in writer.execute(
+                "SELECT version_id FROM fact_versions WHERE version_id = ANY(%s) ORDER BY version_id FOR NO KEY UPDATE",
+                ([r["version_id"] for r in todo],),
+            )
+        }
+        with writer.cursor() as cur:
+            store_vectors(
+                cur, [(r["version_id"], v) for r, v in zip(todo, made, strict=True) if r["version_id"] in locked]
+            )
+            revs = dict(
+                cur.execute(
+                    "SELECT version_id, rev FROM fact_versions WHERE version_id = ANY(%s)", (sorted(locked),)
+                ).fetchall()
+            )
+    for r, v in zip(todo, made, strict=True):  # the document of this reindex carries them, at the new revision
+        if r["version_id"] in revs:
+            by_field = {f: (m, vec) for f, m, vec in v}
+            r["vec_fields"] = sorted(by_field)
+            r["vec_models"] = [by_field[f][0] for f in r["vec_fields"]]
+            r["vec_data"] = [pack(by_field[f][1]) for f in r["vec_fields"]]
+            r["rev"] = revs[r["version_id"]]
+    return len(todo)
+
+
 def reindex(
     settings: Settings,
     conn: psycopg.Connection,
     es: Elasticsearch,
-    embedder: Embedder | Embedders,
+    embedder: Embedder | Embedders | None = None,
     *,
     batch_size: int = 256,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Index every fact version into `<alias>-<ts>`, point the alias at it, delete the old index.
 
-    Every version is re-embedded by the configured model of its language (issue 15): switching a model is this."""
+    Stored vectors are reused; a version without one of the configured models (a switched model, issue 15) is
+    embedded by `embedder` now, or queued for the embedders when it is None."""
     _set_path(conn, settings)
-    embedder = Embedders.of(settings, embedder)
+    embedders = None if embedder is None else Embedders.of(settings, embedder)
     alias = settings.es_index
     t0 = time.monotonic()
-    conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (lock_key(settings),))
+    take_reindex(conn, settings)
+    writer = psycopg.connect(settings.pg_dsn, autocommit=True)  # vectors are stored batch by batch, not in the scan
+    _set_path(writer, settings)
+    embedded = 0
     try:
         total = conn.execute("SELECT count(*) FROM fact_versions").fetchone()[0]
         en_dim = vector_fields(settings)[EN_FIELD]["dims"]
-        new = create_physical(es, alias, embedder.dim, refresh_interval="-1", en_dim=en_dim)
+        new = create_physical(es, alias, model_spec(settings.embed_model).dim, refresh_interval="-1", en_dim=en_dim)
         done = 0
         try:
+            query = rows_sql(sql.SQL("true"), extra=DOC_EXTRA) + sql.SQL(" ORDER BY f.version_id")
             with conn.transaction(), conn.cursor(name="reindex", row_factory=dict_row) as cur:
                 cur.itersize = batch_size
-                cur.execute(rows_sql(sql.SQL("true")) + sql.SQL(" ORDER BY f.version_id"))
+                cur.execute(query)
                 while rows := cur.fetchmany(batch_size):
-                    vectors = embedder.vectors([embedding_text_for(r) for r in rows])
-                    actions = [
-                        {"_index": new, "_id": r["version_id"], "_source": build_doc(r, None, vectors=v)}
-                        for r, v in zip(rows, vectors, strict=True)
-                    ]
+                    embedded += _fill_missing(settings, writer, rows, embedders)
+                    actions = [doc_action(settings, new, r) for r in rows]
                     for ok, info in streaming_bulk(es, actions, max_retries=6, initial_backoff=0.5, max_backoff=16):
                         if not ok:  # raise_on_error is on: unreachable, kept for clarity
                             raise RuntimeError(f"reindex: {info}")
@@ -87,12 +142,15 @@ def reindex(
         for o in old:
             es.indices.delete(index=o, ignore_unavailable=True)
     finally:
-        conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (lock_key(settings),))
+        writer.close()
+        release_reindex(conn, settings)
     seconds = time.monotonic() - t0
     return {
         "index": new,
         "replaced": old,
         "documents": done,
+        "embedded": embedded if embedders is not None else 0,
+        "queued": embedded if embedders is None else 0,
         "seconds": round(seconds, 2),
         "docs_per_s": round(done / seconds, 1) if seconds else None,
     }

@@ -43,7 +43,8 @@ VOCAB_LOG_KEEP = 200_000  # rows of vocab_log the indexer keeps (an API process 
 
 _MARKS = "SELECT (SELECT min(seq) FROM vocab_log), (SELECT max(seq) FROM vocab_log WHERE tenant = %s)"
 _DELTA = """
-SELECT f.entities, f.subject, f.key, f.aliases FROM vocab_log l JOIN fact_versions f ON f.version_id = l.version_id
+SELECT f.entities, f.subject, f.key, f.aliases, f.scope
+FROM vocab_log l JOIN fact_versions f ON f.version_id = l.version_id
 WHERE l.tenant = %s AND l.seq > %s AND l.seq <= %s
 """
 
@@ -69,11 +70,17 @@ SELECT 'a', key, aliases FROM (
     FROM fact_versions LEFT JOIN LATERAL unnest(aliases) a ON true
     WHERE tenant = %(t)s AND key IS NOT NULL GROUP BY key
 ) z
+UNION ALL
+SELECT 'c', scope, NULL::text[] FROM (SELECT DISTINCT scope FROM fact_versions WHERE tenant = %(t)s AND scope <> '') w
 """
 
 
-async def _rows(conn: AsyncConnection, tenant: str) -> tuple[list[str], list[str], list[tuple[str, list[str]]]]:
-    entities, subjects, key_aliases = [], [], []
+_Rows = tuple[list[str], list[str], list[tuple[str, list[str]]], list[str]]
+
+
+async def _rows(conn: AsyncConnection, tenant: str) -> _Rows:
+    """(entities, subjects, (key, aliases), scopes other than the default) of the tenant's versions."""
+    entities, subjects, key_aliases, scopes = [], [], [], []
     async with conn.cursor() as cur:
         await cur.execute(_SQL, {"t": tenant})
         for kind, name, aliases in await cur.fetchall():
@@ -81,15 +88,17 @@ async def _rows(conn: AsyncConnection, tenant: str) -> tuple[list[str], list[str
                 entities.append(name)
             elif kind == "s":
                 subjects.append(name)
+            elif kind == "c":
+                scopes.append(name)
             else:
                 key_aliases.append((name, aliases or []))
-    return entities, subjects, key_aliases
+    return entities, subjects, key_aliases, scopes
 
 
 async def load_vocabulary(conn: AsyncConnection, tenant: str) -> Vocabulary:
     """Build the vocabulary of one tenant from its fact versions (all of them: history is findable too)."""
-    entities, subjects, key_aliases = await _rows(conn, tenant)
-    return Vocabulary.build(entities=entities, subjects=subjects, key_aliases=key_aliases)
+    entities, subjects, key_aliases, scopes = await _rows(conn, tenant)
+    return Vocabulary.build(entities=entities, subjects=subjects, key_aliases=key_aliases, scopes=scopes)
 
 
 class ErasureListener:
@@ -236,13 +245,14 @@ class VocabularyCache:
                 cur = await conn.execute(_DELTA, (key[1], delta_from, newest))
                 rows = await cur.fetchall()
                 entities = [e for ents, *_ in rows for e in ents or ()]
-                subjects = [s for _, s, _, _ in rows]
-                key_aliases = [(k, a or []) for _, _, k, a in rows if k is not None]
+                subjects = [s for _, s, _, _, _ in rows]
+                key_aliases = [(k, a or []) for _, _, k, a, _ in rows if k is not None]
+                scopes = list({c for *_, c in rows if c})
             else:
-                entities, subjects, key_aliases = await _rows(conn, key[1])
+                entities, subjects, key_aliases, scopes = await _rows(conn, key[1])
         # building is CPU work proportional to what was read: keep it off the event loop
         built = await asyncio.to_thread(
-            lambda: Vocabulary.build(entities=entities, subjects=subjects, key_aliases=key_aliases)
+            lambda: Vocabulary.build(entities=entities, subjects=subjects, key_aliases=key_aliases, scopes=scopes)
         )
         if delta_from is not None:
             self.delta_loads += 1

@@ -6,12 +6,13 @@ exists (end offsets, stored positions, schema-bound connections, the settings of
 this package only adds what a test needs around them.
 
 - waiting: `wait_for(cond, timeout)`, polling instead of sleeping.
-- processes: `Worker(settings)` (the projector, `python -m stream_processors`) and `Indexer(settings)`
-  (`ledger indexer`) as child processes on the private settings.
+- processes: `Worker(settings)` (the projector, `python -m stream_processors`), `Indexer(settings)`
+  (`ledger indexer`) and `Embedder(settings)` (`ledger embedder`) as child processes on the private settings.
 - kafka: `publish`, `publish_raw`, `read_topic`, `dlq_envelopes`, `drop_topics`, `end_offsets`.
-- stores: `pg`, `async_pool`, `positions`, `wait_caught_up`, `outbox_count`, `private_store`, `cleanup`.
+- stores: `pg`, `async_pool`, `positions`, `wait_caught_up`, `outbox_count`, `embed_queue_count`,
+  `search_pending` (both, one snapshot), `private_store`, `cleanup`.
 - writer: `RecorderWriter` (events straight through the PostgreSQL recorder, no Kafka) and `drain_all`
-  (the indexer's drain until the outbox is empty), for search and recall tests.
+  (the indexer's drain and the embedder's pass until both queues are empty), for search and recall tests.
 - events: factories `asserted`, `facts`, `marked`, `erased`, `wire`, times `at(day)` after `T0`.
 - pipeline: `pipeline(settings, seed=..., indexer=..., app=...)`, the whole ledger for one module.
 - browser (import it directly: it needs Playwright): `ApiServer` (uvicorn child on a free port), `chromium()`,
@@ -23,14 +24,25 @@ this package only adds what a test needs around them.
 from tests.support.events import T0, TENANT, asserted, at, erased, facts, marked, wire
 from tests.support.kafka import dlq_envelopes, drop_topics, end_offsets, publish, publish_raw, read_topic
 from tests.support.pipeline import Pipeline, pipeline
-from tests.support.processes import Indexer, Process, Worker
-from tests.support.stores import async_pool, cleanup, outbox_count, pg, positions, private_store, wait_caught_up
+from tests.support.processes import Embedder, Indexer, Process, Worker
+from tests.support.stores import (
+    async_pool,
+    cleanup,
+    embed_queue_count,
+    outbox_count,
+    pg,
+    positions,
+    private_store,
+    search_pending,
+    wait_caught_up,
+)
 from tests.support.waiting import wait_for
 from tests.support.writer import RecorderWriter, drain_all
 
 __all__ = [
     "T0",
     "TENANT",
+    "Embedder",
     "Indexer",
     "Pipeline",
     "Process",
@@ -47,7 +59,9 @@ __all__ = [
     "erased",
     "facts",
     "marked",
+    "embed_queue_count",
     "outbox_count",
+    "search_pending",
     "pg",
     "pipeline",
     "positions",

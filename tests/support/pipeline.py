@@ -1,9 +1,9 @@
 """`pipeline(settings)`: the whole ledger on private names, as a deployment runs it, for one test module.
 
-SDK -> Kafka topic -> projector worker (subprocess) -> PostgreSQL schema -> `ledger indexer`
-(subprocess) -> Elasticsearch index -> optionally the app (`create_app` + TestClient). Both
-processes are the real commands on the test's private settings; the indexer is always the
-`ledger indexer` process (never a thread or an in-process loop), so what is tested is what runs.
+SDK -> Kafka topic -> projector worker (subprocess) -> PostgreSQL schema -> `ledger indexer` and
+`ledger embedder` (subprocesses) -> Elasticsearch index -> optionally the app (`create_app` + TestClient).
+The processes are the real commands on the test's private settings (never a thread or an in-process
+loop), so what is tested is what runs; `indexer=True` runs the embedder beside the indexer (issue 14).
 
     with pipeline(base_settings.private(unique("pj")), seed=[asserted("warmup", "k", 0)]) as pipe:
         pipe.publish([...]); pipe.settle(); pipe.client.get(...)
@@ -27,8 +27,8 @@ from producers.contract import MemoryEvent
 from producers.settings import Settings
 from producers.topics import ensure_topics
 from tests.support.kafka import publish
-from tests.support.processes import Indexer, Worker
-from tests.support.stores import cleanup, outbox_count, pg, wait_caught_up
+from tests.support.processes import Embedder, Indexer, Worker
+from tests.support.stores import cleanup, pg, search_pending, wait_caught_up
 from tests.support.waiting import wait_for
 
 __all__ = ["Pipeline", "pipeline"]
@@ -39,6 +39,7 @@ class Pipeline:
     settings: Settings
     worker: Worker | None = None
     indexer: Indexer | None = None
+    embedder: Embedder | None = None
     client: TestClient | None = None
 
     def publish(self, events: Iterable[MemoryEvent | dict]) -> list:
@@ -50,7 +51,7 @@ class Pipeline:
         return wait_caught_up(self.settings, timeout=timeout, worker=self.worker)
 
     def settle(self, timeout: float = 90.0) -> None:
-        """Everything published so far is applied and, with an indexer, indexed and searchable."""
+        """Everything published so far is applied and, with an indexer, indexed (with vectors) and searchable."""
         self.caught_up(timeout)
         if self.indexer is None:
             return
@@ -59,12 +60,14 @@ class Pipeline:
             def drained() -> bool:
                 assert self.indexer is not None
                 self.indexer.check()
+                if self.embedder is not None:
+                    self.embedder.check()
                 try:
-                    return outbox_count(conn) == 0
+                    return search_pending(conn) == 0
                 except psycopg.errors.UndefinedTable:
                     return False  # the worker has not created the schema yet
 
-            wait_for(drained, timeout, 0.2, "the search outbox to drain")
+            wait_for(drained, timeout, 0.2, "the search outbox and the embed queue to drain")
         es = Elasticsearch(self.settings.es_url, request_timeout=30)
         try:
             es.indices.refresh(index=self.settings.es_index, ignore_unavailable=True)  # none before the first document
@@ -95,6 +98,7 @@ def pipeline(
             stack.callback(lambda: pipe.worker.stop() if pipe.worker is not None else None)
         if indexer:
             pipe.indexer = stack.enter_context(Indexer(settings))
+            pipe.embedder = stack.enter_context(Embedder(settings))
         if app:
             from api.main import create_app
 

@@ -1,4 +1,4 @@
-"""The ledger's own processes as children of the test: the projector worker and the search indexer.
+"""The ledger's own processes as children of the test: the projector worker, the search indexer and the embedder.
 
 Each runs exactly as an operator starts it, on the test's private settings (`Settings.child_environ`),
 logging to a temporary file: `.start()`, `.alive()`, `.check()` (AssertionError with the log tail if
@@ -16,7 +16,7 @@ from typing import Any
 
 from producers.settings import REPO_ROOT, Settings
 
-__all__ = ["Indexer", "Process", "Worker"]
+__all__ = ["Embedder", "Indexer", "Process", "Worker"]
 
 
 class Process:
@@ -98,5 +98,18 @@ class Indexer(Process):
         super().__init__(settings, ["-m", "api.cli", "indexer"], **{"indexer_poll_s": 0.1, **extra_env})
 
     def start(self) -> Indexer:
+        super().start()
+        return self
+
+
+class Embedder(Process):
+    """The embedding stage: `ledger embedder` (embed_queue -> stored vectors -> outbox), polling every 0.1 s."""
+
+    name = "embedder"
+
+    def __init__(self, settings: Settings, **extra_env: Any) -> None:
+        super().__init__(settings, ["-m", "api.cli", "embedder"], **{"embedder_poll_s": 0.1, **extra_env})
+
+    def start(self) -> Embedder:
         super().start()
         return self

@@ -76,6 +76,18 @@ def outbox_count(conn: psycopg.Connection) -> int:
     return conn.execute("SELECT count(*) FROM search_outbox").fetchone()[0]
 
 
+def embed_queue_count(conn: psycopg.Connection) -> int:
+    return conn.execute("SELECT count(*) FROM embed_queue").fetchone()[0]
+
+
+def search_pending(conn: psycopg.Connection) -> int:
+    """Outbox rows plus versions awaiting vectors, in one snapshot (issue 14: 0 means every document is written with
+    its vectors: an embedder's commit moves a version from the queue to the outbox, an indexer's the other way)."""
+    return conn.execute("SELECT (SELECT count(*) FROM search_outbox) + (SELECT count(*) FROM embed_queue)").fetchone()[
+        0
+    ]
+
+
 @contextmanager
 def private_store(settings: Settings) -> Iterator[tuple[psycopg.Connection, Elasticsearch]]:
     """A fresh schema (the projection's own DDL) and an ES client; afterwards no trace in PG or ES."""

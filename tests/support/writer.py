@@ -104,11 +104,16 @@ class RecorderWriter:
 
 
 def drain_all(settings: Settings, conn: psycopg.Connection, es: Elasticsearch, embedder, **kw: Any) -> int:
-    """Drain the outbox to empty and refresh, so what was written is searchable; the rows drained."""
+    """Run the indexer's `drain_once` and the embedder's `embed_once` until the outbox and the embed queue are
+    empty, and refresh, so what was written is searchable with its vectors; the outbox rows drained."""
+    from projections.search.embedder import embed_once
     from projections.search.indexer import drain_once
 
     total = 0
-    while n := drain_once(settings, conn, es, embedder, refresh=True, **kw):
-        total += n
+    while True:
+        while n := drain_once(settings, conn, es, refresh=True, **kw):
+            total += n
+        if embedder is None or not embed_once(settings, conn, embedder, es=es).claimed:
+            break
     assert outbox_count(conn) == 0
     return total

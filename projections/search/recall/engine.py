@@ -26,9 +26,11 @@ from projections.embedding import Embedder, load_embedder
 from projections.search.cues import Cues, extract
 from projections.search.recall.access import access_signals, order_ties, tied_memory_ids
 from projections.search.recall.fusion import rrf, single
+from projections.search.recall.groups import GROUP_SLACK, collapse
 from projections.search.recall.index import ElasticIndex, SearchIndex
 from projections.search.recall.metrics import observe_stage
 from projections.search.recall.model import MODES, Candidate, Match, Mode, RecallQuery
+from projections.search.recall.prefer import prefer_scopes
 from projections.search.recall.rerank import Reranker
 from projections.search.recall.response import hit
 from projections.search.recall.scoring import BAND, Scored, Strength, by_fused_rank, by_overlap, scored
@@ -124,6 +126,7 @@ class RecallEngine:
         )
         self.vocab = vocab or VocabularyCache(ttl=settings.vocab_ttl_s)
         self.access_weight = settings.access_prior_weight  # the access signal's share of the prior (scoring)
+        self.subject_factor = settings.subject_preference  # an episode about none of the named subjects (prefer)
         self.observe = observe  # sees every timed stage (name, ms); default: the stage histogram (recall.metrics)
         self._embedder = embedder
         self._embedder_lock = asyncio.Lock()
@@ -173,7 +176,11 @@ class RecallEngine:
                     seen = {h.row["memory_id"] for h in hits}
                     for row, m in await verify(self.pool, q, at, matches):
                         if row["memory_id"] not in seen:
-                            hits.append(scored(row, m, cues, at, tier.floor, tier.strength, self.access_weight))
+                            hits.append(
+                                scored(
+                                    row, m, cues, at, tier.floor, tier.strength, self.access_weight, self.subject_factor
+                                )
+                            )
 
         if not hits:  # perhaps an alias or entity written after the vocabulary was loaded
             self.vocab.nudge(self.pool, self.settings.pg_schema, q.tenant, min_age=self.settings.vocab_nudge_s)
@@ -181,6 +188,9 @@ class RecallEngine:
             hits.sort(key=attrgetter("order"))
             if self.reranker.wanted(q):  # fuzzy hits only, never above an exact one; timed `cross_encoder` apart
                 hits = await self.reranker.rerank(q, hits, trace)
+            hits = prefer_scopes(hits, cues.scopes, BAND)  # a fact's named (else default) scope first (recall.prefer)
+        with trace.timed("groups"):  # one hit per group of near-duplicate episodes (recall.groups, issue 15)
+            hits = await collapse(self.pool, q.tenant, hits[: q.top_k + GROUP_SLACK])
             shown = [hit(h) for h in hits[: q.top_k]]
         return {"hits": shown, "cues": cues.as_dict(), "trace": trace.as_dict(at)}
 

@@ -58,18 +58,21 @@ def semantic_passes(
 def accept_semantic(found: list[Candidate], support: set[str], ctx: RecallContext) -> list[Candidate]:
     """The semantic candidates that pass the cut-offs; `support`: version ids the tier's other stages found."""
     cues = ctx.cues
-    narrowed = bool(cues.known_entities)
+    known = bool(cues.known_entities)
     types = set(cues.event_types)
     models = ctx.semantic_models  # issue 15: each hit is measured against its own model's list, with its offset
-    ranked: dict[str, list[float]] = {}
+    ranked: dict[tuple[str, bool], list[float]] = {}  # per model, and apart for the second search (issue 15)
     for c in found:
-        ranked.setdefault(models.get(c.version_id, ("", 0.0))[0], []).append(c.score or 0.0)
+        ranked.setdefault((models.get(c.version_id, ("", 0.0))[0], c.other), []).append(c.score or 0.0)
     out = []
     for c in found:
         typed = bool(types) and not types.isdisjoint(c.event_types)  # of the asked type
         model, off = models.get(c.version_id, ("", 0.0))
         keyword = c.version_id in support
-        if semantic_passes(c.score or 0.0, ranked[model], keyword=keyword, narrowed=narrowed or typed, offset=off):
+        narrowed = known and not c.other  # the second search's episodes are about none of the entities
+        if semantic_passes(
+            c.score or 0.0, ranked[(model, c.other)], keyword=keyword, narrowed=narrowed or typed, offset=off
+        ):
             out.append(c)
     return out
 
@@ -81,7 +84,10 @@ def rrf(found: Sequence[tuple[Stage, list[Candidate]]], ctx: RecallContext) -> l
     for i, (stage, cands) in enumerate(found):
         support: set[str] = set().union(*(ids[:i] + ids[i + 1 :])) if len(ids) > 1 else set()
         shown = stage.score_name  # how the list's own score is shown in the explanation (None: not shown)
-        for rank, c in enumerate(stage.accept(cands, support, ctx), 1):
+        ranks = [0, 0]  # a stage's second search (Candidate.other, issue 15) is ranked apart: it pushes none down
+        for c in stage.accept(cands, support, ctx):
+            ranks[c.other] += 1
+            rank = ranks[c.other]
             m = matches.get(c.version_id)
             if m is None:
                 m = matches[c.version_id] = Match(c.version_id, c.memory_id, stage.name)

@@ -122,14 +122,11 @@ class ElasticIndex:
             )
         if scope.entities:
             entities = list(scope.entities)
-            out.append(
-                {
-                    "bool": {
-                        "should": [{"terms": {"entities": entities}}, {"terms": {"subject_ids": entities}}],
-                        "minimum_should_match": 1,
-                    }
-                }
-            )
+            about: list[dict[str, Any]] = [{"terms": {"entities": entities}}, {"terms": {"subject_ids": entities}}]
+            if scope.outside:  # issue 15: the open kinds' documents about none of them (recall.prefer)
+                out.append({"bool": {"filter": [{"terms": {"kind": list(scope.open_kinds)}}], "must_not": about}})
+            else:
+                out.append({"bool": {"should": about, "minimum_should_match": 1}})
         elif scope.mentions:
             out.append(
                 {
@@ -221,7 +218,7 @@ class ElasticIndex:
 
     async def keyword(self, scope: Scope, text: str, size: int) -> list[Candidate]:
         hits = await self._search(self.keyword_body(scope, text, size))
-        return [Candidate(h["_id"], h["fields"]["memory_id"][0], h["_score"]) for h in hits]
+        return [Candidate(h["_id"], h["fields"]["memory_id"][0], h["_score"], (), scope.outside) for h in hits]
 
     async def has_model(self, tenant: str, model: str, without: str | None = None, legacy: bool = False) -> bool:
         query = {"bool": {"filter": [{"term": {"tenant": tenant}}, self.model_filter(model, without, legacy)]}}
@@ -240,7 +237,6 @@ class ElasticIndex:
         out = []
         for h in hits:
             fields = h["fields"]  # Elasticsearch reports (1 + cosine) / 2
-            out.append(
-                Candidate(h["_id"], fields["memory_id"][0], 2 * h["_score"] - 1, tuple(fields.get("event_type", ())))
-            )
+            types = tuple(fields.get("event_type", ()))
+            out.append(Candidate(h["_id"], fields["memory_id"][0], 2 * h["_score"] - 1, types, scope.outside))
         return out

@@ -65,7 +65,9 @@ class Scope(NamedTuple):
     Always: the tenant's versions that hold at `at` (valid time), the subject if given, the caller's filters,
     and, when the query has a time cue, only those events and episodes that happened (or were told) in it.
     Then at most one narrowing: about one of `entities` (entity ids or subject ids), or, failing those, at least
-    one of `mentions` in the text (id-shaped tokens nobody knows).
+    one of `mentions` in the text (id-shaped tokens nobody knows). `open_kinds`: kinds the entity narrowing prefers
+    rather than requires (issue 15, recall.prefer: episodes of other speakers stay candidates): a fuzzy stage also
+    searches `outside()`, the documents of those kinds about none of `entities`.
 
     A NamedTuple, like the other values built on every request: immutable and cheap to build (the exact path).
     """
@@ -77,10 +79,18 @@ class Scope(NamedTuple):
     time: TimeRange | None = None
     entities: tuple[str, ...] = ()
     mentions: tuple[str, ...] = ()
+    open_kinds: tuple[str, ...] = ()
+    outside: bool = False  # the reverse narrowing: documents of `open_kinds` about none of `entities`
 
-    def about(self, entities: tuple[str, ...] = (), mentions: tuple[str, ...] = ()) -> Scope:
+    def about(
+        self, entities: tuple[str, ...] = (), mentions: tuple[str, ...] = (), open_kinds: tuple[str, ...] = ()
+    ) -> Scope:
         """This scope narrowed to documents about `entities` (or mentioning `mentions`)."""
-        return Scope(self.tenant, self.at, self.subject, self.filters, self.time, entities, mentions)
+        return Scope(self.tenant, self.at, self.subject, self.filters, self.time, entities, mentions, open_kinds)
+
+    def others(self) -> Scope:
+        """The documents of `open_kinds` about none of this scope's entities (the second search, issue 15)."""
+        return self._replace(outside=True)
 
 
 class Candidate(NamedTuple):
@@ -90,6 +100,7 @@ class Candidate(NamedTuple):
     memory_id: str
     score: float | None = None  # the stage's own measure: BM25 (keyword), cosine (semantic); None (exact)
     event_types: tuple[str, ...] = ()  # of the document (the semantic acceptance asks for them)
+    other: bool = False  # found by the second search (Scope.others): about none of the question's entities
 
 
 @dataclass(slots=True)

@@ -59,14 +59,19 @@ def rerank_key(ce: float, strength: float, weight: float) -> float:
     return weight * _sigmoid(ce) + (1.0 - weight) * strength
 
 
-def reorder(strengths: Sequence[float], ce: Sequence[float], weight: float) -> list[int]:
+def reorder(
+    strengths: Sequence[float], ce: Sequence[float], weight: float, factors: Sequence[float] | None = None
+) -> list[int]:
     """The new order of the first len(ce) candidates (indices into them), best first; ties keep the order before.
 
     `strengths`: each candidate's strength before, in [0, 1], in their order before; `ce`: the cross-encoder
-    scores of the first len(ce) of them (a budget may have stopped it early: the rest are not reordered).
+    scores of the first len(ce) of them (a budget may have stopped it early: the rest are not reordered);
+    `factors`: each one's preference factor (recall.prefer: an episode about none of the subjects the question
+    names), which multiplies its key, so the preference holds through the rerank (None: all 1).
     """
     n = len(ce)
-    return sorted(range(n), key=lambda i: (-rerank_key(ce[i], strengths[i], weight), i))
+    f = factors or [1.0] * n
+    return sorted(range(n), key=lambda i: (-f[i] * rerank_key(ce[i], strengths[i], weight), i))
 
 
 @dataclass(frozen=True)
@@ -170,7 +175,8 @@ class Reranker:
             )
         info.update(computed=bool(done.scores), scored=len(done.scores), stopped=done.stopped)
         slots = english[: len(done.scores)]  # the places of the scored hits, best first: they trade places
-        order = reorder([head[i].score for i in slots], done.scores, self.weight)  # fuzzy: score in [0, 1)
+        factors = [head[i].factor for i in slots]
+        order = reorder([head[i].score for i in slots], done.scores, self.weight, factors)  # fuzzy: score in [0, 1)
         out = list(head)
         for place, j in zip(slots, order, strict=True):
             h, s = head[slots[j]], head[place].score

@@ -15,7 +15,13 @@ def hit(s: Scored) -> dict[str, Any]:
     scores = {**m.scores, "prior": round(s.prior, 4), "overlap": round(s.overlap, 4)}
     if s.access:  # the access signal inside the prior (scoring.access_signal), for a fact served before
         scores["access"] = round(s.access, 4)
+    if s.factor != 1.0:  # not about the subject the question names (recall.prefer)
+        scores["preference"] = s.factor
     match: dict[str, Any] = {"stage": m.stage, "cues": s.cues, "scores": scores}
+    if s.preferred:
+        match["preferred"] = list(s.preferred)
+    if s.duplicates:  # the same thing said again: one hit for the group (recall.groups)
+        match["duplicates"] = list(s.duplicates)
     if row["version_id"] != m.version_id:
         match["verified"] = {"candidate": m.version_id, "replaced_by": row["version_id"]}
     else:

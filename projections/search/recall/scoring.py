@@ -28,6 +28,7 @@ from typing import Any
 
 from projections.search.cues import Cues, canonical, event_types_in, key_phrases, subject_ids, units
 from projections.search.recall.model import Match
+from projections.search.recall.prefer import SUBJECT_FACTOR, subject_preference
 
 __all__ = [
     "MAX_ACCESS_WEIGHT",
@@ -93,6 +94,8 @@ def matched(row: dict[str, Any], cues: Cues) -> tuple[dict[str, Any], float]:
     }
     if cues.time is not None:
         found["time"] = cues.time.words
+    if row["scope"] and row["scope"] in cues.scopes:  # the scope the question names (issue 15, recall.prefer)
+        found["scope"] = row["scope"]
     return {k: v for k, v in found.items() if v}, overlap
 
 
@@ -113,6 +116,9 @@ class Scored:
     cues: dict[str, Any]  # the cues it carries
     order: tuple[float, float, float, str]  # the sort key: score desc, valid_from desc, access desc, memory_id asc
     access: float = 0.0  # the access signal (0: never served)
+    preferred: tuple[str, ...] = ()  # why a preference moved it up (recall.prefer): "subject cue 'x'", "scope cue 'y'"
+    factor: float = 1.0  # the preference's factor on its strength (recall.prefer.SUBJECT_FACTOR: not preferred)
+    duplicates: tuple[str, ...] = ()  # the other episodes of its near-duplicate group (recall.groups, issue 15)
 
 
 def scored(
@@ -123,9 +129,12 @@ def scored(
     floor: float,
     strength: Strength,
     access_weight: float = 0.0,
+    subject_factor: float = SUBJECT_FACTOR,
 ) -> Scored:
     a = access_signal(row, at)
     p = prior(row, at, a, access_weight)
     found, overlap = matched(row, cues)
-    s = round(score(floor, strength(m, overlap), p), 6)
-    return Scored(row, m, s, p, overlap, found, (-s, -row["valid_from"].timestamp(), -a, row["memory_id"]), a)
+    factor, why = subject_preference(row, found.get("entities", ()), cues, subject_factor)
+    s = round(score(floor, strength(m, overlap) * factor, p), 6)
+    order = (-s, -row["valid_from"].timestamp(), -a, row["memory_id"])
+    return Scored(row, m, s, p, overlap, found, order, a, why, factor)

@@ -23,6 +23,7 @@ from projections.search.cues import Cues, subject_ids
 from projections.search.recall.fusion import accept_semantic
 from projections.search.recall.index import SearchIndex
 from projections.search.recall.model import Candidate, RecallQuery, Scope
+from projections.search.recall.prefer import OPEN_KINDS
 from projections.search.recall.trace import Trace
 from projections.search.recall.workers import EMBED_EXECUTOR
 
@@ -64,10 +65,13 @@ class RecallContext:
 
     def fuzzy_scope(self) -> Scope:
         """The scope of the keyword and semantic stages: a known entity of the query narrows it to that entity
-        (answers about others are wrong answers); an id-shaped token nobody knows must at least be in the text."""
+        (answers about others are wrong answers); for episodes (OPEN_KINDS) what was said about or by the entity may
+        be another speaker's turn, so each fuzzy stage also searches those about none of them (`Scope.others`, a
+        list of its own, ranked apart and preferred less: recall.prefer); an id-shaped token nobody knows must at
+        least be in the text."""
         cues = self.cues
         if cues.known_entities:
-            return self.scope.about(entities=cues.known_entities)
+            return self.scope.about(entities=cues.known_entities, open_kinds=OPEN_KINDS)
         if cues.unknown_entities:
             return self.scope.about(mentions=cues.unknown_entities)
         return self.scope
@@ -146,7 +150,11 @@ class KeywordStage(Stage[TextAsk]):
         return TextAsk(ctx.fuzzy_scope(), ctx.cues.text) if ctx.cues.text else None
 
     async def run(self, ctx: RecallContext, ask: TextAsk) -> list[Candidate]:
-        return await ctx.index.keyword(ask.scope, ask.text, _fuzzy_size(ctx.query))
+        size = _fuzzy_size(ctx.query)
+        found = await ctx.index.keyword(ask.scope, ask.text, size)
+        if ask.scope.open_kinds:  # the episodes about none of the named entities, after them (recall.prefer)
+            found += await ctx.index.keyword(ask.scope.others(), ask.text, size)
+        return found
 
 
 class SemanticStage(Stage[TextAsk]):
@@ -186,18 +194,24 @@ class SemanticStage(Stage[TextAsk]):
     async def run(self, ctx: RecallContext, ask: TextAsk) -> list[Candidate]:
         size = _fuzzy_size(ctx.query)
         lists: list[tuple[list[Candidate], float]] = []
+        others: list[tuple[list[Candidate], float]] = []  # Scope.others: about none of the named entities
         for model, vector_field, without in await self._passes(ctx, ask.text):
             with ctx.trace.timed("embed_cross" if lists else "embed"):  # loads the model on first use, off the loop
                 emb = await ctx.embedder(model)
                 vec = await asyncio.get_running_loop().run_in_executor(EMBED_EXECUTOR, emb.embed_query, ask.text)
                 ctx.trace.embedding_computed = True
             ctx.trace.embedding_models.append(emb.name)
-            found = await ctx.index.nearest(ask.scope, vec.tolist(), size, vector_field, model, without)
             offset = _offset(ctx, emb)
-            for c in found:
-                ctx.semantic_models.setdefault(c.version_id, (emb.name, offset))
-            lists.append((found, offset))
-        return merge_by_offset(lists, size) if len(lists) > 1 else lists[0][0]
+            scopes = (ask.scope, ask.scope.others()) if ask.scope.open_kinds else (ask.scope,)
+            for scope, into in zip(scopes, (lists, others), strict=False):
+                found = await ctx.index.nearest(scope, vec.tolist(), size, vector_field, model, without)
+                for c in found:
+                    ctx.semantic_models.setdefault(c.version_id, (emb.name, offset))
+                into.append((found, offset))
+        out = merge_by_offset(lists, size) if len(lists) > 1 else lists[0][0]
+        if others:
+            out += merge_by_offset(others, size) if len(others) > 1 else others[0][0]
+        return out
 
     def accept(self, found: list[Candidate], support: set[str], ctx: RecallContext) -> list[Candidate]:
         return accept_semantic(found, support, ctx)

@@ -1,0 +1,246 @@
+"""The embedding stage (`ledger embedder`, issue 14): vectors for the documents the indexers wrote without them.
+
+An indexer writes a version's document at once (exact and keyword recall see it) and queues the version in
+`embed_queue` when a configured model's vector of it is not stored. Any number of embedders drain that queue:
+
+1. claim a batch (`FOR UPDATE SKIP LOCKED`, in the transaction that finishes it: a process killed mid-batch
+   releases its rows and another takes them) and read the versions' texts and stored vectors;
+2. embed what is missing, by each text's language's model (projections.embedding.Embedders), with the
+   transaction open (the claim is a few row locks; nothing else waits on them);
+3. lock the versions' rows (`FOR NO KEY UPDATE SKIP LOCKED`: a row the projection is changing right now is
+   left in the queue for the next round, never waited on, so no deadlock), store the vectors and draw each
+   version a new document revision (projections.search.vectors), queue an outbox row per version so an indexer
+   writes the document again with its vectors, delete the finished queue rows and adjust the counters.
+
+A version erased or gone meanwhile is dropped from the queue with nothing stored (its row is gone; a concurrent
+erasure waits for the row lock and then deletes the vectors with the version). The text of a version never
+changes, so a vector computed once is valid for every later state of its version: a superseded version keeps its
+status when its vector lands, because the document is always rebuilt from the row's current state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from elasticsearch import ApiError, Elasticsearch
+from elasticsearch import ConnectionError as ESConnectionError
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from producers.logs import bind_ids, new_id, unbind_ids
+from producers.metrics import serve as serve_metrics
+from producers.settings import Settings
+from projections.embedding import Embedder, Embedders, load_embedder
+from projections.postgres.counts import EMBED, INDEXER_SHARD, OUTBOX, add_counts
+from projections.search import metrics
+from projections.search.claims import finish
+from projections.search.documents import embedding_text_for
+from projections.search.duplicates import Link, find_links, store_links
+from projections.search.vectors import VECTOR_COLUMNS, Vectors, lacking, store_vectors
+
+__all__ = ["EmbedStats", "claim", "complete", "embed_once", "run_embedder"]
+
+log = logging.getLogger("ledger.embedder")
+
+
+@dataclass
+class EmbedStats:
+    claimed: int = 0
+    stored: int = 0  # versions whose vectors were stored (their documents queued for rewriting)
+    complete: int = 0  # versions that already had every configured vector
+    gone: int = 0  # versions no longer in PostgreSQL (erased)
+    deferred: int = 0  # versions whose rows were locked by the projection: left queued for the next round
+    texts: int = 0
+    linked: int = 0  # episodes linked to a near-duplicate group (issue 15)
+
+
+def _set_path(conn: psycopg.Connection, settings: Settings) -> None:
+    conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(settings.pg_schema)))
+
+
+def claim(conn: psycopg.Connection, batch_size: int) -> list[dict[str, Any]]:
+    """In the caller's transaction: lock up to `batch_size` unclaimed queue rows, oldest first, and read their
+    versions (text columns and stored vectors); a version gone from PostgreSQL comes back with `row` None."""
+    queued = conn.execute(
+        "SELECT id, version_id, tenant FROM embed_queue ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED", (batch_size,)
+    ).fetchall()
+    if not queued:
+        return []
+    query = sql.SQL(
+        "SELECT f.version_id, f.tenant, f.subject, f.kind, f.observed_at, f.content, f.key, f.aliases, {vectors} "
+        "FROM fact_versions f WHERE f.version_id = ANY(%s)"
+    ).format(vectors=VECTOR_COLUMNS)
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query, ([vid for _, vid, _ in queued],))
+        rows = {r["version_id"]: r for r in cur.fetchall()}
+    return [{"version_id": vid, "tenant": tenant, "row": rows.get(vid)} for _, vid, tenant in queued]
+
+
+def complete(
+    settings: Settings,
+    conn: psycopg.Connection,
+    claimed: list[dict[str, Any]],
+    made: dict[str, Vectors],
+    links: Sequence[Link] = (),
+) -> EmbedStats:
+    """In the claim's transaction: store `made` (version id -> its vectors) and the near-duplicate `links` of the
+    versions whose rows can be locked now, queue their documents, and remove every finished version from the
+    queue."""
+    stats = EmbedStats(claimed=len(claimed))
+    gone = [c for c in claimed if c["row"] is None]
+    ready = [c for c in claimed if c["row"] is not None and not lacking(settings, c["row"])]
+    wanted = sorted(vid for vid in made if any(c["version_id"] == vid and c["row"] is not None for c in claimed))
+    locked = [
+        r[0]
+        for r in conn.execute(
+            "SELECT version_id FROM fact_versions WHERE version_id = ANY(%s) ORDER BY version_id "
+            "FOR NO KEY UPDATE SKIP LOCKED",
+            (wanted,),
+        )
+    ]
+    stats.deferred = len(wanted) - len(locked)
+    finish(conn, settings)  # the closing statements, serialized with every other indexer's and embedder's
+    with conn.cursor() as cur:
+        mine = set(locked)
+        stats.linked = store_links(cur, [x for x in links if x.version_id in mine])
+        stored = store_vectors(cur, [(vid, made[vid]) for vid in locked])
+        queued = cur.execute(
+            "INSERT INTO search_outbox (version_id, tenant, subject, op, priority) "  # after new versions' rows
+            "SELECT version_id, tenant, subject, 'upsert', 1 FROM fact_versions WHERE version_id = ANY(%s) "
+            "RETURNING tenant",
+            (stored,),
+        ).fetchall()
+        finished = [c["version_id"] for c in gone + ready] + stored
+        removed = cur.execute(
+            "DELETE FROM embed_queue WHERE version_id = ANY(%s) RETURNING tenant", (finished,)
+        ).fetchall()
+    deltas: Counter = Counter()
+    for (tenant,) in queued:
+        deltas[(tenant, OUTBOX)] += 1
+    for (tenant,) in removed:
+        deltas[(tenant, EMBED)] -= 1
+    add_counts(conn, deltas, shard=INDEXER_SHARD)
+    stats.stored, stats.complete, stats.gone = len(stored), len(ready), len(gone)
+    return stats
+
+
+def embed_once(
+    settings: Settings,
+    conn: psycopg.Connection,
+    embedder: Embedder | Embedders,
+    *,
+    batch_size: int | None = None,
+    cache: dict[str, Vectors] | None = None,
+    es: Elasticsearch | None = None,
+) -> EmbedStats:
+    """Claim, embed and complete one batch (one transaction of `conn`, an autocommit connection).
+
+    `cache`: vectors computed for versions that were deferred (their rows locked), reused on the next round.
+    `es`: where near-duplicate episodes are looked up (issue 15); None links none."""
+    embedders = Embedders.of(settings, embedder)
+    batch_size = batch_size or settings.embedder_batch_size
+    cache = cache if cache is not None else {}
+    _set_path(conn, settings)
+    with conn.transaction():
+        claimed = claim(conn, batch_size)
+        if not claimed:
+            return EmbedStats()
+        todo = [c for c in claimed if c["row"] is not None and lacking(settings, c["row"])]
+        fresh = [c for c in todo if c["version_id"] not in cache]
+        made = {c["version_id"]: cache[c["version_id"]] for c in todo if c["version_id"] in cache}
+        if fresh:
+            started = time.perf_counter()
+            vectors = embedders.vectors([embedding_text_for(c["row"]) for c in fresh])
+            metrics.embedding(sum(len(v) for v in vectors), time.perf_counter() - started)
+            made.update({c["version_id"]: v for c, v in zip(fresh, vectors, strict=True)})
+        links: list[Link] = []
+        if es is not None:
+            fresh_rows = [(c["row"], made[c["version_id"]]) for c in fresh]
+            links = find_links(es, settings.es_index, fresh_rows)
+        stats = complete(settings, conn, claimed, made, links)
+        stats.texts = sum(len(made[c["version_id"]]) for c in fresh)
+    cache.clear()
+    if stats.deferred:
+        cache.update(made)  # the next round finds those versions again; the rest is stored
+    return stats
+
+
+def _connect(settings: Settings) -> psycopg.Connection:
+    conn = psycopg.connect(settings.pg_dsn, autocommit=True)
+    _set_path(conn, settings)
+    return conn
+
+
+def run_embedder(
+    settings: Settings, *, poll_seconds: float | None = None, batch_size: int | None = None, stop=None
+) -> None:
+    """Embed forever (until `stop()` returns true): back off on errors, never give up."""
+    poll_seconds = settings.embedder_poll_s if poll_seconds is None else poll_seconds
+    batch_size = batch_size or settings.embedder_batch_size
+    embedders = Embedders(settings, load_embedder(settings))
+    es = Elasticsearch(settings.es_url, request_timeout=30)
+    metrics.register(families=metrics.EMBEDDER_FAMILIES)
+    serve_metrics(settings.embedder_metrics_port, settings.metrics_host, setting="LEDGER_EMBEDDER_METRICS_PORT")
+    conn: psycopg.Connection | None = None
+    cache: dict[str, Vectors] = {}
+    backoff, total, t0 = 0.5, 0, time.monotonic()
+    gauges_at = -settings.metrics_refresh_s
+    log.info("embedder: embedding %s.embed_queue with %s", settings.pg_schema, settings.embed_model)
+    batch_ids = bind_ids()
+    while stop is None or not stop():
+        unbind_ids(batch_ids)
+        batch_ids = bind_ids(batch_id=new_id())
+        try:
+            if conn is None or conn.closed:
+                conn = _connect(settings)
+            started = time.perf_counter()
+            stats = embed_once(settings, conn, embedders, batch_size=batch_size, cache=cache, es=es)
+            finished = stats.stored + stats.complete + stats.gone
+            if finished:
+                metrics.record_embed(
+                    stored=stats.stored,
+                    complete=stats.complete,
+                    gone=stats.gone,
+                    seconds=time.perf_counter() - started,
+                )
+                total += finished
+                log.info(
+                    "embedder: %d versions (%d texts; %d total, %.1f versions/s)",
+                    finished,
+                    stats.texts,
+                    total,
+                    total / (time.monotonic() - t0),
+                )
+            if time.monotonic() - gauges_at >= settings.metrics_refresh_s:
+                metrics.refresh_queues(conn)
+                gauges_at = time.monotonic()
+            backoff = 0.5
+            if stats.claimed < batch_size:
+                time.sleep(poll_seconds)
+        except Exception as exc:  # noqa: BLE001 - a long-running embedder backs off and retries, never dies
+            store = (
+                "postgres"
+                if isinstance(exc, psycopg.Error)
+                else "elasticsearch"
+                if isinstance(exc, (ApiError, ESConnectionError))
+                else "other"
+            )
+            metrics.record_embed_error(store)
+            log.warning(
+                "embedder: %s: %s; retrying in %.1fs",
+                type(exc).__name__,
+                str(exc)[:300],
+                backoff,
+                exc_info=store == "other",
+            )
+            if conn is not None and (isinstance(exc, psycopg.OperationalError) or conn.broken):
+                conn.close()
+                conn = None
+            time.sleep(backoff)
+            backoff = min(backoff * 2, settings.indexer_max_backoff_s)
