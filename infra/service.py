@@ -12,7 +12,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from infra.procs import InfraError, owned_pid, spawn, stop_owned, wait_until
+from infra.procs import InfraError, cmdline, owned_pid, pid_alive, read_pid, spawn, stop_owned, wait_until
 from producers.settings import Settings
 
 SERVICES = {
@@ -84,10 +84,30 @@ def start(s: Settings, name: str, timeout: float = 90.0) -> None:
             # exactly these settings, whatever the environment of the caller (`Settings.as_env`)
             spawn([_ledger(), *SERVICES[name]], _log(s, instance), _pid_file(s, instance), env=_env(s, name, instance))
     try:
-        wait_until(lambda: healthy(s, name), name, timeout, _log(s, name), lambda: pid(s, name) is not None)
-    except InfraError:
+        wait_until(lambda: healthy(s, name), name, timeout, _log(s, name), lambda: _alive(s, name))
+    except InfraError as exc:
         stop(s, name)
+        if _last_seen.get(name):  # what the liveness probe saw (an intermittent `mcp` failure is not explained yet)
+            raise InfraError(name, f"{exc.reason}; {_last_seen[name]}", exc.log) from exc
         raise
+
+
+_last_seen: dict[str, str] = {}
+
+
+def _alive(s: Settings, name: str) -> bool:
+    """Whether every instance still runs; on no, remember what its pid file and the process said."""
+    for instance in instances(s, name):
+        if _pid_of(s, name, instance) is None:
+            found = read_pid(_pid_file(s, instance))
+            alive = found is not None and pid_alive(found)
+            _last_seen[name] = (
+                f"pid file {_pid_file(s, instance)} held {found}, alive {alive}, command line {cmdline(found)[:160]!r}"
+                if found is not None
+                else f"no pid in {_pid_file(s, instance)}"
+            )
+            return False
+    return True
 
 
 def stop(s: Settings, name: str) -> bool:
