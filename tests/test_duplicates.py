@@ -133,3 +133,17 @@ def test_both_measures_must_agree():
     assert is_duplicate(0.99, 0.9)
     assert not is_duplicate(0.99, 0.5)  # close in meaning, other words: not the same thing said again
     assert not is_duplicate(0.90, 1.0)  # the same words, far apart in the model (never happens with one model)
+
+
+def test_the_same_episode_in_another_tenant_is_never_linked(store, embedder):
+    """Tenants never meet: the same subject saying the same words in two tenants, in one batch and across two."""
+    settings, conn, es, ledger = store
+    first = ledger.assert_fact(TENANT, "person:ann", None, TURNS[0], kind="episodic", valid_from=T0)
+    other = ledger.assert_fact("dups-other", "person:ann", None, TURNS[0], kind="episodic", valid_from=T0)
+    drain_all(settings, conn, es, embedder)
+    later = ledger.assert_fact(
+        "dups-other", "person:ann", None, TURNS[0], kind="episodic", valid_from=T0 + timedelta(days=1)
+    )
+    drain_all(settings, conn, es, embedder)
+    assert _links(conn) == {later.version_id: other.version_id}  # its own tenant's copy, never `first`
+    assert first.version_id not in set(_links(conn).values())
