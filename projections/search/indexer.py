@@ -36,14 +36,14 @@ from producers.logs import bind_ids, new_id, unbind_ids
 from producers.metrics import serve as serve_metrics
 from producers.settings import Settings
 from projections.models import model_spec
-from projections.postgres.counts import EMBED, INDEXER_SHARD, OUTBOX, add_counts
+from projections.postgres.counts import INDEXER_SHARD, OUTBOX, add_counts
 from projections.search import metrics
 from projections.search.claims import finish, reindex_key, writing
 from projections.search.documents import build_doc, rows_sql
 from projections.search.duplicates import GROUP_COLUMN
 from projections.search.ids import doc_ids, tenant_query
 from projections.search.mapping import ensure_index
-from projections.search.vectors import VECTOR_COLUMNS, attached, lacking
+from projections.search.vectors import VECTOR_COLUMNS, attached, lacking, queue_for_vectors
 from projections.search.vocab import log_indexed
 
 __all__ = ["DOC_EXTRA", "DrainStats", "doc_action", "drain_once", "lock_key", "read_rows", "run_indexer"]
@@ -219,16 +219,9 @@ def _drain(
     deltas: Counter = Counter()
     for (tenant,) in gone:  # /v1/stats' counters, in the same transaction (projections.postgres.counts)
         deltas[(tenant, OUTBOX)] -= 1
-    if unembedded:
-        queued = conn.execute(
-            "INSERT INTO embed_queue (version_id, tenant, since) "
-            "SELECT * FROM unnest(%s::text[], %s::text[], %s::timestamptz[]) ON CONFLICT (version_id) DO NOTHING "
-            "RETURNING tenant",
-            ([v for v, _, _ in unembedded], [t for _, t, _ in unembedded], [c for _, _, c in unembedded]),
-        ).fetchall()
-        for (tenant,) in queued:
-            deltas[(tenant, EMBED)] += 1
-        stats.queued += len(queued)
+    queued = queue_for_vectors(conn, unembedded)
+    deltas.update(queued)
+    stats.queued += sum(queued.values())
     add_counts(conn, deltas, shard=INDEXER_SHARD)
     # issue 14: what is now searchable, for the API's vocabularies (projections.search.vocab)
     log_indexed(conn, [(t, v) for _, v, t, _, op, _ in batch if op == "upsert" and v in rows and v not in failed_ids])

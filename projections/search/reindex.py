@@ -26,13 +26,13 @@ from producers.settings import Settings
 from projections.embedding import Embedder, Embedders
 from projections.languages import EN_FIELD
 from projections.models import model_spec
-from projections.postgres.counts import EMBED, INDEXER_SHARD, add_counts
+from projections.postgres.counts import INDEXER_SHARD, add_counts
 from projections.search.claims import finish, release_reindex, take_reindex
 from projections.search.documents import embedding_text_for, rows_sql
 from projections.search.ids import doc_ids, doc_ids_async, tenant_query
 from projections.search.indexer import DOC_EXTRA, doc_action
 from projections.search.mapping import create_physical, physical_indices, vector_fields
-from projections.search.vectors import lacking, pack, store_vectors
+from projections.search.vectors import lacking, pack, queue_for_vectors, store_vectors
 
 __all__ = ["orphans", "orphans_async", "reindex"]
 
@@ -52,16 +52,12 @@ def _fill_missing(
         return 0
     with writer.transaction():
         if embedder is None:
-            queued = writer.execute(
-                "INSERT INTO embed_queue (version_id, tenant, since) SELECT * FROM unnest(%s::text[], %s::text[]), "
-                "now() ON CONFLICT (version_id) DO NOTHING RETURNING tenant",
-                ([r["version_id"] for r in todo], [r["tenant"] for r in todo]),
-            ).fetchall()
             finish(writer, settings)
-            deltas: dict[tuple[str, str], int] = {}
-            for (tenant,) in queued:
-                deltas[(tenant, EMBED)] = deltas.get((tenant, EMBED), 0) + 1
-            add_counts(writer, deltas, shard=INDEXER_SHARD)
+            add_counts(
+                writer,
+                queue_for_vectors(writer, [(r["version_id"], r["tenant"], None) for r in todo]),
+                shard=INDEXER_SHARD,
+            )
             return len(todo)
         made = embedder.vectors([embedding_text_for(r) for r in todo])
         locked = {

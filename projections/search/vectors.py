@@ -9,6 +9,7 @@ writes last.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from psycopg import sql
 
 from producers.settings import Settings
 from projections.languages import vector_plan
+from projections.postgres.counts import EMBED
 from projections.search.documents import embedding_text_for
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "attached",
     "lacking",
     "pack",
+    "queue_for_vectors",
     "store_vectors",
     "unpack",
 ]
@@ -86,3 +89,18 @@ def store_vectors(cur: psycopg.Cursor, made: Iterable[tuple[str, Vectors]]) -> l
     stored = sorted(set(ids))
     cur.execute("UPDATE fact_versions SET rev = nextval('doc_rev') WHERE version_id = ANY(%s)", (stored,))
     return stored
+
+
+def queue_for_vectors(cur: psycopg.Cursor | psycopg.Connection, items: Sequence[tuple[str, str, Any]]) -> Counter:
+    """Queue (version id, tenant, since) for the embedders (a version queued already stays as it is); the
+    `embed_queue` counter deltas of what was new. `since` None: now. Under the batch's finishing lock
+    (projections.search.claims.finish), like every statement that moves a shared counter."""
+    if not items:
+        return Counter()
+    queued = cur.execute(
+        "INSERT INTO embed_queue (version_id, tenant, since) "
+        "SELECT v, t, coalesce(s, now()) FROM unnest(%s::text[], %s::text[], %s::timestamptz[]) AS x(v, t, s) "
+        "ON CONFLICT (version_id) DO NOTHING RETURNING tenant",
+        ([v for v, _, _ in items], [t for _, t, _ in items], [c for _, _, c in items]),
+    ).fetchall()
+    return Counter((tenant, EMBED) for (tenant,) in queued)
