@@ -90,6 +90,7 @@ async def recall(res: Resources, tenants: frozenset[str], body: RecallBody) -> d
         filters=body.filters.to_engine() if body.filters else RecallFilters(),
         explain=body.explain,
         rerank=body.rerank,
+        context_turns=body.context_turns,
     )
     # a store that fails is a 503 naming it (api.errors), never a guessed answer
     answer = await res.recall.recall(query)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from api.deps import Storable, Time, storable
 from producers.contract import Kind, SourceType
 from projections.search.recall import Mode, RecallFilters
+from projections.search.recall.neighbours import MAX_CONTEXT_TURNS
 
 __all__ = [
     "MEMORY_ID",
@@ -123,6 +124,13 @@ class RecallBody(BaseModel):
     )
     rerank: bool | None = Field(
         default=None, description="rerank the first fuzzy hits with the cross-encoder (null: LEDGER_RERANK_ENABLED)"
+    )
+    context_turns: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_CONTEXT_TURNS,
+        description="with each episode hit, this many neighbouring turns on each side (same tenant and source "
+        "service, observed within LEDGER_RECALL_CONTEXT_WINDOW_S), as its `context`",
     )
 
     _query_not_blank = field_validator("query")(_not_blank)

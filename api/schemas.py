@@ -227,6 +227,13 @@ class TimeCue(Body):
     to: Timestamp
 
 
+class DateCueOut(Body):
+    words: str
+    year: int | None
+    month: int | None
+    day: int | None
+
+
 class RecallCues(Body):
     """What recall read in the query (projections.search.cues)."""
 
@@ -238,6 +245,11 @@ class RecallCues(Body):
     time: TimeCue | None
     terms: list[str]
     scopes: list[str] = Field(default=[], description="the tenant's scopes the query names (issue 15)")
+    dates: list[DateCueOut] = Field(
+        default=[],
+        description="calendar dates the query names (issue 15): episodes and events on them (or told within 7 "
+        "days after) are preferred; null parts are any (a month without a year is that month in any year)",
+    )
 
 
 class MatchedCues(Body):
@@ -274,6 +286,21 @@ class Match(Body):
         description="the other episodes of this hit's near-duplicate group (issue 15: the same thing said again, a "
         "re-import), version ids: recall returns one hit per group",
     )
+    context: str | None = Field(
+        None, description="how the hit's `context` turns were chosen (asked with context_turns; episodes only)"
+    )
+
+
+class ContextTurn(Body):
+    """A turn said just before (offset < 0) or after (offset > 0) an episode hit (issue 15)."""
+
+    offset: int = Field(description="its place relative to the hit: -1 the turn before, 1 the turn after")
+    memory_id: str
+    version_id: str
+    subject: str
+    content: str
+    observed_at: Timestamp
+    source: dict[str, Any]
 
 
 class RecallHit(Body):
@@ -296,6 +323,9 @@ class RecallHit(Body):
     source: dict[str, Any]
     score: float = Field(description="exact hits in [1, 2), fuzzy hits in [0, 1)")
     match: Match
+    context: list[ContextTurn] | None = Field(
+        None, description="the neighbouring turns of an episode hit, in time order (asked with context_turns)"
+    )
 
 
 class StageCandidate(Body):

@@ -176,6 +176,12 @@ class Settings(BaseSettings):
     # recall's subject preference (issue 15, projections.search.recall.prefer): an episode about none of the subjects
     # a question names (found by the fuzzy stages' second search) keeps this share of its strength (1: no preference)
     subject_preference: float = Field(default=0.4, ge=0.0, le=1.0)
+    # recall's date preference (issue 15, recall.prefer.time_preference): an episode or event off every calendar date
+    # a question names ("in June", "on 13 October 2023") keeps this share of its strength (1: no preference)
+    time_preference: float = Field(default=0.6, ge=0.0, le=1.0)
+    # recall's context turns (issue 15, projections.search.recall.neighbours): the turns around an episode hit, when a
+    # recall asks for them, are those of its tenant and source.service observed within this many seconds of it
+    recall_context_window_s: float = Field(default=1800.0, gt=0, le=7 * 86400)
 
     # API: key -> tenants it may read and write, e.g. {"dev-key": ["acme"]}
     api_keys: dict[str, list[str]] = Field(default_factory=lambda: {"dev-key": ["demo", "acme", "globex"]})

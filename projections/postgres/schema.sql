@@ -272,3 +272,8 @@ CREATE TABLE IF NOT EXISTS episode_links (
     linked_at   timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS episode_links_group ON episode_links (tenant, group_id);
+
+-- issue 15: an episode hit's neighbouring turns (projections.search.recall.neighbours): the episodes of a tenant in
+-- time order, read only when a recall asks for context turns
+CREATE INDEX IF NOT EXISTS fact_versions_episode_time ON fact_versions (tenant, observed_at, version_id)
+    WHERE kind = 'episodic';

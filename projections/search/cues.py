@@ -20,6 +20,7 @@ from functools import cached_property
 from typing import Any
 
 from producers.contract import rfc3339
+from projections.search.dates import DateCue, find_dates
 
 __all__ = [
     "Cues",
@@ -397,6 +398,7 @@ class Cues:
     text: str = ""  # the query's words without stopwords and time words, as written (lowercased): what BM25 sees
     content_units: tuple[str, ...] = ()  # the same, as units (singular): what a hit's coverage is measured on
     scopes: tuple[str, ...] = ()  # the tenant's scopes the query names ("测试环境" -> `test`), in query order
+    dates: tuple[DateCue, ...] = ()  # calendar dates the query names ("in June"): a preference (search.dates)
 
     @cached_property
     def unit_counts(self) -> Counter[str]:
@@ -423,6 +425,7 @@ class Cues:
             else {"words": self.time.words, "from": _iso(self.time.start), "to": _iso(self.time.end)},
             "terms": list(self.terms),
             "scopes": list(self.scopes),
+            "dates": [d.as_dict() for d in self.dates],
         }
 
 
@@ -643,6 +646,7 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
         text=" ".join(_bounded_words(text, MAX_TEXT_WORDS)),
         content_units=tuple(content),
         scopes=scopes,
+        dates=find_dates(norm),
     )
 
 

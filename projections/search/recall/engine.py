@@ -30,6 +30,7 @@ from projections.search.recall.groups import GROUP_SLACK, collapse
 from projections.search.recall.index import ElasticIndex, SearchIndex
 from projections.search.recall.metrics import observe_stage
 from projections.search.recall.model import MODES, Candidate, Match, Mode, RecallQuery
+from projections.search.recall.neighbours import how, neighbours
 from projections.search.recall.prefer import prefer_scopes
 from projections.search.recall.rerank import Reranker
 from projections.search.recall.response import hit
@@ -127,6 +128,7 @@ class RecallEngine:
         self.vocab = vocab or VocabularyCache(ttl=settings.vocab_ttl_s)
         self.access_weight = settings.access_prior_weight  # the access signal's share of the prior (scoring)
         self.subject_factor = settings.subject_preference  # an episode about none of the named subjects (prefer)
+        self.time_factor = settings.time_preference  # an episode or event off every named calendar date (prefer)
         self.observe = observe  # sees every timed stage (name, ms); default: the stage histogram (recall.metrics)
         self._embedder = embedder
         self._embedder_lock = asyncio.Lock()
@@ -178,7 +180,15 @@ class RecallEngine:
                         if row["memory_id"] not in seen:
                             hits.append(
                                 scored(
-                                    row, m, cues, at, tier.floor, tier.strength, self.access_weight, self.subject_factor
+                                    row,
+                                    m,
+                                    cues,
+                                    at,
+                                    tier.floor,
+                                    tier.strength,
+                                    self.access_weight,
+                                    self.subject_factor,
+                                    self.time_factor,
                                 )
                             )
 
@@ -192,6 +202,14 @@ class RecallEngine:
         with trace.timed("groups"):  # one hit per group of near-duplicate episodes (recall.groups, issue 15)
             hits = await collapse(self.pool, q.tenant, hits[: q.top_k + GROUP_SLACK])
             shown = [hit(h) for h in hits[: q.top_k]]
+        if q.context_turns:  # asked: each episode hit's neighbouring turns (recall.neighbours, issue 15)
+            with trace.timed("context"):
+                window, rows = self.settings.recall_context_window_s, [h.row for h in hits[: q.top_k]]
+                near = await neighbours(self.pool, q.tenant, at, rows, q.context_turns, window)
+            for h in shown:
+                if h["version_id"] in near:
+                    h["context"] = near[h["version_id"]]
+                    h["match"]["context"] = how(window)
         return {"hits": shown, "cues": cues.as_dict(), "trace": trace.as_dict(at)}
 
     async def _cues(self, q: RecallQuery, now: datetime) -> Cues:

@@ -57,6 +57,7 @@ class RecallQuery:
     filters: RecallFilters = field(default_factory=RecallFilters)
     explain: bool = False  # the trace lists each stage's candidates (the console's playground), not only counts
     rerank: bool | None = None  # the cross-encoder over the fuzzy hits (recall.rerank); None: as the settings say
+    context_turns: int = 0  # each episode hit's neighbouring turns, this many on each side (recall.neighbours)
 
 
 class Scope(NamedTuple):

@@ -20,6 +20,11 @@ Two rules, both pure:
   do), so the score still orders the response and no other hit moves. A hit that lands first of its fact this
   way says why (`match.preferred`: "scope cue 'test'" or "default scope"). Only within one band: a fuzzy hit never
   takes an exact hit's place.
+- Date preference, for episodes and events. A calendar date the question names (cues.Cues.dates: "in June", "on
+  13 October 2023", "2023年5月"; projections.search.dates) prefers the episodes and events observed or valid on it
+  or in the TOLD_WITHIN_DAYS days after it (a thing is told after it happened): the others keep
+  `Settings.time_preference` (TIME_FACTOR) of their strength, like an episode of another speaker, and the ones
+  on the date say so (`match.preferred`: "date cue 'in june'"). Facts (states, preferences) are never moved by it.
 """
 
 from __future__ import annotations
@@ -32,7 +37,16 @@ if TYPE_CHECKING:
     from projections.search.cues import Cues
     from projections.search.recall.scoring import Scored
 
-__all__ = ["OPEN_KINDS", "SUBJECT_FACTOR", "prefer_scopes", "scope_rank", "subject_preference"]
+__all__ = [
+    "DATED_KINDS",
+    "OPEN_KINDS",
+    "SUBJECT_FACTOR",
+    "TIME_FACTOR",
+    "prefer_scopes",
+    "scope_rank",
+    "subject_preference",
+    "time_preference",
+]
 
 OPEN_KINDS = ("episodic",)  # kinds an entity cue prefers in the fuzzy stages instead of requiring
 # The strength (fused rank) of an episode about none of the question's entities, relative to one about them: the
@@ -41,6 +55,8 @@ OPEN_KINDS = ("episodic",)  # kinds an entity cue prefers in the fuzzy stages in
 # 0.753/0.695/0.587. Under a load average of ~16 with the default budget (which then fires) 0.4 / 0.3 / 0.2 gave
 # MRR 0.564 / 0.576 / 0.577 (any 0.753 / 0.736 / 0.732): the lower factors were not re-measured without the budget.
 SUBJECT_FACTOR = 0.4
+DATED_KINDS = ("episodic", "event")  # kinds that happened (or were said) at a time a calendar date can name
+TIME_FACTOR = 0.6  # the strength an episode or event off every named date keeps (Settings.time_preference)
 
 
 def subject_preference(
@@ -52,6 +68,16 @@ def subject_preference(
         return 1.0, ()
     if carried:
         return 1.0, tuple(f"subject cue '{e}'" for e in carried)
+    return factor, ()
+
+
+def time_preference(row: dict[str, Any], cues: Cues, factor: float = TIME_FACTOR) -> tuple[float, tuple[str, ...]]:
+    """(factor on the hit's strength, reasons) for the calendar dates the question names (see the module docstring)."""
+    if not cues.dates or row["kind"] not in DATED_KINDS:
+        return 1.0, ()
+    on = [d.words for d in cues.dates if d.matches(row["observed_at"]) or d.matches(row["valid_from"])]
+    if on:
+        return 1.0, tuple(f"date cue '{w}'" for w in on)
     return factor, ()
 
 

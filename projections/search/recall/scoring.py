@@ -28,7 +28,7 @@ from typing import Any
 
 from projections.search.cues import Cues, canonical, event_types_in, key_phrases, subject_ids, units
 from projections.search.recall.model import Match
-from projections.search.recall.prefer import SUBJECT_FACTOR, subject_preference
+from projections.search.recall.prefer import SUBJECT_FACTOR, TIME_FACTOR, subject_preference, time_preference
 
 __all__ = [
     "MAX_ACCESS_WEIGHT",
@@ -130,11 +130,14 @@ def scored(
     strength: Strength,
     access_weight: float = 0.0,
     subject_factor: float = SUBJECT_FACTOR,
+    time_factor: float = TIME_FACTOR,
 ) -> Scored:
     a = access_signal(row, at)
     p = prior(row, at, a, access_weight)
     found, overlap = matched(row, cues)
     factor, why = subject_preference(row, found.get("entities", ()), cues, subject_factor)
+    on_date, dated = time_preference(row, cues, time_factor)
+    factor, why = factor * on_date, why + dated
     s = round(score(floor, strength(m, overlap) * factor, p), 6)
     order = (-s, -row["valid_from"].timestamp(), -a, row["memory_id"])
     return Scored(row, m, s, p, overlap, found, order, a, why, factor)
