@@ -129,6 +129,9 @@ class Settings(BaseSettings):
     # `python -m infra up --service` starts (a deployment runs as many as it likes, on any hosts)
     embedder_batch_size: int = 64  # versions per claim (one embedding call per model)
     embedder_poll_s: float = 0.2  # wait between empty polls of the queue
+    # the embedder's CPU priority (os.nice at start): on a shared host the projection and the documents (exact and
+    # keyword recall) get the cores first and the vectors (semantic recall) take what is left; 0 on a host of its own
+    embedder_nice: int = Field(default=10, ge=0, le=19)
     indexers: int = 1
     embedders: int = 1
 

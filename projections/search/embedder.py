@@ -21,6 +21,7 @@ status when its vector lands, because the document is always rebuilt from the ro
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -40,6 +41,7 @@ from projections.embedding import Embedder, Embedders, load_embedder
 from projections.postgres.counts import EMBED, INDEXER_SHARD, OUTBOX, add_counts
 from projections.search import metrics
 from projections.search.claims import finish
+from projections.search.client import es_client
 from projections.search.documents import embedding_text_for
 from projections.search.duplicates import Link, find_links, store_links
 from projections.search.vectors import VECTOR_COLUMNS, Vectors, lacking, store_vectors
@@ -183,8 +185,10 @@ def run_embedder(
     """Embed forever (until `stop()` returns true): back off on errors, never give up."""
     poll_seconds = settings.embedder_poll_s if poll_seconds is None else poll_seconds
     batch_size = batch_size or settings.embedder_batch_size
+    if settings.embedder_nice:  # the semantic stage yields the CPU to the projection and the documents (settings)
+        os.nice(settings.embedder_nice)
     embedders = Embedders(settings, load_embedder(settings))
-    es = Elasticsearch(settings.es_url, request_timeout=30)
+    es = es_client(settings.es_url, request_timeout=30)
     metrics.register(families=metrics.EMBEDDER_FAMILIES)
     serve_metrics(settings.embedder_metrics_port, settings.metrics_host, setting="LEDGER_EMBEDDER_METRICS_PORT")
     conn: psycopg.Connection | None = None
