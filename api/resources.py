@@ -54,6 +54,7 @@ from producers.sdk import LedgerProducer
 from producers.settings import Settings
 from producers.topics import EndOffsetReader
 from projections.postgres.connection import configure_pool
+from projections.search.client import async_es_client
 from projections.search.recall import RecallEngine
 
 __all__ = ["Backoff", "ProbeCache", "Resources"]
@@ -133,7 +134,7 @@ class Resources:
             )
             await pool.open(wait=False)
             stack.push_async_callback(pool.close)
-            es = AsyncElasticsearch(settings.es_url, request_timeout=settings.es_request_timeout_s)
+            es = async_es_client(settings.es_url, request_timeout=settings.es_request_timeout_s)
             stack.push_async_callback(es.close)
             keys = api_key_source(settings)  # issue 13: None without a KEK; a wrong KEK fails here, at start
             producer = LedgerProducer(  # connects on first publish; seals with `keys` when encryption is on

@@ -12,12 +12,13 @@ from collections.abc import Sequence
 
 import orjson
 import psycopg
-from elasticsearch import Elasticsearch, helpers
+from elasticsearch import helpers
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
 from producers.settings import Settings
 from projections.embedding import load_embedder
+from projections.search.client import es_client
 
 __all__ = ["bench_es_bulk", "bench_fastembed", "bench_kafka_produce", "bench_pg_copy"]
 
@@ -72,7 +73,7 @@ def bench_pg_copy(s: Settings, rows: Sequence[dict]) -> dict:
 def bench_es_bulk(s: Settings, docs: Sequence[dict], vectors: Sequence[Sequence[float]]) -> dict:
     """helpers.bulk of documents with their dense vectors (cosine HNSW), refresh at the end."""
     index = f"bench-raw-{uuid.uuid4().hex[:8]}"
-    es = Elasticsearch(s.es_url, request_timeout=120)
+    es = es_client(s.es_url, request_timeout=120)  # the serializers ours use: ES is measured, not json
     es.indices.create(
         index=index,
         settings={"number_of_shards": 1, "number_of_replicas": 0},

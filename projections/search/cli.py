@@ -44,12 +44,12 @@ def reindex(
     import time
 
     import psycopg
-    from elasticsearch import Elasticsearch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from producers.logs import configure_logging
     from producers.settings import get_settings
     from projections.embedding import load_embedder
+    from projections.search.client import es_client
     from projections.search.reindex import reindex as run
 
     s = get_settings()
@@ -57,7 +57,7 @@ def reindex(
     embedder = load_embedder(s) if embed else None
     with (
         psycopg.connect(s.pg_dsn, autocommit=True) as conn,
-        Elasticsearch(s.es_url, request_timeout=60) as es,
+        es_client(s.es_url, request_timeout=60) as es,
         Progress(
             TextColumn("reindex"),
             BarColumn(),

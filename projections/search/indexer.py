@@ -39,6 +39,7 @@ from projections.models import model_spec
 from projections.postgres.counts import INDEXER_SHARD, OUTBOX, add_counts
 from projections.search import metrics
 from projections.search.claims import finish, reindex_key, writing
+from projections.search.client import es_client
 from projections.search.documents import build_doc, rows_sql
 from projections.search.duplicates import GROUP_COLUMN
 from projections.search.ids import doc_ids, tenant_query
@@ -250,7 +251,7 @@ def run_indexer(
     """
     poll_seconds = settings.indexer_poll_s if poll_seconds is None else poll_seconds
     batch_size = settings.indexer_batch_size if batch_size is None else batch_size
-    es = Elasticsearch(settings.es_url, request_timeout=30)
+    es = es_client(settings.es_url, request_timeout=30)
     conn: psycopg.Connection | None = None
     backoff = 0.5
     total, t0 = 0, time.monotonic()

@@ -25,6 +25,7 @@ from producers.topics import end_offsets
 from projections.postgres.connection import configure_pool, connect
 from projections.postgres.positions import read_positions, wait_for_positions
 from projections.postgres.schema import create_schema, drop_schema
+from projections.search.client import es_client
 from projections.search.mapping import physical_indices
 from tests.support.processes import Process
 
@@ -94,7 +95,7 @@ def private_store(settings: Settings) -> Iterator[tuple[psycopg.Connection, Elas
     with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
         create_schema(admin, settings.pg_schema)
     conn = connect(settings.pg_dsn, settings.pg_schema, autocommit=True)
-    es = Elasticsearch(settings.es_url, request_timeout=30)
+    es = es_client(settings.es_url, request_timeout=30)
     try:
         yield conn, es
     finally:
@@ -119,7 +120,7 @@ def _drop_indices(es: Elasticsearch, settings: Settings) -> None:
 def cleanup(settings: Settings) -> None:
     """Drop what the private names hold: the schema and its rebuild leftovers (`<schema>_*`), the search
     indices, the worker's faust directory and the topics (best effort)."""
-    es = Elasticsearch(settings.es_url, request_timeout=30)
+    es = es_client(settings.es_url, request_timeout=30)
     try:
         _drop_indices(es, settings)
     finally:
