@@ -122,6 +122,7 @@ class Settings(BaseSettings):
 
     # search indexer (`ledger indexer`)
     indexer_batch_size: int = 500  # outbox rows per batch
+    indexer_rewrite_batch_size: int = Field(default=100, ge=1)  # rows per batch of vector rewrites (indexer.py)
     indexer_poll_s: float = 0.2  # wait between empty polls of the outbox
     indexer_max_backoff_s: float = 4.0  # longest wait between retries while Elasticsearch or PostgreSQL is away
     # issue 14: the embedding stage (`ledger embedder`, projections.search.embedder): versions whose documents lack

@@ -198,6 +198,35 @@ def test_two_indexers_and_two_embedders_never_claim_the_same_rows(store, embedde
     assert conn.execute("SELECT count(DISTINCT version_id) FROM version_vectors").fetchone()[0] == 6
 
 
+def test_new_documents_are_claimed_alone_before_small_batches_of_vector_rewrites(store, embedder):
+    """A batch holds one kind of row: every new version's document first (refreshed at once), then, only when
+    none waits, the embedders' rewrites, at most indexer_rewrite_batch_size of them (the claim split)."""
+    settings, conn, es, ledger = store
+    settings = settings.model_copy(update={"indexer_rewrite_batch_size": 2})
+    for i in range(5):
+        ledger.assert_fact(TENANT, f"r:{i}", f"k.{i}", f"fact number {i} about batches")
+    assert drain_once(settings, conn, es) == 5  # the documents, no vectors yet
+    assert embed_once(settings, conn, embedder, batch_size=10).stored == 5  # five rewrites queued (priority 1)
+    for i in range(3):
+        ledger.assert_fact(TENANT, f"n:{i}", f"k.{i}", f"a newer fact {i} about batches")  # three new (priority 0)
+
+    def priorities() -> list[int]:
+        return sorted(r[0] for r in conn.execute("SELECT priority FROM search_outbox"))
+
+    assert priorities() == [0, 0, 0, 1, 1, 1, 1, 1]
+    first = DrainStats()
+    assert drain_once(settings, conn, es, batch_size=500, stats=first) == 3  # the new ones alone, all of them
+    assert (first.first_writes, first.limit) == (3, 500) and priorities() == [1] * 5
+    rewrites = DrainStats()
+    assert drain_once(settings, conn, es, batch_size=500, stats=rewrites) == 2  # then two rewrites at a time
+    assert (rewrites.first_writes, rewrites.limit) == (0, 2) and priorities() == [1] * 3
+    ledger.assert_fact(TENANT, "n:9", "k.9", "one more new fact about batches")
+    assert drain_once(settings, conn, es, batch_size=500) == 1  # a new one jumps the remaining rewrites
+    assert priorities() == [1] * 3
+    drain_all(settings, conn, es, embedder)
+    assert es.count(index=settings.es_index)["count"] == 9
+
+
 def test_an_erasure_during_an_embedding_stores_nothing(store, embedder):
     settings, conn, es, ledger = store
     gone = _port(ledger, 8080, T0, subject="project:gone")
