@@ -3,6 +3,7 @@
 A publisher thread sends background events (another tenant) at a fixed rate and, at a lower
 fixed rate, probe events. Each probe is timed from just before it is sent until:
   - `pg`: its version row is readable in PostgreSQL, and
+  - `doc`: its document is searchable in Elasticsearch (an ids query on the alias: what recall's stages see), and
   - `recall`: an exact-mode POST /v1/recall returns that very version, and
   - `vector`: its vectors are stored (issue 14: the embedding stage runs after the document exists; semantic
     recall sees the version once an indexer rewrote its document with them, one outbox batch later).
@@ -30,6 +31,7 @@ from bench.latency import percentiles
 from producers.contract import rfc3339, version_id_for
 from producers.sdk import LedgerProducer
 from producers.settings import Settings
+from projections.search.client import es_client
 
 __all__ = ["measure_lag", "probe_seed_events"]
 
@@ -70,6 +72,7 @@ class _Probe:
     entity: str
     sent: float
     pg: float | None = None
+    doc: float | None = None
     recall: float | None = None
     vector: float | None = None
 
@@ -151,6 +154,21 @@ def _vector_poller(settings: Settings, st: _State, deadline: list[float]) -> Non
             time.sleep(0.02)
 
 
+def _doc_poller(settings: Settings, st: _State, deadline: list[float]) -> None:
+    """When each probe's document is searchable: recall's `doc` lag minus this is the API's own share."""
+    with es_client(settings.es_url, request_timeout=10) as es:
+        while not (st.done.is_set() and not st.pending("doc")) and time.perf_counter() < deadline[0]:
+            pending = {version_id_for(PROBE_TENANT, p.event_id): p for p in st.pending("doc")}
+            if pending:
+                res = es.search(
+                    index=settings.es_index, query={"ids": {"values": list(pending)}}, size=len(pending), source=False
+                )
+                t = time.perf_counter()
+                for h in res["hits"]["hits"]:
+                    pending[h["_id"]].doc = t
+            time.sleep(0.01)
+
+
 def _recall_poller(url: str, api_key: str, st: _State, deadline: list[float]) -> None:
     headers = {"X-API-Key": api_key, "Content-Type": "application/json"}
     with httpx.Client(base_url=url, headers=headers, timeout=10) as client:
@@ -174,6 +192,7 @@ def measure_lag(
     deadline = [time.perf_counter() + duration + 120]
     threads = [
         threading.Thread(target=_pg_poller, args=(settings, st, deadline), daemon=True),
+        threading.Thread(target=_doc_poller, args=(settings, st, deadline), daemon=True),
         threading.Thread(target=_recall_poller, args=(url, api_key, st, deadline), daemon=True),
         threading.Thread(target=_vector_poller, args=(settings, st, deadline), daemon=True),
     ]
@@ -193,9 +212,11 @@ def measure_lag(
         ps = [p for p in st.probes if kind == "all" or p.kind == kind]
         out[kind] = {
             "pg": percentiles([(p.pg - p.sent) * 1000 for p in ps if p.pg is not None]),
+            "doc": percentiles([(p.doc - p.sent) * 1000 for p in ps if p.doc is not None]),
             "recall": percentiles([(p.recall - p.sent) * 1000 for p in ps if p.recall is not None]),
             "vector": percentiles([(p.vector - p.sent) * 1000 for p in ps if p.vector is not None]),
             "never_seen_pg": sum(p.pg is None for p in ps),
+            "never_seen_doc": sum(p.doc is None for p in ps),
             "never_seen_recall": sum(p.recall is None for p in ps),
             "never_seen_vector": sum(p.vector is None for p in ps),
         }
