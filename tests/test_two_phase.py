@@ -199,7 +199,7 @@ def test_two_indexers_and_two_embedders_never_claim_the_same_rows(store, embedde
 
 
 def test_new_documents_are_claimed_alone_before_small_batches_of_vector_rewrites(store, embedder):
-    """A batch holds one kind of row: every new version's document first (refreshed at once), then, only when
+    """A batch holds one kind of row: every new version's document first, then, only when
     none waits, the embedders' rewrites, at most indexer_rewrite_batch_size of them (the claim split)."""
     settings, conn, es, ledger = store
     settings = settings.model_copy(update={"indexer_rewrite_batch_size": 2})
