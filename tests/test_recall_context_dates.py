@@ -64,16 +64,7 @@ def _episode(tenant: str, subject: str, content: str, when: datetime, service: s
 @pytest.fixture(scope="module")
 def world(base_settings):
     name = unique("ctx")
-    settings = base_settings.model_copy(
-        update={
-            "pg_schema": name,
-            "es_index": f"{name}-facts",
-            "topic": f"{name}.events",
-            "access_topic": f"{name}.access",
-            "api_keys": KEYS,
-            "recall_context_window_s": 600.0,
-        }
-    )
+    settings = base_settings.private(name, api_keys=KEYS, recall_context_window_s=600.0)
     embedder = load_embedder(settings)
     with private_store(settings) as (conn, es):
         ledger = RecorderWriter(settings, conn)
