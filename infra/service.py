@@ -87,7 +87,7 @@ def start(s: Settings, name: str, timeout: float = 90.0) -> None:
         wait_until(lambda: healthy(s, name), name, timeout, _log(s, name), lambda: _alive(s, name))
     except InfraError as exc:
         stop(s, name)
-        if _last_seen.get(name):  # what the liveness probe saw (an intermittent `mcp` failure is not explained yet)
+        if _last_seen.get(name):  # what the liveness probe saw
             raise InfraError(name, f"{exc.reason}; {_last_seen[name]}", exc.log) from exc
         raise
 
@@ -101,6 +101,8 @@ def _alive(s: Settings, name: str) -> bool:
         if _pid_of(s, name, instance) is None:
             found = read_pid(_pid_file(s, instance))
             alive = found is not None and pid_alive(found)
+            if alive and not cmdline(found):  # caught mid-exec: /proc/<pid>/cmdline reads empty for a moment
+                continue  # (seen: "alive True, command line ''" on `make demo`); the next probe tells
             _last_seen[name] = (
                 f"pid file {_pid_file(s, instance)} held {found}, alive {alive}, command line {cmdline(found)[:160]!r}"
                 if found is not None

@@ -35,3 +35,21 @@ def test_down_looks_past_the_configured_count():
     s = Settings(indexers=1)
     every = service.instances(s, "indexer", every=True)
     assert every[0] == "indexer" and len(every) == service.MAX_INSTANCES and "indexer-16" in every
+
+
+def test_a_live_process_whose_command_line_reads_empty_is_still_starting(tmp_path, monkeypatch):
+    """The liveness probe during `up`: caught mid-exec, /proc/<pid>/cmdline reads empty for a moment ("alive True,
+    command line ''" failed `make demo`); that is no exit. A dead pid, or a live one running something else, is."""
+    import os
+    import subprocess
+
+    s = Settings(data_dir=tmp_path)
+    s.run_dir.mkdir(parents=True)
+    (s.run_dir / "indexer.pid").write_text(str(os.getpid()))  # alive, but not an indexer's command line
+    assert service._alive(s, "indexer") is False
+    monkeypatch.setattr(service, "cmdline", lambda pid: "")
+    assert service._alive(s, "indexer") is True  # mid-exec: the next probe tells
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (s.run_dir / "indexer.pid").write_text(str(dead.pid))
+    assert service._alive(s, "indexer") is False and "alive False" in service._last_seen["indexer"]
