@@ -129,6 +129,18 @@ def outbox(settings: Settings) -> int:
         return conn.execute(f'SELECT count(*) FROM "{settings.pg_schema}".search_outbox').fetchone()[0]
 
 
+def search_work(settings: Settings) -> int:
+    """Outbox rows plus embed-queue rows: 0 only when both stages are done. A version moves between the two queues
+    in one transaction (the indexer queues it for vectors as it deletes its outbox row, the embedder queues its
+    rewrite as it deletes its queue row), so the sum never reads 0 while work remains; the outbox alone does
+    (between a document and its rewrite with vectors)."""
+    schema = settings.pg_schema
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        return conn.execute(
+            f'SELECT (SELECT count(*) FROM "{schema}".search_outbox) + (SELECT count(*) FROM "{schema}".embed_queue)'
+        ).fetchone()[0]
+
+
 def check_nothing_lost(stack: Stack, *, check_positions: bool = True) -> None:
     state = ledger_state(stack.settings)
     lost, doubled, unexpected = lost_and_doubled(
@@ -152,9 +164,9 @@ def orphan_report(settings: Settings) -> dict:
 
 
 def check_index_caught_up(stack: Stack, timeout: float = 120.0) -> None:
-    """The outbox drains to empty and the index holds exactly PostgreSQL's versions (no orphans)."""
+    """The outbox and the embed queue drain to empty and the index holds exactly PostgreSQL's versions."""
     stack.indexer.check()  # AssertionError with its log if the indexer process died
-    wait_for(lambda: outbox(stack.settings) == 0, timeout, 0.5, "the search outbox to drain")
+    wait_for(lambda: search_work(stack.settings) == 0, timeout, 0.5, "the search outbox and the embed queue to drain")
     report = orphan_report(stack.settings)
     assert report["missing_in_pg"] == 0, f"orphan documents (no PostgreSQL row): {report}"
     assert report["missing_in_es"] == 0, f"versions missing from the index: {report}"
