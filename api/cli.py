@@ -1,13 +1,33 @@
 """`ledger`: the command line (publish, topics, worker, rebuild, indexer, embedder, reindex, serve, mcp, demo, keys).
 
-Each sub-command lives beside the code it drives and is only registered here.
+Each sub-command lives beside the code it drives and is only registered here. Settings that do not load (the
+development key without LEDGER_DEVELOPMENT, a variable that does not parse) end any of them the same way: one
+line on stderr naming the variable (`producers.settings.settings_problem`) and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="memory-ledger command line")
+
+class _Ledger(typer.Typer):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as exc:
+            from producers.settings import settings_problem
+
+            problem = settings_problem(exc)
+            if problem is None:
+                raise
+            print(f"ledger: the settings do not load: {problem}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+
+app = _Ledger(add_completion=False, no_args_is_help=True, help="memory-ledger command line")
 
 
 @app.command()

@@ -11,7 +11,8 @@
 Beside the producer SDK (producers.sdk, which writes to Kafka), this reads what the projections
 hold: recall, the prompt-ready context block, a subject's facts (as of a valid time, as known at a
 transaction time), a fact's history, a subject's events in ledger order (audit replay), stats,
-health and the event schema.
+health, the event schema, and what became of an event by its id (`event_status`: for a producer that
+writes to Kafka itself, the way to learn whether its event was applied or dead-lettered).
 `AsyncLedgerClient` has the same methods as coroutines.
 
 Results are the API's own response models (api.schemas: `RecallResponse`, `FactsResponse`, ...),
@@ -25,11 +26,12 @@ did not answer), `.detail` (the API's `{"detail": [{code, field, message}]}` ite
 `.field`, `.message` of the first item, and `.store` (postgres, elasticsearch or kafka) for a 503
 `store_unavailable`. `health()` is the exception: a 503 there is an answer (`status: degraded`).
 
-Configuration: whatever is not given as an argument comes from `settings` (default
-`producers.settings.get_settings()`: `LEDGER_CLIENT_URL` (else http://LEDGER_API_HOST:LEDGER_API_PORT),
-`LEDGER_CLIENT_API_KEY`, `LEDGER_CLIENT_TIMEOUT_S`); with url, api_key and timeout all given no
-settings are read. `http=` lends the client an httpx client of yours (proxies, TLS, event hooks);
-it is then yours to close.
+Configuration: whatever is not given as an argument comes from `settings`, the client's own
+(`producers.settings.ClientSettings`: `LEDGER_CLIENT_URL`, default http://127.0.0.1:8000,
+`LEDGER_CLIENT_API_KEY`, `LEDGER_CLIENT_TIMEOUT_S`), never the server's: a client must work on a machine
+where the server's settings would not load (no LEDGER_DEVELOPMENT, no database). With url, api_key and
+timeout all given nothing is read. `http=` lends the client an httpx client of yours (proxies, TLS,
+event hooks); it is then yours to close.
 
 Import cost: httpx, pydantic and our pure modules only (no FastAPI, no store client);
 tests/test_client.py checks it.
@@ -52,6 +54,7 @@ from api.schemas import (
     ErrorItem,
     EventSchemaDocument,
     EventsResponse,
+    EventStatus,
     FactsResponse,
     HealthResponse,
     HistoryResponse,
@@ -59,7 +62,7 @@ from api.schemas import (
     StatsResponse,
 )
 from producers.contract import rfc3339
-from producers.settings import Settings, get_settings
+from producers.settings import ClientSettings
 
 __all__ = ["AsyncLedgerClient", "LedgerClient", "LedgerError"]
 
@@ -180,6 +183,10 @@ def _events(tenant: str | None, subject: str, from_: Time | None, to: Time | Non
     return _Call("GET", f"/v1/subjects/{_segment(subject)}/events", EventsResponse, params=params)
 
 
+def _event_status(tenant: str | None, event_id: str) -> _Call:
+    return _Call("GET", f"/v1/events/{_segment(event_id)}", EventStatus, params=_given(tenant=tenant))
+
+
 def _stats(tenant: str | None) -> _Call:
     return _Call("GET", "/v1/stats", StatsResponse, params=_given(tenant=tenant))
 
@@ -226,12 +233,12 @@ class _Config:
     timeout: float
 
 
-def _config(url: str | None, api_key: str | None, timeout: float | None, settings: Settings | None) -> _Config:
+def _config(url: str | None, api_key: str | None, timeout: float | None, settings: ClientSettings | None) -> _Config:
     if url is None or api_key is None or timeout is None:
-        s = settings or get_settings()
-        url = url or s.client_url or f"http://{s.api_host}:{s.api_port}"
-        api_key = api_key if api_key is not None else s.client_api_key
-        timeout = timeout if timeout is not None else s.client_timeout_s
+        s = settings or ClientSettings()
+        url = url or s.url
+        api_key = api_key if api_key is not None else s.api_key
+        timeout = timeout if timeout is not None else s.timeout_s
     return _Config(url.rstrip("/"), {"X-API-Key": api_key} if api_key else {}, timeout)
 
 
@@ -267,7 +274,7 @@ class LedgerClient(_Base):
         api_key: str | None = None,
         tenant: str | None = None,
         timeout: float | None = None,
-        settings: Settings | None = None,
+        settings: ClientSettings | None = None,
         http: httpx.Client | None = None,
     ) -> None:
         super().__init__(_config(url, api_key, timeout, settings), tenant)
@@ -334,6 +341,10 @@ class LedgerClient(_Base):
         """GET /v1/subjects/{subject}/events: the audit replay, in ledger order, each event with its effect."""
         return self._send(_events(self._tenant(tenant), subject, from_, to, limit))
 
+    def event_status(self, event_id: str, *, tenant: str | None = None) -> EventStatus:
+        """GET /v1/events/{event_id}: what became of an event (pending, applied, duplicate, dead_lettered, unknown)."""
+        return self._send(_event_status(self._tenant(tenant), event_id))
+
     def stats(self, *, tenant: str | None = None) -> StatsResponse:
         """GET /v1/stats: invariant counters (0 when healthy), lag per partition, dead letters, search orphans."""
         return self._send(_stats(self._tenant(tenant)))
@@ -367,7 +378,7 @@ class AsyncLedgerClient(_Base):
         api_key: str | None = None,
         tenant: str | None = None,
         timeout: float | None = None,
-        settings: Settings | None = None,
+        settings: ClientSettings | None = None,
         http: httpx.AsyncClient | None = None,
     ) -> None:
         super().__init__(_config(url, api_key, timeout, settings), tenant)
@@ -433,6 +444,10 @@ class AsyncLedgerClient(_Base):
     ) -> EventsResponse:
         """GET /v1/subjects/{subject}/events: the audit replay, in ledger order, each event with its effect."""
         return await self._send(_events(self._tenant(tenant), subject, from_, to, limit))
+
+    async def event_status(self, event_id: str, *, tenant: str | None = None) -> EventStatus:
+        """GET /v1/events/{event_id}: what became of an event (pending, applied, duplicate, dead_lettered, unknown)."""
+        return await self._send(_event_status(self._tenant(tenant), event_id))
 
     async def stats(self, *, tenant: str | None = None) -> StatsResponse:
         """GET /v1/stats: invariant counters (0 when healthy), lag per partition, dead letters, search orphans."""

@@ -80,8 +80,11 @@ ProducerDep = Annotated[LedgerProducer, Depends(get_producer)]
 RecallDep = Annotated[RecallEngine, Depends(get_recall)]
 
 
-def _unauthorized(message: str) -> ApiError:
-    return ApiError(401, "unauthorized", message, API_KEY_HEADER, headers={"WWW-Authenticate": "Bearer"})
+AUTHORIZATION_HEADER = "Authorization"
+
+
+def _unauthorized(message: str, header: str = API_KEY_HEADER) -> ApiError:
+    return ApiError(401, "unauthorized", message, header, headers={"WWW-Authenticate": "Bearer"})
 
 
 async def caller_tenants(
@@ -89,21 +92,27 @@ async def caller_tenants(
     x_api_key: Annotated[str | None, Security(api_key_scheme)] = None,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)] = None,
 ) -> frozenset[str]:
-    """The tenants the presented API key may use; 401 (field X-API-Key) without a known key."""
-    key = x_api_key or (bearer.credentials.strip() if bearer is not None else None)
-    return tenants_for_key(request.app.state.settings, key)
+    """The tenants the presented API key may use; 401 without a known key, naming the header the caller used."""
+    if x_api_key:
+        return tenants_for_key(request.app.state.settings, x_api_key)
+    if bearer is not None:
+        return tenants_for_key(request.app.state.settings, bearer.credentials.strip(), AUTHORIZATION_HEADER)
+    if AUTHORIZATION_HEADER in request.headers:  # another scheme (Basic, a bare key): say which one is read
+        raise _unauthorized("send the API key as Authorization: Bearer <key> (or X-API-Key)", AUTHORIZATION_HEADER)
+    return tenants_for_key(request.app.state.settings, None)
 
 
-def tenants_for_key(settings: Settings, key: str | None) -> frozenset[str]:
-    """The tenants `key` may use (`settings.api_keys`); 401 naming X-API-Key when it is missing or unknown.
+def tenants_for_key(settings: Settings, key: str | None, header: str = API_KEY_HEADER) -> frozenset[str]:
+    """The tenants `key` may use (`settings.api_keys`); 401 naming `header` (the one the key came in) when it is
+    missing or unknown.
 
     The one rule for every front end: the HTTP API (`caller_tenants`) and the MCP server (api.mcp.auth).
     """
     if not key:
-        raise _unauthorized("missing API key: send X-API-Key or Authorization: Bearer")
+        raise _unauthorized("missing API key: send X-API-Key or Authorization: Bearer", header)
     tenants = settings.api_keys.get(key)
     if tenants is None:
-        raise _unauthorized("unknown API key")
+        raise _unauthorized(f"unknown API key (sent in {header})", header)
     return CallerTenants(tenants, caller_id(key))  # a frozenset that also names the caller (api.access)
 
 

@@ -1,9 +1,13 @@
 """Error responses: one shape for every status, with a stable code and the field at fault.
 
-    {"detail": [{"code": "missing", "field": "events.0.tenant", "message": "Field required"}]}
+    {"detail": [{"code": "missing_field", "field": "events.0.tenant", "message": "Field required"}]}
 
-`field` is a dotted path into the request (`events.2.tenant`, `as_of`, `subject`), the header
-name for authentication (`X-API-Key`), `body` for a body that is not JSON, and null when no
+`code` is one of `ERROR_CODES`, the one vocabulary of every route and MCP tool (pydantic's error
+types are mapped to it by `producers.contract.error_code`, the door's own mapping; the README's
+table is tested against it). `message` and `field` are bounded (`MAX_MESSAGE_CHARS`,
+`MAX_FIELD_CHARS`), whatever the caller sent. `field` is a dotted path into the request
+(`events.2.tenant`, `as_of`, `subject`), the header the caller authenticated with (`X-API-Key` or
+`Authorization`), `body` for a body that is not JSON (or not sent as JSON), and null when no
 single field is at fault (a store that is down, an unknown route). Routes raise `ApiError`;
 the handlers below also normalize FastAPI/Starlette `HTTPException` (string or dict detail),
 request validation, store failures (503 naming the store) and anything unexpected (500), so a
@@ -33,10 +37,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.schemas import ErrorBody, ErrorItem  # the shape is defined with the other bodies (light: the read client)
+from producers.contract import MAX_ERROR_FIELD_CHARS, MAX_ERROR_MESSAGE_CHARS, bounded, error_code
 from producers.sdk import PublishError
 
 __all__ = [
+    "ERROR_CODES",
     "ERROR_RESPONSES",
+    "MAX_FIELD_CHARS",
+    "MAX_MESSAGE_CHARS",
     "ApiError",
     "ErrorBody",
     "ErrorItem",
@@ -56,14 +64,61 @@ def _doc(description: str) -> dict[str, Any]:
 
 # declared on every route (api.routes.api_router), so the OpenAPI spec documents the one shape
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: _doc("no API key, or an unknown one (field X-API-Key)"),
+    401: _doc("no API key, or an unknown one (field: the header it came in, X-API-Key or Authorization)"),
     403: _doc("the API key may not use the tenant named (field names where)"),
     404: _doc("no such resource for this tenant"),
     405: _doc("the path exists, the method does not"),
     422: _doc("the request is invalid; each item names a field"),
     500: _doc("an unexpected server error (a bug: it is logged)"),
+    429: _doc("this tenant's previous expensive request (a consistency scan) still runs: retry after Retry-After s"),
     503: _doc("a store (postgres, elasticsearch or kafka) failed; the message names it; retrying later is safe"),
 }
+
+# The one vocabulary: every code a route or an MCP tool answers, and when. README.md lists the same table
+# (tests/test_error_vocabulary.py compares them and checks that no route or tool answers another code).
+ERROR_CODES: dict[str, str] = {
+    "missing_field": "a required field is missing (or null where a value is required)",
+    "unknown_field": "a field the request or event does not have",
+    "wrong_type": "a value of the wrong JSON type (text where a number goes, a number where a list goes)",
+    "invalid_value": "a value the field does not allow: out of range, too long or short, blank, a rule between fields",
+    "unknown_value": "not one of the field's choices (`kind`, `format`, `mode`, `source.type`)",
+    "unknown_type": "an event `type` that is not one of the four",
+    "invalid_time": "not a strict RFC 3339 time (seconds and an offset; never a Unix number)",
+    "invalid_range": "`to` before `from`",
+    "unstorable_text": "U+0000 or a lone surrogate, which PostgreSQL cannot store",
+    "number_out_of_range": "an integer outside signed 64 bits, NaN or an infinity",
+    "too_deep": "`value` nested deeper than 32 levels",
+    "too_large": "an event over 262,144 bytes encoded (or a body over the server's limit)",
+    "not_an_object": "an event that is not a JSON object",
+    "unsupported_schema": "a `schema_version` newer than this contract",
+    "clock_skew": "`observed_at` too far in the future",
+    "event_id_conflict": "the `(tenant, event_id)` already names an event with other content",
+    "bad_json": "the body is not JSON (the message gives line, column and character)",
+    "empty": "an empty ledger record",
+    "wrong_content_type": "a body sent without `Content-Type: application/json`",
+    "budget_too_small": "`budget_tokens` cannot hold the context block's frame (a guard: every budget from 64 does)",
+    "unauthorized": "no API key, or an unknown one (field: the header used)",
+    "forbidden_tenant": "the API key may not use the tenant named",
+    "not_found": "no such resource for this tenant, or no such route",
+    "method_not_allowed": "the path exists, the method does not",
+    "encryption_unavailable": "this API has no key-encryption key configured",
+    "store_unavailable": "PostgreSQL, Elasticsearch or Kafka failed (the message starts with its name): retry later",
+    "publish_unavailable": "the broker could not be reached for this event",
+    "publish_timeout": "the broker did not confirm this event in time",
+    "publish_refused": "the broker refused this event",
+    "publish_closed": "the producer was closing",
+    "bad_request": "a request the server could not read",
+    "forbidden": "not allowed",
+    "unsupported_media_type": "a body of a type the route does not take",
+    "invalid": "the request is invalid",
+    "internal_error": "an unexpected server error (a bug: it is logged)",
+    "unavailable": "the service is not available",
+    "busy": "429: the tenant's previous expensive request still runs (or the server's share is taken): `Retry-After`",
+    "error": "an error of an HTTP status without a code of its own",
+}
+# the contract's bounds (a message never echoes a caller's megabyte, nor lists every tenant of a key); a field
+# may also carry the `events.N.` the door puts before an event's own field
+MAX_MESSAGE_CHARS, MAX_FIELD_CHARS = MAX_ERROR_MESSAGE_CHARS, MAX_ERROR_FIELD_CHARS + 16
 
 _FASTAPI_BODY_ERROR = "There was an error parsing the body"
 _STATUS_CODES = {
@@ -101,10 +156,14 @@ class ApiError(Exception):
 
 
 def error_body(*items: dict[str, Any]) -> dict[str, Any]:
-    """`{"detail": [...]}` with every item having exactly code, field and message."""
+    """`{"detail": [...]}` with every item having exactly code, field and message (both bounded)."""
     return {
         "detail": [
-            {"code": str(i.get("code") or "invalid"), "field": i.get("field"), "message": str(i.get("message") or "")}
+            {
+                "code": str(i.get("code") or "invalid"),
+                "field": None if i.get("field") is None else bounded(str(i["field"]), MAX_FIELD_CHARS),
+                "message": bounded(str(i.get("message") or ""), MAX_MESSAGE_CHARS),
+            }
             for i in items
         ]
     }
@@ -149,8 +208,22 @@ def _json_position(err: dict[str, Any], doc: Any) -> dict[str, Any]:
     return {"code": "bad_json", "field": "body", "message": f"the body is not valid JSON{where}: {reason}"}
 
 
-def validation_items(errors: Iterable[Any], body: Any = None) -> list[dict[str, Any]]:
-    """pydantic's errors as error items (code = the error type, field = the dotted path, `body`/`query` left out).
+def _not_sent_as_json(err: dict[str, Any], content_type: str | None) -> dict[str, Any] | None:
+    """The item for a body FastAPI did not parse because the request did not say it is JSON (else None): FastAPI
+    only reads a body as JSON under a JSON Content-Type, and pydantic would blame the body's type instead."""
+    if content_type is None or tuple(err.get("loc", ())) != ("body",) or err.get("type") == "missing":
+        return None
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        return None
+    got = f"Content-Type {media!r}" if media else "no Content-Type"
+    message = f"send the body as JSON with Content-Type: application/json (this request had {got})"
+    return {"code": "wrong_content_type", "field": "body", "message": message}
+
+
+def validation_items(errors: Iterable[Any], body: Any = None, content_type: str | None = None) -> list[dict[str, Any]]:
+    """pydantic's errors as error items (code = `error_code(type)` unless the type is one of ours already, field =
+    the dotted path, `body`/`query` left out). `content_type`: the request's (`""` if it sent none), for a body.
 
     The one mapping for a request FastAPI validated and for an MCP tool's arguments (api.mcp)."""
     items = []
@@ -158,10 +231,15 @@ def validation_items(errors: Iterable[Any], body: Any = None) -> list[dict[str, 
         if err.get("type") == "json_invalid":
             items.append(_json_position(err, body))
             continue
+        not_json = _not_sent_as_json(err, content_type)
+        if not_json is not None:
+            items.append(not_json)
+            continue
         message = err.get("msg", "") or "invalid"
+        etype = str(err.get("type") or "invalid")
         items.append(
             {
-                "code": err.get("type", "invalid"),
+                "code": etype if etype in ERROR_CODES else error_code(etype),
                 "field": _field(tuple(err.get("loc", ()))),
                 "message": message.removeprefix("Value error, "),
             }
@@ -169,8 +247,8 @@ def validation_items(errors: Iterable[Any], body: Any = None) -> list[dict[str, 
     return items
 
 
-async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    return _json(422, *validation_items(exc.errors(), exc.body))
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return _json(422, *validation_items(exc.errors(), exc.body, request.headers.get("content-type", "")))
 
 
 # -- raised errors --------------------------------------------------------------------------------

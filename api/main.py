@@ -3,13 +3,16 @@
 Only assembles: settings, the lifespan that opens the API's resources (api.resources: the pool,
 the Elasticsearch client, the producer, the recall engine, in one place), the error handlers
 (api.errors: one error shape, store failures as 503 naming the store) and one router per resource.
+`GET /` names where to go (a new user's first request should not be a bare 404).
 """
 
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 
 from api.console import install_console
 from api.docs_ui import install_docs
@@ -19,6 +22,12 @@ from api.request_id import RequestIdMiddleware
 from api.resources import Resources
 from api.routes import api_router
 from producers.settings import Settings, get_settings
+
+
+def operation_id(route: APIRoute) -> str:
+    """A route's operationId is its function's name (`recall`, not FastAPI's `recall_v1_recall_post`): the method
+    name in a generated client. Route functions are named apart (tests/test_openapi_names.py checks)."""
+    return route.name
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -36,7 +45,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 app.state.resources = None
 
     # /docs is served offline by api.docs_ui (FastAPI's own loads Swagger UI from a CDN); no ReDoc
-    app = FastAPI(title="memory-ledger", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="memory-ledger",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        generate_unique_id_function=operation_id,
+    )
     app.state.settings = settings
     install_error_handlers(app)
     app.add_middleware(RequestIdMiddleware)  # X-Request-ID on the response and on every log line of the request
@@ -44,7 +60,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_docs(app)
     install_console(app)
     install_metrics(app, settings)  # HTTP metrics by route template, GET /metrics (api.metrics, docs/metrics.md)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> dict[str, Any]:
+        """What this server serves (no key, no store asked)."""
+        return {"service": "memory-ledger", "version": app.version, "links": INDEX_LINKS}
+
     return app
+
+
+INDEX_LINKS = {
+    "docs": "/docs",
+    "openapi": "/openapi.json",
+    "console": "/console",
+    "health": "/v1/health",
+    "event_schema": "/v1/schema/event",
+}
 
 
 app = create_app()

@@ -8,9 +8,12 @@ and becomes the 503 naming it). The routes (api.routes.subjects, facts, recall, 
 
 Recall "as known at" (`known_at`): recall runs as of the valid time, then each hit is re-read as the ledger
 knew it at `known_at` (`current_facts(..., known_at)`: the subject's chain re-folded from what was observed
-by then). A hit whose fact had no version holding at that valid time by then is left out; one whose version
-then was another shows that version (`match.verified.replaced_by`). Not covered: a fact recall cannot find
-now (retracted or superseded since `known_at`, so the index no longer holds it at that valid time).
+by then). A hit whose fact had no version holding at that valid time by then is left out; every hit shows its
+version as known then (its status and end, and, if that version was another, `match.verified.replaced_by`; the
+explanation never names a version logged after `known_at`). The engine runs as known then too
+(`RecallQuery.known_at`): its candidates are the versions logged by then that began by the valid time, however
+they ended since (a fact retracted or superseded later is still found), and the episodes grouped with a hit and
+its context turns follow the same pair of times.
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
+
 from api.access import caller_of
 from api.context import ContextBlock, build_context
 from api.deps import check_tenant
 from api.errors import ApiError
+from api.limits import CONTEXT_SLOTS
 from api.requests import ContextBody, RecallBody
 from api.resources import Resources
 from api.tokens import token_counter
@@ -91,6 +97,7 @@ async def recall(res: Resources, tenants: frozenset[str], body: RecallBody) -> d
         explain=body.explain,
         rerank=body.rerank,
         context_turns=body.context_turns,
+        known_at=body.known_at,
     )
     # a store that fails is a 503 naming it (api.errors), never a guessed answer
     answer = await res.recall.recall(query)
@@ -117,15 +124,20 @@ async def _as_known(res: Resources, tenant: str, answer: dict[str, Any], known_a
         row = known.get(h["memory_id"])
         if row is None:
             continue
-        if row["version_id"] != h["version_id"]:
-            ends = [t for t in (row["valid_to"], row["superseded_at"]) if t is not None]
-            verified = {**h["match"]["verified"], "replaced_by": row["version_id"]}
-            h = {
-                **h,
-                **{k: row[k] for k in _VERSION_FIELDS},
-                "valid_to": min(ends, key=parse_rfc3339) if ends else None,
-                "match": {**h["match"], "verified": verified},
-            }
+        # the version the index proposed, if the ledger knew it then; else the one it knew stands for it
+        candidate = h["match"]["verified"]["candidate"]
+        if candidate != h["version_id"] or parse_rfc3339(h["observed_at"]) > known_at:
+            candidate = row["version_id"]
+        verified = {"candidate": candidate} | (
+            {"replaced_by": row["version_id"]} if candidate != row["version_id"] else {}
+        )
+        ends = [t for t in (row["valid_to"], row["superseded_at"]) if t is not None]
+        h = {
+            **h,
+            **{k: row[k] for k in _VERSION_FIELDS},  # status and end as known then, not as known now
+            "valid_to": min(ends, key=parse_rfc3339) if ends else None,
+            "match": {**h["match"], "verified": verified},
+        }
         hits.append(h)
     trace = {**answer["trace"], "known_at": rfc3339(known_at), "known_at_left_out": len(answer["hits"]) - len(hits)}
     return {**answer, "hits": hits, "trace": trace}
@@ -151,9 +163,19 @@ async def context(res: Resources, tenants: frozenset[str], body: ContextBody) ->
         )
         return (await recall(res, tenants, ask))["hits"]
 
-    # the rows and the recall at once (gather, not a TaskGroup: a store failure stays itself, the 503 naming it)
-    (facts, versions), found = await asyncio.gather(rows(), hits())
-    counter = token_counter(res.settings.model_dir)
-    return build_context(
-        body, facts=facts, hits=found, versions=versions, at=t, count=counter.count, tokenizer=res.settings.embed_model
-    )
+    # one block of a tenant at a time (api.limits): its rows are held and its tokens counted, never a whole pool's
+    async with CONTEXT_SLOTS.slot(body.tenant):
+        # the rows and the recall at once (gather, not a TaskGroup: a store failure stays itself, the 503 naming it)
+        (facts, versions), found = await asyncio.gather(rows(), hits())
+        counter = token_counter(res.settings.model_dir)
+        # counting tokens is CPU work bounded by the budget (api.context): in a worker thread, off the event loop
+        return await run_in_threadpool(
+            build_context,
+            body,
+            facts=facts,
+            hits=found,
+            versions=versions,
+            at=t,
+            count=counter.count,
+            tokenizer=res.settings.embed_model,
+        )

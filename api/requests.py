@@ -21,10 +21,12 @@ from projections.search.recall import Mode, RecallFilters
 from projections.search.recall.neighbours import MAX_CONTEXT_TURNS
 
 __all__ = [
+    "EVENT_ID",
     "MEMORY_ID",
     "SUBJECT",
     "TENANT",
     "ContextBody",
+    "EventStatusParams",
     "FactsParams",
     "Filters",
     "ForgetParams",
@@ -38,8 +40,19 @@ __all__ = [
 TENANT = {"min_length": 1, "max_length": 128}
 SUBJECT = {"min_length": 1, "max_length": 256}
 MEMORY_ID = {"min_length": 1, "max_length": 256}
+EVENT_ID = {"min_length": 1, "max_length": 128}  # the contract's event_id
 
 _Values = str | list[str] | None
+
+# what a model (and a generated client) reads of an argument; the MCP tools take theirs from these fields
+TENANT_NOTE = "the tenant whose memory this is"
+MODE_NOTE = (
+    "how to search: auto (the default) tries the exact cues first (the ids, subjects, keys and aliases the query "
+    "names) and falls back to keyword and semantic search only when they found nothing; exact: the exact cues "
+    "only; keyword: full-text (BM25) search only; semantic: embedding similarity only; hybrid: the exact cues "
+    "first, then keyword and semantic search fused, always"
+)
+_ONE_OR_MORE = "one value or a list (any of them matches)"
 
 
 def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
@@ -77,11 +90,11 @@ class Filters(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: _Values = None
-    key: _Values = None
-    scope: _Values = None
-    tags: _Values = None
-    source_type: _Values = None
+    kind: _Values = Field(default=None, description=f"the memory's kind: {', '.join(Kind)}; {_ONE_OR_MORE}")
+    key: _Values = Field(default=None, description=f"the fact's key, e.g. pref.seat; {_ONE_OR_MORE}")
+    scope: _Values = Field(default=None, description=f"the key's scope ('' for none); {_ONE_OR_MORE}")
+    tags: _Values = Field(default=None, description=f"a tag the memory carries; {_ONE_OR_MORE}")
+    source_type: _Values = Field(default=None, description=f"who said it: {', '.join(SourceType)}; {_ONE_OR_MORE}")
 
     @field_validator("kind", "key", "scope", "tags", "source_type")
     @classmethod
@@ -108,29 +121,41 @@ class RecallBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tenant: Storable = Field(**TENANT)
-    subject: Storable | None = Field(default=None, **SUBJECT)
-    query: Storable = Field(min_length=1, max_length=2000)
-    top_k: int = Field(default=5, ge=1, le=100)
+    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
+    subject: Storable | None = Field(
+        default=None,
+        description="only this subject's memories, e.g. user:42. Pass it whenever the question is about one "
+        "subject (a user, a project): without it every subject of the tenant is searched, and another subject's "
+        "memories may answer",
+        **SUBJECT,
+    )
+    query: Storable = Field(
+        min_length=1, max_length=2000, description="the question or the words to look for, in natural language"
+    )
+    top_k: int = Field(default=5, ge=1, le=100, description="at most this many hits, best first")
     as_of: Time | None = Field(default=None, description="valid time: RFC 3339 with seconds and an offset")
     known_at: Time | None = Field(
         default=None,
-        description="transaction time: each hit as the ledger knew it then (events observed by known_at)",
+        description="transaction time: the answer as the ledger knew it then (events observed by known_at): its "
+        "hits, their grouped episodes and context turns",
     )
-    mode: Mode = "auto"
-    filters: Filters | None = None
+    mode: Mode = Field(default="auto", description=MODE_NOTE)
+    filters: Filters | None = Field(
+        default=None, description="only memories matching every filter given (kind, key, scope, tags, source_type)"
+    )
     explain: bool = Field(
         default=False, description="list each stage's candidates (ids, stage score, best first; up to 20) in the trace"
     )
     rerank: bool | None = Field(
-        default=None, description="rerank the first fuzzy hits with the cross-encoder (null: LEDGER_RERANK_ENABLED)"
+        default=None,
+        description="rerank the first keyword/semantic hits with the cross-encoder (null: as the server is set up)",
     )
     context_turns: int = Field(
         default=0,
         ge=0,
         le=MAX_CONTEXT_TURNS,
         description="with each episode hit, this many neighbouring turns on each side (same tenant and source "
-        "service, observed within LEDGER_RECALL_CONTEXT_WINDOW_S), as its `context`",
+        "service, observed within the server's context window, 30 minutes by default), as its `context`",
     )
 
     _query_not_blank = field_validator("query")(_not_blank)
@@ -147,8 +172,8 @@ class FactsParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tenant: Storable = Field(**TENANT)
-    subject: Storable = Field(**SUBJECT)
+    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
+    subject: Storable = Field(description="the subject whose facts are listed, e.g. user:42", **SUBJECT)
     as_of: Time | None = Field(default=None, description="valid time (default now)")
     known_at: Time | None = Field(default=None, description="only what was observed by this transaction time")
 
@@ -158,28 +183,59 @@ class HistoryParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tenant: Storable = Field(**TENANT)
-    memory_id: Storable = Field(**MEMORY_ID)
+    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
+    memory_id: Storable = Field(
+        description="the fact's memory_id (as remember, recall and facts answer it)", **MEMORY_ID
+    )
+
+
+class EventStatusParams(BaseModel):
+    """`GET /v1/events/{event_id}` as one model (the MCP `event_status` tool)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
+    event_id: Storable = Field(
+        description="the event_id of an event you published (remember, forget, or any producer)", **EVENT_ID
+    )
 
 
 class ForgetParams(BaseModel):
-    """The MCP `forget` tool: retract a fact (`key`, optionally one `target_version`) or erase the subject.
+    """The MCP `forget` tool: retract a fact (`key`, optionally one `target_version`), one version or an episode
+    (`target_version` alone: an episode has no key), or erase the subject.
 
-    A retraction is a `memory.retracted` event through the publish door (api.writes.publish_events);
-    an erasure is `DELETE /v1/subjects/{subject}` (api.writes.erase_subject). Exactly one of `key`
-    and `erase_subject` (api.writes.forget says which is missing or too many).
+    A retraction is a `memory.retracted` event through the publish door (api.writes.publish_events), of a fact or
+    version the tenant's projection holds (else 404 naming the field); an erasure is `DELETE /v1/subjects/{subject}`
+    (api.writes.erase_subject). Either `key` / `target_version` or `erase_subject` (api.writes.forget says which
+    is missing or too many).
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    tenant: Storable = Field(**TENANT)
-    subject: Storable = Field(**SUBJECT)
-    key: Storable | None = Field(default=None, min_length=1, max_length=256)
-    scope: Storable = Field(default="", max_length=256)
-    target_version: Storable | None = Field(default=None, min_length=1, max_length=64)
-    erase_subject: bool = False
-    reason: Storable | None = Field(default=None, max_length=1024)
-    event_id: Storable | None = Field(default=None, min_length=1, max_length=128)
+    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
+    subject: Storable = Field(description="what the memory is about, e.g. user:42", **SUBJECT)
+    key: Storable | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="the fact to retract (with scope); leave out with erase_subject, and for an episode's "
+        "target_version",
+    )
+    scope: Storable = Field(default="", max_length=256, description="the fact's scope ('' for none)")
+    target_version: Storable | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="retract only this version: of a fact, or an episode (a version_id from facts, fact_history "
+        "or recall)",
+    )
+    erase_subject: bool = Field(
+        default=False, description="true: erase everything about the subject, permanently (right to be forgotten)"
+    )
+    reason: Storable | None = Field(default=None, max_length=1024, description="why, kept with the event")
+    event_id: Storable | None = Field(
+        default=None, min_length=1, max_length=128, description="an id you choose for the retraction (optional)"
+    )
 
 
 ContextFormat = Literal["text", "json"]
@@ -190,8 +246,8 @@ class ContextBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tenant: Storable = Field(**TENANT)
-    subject: Storable = Field(**SUBJECT)
+    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
+    subject: Storable = Field(description="the subject the block is about, e.g. user:42", **SUBJECT)
     question: Storable | None = Field(
         default=None, min_length=1, max_length=2000, description="recall hits for it are listed first"
     )
@@ -202,6 +258,6 @@ class ContextBody(BaseModel):
     include_history: bool = Field(default=False, description="also superseded, retracted and shadowed versions")
     as_of: Time | None = Field(default=None, description="valid time (default now; pass it for reproducible blocks)")
     top_k: int = Field(default=5, ge=1, le=50, description="recall hits for the question")
-    mode: Mode = "auto"
+    mode: Mode = Field(default="auto", description=f"for the question's recall: {MODE_NOTE}")
 
     _question_not_blank = field_validator("question")(_not_blank)

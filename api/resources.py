@@ -50,6 +50,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from api.access import AccessRecorder
 from producers.keys.provider import CachedKeys, sealing_keys_for
+from producers.keys.store import unsealed_warning
 from producers.sdk import LedgerProducer
 from producers.settings import Settings
 from producers.topics import EndOffsetReader
@@ -175,7 +176,11 @@ def api_key_source(settings: Settings) -> CachedKeys | None:
     """The key store with this process's KEK (never the API's own key endpoint); None when no KEK is configured.
 
     The KEK is checked against the store at start; a store that does not answer yet is checked on first use.
+    Encryption off outside development is said at start, as a WARNING (`unsealed_warning`).
     """
+    warning = unsealed_warning(settings)
+    if warning:
+        log.warning(warning)
     if settings.kek is None and settings.kek_file is None and settings.encryption == "off":
         return None
     return sealing_keys_for(settings.model_copy(update={"key_endpoint": None}))

@@ -103,6 +103,16 @@ class Body(BaseModel):
 # -- POST /v1/events ------------------------------------------------------------------------------
 
 
+# what a write knows of its effect when it answers (api.writes.effect_pending)
+WriteEffect = Literal["pending", "applied", "erased"]
+_WRITE_EFFECT = (
+    "pending: the event is in the ledger and the projection has not applied it yet; applied: a retry of an event "
+    "applied before; erased: a retry of an event whose subject was erased since. What it did (or why it did "
+    "nothing) is its status (status_url)"
+)
+_STATUS_URL = "GET this for what became of the event: pending, applied (+ effect), duplicate, dead_lettered"
+
+
 class EventResult(Body):
     """What happened to one event of the request."""
 
@@ -114,6 +124,8 @@ class EventResult(Body):
     version_id: str | None = Field(None, description="the version a memory.asserted creates (tenant-scoped)")
     partition: int | None = None
     offset: int | None = None
+    effect: WriteEffect | None = Field(None, description=_WRITE_EFFECT)
+    status_url: str | None = Field(None, description=_STATUS_URL)
     error: ErrorItem | None = None
 
 
@@ -211,6 +223,37 @@ class EventsResponse(Body):
     tenant: str
     subject: str
     events: list[LedgerEvent]
+
+
+# -- GET /v1/events/{event_id} ------------------------------------------------------------------------
+
+
+class DeadLetterItem(Body):
+    """A record the worker refused that carried the event's id (dead_letters)."""
+
+    partition: int
+    offset: int
+    code: str
+    field: str | None = None
+    message: str
+
+
+class EventStatus(Body):
+    """GET /v1/events/{event_id}: what became of one event (api.writes.event_status); fields by status."""
+
+    tenant: str
+    event_id: str
+    status: Literal["pending", "applied", "duplicate", "dead_lettered", "unknown"]
+    type: str | None = Field(None, description="applied: the event's type")
+    memory_id: str | None = Field(None, description="applied: the fact it belongs to (none for subject.erased)")
+    version_id: str | None = Field(None, description="applied: the version a memory.asserted created")
+    partition: int | None = Field(None, description="applied: the event's place; dead_lettered: the refused record's")
+    offset: int | None = None
+    effect: Effect | None = Field(None, description="applied: what it does in its fact's chain now")
+    erased: bool | None = Field(None, description="duplicate: its subject was erased since; re-sending has no effect")
+    reason: ErrorItem | None = Field(None, description="dead_lettered: why the worker refused it")
+    since: Timestamp | None = Field(None, description="pending: when a door claimed the id")
+    dead_letters: list[DeadLetterItem] | None = Field(None, description="every refused record with this id")
 
 
 # -- POST /v1/recall ------------------------------------------------------------------------------------
@@ -455,10 +498,11 @@ class StatsResponse(Body):
     invariants_capped: bool = Field(description="the invariant counts stopped at 1,000 rows (there are more)")
     events_applied: int
     versions: int
-    dlq_count: int = Field(description="dead letters of the whole topic")
-    search_outbox_pending: int = Field(
-        description="the search projection's pending work: outbox rows plus versions awaiting their vectors "
-        "(issue 14); 0 when every stage of recall sees everything applied"
+    dlq_count: int = Field(description="dead letters whose record names this tenant (unreadable ones: no tenant's)")
+    search_pending: int = Field(
+        description="the search projection's whole backlog: documents to write (search.outbox_pending) plus "
+        "versions awaiting their vectors (search.vectors_pending); 0 when every stage of recall sees everything "
+        "applied"
     )
     consumer: str
     topic: str
@@ -544,6 +588,7 @@ class ContextLine(Body):
     valid_from: Timestamp
     valid_to: Timestamp | None = Field(description="the effective end (valid_to or superseded_at), null: open")
     tokens: int = Field(description="the tokens of its line in the text")
+    cut: bool = Field(description="its value (or content) is cut in the text, which says how long it is")
 
 
 class ContextResponse(Body):
@@ -594,6 +639,8 @@ class ErasureResponse(Body):
     subject: str
     partition: int
     offset: int
+    effect: WriteEffect = Field(description=_WRITE_EFFECT)
+    status_url: str = Field(description=_STATUS_URL)
 
 
 # -- GET /v1/health ---------------------------------------------------------------------------------------------
@@ -675,7 +722,10 @@ class ErasurePurged(Body):
 class ErasureRecord(Body):
     erasure_id: str = Field(description="the subject.erased event's event_id")
     tenant: str
-    subject_digest: str = Field(description="contract.subject_digest_for(tenant, subject): no subject in clear")
+    subject_digest: str = Field(
+        description="HMAC-SHA256 of the subject under its tenant's digest key (in the key store): no subject in clear; "
+        "find a subject's records with GET /v1/erasures?tenant=&subject="
+    )
     requested_at: str
     applied_at: str
     ledger: ErasureLedger

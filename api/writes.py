@@ -3,8 +3,9 @@
 Each function takes the process's `api.resources.Resources`, the tenants the caller's API key may use
 (api.deps.tenants_for_key) and validated parameters, and returns the body the HTTP route answers
 (raising `api.errors.ApiError` for a refusal). The routes (api.routes.events, api.routes.erasure) and
-the MCP tools (api.mcp: remember, forget) call these, so both front ends run the same door: the
-contract's validation, the idempotency lookup by (tenant, event_id), conflicts, tenancy.
+the MCP tools (api.mcp: remember, forget, event_status) call these, so both front ends run the same door:
+the contract's validation, the idempotency claim by (tenant, event_id) in PostgreSQL (shared by every
+API process and the MCP server), conflicts, tenancy. `event_status` tells what became of an event by its id.
 
 `publish_events` is documented in api.routes.events (statuses, per-event results, idempotency).
 `publish_one` is the same door for one event, its refusal raised as an ApiError whose field is
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 from starlette.concurrency import run_in_threadpool
@@ -24,12 +26,30 @@ from api.deps import check_tenant
 from api.errors import ApiError, store_unavailable
 from api.requests import ForgetParams
 from api.resources import Resources
-from producers.contract import EventType, InvalidEvent, MemoryEvent, from_dict
+from producers.contract import (
+    EventType,
+    InvalidEvent,
+    MemoryEvent,
+    from_dict,
+    memory_id_for,
+    rfc3339,
+    version_id_for,
+)
 from producers.sdk import PublishError
 from producers.settings import Settings
-from projections.postgres.idempotency import Known, known_events
+from projections.postgres.idempotency import Claim, claim_events, event_fate, release_claims
+from projections.postgres.queries import event_effect
 
-__all__ = ["DOOR_CHECK_BACKOFF_S", "MAX_EVENTS_PER_CALL", "erase_subject", "forget", "publish_events", "publish_one"]
+__all__ = [
+    "DOOR_CHECK_BACKOFF_S",
+    "MAX_EVENTS_PER_CALL",
+    "effect_pending",
+    "erase_subject",
+    "event_status",
+    "forget",
+    "publish_events",
+    "publish_one",
+]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +77,9 @@ def _accepted(event: MemoryEvent, partition: int | None, offset: int | None, **f
         "version_id": event.version_id if event.type is EventType.ASSERTED else None,
         "partition": partition,
         "offset": offset,
+        **effect_pending(
+            event.tenant, event.event_id, duplicate=flags.get("duplicate", False), erased=flags.get("erased", False)
+        ),
     }
 
 
@@ -69,32 +92,49 @@ def _status(results: list[dict[str, Any]], broker_failed: bool) -> int:
     return 503 if broker_failed else 422
 
 
-async def _known(
-    res: Resources, settings: Settings, wanted: dict[str, list[str]]
-) -> tuple[dict[tuple[str, str], Known], str | None]:
-    """{(tenant, event_id): Known} for the ids the caller gave, and why the lookup was skipped (None: it was not).
+async def _claims(
+    res: Resources, settings: Settings, events: list[MemoryEvent]
+) -> tuple[dict[tuple[str, str], Claim], str | None]:
+    """{(tenant, event_id): Claim} for the events about to be published (each id once), claimed in PostgreSQL in
+    one statement (projections.postgres.idempotency.claim_events), and why the claim was skipped (None: it was not).
 
-    Each lookup names the caller's own tenant (tenancy was checked first): no answer depends on
-    another tenant's ids. A PostgreSQL failure never blocks publishing.
+    The claim is what every door (each API process, MCP) shares: the same id with other content, published a
+    moment ago by another door and not applied yet, is a conflict here. Each event names a tenant the caller may
+    use (tenancy was checked first): no answer depends on another tenant's ids. A PostgreSQL failure never blocks
+    publishing.
     """
-    if not wanted:
+    if not events:
         return {}, None
     if res.door_check.active():
-        return {}, "postgres failed a moment ago: ids were not looked up"
-    found: dict[tuple[str, str], Known] = {}
+        return {}, "postgres failed a moment ago: ids were not claimed"
+    # a fingerprint per event (up to 1000 of them): CPU work, off the event loop
+    ids = await run_in_threadpool(lambda: [(e.tenant, e.event_id, e.fingerprint) for e in events])
     try:
         async with res.pool.connection(timeout=settings.pg_door_check_timeout_s) as conn:
-            for tenant, ids in wanted.items():
-                for event_id, known in (await known_events(conn, tenant, ids)).items():
-                    found[(tenant, event_id)] = known
+            claims = await claim_events(conn, ids)
     except psycopg.ProgrammingError as exc:  # no projection tables (yet), or an older schema: cannot tell
-        log.warning("POST /v1/events: idempotency lookup skipped: %s: %s", type(exc).__name__, exc)
-        return {}, f"the projection cannot answer ({type(exc).__name__}): ids were not looked up"
+        log.warning("POST /v1/events: idempotency claim skipped: %s: %s", type(exc).__name__, exc)
+        return {}, f"the projection cannot answer ({type(exc).__name__}): ids were not claimed"
     except psycopg.OperationalError as exc:  # includes PoolTimeout
         res.door_check.trip(DOOR_CHECK_BACKOFF_S)
-        log.warning("POST /v1/events: idempotency lookup skipped: %s: %s", type(exc).__name__, exc)
-        return {}, f"postgres unavailable ({type(exc).__name__}): ids were not looked up"
-    return found, None
+        log.warning("POST /v1/events: idempotency claim skipped: %s: %s", type(exc).__name__, exc)
+        return {}, f"postgres unavailable ({type(exc).__name__}): ids were not claimed"
+    return {(e.tenant, e.event_id): c for e, c in zip(events, claims, strict=True)}, None
+
+
+async def _release(res: Resources, settings: Settings, events: list[MemoryEvent]) -> None:
+    """Release the claims of events the producer refused before sending (a failure only leaves them claimed)."""
+    try:
+        async with res.pool.connection(timeout=settings.pg_door_check_timeout_s) as conn:
+            await release_claims(conn, [(e.tenant, e.event_id, e.fingerprint) for e in events])
+    except (psycopg.ProgrammingError, psycopg.OperationalError) as exc:
+        log.warning("POST /v1/events: claims of unsent events kept: %s: %s", type(exc).__name__, exc)
+
+
+_HELD_BY = {  # a conflict's `where`, by what holds the id (idempotency.Claim.holder)
+    "claimed": "published a moment ago, not applied yet",
+    "erased": "an event of a subject erased since",
+}
 
 
 def _conflict(index: int, event: MemoryEvent, where: str) -> dict[str, Any]:
@@ -119,54 +159,61 @@ async def publish_events(res: Resources, tenants: frozenset[str], events: list[A
 
     skew, now = timedelta(seconds=settings.max_future_skew_s), datetime.now(UTC)
     results: list[dict[str, Any] | None] = [None] * len(events)
-    valid: list[tuple[int, MemoryEvent]] = []
-    given: dict[str, list[str]] = {}  # tenant -> event_ids the caller chose (generated ones are new by construction)
-    for i, raw in enumerate(events):
-        try:
-            event = from_dict(raw, now=now, max_future_skew=skew)
-        except InvalidEvent as exc:
-            results[i] = _invalid(i, raw, exc)
-            continue
-        valid.append((i, event))
-        if isinstance(raw.get("event_id"), str):
-            given.setdefault(event.tenant, []).append(event.event_id)
-
-    known, skipped = await _known(res, settings, given)
-    to_send: list[tuple[int, MemoryEvent]] = []
     first: dict[tuple[str, str], tuple[int, MemoryEvent]] = {}  # the first occurrence of each id in this request
     repeats: list[tuple[int, MemoryEvent, int]] = []  # (index, event, index of its first occurrence)
-    for i, event in valid:
-        key = (event.tenant, event.event_id)
-        stored = known.get(key)
-        if key in first:
-            j, earlier = first[key]
-            if earlier.fingerprint == event.fingerprint:
-                repeats.append((i, event, j))
+
+    def judge() -> None:
+        for i, raw in enumerate(events):
+            try:
+                event = from_dict(raw, now=now, max_future_skew=skew)
+            except InvalidEvent as exc:
+                results[i] = _invalid(i, raw, exc)
+                continue
+            key = (event.tenant, event.event_id)
+            if key not in first:
+                first[key] = (i, event)
+            elif first[key][1].fingerprint == event.fingerprint:
+                repeats.append((i, event, first[key][0]))
             else:
-                results[i] = _conflict(i, event, f"events.{j} of this request")
-        elif stored is not None and stored.erased:
-            results[i] = _accepted(event, stored.partition, stored.offset, duplicate=True, erased=True)
-        elif stored is not None and stored.fingerprint not in (None, event.fingerprint):
-            results[i] = _conflict(i, event, f"applied at partition {stored.partition}, offset {stored.offset}")
-        elif stored is not None:  # a retry of an applied event (no fingerprint: stored before fingerprints)
-            results[i] = _accepted(event, stored.partition, stored.offset, duplicate=True)
-        else:
+                results[i] = _conflict(i, event, f"events.{first[key][0]} of this request")
+
+    # up to 1000 events judged by the contract: CPU work in a worker thread, never on the event loop
+    await run_in_threadpool(judge)
+
+    # every id is claimed, generated ones too: GET /v1/events/{event_id} then says `pending` until it is applied
+    claims, skipped = await _claims(res, settings, [event for _, event in first.values()])
+    to_send: list[tuple[int, MemoryEvent]] = []
+    for key, (i, event) in first.items():
+        claim = claims.get(key)
+        if claim is None or claim.state in ("new", "claimed"):  # "claimed": a retry in flight, applied once
             to_send.append((i, event))
-        first.setdefault(key, (i, event))
+        elif claim.state == "applied":  # a retry of an applied event: nothing published again
+            results[i] = _accepted(event, claim.partition, claim.offset, duplicate=True)
+        elif claim.state == "erased":  # a retry of an erased event: never published again
+            results[i] = _accepted(event, None, None, duplicate=True, erased=True)
+        elif claim.holder == "applied":
+            results[i] = _conflict(i, event, f"applied at partition {claim.partition}, offset {claim.offset}")
+        else:
+            results[i] = _conflict(i, event, _HELD_BY[claim.holder or "claimed"])
 
     broker_failure: PublishError | None = None
+    unsent: list[MemoryEvent] = []  # refused by the producer before sending: their claims are released
     if to_send:
         outcomes = await run_in_threadpool(res.producer.send_many, [e for _, e in to_send], report_invalid=True)
         for (i, event), outcome in zip(to_send, outcomes, strict=True):
             if isinstance(outcome, InvalidEvent):  # too large, or an id this process sent with other content
                 results[i] = _invalid(i, events[i], outcome)
                 results[i]["event_id"] = event.event_id
+                if outcome.code != "event_id_conflict":
+                    unsent.append(event)
             elif isinstance(outcome, PublishError):
                 broker_failure = outcome
                 results[i] = _refused(i, events[i], {**outcome.as_dict(), "field": f"events.{i}"})
                 results[i]["event_id"] = event.event_id
             else:
                 results[i] = _accepted(event, outcome.partition, outcome.offset)
+    if unsent and skipped is None:
+        await _release(res, settings, unsent)
     for i, event, j in repeats:  # the same event twice in one request: published once, both answered alike
         earlier = results[j]
         assert earlier is not None  # every first occurrence was answered above
@@ -215,38 +262,96 @@ async def publish_one(res: Resources, tenants: frozenset[str], event: dict[str, 
     raise ApiError(422, error["code"], error["message"], _relative(error["field"]))
 
 
+async def event_status(res: Resources, tenants: frozenset[str], tenant: str, event_id: str) -> dict[str, Any]:
+    """What became of the tenant's event `event_id` (`GET /v1/events/{event_id}`, MCP `event_status`), one of:
+
+    - `applied`: its `type`, `memory_id`, `version_id` (an assertion's), `partition`, `offset` and `effect` (what
+      it does now in its fact's chain, as the audit replay says: `{effect, version_id, detail}`);
+    - `duplicate` with `erased: true`: it was applied and its subject erased since (nothing else of it is kept;
+      re-sending it has no effect);
+    - `dead_lettered`: the worker refused the record that carried the id: `reason` `{code, field, message}`, and
+      the record's `partition`, `offset`;
+    - `pending`: a door claimed the id (it was published) and the worker has not applied it yet (`since`);
+    - `unknown`: no door claimed it and the worker has not seen it (yet: a record written straight to Kafka is
+      unknown until the worker reaches it), or it is another tenant's (nothing tells one tenant about another).
+
+    `dead_letters` (when any) lists every refused record that carried the id, e.g. a conflicting re-use of an
+    applied id. A key not bound to `tenant` is a 403 (check_tenant).
+    """
+    check_tenant(tenant, tenants)
+    async with res.pool.connection() as conn:
+        fate = await event_fate(conn, tenant, event_id, res.settings.topic)
+        applied = fate.applied
+        effect = None
+        if applied is not None:
+            effect = await event_effect(conn, tenant, applied["subject"], event_id, applied["type"])
+    body: dict[str, Any] = {"tenant": tenant, "event_id": event_id}
+    if applied is not None:
+        asserted = applied["type"] == EventType.ASSERTED.value
+        body |= {
+            "status": "applied",
+            "type": applied["type"],
+            "memory_id": applied["memory_id"],
+            "version_id": version_id_for(tenant, event_id) if asserted else None,
+            "partition": applied["partition"],
+            "offset": applied["offset"],
+            "effect": effect,
+        }
+    elif fate.erased:
+        body |= {"status": "duplicate", "erased": True}
+    elif fate.dead_letters:
+        last = fate.dead_letters[-1]
+        reason = {k: last[k] for k in ("code", "field", "message")}
+        body |= {"status": "dead_lettered", "reason": reason, "partition": last["partition"], "offset": last["offset"]}
+    elif fate.claimed_at is not None:
+        body |= {"status": "pending", "since": rfc3339(fate.claimed_at)}
+    else:
+        body["status"] = "unknown"
+    if fate.dead_letters:
+        body["dead_letters"] = fate.dead_letters
+    return {k: v for k, v in body.items() if v is not None}
+
+
 async def erase_subject(
     res: Resources, tenants: frozenset[str], tenant: str, subject: str, reason: str | None = None
 ) -> dict[str, Any]:
-    """Publish `subject.erased` for (tenant, subject) (`DELETE /v1/subjects/{subject}`): its event_id and position."""
+    """Publish `subject.erased` for (tenant, subject) (`DELETE /v1/subjects/{subject}`): its event_id and position.
+
+    It goes through the one door (`publish_one`), so its id is claimed like any other and its status reads
+    `pending` until the worker has applied it."""
     check_tenant(tenant, tenants)
-    try:
-        result = await run_in_threadpool(res.producer.erase_subject, tenant, subject, reason)
-    except InvalidEvent as exc:  # e.g. a blank subject: the contract names the field
-        raise ApiError(422, exc.code, exc.message, exc.field or "subject") from exc
-    except PublishError as exc:
-        raise store_unavailable("kafka", exc.reason) from exc
+    event = {"type": EventType.ERASED.value, "tenant": tenant, "subject": subject, "reason": reason}
+    result = await publish_one(res, tenants, event)
     return {
-        "event_id": result.event_id,
+        "event_id": result["event_id"],
         "type": "subject.erased",
         "tenant": tenant,
         "subject": subject,
-        "partition": result.partition,
-        "offset": result.offset,
+        "partition": result["partition"],
+        "offset": result["offset"],
+        **effect_pending(tenant, result["event_id"]),
     }
 
 
-async def forget(res: Resources, tenants: frozenset[str], p: ForgetParams) -> dict[str, Any]:
-    """Retract a fact (a `memory.retracted` through the door; `target_version`: only that version) or erase the
-    subject (`erase_subject`); `{"action": "retracted"|"erased", ...the door's or the erasure's answer}`."""
-    check_tenant(p.tenant, tenants)
-    if p.erase_subject:
-        if p.key is not None or p.target_version is not None:
-            field = "key" if p.key is not None else "target_version"
-            raise ApiError(422, "invalid_value", f"{field} retracts one fact: leave it out to erase the subject", field)
-        return {"action": "erased", **await erase_subject(res, tenants, p.tenant, p.subject, p.reason)}
-    if p.key is None:
-        raise ApiError(422, "missing_field", "key is required to retract a fact (or set erase_subject)", "key")
+def effect_pending(tenant: str, event_id: str, *, duplicate: bool = False, erased: bool = False) -> dict[str, Any]:
+    """What a write answers of its effect: only what is known when it answers.
+
+    The event is in the ledger; the projection applies it moments later (`pending`), or had applied it already
+    when this was a retry (`applied`; `erased` when its subject was erased since, so it does nothing now). What it
+    did (or why it did nothing, a dead letter) is the event's status.
+    """
+    path = f"/v1/events/{quote(event_id, safe='')}?tenant={quote(tenant, safe='')}"
+    return {"effect": "erased" if erased else "applied" if duplicate else "pending", "status_url": path}
+
+
+async def _forget_target(res: Resources, p: ForgetParams) -> tuple[dict[str, Any], str | None, str | None]:
+    """The retraction `forget` publishes, the memory_id of what it retracts (an episode's is its own, not the
+    retraction's), and a note when PostgreSQL could not be asked whether it exists (then no memory_id).
+
+    It names the fact (`key`, `scope`) or one version (`target_version`: of a fact, or an episode, which has no
+    key); one that the tenant's projection does not hold is refused, 404 naming the field, rather than published
+    to have no effect. Only the caller's tenant is looked at.
+    """
     event: dict[str, Any] = {
         "type": EventType.RETRACTED.value,
         "tenant": p.tenant,
@@ -257,4 +362,62 @@ async def forget(res: Resources, tenants: frozenset[str], p: ForgetParams) -> di
         "reason": p.reason,
         "event_id": p.event_id,
     }
-    return {"action": "retracted", **await publish_one(res, tenants, event)}
+    try:
+        async with res.pool.connection(timeout=res.settings.pg_door_check_timeout_s) as conn:
+            if p.target_version is not None:
+                cur = await conn.execute(
+                    "SELECT key, scope, kind, memory_id FROM fact_versions "
+                    "WHERE tenant = %s AND subject = %s AND version_id = %s",
+                    (p.tenant, p.subject, p.target_version),
+                )
+            else:
+                cur = await conn.execute(
+                    "SELECT key, scope, kind, memory_id FROM fact_versions "
+                    "WHERE tenant = %s AND memory_id = %s LIMIT 1",
+                    (p.tenant, memory_id_for(p.tenant, p.subject, p.key, p.scope)),
+                )
+            row = await cur.fetchone()
+    except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:  # cannot tell: publish, and say so
+        log.warning("forget: the target was not looked up: %s: %s", type(exc).__name__, exc)
+        return event, None, f"postgres could not be asked whether it exists ({type(exc).__name__})"
+    pending = "nothing is known of it in the projection (an assertion still pending is not seen: retry once applied)"
+    if row is None and p.target_version is not None:
+        message = f"no version {p.target_version!r} of subject {p.subject!r} in tenant {p.tenant!r}: {pending}"
+        raise ApiError(404, "not_found", message, "target_version")
+    if row is None:
+        message = f"no fact {p.key!r} (scope {p.scope!r}) of subject {p.subject!r} in tenant {p.tenant!r}: {pending}"
+        raise ApiError(404, "not_found", message, "key")
+    key, scope, kind, memory_id = row
+    if p.target_version is not None and p.key is not None and (p.key, p.scope) != (key, scope):
+        what = "an episode" if kind == "episodic" else f"a version of key {key!r} (scope {scope!r})"
+        message = f"target_version {p.target_version!r} is {what}: leave key out, or name its own"
+        raise ApiError(422, "invalid_value", message, "key")
+    if p.target_version is not None:  # the version says which fact it is (an episode's retraction has no key)
+        event |= {"key": key, "scope": scope}
+    return event, memory_id, None
+
+
+async def forget(res: Resources, tenants: frozenset[str], p: ForgetParams) -> dict[str, Any]:
+    """Retract a fact, one version of a fact, or an episode (a `memory.retracted` through the door; see
+    `_forget_target`) or erase the subject (`erase_subject`).
+
+    `{"action": "retract"|"erase", ...the door's or the erasure's answer, "effect", "status_url"}`: what was asked
+    and that it is in the ledger, never that it took effect (`effect_pending`); its status says what it did.
+    """
+    check_tenant(p.tenant, tenants)
+    if p.erase_subject:
+        if p.key is not None or p.target_version is not None:
+            field = "key" if p.key is not None else "target_version"
+            raise ApiError(422, "invalid_value", f"{field} retracts one fact: leave it out to erase the subject", field)
+        return {"action": "erase", **await erase_subject(res, tenants, p.tenant, p.subject, p.reason)}
+    if p.key is None and p.target_version is None:
+        message = "key (or target_version) is required to retract a fact or an episode (or set erase_subject)"
+        raise ApiError(422, "missing_field", message, "key")
+    event, memory_id, unchecked = await _forget_target(res, p)
+    done = await publish_one(res, tenants, event)
+    return {
+        "action": "retract",
+        **done,  # with its effect_pending
+        **({"memory_id": memory_id} if memory_id else {}),
+        **({"target_note": unchecked} if unchecked else {}),
+    }

@@ -117,7 +117,7 @@ def wait_searchable(client: httpx.Client, convs: dict[str, dict], timeout: float
         done = True
         for conv, n in want.items():
             body = client.get("/v1/stats", params={"tenant": tenant(conv)}).json()
-            done &= body.get("events_applied", 0) >= n and body.get("search_outbox_pending", 1) == 0
+            done &= body.get("events_applied", 0) >= n and body.get("search_pending", 1) == 0
         if done:
             return time.monotonic() - t0
         if time.monotonic() - t0 > timeout:

@@ -281,7 +281,7 @@ def measure(url: str, stats_n: int, scan_n: int) -> dict[str, Any]:
         "before_after_p50": round(percentiles(before)["p50_ms"] / percentiles(after)["p50_ms"], 1),
         "before_after_p99": round(percentiles(before)["p99_ms"] / percentiles(after)["p99_ms"], 1),
         "same_counts_before_and_after": same,
-        "counts": {k: bodies[-1][k] for k in ("events_applied", "versions", "dlq_count", "search_outbox_pending")},
+        "counts": {k: bodies[-1][k] for k in ("events_applied", "versions", "dlq_count", "search_pending")},
         "es_documents": bodies[-1]["search"]["es_documents"],
     }
 

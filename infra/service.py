@@ -4,15 +4,23 @@ the k-th gets its own pid file, log and metrics port (the configured port + k - 
 
 infra only spawns the `ledger` commands by name; it imports none of their code, so
 the data flow (producers -> stream_processors -> projections -> api) stays one-way.
+
+They run sealed unless told otherwise (`service_settings`): personal fields are encrypted before they reach the
+Kafka topic, with a local key-encryption key that infra creates once in the data folder (`<data_dir>/kek`, mode
+0600, git-ignored). `LEDGER_ENCRYPTION=off` (set explicitly) still publishes clear records; `LEDGER_KEK` or
+`LEDGER_KEK_FILE` replaces the local key, as a deployment's secret store does (docs/encryption.md).
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 import urllib.request
 from pathlib import Path
 
 from infra.procs import InfraError, cmdline, owned_pid, pid_alive, read_pid, spawn, stop_owned, wait_until
+from producers.keys.kek import new_kek
 from producers.settings import Settings
 
 SERVICES = {
@@ -38,7 +46,40 @@ def instances(s: Settings, name: str, *, every: bool = False) -> list[str]:
     return [name] + [f"{name}-{k}" for k in range(2, n + 1)] if name in SCALED else [name]
 
 
+def local_kek(s: Settings) -> Path:
+    """The local stack's key-encryption key file, `<data_dir>/kek`: created once (mode 0600), kept 0600 after.
+
+    Losing it loses every sealed record's personal fields: it lives beside the data it opens, for development only.
+    """
+    path = s.data_dir / "kek"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # O_EXCL: never replace an existing key
+    except FileExistsError:
+        if stat.S_IMODE(path.stat().st_mode) != 0o600:
+            path.chmod(0o600)  # a secret: readable by its owner only, whatever touched it since
+        return path
+    with os.fdopen(fd, "w") as f:
+        f.write(new_kek() + "\n")
+    return path
+
+
+def service_settings(s: Settings) -> Settings:
+    """The settings the services run with: `s`, sealed by default.
+
+    No KEK configured: the local one (`local_kek`). `LEDGER_ENCRYPTION` not set: `on`. An explicit
+    `LEDGER_ENCRYPTION=off` is kept (records are published clear, sealed ones are still read with the KEK).
+    """
+    update: dict[str, object] = {}
+    if s.kek is None and s.kek_file is None:
+        update["kek_file"] = local_kek(s)
+    if "encryption" not in s.model_fields_set:
+        update["encryption"] = "on"
+    return s.model_copy(update=update)
+
+
 def _env(s: Settings, name: str, instance: str) -> dict[str, str]:
+    s = service_settings(s)
     env = s.as_env()
     if name in SCALED and instance != name:
         port_setting = SCALED[name][1]

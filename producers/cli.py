@@ -3,7 +3,8 @@
 `publish` streams one event per line through the SDK in batches, with a progress bar, and ends
 with a summary: accepted, rejected (line number, code, field, message), partitions used. An
 invalid line never stops the run: the valid lines around it are still published. Exit code 0 when
-every line was accepted, 1 when any was rejected, 2 when the broker could not be used at all.
+every line was accepted, 1 when any was rejected, 2 when the broker could not be used at all or the
+settings (or `--topic`) are not usable (one line naming the variable: api.cli).
 
 Only typer is imported at module level, so `ledger --help` stays fast.
 """
@@ -38,11 +39,12 @@ class Summary:
 
 
 def _settings(topic: str | None) -> Any:
-    from producers.settings import get_settings
+    from producers.settings import check_names, get_settings
 
     s = get_settings()
     if topic:
         s = s.model_copy(update={"topic": topic, "dlq_topic": f"{topic}.dlq", "access_topic": f"{topic}.access"})
+        check_names(s)  # model_copy does not validate: a bad --topic is refused like a bad LEDGER_TOPIC
     return s
 
 

@@ -55,8 +55,12 @@ __all__ = [
     "MemoryEvent",
     "Source",
     "SourceType",
+    "MAX_ERROR_FIELD_CHARS",
+    "MAX_ERROR_MESSAGE_CHARS",
+    "bounded",
     "decode",
     "decode_value",
+    "error_code",
     "encode",
     "subject_digest_for",
     "kafka_key",
@@ -74,9 +78,6 @@ MAX_CONTENT_CHARS = 16_000
 # read as the nearest double by orjson, as JSON allows). NaN and infinities are not JSON at all.
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 MAX_VALUE_DEPTH = 32  # nesting of `value` (orjson itself stops at 254; PostgreSQL's jsonb is fine either way)
-# fields with a default: an explicit JSON null means "not given", never "refused"
-_DEFAULTED = ("event_id", "scope", "kind", "entities", "aliases", "tags", "source", "importance", "observed_at")
-_DEFAULTED += ("schema_version",)
 
 
 class EventType(StrEnum):
@@ -100,10 +101,22 @@ class SourceType(StrEnum):
     SYSTEM = "system"
 
 
+# an error names what it refuses, never repeats it whole: a path through a megabyte-long key stays this short
+MAX_ERROR_MESSAGE_CHARS = 1000
+MAX_ERROR_FIELD_CHARS = 300
+
+
+def bounded(text: str, limit: int) -> str:
+    """`text`, cut to `limit` characters (the last one an ellipsis) when longer."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class InvalidEvent(ValueError):
-    """A record that is not a valid event: `code` is stable, `field` names the culprit."""
+    """A record that is not a valid event: `code` is stable, `field` names the culprit (both bounded)."""
 
     def __init__(self, code: str, message: str, field: str | None = None) -> None:
+        message = bounded(message, MAX_ERROR_MESSAGE_CHARS)
+        field = None if field is None else bounded(field, MAX_ERROR_FIELD_CHARS)
         self.code, self.message, self.field = code, message, field
         super().__init__(f"{code}: {message}" + (f" (field: {field})" if field else ""))
 
@@ -324,7 +337,7 @@ class MemoryEvent(BaseModel):
     def _storable(cls, data: Any) -> Any:
         """Everything the projector could never store is refused here, at the door, with its path."""
         if isinstance(data, dict):
-            data = {k: v for k, v in data.items() if not (v is None and k in _DEFAULTED)}
+            data = {k: v for k, v in data.items() if not (v is None and k in _DEFAULTED)}  # null: "not given"
             for k, v in data.items():
                 if not _json_ok(v):  # the fast path; _check_json names what it refuses
                     _check_json(v, str(k))
@@ -371,7 +384,8 @@ class MemoryEvent(BaseModel):
             if self.kind is not Kind.EPISODIC and self.key is None:
                 raise ValueError("key is required unless kind is episodic")
         elif self.type in (EventType.RETRACTED, EventType.CONFIRMED) and self.key is None:
-            raise ValueError(f"key is required for {self.type.value}")
+            if self.target_version is None:  # a targeted retraction names its version: an episode has no key
+                raise ValueError(f"key is required for {self.type.value} (or target_version for a retraction)")
         if self.target_version is not None and self.type is not EventType.RETRACTED:
             raise ValueError("target_version is only for memory.retracted")
         if self.source.type is SourceType.EXPLICIT:
@@ -431,6 +445,11 @@ class MemoryEvent(BaseModel):
         return out
 
 
+# every field with a default, read from the model (a new field is covered): an explicit JSON null for one of
+# them means "not given", never "refused" (MemoryEvent._storable drops it before validation)
+_DEFAULTED = frozenset(name for name, f in MemoryEvent.model_fields.items() if not f.is_required())
+
+
 def wire_fingerprint(wire: dict[str, Any]) -> str:
     """`MemoryEvent.fingerprint` of the event whose `to_wire()` is `wire` (left as it is): a writer that holds the
     wire already (the recorder stores it as the payload) computes it once (issue 14)."""
@@ -457,7 +476,9 @@ def upcast(data: dict[str, Any]) -> dict[str, Any]:
     """Bring an older event dict up to the current schema; never rewrites the stored record."""
     # v0 records carried no schema_version: recognise them by their "text" field
     implicit = 0 if "text" in data and "content" not in data else CURRENT_SCHEMA_VERSION
-    version = data.get("schema_version", implicit)
+    version = data.get("schema_version")
+    if version is None:  # left out, or an explicit null: "not given", as for every defaulted field
+        version = implicit
     if not isinstance(version, int) or isinstance(version, bool):
         raise InvalidEvent("wrong_type", "schema_version must be an integer", "schema_version")
     if version > CURRENT_SCHEMA_VERSION:
@@ -481,19 +502,25 @@ _CODES = {
 }
 
 
+def error_code(etype: str) -> str:
+    """pydantic's error type as the ledger's code: the one vocabulary of the door, the HTTP API and the MCP tools
+    (listed in api.errors.ERROR_CODES), so the same mistake is named alike wherever it is made."""
+    code = _CODES.get(etype)
+    if code is not None:
+        return code
+    if etype.startswith(("datetime", "date", "time")):
+        return "invalid_time"
+    if etype.endswith("_type") or etype.endswith("_parsing"):
+        return "wrong_type"
+    return "invalid_value"
+
+
 def from_error(exc: ValidationError) -> InvalidEvent:
     """The first validation error as an InvalidEvent naming its field."""
     err = exc.errors()[0]
     field = ".".join(str(p) for p in err.get("loc", ())) or None
     etype = err.get("type", "")
-    code = _CODES.get(etype)
-    if code is None:
-        if etype.startswith(("datetime", "date", "time")):
-            code = "invalid_time"
-        elif etype.endswith("_type") or etype.endswith("_parsing"):
-            code = "wrong_type"
-        else:
-            code = "invalid_value"
+    code = error_code(etype)
     if field == "type" and code == "unknown_value":
         code = "unknown_type"
     msg = err.get("msg", "invalid")

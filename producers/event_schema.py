@@ -82,8 +82,9 @@ def _field_notes() -> dict[str, str]:
         "tenant": "Whose memory this is; no '|' and no whitespace (the Kafka key is tenant|subject)." + _TEXT_NOTE,
         "subject": "What the memory is about (project:P1, user:42); not blank." + _TEXT_NOTE,
         "key": (
-            "The fact's name (project.port); required for memory.asserted unless kind is episodic, and for "
-            "memory.retracted and memory.confirmed. (tenant, subject, key, scope) is the fact's identity." + _TEXT_NOTE
+            "The fact's name (project.port); required for memory.asserted unless kind is episodic, for "
+            "memory.confirmed, and for memory.retracted unless it names a target_version. (tenant, subject, key, "
+            "scope) is the fact's identity." + _TEXT_NOTE
         ),
         "scope": "Narrows the fact's identity (a project, an environment); '' by default." + _TEXT_NOTE,
         "value": (
@@ -114,7 +115,8 @@ def _field_notes() -> dict[str, str]:
         "valid_from": f"When it became true; default observed_at. {_TIME}.",
         "valid_to": f"When it stops being true (exclusive); after valid_from. {_TIME}.",
         "reason": "Why (a retraction, an erasure)." + _TEXT_NOTE,
-        "target_version": "memory.retracted only: end exactly this version_id, if it is in force.",
+        "target_version": "memory.retracted only: end exactly this version_id, if it is in force (a version of the "
+        "fact, or an episode of the subject: then key may be left out).",
         "schema_version": f"{CURRENT_SCHEMA_VERSION}, the current version (the default); older ones are upcast.",
     }
 
@@ -132,7 +134,8 @@ def _description() -> str:
         f"{MAX_VALUE_DEPTH} levels, the encoded record at most {MAX_EVENT_BYTES} bytes; (4) times: {_TIME}; "
         f"observed_at at most {skew:g} s after the record's broker timestamp; "
         "(5) between fields: memory.asserted needs content, and a key unless kind is episodic; memory.retracted "
-        "and memory.confirmed need a key; target_version only on memory.retracted; an explicit source has "
+        "needs a key or a target_version (an episode's has no key), memory.confirmed a key; target_version only on "
+        "memory.retracted; an explicit source has "
         "confidence 1.0; valid_to after valid_from; (6) list items trimmed, not blank, at most 256 characters. "
         "An explicit null for a defaulted field means not given."
     )
@@ -161,7 +164,7 @@ def _example() -> dict[str, Any]:
 
 def _null_is_default(props: dict[str, Any]) -> set[str]:
     """The fields the schema types without null whose explicit null the contract reads as "not given": asked of the
-    contract with the example event, not assumed (schema_version, for one, is refused as null by `upcast`)."""
+    contract with the example event, not assumed."""
     example, accepted = _example(), set()
     for name, node in props.items():
         if {"type": "null"} in node.get("anyOf", []) or not {"type", "$ref", "anyOf"} & set(node):

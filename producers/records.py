@@ -9,6 +9,7 @@ a replay decides exactly as the live worker did.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -20,7 +21,6 @@ from producers.contract import (
     MemoryEvent,
     decode_value,
     load_record,
-    subject_digest_for,
 )
 from producers.keys.envelope import MAX_SEALED_BYTES, Envelope, open_envelope, parse_envelope
 
@@ -93,13 +93,17 @@ def decode_record(
 
 
 def open_record(
-    record: Incoming, key: bytes | None, *, destroyed: bool = False, owner: tuple[str, str] | None = None
+    record: Incoming,
+    key: bytes | None,
+    *,
+    destroyed: bool = False,
+    owner: Callable[[str, str], bool] | None = None,
 ) -> Incoming:
     """A sealed record opened with its data key `key` (None: the key store does not know its key id).
 
-    `owner`: the (tenant, subject digest) the key belongs to: a record sealed with another subject's key is refused
-    (`key_mismatch`), or erasing its own subject would not shred it. `destroyed`: its key was destroyed by an
-    erasure: the record is `erased` (never a dead letter). Otherwise the
+    `owner(tenant, subject)`: whether the key belongs to that subject (the key store says: `KeyState.owns`); a record
+    sealed with another subject's key is refused (`key_mismatch`), or erasing its own subject would not shred it.
+    `destroyed`: its key was destroyed by an erasure: the record is `erased` (never a dead letter). Otherwise the
     opened fields are judged by the contract exactly as a clear record is (`decode_value`, the same broker time
     and skew window), so a sealed and a clear record of the same event give the same event.
     """
@@ -113,9 +117,7 @@ def open_record(
             raise InvalidEvent("unknown_key", f"no data key {envelope.key_id!r} in the key store", "sealed.kid")
         tenant, subject = envelope.tenant, envelope.subject
         if owner is not None and (
-            not isinstance(tenant, str)
-            or not isinstance(subject, str)
-            or owner != (tenant, subject_digest_for(tenant, subject))
+            not isinstance(tenant, str) or not isinstance(subject, str) or not owner(tenant, subject)
         ):
             raise InvalidEvent("key_mismatch", f"data key {envelope.key_id!r} belongs to another subject", "sealed.kid")
         wire = open_envelope(envelope, key)

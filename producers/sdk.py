@@ -33,7 +33,11 @@ the fingerprint of the last `remember_ids` (tenant, event_id) pairs it sent: pub
 id with the same content is a retry (sent again, applied once), with different content it raises
 `EventIdConflict` (an InvalidEvent, code `event_id_conflict`, field `event_id`). The memory is
 per process; the worker also dead-letters a conflicting record it sees (code `event_id_conflict`),
-and POST /v1/events checks the ids already applied, so a conflict is reported, never silently dropped.
+so a conflict is reported, never silently dropped. The API's doors (POST /v1/events, MCP) claim each id
+in PostgreSQL before publishing, which this SDK cannot (it has no database access): an id published
+here and, at once, with other content through the API is caught by the worker only. A publisher learns
+an event's fate by its id from `GET /v1/events/{event_id}?tenant=` (`api.client.LedgerClient.event_status`):
+pending, applied, duplicate (erased), dead_lettered with the reason, or unknown (not reached yet).
 """
 
 from __future__ import annotations
@@ -419,9 +423,10 @@ class LedgerProducer:
         )
 
     def retract(
-        self, tenant: str, subject: str, key: str, scope: str = "", reason: str | None = None, **fields: Any
+        self, tenant: str, subject: str, key: str | None, scope: str = "", reason: str | None = None, **fields: Any
     ) -> PublishResult:
-        """`memory.retracted`: the fact's active version ends."""
+        """`memory.retracted`: the fact's active version ends; with `target_version=` only that version (key None
+        for an episode's: an episode has no key)."""
         return self.publish(
             {
                 "type": EventType.RETRACTED.value,

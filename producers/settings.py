@@ -212,16 +212,16 @@ class Settings(BaseSettings):
     metrics_host: str = "127.0.0.1"  # where the worker's and the indexer's exporters bind
     metrics_refresh_s: float = 5.0  # how often gauges that need a query are refreshed (outbox depth, consumer lag)
 
-    # the Python read client (api.client, issue 16): where it finds the API, with which key, how long it waits;
-    # arguments of LedgerClient(...) win over these
-    client_url: str | None = None  # the API's base URL; None: http://<api_host>:<api_port>
-    client_api_key: str | None = None  # None: no key is sent (every route but health and the schema answers 401)
-    client_timeout_s: float = 10.0  # bound on each phase of one request (connect, write, read, pool wait)
+    # a process's own calls to the API (a producer's data keys from key_endpoint): the bound on each phase of one
+    # request (connect, write, read, pool wait). The read client has its settings apart (ClientSettings)
+    client_timeout_s: float = 10.0
 
     # encryption of personal fields on the ledger (issue 13, docs/encryption.md, producers/keys/): each (tenant,
     # subject) has a data key; the key-encryption key (KEK) wraps it in the key store (<key_schema> in PostgreSQL)
     # off: producers publish clear records (sealed ones are still read); on: producers seal; required: the worker
-    # also dead-letters a clear record that carries personal fields (`not_encrypted`)
+    # also dead-letters a clear record that carries personal fields (`not_encrypted`). The services infra starts run
+    # `on` with a local KEK file unless told otherwise (infra.service.service_settings); off outside development is
+    # a WARNING at start (producers.keys.store.unsealed_warning)
     encryption: Literal["off", "on", "required"] = "off"
     # the KEKs: a base64 32-byte key (its id is "default"), or JSON {"active": "<id>", "keys": {"<id>": "<base64>"}}
     # (several ids during a rotation); kek_file: a file holding the same. Never logged; as_env passes it to children
@@ -349,7 +349,46 @@ class Settings(BaseSettings):
         return self.data_dir / "logs"
 
 
+def settings_problem(exc: BaseException) -> str | None:
+    """One line saying which LEDGER_* variable keeps the settings from loading and what it should be; None when
+    `exc` is not such a refusal. Command lines print it instead of a traceback. A value is never quoted (it may be
+    a secret: a password in a DSN, an API key as a mapping's key); only names are (UnsafeSettings' schema, topic)."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    if isinstance(exc, UnsafeSettings):
+        return str(exc)
+    if isinstance(exc, SettingsError):  # pydantic-settings reads a list or mapping variable as JSON
+        found = re.search(r'field "(\w+)"', str(exc))
+        name = f"LEDGER_{found.group(1).upper()}" if found else "a LEDGER_* variable"
+        return f"{name} is not valid JSON (a list or mapping setting is written as JSON)"
+    if isinstance(exc, ValidationError) and exc.title in (Settings.__name__, ClientSettings.__name__):
+        prefix = "LEDGER_CLIENT_" if exc.title == ClientSettings.__name__ else "LEDGER_"
+        problems = []
+        for error in exc.errors(include_input=False, include_url=False):
+            message = " ".join(str(error["msg"]).removeprefix("Value error, ").split())
+            if error["loc"]:  # only the field: deeper parts of the path may be secrets (an API key)
+                message = f"{prefix}{str(error['loc'][0]).upper()}: {message}"
+            problems.append(message)
+        return "; ".join(problems)
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """The process-wide settings, read once."""
     return Settings()
+
+
+class ClientSettings(BaseSettings):
+    """The read client's own settings (api.client): where the API is, with which key, how long to wait.
+
+    Apart from `Settings` on purpose: a client runs where the server's settings do not (no LEDGER_DEVELOPMENT,
+    no database, another machine) and must not refuse to start over them. Arguments of LedgerClient(...) win.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="LEDGER_CLIENT_", env_file=".env", extra="ignore")
+
+    url: str = "http://127.0.0.1:8000"  # the API's base URL (`ledger serve` binds 127.0.0.1:8000 by default)
+    api_key: str | None = None  # None: no key is sent (every route but health and the schema answers 401)
+    timeout_s: float = 10.0  # bound on each phase of one request (connect, write, read, pool wait)

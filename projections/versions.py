@@ -16,7 +16,11 @@ Policies:
   (superseded_at = its valid_from); the last one is active.
 - `preference` with a bounded valid_to: a temporary override; it never supersedes nor is
   superseded, and readers prefer it inside its window (`visible_at`).
-- `episodic`: its own memory_id per event, so its chain is one version.
+- `episodic`: its own memory_id per event, so its chain is one version. A retraction naming an episode's version
+  (`target_version`) ends that episode: the recorder files it under the episode's memory_id (`additions`'
+  `resolved`) when the episode is of the retraction's tenant and subject and was logged before it (same subject:
+  same partition, so a replay resolves it alike); otherwise it stays with its own (subject, key, scope) and has
+  no effect.
 - `memory.retracted` at valid time t ends one version: valid_to = t, status `retracted`.
   Untargeted, it ends the version *visible* at t: the override in force at t if there is one
   (the latest, as `visible_at` picks; the long-term value stays and is visible again after t),
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -54,6 +58,7 @@ __all__ = [
     "apply",
     "chain_problems",
     "effects",
+    "fact_of",
     "fold",
     "holds_at",
     "is_override",
@@ -468,11 +473,22 @@ class Additions:
         return sorted(set(self.versions) | set(self.marks))
 
 
-def additions(events: Iterable[tuple[MemoryEvent, int, int]]) -> Additions:
+def fact_of(event: MemoryEvent, resolved: Mapping[tuple[str, str], str] | None = None) -> str:
+    """The memory_id whose chain `event` belongs to: its own, or for a retraction of an episode the episode's
+    (`resolved`: (tenant, event_id) -> memory_id, what the recorder found the retraction's target to be)."""
+    if resolved:
+        return resolved.get((event.tenant, event.event_id), event.memory_id)
+    return event.memory_id
+
+
+def additions(
+    events: Iterable[tuple[MemoryEvent, int, int]], resolved: Mapping[tuple[str, str], str] | None = None
+) -> Additions:
     """The one dispatch on the event type, shared by the recorder and `apply` (and so by the tests).
 
-    `events` are (event, partition, offset). `subject.erased` adds nothing to a fact: the recorder
-    purges the subject on its own, so meeting one here is a caller's mistake (ValueError).
+    `events` are (event, partition, offset); `resolved` files the retractions of episodes under their episode
+    (`fact_of`). `subject.erased` adds nothing to a fact: the recorder purges the subject on its own, so meeting
+    one here is a caller's mistake (ValueError).
     """
     out = Additions()
     for event, partition, offset in events:
@@ -480,7 +496,7 @@ def additions(events: Iterable[tuple[MemoryEvent, int, int]]) -> Additions:
             case Route.VERSION:
                 out.versions.setdefault(event.memory_id, []).append(new_version(event, partition, offset))
             case Route.MARK:
-                out.marks.setdefault(event.memory_id, []).append(mark_of(event))
+                out.marks.setdefault(fact_of(event, resolved), []).append(mark_of(event))
             case Route.ERASURE:
                 raise ValueError("subject.erased is not a change of one fact (the recorder purges the subject)")
             case other:

@@ -13,9 +13,13 @@ to the live access positions under the same lock (the access agent's batches loc
 The dead-letter topic is not written again (the records already went there once); the
 dead_letters table is rebuilt (poison records and event_id conflicts included). The rebuild
 takes the live schema's erasure salt, so `erased_events` comes out row for row the same (it is
-not part of the checksum). Every version gets a search_outbox row, so the search projection
-re-indexes after a rebuild: the rebuilt schema's document revisions start past the live one's, so its documents
-win, and the live schema's stored vectors are copied over, so nothing is embedded again (issue 14).
+not part of the checksum); at the switch it also takes the live `erased_events` rows it lacks (the
+ids of sealed events whose keys an erasure shredded: the replay cannot open them) and the doors'
+claims of event ids (`event_claims`), so an id published through a door and not applied yet keeps
+its one content. Every version gets a
+search_outbox row, so the search projection re-indexes after a rebuild: the rebuilt schema's document
+revisions start past the live one's, so its documents win, and the live schema's stored vectors are
+copied over, so nothing is embedded again.
 
 A live schema of an older layout (event ids not yet scoped by tenant, no fingerprints) is migrated
 this way: the rebuild has the current layout, and its checksum differs from the old one's only
@@ -48,6 +52,7 @@ from projections.postgres.recorder import Recorder, connect
 from projections.postgres.schema import (
     continue_revisions,
     copy_erasure_salt,
+    copy_idempotency,
     copy_vectors,
     create_schema,
     drop_schema,
@@ -267,6 +272,7 @@ def rebuild(
                 records += replay_access(settings, fresh, live_access, batch_size=batch_size, progress=progress)
                 live_checksum = projection_checksum(conn, live)
                 copy_vectors(conn, live, fresh)
+                copy_idempotency(conn, live, fresh)  # ids claimed by the doors, ids erased
                 conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(live), sql.Identifier(old)))
             rebuilt_checksum = projection_checksum(conn, fresh)
             conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(fresh), sql.Identifier(live)))

@@ -122,6 +122,7 @@ REQUESTS: list[tuple[str, str, str, dict[str, Any], int]] = [
     ),
     ("erasures", "GET", "/v1/erasures", {"params": {"tenant": TENANT}}, 200),
     ("erasure", "GET", "/v1/erasures/{erasure_id}", {"params": {"tenant": TENANT}}, 200),
+    ("event status", "GET", "/v1/events/{event_id}", {"params": {"tenant": TENANT}}, 200),
 ]
 ERASURE_ID = "schema-erasure/1"  # an event id may hold a slash: the route takes the rest of the path
 SUBJECT = {"facts": "project:P1", "events": "project:P1", "erase": "user:gone/with/slashes"}
@@ -199,7 +200,7 @@ def answers(world: dict[str, Any]) -> dict[str, Answer]:
     out = {}
     for label, method, template, kwargs, expected in REQUESTS:
         subject = SUBJECT.get(label.split()[0], "")
-        url = template.format(subject=subject, memory_id=world["memory_id"], erasure_id=ERASURE_ID)
+        url = template.format(subject=subject, memory_id=world["memory_id"], erasure_id=ERASURE_ID, event_id=ERASURE_ID)
         out[label] = Answer(label, method, template, client.request(method, url, headers=H, **kwargs), expected)
     return out
 

@@ -22,7 +22,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 import uvicorn
 from fastapi import FastAPI, HTTPException
@@ -32,10 +31,9 @@ from api.errors import ErrorBody, install_error_handlers
 from api.main import create_app
 from producers.contract import MAX_EVENT_BYTES, decode
 from producers.settings import Settings
-from producers.topics import ensure_topics
-from projections.postgres.schema import create_schema
 from tests.conftest import unique
-from tests.support import Pipeline, cleanup, end_offsets, pipeline, read_topic, wait_for, wire
+from tests.support import Pipeline, end_offsets, pipeline, read_topic, wait_for, wire
+from tests.support.stores import private_ledger
 
 A, B = "tenant-a", "tenant-b"
 KEYS = {"key-a": [A], "key-b": [B]}
@@ -70,14 +68,8 @@ def assert_error(resp, status: int, code: str | None = None, field: str | None |
 @pytest.fixture(scope="module")
 def trust_settings(base_settings: Settings) -> Iterator[Settings]:
     """Private topic, schema (created, empty) and index; keys bound to one tenant each."""
-    settings = base_settings.private(unique("trust"), api_keys=KEYS)
-    ensure_topics(settings)
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
-        create_schema(admin, settings.pg_schema)
-    try:
+    with private_ledger(base_settings.private(unique("trust"), api_keys=KEYS)) as settings:
         yield settings
-    finally:
-        cleanup(settings)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +91,12 @@ def test_class13_every_error_status_has_the_one_documented_shape(client: TestCli
             "unauthorized",
             "X-API-Key",
         ),
-        (client.post("/v1/recall", json={}, headers={"Authorization": "Basic eDp5"}), 401, "unauthorized", "X-API-Key"),
+        (
+            client.post("/v1/recall", json={}, headers={"Authorization": "Basic eDp5"}),
+            401,
+            "unauthorized",
+            "Authorization",
+        ),
         (client.get("/v1/stats", params={"tenant": B}, headers=HA), 403, "forbidden_tenant", "tenant"),
         (client.delete("/v1/subjects/s", params={"tenant": B}, headers=HA), 403, "forbidden_tenant", "tenant"),
         (
@@ -111,9 +108,9 @@ def test_class13_every_error_status_has_the_one_documented_shape(client: TestCli
         (client.get("/v1/facts/nothing/history", params={"tenant": A}, headers=HA), 404, "not_found", "memory_id"),
         (client.get("/v1/no/such/route"), 404, "not_found", None),
         (client.put("/v1/events", json={}), 405, "method_not_allowed", None),
-        (client.get("/v1/stats", headers=HA), 422, "missing", "tenant"),
-        (client.post("/v1/events", json={"events": []}, headers=HA), 422, "too_short", "events"),
-        (client.post("/v1/recall", json={"tenant": A, "query": " "}, headers=HA), 422, "value_error", "query"),
+        (client.get("/v1/stats", headers=HA), 422, "missing_field", "tenant"),
+        (client.post("/v1/events", json={"events": []}, headers=HA), 422, "invalid_value", "events"),
+        (client.post("/v1/recall", json={"tenant": A, "query": " "}, headers=HA), 422, "invalid_value", "query"),
         (
             client.post("/v1/events", content=b'{"events": [\n  {"a": 1,}]}', headers=json_headers),
             422,
@@ -192,6 +189,7 @@ def _routes(tenant: str) -> list[tuple[str, str, dict[str, Any]]]:
         ("POST", "/v1/recall", {"json": {"tenant": tenant, "query": "user:1 seat", "mode": "exact"}}),
         ("POST", "/v1/events", {"json": {"events": [event(tenant=tenant, event_id=unique("down"))]}}),
         ("DELETE", "/v1/subjects/user:1", {"params": {"tenant": tenant}}),
+        ("GET", "/v1/events/some-event-id", {"params": {"tenant": tenant}}),
     ]
 
 
@@ -204,6 +202,7 @@ NEEDS = {
         "/v1/stats",
         "/v1/stats/consistency",
         "/v1/subjects",
+        "/v1/events/some-event-id",
     },
     "elasticsearch": {"/v1/stats", "/v1/stats/consistency", "/v1/recall"},
     "kafka": {"/v1/stats", "/v1/events", "/v1/subjects/user:1"},
@@ -411,7 +410,7 @@ def test_class10_delete_takes_subjects_with_slashes_as_get_reads_them(trust_sett
             answered[r.json()["event_id"]] = subject
             read = http.get(path + "/facts", params={"tenant": A})  # GET reads the same subject
             assert read.status_code == 200 and read.json()["subject"] == subject, (path, read.text)
-        assert_error(http.delete("/v1/subjects/", params={"tenant": A}), 422, "too_short", "subject")  # no subject
+        assert_error(http.delete("/v1/subjects/", params={"tenant": A}), 422, "invalid_value", "subject")  # no subject
     on_topic = {e.event_id: e.subject for e in (decode(rec.value) for rec in read_topic(trust_settings))}
     assert {eid: on_topic.get(eid) for eid in answered} == answered, "the tombstones name exactly those subjects"
 

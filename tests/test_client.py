@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -27,7 +28,7 @@ import pytest
 from api import schemas
 from api.client import AsyncLedgerClient, LedgerClient, LedgerError
 from producers.event_schema import SCHEMA_ID, checked_in
-from producers.settings import REPO_ROOT, Settings
+from producers.settings import REPO_ROOT, ClientSettings, Settings
 from tests.conftest import unique
 from tests.support import Process, asserted, at, marked, pipeline, wait_for
 
@@ -202,10 +203,10 @@ def test_a_422_names_the_field_and_carries_the_api_error_body(stack: Stack) -> N
             (lambda: c.facts(SUBJECT, as_of="yesterday"), "invalid_time", "as_of"),
             (lambda: c.facts(SUBJECT, as_of=datetime(2026, 3, 2)), "invalid_time", "as_of"),  # naive: no offset
             (lambda: c.events(SUBJECT, from_=1700000000), "invalid_time", "from"),
-            (lambda: c.recall("P1", top_k=0), "greater_than_equal", "top_k"),
-            (lambda: c.context(SUBJECT, budget_tokens=10), "greater_than_equal", "budget_tokens"),
-            (lambda: c.recall("P1", mode="psychic"), "literal_error", "mode"),
-            (lambda: c.recall("P1", filters={"kind": "mood"}), "value_error", "filters.kind"),
+            (lambda: c.recall("P1", top_k=0), "invalid_value", "top_k"),
+            (lambda: c.context(SUBJECT, budget_tokens=10), "invalid_value", "budget_tokens"),
+            (lambda: c.recall("P1", mode="psychic"), "unknown_value", "mode"),
+            (lambda: c.recall("P1", filters={"kind": "mood"}), "invalid_value", "filters.kind"),
             (lambda: c.facts("bad\x00subject"), "unstorable_text", "subject"),
         ]
         for call, code, field_ in cases:
@@ -214,7 +215,7 @@ def test_a_422_names_the_field_and_carries_the_api_error_body(stack: Stack) -> N
             assert err.as_dict() == stack.bodies[-1] and err.store is None
     with stack.client(tenant=None) as c:  # no tenant anywhere: the server says which field is missing
         err = _refused(lambda: c.facts(SUBJECT))
-        assert (err.status, err.code, err.field) == (422, "missing", "tenant")
+        assert (err.status, err.code, err.field) == (422, "missing_field", "tenant")
 
 
 def test_another_tenant_is_a_403_error_object_and_each_key_sees_its_own(stack: Stack) -> None:
@@ -289,14 +290,60 @@ def test_the_sync_and_async_clients_have_the_same_methods() -> None:
 
 @pytest.mark.unit
 def test_settings_give_what_arguments_do_not() -> None:
-    s = Settings(development=True, api_host="10.0.0.5", api_port=8123, client_timeout_s=4.5)
-    with LedgerClient(settings=s) as c:
-        assert (c.url, c.timeout, c._headers) == ("http://10.0.0.5:8123", 4.5, {})
-    s = s.model_copy(update={"client_url": "https://ledger.example/", "client_api_key": "k1"})
+    with LedgerClient(settings=ClientSettings(timeout_s=4.5)) as c:
+        assert (c.url, c.timeout, c._headers) == ("http://127.0.0.1:8000", 4.5, {})
+    s = ClientSettings(url="https://ledger.example/", api_key="k1")
     with LedgerClient(settings=s, timeout=1.0) as c:
         assert (c.url, c.timeout, c._headers) == ("https://ledger.example", 1.0, {"X-API-Key": "k1"})
     with LedgerClient("http://h:1", api_key="k2", timeout=2.0, settings=s) as c:  # arguments win
         assert (c.url, c.timeout, c._headers) == ("http://h:1", 2.0, {"X-API-Key": "k2"})
+
+
+# what a client's machine may hold: no LEDGER_DEVELOPMENT (the development key is then refused), or a server
+# setting a client has no use for that the server would refuse
+SERVER_SETTINGS_A_CLIENT_IGNORES = (
+    {},
+    {"LEDGER_API_KEYS": '{"dev-key": ["demo"]}'},
+    {"LEDGER_PG_DSN": "postgresql://ledger:ledger@db:5432/ledger", "LEDGER_API_PORT": "not-a-port"},
+    {"LEDGER_PG_SCHEMA": "Not A Schema", "LEDGER_API_KEYS": "{not json"},
+)
+CONSTRUCTIONS = """
+import asyncio, json, sys
+import producers.settings
+from api.client import AsyncLedgerClient, LedgerClient
+
+def built():
+    yield LedgerClient("http://127.0.0.1:8000", api_key="dev-key", tenant="demo")
+    yield LedgerClient(api_key="dev-key", tenant="demo")
+    yield LedgerClient()
+    yield AsyncLedgerClient("http://127.0.0.1:8000", api_key="dev-key", tenant="demo")
+    yield AsyncLedgerClient(api_key="dev-key", tenant="demo")
+    yield AsyncLedgerClient()
+
+seen = [(c.url, c.timeout, c._headers) for c in built()]
+print(json.dumps({"seen": seen, "server_settings_read": producers.settings.get_settings.cache_info().misses}))
+"""
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("env", SERVER_SETTINGS_A_CLIENT_IGNORES, ids=lambda e: ",".join(e) or "no-development")
+def test_a_client_reads_none_of_the_servers_settings(env: dict[str, str]) -> None:
+    """Every way of building either client, in an environment whose server settings would not load: it builds,
+    from its own arguments and LEDGER_CLIENT_* only, and the server's settings are never read."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
+    env = {**clean, **env, "LEDGER_CLIENT_TIMEOUT_S": "3.5"}
+    done = subprocess.run(
+        [sys.executable, "-c", CONSTRUCTIONS], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    assert out["server_settings_read"] == 0
+    keyed = {"X-API-Key": "dev-key"}
+    assert [tuple(x) for x in out["seen"]] == 2 * [
+        ("http://127.0.0.1:8000", 3.5, keyed),
+        ("http://127.0.0.1:8000", 3.5, keyed),
+        ("http://127.0.0.1:8000", 3.5, {}),
+    ]
 
 
 SERVER_LIBRARIES = ("fastapi", "starlette", "uvicorn", "psycopg", "psycopg_pool", "elasticsearch", "kafka", "aiokafka",

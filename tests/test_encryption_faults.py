@@ -24,10 +24,10 @@ from fastapi.testclient import TestClient
 from psycopg import sql
 from pydantic import SecretStr
 
-from producers.contract import subject_digest_for
 from producers.keys.envelope import parse_envelope
 from producers.keys.kek import KekError, load_keks, parse_keks
 from producers.keys.provider import RemoteKeys
+from producers.keys.store import SubjectDigests
 from producers.sdk import LedgerProducer
 from producers.settings import Settings
 from stream_processors.rebuild import rebuild
@@ -64,6 +64,12 @@ def _ks(settings: Settings, table: str) -> sql.Composed:
     return sql.SQL("{}.{}").format(sql.Identifier(settings.keys_schema), sql.Identifier(table))
 
 
+def _digest(conn: psycopg.Connection, settings: Settings, subject: str) -> str:
+    """The subject's keyed digest in the key store (its tenant's digest key, unwrapped with the test's KEK)."""
+    keks = load_keks(settings.kek.get_secret_value(), None)
+    return SubjectDigests(settings.keys_schema, keks).digest(conn.cursor(), TENANT, subject)
+
+
 def _keys_of(conn: psycopg.Connection, settings: Settings, subject: str) -> list[tuple]:
     """(key_id, live, retired, erasure_id) of the subject's data keys, oldest first."""
     return conn.execute(
@@ -71,7 +77,7 @@ def _keys_of(conn: psycopg.Connection, settings: Settings, subject: str) -> list
             "SELECT key_id, wrapped IS NOT NULL AND destroyed_at IS NULL, retired_at IS NOT NULL, erasure_id "
             "FROM {} WHERE tenant = %s AND subject_digest = %s ORDER BY created_at, key_id"
         ).format(_ks(settings, "data_keys")),
-        (TENANT, subject_digest_for(TENANT, subject)),
+        (TENANT, _digest(conn, settings, subject)),
     ).fetchall()
 
 
@@ -82,7 +88,7 @@ def _erasures_of(conn: psycopg.Connection, settings: Settings, subject: str) -> 
             sql.SQL("SELECT erasure_id FROM {} WHERE tenant = %s AND subject_digest = %s").format(
                 _ks(settings, "erasures")
             ),
-            (TENANT, subject_digest_for(TENANT, subject)),
+            (TENANT, _digest(conn, settings, subject)),
         ).fetchall()
     ]
 
@@ -142,7 +148,7 @@ def test_kill9_between_the_purge_and_the_key_destruction_then_the_restart_comple
                     sql.SQL("SELECT key_id FROM {} WHERE tenant = %s AND subject_digest = %s FOR UPDATE").format(
                         _ks(enc, "data_keys")
                     ),
-                    (TENANT, subject_digest_for(TENANT, GONE)),
+                    (TENANT, _digest(locker, enc, GONE)),
                 ).fetchall()
                 assert [r[0] for r in locked] == [gone_key[0]]
                 producer.erase_subject(TENANT, GONE, reason="crash test", event_id=erasure_id)

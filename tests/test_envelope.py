@@ -42,6 +42,7 @@ from producers.keys.envelope import (
     seal,
     sealable,
 )
+from producers.keys.store import KeyState, subject_digest
 from producers.records import Incoming, decode_record, open_record
 
 pytestmark = pytest.mark.unit
@@ -296,9 +297,15 @@ def test_a_record_of_an_unknown_key_or_of_another_owner_or_destroyed_is_never_an
     raw = encode_sealed(_event("asserted-state", _markers()), KEY)
     unknown = open_record(_record(raw), None)
     assert unknown.event is None and unknown.error.code == "unknown_key" and unknown.error.field == "sealed.kid"
-    for owner in (("acme", "0" * 32), ("globex", "0" * 32)):
-        other = open_record(_record(raw), KEY.key, owner=owner)
-        assert other.event is None and other.error.code == "key_mismatch", owner
+    digest_key = os.urandom(32)  # the tenant's subject digest key (producers.keys.store.SubjectDigests)
+    others = [("acme", "0" * 64), ("acme", subject_digest(digest_key, "acme", "user:43"))]
+    others.append(("globex", subject_digest(digest_key, "globex", "user:42")))
+    for tenant, digest in others:
+        owner = KeyState(KEY.key_id, tenant, digest, KEY.key, digest_key)
+        other = open_record(_record(raw), KEY.key, owner=owner.owns)
+        assert other.event is None and other.error.code == "key_mismatch", (tenant, digest)
+    mine = KeyState(KEY.key_id, "acme", subject_digest(digest_key, "acme", "user:42"), KEY.key, digest_key)
+    assert open_record(_record(raw), KEY.key, owner=mine.owns).event is not None
     gone = open_record(_record(raw), None, destroyed=True)
     assert gone.erased and gone.event is None and gone.error is None
 

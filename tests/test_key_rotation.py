@@ -26,7 +26,6 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from api.main import create_app
-from producers.contract import subject_digest_for
 from producers.keys.envelope import parse_envelope
 from producers.keys.kek import parse_keks
 from producers.keys.store import KeyStore, key_states
@@ -282,8 +281,9 @@ def test_rotation_beside_producers_creating_keys_loses_nothing(ring):
         assert len(rows) == len(handed), "a data key was created twice or lost"
         assert {r[2] for r in rows} == {"k2"} and all(r[3] for r in rows)
         states = key_states(cur, settings.keys_schema, only_k2, [r[0] for r in rows])
-    assert {(t, subject_digest_for(t, s), kid, key) for (t, s), (kid, key) in handed.items()} == {
-        (st.tenant, st.subject_digest, st.key_id, st.key) for st in states.values()
+    assert {(t, kid, key) for (t, _), (kid, key) in handed.items()} == {
+        (st.tenant, st.key_id, st.key) for st in states.values()
     }
+    assert all(states[kid].owns(t, s) for (t, s), (kid, _) in handed.items())  # under the rotated digest keys
     # each key ever wrapped by k1 (the 1,500 and the lagging producer's) was rewrapped exactly once
     assert first_done + int(second.stdout.split("rewrapped ")[1].split()[0]) == 1500 + lagging

@@ -31,7 +31,7 @@ from tests.support.servers import ApiServer, McpHttpServer, mcp_stdio
 
 KEYS = {"k-acme": ["acme"], "k-globex": ["globex"], "k-both": ["acme", "globex"]}
 TRANSPORTS = ["stdio", "http"]
-TOOLS = {"remember", "recall", "recall_at", "facts", "fact_history", "forget", "context"}
+TOOLS = {"remember", "recall", "recall_at", "facts", "fact_history", "forget", "context", "event_status"}
 
 
 def _seed() -> list:
@@ -195,12 +195,12 @@ def test_each_tool_runs_the_code_the_http_routes_run(stack: dict[str, Any], tran
             assert routed.text == text  # byte for byte the route's block
 
             error, gone, _ = await call(client, "forget", {"subject": subject, "key": "pref.seat", "reason": "moved"})
-            assert not error and gone["action"] == "retracted" and gone["event_id"], gone
+            assert not error and gone["action"] == "retract" and gone["effect"] == "pending" and gone["event_id"], gone
             await asyncio.to_thread(pipe.settle)
             error, facts, _ = await call(client, "facts", {"subject": subject})
             assert not error and [f["key"] for f in facts["facts"]] == [None]  # the episode stays
             error, erased, _ = await call(client, "forget", {"subject": subject, "erase_subject": True})
-            assert not error and erased["action"] == "erased" and erased["type"] == "subject.erased", erased
+            assert not error and erased["action"] == "erase" and erased["type"] == "subject.erased", erased
             await asyncio.to_thread(pipe.settle)
             error, facts, _ = await call(client, "facts", {"subject": subject})
             assert not error and facts["facts"] == []
@@ -209,14 +209,14 @@ def test_each_tool_runs_the_code_the_http_routes_run(stack: dict[str, Any], tran
 
 
 BAD = [
-    ("recall", {"query": "x", "top_k": 0}, "top_k", "greater_than_equal"),
-    ("recall", {"tenant": "", "query": "x"}, "tenant", "string_too_short"),  # validated before tenancy, as HTTP does
-    ("recall", {"top_k": 3}, "query", "missing"),
-    ("recall", {"query": "   "}, "query", "value_error"),
-    ("recall", {"query": "x", "as_of": "2026-01-01T00:00:00Z"}, "as_of", "extra_forbidden"),
-    ("recall", {"query": "x", "filters": {"kind": "gossip"}}, "filters.kind", "value_error"),
+    ("recall", {"query": "x", "top_k": 0}, "top_k", "invalid_value"),
+    ("recall", {"tenant": "", "query": "x"}, "tenant", "invalid_value"),  # validated before tenancy, as HTTP does
+    ("recall", {"top_k": 3}, "query", "missing_field"),
+    ("recall", {"query": "   "}, "query", "invalid_value"),
+    ("recall", {"query": "x", "as_of": "2026-01-01T00:00:00Z"}, "as_of", "unknown_field"),
+    ("recall", {"query": "x", "filters": {"kind": "gossip"}}, "filters.kind", "invalid_value"),
     ("recall_at", {"query": "x", "as_of": 1700000000}, "as_of", "invalid_time"),
-    ("recall_at", {"query": "x"}, "as_of", "missing"),
+    ("recall_at", {"query": "x"}, "as_of", "missing_field"),
     ("facts", {"subject": "a\u0000b"}, "subject", "unstorable_text"),
     ("facts", {"subject": "s", "known_at": "yesterday"}, "known_at", "invalid_time"),
     ("fact_history", {"memory_id": "no-such-fact"}, "memory_id", "not_found"),
@@ -242,8 +242,8 @@ BAD = [
     ),
     ("forget", {"subject": "s"}, "key", "missing_field"),
     ("forget", {"subject": "s", "key": "k", "erase_subject": True}, "key", "invalid_value"),
-    ("context", {"subject": "s", "budget_tokens": 10}, "budget_tokens", "greater_than_equal"),
-    ("context", {"subject": "s", "format": "xml"}, "format", "literal_error"),
+    ("context", {"subject": "s", "budget_tokens": 10}, "budget_tokens", "invalid_value"),
+    ("context", {"subject": "s", "format": "xml"}, "format", "unknown_value"),
 ]
 
 

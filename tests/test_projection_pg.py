@@ -392,7 +392,7 @@ def test_stats_report_healthy_invariants_and_lag(pipe: Pipeline):
         assert body["double_active"] == 0
         assert body["chain_integrity_violations"] == 0
         assert body["explicit_confidence_violations"] == 0
-        assert body["events_applied"] > 0 and body["search_outbox_pending"] > 0
+        assert body["events_applied"] > 0 and body["search_pending"] > 0
         assert body["total_lag"] == 0 and set(body["lag"]) == {str(p) for p in end_offsets(settings)}
         assert body["dlq_count"] >= 0
         assert client.get("/v1/stats", params={"tenant": "initech"}, headers=HEADERS).status_code == 403

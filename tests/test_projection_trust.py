@@ -25,7 +25,7 @@ from producers.contract import InvalidEvent, MemoryEvent, encode, kafka_key, ver
 from producers.records import decode_record
 from producers.settings import Settings
 from projections.postgres.connection import connect_async
-from projections.postgres.idempotency import Known, known_events
+from projections.postgres.idempotency import Claim, claim_events
 from projections.postgres.queries import projection_checksum
 from projections.postgres.recorder import ERASURE_CHANNEL, CoreRefused, Recorder, connect, is_permanent
 from projections.postgres.schema import SchemaOutdated, create_schema
@@ -368,8 +368,9 @@ def test_recorder_counts_duplicates_conflicts_and_erased_replays(base_settings: 
             assert (r2.applied, r2.duplicates, r2.conflicts, r2.dead, r2.erased_replays) == (3, 1, 2, 2, 0)
             new = asserted(s, "a", 5, 10)
             r3 = rec.apply_batch(records(a, b, c, asserted(s, "a", 77, event_id=a.event_id), erase, new))
-            # a, b, c and a's conflicting twin: erased ids, no effect; the erasure again: a duplicate
-            assert (r3.applied, r3.duplicates, r3.conflicts, r3.erased_replays) == (1, 1, 0, 4)
+            # a, b, c: erased ids re-sent, no effect; a's twin says something else under an erased id: a conflict;
+            # the erasure again: a duplicate
+            assert (r3.applied, r3.duplicates, r3.conflicts, r3.erased_replays) == (1, 1, 1, 3)
             other = pg(settings)
             assert facts(other, TENANT, s) == {"a": 5}
             assert facts(other, OTHER, s) == {"a": 1}
@@ -396,20 +397,15 @@ def test_erasure_survives_retries_and_a_rebuild_and_notifies_at_commit(pipe: Pip
     pipe.caught_up()
     with pg(settings) as conn:
         ids = [e.event_id for e in before]
-        assert asyncio.run(_known(settings, TENANT, ids)) == {
-            eid: Known(e.fingerprint, False, p, o)
-            for e, eid, (p, o) in zip(
-                before,
-                ids,
-                conn.execute(
-                    'SELECT "partition", "offset" FROM events WHERE tenant = %s AND event_id = ANY(%s) '
-                    'ORDER BY "offset"',
-                    (TENANT, ids),
-                ).fetchall(),
-                strict=True,
-            )
-        }
-    assert asyncio.run(_known(settings, OTHER, ids)) == {}  # nothing about another tenant's ids
+        assert asyncio.run(_claims(settings, TENANT, before)) == [
+            Claim("applied", p, o)
+            for p, o in conn.execute(
+                'SELECT "partition", "offset" FROM events WHERE tenant = %s AND event_id = ANY(%s) ORDER BY "offset"',
+                (TENANT, ids),
+            ).fetchall()
+        ]
+    # nothing about another tenant's ids: the same ids are new there
+    assert asyncio.run(_claims(settings, OTHER, before)) == [Claim("new")] * len(before)
 
     listener = psycopg.connect(settings.pg_dsn, autocommit=True)
     listener.execute(f"LISTEN {ERASURE_CHANNEL}")
@@ -455,17 +451,23 @@ def test_erasure_survives_retries_and_a_rebuild_and_notifies_at_commit(pipe: Pip
         assert conn.execute("SELECT count(*) FROM erased_events WHERE tenant = %s", (TENANT,)).fetchone()[0] >= len(ids)
         # no event id is kept in clear: erased_events has hashes only
         assert conn.execute("SELECT count(*) FROM events WHERE event_id = ANY(%s)", (ids,)).fetchone()[0] == 0
-    known = asyncio.run(_known(settings, TENANT, [*ids, after.event_id]))
-    assert {eid: k.erased for eid, k in known.items()} == {**dict.fromkeys(ids, True), after.event_id: False}
+    known = asyncio.run(_claims(settings, TENANT, [*before, after]))
+    assert [k.state for k in known] == ["erased"] * len(before) + ["applied"]
     assert re.search(r" [1-9]\d* erased replay,", worker.log()) and worker.alive()
 
-    # a rebuild from offset 0 agrees, erased_events included (row for row: the salt is kept)
+    # a rebuild from offset 0 agrees, erased_events included (row for row: the salt is kept), and keeps the id a
+    # door claimed for an event not applied yet
+    in_flight = asserted(s, "email", "later@b.c", 10)
+    assert asyncio.run(_claims(settings, TENANT, [in_flight])) == [Claim("new")]
     with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
         live_erased = _erased_rows(admin, settings.pg_schema)
         report = rebuild(settings, keep_old=True)
         assert report.old_schema is not None
         assert report.live_checksum == report.rebuilt_checksum == projection_checksum(admin, settings.pg_schema)
         assert _erased_rows(admin, settings.pg_schema) == live_erased == _erased_rows(admin, report.old_schema)
+    twin = asserted(s, "email", "other@b.c", 10, event_id=in_flight.event_id)
+    assert asyncio.run(_claims(settings, TENANT, [twin])) == [Claim("conflict", holder="claimed")]
+    assert asyncio.run(_claims(settings, TENANT, [in_flight])) == [Claim("claimed")]
     pipe.caught_up()
     publish_raw(settings, [(key, raws[0])])  # and the rebuilt projection still refuses the retry
     pipe.caught_up()
@@ -473,16 +475,17 @@ def test_erasure_survives_retries_and_a_rebuild_and_notifies_at_commit(pipe: Pip
         assert facts(conn, TENANT, s) == {"email": "fresh@b.c"} and count(conn, "fact_versions", TENANT, s) == 1
 
 
-async def _known(settings: Settings, tenant: str, ids: list[str]) -> dict[str, Known]:
+async def _claims(settings: Settings, tenant: str, events: list[MemoryEvent]) -> list[Claim]:
+    """What a door's claim answers for these events published in `tenant` (claiming the unknown ones)."""
     conn = await connect_async(settings.pg_dsn, settings.pg_schema, autocommit=True)
     try:
-        return await known_events(conn, tenant, ids)
+        return await claim_events(conn, [(tenant, e.event_id, e.fingerprint) for e in events])
     finally:
         await conn.close()
 
 
 def _erased_rows(conn: psycopg.Connection, schema: str) -> list[tuple]:
-    return conn.execute(f'SELECT tenant, id_hash FROM "{schema}".erased_events ORDER BY 1, 2').fetchall()
+    return conn.execute(f'SELECT tenant, id_hash, fp_hash FROM "{schema}".erased_events ORDER BY 1, 2').fetchall()
 
 
 def test_an_older_layout_is_refused_and_ledger_rebuild_migrates_it(base_settings: Settings):

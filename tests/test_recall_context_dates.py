@@ -27,11 +27,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from producers.contract import EventType, MemoryEvent, Source, SourceType
+from producers.contract import MemoryEvent
 from projections.embedding import load_embedder
 from projections.search.dates import MAX_DATES, TOLD_WITHIN_DAYS, DateCue, find_dates
 from tests.conftest import unique
-from tests.support import RecorderWriter, drain_all, private_store
+from tests.support import RecorderWriter, drain_all, episode, private_store
 
 DATED, CHAT, OTHER = "datedco", "chatco", "chatco-other"
 KEYS = {"k-ctx": [DATED, CHAT, OTHER]}
@@ -49,16 +49,7 @@ CONVERSATION = [  # (speaker, text): one session of service "chat", a second apa
 
 
 def _episode(tenant: str, subject: str, content: str, when: datetime, service: str) -> MemoryEvent:
-    return MemoryEvent(
-        type=EventType.ASSERTED,
-        tenant=tenant,
-        subject=subject,
-        kind="episodic",
-        content=content,
-        source=Source(type=SourceType.IMPORTED, service=service),
-        observed_at=when,
-        valid_from=when,
-    )
+    return episode(subject, content, when, service, tenant=tenant)
 
 
 @pytest.fixture(scope="module")

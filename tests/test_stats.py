@@ -53,8 +53,8 @@ def recount(settings: Settings, tenant: str) -> tuple[dict[str, int], dict[str, 
         counted = {
             name: int(n)
             for name, n in conn.execute(
-                "SELECT name, sum(n) FROM counts WHERE tenant = %s OR (tenant = '' AND name = %s) GROUP BY name",
-                (tenant, f"dead_letters/{settings.topic}"),
+                "SELECT name, sum(n) FROM counts WHERE tenant = %s GROUP BY name",
+                (tenant,),
             )
         }
         rows = {
@@ -63,7 +63,7 @@ def recount(settings: Settings, tenant: str) -> tuple[dict[str, int], dict[str, 
             "outbox": conn.execute("SELECT count(*) FROM search_outbox WHERE tenant = %s", (tenant,)).fetchone()[0],
             "embed_queue": conn.execute("SELECT count(*) FROM embed_queue WHERE tenant = %s", (tenant,)).fetchone()[0],
             f"dead_letters/{settings.topic}": conn.execute(
-                "SELECT count(*) FROM dead_letters WHERE topic = %s", (settings.topic,)
+                "SELECT count(*) FROM dead_letters WHERE topic = %s AND tenant = %s", (settings.topic, tenant)
             ).fetchone()[0],
         }
     return {k: counted.get(k, 0) for k in rows}, rows
@@ -96,7 +96,7 @@ def check_counts(pipe: Pipeline, step: str) -> dict[str, dict[str, int]]:
             "embed_queue": body["search"]["vectors_pending"],
             f"dead_letters/{pipe.settings.topic}": body["dlq_count"],
         }
-        assert body["search_outbox_pending"] == rows["outbox"] + rows["embed_queue"]  # documents and vectors
+        assert body["search_pending"] == rows["outbox"] + rows["embed_queue"]  # documents and vectors
         assert reported == rows, f"{step}, {tenant}: /v1/stats {reported} != rows {rows}"
         assert body["search"] == {
             "outbox_pending": 0,
@@ -131,11 +131,14 @@ def test_counters_equal_a_recount_through_ingest_redelivery_marks_erasure_restar
         for day in (0, 1)
     ]
     publish(s, first)
-    publish_raw(s, [(b"x", b'{"type": "memory.asserted", "tenant": "acme"}')])
+    # two refused records: one naming acme (its dead letter), one whose tenant cannot be read (no tenant's)
+    publish_raw(s, [(b"x", b'{"type": "memory.asserted", "tenant": "acme"}'), (b"y", b'{"tenant": "globex"')])
     after_ingest = check_counts(pipe, "ingest")
     assert after_ingest["acme"]["versions"] == start["acme"]["versions"] + 32
     assert after_ingest["globex"]["events"] == start["globex"]["events"] + 32
     assert after_ingest["acme"][f"dead_letters/{s.topic}"] == start["acme"][f"dead_letters/{s.topic}"] + 1
+    assert after_ingest["globex"][f"dead_letters/{s.topic}"] == start["globex"][f"dead_letters/{s.topic}"]  # not acme's
+    assert stats(pipe, "globex")["dlq_count"] == 0 and stats(pipe, "acme")["dlq_count"] == 1
 
     # redelivery: the same bytes again at new offsets (same event ids): nothing changes
     publish_raw(s, [(e.kafka_key, encode(e)) for e in first[:10]])

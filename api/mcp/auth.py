@@ -57,7 +57,7 @@ def with_tenant(arguments: dict[str, Any], tenants: frozenset[str]) -> dict[str,
     """
     if arguments.get("tenant") is not None:
         return arguments
-    if len(tenants) != 1:
-        names = ", ".join(sorted(tenants))
-        raise ApiError(422, "missing_field", f"this API key may use several tenants ({names}): name one", "tenant")
+    if len(tenants) != 1:  # how many, never the list itself: a key may be bound to thousands
+        message = f"this API key may use {len(tenants)} tenants: name one (GET /v1/tenants lists them)"
+        raise ApiError(422, "missing_field", message, "tenant")
     return {**arguments, "tenant": next(iter(tenants))}

@@ -8,15 +8,17 @@ api.reads / api.writes, the functions the HTTP routes call.
 | recall_at | api.reads.recall with as_of (and known_at) | POST /v1/recall |
 | facts | api.reads.subject_facts | GET /v1/subjects/{s}/facts |
 | fact_history | api.reads.history | GET /v1/facts/{id}/history |
-| forget | api.writes.forget: a memory.retracted through the door, or erasure | POST /v1/events, DELETE |
+| forget | api.writes.forget: a memory.retracted of what exists, or erasure | POST /v1/events, DELETE |
 | context | api.reads.context | POST /v1/context |
+| event_status | api.writes.event_status (what became of an event, by its id) | GET /v1/events/{event_id} |
 
 A tool's input schema is its model's JSON schema (references inlined), with `tenant` optional (api.mcp.auth);
 its arguments are validated by that model, so a bad one is a tool error whose body is the API's one error
 shape plus the status the route would answer: `{"status": 422, "detail": [{"code", "field", "message"}]}`.
 A result is the route's body, as structured content and as its JSON text (the context tool's text is the
-block itself). Nothing a caller sends crashes the server: an unexpected failure is a 500-shaped tool error,
-logged; a store that is down is the 503 naming it (api.errors.store_failure).
+block itself); each tool declares it as its output schema, the route's response model (api.schemas) with
+references inlined, so a client can check what it gets. Nothing a caller sends crashes the server: an unexpected
+failure is a 500-shaped tool error, logged; a store that is down is the 503 naming it (api.errors.store_failure).
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ from typing import Any
 import orjson
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from api import reads, writes
 from api.errors import ApiError, error_body, store_failure, validation_items
 from api.requests import (
     ContextBody,
+    EventStatusParams,
     FactsParams,
     ForgetParams,
     HistoryParams,
@@ -42,6 +46,16 @@ from api.requests import (
     inline_refs,
 )
 from api.resources import Resources
+from api.schemas import (
+    ContextResponse,
+    ErasureResponse,
+    EventResult,
+    EventStatus,
+    FactsResponse,
+    HistoryResponse,
+    PublishResponse,
+    RecallResponse,
+)
 from producers.contract import EventType, MemoryEvent
 
 __all__ = ["TOOLS", "ToolSpec", "error_result", "run_tool"]
@@ -53,7 +67,7 @@ Run = Callable[[Resources, frozenset[str], Any], Awaitable[Any]]
 
 @dataclass(frozen=True)
 class ToolSpec:
-    """One tool: what a model reads (name, description, schema, annotations) and what it runs."""
+    """One tool: what a model reads (name, description, schema, annotations), what it runs and what it answers."""
 
     name: str
     title: str
@@ -62,14 +76,14 @@ class ToolSpec:
     annotations: ToolAnnotations
     validate: Callable[[dict[str, Any]], Any]  # arguments (tenant filled in) -> the validated parameters
     run: Run
+    output: dict[str, Any] | None = None  # the JSON schema of what it answers (tests require one of every tool)
 
 
-def _schema(model: type[BaseModel], *, drop: tuple[str, ...] = (), notes: dict[str, str] | None = None) -> dict:
-    """The model's JSON schema for a tool: references inlined, `drop` left out, `tenant` optional, `notes` added."""
+def _schema(model: type[BaseModel], *, drop: tuple[str, ...] = ()) -> dict:
+    """The model's JSON schema for a tool: references inlined, `drop` left out, `tenant` optional. The arguments'
+    descriptions are the model's fields' (the HTTP API's OpenAPI has the same)."""
     schema = inline_refs(model.model_json_schema())
     props = {k: v for k, v in schema["properties"].items() if k not in drop}
-    for name, note in (notes or {}).items():
-        props[name] = {**props[name], "description": note}
     props["tenant"] = {
         **props["tenant"],
         "description": "the tenant; may be left out when the API key is bound to one tenant",
@@ -80,13 +94,13 @@ def _schema(model: type[BaseModel], *, drop: tuple[str, ...] = (), notes: dict[s
 
 
 def _model(model: type[BaseModel], allowed: dict[str, Any]) -> Callable[[dict[str, Any]], Any]:
-    """Validation by `model`, refusing the arguments the tool's schema leaves out (as `extra_forbidden`)."""
+    """Validation by `model`, refusing the arguments the tool's schema leaves out (as `unknown_field`)."""
     names = set(allowed["properties"])
 
     def validate(arguments: dict[str, Any]) -> Any:
         extra = sorted(set(arguments) - names)
         if extra:
-            raise ApiError(422, "extra_forbidden", "Extra inputs are not permitted", extra[0])
+            raise ApiError(422, "unknown_field", "not an argument of this tool (see the tool's schema)", extra[0])
         return model.model_validate(arguments)
 
     return validate
@@ -118,16 +132,30 @@ _REMEMBER_NOTES = {
     "subject": "what the memory is about, e.g. user:42 or project:P1",
     "key": "the attribute, e.g. pref.seat or project.port; leave out for an episode (kind episodic)",
     "scope": "narrows the key (e.g. a context like work/home); the same key in two scopes are two facts",
-    "value": "the value (any JSON); a new value for the same subject/key/scope supersedes the old one",
+    "value": "the value: text, a number, true/false, a list or an object (any JSON; an integer within signed 64 "
+    "bits, nested at most 32 levels); a new value for the same subject/key/scope supersedes the old one",
     "content": "the memory as one sentence in natural language (searched by recall)",
     "kind": "state (default; a new value supersedes), preference (with valid_to: a temporary override), "
     "event, or episodic (append-only, no key)",
     "entities": "ids the memory is about besides the subject (exact recall cues), e.g. P1",
     "aliases": "other names of the key or value a question may use (exact recall cues)",
+    "tags": "free labels recall can filter on (filters.tags)",
+    "source": "where the memory comes from",
+    "confidence": "0 to 1; default 0.8, and 1.0 for an explicit source (the only value it may have then)",
+    "importance": "0 to 1, default 0.5: a ranking prior of recall",
     "valid_from": "when it became true (RFC 3339 with an offset; default: now)",
     "valid_to": "when it stops being true (RFC 3339); a preference with valid_to overrides only inside its window",
     "observed_at": "when it was learnt (RFC 3339; default: now)",
 }
+_SOURCE_NOTES = {
+    "type": "explicit (the user said it; confidence 1.0), inferred (concluded, e.g. by a model), imported (from "
+    "another system), or system (the default: recorded by a service)",
+    "service": "the service or agent that recorded it, e.g. chat",
+    "ref": "where exactly: a message, document or ticket id",
+    "actor": "who said or did it, e.g. a user id",
+}
+# what `value` may hold, spelled out (the contract types it as any JSON; a model needs the choices)
+_JSON_VALUE = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "object", "array", "null")]}
 
 
 def _remember_schema() -> dict[str, Any]:
@@ -135,6 +163,9 @@ def _remember_schema() -> dict[str, Any]:
     props = {k: schema["properties"][k] for k in _REMEMBER_FIELDS}
     for name, note in _REMEMBER_NOTES.items():
         props[name] = {**props[name], "description": note}
+    props["value"] |= _JSON_VALUE
+    source = props["source"]
+    source["properties"] = {k: {**v, "description": _SOURCE_NOTES[k]} for k, v in source["properties"].items()}
     props["tenant"] = {**props["tenant"], "description": "the tenant; may be left out when the key has one tenant"}
     return {
         "type": "object",
@@ -152,10 +183,12 @@ def _remember_event(arguments: dict[str, Any]) -> dict[str, Any]:
     extra = sorted(set(arguments) - set(REMEMBER_SCHEMA["properties"]))
     if extra:
         raise ApiError(422, "unknown_field", "not a field of a memory (see the tool's schema)", extra[0])
-    if not isinstance(arguments.get("event_id"), str):
+    if arguments.get("event_id") is None:
         raise ApiError(
             422, "missing_field", "choose an id for the memory: a retry with the same id is safe", "event_id"
         )
+    if not isinstance(arguments["event_id"], str):
+        raise ApiError(422, "wrong_type", "event_id is text: the id you chose for the memory", "event_id")
     return {"type": EventType.ASSERTED.value, **arguments}
 
 
@@ -165,16 +198,57 @@ _RECALL = _schema(RecallBody, drop=("as_of", "known_at"))
 _RECALL_AT = _schema(RecallAtBody)
 _FACTS = _schema(FactsParams)
 _HISTORY = _schema(HistoryParams)
-_FORGET = _schema(
-    ForgetParams,
-    notes={
-        "key": "the fact to retract (with scope); leave out with erase_subject",
-        "target_version": "retract only this version (a version_id from facts or fact_history)",
-        "erase_subject": "true: erase everything about the subject, permanently (right to be forgotten)",
-        "event_id": "an id you choose for the retraction (optional)",
-    },
-)
+_FORGET = _schema(ForgetParams)
 _CONTEXT = _schema(ContextBody)
+_EVENT_STATUS = _schema(EventStatusParams)
+
+
+# -- what the tools answer ------------------------------------------------------------------------------------
+
+
+def _output(model: type[BaseModel], *, drop: tuple[str, ...] = (), add: dict[str, Any] | None = None) -> dict:
+    """A response model's JSON schema as a tool's output schema: references inlined, `drop` left out, `add` added."""
+    schema = inline_refs(model.model_json_schema(mode="serialization"))
+    schema["properties"] = {k: v for k, v in schema["properties"].items() if k not in drop} | (add or {})
+    schema["required"] = [k for k in schema.get("required", []) if k not in drop]
+    return schema
+
+
+# remember: the door's result of its one event; a refused event is a tool error, so no `accepted` and no `error`
+_REMEMBERED = _output(
+    EventResult,
+    drop=("accepted", "error"),
+    add={"idempotency_note": _output(PublishResponse)["properties"]["idempotency_note"]},
+)
+_ACTION = {
+    "retract": "a memory.retracted of the fact, version or episode is in the ledger",
+    "erase": "a subject.erased of the subject is in the ledger",
+}
+_FORGOTTEN = {
+    "type": "object",
+    "properties": {
+        "action": {
+            "type": "string",
+            "enum": list(_ACTION),
+            "description": "; ".join(f"{k}: {v}" for k, v in _ACTION.items()),
+        }
+    },
+    "required": ["action"],
+    "anyOf": [
+        _REMEMBERED  # a retraction: the door's result of its event, as remember's
+        | {
+            "properties": _REMEMBERED["properties"]
+            | {
+                "action": {"const": "retract"},
+                "target_note": {
+                    "type": "string",
+                    "description": "PostgreSQL could not be asked whether the target exists: published unchecked",
+                },
+            }
+        },
+        _output(ErasureResponse, add={"action": {"const": "erase"}}),
+    ],
+}
 
 
 async def _remember(res: Resources, tenants: frozenset[str], event: dict[str, Any]) -> dict[str, Any]:
@@ -203,6 +277,10 @@ async def _context(res: Resources, tenants: frozenset[str], body: ContextBody) -
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=block.doc)
 
 
+async def _event_status(res: Resources, tenants: frozenset[str], p: EventStatusParams) -> dict[str, Any]:
+    return await writes.event_status(res, tenants, p.tenant, p.event_id)
+
+
 def _hints(*, read_only: bool, destructive: bool = False, idempotent: bool = True) -> ToolAnnotations:
     return ToolAnnotations(
         read_only_hint=read_only, destructive_hint=destructive, idempotent_hint=idempotent, open_world_hint=False
@@ -219,15 +297,18 @@ TOOLS: tuple[ToolSpec, ...] = (
         _hints(read_only=False, destructive=False, idempotent=True),
         _remember_event,
         _remember,
+        _REMEMBERED,
     ),
     ToolSpec(
         "recall",
         "Recall",
-        "Find the memories that answer a question, exact matches first, each hit saying why it matched.",
+        "Find the memories that answer a question, exact matches first, each hit saying why it matched; pass "
+        "subject when the question is about one subject (a user, a project).",
         _RECALL,
         _hints(read_only=True),
         _model(RecallBody, _RECALL),
         _recall,
+        _output(RecallResponse),
     ),
     ToolSpec(
         "recall_at",
@@ -237,6 +318,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         _hints(read_only=True),
         _model(RecallAtBody, _RECALL_AT),
         _recall,
+        _output(RecallResponse),
     ),
     ToolSpec(
         "facts",
@@ -246,6 +328,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         _hints(read_only=True),
         _model(FactsParams, _FACTS),
         _facts,
+        _output(FactsResponse),
     ),
     ToolSpec(
         "fact_history",
@@ -255,16 +338,18 @@ TOOLS: tuple[ToolSpec, ...] = (
         _hints(read_only=True),
         _model(HistoryParams, _HISTORY),
         _history,
+        _output(HistoryResponse),
     ),
     ToolSpec(
         "forget",
         "Forget",
-        "Retract a fact (or one version of it) so it is no longer in force, or erase everything about a "
-        "subject permanently.",
+        "Retract a fact, one version of it or an episode so it is no longer in force, or erase everything about a "
+        "subject permanently; answers when the ledger has it (effect pending: event_status says what it did).",
         _FORGET,
         _hints(read_only=False, destructive=True, idempotent=False),
         _model(ForgetParams, _FORGET),
         _forget,
+        _FORGOTTEN,
     ),
     ToolSpec(
         "context",
@@ -275,6 +360,18 @@ TOOLS: tuple[ToolSpec, ...] = (
         _hints(read_only=True),
         _model(ContextBody, _CONTEXT),
         _context,
+        _output(ContextResponse),
+    ),
+    ToolSpec(
+        "event_status",
+        "Status of an event",
+        "Tell what became of an event you published, by its event_id: pending, applied (with its effect), "
+        "duplicate (its subject was erased), dead_lettered (with the reason), or unknown.",
+        _EVENT_STATUS,
+        _hints(read_only=True),
+        _model(EventStatusParams, _EVENT_STATUS),
+        _event_status,
+        _output(EventStatus),
     ),
 )
 
@@ -310,4 +407,5 @@ async def run_tool(
         return error_result(500, {"code": "internal_error", "field": None, "message": message})
     if isinstance(result, CallToolResult):
         return result
-    return CallToolResult(content=[TextContent(type="text", text=_json(result))], structured_content=result)
+    text = await run_in_threadpool(_json, result)  # a subject's whole profile can be megabytes: off the event loop
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=result)

@@ -9,15 +9,18 @@ its value, source, valid time and status; api.context says how it is laid out, e
 prompt; `format=json` answers `api.schemas.ContextResponse`: the same lines, structured, the token
 count, what was left out, and the text. The budget counts the text with the embedding model's own
 tokenizer (api.tokens). Same state, same request: the same bytes (pass `as_of` to pin the valid time).
+A body without `format` is answered as the `Accept` header prefers (`application/json` over `text/plain`:
+json), text otherwise; a `format` in the body always wins.
 
-Errors as everywhere (api.errors): 422 naming the field (`budget_tokens` too small for the frame is
-`budget_too_small`), 401/403 for the key and tenant, 503 naming a store that is down. The MCP
-`context` tool calls the same `api.reads.context`.
+Errors as everywhere (api.errors): 422 naming the field (every `budget_tokens` of 64..32000 holds a block:
+api.context), 401/403 for the key and tenant, 503 naming a store that is down. The MCP `context` tool calls
+the same `api.reads.context`, which builds one block of a tenant at a time, in a worker thread (api.limits):
+the work is bounded by the budget and never holds the event loop.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 
 from api import reads
 from api.deps import ResourcesDep, TenantsDep
@@ -35,9 +38,33 @@ TEXT = "text/plain; charset=utf-8"
     response_model=ContextResponse,
     responses={200: {"content": {TEXT: {"schema": {"type": "string"}}}, "description": "the block (format=text)"}},
 )
-async def context(body: ContextBody, res: ResourcesDep, tenants: TenantsDep) -> Response:
+async def context(body: ContextBody, res: ResourcesDep, tenants: TenantsDep, request: Request) -> Response:
     """The memory block: text to paste into a prompt (format=text), or the same structured (format=json)."""
+    if "format" not in body.model_fields_set and _prefers_json(request.headers.get("accept", "")):
+        body = body.model_copy(update={"format": "json"})
     block = await reads.context(res, tenants, body)
     if body.format == "json":
         return json_response(block.doc)
     return Response(block.text.encode(), media_type=TEXT)
+
+
+def _prefers_json(accept: str) -> bool:
+    """Whether an Accept header ranks application/json above text/plain (q values; a wildcard ranks both)."""
+    weights: dict[str, float] = {}
+    for part in accept.split(","):
+        media, *params = (p.strip() for p in part.split(";"))
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        weights[media.lower()] = max(q, weights.get(media.lower(), 0.0))
+
+    def weight(media: str) -> float:
+        kind = media.split("/", 1)[0]
+        return weights.get(media, weights.get(f"{kind}/*", weights.get("*/*", 0.0)))
+
+    return weight("application/json") > weight("text/plain")

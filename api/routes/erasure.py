@@ -1,7 +1,8 @@
 """`DELETE /v1/subjects/{subject}?tenant=`: erase a subject (right to be forgotten).
 
 Publishes one `subject.erased` event through the SDK (`LedgerProducer.erase_subject`) and answers
-202 with where the ledger stored it: the purge itself is done by the projections when they apply
+202 with where the ledger stored it, `effect: "pending"` and the `status_url` that tells when it was
+applied (api.writes.effect_pending): the purge itself is done by the projections when they apply
 that event (PostgreSQL drops the subject's versions and events but the erasure tombstone; the
 search indexer deletes the subject's documents), so a rebuild from the log erases it again.
 

@@ -6,25 +6,39 @@ would refuse refused here first (the contract's rules, the encoded size, clock s
 in the batch are not, and the response says exactly what happened to each, in input order:
 
     {"results": [{"event_id", "accepted": true, "duplicate": false, "memory_id", "version_id",
-                  "partition", "offset"},
+                  "partition", "offset", "effect": "pending", "status_url"},
                  {"event_id", "accepted": false, "error": {"code", "field", "message"}}],
      "idempotency_checked": true}
 
 `error.field` is the full path (`events.2.tenant`); `event_id` is null for a refused event that
-carried none (an accepted event always has one: the one given, or one generated here).
+carried none (an accepted event always has one: the one given, or one generated here). Accepted
+means in the ledger, not applied: `effect` is `pending` (`applied` for a retry of an applied event),
+and `status_url` (`GET /v1/events/{event_id}?tenant=`) says what it did once applied.
 
-Idempotency (keyed by (tenant, event_id)): before publishing, the ids the caller gave are looked
-up among the events already applied in the caller's tenant (never another's):
-- same content (fingerprint): `accepted, duplicate: true` with the stored event's partition and
-  offset; nothing is published again (a retry is safe);
-- different content: refused, code `event_id_conflict`, field `events.N.event_id`;
-- the subject was erased since: `accepted, duplicate: true, erased: true`, nothing published
-  (a retry never brings erased data back).
-The same id twice in one request: the second is a duplicate of the first, or a conflict. Events
-published but not applied yet are caught by the SDK's memory of this process and, last, by the
-worker, which dead-letters a conflicting record. If PostgreSQL cannot answer within
-`pg_door_check_timeout_s`, publishing goes on without the lookup: `idempotency_checked: false`
-and `idempotency_note` say so (the worker still applies each (tenant, event_id) once).
+Idempotency (keyed by (tenant, event_id)): before publishing, every event's id is claimed in
+PostgreSQL with its content's fingerprint, in one statement for the request
+(projections.postgres.idempotency.claim_events). The claim is shared by every door the ledger runs
+(each API process, the MCP server), so one id names one content whichever door it comes through,
+even while the first is published and not applied yet. In the caller's tenant (never another's):
+- same content as an applied event: `accepted, duplicate: true` with the stored event's partition
+  and offset; nothing is published again (a retry is safe);
+- same content as an event published a moment ago and not applied yet: accepted and published
+  again (the worker applies an id once);
+- different content than an applied, claimed or erased event of that id: refused, code
+  `event_id_conflict`, field `events.N.event_id`;
+- the subject was erased since and the content is the same: `accepted, duplicate: true, erased:
+  true`, nothing published (a retry never brings erased data back).
+An id stays claimed by its content even if publishing it failed: retry the same event. The same
+id twice in one request: the second is a duplicate of the first, or a conflict. If PostgreSQL
+cannot answer within `pg_door_check_timeout_s`, publishing goes on without the claim:
+`idempotency_checked: false` and `idempotency_note` say so (the worker still applies each
+(tenant, event_id) once, and dead-letters other content under an applied id as `event_id_conflict`:
+`GET /v1/events/{event_id}` tells what became of an event).
+
+`GET /v1/events/{event_id}?tenant=` answers what became of one event, whoever published it (a door,
+or a producer that writes to Kafka itself): `status` pending | applied | duplicate | dead_lettered |
+unknown (api.writes.event_status says what each carries; always 200, `unknown` also for another
+tenant's id).
 
 Status: 200 every event accepted; 207 some accepted, some not; 422 none accepted because every
 one was invalid; 503 none accepted and the broker failed at least one. Error statuses (422, 503)
@@ -38,15 +52,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Path, Response
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from api import writes
-from api.deps import ResourcesDep, TenantsDep
+from api.deps import ResourcesDep, Storable, TenantQuery, TenantsDep
 from api.errors import ErrorBody
-from api.requests import inline_refs
+from api.requests import EVENT_ID, inline_refs
 from api.routes._json import json_response
-from api.schemas import PublishErrorBody, PublishResponse
+from api.schemas import EventStatus, PublishErrorBody, PublishResponse
 from producers.contract import MemoryEvent
 
 router = APIRouter(tags=["events"])
@@ -80,3 +94,18 @@ async def publish_events(body: PublishRequest, tenants: TenantsDep, res: Resourc
     """Validate each event, answer retries and conflicts from what is stored, publish the new valid ones."""
     status, payload = await writes.publish_events(res, tenants, body.events)  # api.writes: the door, shared with MCP
     return json_response(payload, status)
+
+
+@router.get(
+    "/events/{event_id:path}",
+    response_model=EventStatus,
+    responses={403: {"model": ErrorBody, "description": "the API key may not use this tenant"}},
+)
+async def event_status(
+    res: ResourcesDep,
+    event_id: Annotated[Storable, Path(**EVENT_ID)],
+    tenant: TenantQuery,
+    tenants: TenantsDep,
+) -> Response:
+    """What became of one event: pending, applied (its effect and place), duplicate (erased), dead_lettered (why)."""
+    return json_response(await writes.event_status(res, tenants, tenant, event_id))  # shared with MCP event_status

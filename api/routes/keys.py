@@ -9,7 +9,8 @@ it publishes that erasure, so the events it publishes afterwards get a new key. 
 
 `GET /v1/erasures?tenant=[&subject=]` lists the tenant's erasure records (newest first); `GET
 /v1/erasures/{erasure_id}?tenant=` reads one (404 until the worker has applied it). A record holds no personal data:
-the subject as a digest, counts per store, the destroyed keys' ids and fingerprints, the ledger offsets covered.
+the subject as its tenant's keyed digest (only one who knows the subject finds its records, by asking with it: the
+digest is computed here), counts per store, the destroyed keys' ids and fingerprints, the ledger offsets covered.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from api.errors import ApiError
 from api.requests import SUBJECT, TENANT
 from api.routes._json import json_response
 from api.schemas import ErasureRecord, ErasuresResponse, KeysResponse, RetireResponse
+from producers.keys.kek import KekError
+from producers.keys.store import settings_keks
 from projections.postgres.erasures import erasure_record, list_erasures
 
 router = APIRouter(tags=["encryption"])
@@ -95,10 +98,14 @@ async def erasures(
     subject: Annotated[Storable | None, Query(**SUBJECT, description="only this subject's erasures")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> Response:
-    """The tenant's erasure records, newest first."""
+    """The tenant's erasure records, newest first (of one subject: its keyed digest is computed from `subject`)."""
     check_tenant(tenant, tenants)
-    async with pool.connection() as conn:
-        items = await list_erasures(conn, settings.keys_schema, tenant, subject=subject, limit=limit)
+    try:
+        keks = settings_keks(settings) if subject is not None else None
+        async with pool.connection() as conn:
+            items = await list_erasures(conn, settings.keys_schema, tenant, subject=subject, keks=keks, limit=limit)
+    except KekError as exc:  # the tenant's digest key is wrapped by a KEK this API does not have
+        raise ApiError(409, "encryption_unavailable", str(exc), "subject") from None
     return json_response({"tenant": tenant, "erasures": items})
 
 

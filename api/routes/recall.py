@@ -3,8 +3,10 @@
 The handler only validates (`api.requests.RecallBody`) and calls `api.reads.recall`, which checks
 tenancy and asks `projections.search.recall.RecallEngine`: the app's one engine (api.resources: the
 vocabulary cache, the embedder loaded in the background at start-up), so the event loop never runs
-the model. The MCP tools `recall` and `recall_at` call the same function. `known_at` (optional): each
-hit as the ledger knew it at that transaction time (api.reads). The body is `api.schemas.RecallResponse`.
+the model. The MCP tools `recall` and `recall_at` call the same function. `known_at` (optional): the
+answer as the ledger knew it at that transaction time (api.reads): each hit, its explanation, the episodes
+grouped with it, its context turns, the listed candidates, none of them logged later, and no access recorded
+later in the ranking. The body is `api.schemas.RecallResponse`.
 """
 
 from __future__ import annotations

@@ -4,14 +4,16 @@ check, which scans everything and says what it scanned and how long it took.
 /v1/stats: the counts are counters the writers keep in their own transactions and the invariants are bounded
 index lookups (projections.postgres.counts says which is what); `search` compares PostgreSQL's version counter
 with an Elasticsearch `count` of the tenant's documents; lag = the topic's end offset (Kafka, via kafka-python)
-minus the position stored in PostgreSQL for the projector's consumer group. `dlq_count` counts dead letters of
-the whole topic (an invalid record has no trustworthy tenant). The three stores are asked in parallel and
-`took_ms` says how long each took. The body is assembled from one dict per part (`_postgres_part` and the others
-below): a new part is one more function and one more `**part` in the body.
+minus the position stored in PostgreSQL for the projector's consumer group. `dlq_count` counts the dead letters
+whose record names this tenant (a record whose tenant cannot be read is counted under none). The three stores are
+asked in parallel and `took_ms` says how long each took. The body is assembled from one dict per part
+(`_postgres_part` and the others below): a new part is one more function and one more `**part` in the body.
 
 /v1/stats/consistency: every invariant scanned over whole chains and each counter against a recount, in one
 PostgreSQL snapshot (projections.postgres.stats.recount_check), then every version id in PostgreSQL against every
-document id in the index (the orphans, meaningful once the outbox is drained). Seconds at 100k facts.
+document id in the index (the orphans, meaningful once the outbox is drained). Seconds at 100k facts, so bounded
+(api.limits.CONSISTENCY_SLOTS): one scan of a tenant at a time and two in all per API process; another call
+meanwhile is answered at once with 429 `busy` and `Retry-After`.
 
 Every number needs its stores: if one fails the answer is a prompt 503 naming it (`store_unavailable`), never a
 partial body whose zeros would read as "healthy". `/v1/health` says which parts are up.
@@ -30,6 +32,7 @@ from fastapi import APIRouter, Response
 
 from api.deps import EsDep, PoolDep, ResourcesDep, SettingsDep, TenantQuery, TenantsDep, check_tenant
 from api.errors import store_unavailable
+from api.limits import CONSISTENCY_SLOTS
 from api.routes._json import json_response
 from api.schemas import ConsistencyResponse, StatsResponse
 from producers.settings import Settings
@@ -145,7 +148,7 @@ async def consistency(
     from projections.search.reindex import orphans_async
 
     t0 = time.perf_counter()
-    async with pool.connection() as conn:
+    async with CONSISTENCY_SLOTS.try_slot(tenant), pool.connection() as conn:  # one scan per tenant, few in all
         pg = await recount_check(conn, tenant, settings.topic)
         t1 = time.perf_counter()
         search = await orphans_async(settings, conn, es, tenant)

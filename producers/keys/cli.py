@@ -9,7 +9,8 @@
   names the configured KEK ids that wrap no live key any more: those may leave the configuration.
 
 Errors are one line on stderr and a non-zero exit (1: the KEKs or their configuration; 2: the store is
-unreachable), never a traceback. Only typer is imported at module level, so `ledger --help` stays fast.
+unreachable, or the settings do not load), never a traceback. Only typer is imported at module level, so
+`ledger --help` stays fast.
 """
 
 from __future__ import annotations
@@ -55,21 +56,15 @@ def _errors() -> Iterator[None]:
 
 
 def _settings() -> Any:
-    from pydantic import ValidationError
+    from producers.settings import get_settings
 
-    from producers.settings import UnsafeSettings, get_settings
-
-    try:
-        return get_settings()
-    except (ValidationError, UnsafeSettings) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise _fail(f"the settings are not usable: {first}", 1) from None
+    return get_settings()  # settings that do not load: `ledger` says which variable, in one line (exit 2)
 
 
 def _keks(settings: Any) -> Any:
-    from producers.keys.kek import load_keks
+    from producers.keys.store import settings_keks
 
-    return load_keks(settings.kek.get_secret_value() if settings.kek else None, settings.kek_file)
+    return settings_keks(settings)
 
 
 def _connect(settings: Any) -> Any:

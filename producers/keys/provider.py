@@ -23,8 +23,8 @@ import httpx
 import psycopg
 
 from producers.keys.envelope import DataKey
-from producers.keys.kek import KekError, load_keks
-from producers.keys.store import KeyStore
+from producers.keys.kek import KekError
+from producers.keys.store import KeyStore, settings_keks
 from producers.settings import Settings
 
 __all__ = ["CachedKeys", "KeyServiceError", "RemoteKeys", "SealingKeys", "sealing_keys_for"]
@@ -142,7 +142,7 @@ def sealing_keys_for(settings: Settings) -> CachedKeys:
             settings.key_endpoint, settings.key_api_key, timeout_s=settings.client_timeout_s
         )
     else:
-        keks = load_keks(settings.kek.get_secret_value() if settings.kek else None, settings.kek_file)
+        keks = settings_keks(settings)
         if keks is None:
             raise KekError(
                 "LEDGER_ENCRYPTION is on but no key-encryption key is configured: set LEDGER_KEK or "

@@ -9,7 +9,20 @@ CREATE TABLE IF NOT EXISTS kek_checks (
     created_at   timestamptz NOT NULL DEFAULT now()
 );
 
--- one data key per (tenant, subject) at a time; the subject only as a digest (contract.subject_digest_for)
+-- one digest key per tenant: the HMAC-SHA256 key of its subject digests (store.SubjectDigests). A tenant's, not a
+-- subject's: it outlives every erasure, so whoever knows a subject can still find its erasure record, and nobody
+-- without the key can test candidate ids against a digest. Wrapped by the KEK when one is configured (kek_id set);
+-- with encryption off and no KEK it is kept clear (kek_id NULL) and wrapped by the first process that has a KEK.
+CREATE TABLE IF NOT EXISTS digest_keys (
+    tenant      text PRIMARY KEY,
+    kek_id      text,                       -- the KEK that wraps it; NULL: the key itself, clear
+    secret      bytea NOT NULL,             -- nonce + AES-GCM(key), AAD = tenant; or the 32-byte key when clear
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS digest_keys_kek ON digest_keys (kek_id);
+
+-- one data key per (tenant, subject) at a time; the subject only as its keyed digest (SubjectDigests; rows written
+-- before keyed digests hold contract.subject_digest_for, which lookups still match)
 CREATE TABLE IF NOT EXISTS data_keys (
     key_id          text PRIMARY KEY,       -- random 32 hex: the envelope's "kid"
     tenant          text NOT NULL,
@@ -31,7 +44,7 @@ CREATE INDEX IF NOT EXISTS data_keys_subject ON data_keys (tenant, subject_diges
 CREATE INDEX IF NOT EXISTS data_keys_kek ON data_keys (kek_id) WHERE destroyed_at IS NULL;
 
 -- one verifiable record per applied erasure: what was purged where, which keys died, which offsets they sealed.
--- No personal data: the subject is a digest, the counts are numbers, the keys are ids and fingerprints.
+-- No personal data: the subject is its tenant's keyed digest, the counts are numbers, the keys are ids and fingerprints.
 CREATE TABLE IF NOT EXISTS erasures (
     tenant            text NOT NULL,
     erasure_id        text NOT NULL,        -- the subject.erased event's event_id

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -33,7 +33,7 @@ from producers.contract import AccessEvent, InvalidEvent, decode_access
 from projections.postgres.accesses import erased_version_ids, lock_access_facts, served_deltas
 from projections.postgres.counts import access_shard, add_counts, dead_letters_name
 from projections.postgres.positions import advance_positions, lock_positions, stored_positions
-from projections.postgres.recorder import insert_dead_letters, is_permanent
+from projections.postgres.recorder import insert_dead_letters, is_permanent, letter_tenant
 
 __all__ = ["AccessBatchResult", "AccessProjector", "AccessRecord", "decode_access_record"]
 
@@ -135,9 +135,9 @@ class AccessProjector:
             seen.add((r.partition, r.offset))
             fresh.append(r)
         if dead := self._dead_letters(cur, [r for r in fresh if r.event is None], result):
-            # the dead-letter counter of this topic (projections.postgres.counts), on a shard whose position row
-            # this transaction holds locked, as the ledger's Recorder does
-            add_counts(cur, {("", dead_letters_name(self.topic)): dead}, shard=min(stored))
+            # the dead-letter counters of this topic, per tenant named (projections.postgres.counts), on a shard
+            # whose position row this transaction holds locked, as the ledger's Recorder does
+            add_counts(cur, Counter((letter_tenant(r), dead_letters_name(self.topic)) for r in dead), shard=min(stored))
         self._record(cur, [r for r in fresh if r.event is not None], result, shard=access_shard(min(stored)))
         ends: dict[int, int] = {}
         for r in records:
@@ -203,10 +203,13 @@ class AccessProjector:
                 ),
             )
 
-    def _dead_letters(self, cur: psycopg.Cursor, invalid: list[AccessRecord], result: AccessBatchResult) -> int:
-        """Record the invalid records once each; the number newly recorded."""
+    def _dead_letters(
+        self, cur: psycopg.Cursor, invalid: list[AccessRecord], result: AccessBatchResult
+    ) -> list[AccessRecord]:
+        """Record the invalid records once each; those newly recorded."""
         if not invalid:
-            return 0
-        new = len(insert_dead_letters(cur, invalid))
-        result.dead += new
-        return new
+            return []
+        new = insert_dead_letters(cur, invalid)
+        letters = [r for r in invalid if (r.partition, r.offset) in new]
+        result.dead += len(letters)
+        return letters

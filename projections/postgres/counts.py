@@ -6,7 +6,9 @@ Table `counts (tenant, name, shard, n)` (schema.sql): a count is the sum of `n` 
 - `events` (the event's tenant): + a new event logged by the recorder; - the events an erasure purges.
 - `versions` (the fact's tenant): + a version the recorder inserts; - the versions an erasure purges.
 - `outbox` (the row's tenant): + a search_outbox row the recorder queues; - one the indexer (or an erasure) removes.
-- `dead_letters/<topic>` (tenant ''): + a dead letter of that topic the recorder writes.
+- `dead_letters/<topic>` (the tenant the refused record names, as `dead_letters.tenant` stores it; '' when none can
+  be read, which is no tenant's): + a dead letter of that topic the recorder (or the access projector) writes
+  (recorder.letter_tenant). `/v1/stats?tenant=` reads the tenant's own, so no tenant learns of another's letters.
 - `embed_queue` (the version's tenant, issue 14): + a version an indexer queued for its vectors; - one an embedder
   finished (or found gone). Indexers and embedders write shard -1 under one transaction lock (projections.search.
   claims.TAIL_LOCK), so several of them never deadlock on a counter row.
@@ -74,7 +76,7 @@ Deltas = Counter  # (tenant, name) -> change, for one transaction
 
 
 def dead_letters_name(topic: str) -> str:
-    """The counter of `topic`'s dead letters (tenant '')."""
+    """The counter of `topic`'s dead letters (per tenant named; '' for those naming none)."""
     return f"{DEAD_LETTERS}/{topic}"
 
 

@@ -1,7 +1,9 @@
-"""Read the erasure records (issue 13) the recorder writes into the key store's schema (`Settings.keys_schema`).
+"""Read the erasure records the recorder writes into the key store's schema (`Settings.keys_schema`).
 
-A record names its subject by digest only (`contract.subject_digest_for`): whoever knows the subject id can find and
-check its erasure, the record itself holds no personal data. Pages are ordered by application time, newest first.
+A record names its subject only by its tenant's keyed digest (HMAC-SHA256 under the tenant's digest key in the key
+store, `producers.keys.store.SubjectDigests`): whoever knows the subject id finds its erasure by asking with it (the
+digest is computed here), and nobody can confirm a guessed id from a record alone. Records written before keyed
+digests hold the unkeyed one, which a lookup still matches. Pages are ordered by application time, newest first.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from producers.contract import rfc3339, subject_digest_for
+from producers.contract import rfc3339
+from producers.keys.kek import KeyEncryption
+from producers.keys.store import open_digest_key, subject_digests
 
 __all__ = ["erasure_record", "list_erasures"]
 
@@ -48,23 +52,47 @@ def _shape(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _exists(conn: psycopg.AsyncConnection, schema: str) -> bool:
-    cur = await conn.execute("SELECT to_regclass(%s)", (sql.Identifier(schema, "erasures").as_string(conn),))
+async def _exists(conn: psycopg.AsyncConnection, schema: str, table: str = "erasures") -> bool:
+    cur = await conn.execute("SELECT to_regclass(%s)", (sql.Identifier(schema, table).as_string(conn),))
     row = await cur.fetchone()
     return row is not None and row[0] is not None
 
 
+async def _digests(
+    conn: psycopg.AsyncConnection, schema: str, tenant: str, subject: str, keks: KeyEncryption | None
+) -> list[str]:
+    """Every digest the tenant's records of `subject` may hold (KekError: its digest key needs a KEK not given)."""
+    key = None
+    if await _exists(conn, schema, "digest_keys"):
+        cur = await conn.execute(
+            sql.SQL("SELECT kek_id, secret FROM {} WHERE tenant = %s").format(sql.Identifier(schema, "digest_keys")),
+            (tenant,),
+        )
+        row = await cur.fetchone()
+        key = open_digest_key(tenant, row[0], row[1], keks) if row is not None else None
+    return subject_digests(key, tenant, subject)
+
+
 async def list_erasures(
-    conn: psycopg.AsyncConnection, schema: str, tenant: str, *, subject: str | None = None, limit: int = 50
+    conn: psycopg.AsyncConnection,
+    schema: str,
+    tenant: str,
+    *,
+    subject: str | None = None,
+    keks: KeyEncryption | None = None,
+    limit: int = 50,
 ) -> list[dict[str, Any]]:
-    """The tenant's erasure records, newest first (of one subject when `subject` is given)."""
+    """The tenant's erasure records, newest first (of one subject when `subject` is given).
+
+    `keks`: the KEKs that open the tenant's digest key when one wraps it (KekError if they do not).
+    """
     if not await _exists(conn, schema):
         return []
     where = sql.SQL("tenant = %(t)s")
     params: dict[str, Any] = {"t": tenant, "n": limit}
     if subject is not None:
-        where = sql.SQL("tenant = %(t)s AND subject_digest = %(d)s")
-        params["d"] = subject_digest_for(tenant, subject)
+        where = sql.SQL("tenant = %(t)s AND subject_digest = ANY(%(d)s)")
+        params["d"] = await _digests(conn, schema, tenant, subject, keks)
     query = sql.SQL("SELECT {c} FROM {t} WHERE {w} ORDER BY applied_at DESC, erasure_id LIMIT %(n)s").format(
         c=sql.SQL(_COLUMNS), t=sql.Identifier(schema, "erasures"), w=where
     )

@@ -1,61 +1,176 @@
-"""Idempotency keys: what the projection knows about a tenant's event ids (the API's door check).
+"""Idempotency keys: one content per (tenant, event_id), whichever door publishes it, and an event's fate by its id.
 
-An event id is its producer's idempotency key, scoped by tenant: (tenant, event_id). For a
-published event the API asks `known_events` first:
+An event id is its producer's idempotency key, scoped by tenant: (tenant, event_id). Before a door (an API
+process's `POST /v1/events`, MCP `remember`) publishes, it calls `claim_events` with each event's
+`MemoryEvent.fingerprint`; one statement, atomic per id, answers each:
 
-- not known: a new event (publish it);
-- known with the same `MemoryEvent.fingerprint`: a retry (answer with the stored partition/offset);
-- known with another fingerprint: a conflict (refuse; the projector would dead-letter it too);
-- `erased`: the id belonged to a subject that was erased since (a retry has no effect; nothing
-  else about it is kept).
+- `new`: nobody had the id; it is now claimed with this fingerprint (publish it);
+- `claimed`: claimed before with the same fingerprint, not applied yet (a retry in flight: publishing it again is
+  harmless, the worker applies an id once);
+- `applied`: the event with the same fingerprint is applied (a retry: answer with its partition/offset);
+- `erased`: the id belonged to a subject that was erased since, with the same content, or erased before its
+  content was recorded (a retry has no effect);
+- `conflict`: the id is applied, claimed or erased with another fingerprint (refuse; the worker would
+  dead-letter it as `event_id_conflict`).
 
-Only the tenant's own ids are ever looked at: nothing here can tell one tenant about another's.
-Erased ids are kept as `sha256(salt || event_id)` in `erased_events` (the salt is random per
-schema, in `meta`), so the ids themselves leave with the erased subject.
+The claim (`event_claims`) is what makes two doors agree: two processes racing on one id with two contents both
+upsert the same row, and the second reads the first's fingerprint. It holds ids and fingerprints only; an erasure
+deletes the claims of the subject's events (the recorder), and `erased_events` answers for them from then on:
+`sha256(salt || event_id)` and `sha256(salt || fingerprint || event_id)` (the salt is random per schema, in
+`meta`, never shown), so the ids and fingerprints leave with the erased subject and only digests under that salt
+stay. A claim outlives a failed publish (the record may have been written: the same event is the retry); only
+events the producer refused before sending are released (`release_claims`).
+
+`event_fate` reads what is known about one id for `GET /v1/events/{event_id}`. Only the tenant's own ids are ever
+looked at: nothing here can tell one tenant about another's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
 
 import psycopg
 
-__all__ = ["ID_HASH_SQL", "Known", "known_events"]
+__all__ = ["FP_HASH_SQL", "ID_HASH_SQL", "Claim", "Fate", "claim_events", "erased_sql", "event_fate", "release_claims"]
 
+_SALT = "decode((SELECT value FROM meta WHERE name = 'erasure_salt'), 'hex')"
 # the hash of an event id as erased_events keeps it; `{}` is the SQL expression of the event id
-ID_HASH_SQL = "sha256(decode((SELECT value FROM meta WHERE name = 'erasure_salt'), 'hex') || convert_to({}, 'UTF8'))"
+ID_HASH_SQL = f"sha256({_SALT} || convert_to({{}}, 'UTF8'))"
+# the erased event's fingerprint, bound to its id (fingerprints have a fixed length: the concatenation is unambiguous)
+FP_HASH_SQL = f"sha256({_SALT} || convert_to({{fp}} || {{id}}, 'UTF8'))"
+
+ClaimState = Literal["new", "claimed", "applied", "erased", "conflict"]
 
 
 @dataclass(frozen=True, slots=True)
-class Known:
-    """One known event id of the tenant: the stored event's fingerprint and place, or erased."""
+class Claim:
+    """What the store says about one (tenant, event_id) a door is about to publish."""
 
-    fingerprint: str | None  # None when erased
-    erased: bool
-    partition: int | None
-    offset: int | None
+    state: ClaimState
+    partition: int | None = None  # applied (or a conflict with an applied event): the stored event's place
+    offset: int | None = None
+    holder: Literal["applied", "claimed", "erased"] | None = None  # conflict: what holds the id
 
 
-async def known_events(conn: psycopg.AsyncConnection, tenant: str, event_ids: list[str]) -> dict[str, Known]:
-    """The ids of `event_ids` the tenant already used (stored, or erased since); unknown ids are absent.
-
-    `conn`'s search_path is the projection schema (the API pool).
-    """
-    ids = sorted(set(event_ids))
-    if not ids:
-        return {}
-    cur = await conn.execute(
-        'SELECT event_id, fingerprint, "partition", "offset" FROM events WHERE tenant = %s AND event_id = ANY(%s)',
-        (tenant, ids),
-    )
-    out = {eid: Known(fp, False, p, o) for eid, fp, p, o in await cur.fetchall()}
-    rest = [e for e in ids if e not in out]
-    if rest:
-        cur = await conn.execute(
-            "SELECT x.id FROM unnest(%s::text[]) AS x(id) WHERE EXISTS (SELECT 1 FROM erased_events e "
-            f"WHERE e.tenant = %s AND e.id_hash = {ID_HASH_SQL.format('x.id')})",
-            (rest, tenant),
+def erased_sql(with_fingerprints: bool) -> str:
+    """Which rows of `unnest(tenants, ids[, fingerprints])` name an id an erasure kept: SELECT (tenant, id), or with
+    fingerprints (row number from 1, same) per row, `same` true when the erased event had that fingerprint or its
+    fingerprint was not recorded (per row: one batch may re-send an erased id with two contents)."""
+    if not with_fingerprints:
+        return (
+            "SELECT x.t, x.id FROM unnest(%b::text[], %b::text[]) AS x(t, id) WHERE EXISTS (SELECT 1 FROM "
+            f"erased_events e WHERE e.tenant = x.t AND e.id_hash = {ID_HASH_SQL.format('x.id')})"
         )
-        for (eid,) in await cur.fetchall():
-            out[eid] = Known(None, True, None, None)
+    same = f"e.fp_hash IS NULL OR e.fp_hash = {FP_HASH_SQL.format(fp='x.fp', id='x.id')}"
+    return (
+        f"SELECT x.n, ({same}) FROM unnest(%b::text[], %b::text[], %b::text[]) WITH ORDINALITY AS x(t, id, fp, n) "
+        f"JOIN erased_events e ON e.tenant = x.t AND e.id_hash = {ID_HASH_SQL.format('x.id')}"
+    )
+
+
+# one statement: what is applied or erased under each id, and the claim of the others (inserted, or the existing
+# row read back under its lock: ON CONFLICT DO UPDATE returns the committed claim of a concurrent door, which a
+# snapshot read would miss); claims are taken in (tenant, event_id) order so two requests never deadlock
+_CLAIM = f"""
+WITH given AS (
+    SELECT * FROM unnest(%(t)s::text[], %(id)s::text[], %(fp)s::text[]) WITH ORDINALITY AS g(t, id, fp, n)
+), applied AS (
+    SELECT g.t, g.id, e.fingerprint, e."partition", e."offset" FROM given g
+    JOIN events e ON e.tenant = g.t AND e.event_id = g.id
+), erased AS (
+    SELECT g.t, g.id, (x.fp_hash IS NULL OR x.fp_hash = {FP_HASH_SQL.format(fp="g.fp", id="g.id")}) AS same
+    FROM given g JOIN erased_events x ON x.tenant = g.t AND x.id_hash = {ID_HASH_SQL.format("g.id")}
+    WHERE NOT EXISTS (SELECT 1 FROM applied a WHERE a.t = g.t AND a.id = g.id)
+), claimed AS (
+    INSERT INTO event_claims AS c (tenant, event_id, fingerprint)
+    SELECT g.t, g.id, g.fp FROM given g
+    WHERE NOT EXISTS (SELECT 1 FROM applied a WHERE a.t = g.t AND a.id = g.id)
+      AND NOT EXISTS (SELECT 1 FROM erased x WHERE x.t = g.t AND x.id = g.id)
+    ORDER BY g.t, g.id
+    ON CONFLICT (tenant, event_id) DO UPDATE SET fingerprint = c.fingerprint
+    RETURNING c.tenant, c.event_id, c.fingerprint, c.xmax = 0 AS fresh
+)
+SELECT g.fp, a.fingerprint, a."partition", a."offset", x.same, c.fingerprint, c.fresh FROM given g
+LEFT JOIN applied a ON a.t = g.t AND a.id = g.id
+LEFT JOIN erased x ON x.t = g.t AND x.id = g.id
+LEFT JOIN claimed c ON c.tenant = g.t AND c.event_id = g.id
+ORDER BY g.n
+"""
+
+
+async def claim_events(conn: psycopg.AsyncConnection, events: list[tuple[str, str, str]]) -> list[Claim]:
+    """Claim each (tenant, event_id, fingerprint) unless applied or erased; one Claim each, in order.
+
+    The ids must be distinct (a door answers repeats within a request itself). `conn`'s search_path is the
+    projection schema (the API pool); an autocommit connection commits the claims at once, which is the point.
+    """
+    if not events:
+        return []
+    tenants, ids, fps = (list(col) for col in zip(*events, strict=True))
+    cur = await conn.execute(_CLAIM, {"t": tenants, "id": ids, "fp": fps})
+    out: list[Claim] = []
+    for given, applied_fp, p, o, erased_same, claimed_fp, fresh in await cur.fetchall():
+        if applied_fp is not None:
+            same = applied_fp == given
+            out.append(Claim("applied", p, o) if same else Claim("conflict", p, o, holder="applied"))
+        elif erased_same is not None:
+            out.append(Claim("erased") if erased_same else Claim("conflict", holder="erased"))
+        elif claimed_fp == given:
+            out.append(Claim("new" if fresh else "claimed"))
+        else:
+            out.append(Claim("conflict", holder="claimed"))
     return out
+
+
+async def release_claims(conn: psycopg.AsyncConnection, events: list[tuple[str, str, str]]) -> None:
+    """Drop the claims of (tenant, event_id, fingerprint) that were certainly not published (the producer refused
+    them before sending, e.g. too large once encoded), so the id is free for a corrected event. A claim whose
+    publishing failed at the broker stays: the record may have been written."""
+    if events:
+        tenants, ids, fps = (list(col) for col in zip(*events, strict=True))
+        await conn.execute(
+            "DELETE FROM event_claims c USING unnest(%s::text[], %s::text[], %s::text[]) AS x(t, id, fp) "
+            "WHERE c.tenant = x.t AND c.event_id = x.id AND c.fingerprint = x.fp",
+            (tenants, ids, fps),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Fate:
+    """What the projection knows about one (tenant, event_id): applied, erased, claimed, dead letters."""
+
+    applied: dict[str, Any] | None  # type, subject, memory_id, partition, offset of the applied event
+    erased: bool
+    claimed_at: datetime | None
+    dead_letters: list[dict[str, Any]]  # the refused records that carried this id, in ledger order
+
+
+async def event_fate(conn: psycopg.AsyncConnection, tenant: str, event_id: str, topic: str) -> Fate:
+    """Everything the projection holds about (tenant, event_id) of the ledger `topic`, in one snapshot."""
+    async with conn.transaction():
+        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        cur = await conn.execute(
+            'SELECT type, subject, memory_id, "partition", "offset" FROM events WHERE tenant = %s AND event_id = %s',
+            (tenant, event_id),
+        )
+        row = await cur.fetchone()
+        applied = None
+        if row is not None:
+            applied = dict(zip(("type", "subject", "memory_id", "partition", "offset"), row, strict=True))
+        cur = await conn.execute(
+            f"SELECT EXISTS (SELECT 1 FROM erased_events WHERE tenant = %s AND id_hash = {ID_HASH_SQL.format('%s')}), "
+            "(SELECT claimed_at FROM event_claims WHERE tenant = %s AND event_id = %s)",
+            (tenant, event_id, tenant, event_id),
+        )
+        erased, claimed_at = await cur.fetchone()  # type: ignore[misc]
+        cur = await conn.execute(
+            'SELECT "partition", "offset", code, field, message FROM dead_letters '
+            'WHERE tenant = %s AND event_id = %s AND topic = %s ORDER BY "partition", "offset"',
+            (tenant, event_id, topic),
+        )
+        letters = [
+            dict(zip(("partition", "offset", "code", "field", "message"), r, strict=True)) for r in await cur.fetchall()
+        ]
+    return Fate(applied, bool(erased), claimed_at, letters)

@@ -41,6 +41,8 @@ __all__ = [
     "EFFECTIVE_TO",
     "OVERRIDE",
     "current_facts",
+    "episode_holds_sql",
+    "event_effect",
     "fact_history",
     "holds_at_sql",
     "access_summary",
@@ -65,6 +67,26 @@ OVERRIDE = "(f.kind = 'preference' AND f.asserted_valid_to IS NOT NULL)"  # proj
 def holds_at_sql(t: str = "t") -> sql.SQL:
     """`f` (a fact_versions row) holds at the valid time %(<t>)s: valid_from <= t < its end (no end: it holds)."""
     return sql.SQL(f"f.valid_from <= %({t})s AND ({EFFECTIVE_TO} IS NULL OR %({t})s < {EFFECTIVE_TO})")
+
+
+def episode_holds_sql(t: str = "t", known: str | None = None) -> str:
+    """An episode `f` holds at the valid time %(<t>)s as the ledger knew it at the transaction time %(<known>)s.
+
+    The fold's rule for a chain of one version (projections.versions): observed by then, inside its asserted
+    window, and not ended by a retraction of it (`target_version`, filed under the episode's memory_id by the
+    recorder) observed by then whose time lies in that window at or before t. Without `known` it is
+    `holds_at_sql`: the stored end is what the ledger knows now. tests/test_time_travel_answers.py checks both
+    against the fold.
+    """
+    if known is None:
+        return holds_at_sql(t).as_string()
+    return (
+        f"f.observed_at <= %({known})s AND f.valid_from <= %({t})s "
+        f"AND (f.asserted_valid_to IS NULL OR %({t})s < f.asserted_valid_to) AND NOT EXISTS (SELECT 1 FROM events r "
+        "WHERE r.memory_id = f.memory_id AND r.type = 'memory.retracted' AND r.target_version = f.version_id "
+        f"AND r.observed_at <= %({known})s AND r.valid_from >= f.valid_from AND r.valid_from <= %({t})s "
+        "AND (f.asserted_valid_to IS NULL OR r.valid_from < f.asserted_valid_to))"
+    )
 
 
 def visible_sql(columns: sql.Composable, where: sql.Composable, t: str = "t") -> sql.Composed:
@@ -215,9 +237,7 @@ async def subject_events(
         )
         rows = await cur.fetchall()
         by_fact, marks = await _subject_chains(conn, tenant, subject) if rows else ({}, {})
-    done: dict[str, dict[str, Any]] = {}
-    for mid in by_fact.keys() | marks.keys():
-        done.update(effects(by_fact.get(mid, []), marks.get(mid, [])))  # event ids are unique within a tenant
+    done = _effects(by_fact, marks)
     out = []
     for eid, typ, kind, mid, key, scope, part, off, obs, vf, vt, target, payload in rows:
         out.append(
@@ -239,6 +259,26 @@ async def subject_events(
             }
         )
     return out
+
+
+async def event_effect(
+    conn: psycopg.AsyncConnection, tenant: str, subject: str, event_id: str, type_: str
+) -> dict[str, Any]:
+    """What one applied event does now in its subject's chains ({effect, version_id, detail}): `subject_events`'
+    `effect` of that event alone (GET /v1/events/{event_id})."""
+    if route(EventType(type_)) is Route.ERASURE:
+        return _effect_of(event_id, type_, {})
+    async with _one_snapshot(conn):
+        by_fact, marks = await _subject_chains(conn, tenant, subject)
+    return _effect_of(event_id, type_, _effects(by_fact, marks))
+
+
+def _effects(by_fact: dict[str, list[Version]], marks: dict[str, list[Mark]]) -> dict[str, dict[str, Any]]:
+    """event_id -> its effect, over the subject's chains (event ids are unique within a tenant)."""
+    done: dict[str, dict[str, Any]] = {}
+    for mid in by_fact.keys() | marks.keys():
+        done.update(effects(by_fact.get(mid, []), marks.get(mid, [])))
+    return done
 
 
 def _effect_of(event_id: str, type_: str, done: dict[str, dict[str, Any]]) -> dict[str, Any]:

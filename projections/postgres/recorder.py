@@ -14,8 +14,10 @@ is a duplicate (no effect); with another fingerprint it is a conflict: dead-lett
 event type is `projections.versions.route` (exhaustive).
 
 Erasure (`subject.erased`): the subject's versions, events and pending search upserts are purged;
-the ids of its events are kept as salted hashes in `erased_events` first, so a re-sent
-pre-erasure event has no effect (`erased_replays`), while new events about the subject apply.
+the ids of its events (and their fingerprints) are kept as salted hashes in `erased_events` first,
+so a re-sent pre-erasure event has no effect (`erased_replays`), other content under an erased id is
+a conflict (`event_id_conflict`), and new events about the subject apply. The doors' claims of the
+purged ids (`event_claims`) go with them.
 `pg_notify('memory_ledger_erasure', {schema, tenant, subject})` runs in the same transaction,
 so API processes drop cached vocabulary when it commits.
 
@@ -50,7 +52,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from producers.contract import EventType, InvalidEvent, MemoryEvent, subject_digest_for, wire_fingerprint
+from producers.contract import EventType, InvalidEvent, MemoryEvent, wire_fingerprint
 from producers.keys.envelope import has_personal
 from producers.keys.store import (
     ErasureRecord,
@@ -65,9 +67,9 @@ from producers.records import DeadLetter, Incoming, open_record
 from projections.postgres import connection
 from projections.postgres.accesses import active_transitions, erase_accesses, transition_deltas
 from projections.postgres.counts import EVENTS, OUTBOX, VERSIONS, add_counts, dead_letters_name
-from projections.postgres.idempotency import ID_HASH_SQL
+from projections.postgres.idempotency import FP_HASH_SQL, ID_HASH_SQL, erased_sql
 from projections.postgres.positions import advance_positions, lock_positions, stored_positions
-from projections.versions import Mark, Route, Version, additions, plan, route
+from projections.versions import Mark, Route, Version, additions, fact_of, plan, route
 
 __all__ = [
     "ERASURE_CHANNEL",
@@ -156,10 +158,11 @@ def insert_dead_letters(cur: psycopg.Cursor, invalid: Sequence[Any]) -> set[tupl
     """Record refused records (topic, partition, offset, error, raw) once each; the new (partition, offset) pairs.
 
     The ledger's recorder and the access projector both keep their refusals here (a redelivery records nothing)."""
+    ids = [record_ids(r) for r in invalid]  # as the record claims them: an event's fate is asked by its id
     cur.execute(
-        'INSERT INTO dead_letters (topic, "partition", "offset", code, field, message, raw) '
+        'INSERT INTO dead_letters (topic, "partition", "offset", code, field, message, raw, tenant, event_id) '
         "SELECT * FROM unnest(%b::text[], %b::int[], %b::bigint[], %b::text[], %b::text[], %b::text[], "
-        '%b::bytea[]) ON CONFLICT DO NOTHING RETURNING "partition", "offset"',
+        '%b::bytea[], %b::text[], %b::text[]) ON CONFLICT DO NOTHING RETURNING "partition", "offset"',
         (
             [r.topic for r in invalid],
             [r.partition for r in invalid],
@@ -168,9 +171,17 @@ def insert_dead_letters(cur: psycopg.Cursor, invalid: Sequence[Any]) -> set[tupl
             [dead_letter_text(r.error.field) for r in invalid],
             [dead_letter_text(r.error.message) for r in invalid],
             [r.raw for r in invalid],
+            [dead_letter_text(i.get("tenant")) for i in ids],
+            [dead_letter_text(i.get("event_id")) for i in ids],
         ),
     )
     return set(cur.fetchall())
+
+
+def letter_tenant(record: Any) -> str:
+    """The tenant a dead letter is counted under (projections.postgres.counts): the one its record claims, as
+    `dead_letters.tenant` stores it; '' (no tenant's) when none can be read."""
+    return dead_letter_text(record_ids(record).get("tenant")) or ""
 
 
 def dead_letter_text(text: str | None) -> str | None:
@@ -357,7 +368,9 @@ class Recorder:
             if self.keys is None:
                 raise RuntimeError("a sealed record reached a recorder without a key store (KeyContext)")
             kids = [r.key_id for r in sealed]
-            states = key_states(cur, self.keys.schema, self.keys.keks, kids, cache=self._unwrapped)  # type: ignore[arg-type]
+            states = key_states(  # type: ignore[arg-type]
+                cur, self.keys.schema, self.keys.keks, kids, cache=self._unwrapped, digests=self.keys.digests
+            )
         out: list[Incoming] = []
         for r in records:
             if r.envelope is not None:
@@ -365,7 +378,7 @@ class Recorder:
                 if state is None:
                     r = open_record(r, None)
                 else:
-                    r = open_record(r, state.key, destroyed=state.destroyed, owner=(state.tenant, state.subject_digest))
+                    r = open_record(r, state.key, destroyed=state.destroyed, owner=state.owns)
                 if r.erased:
                     result.erased_replays += 1
                     continue
@@ -387,35 +400,57 @@ class Recorder:
         new = insert_dead_letters(cur, invalid)
         letters = [DeadLetter(r, r.error) for r in invalid if (r.partition, r.offset) in new]  # type: ignore[arg-type]
         result.dead += len(letters)
-        result.counts[("", dead_letters_name(self.topic))] += len(letters)
+        for letter in letters:  # each under the tenant it names (counts.py), none it cannot be read from
+            result.counts[(letter_tenant(letter.record), dead_letters_name(self.topic))] += 1
         result.letters.extend(letters)
         for letter in letters:
             result.dead_codes[letter.error.code] = result.dead_codes.get(letter.error.code, 0) + 1
         return letters
 
-    def _erased(self, cur: psycopg.Cursor, records: list[Incoming]) -> set[tuple[str, str]]:
-        """(tenant, event_id) of `records` that belonged to an erased subject."""
+    def _erased(self, cur: psycopg.Cursor, records: list[Incoming]) -> dict[int, bool]:
+        """Index in `records` of each record whose id belonged to an erased subject -> whether it says what the
+        erased event said (True also when the erasure predates recorded fingerprints).
+
+        Fingerprints are computed only for the ids found erased (rare): every other record pays one lookup.
+        """
         cur.execute(
-            "SELECT x.t, x.id FROM unnest(%b::text[], %b::text[]) AS x(t, id) WHERE EXISTS (SELECT 1 FROM "
-            f"erased_events e WHERE e.tenant = x.t AND e.id_hash = {ID_HASH_SQL.format('x.id')})",
+            erased_sql(with_fingerprints=False),
             ([r.event.tenant for r in records], [r.event.event_id for r in records]),  # type: ignore[union-attr]
         )
-        return set(cur.fetchall())
+        found = set(cur.fetchall())
+        if not found:
+            return {}
+        hit = [i for i, r in enumerate(records) if (r.event.tenant, r.event.event_id) in found]  # type: ignore[union-attr]
+        evs = [records[i].event for i in hit]
+        cur.execute(
+            erased_sql(with_fingerprints=True),
+            ([e.tenant for e in evs], [e.event_id for e in evs], [e.fingerprint for e in evs]),  # type: ignore[union-attr]
+        )
+        return {hit[n - 1]: same for n, same in cur.fetchall()}
 
     def _log_events(
-        self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult, letters: list[DeadLetter]
+        self,
+        cur: psycopg.Cursor,
+        records: list[Incoming],
+        result: BatchResult,
+        letters: list[DeadLetter],
+        resolved: dict[tuple[str, str], str] | None = None,
     ) -> list[Incoming]:
         """Log the events once per (tenant, event_id); returns the records that are new, in order.
 
-        Left out: re-sent events of an erased subject (counted), duplicates (same fingerprint,
-        counted), conflicts (another fingerprint: dead-lettered as `event_id_conflict`).
+        Left out: re-sent events of an erased subject (same content: counted; other content under the erased
+        id: a conflict), duplicates (same fingerprint, counted), conflicts (another fingerprint: dead-lettered as
+        `event_id_conflict`).
         """
         if not records:
             return []
         erased = self._erased(cur, records)
         if erased:
-            result.erased_replays += sum(1 for r in records if (r.event.tenant, r.event.event_id) in erased)  # type: ignore[union-attr]
-            records = [r for r in records if (r.event.tenant, r.event.event_id) not in erased]  # type: ignore[union-attr]
+            result.erased_replays += sum(erased.values())
+            other = [records[i] for i in sorted(erased) if not erased[i]]
+            if other:
+                self._conflicts(cur, [(r, "by an event of a subject erased since") for r in other], result, letters)
+            records = [r for i, r in enumerate(records) if i not in erased]
             if not records:
                 return []
         evs: list[MemoryEvent] = [r.event for r in records]  # type: ignore[misc]
@@ -432,7 +467,7 @@ class Recorder:
                 [e.event_id for e in evs],
                 [wire_fingerprint(w) for w in wires],
                 [e.subject for e in evs],
-                [None if route(e.type) is Route.ERASURE else e.memory_id for e in evs],
+                [None if route(e.type) is Route.ERASURE else fact_of(e, resolved) for e in evs],
                 [e.type.value for e in evs],
                 [e.kind.value for e in evs],
                 [e.key for e in evs],
@@ -459,7 +494,7 @@ class Recorder:
             ([r.event.tenant for r in known], [r.event.event_id for r in known]),  # type: ignore[union-attr]
         )
         first = {(t, eid): (fp, p, o) for t, eid, fp, p, o in cur.fetchall()}
-        conflicts: list[Incoming] = []
+        conflicts: list[tuple[Incoming, str]] = []
         for r in known:
             e = r.event
             assert e is not None
@@ -467,26 +502,38 @@ class Recorder:
             if fp == e.fingerprint:
                 result.duplicates += 1
                 continue
+            conflicts.append((r, f"partition {p}, offset {o}"))
+        if conflicts:
+            self._conflicts(cur, conflicts, result, letters)
+        return new
+
+    def _conflicts(
+        self, cur: psycopg.Cursor, found: list[tuple[Incoming, str]], result: BatchResult, letters: list[DeadLetter]
+    ) -> None:
+        """Dead-letter records whose (tenant, event_id) already names other content (`where`: by what)."""
+        refused: list[Incoming] = []
+        for r, where in found:
+            e = r.event
+            assert e is not None
             message = (
                 f"event_id {e.event_id!r} was already used by another event of tenant {e.tenant!r} "
-                f"(partition {p}, offset {o}); this one says something else and is not applied"
+                f"({where}); this one says something else and is not applied"
             )
             error = InvalidEvent("event_id_conflict", message, "event_id")
-            conflicts.append(dataclasses.replace(r, event=None, error=error))
-        if conflicts:
-            result.conflicts += len(conflicts)
-            letters += self._dead_letters(cur, conflicts, result)
-        return new
+            refused.append(dataclasses.replace(r, event=None, error=error))
+        result.conflicts += len(refused)
+        letters += self._dead_letters(cur, refused, result)
 
     def _apply_events(
         self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult, letters: list[DeadLetter]
     ) -> None:
         if not records:
             return
-        new = self._log_events(cur, records, result, letters)
+        resolved = self._episode_targets(cur, records)
+        new = self._log_events(cur, records, result, letters, resolved)
         result.applied += len(new)
         try:  # the pure core's one dispatch on the event type (projections.versions.additions)
-            added = additions((r.event, r.partition, r.offset) for r in new if r.event is not None)
+            added = additions(((r.event, r.partition, r.offset) for r in new if r.event is not None), resolved)
         except _CORE_ERRORS as exc:
             raise CoreRefused(f"{type(exc).__name__}: {exc}") from exc
         new_versions, new_marks = added.versions, added.marks
@@ -516,6 +563,46 @@ class Recorder:
         result.counts.update(transition_deltas(cur, active_transitions(versions, inserts, updates)))
         self._write_versions(cur, inserts, updates, result.counts)
         result.versions_written += len(inserts) + len(updates)
+
+    def _episode_targets(self, cur: psycopg.Cursor, records: list[Incoming]) -> dict[tuple[str, str], str]:
+        """(tenant, event_id) of each retraction whose target_version is an episode of its tenant and subject logged
+        before it (stored, or earlier in this batch) -> that episode's memory_id (projections.versions.fact_of).
+
+        "Before" is ledger order: a subject's events share a partition, so a replay resolves each retraction as the
+        first run did, however the records are batched.
+        """
+        wanted = [
+            r.event
+            for r in records
+            if r.event is not None and r.event.type is EventType.RETRACTED and r.event.target_version is not None
+        ]
+        if not wanted:
+            return {}
+        logged: dict[str, tuple[str, str, str, tuple[int, int] | None]] = {}
+        cur.execute(
+            "SELECT version_id, tenant, subject, memory_id FROM fact_versions "
+            "WHERE version_id = ANY(%s) AND kind = 'episodic'",
+            ([e.target_version for e in wanted],),
+        )
+        for vid, tenant, subject, mid in cur.fetchall():
+            logged[vid] = (tenant, subject, mid, None)
+        for r in records:
+            e = r.event
+            if e is not None and e.type is EventType.ASSERTED and e.kind.value == "episodic":
+                logged.setdefault(e.version_id, (e.tenant, e.subject, e.memory_id, (r.partition, r.offset)))
+        out: dict[tuple[str, str], str] = {}
+        for r in records:
+            e = r.event
+            if e is None or e.type is not EventType.RETRACTED or e.target_version is None:
+                continue
+            found = logged.get(e.target_version)
+            if (
+                found is not None
+                and found[:2] == (e.tenant, e.subject)
+                and (found[3] or (-1, -1)) < (r.partition, r.offset)
+            ):
+                out[(e.tenant, e.event_id)] = found[2]
+        return out
 
     def _load_versions(self, cur: psycopg.Cursor, facts: list[str]) -> dict[str, list[Version]]:
         """The stored chains of `facts`, with the columns the fold and the writers read (`CHAIN_COLUMNS`).
@@ -601,9 +688,14 @@ class Recorder:
         )
         n_accesses = cur.fetchone()[0]  # type: ignore[index]
         cur.execute(
-            "INSERT INTO erased_events (tenant, id_hash) "
-            f"SELECT tenant, {ID_HASH_SQL.format('event_id')} FROM events "
-            "WHERE tenant = %s AND subject = %s AND type <> 'subject.erased' ON CONFLICT DO NOTHING",
+            "INSERT INTO erased_events (tenant, id_hash, fp_hash) "
+            f"SELECT tenant, {ID_HASH_SQL.format('event_id')}, {FP_HASH_SQL.format(fp='fingerprint', id='event_id')} "
+            "FROM events WHERE tenant = %s AND subject = %s AND type <> 'subject.erased' ON CONFLICT DO NOTHING",
+            (e.tenant, e.subject),
+        )
+        cur.execute(  # the doors' claims of these ids: erased_events answers for them now (idempotency.claim_events)
+            "DELETE FROM event_claims c USING events e WHERE e.tenant = %s AND e.subject = %s "
+            "AND e.type <> 'subject.erased' AND c.tenant = e.tenant AND c.event_id = e.event_id",
             (e.tenant, e.subject),
         )
         erase_accesses(cur, e.tenant, e.subject)  # its versions' accesses and aggregates, while the versions exist
@@ -631,14 +723,14 @@ class Recorder:
         )
         if self.keys is None or erasure_recorded(cur, self.keys.schema, e.tenant, e.event_id):
             return set()
-        shredded = destroy_subject_keys(cur, self.keys.schema, e.tenant, e.subject, e.event_id)
+        shredded = destroy_subject_keys(cur, self.keys.digests, e.tenant, e.subject, e.event_id)
         record_erasure(
             cur,
-            self.keys.schema,
+            self.keys.digests,
             ErasureRecord(
                 tenant=e.tenant,
                 erasure_id=e.event_id,
-                subject_digest=subject_digest_for(e.tenant, e.subject),
+                subject=e.subject,
                 requested_at=e.observed_at,
                 topic=record.topic,
                 partition=record.partition,

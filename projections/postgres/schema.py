@@ -17,6 +17,7 @@ __all__ = [
     "SchemaOutdated",
     "continue_revisions",
     "copy_erasure_salt",
+    "copy_idempotency",
     "copy_vectors",
     "create_schema",
     "drop_schema",
@@ -111,6 +112,47 @@ def continue_revisions(conn: psycopg.Connection, source: str, target: str) -> bo
         last = conn.execute(sql.SQL("SELECT last_value FROM {}").format(sql.Identifier(source, "doc_rev"))).fetchone()
         conn.execute("SELECT setval(%s, %s)", (sql.Identifier(target, "doc_rev").as_string(conn), last[0] + REV_JUMP))  # type: ignore[index]
     return True
+
+
+def copy_idempotency(conn: psycopg.Connection, source: str, target: str) -> int:
+    """Copy `source`'s idempotency keys that `target` lacks: the doors' claims (projections.postgres.idempotency),
+    so an id published through a door and not applied yet keeps its one content, and the erased ids (when both
+    schemas have the same erasure salt), so an id whose sealed events a replay could no longer open (their keys
+    were shredded) stays erased; how many rows. In the caller's transaction (`ledger rebuild`: under the switch's
+    lock, after the replay, whose erasures already dropped the claims of erased ids on both sides)."""
+    copied = 0
+    if _has(conn, source, "event_claims"):
+        cur = conn.execute(
+            sql.SQL(
+                "INSERT INTO {t} (tenant, event_id, fingerprint, claimed_at) "
+                "SELECT tenant, event_id, fingerprint, claimed_at FROM {s} ON CONFLICT DO NOTHING"
+            ).format(t=sql.Identifier(target, "event_claims"), s=sql.Identifier(source, "event_claims"))
+        )
+        copied += cur.rowcount
+    if _has(conn, source, "erased_events") and _has(conn, source, "meta"):
+        cur = conn.execute(
+            sql.SQL(
+                "INSERT INTO {t} (tenant, id_hash, fp_hash) SELECT tenant, id_hash, {fp} FROM {s} "
+                "WHERE (SELECT value FROM {sm} WHERE name = 'erasure_salt') "
+                "= (SELECT value FROM {tm} WHERE name = 'erasure_salt') ON CONFLICT DO NOTHING"
+            ).format(
+                t=sql.Identifier(target, "erased_events"),
+                s=sql.Identifier(source, "erased_events"),
+                sm=sql.Identifier(source, "meta"),
+                tm=sql.Identifier(target, "meta"),
+                fp=sql.SQL("fp_hash" if _has_column(conn, source, "erased_events", "fp_hash") else "NULL::bytea"),
+            )
+        )
+        copied += cur.rowcount
+    return copied
+
+
+def _has_column(conn: psycopg.Connection, schema: str, table: str, column: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM information_schema.columns WHERE table_schema = %s AND table_name = %s AND column_name = %s",
+        (schema, table, column),
+    ).fetchone()
+    return row is not None
 
 
 def copy_vectors(conn: psycopg.Connection, source: str, target: str) -> int:

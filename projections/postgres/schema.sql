@@ -201,13 +201,17 @@ CREATE TABLE IF NOT EXISTS counts (
     n       bigint NOT NULL,
     PRIMARY KEY (tenant, name, shard)
 );
+-- the tenant a dead letter's record names (see below, with its event_id), read by the recount as well
+ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS tenant text;
 -- what the counters must equal: GET /v1/stats/consistency compares them, the one-time backfill below uses it
 CREATE OR REPLACE VIEW counts_recount AS
     SELECT tenant, 'events' AS name, count(*) AS n FROM events GROUP BY tenant
     UNION ALL SELECT tenant, 'versions', count(*) FROM fact_versions GROUP BY tenant
     UNION ALL SELECT tenant, 'outbox', count(*) FROM search_outbox GROUP BY tenant
     UNION ALL SELECT tenant, 'embed_queue', count(*) FROM embed_queue GROUP BY tenant
-    UNION ALL SELECT '', 'dead_letters/' || topic, count(*) FROM dead_letters GROUP BY topic
+    -- a dead letter under the tenant it names (NULL: none readable, counted under '' and no tenant's)
+    UNION ALL SELECT coalesce(tenant, ''), 'dead_letters/' || topic, count(*) FROM dead_letters
+        GROUP BY coalesce(tenant, ''), topic
     -- /v1/stats' access counters (projections.postgres.accesses): facts with an active version, those of them
     -- with accesses, and their accesses
     UNION ALL SELECT f.tenant, x.name, CASE x.name WHEN 'facts_active' THEN count(*)
@@ -235,6 +239,17 @@ BEGIN
         INSERT INTO counts (tenant, name, shard, n) SELECT tenant, name, 0, n FROM counts_recount
             WHERE name IN ('facts_active', 'facts_active_served', 'accesses_active');
         INSERT INTO meta (name, value) VALUES ('counts_access', 'recounted at ' || now());
+    END IF;
+END $$;
+-- the dead-letter counters per tenant named, once, in a schema whose counters kept them all under ''
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM meta WHERE name = 'counts_dead_letters') THEN
+        LOCK TABLE dead_letters IN SHARE MODE;
+        DELETE FROM counts WHERE name LIKE 'dead\_letters/%';
+        INSERT INTO counts (tenant, name, shard, n) SELECT tenant, name, 0, n FROM counts_recount
+            WHERE name LIKE 'dead\_letters/%';
+        INSERT INTO meta (name, value) VALUES ('counts_dead_letters', 'recounted at ' || now());
     END IF;
 END $$;
 -- versions breaking a row-local rule of /v1/stats' invariants (normally none, so counting them reads an empty
@@ -277,3 +292,24 @@ CREATE INDEX IF NOT EXISTS episode_links_group ON episode_links (tenant, group_i
 -- time order, read only when a recall asks for context turns
 CREATE INDEX IF NOT EXISTS fact_versions_episode_time ON fact_versions (tenant, observed_at, version_id)
     WHERE kind = 'episodic';
+
+-- One content per (tenant, event_id) across every door (projections.postgres.idempotency.claim_events): a door
+-- claims the id with its event's fingerprint (MemoryEvent.fingerprint) in one statement before it publishes, so
+-- two API processes or the HTTP and MCP doors racing on one id with two contents answer one of them
+-- event_id_conflict instead of both "accepted". Ids and fingerprints only, never content; an erasure deletes the
+-- claims of the subject's events (erased_events answers for them). Additive, as the tables above.
+CREATE TABLE IF NOT EXISTS event_claims (
+    tenant       text NOT NULL,
+    event_id     text NOT NULL,
+    fingerprint  text NOT NULL,
+    claimed_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant, event_id)
+);
+-- the erased event's fingerprint as sha256(salt || fingerprint || event_id): the same content re-sent is a
+-- duplicate, other content under the erased id a conflict; NULL for ids erased before the column (then: duplicate)
+ALTER TABLE erased_events ADD COLUMN IF NOT EXISTS fp_hash bytea;
+-- a refused record's tenant and event_id as it claims them (producers.logs.record_ids), NULL when unreadable: the
+-- fate of an event by its id (GET /v1/events/{event_id}) includes its dead letters
+ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS tenant text;
+ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS event_id text;
+CREATE INDEX IF NOT EXISTS dead_letters_event ON dead_letters (tenant, event_id) WHERE event_id IS NOT NULL;

@@ -37,7 +37,7 @@ _STATS = f"""
 SELECT
   (SELECT coalesce(sum(n), 0) FROM counts WHERE tenant = %(tenant)s AND name = 'events') AS events_applied,
   (SELECT coalesce(sum(n), 0) FROM counts WHERE tenant = %(tenant)s AND name = 'versions') AS versions,
-  (SELECT coalesce(sum(n), 0) FROM counts WHERE tenant = '' AND name = %(dead)s) AS dlq_count,
+  (SELECT coalesce(sum(n), 0) FROM counts WHERE tenant = %(tenant)s AND name = %(dead)s) AS dlq_count,
   (SELECT coalesce(sum(n), 0) FROM counts WHERE tenant = %(tenant)s AND name = 'outbox') AS search_outbox_pending,
   (SELECT coalesce(sum(n), 0) FROM counts WHERE tenant = %(tenant)s AND name = 'embed_queue') AS vectors_pending,
   (SELECT extract(epoch FROM now() - created_at) FROM search_outbox WHERE tenant = %(tenant)s ORDER BY id LIMIT 1)
@@ -62,7 +62,7 @@ SELECT count(*) FROM (SELECT memory_id FROM fact_versions
 
 
 async def stats_counts(conn: psycopg.AsyncConnection, tenant: str, topic: str) -> dict[str, Any]:
-    """The PostgreSQL numbers of /v1/stats for `tenant` (dead letters of `topic`): counters and bounded checks."""
+    """The PostgreSQL numbers of /v1/stats for `tenant` (its dead letters of `topic`): counters and bounded checks."""
     cur = await conn.execute(_STATS, {"tenant": tenant, "dead": dead_letters_name(topic), "cap": INVARIANT_CAP + 1})
     row = await cur.fetchone()
     assert row is not None
@@ -81,9 +81,10 @@ async def stats_counts(conn: psycopg.AsyncConnection, tenant: str, topic: str) -
         "events_applied": int(events),
         "versions": int(versions),
         "dlq_count": int(dead),
-        # issue 14: what the search projection still has to do, documents and vectors (0: complete, and searchable
-        # by every stage: a client waiting for 0 before it asks keeps working with two-phase indexing)
-        "search_outbox_pending": int(outbox) + int(vectors),
+        # what the search projection still has to do, documents and vectors (0: complete, and searchable by every
+        # stage: a client waiting for 0 before it asks keeps working with two-phase indexing); not `outbox_pending`,
+        # which is the documents alone (in `search_lag`)
+        "search_pending": int(outbox) + int(vectors),
         # the two lags of two-phase indexing (the oldest row of each queue, in seconds; None: empty)
         "search_lag": {
             "outbox_pending": int(outbox),
@@ -97,8 +98,8 @@ async def stats_counts(conn: psycopg.AsyncConnection, tenant: str, topic: str) -
     }
 
 
-_COUNTED = "SELECT tenant, name, coalesce(sum(n), 0) FROM counts WHERE tenant IN (%(tenant)s, '') GROUP BY tenant, name"
-_RECOUNTED = "SELECT tenant, name, n FROM counts_recount WHERE tenant IN (%(tenant)s, '')"
+_COUNTED = "SELECT tenant, name, coalesce(sum(n), 0) FROM counts WHERE tenant = %(tenant)s GROUP BY tenant, name"
+_RECOUNTED = "SELECT tenant, name, n FROM counts_recount WHERE tenant = %(tenant)s"
 
 
 async def recount_check(conn: psycopg.AsyncConnection, tenant: str, topic: str) -> dict[str, Any]:
@@ -122,7 +123,10 @@ async def recount_check(conn: psycopg.AsyncConnection, tenant: str, topic: str) 
     counters: dict[str, dict[str, int]] = {}
     for name, field in names.items():
         counters[field] = {"counted": counted.get((tenant, name), 0), "recounted": recounted.get((tenant, name), 0)}
-    counters["dlq_count"] = {"counted": counted.get(("", dead), 0), "recounted": recounted.get(("", dead), 0)}
+    counters["dlq_count"] = {  # the dead letters naming this tenant (counts.py), never another's or none's
+        "counted": counted.get((tenant, dead), 0),
+        "recounted": recounted.get((tenant, dead), 0),
+    }
     drift = {k: v["counted"] - v["recounted"] for k, v in counters.items() if v["counted"] != v["recounted"]}
     return {
         "invariants": {

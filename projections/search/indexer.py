@@ -31,7 +31,7 @@ from elasticsearch.helpers import streaming_bulk
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from producers.keys.store import search_purged
+from producers.keys.store import search_purged, settings_keks
 from producers.logs import bind_ids, new_id, unbind_ids
 from producers.metrics import serve as serve_metrics
 from producers.settings import Settings
@@ -238,7 +238,7 @@ def _drain(
     log_indexed(conn, [(t, v) for _, v, t, _, op, _ in batch if op == "upsert" and v in rows and v not in failed_ids])
     if erased and not failed_ids:  # issue 13: the erasure records learn what the search projection deleted
         for (tenant, subject), deletes in per_subject.items():
-            search_purged(conn.cursor(), settings.keys_schema, tenant, subject, len(deletes))
+            search_purged(conn.cursor(), settings.keys_schema, tenant, subject, len(deletes), settings_keks(settings))
     stats.rows += len(done)
     if stats.failed:
         log.warning("indexer: %d documents failed, kept in the outbox: %s", len(failed_ids), stats.failed[:3])

@@ -13,15 +13,18 @@ this package only adds what a test needs around them.
   `search_pending` (both, one snapshot), `private_store`, `cleanup`.
 - writer: `RecorderWriter` (events straight through the PostgreSQL recorder, no Kafka) and `drain_all`
   (the indexer's drain and the embedder's pass until both queues are empty), for search and recall tests.
-- events: factories `asserted`, `facts`, `marked`, `erased`, `wire`, times `at(day)` after `T0`.
-- pipeline: `pipeline(settings, seed=..., indexer=..., app=...)`, the whole ledger for one module.
+- events: factories `asserted`, `facts`, `marked`, `erased`, `episode`, `wire`, times `at(day)` after `T0`.
+- pipeline: `pipeline(settings, seed=..., indexer=..., app=...)`, the whole ledger for one module;
+  `drain_search(settings, timeout)`: every applied version searchable.
+- docs (import it directly): the documents' bash and python blocks run as a reader runs them, and the rules a
+  document follows (tests/test_docs_examples.py).
 - browser (import it directly: it needs Playwright): `ApiServer` (uvicorn child on a free port), `chromium()`,
   `OfflinePage` (every request to another origin aborted); console_world / console_page: the audit console's
   world and page object (tests/test_console.py, `python -m tests.support.shoot_console` for docs/console/);
   erasure_world: the Erasures view's world, encryption on and subjects erased (tests/test_console_erasures.py).
 """
 
-from tests.support.events import T0, TENANT, asserted, at, erased, facts, marked, wire
+from tests.support.events import T0, TENANT, asserted, at, episode, erased, facts, marked, wire
 from tests.support.kafka import dlq_envelopes, drop_topics, end_offsets, publish, publish_raw, read_topic
 from tests.support.pipeline import Pipeline, pipeline
 from tests.support.processes import Embedder, Indexer, Process, Worker
@@ -60,6 +63,7 @@ __all__ = [
     "facts",
     "marked",
     "embed_queue_count",
+    "episode",
     "outbox_count",
     "search_pending",
     "pg",

@@ -6,6 +6,8 @@ contract field as a keyword (event_id, kind, valid_to, entities, ...).
 - `asserted(subject, key, value, day)`: memory.asserted, valid from and observed at `at(day)`,
   content "<subject> <key> = <value>" unless given.
 - `facts(subject, {key: value, ...}, day)`: one assertion per key, in order.
+- `episode(subject, content, when, service)`: a turn of a conversation (kind episodic, source imported from
+  `service`), said and logged at the datetime `when`.
 - `marked(type, subject, key, day)`: memory.retracted / memory.confirmed.
 - `erased(subject)`: subject.erased.
 - `wire(subject, ...)`: the JSON of one event as an HTTP client posts it (no event_id unless given;
@@ -18,9 +20,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from producers.contract import EventType, MemoryEvent
+from producers.contract import EventType, MemoryEvent, Source, SourceType
 
-__all__ = ["T0", "TENANT", "asserted", "at", "erased", "facts", "marked", "wire"]
+__all__ = ["T0", "TENANT", "asserted", "at", "episode", "erased", "facts", "marked", "wire"]
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 TENANT = "acme"
@@ -42,6 +44,22 @@ def asserted(
         content=fields.pop("content", f"{subject} {key} = {value}"),
         valid_from=at(day),
         observed_at=fields.pop("observed_at", at(day)),
+        **fields,
+    )
+
+
+def episode(
+    subject: str, content: str, when: datetime, service: str, *, tenant: str = TENANT, **fields: Any
+) -> MemoryEvent:
+    return MemoryEvent(
+        type=EventType.ASSERTED,
+        tenant=tenant,
+        subject=subject,
+        kind="episodic",
+        content=content,
+        source=Source(type=SourceType.IMPORTED, service=service),
+        observed_at=when,
+        valid_from=fields.pop("valid_from", when),
         **fields,
     )
 

@@ -15,7 +15,7 @@ and whatever `pipe.worker` is then (a test may replace it) are stopped and `clea
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
@@ -31,7 +31,7 @@ from tests.support.processes import Embedder, Indexer, Worker
 from tests.support.stores import cleanup, pg, search_pending, wait_caught_up
 from tests.support.waiting import wait_for
 
-__all__ = ["Pipeline", "pipeline"]
+__all__ = ["Pipeline", "drain_search", "pipeline"]
 
 
 @dataclass
@@ -55,24 +55,35 @@ class Pipeline:
         self.caught_up(timeout)
         if self.indexer is None:
             return
-        with pg(self.settings) as conn:
 
-            def drained() -> bool:
-                assert self.indexer is not None
-                self.indexer.check()
-                if self.embedder is not None:
-                    self.embedder.check()
-                try:
-                    return search_pending(conn) == 0
-                except psycopg.errors.UndefinedTable:
-                    return False  # the worker has not created the schema yet
+        def alive() -> None:
+            for process in (self.indexer, self.embedder):
+                if process is not None:
+                    process.check()
 
-            wait_for(drained, timeout, 0.2, "the search outbox and the embed queue to drain")
-        es = Elasticsearch(self.settings.es_url, request_timeout=30)
-        try:
-            es.indices.refresh(index=self.settings.es_index, ignore_unavailable=True)  # none before the first document
-        finally:
-            es.close()
+        drain_search(self.settings, timeout, alive)
+
+
+def drain_search(settings: Settings, timeout: float, check: Callable[[], object] = lambda: None) -> None:
+    """Every applied version is in the search index with its vectors, and searchable (the index refreshed).
+
+    The search outbox and the embed queue are both empty (in one snapshot); `check()` runs at every poll and may
+    raise at once (an indexer or embedder the caller runs has died)."""
+    with pg(settings) as conn:
+
+        def drained() -> bool:
+            check()
+            try:
+                return search_pending(conn) == 0
+            except psycopg.errors.UndefinedTable:
+                return False  # the worker has not created the schema yet
+
+        wait_for(drained, timeout, 0.2, "the search outbox and the embed queue to drain")
+    es = Elasticsearch(settings.es_url, request_timeout=30)
+    try:
+        es.indices.refresh(index=settings.es_index, ignore_unavailable=True)  # none before the first document
+    finally:
+        es.close()
 
 
 @contextmanager

@@ -7,6 +7,8 @@
 - `outbox_count(conn)`: rows waiting in the search outbox.
 - `private_store(settings)`: a fresh schema (the projection's own DDL) and an ES client, cleaned up after.
 - `cleanup(settings)`: drop everything a test's private names hold (schemas, indices, topics, faust dir).
+- `private_ledger(settings)`: the private topics and an empty projection schema (what an app needs to start and
+  answer, without a worker), cleaned up after.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from kafka import KafkaAdminClient
 from psycopg_pool import AsyncConnectionPool
 
 from producers.settings import Settings
-from producers.topics import end_offsets
+from producers.topics import end_offsets, ensure_topics
 from projections.postgres.connection import configure_pool, connect
 from projections.postgres.positions import read_positions, wait_for_positions
 from projections.postgres.schema import create_schema, drop_schema
@@ -35,6 +37,7 @@ __all__ = [
     "outbox_count",
     "pg",
     "positions",
+    "private_ledger",
     "private_store",
     "wait_caught_up",
 ]
@@ -146,3 +149,15 @@ def cleanup(settings: Settings) -> None:
         pass
     finally:
         admin.close()
+
+
+@contextmanager
+def private_ledger(settings: Settings) -> Iterator[Settings]:
+    """`settings` with its private topics and an empty projection schema created; everything dropped after."""
+    ensure_topics(settings)
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
+        create_schema(admin, settings.pg_schema)
+    try:
+        yield settings
+    finally:
+        cleanup(settings)

@@ -200,17 +200,35 @@ class RecallEngine:
                 hits = await self.reranker.rerank(q, hits, trace)
             hits = prefer_scopes(hits, cues.scopes, BAND)  # a fact's named (else default) scope first (recall.prefer)
         with trace.timed("groups"):  # one hit per group of near-duplicate episodes (recall.groups, issue 15)
-            hits = await collapse(self.pool, q.tenant, hits[: q.top_k + GROUP_SLACK])
+            hits = await collapse(self.pool, q.tenant, hits[: q.top_k + GROUP_SLACK], at, q.known_at)
             shown = [hit(h) for h in hits[: q.top_k]]
         if q.context_turns:  # asked: each episode hit's neighbouring turns (recall.neighbours, issue 15)
             with trace.timed("context"):
                 window, rows = self.settings.recall_context_window_s, [h.row for h in hits[: q.top_k]]
-                near = await neighbours(self.pool, q.tenant, at, rows, q.context_turns, window)
+                near = await neighbours(self.pool, q.tenant, at, rows, q.context_turns, window, q.known_at)
             for h in shown:
                 if h["version_id"] in near:
                     h["context"] = near[h["version_id"]]
                     h["match"]["context"] = how(window)
+        if q.known_at is not None and trace.listed:
+            await self._known_listed(trace, q.tenant, q.known_at)
         return {"hits": shown, "cues": cues.as_dict(), "trace": trace.as_dict(at)}
+
+    async def _known_listed(self, trace: Trace, tenant: str, known_at: datetime) -> None:
+        """`explain` as known at `known_at`: only the candidates the ledger had logged by then, ranked among them.
+
+        The index holds what is known now; a version logged later is left out of the listing as of the hits."""
+        assert trace.listed is not None
+        vids = sorted({c["version_id"] for found in trace.listed.values() for c in found})
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT version_id FROM fact_versions WHERE tenant = %s AND version_id = ANY(%s) AND observed_at <= %s",
+                (tenant, vids, known_at),
+            )
+            known = {r[0] for r in await cur.fetchall()}
+        for stage, found in trace.listed.items():
+            kept = [c for c in found if c["version_id"] in known]
+            trace.listed[stage] = [{**c, "rank": i + 1} for i, c in enumerate(kept)]
 
     async def _cues(self, q: RecallQuery, now: datetime) -> Cues:
         self.vocab.listen(self.settings.pg_dsn)  # an erasure drops the cached vocabulary at once (idempotent)
@@ -231,7 +249,9 @@ class RecallEngine:
                     ctx.trace.list_candidates(stage.name, found[-1][1])
         if tier.fused:
             with ctx.trace.timed("fusion"):
-                if tied := tied_memory_ids(found):  # ties a stage cannot break go by access (recall.access)
+                # ties a stage cannot break go by access (recall.access); not as known at an earlier time, when the
+                # accesses recorded since would decide (verify leaves them out of the prior then too)
+                if ctx.query.known_at is None and (tied := tied_memory_ids(found)):
                     found = order_ties(found, await access_signals(self.pool, ctx.query.tenant, tied, ctx.at))
                 matches = rrf(found, ctx)
         elif found:

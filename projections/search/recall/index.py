@@ -87,6 +87,18 @@ def holds_at_filter(at: datetime) -> list[dict[str, Any]]:
     ]
 
 
+def _in_force(scope: Scope) -> list[dict[str, Any]]:
+    """The versions a scope may find: those that hold at `at`, or, as known at `known_at`, those logged by then
+    that began by `at` (their end as the index holds it may come from a retraction or successor logged later, so
+    verification decides, as known then: recall.verify)."""
+    if scope.known_at is None:
+        return holds_at_filter(scope.at)
+    return [
+        {"range": {"valid_from": {"lte": scope.at.isoformat()}}},
+        {"range": {"observed_at": {"lte": scope.known_at.isoformat()}}},
+    ]
+
+
 def _terms_any(fields: dict[str, Sequence[str]]) -> dict[str, Any]:
     return {"bool": {"should": [{"terms": {f: list(v)}} for f, v in fields.items()], "minimum_should_match": 1}}
 
@@ -102,7 +114,7 @@ class ElasticIndex:
     @staticmethod
     def filters(scope: Scope) -> list[dict[str, Any]]:
         """The bool filter of a scope (its size is bounded by the cues' bounds)."""
-        out: list[dict[str, Any]] = [{"term": {"tenant": scope.tenant}}, *holds_at_filter(scope.at)]
+        out: list[dict[str, Any]] = [{"term": {"tenant": scope.tenant}}, *_in_force(scope)]
         if scope.subject:
             out.append({"term": {"subject": scope.subject}})
         out += [{"terms": {name: list(vals)}} for name, vals in scope.filters.items()]

@@ -58,12 +58,16 @@ class RecallQuery:
     explain: bool = False  # the trace lists each stage's candidates (the console's playground), not only counts
     rerank: bool | None = None  # the cross-encoder over the fuzzy hits (recall.rerank); None: as the settings say
     context_turns: int = 0  # each episode hit's neighbouring turns, this many on each side (recall.neighbours)
+    # transaction time: the answer as the ledger knew it then (candidates, verification, groups, context turns; the
+    # hits are re-folded as known then by the caller, api.reads); None: as it knows now
+    known_at: datetime | None = None
 
 
 class Scope(NamedTuple):
     """Which documents one search may return.
 
-    Always: the tenant's versions that hold at `at` (valid time), the subject if given, the caller's filters,
+    Always: the tenant's versions that hold at `at` (valid time; as known at `known_at`: those logged by then that
+    began by `at`, index._in_force), the subject if given, the caller's filters,
     and, when the query has a time cue, only those events and episodes that happened (or were told) in it.
     Then at most one narrowing: about one of `entities` (entity ids or subject ids), or, failing those, at least
     one of `mentions` in the text (id-shaped tokens nobody knows). `open_kinds`: kinds the entity narrowing prefers
@@ -82,12 +86,14 @@ class Scope(NamedTuple):
     mentions: tuple[str, ...] = ()
     open_kinds: tuple[str, ...] = ()
     outside: bool = False  # the reverse narrowing: documents of `open_kinds` about none of `entities`
+    # transaction time: the versions logged by then that began by `at`, however they ended since (index.filters)
+    known_at: datetime | None = None
 
     def about(
         self, entities: tuple[str, ...] = (), mentions: tuple[str, ...] = (), open_kinds: tuple[str, ...] = ()
     ) -> Scope:
         """This scope narrowed to documents about `entities` (or mentioning `mentions`)."""
-        return Scope(self.tenant, self.at, self.subject, self.filters, self.time, entities, mentions, open_kinds)
+        return self._replace(entities=entities, mentions=mentions, open_kinds=open_kinds, outside=False)
 
     def others(self) -> Scope:
         """The documents of `open_kinds` about none of this scope's entities (the second search, issue 15)."""

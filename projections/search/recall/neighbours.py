@@ -10,7 +10,9 @@ has: the same tenant, the same `source.service` (the chat or import that told th
 observation time within `recall_context_window_s` of the hit (default 30 minutes: a turn of the same
 conversation, not yesterday's). Within those, the n nearest before and after by (observed_at, version_id), any
 speaker (the other side of the conversation is the context), each as the ledger holds it at the recall's valid
-time (a retracted or erased turn is never shown; one observed after `as_of` is not there yet). One query for all
+time (a retracted or erased turn is never shown; one observed after `as_of` is not there yet) and, with `known_at`,
+as it knew it then (`queries.episode_holds_sql`: a turn logged after `known_at` is not there; one retracted after it
+still is), the answer's one pair of times for every part of it. One query for all
 hits (a LATERAL pair per hit over the partial index `fact_versions_episode_time`), only when asked: the exact path
 and an unasked recall pay nothing.
 """
@@ -23,7 +25,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from projections.postgres.queries import holds_at_sql
+from projections.postgres.queries import episode_holds_sql
 from projections.search.recall.trace import iso
 
 __all__ = ["MAX_CONTEXT_TURNS", "NEIGHBOURS_SQL", "how", "neighbours"]
@@ -31,30 +33,38 @@ __all__ = ["MAX_CONTEXT_TURNS", "NEIGHBOURS_SQL", "how", "neighbours"]
 MAX_CONTEXT_TURNS = 5  # each side: the request's bound (api.requests.RecallBody.context_turns)
 
 _COLS = "f.memory_id, f.version_id, f.subject, f.content, f.observed_at, f.source"
-_SAME = (
-    "f.tenant = %(tenant)s AND f.kind = 'episodic' AND f.version_id <> h.vid"
-    " AND (f.source->>'service') IS NOT DISTINCT FROM h.svc AND " + holds_at_sql("at").as_string()
-)
-# per hit (h), the n turns before and the n after, nearest first; `side` -1 before, +1 after
-NEIGHBOURS_SQL = f"""
+
+
+def _neighbours_sql(known: bool) -> str:
+    """Per hit (h), the n turns before and the n after, nearest first; `side` -1 before, +1 after; `known`: as the
+    ledger knew them at %(known_at)s."""
+    same = (
+        "f.tenant = %(tenant)s AND f.kind = 'episodic' AND f.version_id <> h.vid"
+        " AND (f.source->>'service') IS NOT DISTINCT FROM h.svc AND "
+        + episode_holds_sql("at", "known_at" if known else None)
+    )
+    return f"""
 SELECT h.vid AS of, n.* FROM unnest(%(vids)s::text[], %(times)s::timestamptz[], %(svcs)s::text[]) AS h(vid, t, svc)
 CROSS JOIN LATERAL (
   (SELECT -1 AS side, {_COLS} FROM fact_versions f
-   WHERE {_SAME} AND f.observed_at >= h.t - %(window)s AND (f.observed_at, f.version_id) < (h.t, h.vid)
+   WHERE {same} AND f.observed_at >= h.t - %(window)s AND (f.observed_at, f.version_id) < (h.t, h.vid)
    ORDER BY f.observed_at DESC, f.version_id DESC LIMIT %(n)s)
   UNION ALL
   (SELECT 1 AS side, {_COLS} FROM fact_versions f
-   WHERE {_SAME} AND f.observed_at <= h.t + %(window)s AND (f.observed_at, f.version_id) > (h.t, h.vid)
+   WHERE {same} AND f.observed_at <= h.t + %(window)s AND (f.observed_at, f.version_id) > (h.t, h.vid)
    ORDER BY f.observed_at, f.version_id LIMIT %(n)s)
 ) n
 """
+
+
+NEIGHBOURS_SQL = {False: _neighbours_sql(False), True: _neighbours_sql(True)}  # by "known_at given"
 
 
 def how(window_s: float) -> str:
     """The rule, as the explanation states it."""
     return (
         f"turns of the same tenant and source.service observed within {window_s:g} s of this one, nearest first "
-        "on each side, any speaker, as they hold at as_of"
+        "on each side, any speaker, as they hold at as_of (as known at known_at, when given)"
     )
 
 
@@ -65,7 +75,13 @@ def _service(row: dict[str, Any]) -> str | None:
 
 
 async def neighbours(
-    pool: Any, tenant: str, at: datetime, rows: Sequence[dict[str, Any]], n: int, window_s: float
+    pool: Any,
+    tenant: str,
+    at: datetime,
+    rows: Sequence[dict[str, Any]],
+    n: int,
+    window_s: float,
+    known_at: datetime | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """version_id of each episodic row -> its neighbouring turns in time order, each with `offset` (-n..-1, 1..n)."""
     eps = [r for r in rows if r.get("kind") == "episodic"]
@@ -79,9 +95,10 @@ async def neighbours(
         "svcs": [_service(r) for r in eps],
         "window": timedelta(seconds=window_s),
         "n": min(n, MAX_CONTEXT_TURNS),
+        "known_at": known_at,
     }
     async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(NEIGHBOURS_SQL, params)
+        await cur.execute(NEIGHBOURS_SQL[known_at is not None], params)
         found = await cur.fetchall()
     by_hit: dict[str, dict[int, list[dict[str, Any]]]] = {r["version_id"]: {-1: [], 1: []} for r in eps}
     for r in found:

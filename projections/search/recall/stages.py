@@ -60,7 +60,7 @@ class RecallContext:
         embedder: Callable[..., Awaitable[Embedder]],
         settings: Settings | None = None,
     ) -> RecallContext:
-        scope = Scope(q.tenant, at, q.subject, q.filters, cues.time)
+        scope = Scope(q.tenant, at, q.subject, q.filters, cues.time, known_at=q.known_at)
         return cls(q, at, cues, scope, index, trace, embedder, settings)
 
     def fuzzy_scope(self) -> Scope:

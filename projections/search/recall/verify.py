@@ -3,7 +3,8 @@
 What the index says is only ever a candidate: a lagging index can delay a new value, never resurrect an old one.
 A candidate whose fact has a newer version that holds at `at` is answered by that version
 (`match.verified.replaced_by`); one whose fact does not hold at `at` (retracted, erased, out of its window), or
-fails the caller's filters, is dropped.
+fails the caller's filters, is dropped. As known at `known_at`, a candidate's fact stays one if a version of it
+logged by then began by `at`; the caller re-folds it as known then (api.reads).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from projections.postgres.queries import visible_sql
+from projections.postgres.queries import OVERRIDE, episode_holds_sql, visible_sql
 from projections.search.documents import ROW_COLUMNS
 from projections.search.recall.model import Match, RecallQuery
 
@@ -38,6 +39,35 @@ def _verify_sql(with_subject: bool) -> str:
 _VERIFY_SQL = {False: _verify_sql(False), True: _verify_sql(True)}  # rendered once: the exact path stays lean
 
 
+def _known_sql(with_subject: bool) -> str:
+    """As known at %(known_at)s: of each candidate's fact, the latest version logged by then that began by %(at)s,
+    whatever ended it since. It only keeps the fact a candidate: the caller re-folds the fact as known then
+    (api.reads, queries.current_facts with known_at), which shows the version that held then or drops the hit. An
+    episode (one version, never re-folded into another) is kept only if it held then (queries.episode_holds_sql),
+    so that the near-duplicate groups and context turns built on the hits are built on what held. No
+    access aggregate: it counts accesses up to now, recorded after known_at, and an answer as known then must not
+    rank by them."""
+    where = (
+        "f.tenant = %(tenant)s AND f.memory_id = ANY(%(mids)s) AND f.observed_at <= %(known_at)s "
+        "AND f.valid_from <= %(at)s AND (f.kind <> 'episodic' OR "
+        + episode_holds_sql("at", "known_at")
+        + ")"
+        + (" AND f.subject = %(subject)s" if with_subject else "")
+    )
+    return (
+        sql.SQL(
+            "SELECT DISTINCT ON (f.memory_id) {cols}, NULL::bigint AS accesses, NULL::timestamptz AS last_accessed_at "
+            "FROM fact_versions f WHERE " + where + " ORDER BY f.memory_id, " + OVERRIDE + " DESC, f.valid_from DESC, "
+            "f.observed_at DESC, f.version_id DESC"
+        )
+        .format(cols=ROW_COLUMNS)
+        .as_string()
+    )
+
+
+_KNOWN_SQL = {False: _known_sql(False), True: _known_sql(True)}
+
+
 async def verify(
     pool: AsyncConnectionPool, q: RecallQuery, at: datetime, matches: list[Match]
 ) -> list[tuple[dict[str, Any], Match]]:
@@ -48,8 +78,9 @@ async def verify(
         prev = by_memory.get(m.memory_id)
         if prev is None or m.fused > prev.fused:
             by_memory[m.memory_id] = m
-    params = {"tenant": q.tenant, "mids": sorted(by_memory), "at": at, "subject": q.subject}
+    params = {"tenant": q.tenant, "mids": sorted(by_memory), "at": at, "subject": q.subject, "known_at": q.known_at}
+    query = (_VERIFY_SQL if q.known_at is None else _KNOWN_SQL)[bool(q.subject)]
     async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(_VERIFY_SQL[bool(q.subject)], params)
+        await cur.execute(query, params)
         rows = await cur.fetchall()
     return [(row, by_memory[row["memory_id"]]) for row in rows if q.filters.accepts(row)]

@@ -1,0 +1,480 @@
+"""Availability: no tenant's largest legal request, on any route or MCP tool, stalls another tenant's reads.
+
+The class test: for every route of the app (its OpenAPI paths and its own routes and mounts) and every MCP
+tool, an attacker tenant sends that route's largest legal input, several at once, for a bounded time, while a
+victim tenant reads its own small subject (`GET /v1/subjects/{s}/facts`, or the MCP `facts` tool on the MCP
+server); the victim's p99 latency under attack may exceed its p99 with the attacker idle, measured just before
+in the same test, by at most 100 ms. The servers are real child processes (`ledger serve`, `ledger mcp
+--transport http`), so their event loops are the loops that would stall; the attacker runs in a process of its
+own, so the test's own client work never delays the victim's measurement.
+
+`ATTACKS` and `TOOL_ATTACKS` are derived-checked: a route or tool without an entry fails
+`test_every_route_and_tool_has_an_attack`, so a new door cannot skip the test.
+
+Latencies are counted as an open-loop victim would see them (a call held up by a stall also holds up the calls it
+would have sent meanwhile: `_open_loop`), so one long stall is not a single sample among hundreds. The attacker
+sends one request at a time, back to back; the routes with a bound on bursts get bursts (`BURSTS`). The machine is
+shared (2 cores, other suites running): a stall is reproducible and a spike of the machine is not, so a failing
+measurement is taken once more and the better of the two is judged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from typing import Any
+
+import httpx
+import pytest
+
+from api.errors import ApiError
+from api.limits import Bulkhead
+from api.main import create_app
+from api.mcp.tools import TOOLS
+from producers.settings import Settings
+from tests.conftest import unique
+from tests.support import asserted, pipeline
+from tests.support.servers import ApiServer, McpHttpServer
+
+ATTACKER, VICTIM = "attacker", "victim"
+KEYS = {"k-attacker": [ATTACKER], "k-victim": [VICTIM]}
+HA = {"X-API-Key": "k-attacker"}
+BIG = "user:big"  # the attacker's subject: 60 facts with ~80,000-character values (the largest that fit an event)
+ERASE_HTTP, ERASE_MCP = "user:erase-http", "user:erase-mcp"
+VICTIM_SUBJECT = "user:v"
+LONG_QUERY = ("which value " + " ".join(f"w{i}" for i in range(400)))[:2000]  # the longest legal question
+
+BASELINE_S, ATTACK_S = 1.0, 2.0  # victim sampling with the attacker idle, then busy
+# the attacker's requests in flight at once: one, back to back (a tenant's largest request, not a flood: sharing a
+# loaded server among many requests is not a stall), and bursts where a bound must hold them (429, one at a time)
+CONCURRENCY = 1
+BURSTS = {("GET", "/v1/stats/consistency"): 40, ("POST", "/v1/context"): 2, "context": 2}
+MAX_ATTACKS = 400  # and at most this many in one measurement
+ALLOWED_DELAY_S = 0.100  # p99 delta
+
+
+def _words(n: int, seed: int) -> str:
+    """About `n` characters of English-like words (deterministic): what a real long value costs to tokenize."""
+    rng = random.Random(seed)
+    vocab = ["ledger", "memory", "window", "seat", "project", "backend", "port", "value", "the", "of", "preference"]
+    vocab += ["configuration", "东京", "überprüfung", "x86_64", "2026-03-01", "https://example.org/a?b=c"]
+    out: list[str] = []
+    size = 0
+    while size < n:
+        w = rng.choice(vocab)
+        out.append(w)
+        size += len(w) + 1
+    return " ".join(out)[:n]
+
+
+def _seed() -> list:
+    big = [
+        asserted(BIG, f"note.k{i:02d}", _words(80_000, i), 0, tenant=ATTACKER, content=f"big note {i}", importance=0.5)
+        for i in range(50)
+    ]
+    big += [  # new versions of ten of them: history lines for include_history
+        asserted(BIG, f"note.k{i:02d}", _words(80_000, 100 + i), 1, tenant=ATTACKER, content=f"big note {i} again")
+        for i in range(10)
+    ]
+    erasable = [
+        asserted(s, f"k{i}", _words(2_000, i), 0, tenant=ATTACKER) for s in (ERASE_HTTP, ERASE_MCP) for i in range(5)
+    ]
+    victim = [asserted(VICTIM_SUBJECT, f"pref.k{i}", f"v{i}", 0, tenant=VICTIM) for i in range(3)]
+    return big + erasable + victim
+
+
+# -- the largest legal input of each route ----------------------------------------------------------------------
+
+Request = tuple[str, str, dict[str, Any]]  # method, path (from the server's root), httpx keyword arguments
+
+
+def _events_body() -> dict[str, Any]:
+    """1000 events (the per-call maximum), fixed ids: once applied (the stack applies them first), every call is
+    answered as retries of applied events."""
+    events = [
+        {
+            "event_id": f"flood-{i}",
+            "type": "memory.asserted",
+            "tenant": ATTACKER,
+            "subject": f"flood:{i % 50}",
+            "key": "k",
+            "value": _words(2_000, i),
+            "content": "flood",
+        }
+        for i in range(1000)
+    ]
+    return {"events": events}
+
+
+# the largest context block of the largest subject: every line, the history, the longest question, the most hits
+LARGEST_CONTEXT = {
+    "tenant": ATTACKER,
+    "subject": BIG,
+    "question": LONG_QUERY,
+    "budget_tokens": 32_000,
+    "include_history": True,
+    "top_k": 50,
+    "format": "json",
+}
+
+# (method, path template) -> the attacker's request; a route's template as the app's OpenAPI spec names it
+ATTACKS: dict[tuple[str, str], Callable[[dict[str, Any]], Request]] = {
+    ("GET", "/v1/health"): lambda s: ("GET", "/v1/health", {}),
+    ("GET", "/v1/events/{event_id}"): lambda s: (
+        "GET",
+        "/v1/events/" + "e" * 128,
+        {"params": {"tenant": ATTACKER}, "headers": HA},
+    ),
+    ("GET", "/v1/schema/event"): lambda s: ("GET", "/v1/schema/event", {}),
+    ("POST", "/v1/events"): lambda s: ("POST", "/v1/events", {"json": s["events"], "headers": HA}),
+    ("GET", "/v1/facts/{memory_id}/history"): lambda s: (
+        "GET",
+        f"/v1/facts/{s['big_memory_id']}/history",
+        {"params": {"tenant": ATTACKER}, "headers": HA},
+    ),
+    ("GET", "/v1/subjects/{subject}/facts"): lambda s: (
+        "GET",
+        f"/v1/subjects/{BIG}/facts",
+        {"params": {"tenant": ATTACKER}, "headers": HA},
+    ),
+    ("GET", "/v1/subjects/{subject}/events"): lambda s: (
+        "GET",
+        f"/v1/subjects/{BIG}/events",
+        {"params": {"tenant": ATTACKER, "limit": 10_000}, "headers": HA},
+    ),
+    ("GET", "/v1/stats"): lambda s: ("GET", "/v1/stats", {"params": {"tenant": ATTACKER}, "headers": HA}),
+    ("GET", "/v1/stats/consistency"): lambda s: (
+        "GET",
+        "/v1/stats/consistency",
+        {"params": {"tenant": ATTACKER}, "headers": HA},
+    ),
+    ("DELETE", "/v1/subjects/{subject}"): lambda s: (
+        "DELETE",
+        f"/v1/subjects/{ERASE_HTTP}",
+        {"params": {"tenant": ATTACKER, "reason": "r" * 1024}, "headers": HA},
+    ),
+    ("POST", "/v1/recall"): lambda s: (
+        "POST",
+        "/v1/recall",
+        {
+            "json": {
+                "tenant": ATTACKER,
+                "query": LONG_QUERY,
+                "top_k": 100,
+                "explain": True,
+                "context_turns": 5,
+                "mode": "auto",
+            },
+            "headers": HA,
+        },
+    ),
+    ("POST", "/v1/context"): lambda s: ("POST", "/v1/context", {"json": LARGEST_CONTEXT, "headers": HA}),
+    ("GET", "/v1/tenants"): lambda s: ("GET", "/v1/tenants", {"headers": HA}),
+    ("GET", "/v1/subjects"): lambda s: (
+        "GET",
+        "/v1/subjects",
+        {"params": {"tenant": ATTACKER, "prefix": "", "limit": 200}, "headers": HA},
+    ),
+    ("POST", "/v1/keys"): lambda s: (
+        "POST",
+        "/v1/keys",
+        {"json": {"tenant": ATTACKER, "subjects": [f"user:k{i}" for i in range(500)]}, "headers": HA},
+    ),
+    ("POST", "/v1/keys/retire"): lambda s: (
+        "POST",
+        "/v1/keys/retire",
+        {"json": {"tenant": ATTACKER, "subject": BIG, "erasure_id": "e" * 128}, "headers": HA},
+    ),
+    ("GET", "/v1/erasures"): lambda s: (
+        "GET",
+        "/v1/erasures",
+        {"params": {"tenant": ATTACKER, "limit": 500}, "headers": HA},
+    ),
+    ("GET", "/v1/erasures/{erasure_id}"): lambda s: (
+        "GET",
+        "/v1/erasures/" + "e" * 128,
+        {"params": {"tenant": ATTACKER}, "headers": HA},
+    ),
+    # the app's own routes and mounts
+    ("GET", "/"): lambda s: ("GET", "/", {}),
+    ("GET", "/openapi.json"): lambda s: ("GET", "/openapi.json", {}),
+    ("GET", "/docs"): lambda s: ("GET", "/docs", {}),
+    ("GET", "/docs/static"): lambda s: ("GET", "/docs/static/swagger-ui-bundle.js", {}),  # the largest file
+    ("GET", "/console"): lambda s: ("GET", "/console", {}),
+    ("GET", "/console/static"): lambda s: ("GET", "/console/static/console.js", {}),
+    ("GET", "/metrics"): lambda s: ("GET", "/metrics", {}),
+}
+
+# MCP tool -> the attacker's arguments (tenant given: the key has one tenant anyway)
+TOOL_ATTACKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "remember": lambda s: {
+        "event_id": "mcp-flood",
+        "tenant": ATTACKER,
+        "subject": "user:mcp-flood",
+        "key": "k",
+        "value": _words(200_000, 7),
+        "content": "flood",
+    },
+    "recall": lambda s: {"tenant": ATTACKER, "query": LONG_QUERY, "top_k": 100, "explain": True, "context_turns": 5},
+    "recall_at": lambda s: {
+        "tenant": ATTACKER,
+        "query": LONG_QUERY,
+        "top_k": 100,
+        "as_of": "2026-03-05T00:00:00Z",
+        "known_at": "2026-03-05T00:00:00Z",
+        "explain": True,
+        "context_turns": 5,
+    },
+    "facts": lambda s: {"tenant": ATTACKER, "subject": BIG},
+    "event_status": lambda s: {"tenant": ATTACKER, "event_id": "e" * 128},
+    "fact_history": lambda s: {"tenant": ATTACKER, "memory_id": s["big_memory_id"]},
+    "forget": lambda s: {"tenant": ATTACKER, "subject": ERASE_MCP, "erase_subject": True, "reason": "r" * 1024},
+    "context": lambda s: LARGEST_CONTEXT,
+}
+
+
+def _app_routes(settings: Settings) -> set[tuple[str, str]]:
+    """Every (method, template) the app answers: its OpenAPI paths, and its own routes and mounts outside the spec."""
+    app = create_app(settings)
+    routes = {(m.upper(), path) for path, ops in app.openapi()["paths"].items() for m in ops}
+    for route in app.routes:
+        path = getattr(route, "path", None)
+        if path is None:  # the included /v1 routers: their routes are the spec's
+            continue
+        methods = getattr(route, "methods", None) or {"GET"}  # a mount serves GET
+        routes |= {(m, path) for m in methods if m != "HEAD"}
+    return routes
+
+
+def _mcp_call(tool: str, arguments: dict[str, Any], call_id: int = 1) -> dict[str, Any]:
+    """A JSON-RPC tools/call, as a Streamable HTTP client posts it (the server is stateless: no session)."""
+    return {"jsonrpc": "2.0", "id": call_id, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}
+
+
+MCP_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+# -- the attacker: a process of its own ----------------------------------------------------------------------------
+
+
+def attack(base: str, requests: list[Request], seconds: float, concurrency: int, limit: int) -> dict[str, Any]:
+    """Send `requests` (in turn), `concurrency` at a time, for `seconds` (at most `limit`); the statuses seen.
+
+    Runs in the attacker process; bodies are read as bytes and dropped (nothing here parses them). A 429 must carry
+    Retry-After, which is obeyed."""
+
+    async def run() -> dict[str, Any]:
+        statuses: list[int] = []
+        deadline = time.monotonic() + seconds
+        turn = itertools.cycle(requests)
+        timeout = httpx.Timeout(120.0)
+        limits = httpx.Limits(max_connections=concurrency)
+        async with httpx.AsyncClient(base_url=base, timeout=timeout, limits=limits) as client:
+
+            async def one() -> None:
+                while time.monotonic() < deadline and len(statuses) < limit:
+                    method, path, kwargs = next(turn)
+                    r = await client.request(method, path, **kwargs)
+                    statuses.append(r.status_code)
+                    if r.status_code == 429:  # refused at once: it waits as told (a flood is a rate limit's matter)
+                        await asyncio.sleep(float(r.headers["retry-after"]))
+
+            await asyncio.gather(*(one() for _ in range(concurrency)))
+        return {"statuses": statuses}
+
+    return asyncio.run(run())
+
+
+def _p99(samples: list[float]) -> float:
+    return statistics.quantiles(samples, n=100, method="inclusive")[98]
+
+
+def _open_loop(samples: list[float], interval: float) -> list[float]:
+    """The latencies a victim calling every `interval` seconds would have seen: a closed loop sends nothing while a
+    call is stalled, so a 5 s stall would be one sample of hundreds; here it is also the calls it held up."""
+    out: list[float] = []
+    for latency in samples:
+        out.append(latency)
+        held = latency - interval
+        while held > 0:
+            out.append(held)
+            held -= interval
+    return out
+
+
+def _sample(victim: Callable[[], None], seconds: float, until: Callable[[], bool] = lambda: True) -> list[float]:
+    """The victim's latencies, one call after another, for `seconds` and then until `until()`."""
+    out: list[float] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline or not until():
+        t0 = time.perf_counter()
+        victim()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _measure(
+    pool: ProcessPoolExecutor, base: str, requests: list[Request], victim: Callable[[], None], concurrency: int
+) -> dict[str, Any]:
+    baseline = _sample(victim, BASELINE_S)
+    attacking = pool.submit(attack, base, requests, ATTACK_S, concurrency, MAX_ATTACKS)
+    busy = _sample(victim, ATTACK_S, attacking.done)  # until the last attack is answered: a stall may come late
+    statuses = attacking.result(timeout=300)["statuses"]
+    interval = statistics.median(baseline)  # the victim's pace with the attacker idle
+    return {
+        "baseline_p99": _p99(_open_loop(baseline, interval)),
+        "busy_p99": _p99(_open_loop(busy, interval)),
+        "samples": (len(baseline), len(busy)),
+        "statuses": sorted(set(statuses)),
+        "attacks": len(statuses),
+    }
+
+
+def _judge(measure: Callable[[], dict[str, Any]], what: str) -> None:
+    first = measure()
+    result = first
+    if first["busy_p99"] - first["baseline_p99"] > ALLOWED_DELAY_S:
+        again = measure()  # a spike of the shared machine does not come back; a stall does
+        result = min(first, again, key=lambda m: m["busy_p99"] - m["baseline_p99"])
+    assert result["attacks"] > 0, f"{what}: the attacker sent nothing"
+    assert all(s < 500 for s in result["statuses"]), f"{what}: the attack got a server error: {result}"
+    delay = result["busy_p99"] - result["baseline_p99"]
+    assert delay <= ALLOWED_DELAY_S, (
+        f"{what}: the victim's p99 went from {first['baseline_p99'] * 1000:.0f} ms to "
+        f"{first['busy_p99'] * 1000:.0f} ms under attack (+{delay * 1000:.0f} ms; measured {first}, then {result})"
+    )
+
+
+# -- the stack ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stack(base_settings: Settings) -> Iterator[dict[str, Any]]:
+    settings = base_settings.private(unique("avail"), api_keys=KEYS)
+    with pipeline(settings, seed=_seed(), timeout=180) as pipe:
+        with ApiServer(settings) as api, McpHttpServer(settings) as mcp:
+            facts = httpx.get(
+                f"{api.url}/v1/subjects/{BIG}/facts", params={"tenant": ATTACKER}, headers=HA, timeout=60
+            ).json()["facts"]
+            assert len(facts) == 50, len(facts)
+            shared = {"big_memory_id": facts[0]["memory_id"], "events": _events_body()}
+            # the largest batch, applied and indexed before any measurement: the attack then measures what the door
+            # does with it (judging, claims, the answer), not the pipeline indexing it once (another process's cores)
+            r = httpx.post(f"{api.url}/v1/events", json=shared["events"], headers=HA, timeout=120)
+            assert r.status_code == 200, r.text[:300]
+            pipe.settle(180)
+            with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+                pool.submit(time.sleep, 0).result(timeout=120)  # the attacker process is up before any measurement
+                yield {"settings": settings, "pipe": pipe, "api": api, "mcp": mcp, "shared": shared, "pool": pool}
+
+
+def test_every_route_and_tool_has_an_attack(base_settings: Settings) -> None:
+    """A new route or tool must say what its largest legal input is, or this fails (and so it is measured)."""
+    routes = _app_routes(base_settings)
+    assert not routes - set(ATTACKS), f"routes without an attack: {sorted(routes - set(ATTACKS))}"
+    assert not set(ATTACKS) - routes, f"attacks on no route: {sorted(set(ATTACKS) - routes)}"
+    tools = {t.name for t in TOOLS}
+    assert tools == set(TOOL_ATTACKS), f"tools without an attack: {sorted(tools - set(TOOL_ATTACKS))}"
+
+
+@pytest.mark.parametrize("route", sorted(ATTACKS), ids=lambda r: f"{r[0]} {r[1]}")
+def test_the_largest_request_on_a_route_does_not_stall_another_tenant(
+    stack: dict[str, Any], route: tuple[str, str]
+) -> None:
+    api = stack["api"]
+    request = ATTACKS[route](stack["shared"])
+    with httpx.Client(base_url=api.url, headers={"X-API-Key": "k-victim"}, timeout=60) as client:
+
+        def victim() -> None:
+            r = client.get(f"/v1/subjects/{VICTIM_SUBJECT}/facts", params={"tenant": VICTIM})
+            assert r.status_code == 200 and len(r.json()["facts"]) == 3, r.text[:300]
+
+        burst = BURSTS.get(route, CONCURRENCY)
+        _judge(lambda: _measure(stack["pool"], api.url, [request], victim, burst), f"{route[0]} {route[1]}")
+    api.check()
+
+
+@pytest.mark.parametrize("tool", sorted(TOOL_ATTACKS))
+def test_the_largest_call_of_an_mcp_tool_does_not_stall_another_tenant(stack: dict[str, Any], tool: str) -> None:
+    mcp = stack["mcp"]
+    arguments = TOOL_ATTACKS[tool](stack["shared"])
+    attacker = (
+        "POST",
+        "/mcp",
+        {"json": _mcp_call(tool, arguments), "headers": {**MCP_HEADERS, "Authorization": "Bearer k-attacker"}},
+    )
+    headers = {**MCP_HEADERS, "Authorization": "Bearer k-victim"}
+    with httpx.Client(base_url=mcp.base, headers=headers, timeout=60) as client:
+
+        def victim() -> None:
+            r = client.post("/mcp", json=_mcp_call("facts", {"tenant": VICTIM, "subject": VICTIM_SUBJECT}))
+            assert r.status_code == 200 and '"pref.k2"' in r.text.replace('\\"', '"'), r.text[:300]
+
+        burst = BURSTS.get(tool, CONCURRENCY)
+        _judge(lambda: _measure(stack["pool"], mcp.base, [attacker], victim, burst), f"MCP {tool}")
+    mcp.check()
+
+
+def test_a_burst_of_consistency_scans_runs_one_per_tenant_and_refuses_the_rest_at_once(stack: dict[str, Any]) -> None:
+    """40 scans of one tenant at once: one runs, the others are refused at once with 429 `busy` in the one error
+    shape with Retry-After; meanwhile another tenant's scan still runs (a tenant holds one of the slots at most)."""
+    api = stack["api"]
+
+    async def burst() -> tuple[list[httpx.Response], httpx.Response]:
+        async with httpx.AsyncClient(base_url=api.url, timeout=120) as client:
+            mine = [client.get("/v1/stats/consistency", params={"tenant": ATTACKER}, headers=HA) for _ in range(40)]
+            other = client.get("/v1/stats/consistency", params={"tenant": VICTIM}, headers={"X-API-Key": "k-victim"})
+            *answers, theirs = await asyncio.gather(*mine, other)
+            return answers, theirs
+
+    answers, theirs = asyncio.run(burst())
+    assert theirs.status_code == 200, theirs.text[:300]
+    statuses = sorted(r.status_code for r in answers)
+    assert statuses.count(200) >= 1 and set(statuses) == {200, 429}, statuses
+    for r in answers:
+        if r.status_code == 429:
+            assert int(r.headers["retry-after"]) >= 1
+            [item] = r.json()["detail"]  # the one error shape
+            assert item["code"] == "busy" and item["field"] is None and "consistency" in item["message"], item
+    assert httpx.get(f"{api.url}/v1/stats/consistency", params={"tenant": ATTACKER}, headers=HA).status_code == 200
+
+
+@pytest.mark.unit
+def test_a_bulkhead_queues_a_tenant_behind_itself_never_another_tenant() -> None:
+    """One slot per tenant, two in all: a tenant's second job waits for its first, another tenant's starts at once;
+    `try_slot` refuses with 429 `busy` and Retry-After instead of waiting; a failed job gives its slot back."""
+    slots = Bulkhead("job", per_tenant=1, total=2, retry_after_s=3)
+    order: list[str] = []
+
+    async def job(tenant: str, name: str, hold: float) -> None:
+        async with slots.slot(tenant):
+            order.append(f"{name}+")
+            await asyncio.sleep(hold)
+            order.append(f"{name}-")
+
+    async def scenario() -> None:
+        first = asyncio.ensure_future(job("a", "a1", 0.2))
+        await asyncio.sleep(0.01)
+        second = asyncio.ensure_future(job("a", "a2", 0.01))
+        other = asyncio.ensure_future(job("b", "b1", 0.01))
+        await asyncio.sleep(0.05)
+        with pytest.raises(ApiError) as refused:
+            async with slots.try_slot("a"):
+                pass
+        assert refused.value.status == 429 and refused.value.code == "busy"
+        assert refused.value.headers == {"Retry-After": "3"}
+        await asyncio.gather(first, second, other)
+        with pytest.raises(RuntimeError):
+            async with slots.try_slot("a"):
+                raise RuntimeError("the job failed")
+        async with slots.try_slot("a"), slots.try_slot("b"):  # every slot was given back
+            pass
+
+    asyncio.run(scenario())
+    assert order.index("b1-") < order.index("a1-") < order.index("a2+"), order

@@ -1,0 +1,129 @@
+"""Settings that do not load are one line saying what is wrong and how to fix it, for every `ledger` command.
+
+The commands are read from the command line itself (every command and sub-command typer registers), so a
+new one is covered without being listed. Each runs as a user runs it, `ledger <command>`, in an environment
+whose settings do not load: the default development key without LEDGER_DEVELOPMENT (what a new user's shell
+holds); two of them also with a variable that does not parse (pydantic-settings' own refusal). Each must end
+with one line on stderr naming the variable and exit 2, never a traceback; the commands that need no settings
+(`schema`, `keys new-kek`) answer as usual. The line itself is `settings_problem`, tested here as a pure function
+on every kind of refusal `Settings` makes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import click
+import pytest
+import typer.main
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
+
+from api.cli import app
+from producers.settings import REPO_ROOT, Settings, UnsafeSettings, settings_problem
+
+LEDGER = str(Path(sys.executable).parent / "ledger")
+NEED_NO_SETTINGS = {("schema",), ("keys", "new-kek")}
+ARGUMENTS = {("publish",): ["-"]}  # a command's required arguments; publish reads stdin (empty here)
+
+
+def commands() -> list[tuple[str, ...]]:
+    """Every command path of `ledger`, sub-commands of a group included."""
+
+    def walk(command: click.Command, path: tuple[str, ...]) -> list[tuple[str, ...]]:
+        subs = getattr(command, "commands", None)
+        if not subs:
+            return [path]
+        return [found for name, sub in sorted(subs.items()) for found in walk(sub, (*path, name))]
+
+    found = walk(typer.main.get_command(app), ())
+    assert {("publish",), ("worker",), ("serve",), ("keys", "status")} <= set(found), found
+    return found
+
+
+def user_env(**ledger: str) -> dict[str, str]:
+    """The caller's environment without any LEDGER_* variable (nor LEDGER_DEVELOPMENT), plus `ledger`."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}, **ledger}
+
+
+def run(path: tuple[str, ...], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    argv = [LEDGER, *path, *ARGUMENTS.get(path, [])]
+    return subprocess.run(argv, env=env, cwd=REPO_ROOT, input="", capture_output=True, text=True, timeout=90)
+
+
+def check_one_line(path: tuple[str, ...], proc: subprocess.CompletedProcess[str], variable: str) -> None:
+    name = " ".join(path)
+    assert "Traceback" not in proc.stderr + proc.stdout, f"ledger {name}:\n{proc.stderr[-3000:]}"
+    if path in NEED_NO_SETTINGS:
+        assert proc.returncode == 0, f"ledger {name} needs no settings: {proc.stderr[-2000:]}"
+        return
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, f"ledger {name} exited {proc.returncode}: {proc.stderr[-2000:]}"
+    assert len(lines) == 1 and variable in lines[0], f"ledger {name}: {proc.stderr[-2000:]}"
+    assert proc.stdout == "", f"ledger {name} wrote to stdout: {proc.stdout[:500]}"
+
+
+def test_every_command_says_in_one_line_which_setting_is_wrong() -> None:
+    """A new user's shell: the default development key, no LEDGER_DEVELOPMENT."""
+    paths = commands()
+    with ThreadPoolExecutor(4) as pool:
+        done = dict(zip(paths, pool.map(lambda p: run(p, user_env()), paths), strict=True))
+    for path, proc in done.items():
+        check_one_line(path, proc, "LEDGER_DEVELOPMENT")
+
+
+def test_a_variable_that_does_not_parse_is_one_line_too() -> None:
+    """Another kind of refusal (pydantic-settings' own, before any validation), through the same door."""
+    for path in [("publish",), ("keys", "status")]:
+        proc = run(path, user_env(LEDGER_DEVELOPMENT="1", LEDGER_API_KEYS="{dev-key: [demo]"))
+        check_one_line(path, proc, "LEDGER_API_KEYS")
+
+
+def refusal(monkeypatch: pytest.MonkeyPatch, **env: str) -> Exception:
+    for name in [k for k in os.environ if k.startswith("LEDGER_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises((ValidationError, SettingsError, UnsafeSettings)) as caught:
+        Settings()
+    return caught.value
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("env", "variable", "says"),
+    [
+        ({}, "LEDGER_API_KEYS", "LEDGER_DEVELOPMENT=1"),  # the development key, refused outside development
+        ({"LEDGER_API_KEYS": '{"k": ["demo"]}'}, "LEDGER_PG_DSN", "LEDGER_DEVELOPMENT=1"),  # the local password
+        ({"LEDGER_DEVELOPMENT": "1", "LEDGER_API_PORT": "eighty"}, "LEDGER_API_PORT", "integer"),
+        ({"LEDGER_DEVELOPMENT": "1", "LEDGER_ENCRYPTION": "maybe"}, "LEDGER_ENCRYPTION", "'required'"),
+        ({"LEDGER_DEVELOPMENT": "1", "LEDGER_API_KEYS": "[oops"}, "LEDGER_API_KEYS", "JSON"),
+        ({"LEDGER_DEVELOPMENT": "1", "LEDGER_API_KEYS": '{"k": "demo"}'}, "LEDGER_API_KEYS", "list"),
+        ({"LEDGER_DEVELOPMENT": "1", "LEDGER_PG_SCHEMA": "My Schema"}, "LEDGER_PG_SCHEMA", "lower-case"),
+        ({"LEDGER_DEVELOPMENT": "maybe"}, "LEDGER_DEVELOPMENT", "boolean"),
+    ],
+)
+def test_a_refusal_is_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], variable: str, says: str
+) -> None:
+    line = settings_problem(refusal(monkeypatch, **env))
+    assert line is not None and "\n" not in line and variable in line and says in line, line
+
+
+@pytest.mark.unit
+def test_a_refused_value_is_never_repeated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Values may be secrets (an API key is a mapping's key, a DSN holds a password): the line names, never quotes."""
+    line = settings_problem(refusal(monkeypatch, LEDGER_DEVELOPMENT="1", LEDGER_API_KEYS='{"s3cret": "demo"}'))
+    assert line is not None and "LEDGER_API_KEYS" in line and "s3cret" not in line, line
+    line = settings_problem(refusal(monkeypatch, LEDGER_DEVELOPMENT="1", LEDGER_API_PORT="s3cret"))
+    assert line is not None and "LEDGER_API_PORT" in line and "s3cret" not in line, line
+
+
+@pytest.mark.unit
+def test_other_errors_are_not_taken_for_settings() -> None:
+    assert settings_problem(ValueError("no")) is None
+    assert settings_problem(KeyError("LEDGER_API_PORT")) is None
