@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 os.environ.setdefault("LEDGER_DEVELOPMENT", "1")  # the benchmarks run on the development stack (producers.settings)
@@ -22,6 +23,21 @@ from bench.embedding import embedding_command, quality_command
 from bench.stats import stats_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="memory-ledger benchmarks")
+
+# what the `bench` extra brings, by the step that needs it: a run checks them before it starts, not when it
+# reaches the plot minutes later
+EXTRAS = {"matplotlib": "the plot in BENCHMARKS.md"}
+
+
+def require_extras(*modules: str) -> None:
+    """Exit 2 with one line naming what is missing, before any work, unless every module imports."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        needs = "; ".join(f"{m} ({EXTRAS.get(m, 'needed')})" for m in missing)
+        typer.echo(f"bench: missing {needs}: install the bench extra: .venv/bin/pip install -e '.[bench]'", err=True)
+        raise typer.Exit(2)
+
+
 app.command(name="eval")(eval_command)
 app.command(name="conversations")(conversations_command)  # the conversational dev set (issue 15)
 app.command(name="stats")(stats_command)  # /v1/stats and /v1/stats/consistency at 100k facts (bench/stats.py)
@@ -55,6 +71,15 @@ def run(
     ),
 ) -> None:
     """Generate the dataset and measure raw components, the ledger end to end, recall, lag, audit and rebuild."""
+    require_extras("matplotlib")
+    if profile:
+        from bench.profile import py_spy_path
+
+        if py_spy_path() is None:
+            typer.echo(
+                "bench: --profile needs py-spy: install the bench extra: .venv/bin/pip install -e '.[bench]'", err=True
+            )
+            raise typer.Exit(2)
     from bench.run import RunConfig, run_bench
 
     cfg = RunConfig(
@@ -85,6 +110,7 @@ def run(
 @app.command()
 def report(path: Path | None = typer.Argument(None, help="results JSON (default: the latest complete run)")) -> None:
     """Regenerate BENCHMARKS.md and the plot from a results file."""
+    require_extras("matplotlib")
     from bench.report import latest_results, write_report
 
     typer.echo(write_report(path or latest_results()))

@@ -16,12 +16,12 @@ from typing import Any
 
 from producers.settings import REPO_ROOT
 
-__all__ = ["Recording", "summarize"]
+__all__ = ["Recording", "py_spy_path", "summarize"]
 
 OUR_PACKAGES = {"producers", "stream_processors", "projections", "api", "infra"}
 
 
-def _py_spy() -> str | None:
+def py_spy_path() -> str | None:
     return shutil.which("py-spy") or shutil.which(str(Path(sys.executable).parent / "py-spy"))
 
 
@@ -30,7 +30,7 @@ class Recording:
 
     def __init__(self, pid: int, seconds: float, out: Path) -> None:
         self.out = out
-        exe = _py_spy()
+        exe = py_spy_path()
         self.proc: subprocess.Popen | None = None
         if exe:
             out.parent.mkdir(parents=True, exist_ok=True)
