@@ -3,6 +3,9 @@
 Each sub-command lives beside the code it drives and is only registered here. Settings that do not load (the
 development key without LEDGER_DEVELOPMENT, a variable that does not parse) end any of them the same way: one
 line on stderr naming the variable (`producers.settings.settings_problem`) and exit code 2, never a traceback.
+A store a command cannot reach (Kafka, PostgreSQL, Elasticsearch, or the API for `demo`) ends it the same way:
+one line naming the store, its configured address and the setting to change (`store_problem`), exit code 3.
+The servers (serve, mcp, worker, indexer, embedder) wait for an absent store by design instead.
 """
 
 from __future__ import annotations
@@ -11,6 +14,59 @@ import sys
 from typing import Any
 
 import typer
+
+STORE_UNREACHABLE = 3  # the exit code of a command that could not reach Kafka, PostgreSQL, Elasticsearch or the API
+
+
+def _address(store: str, exc: BaseException) -> tuple[str, str]:
+    """The configured address of `store` (never a DSN's password) and the setting that changes it."""
+    from producers.settings import get_settings
+
+    if store == "api":  # the address the command used (`demo --url` overrides the settings)
+        url = exc.request.url  # type: ignore[attr-defined]
+        return f"{url.host}:{url.port}", "--url or LEDGER_API_HOST/LEDGER_API_PORT"
+    s = get_settings()
+    if store == "kafka":
+        return s.kafka_bootstrap, "LEDGER_KAFKA_BOOTSTRAP"
+    if store == "elasticsearch":
+        return s.es_url, "LEDGER_ES_URL"
+    from psycopg.conninfo import conninfo_to_dict
+
+    dsn = conninfo_to_dict(s.pg_dsn)
+    return f"{dsn.get('host', 'localhost')}:{dsn.get('port', 5432)}/{dsn.get('dbname', '')}", "LEDGER_PG_DSN"
+
+
+def store_problem(exc: BaseException) -> str | None:
+    """One line naming the store a command could not reach (named as api.errors names them), its configured
+    address and how to fix it; None when `exc` (or what caused it) is not a failure to connect."""
+    import elastic_transport
+    import httpx
+    import kafka.errors as kafka_errors
+    import psycopg
+
+    from producers.sdk import PublishError
+
+    unreachable = {
+        "kafka": (kafka_errors.KafkaTimeoutError, kafka_errors.KafkaConnectionError),
+        "postgres": (psycopg.OperationalError,),
+        "elasticsearch": (elastic_transport.ConnectionError, elastic_transport.ConnectionTimeout),
+        "api": (httpx.ConnectError,),
+    }
+    seen: BaseException | None = exc
+    walked: set[int] = set()  # a chain of causes may loop back
+    while seen is not None and id(seen) not in walked:
+        walked.add(id(seen))
+        if isinstance(seen, PublishError) and seen.code == "unavailable":  # the SDK's word for a broker away
+            store, reason = "kafka", "unavailable"
+        else:
+            store = next((name for name, kinds in unreachable.items() if isinstance(seen, kinds)), "")
+            reason = type(seen).__name__
+        if store:
+            address, setting = _address(store, seen)
+            start = "`ledger serve`" if store == "api" else "`python -m infra up`"
+            return f"{store} at {address} is not reachable ({reason}): start it ({start}) or set {setting}"
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 class _Ledger(typer.Typer):
@@ -21,10 +77,14 @@ class _Ledger(typer.Typer):
             from producers.settings import settings_problem
 
             problem = settings_problem(exc)
+            if problem is not None:
+                print(f"ledger: the settings do not load: {problem}", file=sys.stderr)
+                raise SystemExit(2) from None
+            problem = store_problem(exc)
             if problem is None:
                 raise
-            print(f"ledger: the settings do not load: {problem}", file=sys.stderr)
-            raise SystemExit(2) from None
+            print(f"ledger: {problem}", file=sys.stderr)
+            raise SystemExit(STORE_UNREACHABLE) from None
 
 
 app = _Ledger(add_completion=False, no_args_is_help=True, help="memory-ledger command line")

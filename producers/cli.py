@@ -3,8 +3,9 @@
 `publish` streams one event per line through the SDK in batches, with a progress bar, and ends
 with a summary: accepted, rejected (line number, code, field, message), partitions used. An
 invalid line never stops the run: the valid lines around it are still published. Exit code 0 when
-every line was accepted, 1 when any was rejected, 2 when the broker could not be used at all or the
-settings (or `--topic`) are not usable (one line naming the variable: api.cli).
+every line was accepted, 1 when any was rejected, 2 when the broker stopped the run or the settings (or
+`--topic`) are not usable (one line naming the variable: api.cli), 3 when the broker could not be reached (one
+line naming it and its address: api.cli).
 
 Only typer is imported at module level, so `ledger --help` stays fast.
 """
@@ -36,6 +37,7 @@ class Summary:
     rejected: list[Rejection] = field(default_factory=list)
     partitions: Counter[int] = field(default_factory=Counter)
     stopped: str | None = None  # why the run stopped early, if it did
+    unreachable: Exception | None = None  # the SDK's error when that was a broker it could not reach
 
 
 def _settings(topic: str | None) -> Any:
@@ -83,6 +85,8 @@ class _Publisher:
                 self.summary.rejected.append(Rejection(line, f"publish_{outcome.code}", None, outcome.reason))
                 if outcome.code in ("unavailable", "closed"):
                     self.summary.stopped = f"line {line}: {outcome.reason}"
+                if outcome.code == "unavailable":
+                    self.summary.unreachable = outcome
             else:
                 self.summary.accepted += 1
                 self.summary.partitions[outcome.partition] += 1
@@ -146,7 +150,9 @@ def publish(
     file: str = typer.Argument(..., help="a JSONL file with one event per line, or - for stdin"),
     topic: str | None = typer.Option(None, help="topic to write to (default: LEDGER_TOPIC)"),
     batch_size: int = typer.Option(500, min=1, help="events sent per batch before waiting for acks"),
-    timeout: float = typer.Option(30.0, min=0.5, help="seconds to wait for the broker before giving up"),
+    timeout: float | None = typer.Option(
+        None, min=0.5, help="seconds to wait for the broker before giving up (default: LEDGER_PRODUCER_TIMEOUT_S)"
+    ),
     show: int = typer.Option(50, min=0, help="how many rejected lines to list in the summary"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
 ) -> None:
@@ -168,6 +174,8 @@ def publish(
         if stream is not sys.stdin.buffer:
             stream.close()
     _report(summary, show)
+    if summary.unreachable is not None:  # one line naming the broker and its address, exit 3 (api.cli)
+        raise summary.unreachable
     if summary.stopped:
         raise typer.Exit(2)
     raise typer.Exit(1 if summary.rejected else 0)
@@ -181,7 +189,9 @@ def topics(
     """Create the ledger topic, its dead-letter topic and the access topic (idempotent)."""
     from producers.topics import ensure_topics
 
-    for status in ensure_topics(_settings(topic)):
+    settings = _settings(topic)
+    # bounded like a producer's waits: a broker that is away is one line (api.cli) after that long, not a hang
+    for status in ensure_topics(settings, timeout_s=settings.producer_timeout_s):
         state = "created" if status.created else "exists"
         typer.echo(f"{status.name}: {state}, {status.partitions} partitions")
 

@@ -294,7 +294,11 @@ def rebuild_with_progress(settings: Settings, *, keep_old: bool = True, batch_si
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console()
-    total = sum(end_offsets(settings).values()) + sum(end_offsets(settings, settings.access_topic).values())
+    # bounded like a producer's waits: a broker that is away ends the command in one line (api.cli), not a hang
+    wait = settings.producer_timeout_s
+    total = sum(end_offsets(settings, timeout_s=wait).values()) + sum(
+        end_offsets(settings, settings.access_topic, timeout_s=wait).values()
+    )
     columns = (
         TextColumn("[bold]rebuild[/] {task.description}"),
         BarColumn(),

@@ -50,9 +50,9 @@ def user_env(**ledger: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}, **ledger}
 
 
-def run(path: tuple[str, ...], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run(path: tuple[str, ...], env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess[str]:
     argv = [LEDGER, *path, *ARGUMENTS.get(path, [])]
-    return subprocess.run(argv, env=env, cwd=REPO_ROOT, input="", capture_output=True, text=True, timeout=90)
+    return subprocess.run(argv, env=env, cwd=REPO_ROOT, input=stdin, capture_output=True, text=True, timeout=90)
 
 
 def check_one_line(path: tuple[str, ...], proc: subprocess.CompletedProcess[str], variable: str) -> None:

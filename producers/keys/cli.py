@@ -8,8 +8,8 @@
 - `rotate` rewraps every live data key under the active KEK (`store.rotate`; the log is not touched), then
   names the configured KEK ids that wrap no live key any more: those may leave the configuration.
 
-Errors are one line on stderr and a non-zero exit (1: the KEKs or their configuration; 2: the store is
-unreachable, or the settings do not load), never a traceback. Only typer is imported at module level, so
+Errors are one line on stderr and a non-zero exit (1: the KEKs or their configuration; 2: the store failed, or
+the settings do not load; 3: the store is unreachable), never a traceback. Only typer is imported at module level, so
 `ledger --help` stays fast.
 """
 
@@ -38,7 +38,7 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
 
 @contextmanager
 def _errors() -> Iterator[None]:
-    """KekError -> exit 1, an unreachable or failing store -> exit 2; one line each."""
+    """KekError -> exit 1, a failing store -> exit 2 (an unreachable one: exit 3, api.cli); one line each."""
     import psycopg
 
     from producers.keys.kek import KekError
@@ -47,9 +47,8 @@ def _errors() -> Iterator[None]:
         yield
     except KekError as exc:
         raise _fail(str(exc), 1) from None
-    except psycopg.OperationalError as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise _fail(f"the key store (LEDGER_PG_DSN) cannot be used: {first}", 2) from None
+    except psycopg.OperationalError:
+        raise  # an unreachable store: `ledger` names it and its address in one line (exit 3, api.cli)
     except psycopg.Error as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise _fail(f"the key store answered {type(exc).__name__}: {first}", 2) from None

@@ -54,9 +54,8 @@ def reindex(
 
     s = get_settings()
     configure_logging(s, "reindex")
-    embedder = load_embedder(s) if embed else None
     with (
-        psycopg.connect(s.pg_dsn, autocommit=True) as conn,
+        psycopg.connect(s.pg_dsn, autocommit=True, connect_timeout=max(2, s.pg_connect_timeout_s)) as conn,
         es_client(s.es_url, request_timeout=60) as es,
         Progress(
             TextColumn("reindex"),
@@ -66,6 +65,7 @@ def reindex(
             TimeElapsedColumn(),
         ) as bar,
     ):
+        embedder = load_embedder(s) if embed else None  # after connecting: a store that is away is said at once
         task = bar.add_task("reindex", total=None, rate="-")
         t0 = time.monotonic()
 

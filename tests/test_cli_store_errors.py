@@ -1,0 +1,69 @@
+"""A store that `ledger` cannot reach is one line saying which store, at which address, and how to fix it.
+
+The commands are read from the command line itself (`commands()` of the settings test: every command and
+sub-command typer registers), so a new one is covered unless it is excluded below with a reason. Each runs as a
+user runs it, `ledger <command>`, with settings that load (LEDGER_DEVELOPMENT=1) but point every store at a
+loopback port where nothing listens: Kafka, PostgreSQL, Elasticsearch and the API. Each must end with exit code 3
+and one line on stderr naming the store and its address (never the DSN's password), never a traceback.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+from producers.keys.kek import new_kek
+from tests.test_cli_settings_errors import NEED_NO_SETTINGS, commands, run, user_env
+
+# the servers retry a store that is away by design (they wait for it instead of exiting): out of scope here
+LONG_RUNNING = {
+    ("serve",): "the API starts without its stores and answers 503 naming the one that is down",
+    ("mcp",): "the MCP server starts without its stores, like the API",
+    ("worker",): "the projector waits for Kafka and PostgreSQL, retrying",
+    ("indexer",): "the indexer waits for PostgreSQL and Elasticsearch with a bounded backoff",
+    ("embedder",): "the embedder waits for PostgreSQL, retrying",
+}
+NEED_NO_STORE = set(NEED_NO_SETTINGS)  # `schema` and `keys new-kek` read nothing but the code
+EVENT = '{"type": "memory.asserted", "tenant": "demo", "subject": "s", "key": "k", "value": 1, "content": "c"}\n'
+STDIN = {("publish",): EVENT}  # publish contacts the broker with the first event only
+SECRET = "s3cret-pw"
+# the command's own log records (producers.logs: kafka-python's "Bootstrap failed") and publish's progress bar
+# may precede the one line
+LOG_RECORD = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ \[|publishing )")
+
+
+def dead_port() -> int:
+    """A loopback port where nothing listens (bound, then released: connecting is refused at once)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_every_command_says_in_one_line_which_store_is_unreachable() -> None:
+    port = dead_port()
+    env = user_env(
+        LEDGER_DEVELOPMENT="1",
+        LEDGER_KAFKA_BOOTSTRAP=f"127.0.0.1:{port}",
+        LEDGER_PG_DSN=f"postgresql://ledger:{SECRET}@127.0.0.1:{port}/ledger",
+        LEDGER_ES_URL=f"http://127.0.0.1:{port}",
+        LEDGER_API_PORT=str(port),
+        LEDGER_PRODUCER_TIMEOUT_S="2",  # kafka-python retries a refused bootstrap until its timeout
+        LEDGER_KEK=new_kek(),  # `keys rotate` needs a key to rotate to before it opens the store
+    )
+    paths = [p for p in commands() if p not in LONG_RUNNING and p not in NEED_NO_STORE]
+    assert {("topics",), ("publish",), ("rebuild",), ("reindex",), ("keys", "status"), ("demo",)} <= set(paths)
+    with ThreadPoolExecutor(4) as pool:
+        done = dict(zip(paths, pool.map(lambda p: run(p, env, STDIN.get(p, "")), paths), strict=True))
+    for path, proc in done.items():
+        name = " ".join(path)
+        assert "Traceback" not in proc.stderr + proc.stdout, f"ledger {name}:\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 3, f"ledger {name} exited {proc.returncode}: {proc.stderr[-2000:]}"
+        lines = [line for line in proc.stderr.strip().splitlines() if not LOG_RECORD.match(line)]
+        assert len(lines) == 1, f"ledger {name}: {proc.stderr[-2000:]}"
+        line = lines[0]
+        assert proc.stderr.strip().endswith(line), f"ledger {name}: the line is not the last word: {proc.stderr}"
+        assert line.startswith("ledger: ") and "is not reachable" in line, f"ledger {name}: {line}"
+        assert f"127.0.0.1:{port}" in line and "LEDGER_" in line, f"ledger {name}: {line}"
+        assert any(store in line for store in ("kafka", "postgres", "elasticsearch", "api")), line
+        assert SECRET not in line, f"ledger {name} printed the DSN's password: {line}"
