@@ -1,4 +1,4 @@
-"""Access tracking on the API's side (issue 16): every memory recall or context serves, recorded off the request path.
+"""Access tracking on the API's side: every memory recall or context serves, recorded off the request path.
 
     res.access.served(tenant, caller_of(tenants), hits)          # after the response body is built
 
@@ -36,6 +36,7 @@ from typing import Any
 from kafka import KafkaProducer
 
 from producers.contract import AccessEvent, InvalidEvent, access_id_for, access_key, encode_access
+from producers.kafka_producer import kafka_producer
 from producers.logs import current_ids
 from producers.metrics import counter
 from producers.settings import Settings
@@ -245,19 +246,16 @@ class AccessRecorder:
             return self._producer
         timeout_ms = max(1000, int(self.settings.api_kafka_timeout_s * 1000))
         try:
-            producer = KafkaProducer(
+            producer = kafka_producer(
                 bootstrap_servers=self.settings.kafka_bootstrap,
                 client_id="memory-ledger-access",
-                acks=1,  # an observation: one replica's ack; a redelivery is deduplicated by the access id
-                enable_idempotence=False,
+                durable=False,  # an observation: one replica's ack; a redelivery is deduplicated by the access id
                 retries=3,
                 linger_ms=50,
                 batch_size=64 * 1024,
                 allow_auto_create_topics=False,  # created by producers.topics.ensure_topics, never by accident
-                bootstrap_timeout_ms=timeout_ms,
-                max_block_ms=timeout_ms,
+                timeout_ms=timeout_ms,
                 request_timeout_ms=max(500, timeout_ms // 2),
-                delivery_timeout_ms=timeout_ms,
             )
         except Exception as exc:  # noqa: BLE001 - any failure to connect: drop, and try again after a backoff
             log.warning("access producer cannot connect to %s: %s: %s", self.settings.kafka_bootstrap, type(exc), exc)

@@ -156,7 +156,7 @@ from api.mcp.cli import mcp  # noqa: E402
 
 app.command()(mcp)
 
-# the key-encryption keys' commands (issue 13) live in producers/keys/cli.py (imports only typer at module level)
+# the key-encryption keys' commands live in producers/keys/cli.py (imports only typer at module level)
 from producers.keys.cli import keys_app  # noqa: E402
 
 app.add_typer(keys_app, name="keys")

@@ -26,6 +26,10 @@ did not answer), `.detail` (the API's `{"detail": [{code, field, message}]}` ite
 `.field`, `.message` of the first item, and `.store` (postgres, elasticsearch or kafka) for a 503
 `store_unavailable`. `health()` is the exception: a 503 there is an answer (`status: degraded`).
 
+Read-your-writes: every read takes `after=`, the `consistency_token` a write answered (the SDK's `.token`,
+`POST /v1/events`, MCP remember): the API answers once it has that write, waiting up to 2 s, else a `LedgerError`
+503 `not_yet` (retry). The answer's `consistency` (recall: `trace.consistency`) says which positions it reflects.
+
 Configuration: whatever is not given as an argument comes from `settings`, the client's own
 (`producers.settings.ClientSettings`: `LEDGER_CLIENT_URL`, default http://127.0.0.1:8000,
 `LEDGER_CLIENT_API_KEY`, `LEDGER_CLIENT_TIMEOUT_S`), never the server's: a client must work on a machine
@@ -139,8 +143,11 @@ def _recall(
     as_of: Time | None,
     mode: str | None,
     filters: Filters | None,
+    after: str | None = None,
 ) -> _Call:
-    body = _given(tenant=tenant, query=query, subject=subject, top_k=top_k, mode=mode, **_times(as_of=as_of))
+    body = _given(
+        tenant=tenant, query=query, subject=subject, top_k=top_k, mode=mode, after=after, **_times(as_of=as_of)
+    )
     if filters is not None:
         body["filters"] = {k: (v if isinstance(v, str) else list(v)) for k, v in filters.items()}
     return _Call("POST", "/v1/recall", RecallResponse, body=body)
@@ -155,6 +162,7 @@ def _context(
     as_of: Time | None,
     top_k: int | None,
     mode: str | None,
+    after: str | None = None,
 ) -> _Call:
     body = _given(
         tenant=tenant,
@@ -164,22 +172,33 @@ def _context(
         include_history=include_history,
         top_k=top_k,
         mode=mode,
+        after=after,
         **_times(as_of=as_of),
     )
     return _Call("POST", "/v1/context", ContextResponse, body={**body, "format": "json"})  # .text: the text form
 
 
-def _facts(tenant: str | None, subject: str, as_of: Time | None, known_at: Time | None) -> _Call:
-    params = _given(tenant=tenant, **_times(as_of=as_of, known_at=known_at))
+def _facts(
+    tenant: str | None, subject: str, as_of: Time | None, known_at: Time | None, after: str | None = None
+) -> _Call:
+    params = _given(tenant=tenant, after=after, **_times(as_of=as_of, known_at=known_at))
     return _Call("GET", f"/v1/subjects/{_segment(subject)}/facts", FactsResponse, params=params)
 
 
-def _history(tenant: str | None, memory_id: str) -> _Call:
-    return _Call("GET", f"/v1/facts/{_segment(memory_id)}/history", HistoryResponse, params=_given(tenant=tenant))
+def _history(tenant: str | None, memory_id: str, after: str | None = None) -> _Call:
+    params = _given(tenant=tenant, after=after)
+    return _Call("GET", f"/v1/facts/{_segment(memory_id)}/history", HistoryResponse, params=params)
 
 
-def _events(tenant: str | None, subject: str, from_: Time | None, to: Time | None, limit: int | None) -> _Call:
-    params = {**_given(tenant=tenant, limit=limit), **_times(**{"from": from_, "to": to})}
+def _events(
+    tenant: str | None,
+    subject: str,
+    from_: Time | None,
+    to: Time | None,
+    limit: int | None,
+    after: str | None = None,
+) -> _Call:
+    params = {**_given(tenant=tenant, limit=limit, after=after), **_times(**{"from": from_, "to": to})}
     return _Call("GET", f"/v1/subjects/{_segment(subject)}/events", EventsResponse, params=params)
 
 
@@ -298,9 +317,10 @@ class LedgerClient(_Base):
         as_of: Time | None = None,
         mode: str | None = None,
         filters: Filters | None = None,
+        after: str | None = None,
     ) -> RecallResponse:
         """POST /v1/recall: exact cues first, then keywords and vectors; each hit says which stage found it and why."""
-        return self._send(_recall(self._tenant(tenant), query, subject, top_k, as_of, mode, filters))
+        return self._send(_recall(self._tenant(tenant), query, subject, top_k, as_of, mode, filters, after))
 
     def context(
         self,
@@ -313,21 +333,28 @@ class LedgerClient(_Base):
         as_of: Time | None = None,
         top_k: int | None = None,
         mode: str | None = None,
+        after: str | None = None,
     ) -> ContextResponse:
         """POST /v1/context: the prompt-ready block for a subject (and a question); `.text` is what to paste."""
         return self._send(
-            _context(self._tenant(tenant), subject, question, budget_tokens, include_history, as_of, top_k, mode)
+            _context(self._tenant(tenant), subject, question, budget_tokens, include_history, as_of, top_k, mode, after)
         )
 
     def facts(
-        self, subject: str, *, tenant: str | None = None, as_of: Time | None = None, known_at: Time | None = None
+        self,
+        subject: str,
+        *,
+        tenant: str | None = None,
+        as_of: Time | None = None,
+        known_at: Time | None = None,
+        after: str | None = None,
     ) -> FactsResponse:
         """GET /v1/subjects/{subject}/facts: the facts holding at valid time `as_of` (now), as known at `known_at`."""
-        return self._send(_facts(self._tenant(tenant), subject, as_of, known_at))
+        return self._send(_facts(self._tenant(tenant), subject, as_of, known_at, after))
 
-    def history(self, memory_id: str, *, tenant: str | None = None) -> HistoryResponse:
+    def history(self, memory_id: str, *, tenant: str | None = None, after: str | None = None) -> HistoryResponse:
         """GET /v1/facts/{memory_id}/history: the fact's version chain, oldest first."""
-        return self._send(_history(self._tenant(tenant), memory_id))
+        return self._send(_history(self._tenant(tenant), memory_id, after))
 
     def events(
         self,
@@ -337,9 +364,10 @@ class LedgerClient(_Base):
         from_: Time | None = None,
         to: Time | None = None,
         limit: int | None = None,
+        after: str | None = None,
     ) -> EventsResponse:
         """GET /v1/subjects/{subject}/events: the audit replay, in ledger order, each event with its effect."""
-        return self._send(_events(self._tenant(tenant), subject, from_, to, limit))
+        return self._send(_events(self._tenant(tenant), subject, from_, to, limit, after))
 
     def event_status(self, event_id: str, *, tenant: str | None = None) -> EventStatus:
         """GET /v1/events/{event_id}: what became of an event (pending, applied, duplicate, dead_lettered, unknown)."""
@@ -402,9 +430,10 @@ class AsyncLedgerClient(_Base):
         as_of: Time | None = None,
         mode: str | None = None,
         filters: Filters | None = None,
+        after: str | None = None,
     ) -> RecallResponse:
         """POST /v1/recall: exact cues first, then keywords and vectors; each hit says which stage found it and why."""
-        return await self._send(_recall(self._tenant(tenant), query, subject, top_k, as_of, mode, filters))
+        return await self._send(_recall(self._tenant(tenant), query, subject, top_k, as_of, mode, filters, after))
 
     async def context(
         self,
@@ -417,21 +446,28 @@ class AsyncLedgerClient(_Base):
         as_of: Time | None = None,
         top_k: int | None = None,
         mode: str | None = None,
+        after: str | None = None,
     ) -> ContextResponse:
         """POST /v1/context: the prompt-ready block for a subject (and a question); `.text` is what to paste."""
         return await self._send(
-            _context(self._tenant(tenant), subject, question, budget_tokens, include_history, as_of, top_k, mode)
+            _context(self._tenant(tenant), subject, question, budget_tokens, include_history, as_of, top_k, mode, after)
         )
 
     async def facts(
-        self, subject: str, *, tenant: str | None = None, as_of: Time | None = None, known_at: Time | None = None
+        self,
+        subject: str,
+        *,
+        tenant: str | None = None,
+        as_of: Time | None = None,
+        known_at: Time | None = None,
+        after: str | None = None,
     ) -> FactsResponse:
         """GET /v1/subjects/{subject}/facts: the facts holding at valid time `as_of` (now), as known at `known_at`."""
-        return await self._send(_facts(self._tenant(tenant), subject, as_of, known_at))
+        return await self._send(_facts(self._tenant(tenant), subject, as_of, known_at, after))
 
-    async def history(self, memory_id: str, *, tenant: str | None = None) -> HistoryResponse:
+    async def history(self, memory_id: str, *, tenant: str | None = None, after: str | None = None) -> HistoryResponse:
         """GET /v1/facts/{memory_id}/history: the fact's version chain, oldest first."""
-        return await self._send(_history(self._tenant(tenant), memory_id))
+        return await self._send(_history(self._tenant(tenant), memory_id, after))
 
     async def events(
         self,
@@ -441,9 +477,10 @@ class AsyncLedgerClient(_Base):
         from_: Time | None = None,
         to: Time | None = None,
         limit: int | None = None,
+        after: str | None = None,
     ) -> EventsResponse:
         """GET /v1/subjects/{subject}/events: the audit replay, in ledger order, each event with its effect."""
-        return await self._send(_events(self._tenant(tenant), subject, from_, to, limit))
+        return await self._send(_events(self._tenant(tenant), subject, from_, to, limit, after))
 
     async def event_status(self, event_id: str, *, tenant: str | None = None) -> EventStatus:
         """GET /v1/events/{event_id}: what became of an event (pending, applied, duplicate, dead_lettered, unknown)."""

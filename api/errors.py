@@ -71,7 +71,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: _doc("the request is invalid; each item names a field"),
     500: _doc("an unexpected server error (a bug: it is logged)"),
     429: _doc("this tenant's previous expensive request (a consistency scan) still runs: retry after Retry-After s"),
-    503: _doc("a store (postgres, elasticsearch or kafka) failed; the message names it; retrying later is safe"),
+    503: _doc(
+        "a store (postgres, elasticsearch or kafka) failed, the message names it; or not_yet: the read's `after` "
+        "write is not readable yet; retrying later is safe"
+    ),
 }
 
 # The one vocabulary: every code a route or an MCP tool answers, and when. README.md lists the same table
@@ -82,7 +85,7 @@ ERROR_CODES: dict[str, str] = {
     "wrong_type": "a value of the wrong JSON type (text where a number goes, a number where a list goes)",
     "invalid_value": "a value the field does not allow: out of range, too long or short, blank, a rule between fields",
     "unknown_value": "not one of the field's choices (`kind`, `format`, `mode`, `source.type`)",
-    "unknown_type": "an event `type` that is not one of the four",
+    "unknown_type": "an event `type` that is not one of the contract's (`EventType`)",
     "invalid_time": "not a strict RFC 3339 time (seconds and an offset; never a Unix number)",
     "invalid_range": "`to` before `from`",
     "unstorable_text": "U+0000 or a lone surrogate, which PostgreSQL cannot store",
@@ -93,6 +96,7 @@ ERROR_CODES: dict[str, str] = {
     "unsupported_schema": "a `schema_version` newer than this contract",
     "clock_skew": "`observed_at` too far in the future",
     "event_id_conflict": "the `(tenant, event_id)` already names an event with other content",
+    "dead_letter_resolved": "409: the dead letter was re-driven or discarded already (the message names the event)",
     "bad_json": "the body is not JSON (the message gives line, column and character)",
     "empty": "an empty ledger record",
     "wrong_content_type": "a body sent without `Content-Type: application/json`",
@@ -114,6 +118,7 @@ ERROR_CODES: dict[str, str] = {
     "internal_error": "an unexpected server error (a bug: it is logged)",
     "unavailable": "the service is not available",
     "busy": "429: the tenant's previous expensive request still runs (or the server's share is taken): `Retry-After`",
+    "not_yet": "503: the read's `after` write is not readable yet (the message gives the positions reached): retry",
     "error": "an error of an HTTP status without a code of its own",
 }
 # the contract's bounds (a message never echoes a caller's megabyte, nor lists every tenant of a key); a field

@@ -8,9 +8,11 @@ the Elasticsearch client, the producer, the recall engine, in one place), the er
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import fastapi.routing
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
@@ -30,6 +32,31 @@ def operation_id(route: APIRoute) -> str:
     return route.name
 
 
+def build_routes(app: FastAPI) -> None:
+    """Build before serving what FastAPI otherwise builds on the event loop at a route's first request: each
+    included router's route table with its validators, each endpoint's source location (read from its file), the
+    OpenAPI document. Built lazily, the first caller of a route stalls every other tenant's request for as long.
+
+    The route tables and the endpoint locations are FastAPI internals, looked up by name: with a FastAPI that has
+    none, nothing is built here and nothing breaks (tests/test_availability.py then shows the stall).
+    """
+
+    def walk(routes: Any) -> None:
+        for route in routes:
+            if callable(low := getattr(route, "effective_low_priority_routes", None)):
+                low()
+            if callable(candidates := getattr(route, "effective_candidates", None)):
+                walk(candidates())
+            if callable(locate) and isinstance(endpoint := getattr(route, "endpoint", None), Callable):
+                locate(endpoint)
+            if (original := getattr(route, "original_route", None)) is not None and callable(locate):
+                locate(original.endpoint)
+
+    locate = getattr(fastapi.routing, "_extract_endpoint_context", None)
+    walk(app.router.routes)
+    app.openapi()
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -37,6 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         async with Resources.open(settings) as res:
             app.state.resources = res
+            build_routes(app)
             # read-only aliases for tests that predate Resources (tests/test_recall*.py); nothing in api/ reads them
             app.state.pg, app.state.es, app.state.recall_engine = res.pool, res.es, res.recall
             try:

@@ -14,6 +14,11 @@ explanation never names a version logged after `known_at`). The engine runs as k
 (`RecallQuery.known_at`): its candidates are the versions logged by then that began by the valid time, however
 they ended since (a fact retracted or superseded later is still found), and the episodes grouped with a hit and
 its context turns follow the same pair of times.
+
+Read-your-writes (`after`, a write's consistency token): each function first waits until what it reads has that
+write (api.consistency: the projection for facts, the audit replay, history and a context block; the search index
+too for recall and a context block's question), or answers 503 `not_yet`; the answer then says which positions it
+reflects (`consistency`; recall's in its trace).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from api.access import caller_of
+from api.consistency import Stage, recall_stage, wait_after
 from api.context import ContextBlock, build_context
 from api.deps import check_tenant
 from api.errors import ApiError
@@ -46,13 +52,20 @@ async def subject_facts(
     subject: str,
     as_of: datetime | None = None,
     known_at: datetime | None = None,
+    after: str | None = None,
 ) -> dict[str, Any]:
     """The subject's facts at valid time `as_of` (default now), optionally only from events observed by `known_at`."""
     check_tenant(tenant, tenants)
+    seen = await _after(res, tenant, after, "projection")
     t = as_of or datetime.now(UTC)
     async with res.pool.connection() as conn:
         rows = await current_facts(conn, tenant, subject, t, known_at)
-    return {"tenant": tenant, "subject": subject, "as_of": rfc3339(t), "facts": rows}
+    return {"tenant": tenant, "subject": subject, "as_of": rfc3339(t), "facts": rows} | seen
+
+
+async def _after(res: Resources, tenant: str, after: str | None, stage: Stage) -> dict[str, Any]:
+    """`{"consistency": ...}` once `stage` has the write `after` names (api.consistency), `{}` without a token."""
+    return {} if after is None else {"consistency": await wait_after(res, tenant, after, stage)}
 
 
 async def subject_log(
@@ -63,29 +76,35 @@ async def subject_log(
     from_: datetime | None = None,
     to: datetime | None = None,
     limit: int = 10_000,
+    after: str | None = None,
 ) -> dict[str, Any]:
     """The subject's events in ledger order (partition, offset), each with its partition, offset and effect."""
     check_tenant(tenant, tenants)
     if from_ is not None and to is not None and to < from_:
         raise ApiError(422, "invalid_range", "to is before from", "to")
+    seen = await _after(res, tenant, after, "projection")
     async with res.pool.connection() as conn:
         rows = await subject_events(conn, tenant, subject, from_, to, limit)
-    return {"tenant": tenant, "subject": subject, "events": rows}
+    return {"tenant": tenant, "subject": subject, "events": rows} | seen
 
 
-async def history(res: Resources, tenants: frozenset[str], tenant: str, memory_id: str) -> dict[str, Any]:
+async def history(
+    res: Resources, tenants: frozenset[str], tenant: str, memory_id: str, after: str | None = None
+) -> dict[str, Any]:
     """A fact's version chain, oldest first; 404 naming memory_id if the tenant has no such fact."""
     check_tenant(tenant, tenants)
+    seen = await _after(res, tenant, after, "projection")
     async with res.pool.connection() as conn:
         versions = await fact_history(conn, tenant, memory_id)
     if not versions:
         raise ApiError(404, "not_found", f"no fact {memory_id!r} in tenant {tenant!r}", "memory_id")
-    return {"memory_id": memory_id, "tenant": tenant, "versions": versions}
+    return {"memory_id": memory_id, "tenant": tenant, "versions": versions} | seen
 
 
 async def recall(res: Resources, tenants: frozenset[str], body: RecallBody) -> dict[str, Any]:
     """`POST /v1/recall`: hits (exact first, then keyword/semantic), the query's cues and a per-stage trace."""
     check_tenant(body.tenant, tenants)
+    seen = await _after(res, body.tenant, body.after, recall_stage(body.mode))
     query = RecallQuery(
         tenant=body.tenant,
         query=body.query,
@@ -103,7 +122,9 @@ async def recall(res: Resources, tenants: frozenset[str], body: RecallBody) -> d
     answer = await res.recall.recall(query)
     if body.known_at is not None:
         answer = await _as_known(res, body.tenant, answer, body.known_at)
-    res.access.served(body.tenant, caller_of(tenants), answer["hits"])  # issue 16: queued, sent off the request path
+    if seen:  # the trace says which positions the answer reflects
+        answer = {**answer, "trace": {**answer["trace"], **seen}}
+    res.access.served(body.tenant, caller_of(tenants), answer["hits"])  # queued, sent off the request path
     return answer
 
 
@@ -147,6 +168,8 @@ async def context(res: Resources, tenants: frozenset[str], body: ContextBody) ->
     """`POST /v1/context`: the subject's facts (and, asked, their history) with the recall hits for the question
     first, as one block within the token budget (api.context builds it; this only gathers the rows)."""
     check_tenant(body.tenant, tenants)
+    # a question is recalled (its mode's stage); the block's facts are the projection's
+    seen = await _after(res, body.tenant, body.after, recall_stage(body.mode) if body.question else "projection")
     t = body.as_of or datetime.now(UTC)
 
     async def rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -169,7 +192,7 @@ async def context(res: Resources, tenants: frozenset[str], body: ContextBody) ->
         (facts, versions), found = await asyncio.gather(rows(), hits())
         counter = token_counter(res.settings.model_dir)
         # counting tokens is CPU work bounded by the budget (api.context): in a worker thread, off the event loop
-        return await run_in_threadpool(
+        block = await run_in_threadpool(
             build_context,
             body,
             facts=facts,
@@ -179,3 +202,5 @@ async def context(res: Resources, tenants: frozenset[str], body: ContextBody) ->
             count=counter.count,
             tokenizer=res.settings.embed_model,
         )
+    block.doc.update(seen)  # the json form says which positions it reflects (the text block is only the block)
+    return block

@@ -7,6 +7,8 @@ parameters in their signatures; the models of their parameters here (`FactsParam
 use the same validators and limits (`TENANT`, `SUBJECT`, `Storable`, `Time`), for the MCP tools.
 
 Time fields are the contract's strict RFC 3339 (`api.deps.Time`): a Unix number is refused.
+`after` (api.consistency.After) is a write's consistency token: the read answers once it has that write; a value
+that is not a token is refused (422 naming `after`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from api.consistency import After
 from api.deps import Storable, Time, storable
 from producers.contract import Kind, SourceType
 from projections.search.recall import Mode, RecallFilters
@@ -157,6 +160,7 @@ class RecallBody(BaseModel):
         description="with each episode hit, this many neighbouring turns on each side (same tenant and source "
         "service, observed within the server's context window, 30 minutes by default), as its `context`",
     )
+    after: After = None
 
     _query_not_blank = field_validator("query")(_not_blank)
 
@@ -176,6 +180,7 @@ class FactsParams(BaseModel):
     subject: Storable = Field(description="the subject whose facts are listed, e.g. user:42", **SUBJECT)
     as_of: Time | None = Field(default=None, description="valid time (default now)")
     known_at: Time | None = Field(default=None, description="only what was observed by this transaction time")
+    after: After = None
 
 
 class HistoryParams(BaseModel):
@@ -187,6 +192,7 @@ class HistoryParams(BaseModel):
     memory_id: Storable = Field(
         description="the fact's memory_id (as remember, recall and facts answer it)", **MEMORY_ID
     )
+    after: After = None
 
 
 class EventStatusParams(BaseModel):
@@ -259,5 +265,6 @@ class ContextBody(BaseModel):
     as_of: Time | None = Field(default=None, description="valid time (default now; pass it for reproducible blocks)")
     top_k: int = Field(default=5, ge=1, le=50, description="recall hits for the question")
     mode: Mode = Field(default="auto", description=f"for the question's recall: {MODE_NOTE}")
+    after: After = None
 
     _question_not_blank = field_validator("question")(_not_blank)

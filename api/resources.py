@@ -29,7 +29,7 @@ What each part is, and why it is opened the way it is:
 - `door_check`: the publish door's back-off after PostgreSQL failed its idempotency lookup.
 - `offsets`: one KafkaConsumer for /v1/stats' end offsets (`EndOffsetReader`): a new one per request
   cost ~120 ms of a bootstrap and metadata round trip, a kept one ~1 ms. Created on first use.
-- `keys`: the key store's data keys (issue 13), cached: the producer seals with them when encryption is on, and
+- `keys`: the key store's data keys, cached: the producer seals with them when encryption is on, and
   `POST /v1/keys` hands them to producers without database credentials. None when no KEK is configured.
 - `access`: the AccessRecorder (api.access): `served(...)` queues what a recall served; its thread sends the
   accesses to the access topic in batches, and drops (counted) whatever the broker does not take.
@@ -137,7 +137,7 @@ class Resources:
             stack.push_async_callback(pool.close)
             es = async_es_client(settings.es_url, request_timeout=settings.es_request_timeout_s)
             stack.push_async_callback(es.close)
-            keys = api_key_source(settings)  # issue 13: None without a KEK; a wrong KEK fails here, at start
+            keys = api_key_source(settings)  # None without a KEK; a wrong KEK fails here, at start
             producer = LedgerProducer(  # connects on first publish; seals with `keys` when encryption is on
                 settings, timeout_s=settings.api_kafka_timeout_s, keys=keys if settings.encryption != "off" else None
             )
@@ -164,7 +164,7 @@ class Resources:
                 res.embedder_warmup = asyncio.get_running_loop().create_task(recall.embedder(), name="embedder-warmup")
                 res.embedder_warmup.add_done_callback(_report_warmup)
                 stack.push_async_callback(_cancel, res.embedder_warmup)
-                if settings.rerank_enabled:  # issue 15: a query before it is loaded is served without rerank
+                if settings.rerank_enabled:  # a query before it is loaded is served without rerank
                     warm = recall.reranker.model()
                     res.rerank_warmup = asyncio.get_running_loop().create_task(warm, name="rerank-warmup")
                     res.rerank_warmup.add_done_callback(_report_warmup)

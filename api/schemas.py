@@ -30,9 +30,13 @@ from projections.versions import EFFECTS
 
 __all__ = [
     "Body",
+    "Consistency",
     "ConsistencyResponse",
     "ContextResponse",
     "DataKeyItem",
+    "DeadLetterAction",
+    "DeadLetterRecord",
+    "DeadLettersResponse",
     "ErasureRecord",
     "ErasureResponse",
     "ErasuresResponse",
@@ -111,6 +115,24 @@ _WRITE_EFFECT = (
     "nothing) is its status (status_url)"
 )
 _STATUS_URL = "GET this for what became of the event: pending, applied (+ effect), duplicate, dead_lettered"
+_TOKEN = (
+    "the ledger positions of what this wrote, opaque: pass it as `after` to any read to answer only once the read "
+    "has it (null: nothing was written)"
+)
+
+
+class Consistency(Body):
+    """A read given `after`: the write it waited for and what the answer reflects (api.consistency)."""
+
+    after: str = Field(description="the consistency token the read was given")
+    reflects: str = Field(description="the projection's positions the answer reflects, as a token (at least after)")
+    stage: Literal["projection", "documents", "vectors"] = Field(
+        description="what was waited for: the projection; and the search documents; and their vectors"
+    )
+    waited_ms: float
+
+
+_CONSISTENCY = "given after: the write waited for and the positions the answer reflects"
 
 
 class EventResult(Body):
@@ -133,6 +155,7 @@ class PublishResponse(Body):
     results: list[EventResult]
     idempotency_checked: bool = Field(description="false: PostgreSQL was not asked about the ids (see the note)")
     idempotency_note: str | None = None
+    consistency_token: str | None = Field(None, description=_TOKEN)
 
 
 class PublishErrorBody(ErrorBody):
@@ -141,6 +164,7 @@ class PublishErrorBody(ErrorBody):
     results: list[EventResult] | None = None
     idempotency_checked: bool | None = None
     idempotency_note: str | None = None
+    consistency_token: str | None = Field(None, description=_TOKEN)
 
 
 # -- facts, history, the audit replay ------------------------------------------------------------------
@@ -184,12 +208,14 @@ class FactsResponse(Body):
     subject: str
     as_of: Timestamp = Field(description="the valid time the facts hold at (the request's as_of, or now)")
     facts: list[FactVersion]
+    consistency: Consistency | None = Field(None, description=_CONSISTENCY)
 
 
 class HistoryResponse(Body):
     memory_id: str
     tenant: str
     versions: list[FactVersion] = Field(description="oldest first")
+    consistency: Consistency | None = Field(None, description=_CONSISTENCY)
 
 
 class Effect(Body):
@@ -223,6 +249,7 @@ class EventsResponse(Body):
     tenant: str
     subject: str
     events: list[LedgerEvent]
+    consistency: Consistency | None = Field(None, description=_CONSISTENCY)
 
 
 # -- GET /v1/events/{event_id} ------------------------------------------------------------------------
@@ -287,10 +314,10 @@ class RecallCues(Body):
     event_types: list[str]
     time: TimeCue | None
     terms: list[str]
-    scopes: list[str] = Field(default=[], description="the tenant's scopes the query names (issue 15)")
+    scopes: list[str] = Field(default=[], description="the tenant's scopes the query names")
     dates: list[DateCueOut] = Field(
         default=[],
-        description="calendar dates the query names (issue 15): episodes and events on them (or told within 7 "
+        description="calendar dates the query names: episodes and events on them (or told within 7 "
         "days after) are preferred; null parts are any (a month without a year is that month in any year)",
     )
 
@@ -302,7 +329,7 @@ class MatchedCues(Body):
     keys: list[str] | None = None
     event_types: list[str] | None = None
     time: str | None = None
-    scope: str | None = Field(None, description="the hit's scope, when the query names it (issue 15)")
+    scope: str | None = Field(None, description="the hit's scope, when the query names it")
 
 
 class Verified(Body):
@@ -316,17 +343,17 @@ class Match(Body):
     scores: dict[str, float] = Field(
         description="bm25, cosine, rrf (fuzzy stages), prior, overlap; rerank (the cross-encoder's logit) and "
         "rank_before_rerank (the hit's place among the fuzzy hits before it) when the rerank stage scored it; "
-        "preference (the factor on an episode about none of the subjects the query names, issue 15)"
+        "preference (the factor on an episode about none of the subjects the query names)"
     )
     verified: Verified
     preferred: list[str] | None = Field(
         None,
-        description="why a preference moved the hit up (issue 15): subject cue 'x' (an episode about a subject "
+        description="why a preference moved the hit up: subject cue 'x' (an episode about a subject "
         "the query names), scope cue 'x' or default scope (its fact's version of that scope comes first)",
     )
     duplicates: list[str] | None = Field(
         None,
-        description="the other episodes of this hit's near-duplicate group (issue 15: the same thing said again, a "
+        description="the other episodes of this hit's near-duplicate group (the same thing said again, a "
         "re-import), version ids: recall returns one hit per group",
     )
     context: str | None = Field(
@@ -335,7 +362,7 @@ class Match(Body):
 
 
 class ContextTurn(Body):
-    """A turn said just before (offset < 0) or after (offset > 0) an episode hit (issue 15)."""
+    """A turn said just before (offset < 0) or after (offset > 0) an episode hit."""
 
     offset: int = Field(description="its place relative to the hit: -1 the turn before, 1 the turn after")
     memory_id: str
@@ -382,7 +409,7 @@ class RecallTrace(Body):
     stages_ms: dict[str, float]
     embedding_computed: bool
     embedding_models: list[str] | None = Field(
-        None, description="the models the semantic stage embedded the query with (per language, issue 15)"
+        None, description="the models the semantic stage embedded the query with (per language)"
     )
     mode: Mode
     exact_candidates: int | None = None
@@ -399,6 +426,7 @@ class RecallTrace(Body):
         description="the rerank stage (cross-encoder over the first fuzzy hits): computed, candidates, scored, "
         "budget_ms, stopped (null, budget, language, loading, unavailable), not_english",
     )
+    consistency: Consistency | None = Field(None, description=_CONSISTENCY)
 
 
 class RecallResponse(Body):
@@ -428,7 +456,7 @@ class SearchCounts(Body):
     outbox_pending: int
     pg_versions: int
     es_documents: int
-    # issue 14: two-phase indexing's two lags
+    # two-phase indexing's two lags
     vectors_pending: int = Field(
         description="versions whose document is written but lacks a configured model's vector (semantic recall "
         "does not see them yet; exact and keyword recall do)"
@@ -437,9 +465,7 @@ class SearchCounts(Body):
     vectors_lag_s: float | None = Field(
         description="age of the oldest version awaiting its vectors, since PostgreSQL had it (null: none)"
     )
-    duplicate_groups: int = Field(
-        description="groups of near-duplicate episodes (issue 15): recall returns one hit per group"
-    )
+    duplicate_groups: int = Field(description="groups of near-duplicate episodes: recall returns one hit per group")
     duplicate_episodes: int = Field(description="episodes linked to a group as repeats of its first episode")
 
 
@@ -447,7 +473,7 @@ class StatsTimings(Body):
     """How long each store took to answer, in ms (they are asked in parallel)."""
 
     postgres: float = Field(description="the counters, the bounded checks and the positions")
-    access: float = Field(description="the access summary (issue 16), after the postgres part on its connection")
+    access: float = Field(description="the access summary, after the postgres part on its connection")
     elasticsearch: float
     kafka: float
     total: float
@@ -474,7 +500,7 @@ class MostServed(Body):
 
 
 class AccessSummary(Body):
-    """What recall and context served (issue 16), from counters (projections.postgres.queries.access_summary)."""
+    """What recall and context served, from counters (projections.postgres.queries.access_summary)."""
 
     active_facts: int = Field(
         description="facts of the tenant with a version of status active (neither superseded nor retracted)"
@@ -567,7 +593,7 @@ class SubjectsResponse(Body):
     more: bool = Field(description="true: more subjects start with prefix than limit allowed")
 
 
-# -- POST /v1/context (issue 16: the agent's side) -------------------------------------------------------------
+# -- POST /v1/context (the agent's side) -------------------------------------------------------------
 
 
 class ContextLine(Body):
@@ -605,9 +631,10 @@ class ContextResponse(Body):
     lines: list[ContextLine]
     left_out: int = Field(description="lines that did not fit the budget")
     text: str = Field(description="the block as format=text answers it")
+    consistency: Consistency | None = Field(None, description=_CONSISTENCY)
 
 
-# -- GET /v1/schema/event (issue 16: producers in other languages) --------------------------------------------
+# -- GET /v1/schema/event (producers in other languages) --------------------------------------------
 
 
 class EventSchemaDocument(Body):
@@ -641,6 +668,7 @@ class ErasureResponse(Body):
     offset: int
     effect: WriteEffect = Field(description=_WRITE_EFFECT)
     status_url: str = Field(description=_STATUS_URL)
+    consistency_token: str | None = Field(None, description=_TOKEN)
 
 
 # -- GET /v1/health ---------------------------------------------------------------------------------------------
@@ -666,7 +694,7 @@ class HealthResponse(Body):
     detail: list[ErrorItem] | None = Field(None, description="503 only: one store_unavailable item per part down")
 
 
-# -- POST /v1/keys, POST /v1/keys/retire, GET /v1/erasures (issue 13) -------------------------------------------
+# -- POST /v1/keys, POST /v1/keys/retire, GET /v1/erasures -------------------------------------------
 
 
 class DataKeyItem(Body):
@@ -738,3 +766,76 @@ class ErasureRecord(Body):
 class ErasuresResponse(Body):
     tenant: str
     erasures: list[ErasureRecord]
+
+
+# -- /v1/dead-letters (api.dead_letters) ------------------------------------------------------------------------
+
+
+class DeadLetterPosition(Body):
+    partition: int
+    offset: int
+
+
+class DeadLetterResolution(Body):
+    """The event that resolved a dead letter (the first by ledger position, if several did)."""
+
+    event_id: str
+    partition: int = Field(description="where the resolving event is in the ledger")
+    offset: int
+    reason: str | None = Field(None, description="discarded: why (a re-drive: its own reason field, if any)")
+    resolved_at: Timestamp = Field(description="the resolving event's observed_at")
+
+
+class DeadLetter(Body):
+    """A record the worker refused, at its place in the ledger, and what became of it."""
+
+    partition: int
+    offset: int
+    reason: ErrorItem = Field(description="why the worker refused it: code, field, message")
+    event_id: str | None = Field(None, description="the event_id the record claims, if it can be read")
+    recorded_at: Timestamp
+    state: Literal["open", "redriven", "discarded"]
+    resolution: DeadLetterResolution | None = Field(None, description="redriven or discarded: by which event")
+
+
+class DeadLettersResponse(Body):
+    tenant: str
+    state: Literal["open", "redriven", "discarded"] | None = None
+    dead_letters: list[DeadLetter]
+    next: str | None = Field(None, description="PARTITION:OFFSET: pass it as `after` for the next page")
+
+
+class DeadLetterSealed(Body):
+    key_id: str
+    opened: bool = Field(description="true: the personal fields were opened with the data key and are in record")
+    why: str | None = Field(None, description="not opened: why (no KEK here, key destroyed by an erasure, ...)")
+
+
+class DeadLetterRecord(DeadLetter):
+    """One dead letter with its record, as far as it decodes."""
+
+    size: int = Field(description="the record's size in bytes")
+    record: dict[str, Any] | None = Field(
+        None,
+        description="the record's JSON object (a sealed one's clear fields "
+        "and, if opened, its personal fields); null if it is not a JSON object",
+    )
+    raw_text: str | None = Field(None, description="a record that is not a JSON object: its first 4,096 characters")
+    sealed: DeadLetterSealed | None = None
+
+
+class DeadLetterAction(Body):
+    """What the door answered for the resolving event (the letter reads its new state once it is applied)."""
+
+    dead_letter: DeadLetterPosition
+    event_id: str
+    duplicate: bool = Field(description="true: this event was published before (a retry); nothing published again")
+    erased: bool | None = None
+    memory_id: str | None = None
+    version_id: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+    effect: WriteEffect = Field(description=_WRITE_EFFECT)
+    status_url: str = Field(description=_STATUS_URL)
+    consistency_token: str | None = Field(None, description=_TOKEN)
+    idempotency_note: str | None = None

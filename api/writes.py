@@ -10,6 +10,9 @@ API process and the MCP server), conflicts, tenancy. `event_status` tells what b
 `publish_events` is documented in api.routes.events (statuses, per-event results, idempotency).
 `publish_one` is the same door for one event, its refusal raised as an ApiError whose field is
 relative to the event (`value.notes.2`, not `events.0.value.notes.2`).
+
+Every write answers `consistency_token` (producers.consistency): the ledger positions of what it wrote (a retry of
+an applied event: where it was applied). A read given it as `after` answers once it has the write (api.consistency).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from api.deps import check_tenant
 from api.errors import ApiError, store_unavailable
 from api.requests import ForgetParams
 from api.resources import Resources
+from producers.consistency import token_of
 from producers.contract import (
     EventType,
     InvalidEvent,
@@ -225,7 +229,12 @@ async def publish_events(res: Resources, tenants: frozenset[str], events: list[A
             results[i] = {**earlier, "event_id": event.event_id, "error": {**error, "field": field}}
     done: list[dict[str, Any]] = [r for r in results if r is not None]
     status = _status(done, broker_failure is not None)
-    payload: dict[str, Any] = {"results": done, "idempotency_checked": skipped is None}
+    written = [(r["partition"], r["offset"]) for r in done if r["accepted"] and r.get("partition") is not None]
+    payload: dict[str, Any] = {
+        "results": done,
+        "idempotency_checked": skipped is None,
+        "consistency_token": token_of(written),  # what a read passes as `after` to see these writes
+    }
     if skipped is not None:
         payload["idempotency_note"] = skipped + "; the worker still applies each (tenant, event_id) once"
     if status >= 400:
@@ -253,8 +262,10 @@ async def publish_one(res: Resources, tenants: frozenset[str], event: dict[str, 
         raise ApiError(exc.status, exc.code, exc.message, _relative(exc.field), headers=exc.headers) from None
     result = payload["results"][0]
     if result["accepted"]:
-        return {k: v for k, v in result.items() if k != "accepted"} | (
-            {"idempotency_note": payload["idempotency_note"]} if "idempotency_note" in payload else {}
+        return (
+            {k: v for k, v in result.items() if k != "accepted"}
+            | {"consistency_token": payload["consistency_token"]}
+            | ({"idempotency_note": payload["idempotency_note"]} if "idempotency_note" in payload else {})
         )
     error = result["error"]
     if status == 503:
@@ -330,6 +341,7 @@ async def erase_subject(
         "partition": result["partition"],
         "offset": result["offset"],
         **effect_pending(tenant, result["event_id"]),
+        "consistency_token": result["consistency_token"],
     }
 
 

@@ -20,6 +20,7 @@ from bench.agent import agent_command
 from bench.cli import conversations_command, eval_command
 from bench.crypto import crypto_command
 from bench.embedding import embedding_command, quality_command
+from bench.publish import publish_command
 from bench.stats import stats_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="memory-ledger benchmarks")
@@ -39,11 +40,12 @@ def require_extras(*modules: str) -> None:
 
 
 app.command(name="eval")(eval_command)
-app.command(name="conversations")(conversations_command)  # the conversational dev set (issue 15)
+app.command(name="conversations")(conversations_command)  # the conversational dev set
 app.command(name="stats")(stats_command)  # /v1/stats and /v1/stats/consistency at 100k facts (bench/stats.py)
 app.command(name="agent")(agent_command)  # POST /v1/context, MCP recall beside HTTP recall (bench/agent.py)
 app.command(name="crypto")(crypto_command)  # encryption off vs on: publish, ingest, seal/open (bench/crypto.py)
-app.command(name="embedding")(embedding_command)  # the embedding stage's candidates (issue 14, bench/embedding.py)
+app.command(name="publish")(publish_command)  # SDK publish vs raw kafka-python produce (bench/publish.py)
+app.command(name="embedding")(embedding_command)  # the embedding stage's candidates (bench/embedding.py)
 app.command(name="embedding-quality")(quality_command)  # one candidate's `ledger eval` + dev set (bench/embedding.py)
 
 
@@ -58,13 +60,13 @@ def run(
     raw_es: int = typer.Option(10_000, help="documents for the raw Elasticsearch bulk benchmark"),
     lag_seconds: float = typer.Option(30.0, help="duration of the steady load for the lag probes"),
     eval_sample: int = typer.Option(200, help="memories sampled for self-retrieval"),
-    skip: str = typer.Option("", help="comma-separated steps to skip: raw, recall, eval, lag, audit, rebuild"),
+    skip: str = typer.Option("", help="comma-separated steps to skip: raw, publish, recall, eval, lag, audit, rebuild"),
     keep: bool = typer.Option(False, help="keep the private topic/schema/index afterwards"),
     profile: bool = typer.Option(
         False, help="py-spy the indexer/worker while ingesting and the API under exact recall"
     ),
-    indexers: int = typer.Option(1, help="`ledger indexer` processes sharing the outbox (issue 14)"),
-    embedders: int = typer.Option(1, help="`ledger embedder` processes sharing the embed queue (issue 14)"),
+    indexers: int = typer.Option(1, help="`ledger indexer` processes sharing the outbox"),
+    embedders: int = typer.Option(1, help="`ledger embedder` processes sharing the embed queue"),
     note: list[str] = typer.Option([], help="a note to record with the results (repeatable)"),
     out_dir: Path | None = typer.Option(
         None, help="results folder (default bench/results, which also rewrites BENCHMARKS.md)"

@@ -1,4 +1,4 @@
-"""`python -m bench.access`: what access tracking (issue 16) costs recall, measured in one run.
+"""`python -m bench.access`: what access tracking costs recall, measured in one run.
 
 Two API processes serve the same private data (one worker, one indexer, a bench.dataset loaded through the
 SDK): one records accesses (`LEDGER_ACCESS_RECORDING=true`, its accesses go to the private access topic and the

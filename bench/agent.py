@@ -85,8 +85,6 @@ def _services(settings, log_dir: Path):
     """bench.services.Services that can also start `ledger mcp --transport http` ("mcp")."""
     import sys
 
-    import httpx
-
     from bench.services import Services
 
     class AgentServices(Services):
@@ -96,17 +94,8 @@ def _services(settings, log_dir: Path):
             return [sys.executable, "-m", "api.cli", "mcp", "--transport", "http", "--port", str(settings.mcp_port)]
 
         def wait_mcp(self, timeout: float = 120.0) -> None:
-            deadline = time.monotonic() + timeout
-            while True:
-                self.check_alive()
-                try:
-                    if httpx.get(f"http://{settings.mcp_host}:{settings.mcp_port}/health", timeout=2).is_success:
-                        return
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"MCP server not up after {timeout}s")
-                time.sleep(0.3)
+            url = f"http://{settings.mcp_host}:{settings.mcp_port}/health"
+            self.wait_http(url, timeout, ok=lambda r: r.is_success, every=0.3, what="MCP server")
 
     return AgentServices(settings, log_dir)
 

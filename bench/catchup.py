@@ -3,7 +3,7 @@
 "Visible in PostgreSQL" = the stored positions (committed with the projection rows) reach the
 topic's end offsets. "Visible in Elasticsearch" = the search outbox is drained and the index
 holds one searchable document per fact version (exact and keyword recall see them). "Semantic" =
-besides, no version awaits its vectors (issue 14: documents first, vectors after). All read from
+besides, no version awaits its vectors (documents first, vectors after). All read from
 the stores themselves, never from the processes' logs.
 """
 

@@ -57,7 +57,7 @@ def conversations_command(
     ingest: bool = typer.Option(True, help="publish the turns first (--no-ingest: they are in the service)"),
     record: bool = typer.Option(True, help="write bench/results/conversations-<UTC>.json and BENCHMARKS.md's table"),
 ) -> None:
-    """Conversational recall on the dev set (issue 15): any/frac/MRR@k per category and mode, p50/p95 latency,
+    """Conversational recall on the dev set: any/frac/MRR@k per category and mode, p50/p95 latency,
     beside a plain BM25 over the same turns; on private services (worker, indexer, embedder, API) unless --url."""
     import httpx
     import orjson

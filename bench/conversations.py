@@ -1,6 +1,6 @@
-"""Conversational recall on the dev set (issue 15): any@k, frac@k and MRR@k per category and mode, with latency.
+"""Conversational recall on the dev set: any@k, frac@k and MRR@k per category and mode, with latency.
 
-The protocol is the shared harness's (`../shared/eval/conversations/run_dev.py`), so the numbers compare with
+The protocol is the shared dev-set harness's (run_dev.py, kept outside this repository), so the numbers compare with
 the held-out set's, which is scored the same way outside the project: every dialog turn of two LoCoMo
 conversations (bench/data/conversations, CC BY-NC 4.0, see its NOTICE) is one episodic memory published through
 `POST /v1/events` (subject `person:<speaker>`, content "<speaker>: <text>", source.ref the turn's id, observed at
@@ -11,6 +11,9 @@ computed in the same run as the line to beat.
   any@k   at least one evidence turn in the top k
   frac@k  the share of the evidence turns in the top k
   MRR@k   1 / rank of the first evidence turn
+  pool any@50 / any@100   the same question asked for 100 hits with `"rerank": false`: any@50 and any@100 of the
+          fused candidate pool before the rerank stage reorders its head (the ceiling of what a reranker can lift
+          into the top k; the pool is the same as the top-k request's while `recall_pool` >= 100)
 
 `python -m bench conversations` runs it on private services it starts (worker, indexer, embedder, API) and
 records the table in bench/results and BENCHMARKS.md; `--url` scores a running service instead (its key must
@@ -174,11 +177,14 @@ def score(
     k: int = 10,
     modes: Iterable[str] = MODES,
     progress: Callable[[int], None] | None = None,
+    pool: bool = True,
 ) -> dict[str, Any]:
-    """Every scored question through every mode, and BM25: {system: {category|"all": {n, any, frac, mrr}}} and
-    {mode: {p50_ms, p95_ms}}."""
+    """Every scored question through every mode, and BM25: {system: {category|"all": {n, any, frac, mrr, and for a
+    mode pool50, pool100}}} and {mode: {p50_ms, p95_ms}} (the latency of the top-k requests alone); `pool`: also
+    ask each question for the pool (a second request per question and mode)."""
     modes = list(modes)
     sums: dict[tuple[str, Any], list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0])
+    pools: dict[tuple[str, Any], list[float]] = collections.defaultdict(lambda: [0.0, 0.0])  # any@50, any@100
     lat: dict[str, list[float]] = collections.defaultdict(list)
 
     def add(system: str, cat: int, m: tuple[float, float, float]) -> None:
@@ -204,11 +210,22 @@ def score(
                 add(
                     f"ledger:{mode}", qa["category"], metrics([(h.get("source") or {}).get("ref") for h in hits], ev, k)
                 )
+                if not pool:
+                    continue
+                r = client.post("/v1/recall", json={**body, "top_k": 100, "rerank": False})
+                r.raise_for_status()  # a refused pool request is a broken measurement, not a miss
+                pooled = [(h.get("source") or {}).get("ref") for h in r.json().get("hits", [])]
+                for key in ((f"ledger:{mode}", CATEGORIES[qa["category"]]), (f"ledger:{mode}", "all")):
+                    pools[key][0] += metrics(pooled, ev, 50)[0]
+                    pools[key][1] += metrics(pooled, ev, 100)[0]
             if progress:
                 progress(1)
     systems: dict[str, dict[str, dict[str, float]]] = collections.defaultdict(dict)
     for (system, cat), (a, f, rr, n) in sums.items():
         systems[system][cat] = {"n": int(n), "any": round(a / n, 3), "frac": round(f / n, 3), "mrr": round(rr / n, 3)}
+        if (system, cat) in pools:
+            p50, p100 = pools[(system, cat)]
+            systems[system][cat].update(pool50=round(p50 / n, 3), pool100=round(p100 / n, 3))
     latency = {m: {"p50_ms": _pct(ls, 0.5), "p95_ms": _pct(ls, 0.95)} for m, ls in lat.items()}
     return {"k": k, "systems": dict(systems), "latency": latency}
 
@@ -217,8 +234,8 @@ def table_rows(result: dict[str, Any]) -> list[str]:
     """Markdown rows: one per system and category, all first; latency beside each mode's `all` row."""
     order = [BASELINE, *(f"ledger:{m}" for m in MODES)]
     rows = [
-        "| system | category | n | any@k | frac@k | MRR@k | p50 ms | p95 ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| system | category | n | any@k | frac@k | MRR@k | pool any@50 | pool any@100 | p50 ms | p95 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for system in order:
         cats = result["systems"].get(system)
@@ -231,14 +248,15 @@ def table_rows(result: dict[str, Any]) -> list[str]:
             v = cats[cat]
             p50, p95 = (lat.get("p50_ms"), lat.get("p95_ms")) if cat == "all" else ("", "")
             label = f"**{system}**" if cat == "all" else system
+            pool = " | ".join(f"{v[p]:.3f}" if p in v else "" for p in ("pool50", "pool100"))
             rows.append(
-                f"| {label} | {cat} | {v['n']} | {v['any']:.3f} | {v['frac']:.3f} | {v['mrr']:.3f} | "
+                f"| {label} | {cat} | {v['n']} | {v['any']:.3f} | {v['frac']:.3f} | {v['mrr']:.3f} | {pool} | "
                 f"{'' if p50 is None else p50} | {'' if p95 is None else p95} |"
             )
     return rows
 
 
-SECTION = "## Conversational recall on the dev set (issue 15)"
+SECTION = "## Conversational recall on the dev set"
 
 
 def write_section(md: Path, path: Path, result: dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""`python -m bench crypto`: what encryption (issue 13) costs on publish and on end-to-end ingest, in one run.
+"""`python -m bench crypto`: what encryption costs on publish and on end-to-end ingest, in one run.
 
 Every ratio compares encryption on with encryption off measured in the same run, interleaved round by round in
 alternating order (off, on; then on, off; ...), so the noise of a shared 2-core machine falls on both alike.
@@ -16,7 +16,7 @@ alternating order (off, on; then on, off; ...), so the noise of a shared 2-core 
    PostgreSQL, as bench.catchup reads it). The search indexer is not part of it: it reads the clear projection
    in PostgreSQL, so encryption does not touch its path.
 
-The target (issue 13): encryption costs at most 10% of end-to-end ingest throughput. Writes
+The target: encryption costs at most 10% of end-to-end ingest throughput. Writes
 bench/results/crypto-<UTC>.json and .md; drops its private topics, schemas and key stores unless `--keep`.
 """
 
@@ -329,7 +329,7 @@ def _markdown(res: dict[str, Any]) -> str:
     p, e, s = res["publish"], res["ingest"], res["seal_open"]
     mo = res["machine"]
     lines = [
-        f"# Encryption cost (issue 13), {res['started']}",
+        f"# Encryption cost, {res['started']}",
         "",
         f"`{res['command']}`: {res['dataset']['events']:,} events over {res['dataset']['subjects']:,} subjects; "
         f"publish: warm-up + {res['rounds']['publish']} rounds per mode, ingest: {res['rounds']['ingest']} rounds "

@@ -1,4 +1,4 @@
-"""`python -m bench embedding`: the embedding stage's candidates (issue 14), measured on this machine in one run.
+"""`python -m bench embedding`: the embedding stage's candidates, measured on this machine in one run.
 
 Each candidate is a set of embedding settings (models, onnxruntime threads, batch sizes, length-sorted batches)
 and an embedded text (`full` = cues.embedding_text: statement + key words + aliases, as stored today; `statement`
@@ -7,7 +7,7 @@ its models up, then embeds the same two corpora the way `ledger embedder` does (
 over claims of `embedder_batch_size` versions, so English text costs two models with `embed_cross_language`):
 
   facts  bench.dataset's asserted texts (seed 7, Chinese and English about half each)
-  turns  the conversational dev set's turns (../shared/eval/conversations, English), as run_dev.py stores them
+  turns  the conversational dev set's turns (DEV_SET, English), as the shared harness's run_dev.py stores them
 
 Printed per candidate and corpus: versions/s of the whole stage (wall and CPU), texts/s per model, the ratio
 to the first candidate (today's configuration), the RSS after warm-up and at the end, and the cosine of each
@@ -32,6 +32,7 @@ import typer
 __all__ = ["CANDIDATES", "Candidate", "embedding_command", "load_corpora", "measure", "quality_command"]
 
 ROOT = Path(__file__).resolve().parents[1]
+DEV_SET = ROOT.parent / "shared" / "eval" / "conversations"  # the shared dev-set harness's data, beside the repo
 TODAY = {
     "embed_model": "BAAI/bge-small-zh-v1.5",
     "embed_model_en": "BAAI/bge-small-en-v1.5-int8",
@@ -193,11 +194,11 @@ def embedding_command(
     candidates: str = typer.Option(",".join(CANDIDATES), help="comma-separated candidate names (the first is 1.0x)"),
     facts: int = typer.Option(2000, help="bench.dataset texts"),
     turns: int = typer.Option(600, help="conversational dev-set turns"),
-    conversations: Path = typer.Option(ROOT.parent / "shared" / "eval" / "conversations", help="the dev set"),
+    conversations: Path = typer.Option(DEV_SET, help="the dev set"),
     repeat_first: bool = typer.Option(True, help="run the first candidate again at the end (the machine's noise)"),
     out: Path | None = typer.Option(None, help="results JSON (default bench/results/embedding-<time>.json)"),
 ) -> None:
-    """Embedding stage throughput per candidate (issue 14): versions/s, texts/s per model, RSS, cosine to today."""
+    """Embedding stage throughput per candidate: versions/s, texts/s per model, RSS, cosine to today."""
     names = [n.strip() for n in candidates.split(",") if n.strip()]
     unknown = [n for n in names if n not in CANDIDATES]
     if unknown:
@@ -273,7 +274,7 @@ DEV_TENANTS = ("conv-dev-26", "conv-dev-30")
 def quality_command(
     candidate: str = typer.Argument(..., help="a candidate name (its text must be `full`: what the product stores)"),
     events: int = typer.Option(1500, help="bench.dataset events for `ledger eval` (as tests/test_eval.py)"),
-    conversations: Path = typer.Option(ROOT.parent / "shared" / "eval" / "conversations", help="the dev set"),
+    conversations: Path = typer.Option(DEV_SET, help="the dev set"),
     rerank: bool = typer.Option(False, help="the rerank stage (time-budgeted, so load-dependent: off to compare)"),
     out: Path | None = typer.Option(None, help="results JSON (default bench/results/embedding-quality-<...>.json)"),
 ) -> None:

@@ -1,4 +1,4 @@
-"""`python -m bench eval`: storage and retrieval quality by seed 001's layers, as numbers.
+"""`python -m bench eval`: storage (L2) and retrieval (L3) quality, as numbers.
 
 L2 storage (read straight from PostgreSQL and Elasticsearch, no labels needed):
   double-active rate, chain completeness, explicit-confidence compliance, orphan rate.

@@ -5,7 +5,7 @@ fixed rate, probe events. Each probe is timed from just before it is sent until:
   - `pg`: its version row is readable in PostgreSQL, and
   - `doc`: its document is searchable in Elasticsearch (an ids query on the alias: what recall's stages see), and
   - `recall`: an exact-mode POST /v1/recall returns that very version, and
-  - `vector`: its vectors are stored (issue 14: the embedding stage runs after the document exists; semantic
+  - `vector`: its vectors are stored (the embedding stage runs after the document exists; semantic
     recall sees the version once an indexer rewrote its document with them, one outbox batch later).
 Two kinds of probes: `update` (a new value of a fact whose entity the tenant already knows,
 the common case) and `new` (a fact about an entity never seen before).

@@ -1,6 +1,6 @@
 """`python -m bench.replay NAME`: the projection's speed on a kept bench topic, without the rest of the pipeline.
 
-Issue 14 (profile the worker and the rebuild). NAME is a `python -m bench run --keep` run's private name
+For profiling the worker and the rebuild. NAME is a `python -m bench run --keep` run's private name
 (`bench_<stamp>`); its topic and schema are left as they are. Two measures, each into a fresh schema, each ending
 with the projection checksum compared with the kept schema's (the result must not change):
 
@@ -18,13 +18,12 @@ import argparse
 import cProfile
 import os
 import pstats
-import signal
-import subprocess
 import sys
 import time
 
 import psycopg
 
+from infra.procs import launch, terminate
 from producers.settings import Settings, get_settings
 from producers.topics import end_offsets
 from projections.postgres.positions import stored_positions
@@ -89,22 +88,15 @@ def worker_once(name: str, batch: int | None = None, code: str | None = None) ->
         env["PYTHONPATH"] = code
     if batch:
         env["LEDGER_PROCESSOR_BATCH_SIZE"] = str(batch)
-    log = (s.log_dir / f"replay-{tag}.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "worker", "--loglevel", "warning"],
-        cwd=code or None,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    log = s.log_dir / f"replay-{tag}.log"
+    proc = launch([sys.executable, "-m", "api.cli", "worker", "--loglevel", "warning"], log, env, code or None)
     try:
         with psycopg.connect(s.pg_dsn, autocommit=True) as conn:
             first = None
             deadline = time.monotonic() + 1800
             while time.monotonic() < deadline:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"the worker exited with {proc.returncode} (log {log.name})")
+                    raise RuntimeError(f"the worker exited with {proc.returncode} (log {log})")
                 try:
                     done = sum(stored_positions(conn, s.processor_group, s.topic, schema=s.pg_schema).values())
                 except psycopg.Error:
@@ -119,11 +111,7 @@ def worker_once(name: str, batch: int | None = None, code: str | None = None) ->
             t1, n1, c1 = first
             n, wall, cpu = total - n1, now - t1, _cpu_s(proc.pid) - c1
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        terminate(proc, 30, group=True)
     return (
         f"worker batch {batch or s.processor_batch_size}: {n} records after its first batch in {wall:.2f} s = "
         f"{n / wall:,.0f} records/s; worker CPU {1e6 * cpu / n:.0f} us/record; load {_load()}\n"

@@ -4,6 +4,8 @@ Order (each step on private names, so other users of the servers are not disturb
  1. generate the dataset (bench.dataset);
  2. raw speed of each component alone on that data (bench.raw): Kafka produce, PostgreSQL
     COPY, fastembed embedding, Elasticsearch bulk with vectors;
+ 2b. the SDK's publish against raw kafka-python produce of the same events, in alternating rounds
+    (bench.publish);
  3. start the worker, the indexer and the API as subprocesses (bench.services), warm them up;
  4. ingest end to end through the SDK, in phases that end at the recall measuring points
     (e.g. 10k facts, then all): each phase is timed from its first publish until PostgreSQL
@@ -66,10 +68,11 @@ class RunConfig:
     eval_sample: int = 200
     keep: bool = False  # keep topic/schema/index afterwards (for `python -m bench eval` against them)
     out_dir: Path = RESULTS
-    skip: tuple[str, ...] = ()  # steps to skip: raw, lag, audit, rebuild, eval
+    skip: tuple[str, ...] = ()  # steps to skip: raw, publish, lag, audit, rebuild, eval
+    publish_rounds: int = 3  # alternating raw-produce / SDK-publish rounds of the publish comparison (bench.publish)
     catchup_timeout: float = 3600.0
     profile: bool = False  # py-spy the indexer and worker during the last ingest phase, the API under exact recall
-    indexers: int = 1  # issue 14: `ledger indexer` processes sharing the outbox
+    indexers: int = 1  # `ledger indexer` processes sharing the outbox
     embedders: int = 1  # and `ledger embedder` processes sharing the embed queue
     notes: list[str] = field(default_factory=list)
 
@@ -214,6 +217,15 @@ def run_bench(cfg: RunConfig, console: Console | None = None) -> Path:
 
     if "raw" not in cfg.skip:
         res["raw"] = _raw(s, events, cfg, console)
+    if "publish" not in cfg.skip:
+        from bench.publish import compare_publish
+
+        with console.status(f"SDK publish vs raw Kafka produce, {cfg.publish_rounds} alternating rounds"):
+            res["publish"] = pub = compare_publish(s, events, cfg.publish_rounds)
+        console.print(
+            f"  SDK publish {pub['sdk_per_s']:,.0f} events/s vs raw kafka-python {pub['raw_per_s']:,.0f}/s: "
+            f"ratio {pub['ratio']} (target >= {pub['target']})"
+        )
     log_dir = s.log_dir / f"bench-{stamp}"  # git-ignored (.data)
     svc = Services(s, log_dir)
     try:
@@ -299,7 +311,7 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
             pub_s = publish_events(s, chunk, producer=producer, on_chunk=on_chunk)
             published_s[0] += pub_s
             # each phase waits for exact/keyword visibility only: the embedders keep working through the next phase,
-            # as under a steady load (issue 14); the vectors' catch-up is timed once, after the last phase
+            # as under a steady load; the vectors' catch-up is timed once, after the last phase
             pg_s, es_s, _ = wait_caught_up(
                 probe,
                 timeout=cfg.catchup_timeout,
@@ -340,16 +352,18 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
         "events": n,
         "phases": e2e_phases,
         "publish_s": round(sum(p["publish_s"] for p in e2e_phases), 3),
+        # the SDK's rate while the worker, indexer and embedders share the machine (alone: res["publish"])
+        "publish_events_per_s": round(n / max(sum(p["publish_s"] for p in e2e_phases), 1e-9), 1),
         "pg_visible_s": round(pg_total, 3),
         "es_visible_s": round(es_total, 3),
         "pg_events_per_s": round(n / pg_total, 1),
         "events_per_s": round(n / es_total, 1),  # exact- and keyword-queryable in ES: the end-to-end rate
-        # and every version with its vectors (issue 14): from the first publish to the last vector stored
+        # and every version with its vectors: from the first publish to the last vector stored
         "semantic_visible_s": round(semantic_total, 3),
         "semantic_events_per_s": round(n / semantic_total, 1),
         "embed_backlog_when_es_done": with_vectors_at_es.embed_pending,
         "semantic_tail_s": round(vec_s or 0.0, 3),
-        "es_to_pg_ratio": round(pg_total / es_total, 3),  # target >= 0.5 (issue 14)
+        "es_to_pg_ratio": round(pg_total / es_total, 3),  # target >= 0.5
         "fact_versions": e2e_phases[-1]["fact_versions_total"],
     }
     raw = res.get("raw")
@@ -358,7 +372,7 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
         slow = raw[raw["slowest"]]
         e2e["slowest_raw"] = raw["slowest"]
         e2e["ratio_to_slowest_raw"] = round(e2e["events_per_s"] / slow["per_s"], 3)
-        if raw["slowest"] == "fastembed":  # the embedding bounds the semantic rate only, since issue 14
+        if raw["slowest"] == "fastembed":  # the embedding bounds the semantic rate only, since two-phase indexing
             # the pipeline embeds one text per fact version, not per event: the bound in events/s
             versions_per_event = max(sum(e["type"] == "memory.asserted" for e in events) / n, 1e-9)
             e2e["embedding_bound_events_per_s"] = round(slow["per_s"] / versions_per_event, 1)

@@ -7,9 +7,8 @@
    Then accesses: `--served` of the facts (a deterministic draw) get 1 to 5 accesses each through the worker's
    AccessProjector (projections.postgres.access_projector, batches of 2,000), so `/v1/stats` `access` counts
    served facts and `most_served` walks a realistic access_counts.
-2. Index: the indexer's own `drain_once` empties the outbox into a private index, with `NoVectors` instead of the
-   model: the documents have no embedding. Neither stats call reads a vector, and embedding and HNSW-indexing
-   100k texts would cost many minutes of CPU that measure nothing here.
+2. Index: the indexer's own `drain_once` empties the outbox into a private index. No embedder runs: neither stats
+   call reads a vector, and embedding 100k texts would cost many minutes of CPU that measure nothing here.
 3. Serve: the API as a uvicorn subprocess on the private settings, through `bench.stats:bench_app`, which is
    `api.main.create_app()` plus `GET /bench/stats-before`: the stats route as it was before the counters (every
    version id of PostgreSQL and Elasticsearch scanned per request, `invariant_counts`' full scans), with the
@@ -19,7 +18,7 @@
 5. In process, on one connection: the counters against the old scans, and the access summary (counters and the
    index-ordered most_served) against the one before it (`_SERVED_BEFORE`: every version of the tenant that
    holds now, left-joined to access_counts) and against a walk of access_counts probing each served fact
-   (`_SERVED_BOUNDED`, option (b) of issue 12: the numerator only, the denominator would still be the scan).
+   (`_SERVED_BOUNDED`, the bounded option: the numerator only, the denominator would still be the scan).
 
 Writes bench/results/stats-<UTC>.json and .md (the API's log: .data/logs/bench-stats-<UTC>/); drops the private
 schema, index and topics unless `--keep`.
@@ -40,13 +39,13 @@ from typing import Any
 import orjson
 import typer
 
-__all__ = ["NoVectors", "bench_app", "stats_command"]
+__all__ = ["bench_app", "stats_command"]
 
 TENANT = "bench"
 KEY = "k-bench"
 BATCH = 2000
 
-# the access summary's count before the counters (issue 12): every fact of the tenant with a version holding now
+# the access summary's count before the counters: every fact of the tenant with a version holding now
 _SERVED_BEFORE = """
 WITH cur AS (SELECT DISTINCT f.memory_id FROM fact_versions f
              WHERE f.tenant = %(tenant)s AND f.valid_from <= %(now)s
@@ -61,22 +60,6 @@ WHERE a.tenant = %(tenant)s AND EXISTS (SELECT 1 FROM fact_versions f WHERE f.me
   AND f.tenant = a.tenant AND f.valid_from <= %(now)s
   AND (LEAST(f.valid_to, f.superseded_at) IS NULL OR %(now)s < LEAST(f.valid_to, f.superseded_at)))
 """
-
-
-class _NoVector:
-    def tolist(self) -> None:
-        return None  # projections.search.documents.build_doc leaves the embedding out
-
-
-class NoVectors:
-    """An `Embedder` stand-in for the bench's indexing: documents without an embedding (stats reads none, and
-    100k HNSW insertions would cost minutes of CPU that measure nothing here)."""
-
-    def __init__(self, dim: int) -> None:
-        self.dim = dim
-
-    def embed(self, texts: list[str]) -> list[_NoVector]:
-        return [_NoVector()] * len(texts)
 
 
 def _bench_api(settings, log_dir: Path):
@@ -225,16 +208,14 @@ def index(settings) -> dict[str, Any]:
     import psycopg
     from elasticsearch import Elasticsearch
 
-    from projections.models import model_spec
     from projections.search.indexer import drain_once
 
-    vectors = NoVectors(model_spec(settings.embed_model).dim)
     t0 = time.perf_counter()
     rows = 0
     es = Elasticsearch(settings.es_url, request_timeout=120)
     try:
         with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-            while n := drain_once(settings, conn, es, vectors, batch_size=2000):  # type: ignore[arg-type]
+            while n := drain_once(settings, conn, es, batch_size=2000):
                 rows += n
         es.indices.refresh(index=settings.es_index)
         docs = es.count(index=settings.es_index)["count"]

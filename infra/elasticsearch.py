@@ -14,7 +14,15 @@ import zipfile
 from pathlib import Path
 
 from infra.maven import fetch_artifact
-from infra.procs import InfraError, healthy_or_stopped, owned_pid, port_open, run, service_dir, stop_owned, wait_until
+from infra.procs import (
+    InfraError,
+    already_up,
+    healthy_or_stopped,
+    owned_pid,
+    run,
+    service_dir,
+    stop_owned,
+)
 from producers.settings import Settings
 
 PART = "elasticsearch"
@@ -123,12 +131,8 @@ def healthy(s: Settings) -> bool:
 
 def start(s: Settings, timeout: float = 180.0) -> None:
     p = _paths(s)
-    if pid(s):
-        wait_until(lambda: healthy(s), PART, timeout, p["log"], lambda: pid(s) is not None)
+    if already_up(PART, lambda: pid(s), lambda: healthy(s), s.es_host_port, timeout, p["log"]):
         return
-    host, port = s.es_host_port
-    if port_open(host, port):
-        raise InfraError(PART, f"port {port} is taken by a process infra did not start")
     install(s)
     p["pid"].unlink(missing_ok=True)
     env = {"ES_JAVA_HOME": str(_java_home(s)), "ES_PATH_CONF": str(p["home"] / "config")}

@@ -8,7 +8,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from infra.maven import copy_dependencies, fetch_artifact
-from infra.procs import InfraError, healthy_or_stopped, owned_pid, port_open, run, spawn, stop_owned, wait_until
+from infra.procs import (
+    InfraError,
+    already_up,
+    healthy_or_stopped,
+    owned_pid,
+    port_open,
+    run,
+    spawn,
+    stop_owned,
+)
 from producers.settings import Settings
 from producers.topics import probe
 
@@ -211,12 +220,8 @@ def healthy(s: Settings) -> bool:
 
 def start(s: Settings, timeout: float = 120.0) -> None:
     p = _paths(s)
-    if pid(s):
-        wait_until(lambda: healthy(s), PART, timeout, p["server_log"], lambda: pid(s) is not None)
+    if already_up(PART, lambda: pid(s), lambda: healthy(s), s.kafka_host_port, timeout, p["server_log"]):
         return
-    host, port = s.kafka_host_port
-    if port_open(host, port):
-        raise InfraError(PART, f"port {port} is taken by a process infra did not start")
     install(s)
     _write_config(s)
     _format_storage(s)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +30,7 @@ from kafka.admin import ConfigResource, ConfigResourceType
 
 from infra.kafka import MAIN_CLASS, STORAGE_TOOL, install, java_command, log4j_properties, server_properties
 from infra.procs import InfraError, owned_pid, port_open, run, spawn, stop_pid, wait_until
+from producers.retry import retry
 from producers.settings import Settings
 from producers.topics import probe
 
@@ -283,15 +283,13 @@ class KafkaCluster:
     def _ask(self, call: Callable[[KafkaAdminClient], T], attempts: int = 5) -> T:
         """One admin call, retried on a connection error: the metadata still lists a crashed node until it is
         fenced (and, measured with Kafka 4.1.1, after that too), and kafka-python may send the request to it."""
-        for attempt in range(1, attempts + 1):
-            try:
-                with self._admin() as admin:
-                    return call(admin)
-            except (Errors.KafkaConnectionError, Errors.NoBrokersAvailable, Errors.KafkaTimeoutError):
-                if attempt == attempts:
-                    raise
-                time.sleep(0.2 * attempt)
-        raise AssertionError("unreachable")
+
+        def once() -> T:
+            with self._admin() as admin:
+                return call(admin)
+
+        lost = (Errors.KafkaConnectionError, Errors.NoBrokersAvailable, Errors.KafkaTimeoutError)
+        return retry(once, attempts=attempts, retry_on=lost, step_s=0.2)
 
     def _admin(self) -> KafkaAdminClient:
         return KafkaAdminClient(

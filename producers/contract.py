@@ -39,6 +39,7 @@ __all__ = [
     "decode_access",
     "encode_access",
     "CURRENT_SCHEMA_VERSION",
+    "DeadLetterRef",
     "EventType",
     "INT_MAX",
     "INT_MIN",
@@ -62,6 +63,7 @@ __all__ = [
     "decode_value",
     "error_code",
     "encode",
+    "encode_wire",
     "subject_digest_for",
     "kafka_key",
     "memory_id_for",
@@ -85,6 +87,7 @@ class EventType(StrEnum):
     RETRACTED = "memory.retracted"
     CONFIRMED = "memory.confirmed"
     ERASED = "subject.erased"
+    DISCARDED = "deadletter.discarded"  # an operator closes a dead letter without a correction (no fact effect)
 
 
 class Kind(StrEnum):
@@ -222,7 +225,7 @@ def _check_json(value: Any, path: str, depth: int = 0) -> None:
 
 
 def _json_ok(value: Any, depth: int = 0) -> bool:
-    """True only if `_check_json` would accept `value`: its fast path (issue 14: it was a fifth of decoding).
+    """True only if `_check_json` would accept `value`: its fast path (it was a fifth of decoding).
 
     Exact JSON types only and no paths built; anything else answers False, and `_check_json` (the authority, which
     names the path of what it refuses) then judges the value.
@@ -305,6 +308,19 @@ class Source(BaseModel):
     actor: str | None = Field(default=None, max_length=256)
 
 
+class DeadLetterRef(BaseModel):
+    """The position in the ledger topic of a dead letter of the event's own tenant that the event resolves.
+
+    On any event but an erasure it makes the event a re-drive (the corrected record); on `deadletter.discarded`
+    it names the letter closed. The projection keeps the first resolution of a letter by ledger position.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    partition: int = Field(ge=0, le=2**31 - 1)
+    offset: int = Field(ge=0, le=INT_MAX)
+
+
 class MemoryEvent(BaseModel):
     """One memory assertion (or retraction, confirmation, erasure) on the ledger."""
 
@@ -330,6 +346,7 @@ class MemoryEvent(BaseModel):
     valid_to: datetime | None = None
     reason: str | None = Field(default=None, max_length=1024)  # why a retraction/erasure happened
     target_version: str | None = Field(default=None, min_length=1, max_length=64)  # retract this version only
+    dead_letter: DeadLetterRef | None = None  # the dead letter this event re-drives (or discards)
     schema_version: int = CURRENT_SCHEMA_VERSION
 
     @model_validator(mode="before")
@@ -388,6 +405,10 @@ class MemoryEvent(BaseModel):
                 raise ValueError(f"key is required for {self.type.value} (or target_version for a retraction)")
         if self.target_version is not None and self.type is not EventType.RETRACTED:
             raise ValueError("target_version is only for memory.retracted")
+        if self.type is EventType.DISCARDED and (self.dead_letter is None or self.reason is None):
+            raise ValueError("deadletter.discarded names its dead_letter and a reason")
+        if self.dead_letter is not None and self.type is EventType.ERASED:
+            raise ValueError("dead_letter is not for subject.erased (an erasure corrects no record)")
         if self.source.type is SourceType.EXPLICIT:
             if self.confidence is not None and self.confidence != 1.0:
                 raise ValueError("an explicit source carries confidence 1.0")
@@ -430,19 +451,27 @@ class MemoryEvent(BaseModel):
         """The JSON object as it goes on the wire (times as RFC 3339 strings, enums as values)."""
         data = self.model_dump(mode="python", exclude_none=False)
         out: dict[str, Any] = {}
-        for k, v in data.items():  # one pass (issue 14: three passes took 4x model_dump itself)
-            if v is None:
+        last: tuple[datetime | None, str] = (None, "")  # valid_from is most often observed_at itself: spelled once
+        for k, v in data.items():  # one pass (three passes took 4x model_dump itself)
+            if type(v) in _AS_IS:  # most fields: checked first, by exact type (a StrEnum is not a str here)
+                out[k] = v
+            elif v is None:
                 if k == "value":
                     out[k] = v
             elif k == "source":
                 out[k] = {sk: (sv._value_ if isinstance(sv, StrEnum) else sv) for sk, sv in v.items() if sv is not None}
             elif isinstance(v, datetime):
-                out[k] = rfc3339(v)
+                if v is not last[0]:
+                    last = (v, rfc3339(v))
+                out[k] = last[1]
             elif isinstance(v, StrEnum):
                 out[k] = v._value_
             else:
                 out[k] = v
         return out
+
+
+_AS_IS = frozenset({str, int, float, bool, list})  # to_wire writes these as they are
 
 
 # every field with a default, read from the model (a new field is covered): an explicit JSON null for one of
@@ -452,7 +481,7 @@ _DEFAULTED = frozenset(name for name, f in MemoryEvent.model_fields.items() if n
 
 def wire_fingerprint(wire: dict[str, Any]) -> str:
     """`MemoryEvent.fingerprint` of the event whose `to_wire()` is `wire` (left as it is): a writer that holds the
-    wire already (the recorder stores it as the payload) computes it once (issue 14)."""
+    wire already (the recorder stores it as the payload) computes it once."""
     wire = dict(wire)
     wire.pop("event_id", None)
     observed = wire.pop("observed_at", None)
@@ -633,13 +662,19 @@ def decode_value(
 
 def encode(event: MemoryEvent) -> bytes:
     """The record value; InvalidEvent('too_large') if the worker would refuse its size."""
-    raw = orjson.dumps(event.to_wire())
+    return encode_wire(event.to_wire())
+
+
+def encode_wire(wire: dict[str, Any]) -> bytes:
+    """`encode` of the event whose `to_wire()` is `wire`: a writer that also fingerprints it (the SDK, with
+    `wire_fingerprint`) builds the wire once."""
+    raw = orjson.dumps(wire)
     if len(raw) > MAX_EVENT_BYTES:
         raise InvalidEvent("too_large", f"the event encodes to {len(raw)} bytes, more than {MAX_EVENT_BYTES}")
     return raw
 
 
-# --- access events (issue 16): what recall and context served, on the access topic --------------------------------
+# --- access events: what recall and context served, on the access topic --------------------------------
 
 ACCESS_TYPE = "memory.accessed"
 MAX_ACCESS_BYTES = 4096  # an access record is a few hundred bytes; anything larger is not ours

@@ -78,7 +78,8 @@ def _field_notes() -> dict[str, str]:
             "replay)." + _TEXT_NOTE
         ),
         "type": "memory.asserted states a fact or an episode; memory.retracted ends one (or one version); "
-        "memory.confirmed confirms the version in force; subject.erased erases the subject.",
+        "memory.confirmed confirms the version in force; subject.erased erases the subject; deadletter.discarded "
+        "closes a dead letter (dead_letter, with a reason) without a correction.",
         "tenant": "Whose memory this is; no '|' and no whitespace (the Kafka key is tenant|subject)." + _TEXT_NOTE,
         "subject": "What the memory is about (project:P1, user:42); not blank." + _TEXT_NOTE,
         "key": (
@@ -114,7 +115,10 @@ def _field_notes() -> dict[str, str]:
         ),
         "valid_from": f"When it became true; default observed_at. {_TIME}.",
         "valid_to": f"When it stops being true (exclusive); after valid_from. {_TIME}.",
-        "reason": "Why (a retraction, an erasure)." + _TEXT_NOTE,
+        "reason": "Why (a retraction, an erasure, a discarded dead letter)." + _TEXT_NOTE,
+        "dead_letter": "The ledger position (partition, offset) of a dead letter of the same tenant that this event "
+        "resolves: any event but subject.erased carrying it is the corrected record (a re-drive); "
+        "deadletter.discarded names the letter it closes. The first resolution by ledger position stays.",
         "target_version": "memory.retracted only: end exactly this version_id, if it is in force (a version of the "
         "fact, or an episode of the subject: then key may be left out).",
         "schema_version": f"{CURRENT_SCHEMA_VERSION}, the current version (the default); older ones are upcast.",
@@ -135,7 +139,8 @@ def _description() -> str:
         f"observed_at at most {skew:g} s after the record's broker timestamp; "
         "(5) between fields: memory.asserted needs content, and a key unless kind is episodic; memory.retracted "
         "needs a key or a target_version (an episode's has no key), memory.confirmed a key; target_version only on "
-        "memory.retracted; an explicit source has "
+        "memory.retracted; deadletter.discarded needs dead_letter and reason, subject.erased takes no dead_letter; "
+        "an explicit source has "
         "confidence 1.0; valid_to after valid_from; (6) list items trimmed, not blank, at most 256 characters. "
         "An explicit null for a defaulted field means not given."
     )

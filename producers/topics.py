@@ -53,7 +53,7 @@ def topic_configs(replication: int) -> dict[str, str]:
 
 
 def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[TopicStatus]:
-    """Create `settings.topic`, `settings.dlq_topic` and `settings.access_topic` (recall's accesses, issue 16)
+    """Create `settings.topic`, `settings.dlq_topic` and `settings.access_topic` (recall's accesses)
     unless they exist; wait until all have leaders. The access topic has the ledger's configuration: it is the
     source of the access projection, which a rebuild replays from offset 0."""
     timeout_ms = int(timeout_s * 1000)

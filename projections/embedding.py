@@ -1,6 +1,6 @@
 """Dense embeddings with fastembed, loaded offline from the model folder infra prepared.
 
-The model names are configuration (`LEDGER_EMBED_MODEL`, and `LEDGER_EMBED_MODEL_EN` for English text: issue 15,
+The model names are configuration (`LEDGER_EMBED_MODEL`, and `LEDGER_EMBED_MODEL_EN` for English text,
 projections.languages); fastembed either knows it
 (we then give the file the name fastembed expects) or we register it as a custom
 model from our spec. Vectors are L2-normalized, so cosine = dot product.
@@ -38,7 +38,7 @@ class Embedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         texts = list(texts)
-        # issue 14: a batch is padded to its longest text, so texts of like length batched together cost less
+        # a batch is padded to its longest text, so texts of like length batched together cost less
         order = sorted(range(len(texts)), key=lambda i: len(texts[i])) if self.sort_by_length else None
         given = [texts[i] for i in order] if order else texts
         vecs = np.asarray(list(self._model.embed(given, batch_size=self.batch_size)), dtype=np.float32)
@@ -106,7 +106,7 @@ class Embedders:
 
     `vectors(texts)` embeds each text with its language's model, batched per model, and says which field and
     model each vector belongs to. Given a lone embedder that is not the configured default (a test's or a
-    bench's), every text goes to it, in the default field, as before issue 15.
+    bench's), every text goes to it, in the default field, as with one model.
     """
 
     def __init__(self, settings: Settings, default: Embedder | None = None) -> None:

@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 Slot = Literal["default", "en"]
-DEFAULT_FIELD = "embedding"  # embed_model's vectors (the field every index had before issue 15)
+DEFAULT_FIELD = "embedding"  # embed_model's vectors (the field of every index before per-language models)
 EN_FIELD = "embedding_en"  # embed_model_en's vectors
 
 _HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ffff]")
@@ -72,7 +72,7 @@ def vector_plan(settings: Settings, text: str) -> list[tuple[str, str]]:
     """The (field, model) of every vector a stored text gets, English first: its own language's model and, with
     `embed_cross_language`, for English text (or text of no script, ";)") the other model too, so a question in
     either language reaches it. Pure: the indexer decides with it whether a document still lacks a vector, without
-    loading a model (issue 14), and the embedder embeds by it."""
+    loading a model, and the embedder embeds by it."""
     if len(slots(settings)) == 1:
         return [(DEFAULT_FIELD, settings.embed_model)]
     own = text_slot(text)

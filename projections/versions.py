@@ -113,7 +113,7 @@ class Version:
         return (self.valid_from, self.observed_at, self.version_id)
 
     def derived(self) -> tuple[Any, ...]:
-        return _DERIVED_OF(self)  # one C call (issue 14: the generator was 3% of the worker, asked per fold)
+        return _DERIVED_OF(self)  # one C call (the generator was 3% of the worker, asked per fold)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +137,7 @@ class Route(StrEnum):
     VERSION = "version"  # creates a fact version (new_version)
     MARK = "mark"  # retracts or confirms a fact's versions (mark_of)
     ERASURE = "erasure"  # purges a subject; no per-fact change
+    RESOLUTION = "resolution"  # closes a dead letter (the recorder records it); no per-fact change
 
 
 def route(event_type: EventType) -> Route:
@@ -148,6 +149,8 @@ def route(event_type: EventType) -> Route:
             return Route.MARK
         case EventType.ERASED:
             return Route.ERASURE
+        case EventType.DISCARDED:
+            return Route.RESOLUTION
         case _:
             assert_never(event_type)
 
@@ -337,7 +340,7 @@ def _fold(versions: Iterable[Version], marks: Iterable[Mark]) -> _Folded:
             max(confirms) if confirms else None,
         )
         # a version whose derived columns stay as they are is kept, not copied (it is frozen): most of a long
-        # chain, at every batch that touches the fact (issue 14)
+        # chain, at every batch that touches the fact
         out.append(v if v.derived() == derived else dataclasses.replace(v, **dict(zip(DERIVED, derived, strict=True))))
     return _Folded(out, outcomes, retracted_by)
 
@@ -499,6 +502,8 @@ def additions(
                 out.marks.setdefault(fact_of(event, resolved), []).append(mark_of(event))
             case Route.ERASURE:
                 raise ValueError("subject.erased is not a change of one fact (the recorder purges the subject)")
+            case Route.RESOLUTION:
+                continue  # a discarded dead letter changes no fact: the recorder records the resolution
             case other:
                 assert_never(other)
     return out
@@ -512,7 +517,7 @@ def apply(
     The same path as the recorder's (`additions` then `plan`); `subject.erased` is not a per-fact
     change (the recorder purges the subject): no Changes.
     """
-    if route(event.type) is Route.ERASURE:
+    if route(event.type) in (Route.ERASURE, Route.RESOLUTION):
         return Changes()
     added = additions([(event, partition, offset)])
     mid = event.memory_id

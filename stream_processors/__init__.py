@@ -1,1 +1,8 @@
-"""faust-streaming workers that project the ledger into PostgreSQL and Elasticsearch."""
+"""The projector worker (faust): the ledger and the access topic into PostgreSQL, and `ledger rebuild`.
+
+- `app`, `worker`, `__main__`, `cli`: the faust app, running it (`ledger worker`), and `ledger rebuild`'s command.
+- `agents`: ledger records -> the recorder; `access`: access records -> the access projector; `dlq`: dead letters.
+- `rebuild`: replay the topics into a fresh schema, then switch. `metrics`: the worker's metrics.
+
+Elasticsearch is fed from PostgreSQL's outbox by projections.search (`ledger indexer`, `ledger embedder`).
+"""

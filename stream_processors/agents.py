@@ -1,11 +1,15 @@
-"""The projector agent: ledger records in batches -> one PostgreSQL transaction per batch.
+"""The projector's agents: a topic's records in batches -> one PostgreSQL transaction per batch.
 
-The agent only collects (partition, offset, timestamp, key, value) of each message; decoding
-(producers.contract) and the write (projections.postgres.recorder) run in a worker thread so the
-event loop keeps serving the consumer.
+Both topics of the worker run the same way, through one `BatchRunner` and one `attach_projection`: the ledger's
+(`attach`: projections.postgres.recorder.Recorder, dead letters to the DLQ topic, the worker's metrics) and the
+access topic's (stream_processors.access: projections.postgres.access_projector.AccessProjector). The agent only
+collects (topic, partition, offset, key, value, timestamp) of each message; decoding (the projection's `decoder`)
+and the write (its `apply_batch`) run in a worker thread so the event loop keeps serving the consumer. After every
+rebalance the consumer seeks each topic's partitions to the positions PostgreSQL stores (`LedgerApp.stored_positions`,
+chained across the agents).
 
 Two kinds of failure. A poison record (PostgreSQL refuses its data, a constraint, a deterministic
-error of the pure core: `recorder.is_permanent`) is found by the recorder, dead-lettered as
+error of the pure core: `positioned.is_permanent`) is found by the projection, dead-lettered as
 `unstorable`, and the rest of the batch applied: one record never stops a partition. A transient
 failure (PostgreSQL away or shutting down, a deadlock, a lock or statement timeout, the DLQ topic
 not answering) is retried with backoff until the batch commits: giving up would let the stream
@@ -18,23 +22,23 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence, Set
-from datetime import timedelta
+from collections.abc import Callable, Mapping, Sequence, Set
+from typing import Any
 
 import psycopg
 from faust.types import TP
 from kafka.errors import KafkaError
 
-from producers.keys.store import key_context
 from producers.logs import bind_ids, new_id, unbind_ids
-from producers.records import Incoming, decode_record
 from producers.settings import Settings
-from projections.postgres.recorder import BatchResult, Recorder, connect
+from projections.postgres.positioned import DlqSink, PositionedProjection, connect
+from projections.postgres.positions import stored_positions
+from projections.postgres.recorder import BatchResult, Recorder
 from stream_processors.app import LedgerApp
 from stream_processors.dlq import DlqProducer
-from stream_processors.metrics import LagGauge, record_batch, record_retry
+from stream_processors.metrics import DeadLetterGauge, LagGauge, record_batch, record_retry
 
-__all__ = ["BatchRunner", "attach"]
+__all__ = ["BatchRunner", "attach", "attach_projection"]
 
 log = logging.getLogger(__name__)
 
@@ -42,92 +46,123 @@ RawRecord = tuple[str, int, int, bytes | None, bytes | None, int | None]  # topi
 
 
 class BatchRunner:
-    """Owns the recorder's connection and the DLQ producer; used from one thread at a time."""
+    """Owns one projection's connection (and its DLQ sink); used from one thread at a time."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        kind: type[PositionedProjection],
+        *,
+        dlq: DlqProducer | None = None,
+        on_retry: Callable[[str], None] | None = None,
+        what: str = "batch",
+    ) -> None:
         self.settings = settings
-        self.dlq = DlqProducer(settings)
-        self._recorder: Recorder | None = None
+        self.kind = kind
+        self.topic = kind.topic_of(settings)
+        self.dlq = dlq
+        self.decode = kind.decoder(settings)
+        self.on_retry = on_retry  # called with the cause of each retry: postgres, dlq (the DLQ topic), other
+        self.what = what  # how its log lines name a batch
+        self._projection: PositionedProjection | None = None
 
-    def _rec(self) -> Recorder:
-        if self._recorder is None or self._recorder.conn.closed:
+    def _proj(self) -> PositionedProjection:
+        if self._projection is None or self._projection.conn.closed:
             conn = connect(self.settings.pg_dsn, self.settings.pg_schema)
-            keys = key_context(self.settings, conn)  # opens sealed records; erasures shred (issue 13)
-            conn.commit()
-            self._recorder = Recorder(
-                conn, consumer=self.settings.processor_group, topic=self.settings.topic, dlq_sink=self.dlq, keys=keys
-            )
-        return self._recorder
+            sink: DlqSink | None = self.dlq
+            try:
+                self._projection = self.kind.for_settings(self.settings, conn, dlq_sink=sink)
+            except BaseException:
+                conn.close()
+                raise
+        return self._projection
 
-    def apply(self, raw: Sequence[RawRecord]) -> BatchResult:
-        skew = timedelta(seconds=self.settings.max_future_skew_s)
-        records: list[Incoming] = [
-            decode_record(t, p, o, v, key=k, timestamp_ms=ts, max_future_skew=skew) for t, p, o, k, v, ts in raw
-        ]
+    def apply(self, raw: Sequence[RawRecord]) -> Any:
+        records = [self.decode(*r) for r in raw]
         delay = 0.2
         while True:
             try:
-                return self._rec().apply_batch(records)
+                return self._proj().apply_batch(records)
             except psycopg.OperationalError as exc:  # PostgreSQL away, deadlock, timeout: reconnect and retry
-                record_retry("postgres")
-                log.error("batch not applied (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay)
+                self._retried("postgres")
+                log.error("%s not applied (%s: %s); retrying in %.1fs", self.what, type(exc).__name__, exc, delay)
             except KafkaError as exc:  # the DLQ topic did not take the dead letters: the batch rolled back
-                record_retry("dlq")
+                self._retried("dlq")
                 log.error("DLQ sink failed (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay)
-            except Exception:  # noqa: BLE001 - not a poison record (the recorder dead-letters those): a bug, retry
-                record_retry("other")
-                log.exception("batch not applied; retrying in %.1fs", delay)
+            except Exception:  # noqa: BLE001 - not a poison record (the projection dead-letters those): a bug, retry
+                self._retried("other")
+                log.exception("%s not applied; retrying in %.1fs", self.what, delay)
             self._reset()
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
+    def _retried(self, cause: str) -> None:
+        if self.on_retry is not None:
+            self.on_retry(cause)
+
     def _reset(self) -> None:
         """Drop the connection (a fresh one on the next attempt); the failed transaction was rolled back."""
-        if self._recorder is not None:
+        if self._projection is not None:
             try:
-                self._recorder.conn.close()
+                self._projection.conn.close()
             except Exception:  # noqa: BLE001 - it is being discarded anyway
                 pass
-            self._recorder = None
+            self._projection = None
 
     def positions(self, partitions: Set[int]) -> dict[int, int]:
+        """The stored positions of `partitions` (0 where none is stored), on a connection of their own."""
         with connect(self.settings.pg_dsn, self.settings.pg_schema) as conn:
-            stored = Recorder(conn, consumer=self.settings.processor_group, topic=self.settings.topic).positions()
+            stored = stored_positions(conn, self.settings.processor_group, self.topic)
         return {p: stored.get(p, 0) for p in partitions}
 
     def close(self) -> None:
-        self.dlq.close()
-        if self._recorder is not None:
-            self._recorder.conn.close()
+        if self.dlq is not None:
+            self.dlq.close()
+        self._reset()
 
 
-def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
-    """Add the projector agent to `app` and point its consumer's seeks at the PostgreSQL positions."""
-    runner = BatchRunner(settings)
-    topic = app.topic(settings.topic, value_serializer="raw", key_serializer="raw")
-    lag = LagGauge(settings.topic)  # ledger_worker_consumer_lag (stream_processors.metrics)
+def attach_projection(
+    app: LedgerApp,
+    settings: Settings,
+    runner: BatchRunner,
+    *,
+    name: str,
+    batch_size: int,
+    report: Callable[[Any, int, float], None],
+    on_positions: Callable[[Mapping[int, int]], None] | None = None,
+) -> None:
+    """Add an agent `name` that feeds `runner.topic` to `runner`, and extend the App's seek hook to its partitions.
 
-    async def stored_positions(assigned: Set[TP]) -> Mapping[TP, int]:
-        mine = {tp for tp in assigned if tp.topic == settings.topic}
+    `report(result, records, seconds)` after each committed batch (its log line, metrics); `on_positions` with the
+    positions read at assignment.
+    """
+    topic = app.topic(runner.topic, value_serializer="raw", key_serializer="raw")
+    earlier = app.stored_positions  # the hooks of the agents attached before this one
+
+    async def stored(assigned: Set[TP]) -> Mapping[TP, int]:
+        out = dict(await earlier(assigned)) if earlier is not None else {}
+        mine = {tp for tp in assigned if tp.topic == runner.topic}
         if not mine:
-            return {}
+            return out
         for attempt in range(1, 6):
             try:
                 by_partition = await asyncio.to_thread(runner.positions, {tp.partition for tp in mine})
-                lag.positions(by_partition)
-                return {tp: by_partition[tp.partition] for tp in mine}
+                if on_positions is not None:
+                    on_positions(by_partition)
+                out.update({tp: by_partition[tp.partition] for tp in mine})
+                return out
             except Exception:  # noqa: BLE001 - retried, then fatal (below)
-                log.exception("reading the PostgreSQL positions failed (attempt %d)", attempt)
+                log.exception("reading the PostgreSQL positions of %s failed (attempt %d)", runner.topic, attempt)
                 await asyncio.sleep(0.5 * attempt)
         # never consume from wherever Kafka's own commit points: better dead than skipping records
-        log.critical("no PostgreSQL positions for the assigned partitions; exiting")
+        log.critical("no PostgreSQL positions for the assigned partitions of %s; exiting", runner.topic)
         logging.shutdown()
         os._exit(71)
 
-    app.stored_positions = stored_positions
+    app.stored_positions = stored
 
     async def project(stream) -> None:
-        async for events in stream.take_events(settings.processor_batch_size, within=settings.processor_batch_seconds):
+        async for events in stream.take_events(batch_size, within=settings.processor_batch_seconds):
             batch_ids = bind_ids(batch_id=new_id())  # on every line of this batch, its thread's too (to_thread)
             raw = [
                 (
@@ -144,31 +179,56 @@ def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
             try:
                 result = await asyncio.to_thread(runner.apply, raw)
             except Exception:  # a faust-restarted agent would go on past this batch: die, restart re-seeks
-                log.exception("projector failed outside the retry loop; exiting so a restart resumes from PostgreSQL")
+                log.exception("%s failed outside the retry loop; exiting so a restart resumes from PostgreSQL", name)
                 logging.shutdown()
                 os._exit(70)
-            record_batch(result, time.perf_counter() - started)
-            lag.positions(result.positions)
-            lag.refresh(app.consumer)
-            log.info(
-                "batch: %d records, %d applied, %d duplicate, %d conflict, %d erased replay, %d skipped, %d dead "
-                "in %.0f ms, positions %s",
-                len(raw),
-                result.applied,
-                result.duplicates,
-                result.conflicts,
-                result.erased_replays,
-                result.skipped,
-                result.dead,
-                (time.perf_counter() - started) * 1000,
-                result.positions,
-            )
+            report(result, len(raw), time.perf_counter() - started)
             unbind_ids(batch_ids)
 
-    app.agent(topic, name="ledger-projector", concurrency=1)(project)
+    app.agent(topic, name=name, concurrency=1)(project)
+
+
+def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
+    """Add the ledger's agent to `app` and point its consumer's seeks at the PostgreSQL positions."""
+    runner = BatchRunner(settings, Recorder, dlq=DlqProducer(settings), on_retry=record_retry)
+    lag = LagGauge(settings.topic)  # ledger_worker_consumer_lag (stream_processors.metrics)
+
+    def report(result: BatchResult, records: int, seconds: float) -> None:
+        record_batch(result, seconds)
+        lag.positions(result.positions)
+        lag.refresh(app.consumer)
+        log.info(
+            "batch: %d records, %d applied, %d duplicate, %d conflict, %d erased replay, %d skipped, %d dead "
+            "in %.0f ms, positions %s",
+            records,
+            result.applied,
+            result.duplicates,
+            result.conflicts,
+            result.erased_replays,
+            result.skipped,
+            result.dead,
+            seconds * 1000,
+            result.positions,
+        )
+
+    attach_projection(
+        app,
+        settings,
+        runner,
+        name="ledger-projector",
+        batch_size=settings.processor_batch_size,
+        report=report,
+        on_positions=lag.positions,
+    )
 
     async def refresh_lag(*_: object) -> None:  # between batches too: an idle or stuck worker's lag still moves
         lag.refresh(app.consumer)
 
     app.timer(settings.metrics_refresh_s, name="ledger-consumer-lag")(refresh_lag)
+    letters = DeadLetterGauge(settings)  # ledger_worker_dead_letters_by_state{state}
+
+    async def refresh_dead_letters(*_: object) -> None:  # a query: off the event loop
+        await asyncio.to_thread(letters.refresh)
+
+    app.timer(settings.metrics_refresh_s, name="ledger-dead-letters")(refresh_dead_letters)
     return runner

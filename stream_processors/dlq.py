@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 from kafka import KafkaProducer
 
+from producers.kafka_producer import kafka_producer
 from producers.records import DeadLetter
 from producers.settings import Settings
 
@@ -61,13 +62,8 @@ class DlqProducer:
 
     def __call__(self, letters: Sequence[DeadLetter]) -> None:
         if self._producer is None:
-            self._producer = KafkaProducer(
-                bootstrap_servers=self._bootstrap,
-                client_id="memory-ledger-dlq",
-                acks="all",
-                enable_idempotence=True,
-                linger_ms=5,
-                max_request_size=1024 * 1024,
+            self._producer = kafka_producer(
+                bootstrap_servers=self._bootstrap, client_id="memory-ledger-dlq", max_request_size=1024 * 1024
             )
         futures = []
         for letter in letters:

@@ -12,12 +12,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+import psycopg
 from faust.types import TP
 
 from producers.metrics import BATCH_BUCKETS, counter, gauge, histogram
+from producers.settings import Settings
+from projections.postgres.dead_letters import STATES, dead_letter_states
+from projections.postgres.positioned import connect
 from projections.postgres.recorder import BatchResult
 
-__all__ = ["LagGauge", "record_batch", "record_retry"]
+__all__ = ["DeadLetterGauge", "LagGauge", "record_batch", "record_retry"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,13 @@ LAG = gauge(
     "worker_consumer_lag",
     "Records of a partition assigned to this worker not yet applied: high watermark minus stored position",
     ("topic", "partition"),
+)
+
+DEAD_LETTER_STATES = gauge(
+    "worker_dead_letters_by_state",
+    "Dead letters of the ledger topic in PostgreSQL by state: open, redriven (a corrected event applied), "
+    "discarded (closed with a reason); every tenant's, read every LEDGER_METRICS_REFRESH_S",
+    ("state",),
 )
 
 _OUTCOMES = {name: RECORDS.labels(name) for name in ("applied", "duplicate", "erased_replay", "skipped", "dead_letter")}
@@ -108,3 +119,31 @@ class LagGauge:
                 self._shown.add(p)
         except Exception as exc:  # noqa: BLE001 - a metric never stops the worker; the next refresh tries again
             log.debug("consumer lag not refreshed: %r", exc)
+
+
+class DeadLetterGauge:
+    """`ledger_worker_dead_letters_by_state{state}`: the dead-letter workflow's counts, from PostgreSQL (the workflow's
+    actions are events any worker may apply, so the counts are read, not counted here). One connection of its own,
+    opened on first use and again after a failure; `refresh` runs off the event loop."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._conn: psycopg.Connection | None = None
+        for state in STATES:
+            DEAD_LETTER_STATES.labels(state)  # shown at 0 before the first read
+
+    def refresh(self) -> None:
+        """Read the counts; never raises (a metric never stops the worker: the next refresh tries again)."""
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = connect(self.settings.pg_dsn, self.settings.pg_schema, autocommit=True)
+            for state, n in dead_letter_states(self._conn, self.settings.topic).items():
+                DEAD_LETTER_STATES.labels(state).set(n)
+        except Exception as exc:  # noqa: BLE001 - a metric never stops the worker; the next refresh tries again
+            log.debug("dead-letter counts not refreshed: %r", exc)
+            self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -1,13 +1,14 @@
 """`ledger rebuild`: replay the ledger from offset 0 into a fresh schema, then switch over.
 
 1. Create `<schema>_rebuild_<ts>` and replay every partition of `settings.topic` up to the end
-   offsets seen at the start, with the same Recorder the workers use (so the same rows), under
-   the workers' consumer name (so they continue from the rebuilt positions after the switch).
+   offsets seen at the start, with the same projection the workers run (`Recorder.for_settings`,
+   decoded by its `decoder`: the same rows), under the workers' consumer name (so they continue
+   from the rebuilt positions after the switch).
 2. Switch, in one transaction: lock the live `positions` table (a worker's next batch waits on
    it, and resolves the name again once the rename commits), catch the rebuild up to the live
    positions, compute both checksums, rename live -> `<schema>_old_<ts>` and rebuild -> live.
 
-The access topic (issue 16) is replayed the same way after the ledger, into the access tables, and caught up
+The access topic is replayed the same way after the ledger, into the access tables, and caught up
 to the live access positions under the same lock (the access agent's batches lock `positions` too).
 
 The dead-letter topic is not written again (the records already went there once); the
@@ -33,7 +34,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -41,14 +41,13 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from psycopg import sql
 
-from producers.keys.store import KeyContext, key_context
-from producers.records import decode_record
 from producers.settings import Settings
 from producers.topics import end_offsets
-from projections.postgres.access_projector import AccessProjector, decode_access_record
+from projections.postgres.access_projector import AccessProjector
+from projections.postgres.positioned import PositionedProjection, connect
 from projections.postgres.positions import stored_positions
 from projections.postgres.queries import projection_checksum
-from projections.postgres.recorder import Recorder, connect
+from projections.postgres.recorder import Recorder
 from projections.postgres.schema import (
     continue_revisions,
     copy_erasure_salt,
@@ -58,9 +57,12 @@ from projections.postgres.schema import (
     drop_schema,
 )
 
-__all__ = ["RebuildReport", "rebuild", "rebuild_with_progress", "replay", "replay_access"]
+__all__ = ["PROJECTIONS", "RebuildReport", "rebuild", "rebuild_with_progress", "replay"]
 
 Progress = Callable[[int], None]  # called with the number of records just applied
+# what a rebuild replays, in this order: the accesses' erasure rule needs the ledger's erasures in place
+# (projections.postgres.accesses)
+PROJECTIONS: tuple[type[PositionedProjection], ...] = (Recorder, AccessProjector)
 
 
 @dataclass
@@ -107,25 +109,30 @@ def _batches(
         consumer.close()
 
 
-def _replay(
+def replay(
     settings: Settings,
     schema: str,
-    topic: str,
     until: dict[int, int],
-    projector_for: Callable[[psycopg.Connection], Any],
-    decode_one: Callable[[ConsumerRecord], Any],
-    batch_size: int,
-    progress: Progress | None,
+    *,
+    projection: type[PositionedProjection] = Recorder,
+    batch_size: int = 2000,
+    progress: Progress | None = None,
 ) -> int:
-    """Apply `topic`'s records from the projector's stored positions up to `until` (exclusive) per partition."""
+    """Apply the projection's topic into `schema` from its stored positions up to `until` (exclusive) per partition,
+    through what the worker runs (`for_settings`, `decoder`); no DLQ topic: dead letters stay rows. The ledger's
+    Recorder reads the live key store: a rebuild never copies or rewrites the keys."""
     records_done = 0
+    decode = projection.decoder(settings)
     with connect(settings.pg_dsn, schema) as conn:
-        projector = projector_for(conn)
+        projector = projection.for_settings(settings, conn)
         start = projector.positions()
         todo = {p: end for p, end in until.items() if start.get(p, 0) < end}
         if not todo:
             return 0
-        for records in _decoded_ahead(_batches(settings, topic, start, todo, batch_size), decode_one):
+        batches = _batches(settings, projector.topic, start, todo, batch_size)
+        for records in _decoded_ahead(
+            batches, lambda m: decode(m.topic, m.partition, m.offset, m.key, m.value, m.timestamp)
+        ):
             projector.apply_batch(records)
             records_done += len(records)
             if progress:
@@ -141,7 +148,7 @@ def _decoded_ahead(
 ) -> Iterator[list[Any]]:
     """`batches` polled and decoded one batch ahead, in a thread, while the caller applies the current one.
 
-    Issue 14: the replay waited on PostgreSQL for a third of its time with nothing to do; polling and decoding the
+    The replay waited on PostgreSQL for a third of its time with nothing to do; polling and decoding the
     next batch meanwhile overlaps the two. The batches come out in their order, so the result is the same; an error
     of the thread is raised here, and leaving early stops the thread (which closes the consumer).
     """
@@ -185,60 +192,6 @@ def _decoded_ahead(
         thread.join()
 
 
-def _keys(settings: Settings, conn: psycopg.Connection) -> KeyContext:
-    """The live key store (a rebuild reads the keys where they are; it never copies or rewrites them)."""
-    keys = key_context(settings, conn)
-    conn.commit()
-    return keys
-
-
-def replay(
-    settings: Settings,
-    schema: str,
-    until: dict[int, int],
-    *,
-    batch_size: int = 2000,
-    progress: Progress | None = None,
-) -> int:
-    """The ledger topic's records into `schema` through the worker's Recorder (no DLQ topic: dead letters stay rows)."""
-    skew = timedelta(seconds=settings.max_future_skew_s)  # the worker's window, against the broker time
-    return _replay(
-        settings,
-        schema,
-        settings.topic,
-        until,
-        lambda conn: Recorder(
-            conn, consumer=settings.processor_group, topic=settings.topic, dlq_sink=None, keys=_keys(settings, conn)
-        ),
-        lambda m: decode_record(
-            m.topic, m.partition, m.offset, m.value, key=m.key, timestamp_ms=m.timestamp, max_future_skew=skew
-        ),
-        batch_size,
-        progress,
-    )
-
-
-def replay_access(
-    settings: Settings,
-    schema: str,
-    until: dict[int, int],
-    *,
-    batch_size: int = 2000,
-    progress: Progress | None = None,
-) -> int:
-    """`replay` for the access topic (issue 16): the same AccessProjector the worker's access agent runs."""
-    return _replay(
-        settings,
-        schema,
-        settings.access_topic,
-        until,
-        lambda conn: AccessProjector(conn, consumer=settings.processor_group, topic=settings.access_topic),
-        lambda m: decode_access_record(m.topic, m.partition, m.offset, m.value),
-        batch_size,
-        progress,
-    )
-
-
 def rebuild(
     settings: Settings, *, keep_old: bool = True, batch_size: int = 2000, progress: Progress | None = None
 ) -> RebuildReport:
@@ -252,12 +205,11 @@ def rebuild(
         create_schema(admin, fresh)
         # the live salt: erased_events is rebuilt row for row, and ids erased before stay erased
         copy_erasure_salt(admin, live, fresh)
-        continue_revisions(admin, live, fresh)  # its documents win over the live ones (issue 14)
-    records = replay(settings, fresh, end_offsets(settings), batch_size=batch_size, progress=progress)
-    # then the accesses, whose erasure rule needs the ledger's erasures in place (projections.postgres.accesses)
-    records += replay_access(
-        settings, fresh, end_offsets(settings, settings.access_topic), batch_size=batch_size, progress=progress
-    )
+        continue_revisions(admin, live, fresh)  # its documents win over the live ones
+    records = 0
+    for kind in PROJECTIONS:
+        ends = end_offsets(settings, kind.topic_of(settings))
+        records += replay(settings, fresh, ends, projection=kind, batch_size=batch_size, progress=progress)
     with psycopg.connect(settings.pg_dsn) as conn:
         with conn.transaction():  # the live vectors, so nothing is embedded again (and again under the lock below)
             copy_vectors(conn, live, fresh)
@@ -266,10 +218,11 @@ def rebuild(
             if _schema_exists(conn, live):
                 lock = sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(live, "positions"))
                 conn.execute(lock)
-                live_pos = stored_positions(conn, settings.processor_group, settings.topic, schema=live)
-                records += replay(settings, fresh, live_pos, batch_size=batch_size, progress=progress)
-                live_access = stored_positions(conn, settings.processor_group, settings.access_topic, schema=live)
-                records += replay_access(settings, fresh, live_access, batch_size=batch_size, progress=progress)
+                for kind in PROJECTIONS:  # caught up to the live positions, under the lock
+                    live_pos = stored_positions(conn, settings.processor_group, kind.topic_of(settings), schema=live)
+                    records += replay(
+                        settings, fresh, live_pos, projection=kind, batch_size=batch_size, progress=progress
+                    )
                 live_checksum = projection_checksum(conn, live)
                 copy_vectors(conn, live, fresh)
                 copy_idempotency(conn, live, fresh)  # ids claimed by the doors, ids erased
@@ -296,9 +249,7 @@ def rebuild_with_progress(settings: Settings, *, keep_old: bool = True, batch_si
     console = Console()
     # bounded like a producer's waits: a broker that is away ends the command in one line (api.cli), not a hang
     wait = settings.producer_timeout_s
-    total = sum(end_offsets(settings, timeout_s=wait).values()) + sum(
-        end_offsets(settings, settings.access_topic, timeout_s=wait).values()
-    )
+    total = sum(sum(end_offsets(settings, k.topic_of(settings), timeout_s=wait).values()) for k in PROJECTIONS)
     columns = (
         TextColumn("[bold]rebuild[/] {task.description}"),
         BarColumn(),

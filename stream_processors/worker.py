@@ -35,7 +35,7 @@ def prepare(settings: Settings) -> None:
     (settings.data_dir / "faust" / settings.processor_group).mkdir(parents=True, exist_ok=True)
     with psycopg.connect(settings.pg_dsn) as conn:
         create_schema(conn, settings.pg_schema)
-        key_context(settings, conn)  # issue 13: a missing or wrong key-encryption key stops the worker here
+        key_context(settings, conn)  # a missing or wrong key-encryption key stops the worker here
 
 
 def run(settings: Settings | None = None, *, loglevel: str | None = None) -> None:
@@ -46,7 +46,7 @@ def run(settings: Settings | None = None, *, loglevel: str | None = None) -> Non
     serve_metrics(settings.worker_metrics_port, settings.metrics_host, setting="LEDGER_WORKER_METRICS_PORT")
     app = make_app(settings)
     runner = attach(app, settings)
-    access_runner = attach_access(app, settings)  # the access topic's agent (issue 16), same group
+    access_runner = attach_access(app, settings)  # the access topic's agent, same group
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=False)
     worker.spinner = None  # it writes terminal control codes to stdout, between our log lines
     try:

@@ -1,0 +1,1 @@
+"""The test suite against the real servers: test_* modules; `support`: what they share; `faults`: the fault suite."""

@@ -72,7 +72,7 @@ def malformed_corpus(tenant: str, subject: str, seed: int = 5) -> list[tuple[byt
         (mutate(schema_version=99), "unsupported_schema"),
         (mutate(surprise_field=True), "unknown_field"),
         (mutate(content="x" * 20_000), "invalid_value"),  # over MAX_CONTENT_CHARS
-        # issue 10: what PostgreSQL could never store is refused by the contract, never retried forever
+        # what PostgreSQL could never store is refused by the contract, never retried forever
         (mutate(content="nul \u0000 inside"), "unstorable_text"),
         (mutate(subject="user:\u0000"), "unstorable_text"),
         (mutate(value={"a": ["ok", "nul\u0000"]}), "unstorable_text"),

@@ -1,4 +1,4 @@
-"""Access tracking (issue 16): what recall serves becomes access events on their own topic, projected exactly once,
+"""Access tracking: what recall serves becomes access events on their own topic, projected exactly once,
 rebuildable, erased with the subject, read by the ranking prior and reported by /v1/stats.
 
 Against the real servers: the flow test runs the whole pipeline (SDK -> Kafka -> worker -> PostgreSQL -> indexer

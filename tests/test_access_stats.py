@@ -1,4 +1,4 @@
-"""`/v1/stats` `access` from counters (issue 12): exact through supersession, retraction, re-assertion, erasure,
+"""`/v1/stats` `access` from counters: exact through supersession, retraction, re-assertion, erasure,
 redelivered access records and a rebuild, on the real pipeline.
 
 The counters (projections.postgres.counts `facts_active`, `facts_active_served`, `accesses_active`) are kept by the

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 import pytest
 from fastapi.testclient import TestClient
 from httpx import Response
@@ -23,7 +24,9 @@ from pydantic import BaseModel, SecretStr
 
 from api import schemas
 from api.main import create_app
+from producers.consistency import encode_token
 from producers.contract import EventType, MemoryEvent, parse_rfc3339, rfc3339
+from producers.records import decode_record
 from producers.settings import Settings
 from producers.topics import ensure_topics
 from projections.embedding import load_embedder
@@ -48,6 +51,7 @@ def _event(**over: Any) -> dict[str, Any]:
 
 
 # (label, method, path template, request kwargs, expected status); {memory_id} is filled in from the data
+REACHED = encode_token({0: 0})
 REQUESTS: list[tuple[str, str, str, dict[str, Any], int]] = [
     ("health", "GET", "/v1/health", {}, 200),
     ("event schema", "GET", "/v1/schema/event", {}, 200),
@@ -94,6 +98,10 @@ REQUESTS: list[tuple[str, str, str, dict[str, Any], int]] = [
         {"json": {"tenant": TENANT, "query": "P1 backend port", "known_at": "2026-01-05T12:00:00Z"}},
         200,
     ),
+    # read-your-writes: a token every partition has reached (offset 0), so the answer carries `consistency`
+    ("facts after", "GET", "/v1/subjects/{subject}/facts", {"params": {"tenant": TENANT, "after": REACHED}}, 200),
+    ("history after", "GET", "/v1/facts/{memory_id}/history", {"params": {"tenant": TENANT, "after": REACHED}}, 200),
+    ("recall after", "POST", "/v1/recall", {"json": {"tenant": TENANT, "query": "P1 port", "after": REACHED}}, 200),
     (
         "context",
         "POST",
@@ -123,7 +131,25 @@ REQUESTS: list[tuple[str, str, str, dict[str, Any], int]] = [
     ("erasures", "GET", "/v1/erasures", {"params": {"tenant": TENANT}}, 200),
     ("erasure", "GET", "/v1/erasures/{erasure_id}", {"params": {"tenant": TENANT}}, 200),
     ("event status", "GET", "/v1/events/{event_id}", {"params": {"tenant": TENANT}}, 200),
+    ("dead letters", "GET", "/v1/dead-letters", {"params": {"tenant": TENANT, "limit": 1}}, 200),
+    ("dead letter", "GET", "/v1/dead-letters/{partition}/{offset}", {"params": {"tenant": TENANT}}, 200),
+    (
+        "redrive",
+        "POST",
+        "/v1/dead-letters/redrive",
+        {"json": {"tenant": TENANT, "partition": 0, "offset": 100, "event": _event(subject="user:redriven")}},
+        200,
+    ),
+    (
+        "discard",
+        "POST",
+        "/v1/dead-letters/discard",
+        {"json": {"tenant": TENANT, "partition": 0, "offset": 101, "reason": "schema test"}},
+        200,
+    ),
 ]
+# the dead letter each request of the workflow is about (the fixture's records at offsets 100 and 101)
+LETTER = {"dead letter": (0, 100), "redrive": (0, 100), "discard": (0, 101)}
 ERASURE_ID = "schema-erasure/1"  # an event id may hold a slash: the route takes the rest of the path
 SUBJECT = {"facts": "project:P1", "events": "project:P1", "erase": "user:gone/with/slashes"}
 
@@ -180,6 +206,11 @@ def world(base_settings: Settings) -> Iterator[dict[str, Any]]:
             ledger.publish(
                 MemoryEvent(type=EventType.ERASED, tenant=TENANT, subject="user:erased", event_id=ERASURE_ID)
             )
+            for offset in LETTER.values():  # records without content, dead-lettered by the recorder
+                raw = orjson.dumps(
+                    {k: v for k, v in _event(event_id=f"schema-dl-{offset[1]}").items() if k != "content"}
+                )
+                ledger.recorder.apply_batch([decode_record(settings.topic, *offset, raw, timestamp_ms=None)])
             drain_all(settings, conn, es, load_embedder(settings))
             with TestClient(create_app(settings)) as client:
                 yield {"settings": settings, "client": client, "memory_id": port.memory_id}
@@ -200,7 +231,15 @@ def answers(world: dict[str, Any]) -> dict[str, Answer]:
     out = {}
     for label, method, template, kwargs, expected in REQUESTS:
         subject = SUBJECT.get(label.split()[0], "")
-        url = template.format(subject=subject, memory_id=world["memory_id"], erasure_id=ERASURE_ID, event_id=ERASURE_ID)
+        partition, offset = LETTER.get(label, (0, 0))
+        url = template.format(
+            subject=subject,
+            memory_id=world["memory_id"],
+            erasure_id=ERASURE_ID,
+            event_id=ERASURE_ID,
+            partition=partition,
+            offset=offset,
+        )
         out[label] = Answer(label, method, template, client.request(method, url, headers=H, **kwargs), expected)
     return out
 

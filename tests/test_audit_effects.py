@@ -1,4 +1,4 @@
-"""Issue 10, classes 6 and 12, through the real PostgreSQL projection and the real app.
+"""Overrides and retractions, and what each event did, through the real PostgreSQL projection and the real app.
 
 - A retraction ends the version *visible* at its time: with a long-term preference and a
   temporary override in force, it ends the override and the long-term value shows again; a

@@ -15,7 +15,6 @@ import asyncio
 import inspect
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ import pytest
 
 from api import schemas
 from api.client import AsyncLedgerClient, LedgerClient, LedgerError
+from infra.private import free_port
 from producers.event_schema import SCHEMA_ID, checked_in
 from producers.settings import REPO_ROOT, ClientSettings, Settings
 from tests.conftest import unique
@@ -47,12 +47,6 @@ EVENTS = [
     asserted(ODD, "team.size", 7, 1),
     asserted(SUBJECT, "project.port", 1111, 0, tenant=B, entities=["P1"], content=PORT_TEXT.format(1111)),
 ]  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Api(Process):

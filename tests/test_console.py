@@ -1,4 +1,4 @@
-"""The audit console (`/console`) in a real headless Chromium against the real stack (issue 12).
+"""The audit console (`/console`) in a real headless Chromium against the real stack.
 
 The world (tests.support.console_world): the scenario published through the SDK to Kafka, projected
 by the worker into PostgreSQL and indexed by the indexer into Elasticsearch, served by `uvicorn

@@ -1,4 +1,4 @@
-"""The audit console's Erasures view (issue 13, deliverable 3) in a real headless Chromium against the real stack.
+"""The audit console's Erasures view in a real headless Chromium against the real stack.
 
 The world (tests.support.erasure_world): encryption on, facts published through the SDK, projected by the worker,
 indexed by the indexer, the API under uvicorn; then subjects erased through the API (and one erasure with a hostile

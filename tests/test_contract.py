@@ -328,7 +328,7 @@ def test_bad_json_and_non_objects_are_refused_with_a_code(raw: bytes | None, cod
     assert code in str(info.value)
 
 
-# -- issue 10: everything the projector could never store is refused at the door -------------
+# -- everything the projector could never store is refused at the door -------------
 
 _NUL, _SURROGATE = "a\x00b", "a\ud800b"
 

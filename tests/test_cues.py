@@ -179,7 +179,7 @@ def test_english_plurals_meet_their_singular_aliases_but_bm25_sees_the_words_as_
     assert units("Cities Series bus") == ["city", "sery", "bus"]  # the rule is light, and consistent on both sides
 
 
-# --- hostile queries (issue 10, class 11): extraction is linear and its output bounded ---------------------------
+# --- hostile queries: extraction is linear and its output bounded ---------------------------
 
 BIG_VOCAB = Vocabulary.build(  # a tenant with many entities and aliases: every table lookup is exercised
     entities=["P1", "OD20241102", "Alice", *(f"E{i}" for i in range(2000))],
@@ -261,7 +261,7 @@ def test_an_id_token_is_still_found_next_to_a_huge_run():
     assert {"p1", "user:42", "od20241102"} <= set(cues.entities)
 
 
-# --- numeric time words (issue 10, class 9): never an inverted or overflowing range -------------------------------
+# --- numeric time words: never an inverted or overflowing range -------------------------------
 
 
 @pytest.mark.parametrize(

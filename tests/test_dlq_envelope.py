@@ -10,7 +10,7 @@ from psycopg import errors as pg_errors
 
 from producers.contract import MAX_EVENT_BYTES, MemoryEvent, encode
 from producers.records import DeadLetter, decode_record
-from projections.postgres.recorder import CoreRefused, dead_letter_text, unstorable
+from projections.postgres.positioned import CoreRefused, dead_letter_text, unstorable
 from stream_processors.dlq import MAX_RAW_IN_DLQ, envelope
 
 pytestmark = pytest.mark.unit

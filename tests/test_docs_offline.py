@@ -1,4 +1,4 @@
-"""`/docs` works without the internet (issue 12): Swagger UI's assets come from the service itself.
+"""`/docs` works without the internet: Swagger UI's assets come from the service itself.
 
 The API runs as a real server (`uvicorn api.main:app`, private settings). Over HTTP: the page names
 no URL of another host, every asset it names loads, ReDoc (a CDN bundle) is not offered, and the

@@ -1,4 +1,4 @@
-"""Near-duplicate episodes (issue 15, projections.search.duplicates): linked when their vectors are stored.
+"""Near-duplicate episodes (projections.search.duplicates): linked when their vectors are stored.
 
 Against the real servers: a re-import of the same turns (other event ids, later batches) links every copy to its
 original's group, a copy in the same batch links too, the same words from another subject and a different thing

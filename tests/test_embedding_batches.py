@@ -1,4 +1,4 @@
-"""Length-sorted embedding batches (issue 14, `embed_sort_by_length`): faster, and every vector still its own text's.
+"""Length-sorted embedding batches (`embed_sort_by_length`): faster, and every vector still its own text's.
 
 Against the real model files (installed as `python -m infra up model` does). fp32 bge-small-zh is used because its
 vectors do not depend on the other texts of a batch (with attention masks, padding changes nothing but rounding);

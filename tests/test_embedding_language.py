@@ -1,4 +1,4 @@
-"""Embeddings per language (issue 15): which model embeds a memory and a question, recorded and searched per model.
+"""Embeddings per language: which model embeds a memory and a question, recorded and searched per model.
 
 Against the real PostgreSQL and Elasticsearch: memories written by the recorder, drained by the indexer code,
 asked through the API in-process. The language choice itself is a pure function (unit tests at the end).
@@ -57,7 +57,7 @@ def _world(base_settings, **update):
             **update,
         }
     )
-    for name in (settings.embed_model, settings.embed_model_en):  # ZH is no longer the default (issue 14)
+    for name in (settings.embed_model, settings.embed_model_en):  # ZH is no longer the default
         install_model(settings, name)  # from Maven on a fresh machine, as `infra up model` does
     return settings
 

@@ -1,4 +1,4 @@
-"""Crypto-shredding end to end (issue 13), against the real servers: sealed on the wire, shredded by erasure.
+"""Crypto-shredding end to end, against the real servers: sealed on the wire, shredded by erasure.
 
 Two subjects are published with encryption on; one is erased through the API. Then the raw topic is read with a
 plain kafka-python consumer: no clear text of either subject is in any record's bytes, the erased subject's records

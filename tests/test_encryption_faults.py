@@ -1,4 +1,4 @@
-"""Crypto-shredding under faults (issue 13), against the real servers.
+"""Crypto-shredding under faults, against the real servers.
 
 1. A worker killed (-9) between the purge and the key destruction: both run in the worker's one transaction, so
    nothing of the erasure commits, and its restart does all of it. The window is made real from outside: the test

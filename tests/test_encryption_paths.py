@@ -1,4 +1,4 @@
-"""Every way onto the ledger seals, and every way a sealed record can be wrong is a dead letter (issue 13), on the
+"""Every way onto the ledger seals, and every way a sealed record can be wrong is a dead letter, on the
 real servers.
 
 - Each producer path (the SDK, `POST /v1/events`, the MCP `remember` tool as the server runs it, `ledger publish`)

@@ -152,7 +152,9 @@ def _named(items: list[dict[str, Any]], field: str, code: str | None) -> bool:
 
 @pytest.fixture(scope="module")
 def vocab_settings(base_settings: Settings) -> Iterator[Settings]:
-    with private_ledger(base_settings.private(unique("vocab"), api_keys=KEYS)) as settings:
+    # both keys get the operator tools too: every tool's arguments are judged (an agent's key is refused them first)
+    vocab = base_settings.private(unique("vocab"), api_keys=KEYS, mcp_admin_keys=list(KEYS))
+    with private_ledger(vocab) as settings:
         yield settings
 
 

@@ -1,4 +1,4 @@
-"""`python -m infra up --service` runs LEDGER_INDEXERS indexers and LEDGER_EMBEDDERS embedders (issue 14).
+"""`python -m infra up --service` runs LEDGER_INDEXERS indexers and LEDGER_EMBEDDERS embedders.
 
 Pure: the instance names (pid file and log of each), the metrics port each one gets, and that `down` looks for
 more instances than are configured (a lowered count still stops the extra ones).

@@ -1,4 +1,4 @@
-"""Rotating the key-encryption key (issue 13), against the real servers: keys rewrapped, the log left as it was.
+"""Rotating the key-encryption key, against the real servers: keys rewrapped, the log left as it was.
 
 The ring starts as {"active": "k1", "keys": {"k1"}}; sealed events of several subjects are published and
 projected. Then k2 is added and made active, and `ledger keys rotate` (the real command, as a child process)

@@ -1,8 +1,8 @@
-"""The keyword stage keeps what plain BM25 finds (issue 15, deliverable 1), against the real servers.
+"""The keyword stage keeps what plain BM25 finds, against the real servers.
 
 A fixture of English conversation turns (episodic memories, one per turn) is written through the PostgreSQL
 projection's recorder and drained into a private index. For each question, plain OR-semantics BM25 over the same
-texts (the few lines of ../shared/eval/conversations/run_dev.py: [a-z0-9]+ tokens, k1=1.2, b=0.75, no stemming)
+texts (the shared dev-set harness's few lines: [a-z0-9]+ tokens, k1=1.2, b=0.75, no stemming)
 ranks the turns for the question's words without the stage's stop words (on 20 turns a "did" or "are" that one
 turn happens to hold outweighs content words; the stage drops such words on purpose: cues.extract). Every turn
 it puts in its top 3 (with a score above 0) must be in the keyword stage's top 10 (`mode: keyword`, over HTTP).

@@ -18,13 +18,14 @@ from typing import Any
 
 import httpx2
 import jsonschema
+import orjson
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from producers.settings import Settings
 from tests.conftest import unique
-from tests.support import pipeline
+from tests.support import pipeline, publish_raw
 from tests.support.servers import McpHttpServer
 
 KEY = "k-acme"
@@ -55,14 +56,35 @@ CALLS: list[tuple[str, Args]] = [
     ("context", lambda _: {"subject": SUBJECT, "question": "which seat?"}),
     ("forget", lambda _: {"subject": SUBJECT, "key": "pref.seat", "reason": "asked to"}),
     ("forget", lambda _: {"subject": SUBJECT, "erase_subject": True}),
+    # the operator tools, on the two records the fixture dead-lettered (KEY is an operator key there)
+    ("dead_letters", lambda _: {"state": "open"}),
+    ("dead_letter", lambda done: _letter(done, 0)),
+    ("redrive_dead_letter", lambda done: _letter(done, 0) | {"event": _wire(content="a corrected record")}),
+    ("discard_dead_letter", lambda done: _letter(done, 1) | {"reason": "a test record"}),
 ]
 SETTLE_AFTER = {"event_status"}  # the ledger applies the memory before the reads ask for it
 
 
+def _wire(**over: Any) -> dict[str, Any]:
+    """A memory.asserted of acme about SUBJECT's meal (`...` drops a field)."""
+    event = {"type": "memory.asserted", "tenant": "acme", "subject": SUBJECT, "key": "pref.meal", "value": "veg"}
+    return {k: v for k, v in (event | over).items() if v is not ...}
+
+
+def _letter(done: dict[str, Any], n: int) -> dict[str, Any]:
+    """The position of the n-th dead letter `dead_letters` listed."""
+    letter = done["dead_letters"]["dead_letters"][n]
+    return {"partition": letter["partition"], "offset": letter["offset"]}
+
+
 @pytest.fixture(scope="module")
 def stack(base_settings: Settings) -> Iterator[dict[str, Any]]:
-    settings = base_settings.private(unique("mcps"), api_keys={KEY: ["acme"]})
+    settings = base_settings.private(unique("mcps"), api_keys={KEY: ["acme"]}, mcp_admin_keys=[KEY])
     with pipeline(settings) as pipe, McpHttpServer(settings) as server:
+        # two records without content, straight to Kafka: dead letters for the operator tools
+        key = f"acme|{SUBJECT}".encode()
+        publish_raw(settings, [(key, orjson.dumps(_wire(event_id=f"dl-{n}"))) for n in range(2)])
+        pipe.settle()
         yield {"pipe": pipe, "url": server.url}
 
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics (issue 12): every process counts a real ingest by exactly what happened.
+"""Prometheus metrics: every process counts a real ingest by exactly what happened.
 
 A worker and an indexer run as child processes with metrics ports of their own; the API runs in this process
 (its /metrics is scraped through the app, like Prometheus would, without a key). One known ingest: N valid
@@ -252,7 +252,7 @@ def test_every_process_counts_a_real_ingest_exactly(metered: Settings) -> None:
             )
             assert value(i0, "ledger_indexer_documents_total", op="index") == 0
             locker.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (lock_key(s),))
-            # issue 14: documents first, without vectors: they wait in the embed queue (no embedder runs yet)
+            # documents first, without vectors: they wait in the embed queue (no embedder runs yet)
             i1 = wait_for(
                 lambda: (
                     (i := scrape(indexer_url))

@@ -21,7 +21,7 @@ from producers.contract import MAX_EVENT_BYTES, InvalidEvent, MemoryEvent, decod
 from producers.sdk import EventIdConflict, LedgerProducer, PublishError, PublishResult
 from producers.settings import Settings
 from producers.topics import ensure_topics
-from tests.support import drop_topics, read_topic
+from tests.support import drop_topics, publish_raw, read_topic
 
 SUBJECTS = [f"user:{i}" for i in range(24)]  # shared by every producer, so their writes interleave
 
@@ -165,6 +165,51 @@ def test_convenience_calls_build_the_right_events(ledger: Settings) -> None:
     assert [r.offset for r in results] == sorted(r.offset for r in results)
 
 
+def test_a_batch_does_each_events_work_once_and_reports_each_event(
+    ledger: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """send_many validates each event once and builds its wire once (the record and the fingerprint share it), sends
+    every valid event exactly once, and reports an invalid one in its place without holding back the others."""
+    validated: Counter[str] = Counter()
+    wired: Counter[str] = Counter()
+    validate, to_wire = MemoryEvent.model_validate, MemoryEvent.to_wire
+
+    def counting_validate(data: Any, *args: Any, **kwargs: Any) -> MemoryEvent:
+        validated[data.get("event_id", "?") if isinstance(data, dict) else "?"] += 1
+        return validate(data, *args, **kwargs)
+
+    def counting_to_wire(self: MemoryEvent) -> dict[str, Any]:
+        wired[self.event_id] += 1
+        return to_wire(self)
+
+    monkeypatch.setattr(MemoryEvent, "model_validate", counting_validate)
+    monkeypatch.setattr(MemoryEvent, "to_wire", counting_to_wire)
+    events = [{**_event("p", i, SUBJECTS[i % len(SUBJECTS)]), "event_id": f"once-{i}"} for i in range(40)]
+    events[17] = {**events[17], "tenant": ""}  # invalid, in the middle
+    with LedgerProducer(ledger) as producer:
+        outcomes = producer.send_many(events, report_invalid=True)
+    monkeypatch.undo()
+    assert isinstance(outcomes[17], InvalidEvent) and outcomes[17].field == "tenant"
+    valid_ids = [e["event_id"] for i, e in enumerate(events) if i != 17]
+    assert [o.event_id for i, o in enumerate(outcomes) if i != 17] == valid_ids  # type: ignore[union-attr]
+    assert all(isinstance(o, PublishResult) for i, o in enumerate(outcomes) if i != 17)
+    assert validated == {e["event_id"]: 1 for e in events}
+    assert wired == dict.fromkeys(valid_ids, 1)
+    on_topic = Counter(decode(r.value).event_id for r in read_topic(ledger))
+    assert on_topic == dict.fromkeys(valid_ids, 1)
+
+
+def test_the_sdk_puts_a_subject_where_any_kafka_client_would(ledger: Settings) -> None:
+    """The SDK remembers each key's hash; the partition is still the default partitioner's (murmur2), so a subject
+    written by the SDK and by another client (the API, a raw producer) stays in one partition."""
+    subjects = [f"user:{i}" for i in range(60)]
+    with LedgerProducer(ledger) as producer:
+        sdk = producer.publish_many([_event("p", i, s) for i, s in enumerate(subjects)] * 2)
+    raw = publish_raw(ledger, [(f"acme|{s}".encode(), b"{}") for s in subjects])
+    assert [r.partition for r in sdk] == [p for p, _ in raw] * 2
+    assert len({p for p, _ in raw}) > 1
+
+
 # -- errors -----------------------------------------------------------------------------------
 
 
@@ -182,7 +227,7 @@ def test_an_invalid_event_in_a_batch_stops_the_batch_before_anything_is_sent(led
 
 
 def test_the_sdk_refuses_what_the_worker_would_refuse_before_sending(ledger: Settings) -> None:
-    """Issue 10 classes 4, 8, 9 at the SDK: size, clock skew, unstorable text, numbers; nothing reaches the topic."""
+    """Bad input at the SDK: size, clock skew, unstorable text, numbers; nothing reaches the topic."""
     good = _event("p", 1, "user:1")
     cases = [
         ({**good, "value": "x" * (MAX_EVENT_BYTES + 1)}, "too_large", None),  # each field in its limits, too big
@@ -212,7 +257,7 @@ def test_the_sdk_refuses_what_the_worker_would_refuse_before_sending(ledger: Set
 
 
 def test_a_reused_event_id_with_other_content_raises_event_id_conflict(ledger: Settings) -> None:
-    """Issue 10 class 3 at the SDK: (tenant, event_id) names one event; a retry is the same event."""
+    """Idempotency at the SDK: (tenant, event_id) names one event; a retry is the same event."""
     given = {**_event("p", 1, "user:1"), "event_id": "id-1"}  # observed_at left to default
     first = from_dict(given)
     changed = [  # the same id, different content: each a conflict

@@ -1,11 +1,11 @@
-"""The projector under bad and hostile input (issue 10): real Kafka, real PostgreSQL, the worker as a subprocess.
+"""The projector under bad and hostile input: real Kafka, real PostgreSQL, the worker as a subprocess.
 
-- Poison records (class 1): a record PostgreSQL refuses is dead-lettered as `unstorable` and the
+- Poison records: a record PostgreSQL refuses is dead-lettered as `unstorable` and the
   records after it in the same batch are applied; the partition never stops.
-- Idempotency by (tenant, event_id) (classes 2, 3): another tenant's event with the same id is
+- Idempotency by (tenant, event_id): another tenant's event with the same id is
   its own event (an erasure too); the same tenant re-using an id for other content is a conflict,
   dead-lettered as `event_id_conflict`, the original kept; an exact redelivery has no effect.
-- Erasure that holds (class 7): re-sent pre-erasure events have no effect, new ones apply, a
+- Erasure that holds: re-sent pre-erasure events have no effect, new ones apply, a
   rebuild agrees, and LISTENers hear of the erasure once it is committed.
 """
 
@@ -26,8 +26,9 @@ from producers.records import decode_record
 from producers.settings import Settings
 from projections.postgres.connection import connect_async
 from projections.postgres.idempotency import Claim, claim_events
+from projections.postgres.positioned import CoreRefused, is_permanent
 from projections.postgres.queries import projection_checksum
-from projections.postgres.recorder import ERASURE_CHANNEL, CoreRefused, Recorder, connect, is_permanent
+from projections.postgres.recorder import ERASURE_CHANNEL, Recorder, connect
 from projections.postgres.schema import SchemaOutdated, create_schema
 from stream_processors.rebuild import rebuild
 from tests.conftest import unique
@@ -63,7 +64,7 @@ def dead_letters(conn: psycopg.Connection, settings: Settings) -> dict[tuple[int
     }
 
 
-# -- class 1: poison records ------------------------------------------------------------------------------
+# -- poison records ------------------------------------------------------------------------------
 
 POISON_DDL = (
     # IntegrityError on the version COPY
@@ -185,7 +186,7 @@ def test_a_transient_failure_is_retried_not_dead_lettered(base_settings: Setting
         cleanup(settings)
 
 
-# -- classes 2, 3, 7 against one running worker ------------------------------------------------------------
+# -- idempotency and erasure against one running worker ------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

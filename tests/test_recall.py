@@ -226,7 +226,7 @@ def test_an_unknown_id_never_borrows_another_entitys_answer(world):
 
 
 def test_a_brand_new_entity_is_a_cue_of_the_first_recall_after_its_document_is_indexed(world):
-    """Issue 14: the API's vocabulary follows the indexer's log (projections.search.vocab), no TTL."""
+    """The API's vocabulary follows the indexer's log (projections.search.vocab), no TTL."""
     settings, conn, es, ledger = world["settings"], world["conn"], world["es"], world["ledger"]
     ledger.assert_fact(
         FRESH,
@@ -292,7 +292,10 @@ def test_superseded_value_is_never_returned_as_current_while_the_index_lags(worl
         assert all(h["value"] != 8080 for h in hits), (mode, hits)
         assert hits and hits[0]["value"] == 9999 and hits[0]["version_id"] == new.version_id, (mode, hits)
         assert hits[0]["event_id"] == new.event_id != new.version_id  # the producer's id, shown beside it
-        assert hits[0]["match"]["verified"] == {"candidate": old.version_id, "replaced_by": new.version_id}
+        if mode in ("keyword", "semantic"):  # the index's candidate, answered by the version that holds
+            assert hits[0]["match"]["verified"] == {"candidate": old.version_id, "replaced_by": new.version_id}
+        else:  # the exact stage asked PostgreSQL (recall.current): the version that holds is the candidate
+            assert hits[0]["match"]["verified"] == {"candidate": new.version_id}, (mode, hits[0]["match"])
     # as of a time before the change, the old value is the right answer
     past = recall(world, "P9 后端端口", tenant=LAG, as_of=(T0 + timedelta(hours=1)).isoformat())["hits"]
     assert [h["value"] for h in past] == [8080]
@@ -568,8 +571,12 @@ def test_unreachable_index_is_a_503_not_a_guess(world):
     dead = world["settings"].model_copy(update={"es_url": "http://127.0.0.1:9"})
     with TestClient(create_app(dead)) as client:
         client.app.state.es = client.app.state.es.options(max_retries=0, request_timeout=2)
-        r = client.post("/v1/recall", json={"tenant": ACME, "query": "P1 后端端口"}, headers={"X-API-Key": "k-acme"})
-    assert r.status_code == 503 and "search index unavailable" in r.text
+        h = {"X-API-Key": "k-acme"}
+        r = client.post("/v1/recall", json={"tenant": ACME, "query": "公司的 VPN 地址"}, headers=h)
+        assert r.status_code == 503 and "search index unavailable" in r.text
+        # an exact ask about an entity needs no index: PostgreSQL answers it (recall.current)
+        r = client.post("/v1/recall", json={"tenant": ACME, "query": "P1 后端端口"}, headers=h)
+    assert r.status_code == 200 and r.json()["hits"][0]["match"]["stage"] == "exact", r.text
 
 
 def test_keyword_stage_matches_chinese_and_english_text(world):

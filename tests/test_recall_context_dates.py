@@ -1,4 +1,4 @@
-"""Episode cues, the rest of deliverable 4 of issue 15: calendar dates prefer the turns said then, and an episode
+"""Episode cues: calendar dates prefer the turns said then, and an episode
 hit can carry its neighbouring turns as context.
 
 Dates: two speakers' turns say nearly the same thing months apart; a question naming one turn's month (or day, or

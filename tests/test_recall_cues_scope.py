@@ -1,4 +1,4 @@
-"""Scope cues for facts and the subject (speaker) preference for episodes (issue 15, deliverable 4).
+"""Scope cues for facts and the subject (speaker) preference for episodes.
 
 Scope: one fact (subject, key) holds a version in the default scope '' and one in `test`, each its own memory. A
 question that names the test environment ("测试环境", "test environment", "QA") gets the test version first, with

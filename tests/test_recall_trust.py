@@ -1,11 +1,11 @@
-"""Recall under hostile input and after erasure (issue 10), against the real servers and a real uvicorn server.
+"""Recall under hostile input and after erasure, against the real servers and a real uvicorn server.
 
-- class 11: long adversarial queries (2,000 characters) return 200 while `/v1/health`, sent meanwhile to the
+- long adversarial queries (2,000 characters) return 200 while `/v1/health`, sent meanwhile to the
   same server, answers within 100 ms: cue extraction is linear and runs off the event loop.
-- class 7: an erasure's NOTIFY (sent by the recorder in the erasure transaction) drops the tenant's cached
+- an erasure's NOTIFY (sent by the recorder in the erasure transaction) drops the tenant's cached
   vocabulary, so the first recall after it names neither the erased entity nor its key aliases; the LISTEN
   connection comes back after it is cut.
-- class 9: "the last 0 days" (and out-of-range numbers) through the API: no time filter, not an inverted range.
+- "the last 0 days" (and out-of-range numbers) through the API: no time filter, not an inverted range.
 
 Facts go through the real PostgreSQL projection (`tests.support.RecorderWriter`) and the indexer. The load test
 runs the API as `uvicorn api.main:app` in a subprocess (its own GIL, as deployed); the other tests serve
@@ -147,7 +147,7 @@ def engine(world) -> RecallEngine:
     return world["app"].state.recall_engine
 
 
-# --- class 11: a long hostile query never blocks the event loop ---------------------------------------------------
+# --- a long hostile query never blocks the event loop ---------------------------------------------------
 
 
 def _repeat(token: str, n: int = 2000) -> str:
@@ -241,7 +241,7 @@ def test_a_long_query_extracts_its_cues_off_the_loop_and_bounded(world):
     assert len(res["cues"]["entities"]) <= 32 and len(res["cues"]["terms"]) <= 64
 
 
-# --- class 9: a time span of nothing is no filter ----------------------------------------------------------------
+# --- a time span of nothing is no filter ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -262,7 +262,7 @@ def test_a_real_time_span_still_filters(world):
     assert recall(world, "OD5001 5 days ago 退款了吗")["hits"] == []  # it was refunded yesterday
 
 
-# --- class 7: erasure drops the cached vocabulary at once ---------------------------------------------------------
+# --- erasure drops the cached vocabulary at once ---------------------------------------------------------
 
 
 def _erase(world, subject: str) -> None:

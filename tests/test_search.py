@@ -56,7 +56,7 @@ def _doc(es: Elasticsearch, settings, version_id: str) -> dict:
 
 
 def test_outbox_rows_become_documents_first_and_get_their_vectors_after(store, embedder):
-    """Two-phase indexing (issue 14): the indexer writes the documents with no embedding on its path and queues
+    """Two-phase indexing: the indexer writes the documents with no embedding on its path and queues
     them for the embedder, which stores the vectors and sends the versions back through the outbox."""
     settings, conn, es, ledger = store
     e1 = _port(ledger, 8080, T0)

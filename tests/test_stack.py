@@ -1,4 +1,4 @@
-"""Each part of the stack is real and usable from Python (issue 2)."""
+"""Each part of the stack is real and usable from Python."""
 
 from __future__ import annotations
 

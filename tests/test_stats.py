@@ -102,7 +102,7 @@ def check_counts(pipe: Pipeline, step: str) -> dict[str, dict[str, int]]:
             "outbox_pending": 0,
             "pg_versions": rows["versions"],
             "es_documents": rows["versions"],
-            "vectors_pending": 0,  # issue 14: settled means every document has its vectors too
+            "vectors_pending": 0,  # settled means every document has its vectors too
             "documents_lag_s": None,
             "vectors_lag_s": None,
             "duplicate_groups": 0,

@@ -1,4 +1,4 @@
-"""The audit console's finders: `GET /v1/tenants` and `GET /v1/subjects?tenant=&prefix=&limit=` (issue 12).
+"""The audit console's finders: `GET /v1/tenants` and `GET /v1/subjects?tenant=&prefix=&limit=`.
 
 Subjects are written through the real PostgreSQL projection (`RecorderWriter`, the worker's recorder)
 and asked for through the app (`create_app` + TestClient). The prefix walk must list exactly the

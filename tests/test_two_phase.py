@@ -1,4 +1,4 @@
-"""Two-phase indexing (issue 14): documents first, vectors after; any number of indexers and embedders.
+"""Two-phase indexing: documents first, vectors after; any number of indexers and embedders.
 
 Against the real servers, through the code the processes run (`drain_once`, `claim`/`complete`/`embed_once`):
 a version is answered by the exact and keyword stages before any embedder ran and by the semantic stage after;

@@ -201,7 +201,7 @@ def seats(s: Store, *days: float) -> list[list[str]]:
 
 
 def test_untargeted_retraction_ends_the_override_and_keeps_the_long_term_value():
-    """Issue 10, class 6: retracting `seat` during the override means "not the window seat", not "no seat"."""
+    """Retracting `seat` during the override means "not the window seat", not "no seat"."""
     s = Store()
     seat_history(s)
     s.feed(ev("r", 7, type="memory.retracted"))
@@ -328,7 +328,7 @@ def test_new_version_copies_the_event():
 
 
 def test_version_ids_are_tenant_scoped():
-    """The same producer-chosen event_id in two tenants makes two distinct versions (issue 10, class 2)."""
+    """The same producer-chosen event_id in two tenants makes two distinct versions."""
     mine, theirs = ev("same", 0, value=1), ev("same", 0, value=1).model_copy(update={"tenant": "other"})
     assert new_version(mine, 0, 0).version_id != new_version(theirs, 0, 1).version_id
     assert new_version(mine, 0, 0).event_id == new_version(theirs, 0, 1).event_id == "same"
@@ -341,6 +341,7 @@ def test_every_event_type_has_a_route():
         EventType.RETRACTED: Route.MARK,
         EventType.CONFIRMED: Route.MARK,
         EventType.ERASED: Route.ERASURE,
+        EventType.DISCARDED: Route.RESOLUTION,
     }
     for member in EventType:
         assert route(member) is expected.get(member), f"{member!r} has no route"
@@ -432,7 +433,7 @@ def effects_of(s: Store) -> dict[str, tuple[str, str | None]]:
 
 
 def test_effects_of_assertions_active_superseded_history():
-    """Issue 10, class 12: the audit replay says what each event did."""
+    """The audit replay says what each event did."""
     s = Store()
     s.feed(ev("a", 0, value=1))
     s.feed(ev("c", 10, value=3))
@@ -539,10 +540,15 @@ def test_one_dispatch_serves_every_event_type() -> None:
         data = {**base, "type": event_type.value}
         if event_type is EventType.ERASED:
             data = {k: v for k, v in data.items() if k not in ("key", "content")}
+        if event_type is EventType.DISCARDED:
+            data |= {"dead_letter": {"partition": 0, "offset": 3}, "reason": "r"}
         event = from_dict(data)
         if route(event_type) is Route.ERASURE:
             with pytest.raises(ValueError, match="purges the subject"):
                 additions([(event, 0, 0)])
+            continue
+        if route(event_type) is Route.RESOLUTION:  # a dead letter's resolution: the recorder's, no fact's
+            assert additions([(event, 0, 7)]).facts == [], event_type
             continue
         added = additions([(event, 0, 7)])
         assert added.facts == [event.memory_id], event_type

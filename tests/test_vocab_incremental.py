@@ -1,4 +1,4 @@
-"""The API's cue vocabulary follows the indexer (issue 14, projections.search.vocab): no TTL decides it.
+"""The API's cue vocabulary follows the indexer (projections.search.vocab): no TTL decides it.
 
 Against the real servers: a worker and the `ledger indexer` process, and two API apps (two processes' caches). A
 new fact's entity and alias are cues of the first recall after its document is indexed, in both, answered by the

@@ -23,7 +23,7 @@ from api.deps import tenants_for_key
 from api.errors import ApiError
 from producers.settings import Settings
 
-__all__ = ["KeyVerifier", "caller_tenants", "with_tenant"]
+__all__ = ["KeyVerifier", "caller_tenants", "check_admin", "with_tenant"]
 
 
 class KeyVerifier:
@@ -47,6 +47,15 @@ def caller_tenants(settings: Settings, stdio_key: str | None) -> frozenset[str]:
     """The tenants of this call's key: the bearer token of the HTTP request, else the stdio server's key."""
     token = get_access_token()
     return tenants_for_key(settings, token.token if token is not None else stdio_key)
+
+
+def check_admin(settings: Settings, stdio_key: str | None) -> None:
+    """An operator tool's gate: the call's key must be one of `settings.mcp_admin_keys`, else 403 `forbidden`
+    (nothing else is said: the tool exists, this key may not use it)."""
+    token = get_access_token()
+    key = token.token if token is not None else stdio_key
+    if key is None or key not in settings.mcp_admin_keys:
+        raise ApiError(403, "forbidden", "this API key may not use the operator tools (LEDGER_MCP_ADMIN_KEYS)")
 
 
 def with_tenant(arguments: dict[str, Any], tenants: frozenset[str]) -> dict[str, Any]:

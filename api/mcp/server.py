@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.deps import AUTHORIZATION_HEADER
 from api.errors import ApiError, error_body
-from api.mcp.auth import KeyVerifier, caller_tenants, with_tenant
+from api.mcp.auth import KeyVerifier, caller_tenants, check_admin, with_tenant
 from api.mcp.tools import TOOLS, ToolSpec, error_result, run_tool
 from api.resources import Resources
 from producers.settings import Settings
@@ -65,6 +65,8 @@ def _tool(spec: ToolSpec, settings: Settings, stdio_key: str | None) -> Tool:
         res: Resources = ctx.request_context.lifespan_context
         try:
             tenants = caller_tenants(settings, stdio_key)
+            if spec.admin:
+                check_admin(settings, stdio_key)
             arguments = with_tenant(arguments, tenants)
         except ApiError as exc:
             return error_result(exc.status, exc.item())

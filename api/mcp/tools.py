@@ -11,6 +11,8 @@ api.reads / api.writes, the functions the HTTP routes call.
 | forget | api.writes.forget: a memory.retracted of what exists, or erasure | POST /v1/events, DELETE |
 | context | api.reads.context | POST /v1/context |
 | event_status | api.writes.event_status (what became of an event, by its id) | GET /v1/events/{event_id} |
+| dead_letters, dead_letter | api.dead_letters.list_letters / open_letter (operator keys) | GET /v1/dead-letters.. |
+| redrive_dead_letter, discard_dead_letter | api.dead_letters: an event through the door (operator keys) | POST .. |
 
 A tool's input schema is its model's JSON schema (references inlined), with `tenant` optional (api.mcp.auth);
 its arguments are validated by that model, so a bad one is a tool error whose body is the API's one error
@@ -19,11 +21,19 @@ A result is the route's body, as structured content and as its JSON text (the co
 block itself); each tool declares it as its output schema, the route's response model (api.schemas) with
 references inlined, so a client can check what it gets. Nothing a caller sends crashes the server: an unexpected
 failure is a 500-shaped tool error, logged; a store that is down is the 503 naming it (api.errors.store_failure).
+
+Read-your-writes by default: remember and forget answer a `consistency_token` (api.writes), and the session
+remembers the last ones (`SessionTokens`, per caller key and tenant); every read tool then waits for them (as
+its `after`, merged with an `after` given), so a recall right after a remember answers with it, or with the
+503 `not_yet` the HTTP route would answer (api.consistency), never without it. Over stdio the process is the
+session; the Streamable HTTP server is stateless, so there the caller's key (and tenant) is the session.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +43,8 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from api import reads, writes
+from api import dead_letters, reads, writes
+from api.access import caller_of
 from api.errors import ApiError, error_body, store_failure, validation_items
 from api.requests import (
     ContextBody,
@@ -48,6 +59,9 @@ from api.requests import (
 from api.resources import Resources
 from api.schemas import (
     ContextResponse,
+    DeadLetterAction,
+    DeadLetterRecord,
+    DeadLettersResponse,
     ErasureResponse,
     EventResult,
     EventStatus,
@@ -56,9 +70,10 @@ from api.schemas import (
     PublishResponse,
     RecallResponse,
 )
+from producers.consistency import merge_tokens
 from producers.contract import EventType, MemoryEvent
 
-__all__ = ["TOOLS", "ToolSpec", "error_result", "run_tool"]
+__all__ = ["SESSIONS", "TOOLS", "SessionTokens", "ToolSpec", "error_result", "run_tool"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +92,7 @@ class ToolSpec:
     validate: Callable[[dict[str, Any]], Any]  # arguments (tenant filled in) -> the validated parameters
     run: Run
     output: dict[str, Any] | None = None  # the JSON schema of what it answers (tests require one of every tool)
+    admin: bool = False  # an operator tool: only keys of settings.mcp_admin_keys may call it (api.mcp.auth)
 
 
 def _schema(model: type[BaseModel], *, drop: tuple[str, ...] = ()) -> dict:
@@ -201,6 +217,10 @@ _HISTORY = _schema(HistoryParams)
 _FORGET = _schema(ForgetParams)
 _CONTEXT = _schema(ContextBody)
 _EVENT_STATUS = _schema(EventStatusParams)
+_DEAD_LETTERS = _schema(dead_letters.DeadLettersParams)
+_DEAD_LETTER = _schema(dead_letters.DeadLetterParams)
+_REDRIVE = _schema(dead_letters.RedriveParams)
+_DISCARD = _schema(dead_letters.DiscardParams)
 
 
 # -- what the tools answer ------------------------------------------------------------------------------------
@@ -218,7 +238,7 @@ def _output(model: type[BaseModel], *, drop: tuple[str, ...] = (), add: dict[str
 _REMEMBERED = _output(
     EventResult,
     drop=("accepted", "error"),
-    add={"idempotency_note": _output(PublishResponse)["properties"]["idempotency_note"]},
+    add={k: _output(PublishResponse)["properties"][k] for k in ("idempotency_note", "consistency_token")},
 )
 _ACTION = {
     "retract": "a memory.retracted of the fact, version or episode is in the ledger",
@@ -251,34 +271,98 @@ _FORGOTTEN = {
 }
 
 
+class SessionTokens:
+    """The last writes of each session (caller key, tenant) as one consistency token, for its reads to wait for.
+
+    Bounded (the least recently written sessions are forgotten first: their reads then wait for nothing, as a
+    new session's); a token only names ledger positions, so keeping it tells no one anything."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self._tokens: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def wrote(self, tenants: frozenset[str], tenant: str, token: str | None) -> None:
+        if token is None:
+            return
+        key = (caller_of(tenants), tenant)
+        with self._lock:
+            merged = merge_tokens(self._tokens.pop(key, None), token)
+            assert merged is not None
+            self._tokens[key] = merged
+            while len(self._tokens) > self._size:
+                self._tokens.popitem(last=False)
+
+    def after(self, tenants: frozenset[str], tenant: str, given: str | None) -> str | None:
+        """What a read of this session waits for: its last writes and the `after` it gave."""
+        with self._lock:
+            last = self._tokens.get((caller_of(tenants), tenant))
+        return merge_tokens(last, given)
+
+
+SESSIONS = SessionTokens()
+
+
+def _waiting(tenants: frozenset[str], p: Any) -> Any:
+    """The read's parameters with `after` = the session's last writes and the one given."""
+    after = SESSIONS.after(tenants, p.tenant, p.after)
+    return p if after == p.after else p.model_copy(update={"after": after})
+
+
 async def _remember(res: Resources, tenants: frozenset[str], event: dict[str, Any]) -> dict[str, Any]:
-    return await writes.publish_one(res, tenants, event)
+    done = await writes.publish_one(res, tenants, event)
+    SESSIONS.wrote(tenants, event["tenant"], done.get("consistency_token"))
+    return done
 
 
 async def _recall(res: Resources, tenants: frozenset[str], body: RecallBody) -> dict[str, Any]:
-    return await reads.recall(res, tenants, body)
+    return await reads.recall(res, tenants, _waiting(tenants, body))
 
 
 async def _facts(res: Resources, tenants: frozenset[str], p: FactsParams) -> dict[str, Any]:
-    return await reads.subject_facts(res, tenants, p.tenant, p.subject, p.as_of, p.known_at)
+    p = _waiting(tenants, p)
+    return await reads.subject_facts(res, tenants, p.tenant, p.subject, p.as_of, p.known_at, p.after)
 
 
 async def _history(res: Resources, tenants: frozenset[str], p: HistoryParams) -> dict[str, Any]:
-    return await reads.history(res, tenants, p.tenant, p.memory_id)
+    p = _waiting(tenants, p)
+    return await reads.history(res, tenants, p.tenant, p.memory_id, p.after)
 
 
 async def _forget(res: Resources, tenants: frozenset[str], p: ForgetParams) -> dict[str, Any]:
-    return await writes.forget(res, tenants, p)
+    done = await writes.forget(res, tenants, p)
+    SESSIONS.wrote(tenants, p.tenant, done.get("consistency_token"))
+    return done
 
 
 async def _context(res: Resources, tenants: frozenset[str], body: ContextBody) -> CallToolResult:
-    block = await reads.context(res, tenants, body)
+    block = await reads.context(res, tenants, _waiting(tenants, body))
     text = block.text if body.format == "text" else orjson.dumps(block.doc).decode()
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=block.doc)
 
 
 async def _event_status(res: Resources, tenants: frozenset[str], p: EventStatusParams) -> dict[str, Any]:
     return await writes.event_status(res, tenants, p.tenant, p.event_id)
+
+
+async def _dead_letters(res: Resources, tenants: frozenset[str], p: dead_letters.DeadLettersParams) -> dict[str, Any]:
+    return await dead_letters.list_letters(res, tenants, p.tenant, p.state, p.after, p.limit)
+
+
+async def _dead_letter(res: Resources, tenants: frozenset[str], p: dead_letters.DeadLetterParams) -> dict[str, Any]:
+    return await dead_letters.open_letter(res, tenants, p.tenant, p.partition, p.offset)
+
+
+async def _redrive(res: Resources, tenants: frozenset[str], p: dead_letters.RedriveParams) -> dict[str, Any]:
+    done = await dead_letters.redrive_dead_letter(res, tenants, p.tenant, p.partition, p.offset, p.event)
+    SESSIONS.wrote(tenants, p.tenant, done.get("consistency_token"))
+    return done
+
+
+async def _discard(res: Resources, tenants: frozenset[str], p: dead_letters.DiscardParams) -> dict[str, Any]:
+    done = await dead_letters.discard_dead_letter(res, tenants, p.tenant, p.partition, p.offset, p.reason)
+    SESSIONS.wrote(tenants, p.tenant, done.get("consistency_token"))
+    return done
 
 
 def _hints(*, read_only: bool, destructive: bool = False, idempotent: bool = True) -> ToolAnnotations:
@@ -292,7 +376,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "remember",
         "Remember",
         "Store a fact (subject, key, value) or an episode (kind episodic) in long-term memory; "
-        "retrying with the same event_id is safe.",
+        "retrying with the same event_id is safe; this session's later reads see it (they wait for it briefly).",
         REMEMBER_SCHEMA,
         _hints(read_only=False, destructive=False, idempotent=True),
         _remember_event,
@@ -372,6 +456,52 @@ TOOLS: tuple[ToolSpec, ...] = (
         _model(EventStatusParams, _EVENT_STATUS),
         _event_status,
         _output(EventStatus),
+    ),
+    ToolSpec(
+        "dead_letters",
+        "Dead letters (operators)",
+        "List the tenant's dead letters (records the ledger's worker refused) with their reason, field and ledger "
+        "position, and whether each is open, redriven or discarded.",
+        _DEAD_LETTERS,
+        _hints(read_only=True),
+        _model(dead_letters.DeadLettersParams, _DEAD_LETTERS),
+        _dead_letters,
+        _output(DeadLettersResponse),
+        admin=True,
+    ),
+    ToolSpec(
+        "dead_letter",
+        "Open a dead letter (operators)",
+        "Show one dead letter by its partition and offset, with the refused record's fields as far as they decode.",
+        _DEAD_LETTER,
+        _hints(read_only=True),
+        _model(dead_letters.DeadLetterParams, _DEAD_LETTER),
+        _dead_letter,
+        _output(DeadLetterRecord),
+        admin=True,
+    ),
+    ToolSpec(
+        "redrive_dead_letter",
+        "Re-drive a dead letter (operators)",
+        "Publish the corrected event for an open dead letter, linked to it; the letter reads redriven once the "
+        "worker applied the event (event_status says what it did).",
+        _REDRIVE,
+        _hints(read_only=False, destructive=False, idempotent=True),
+        _model(dead_letters.RedriveParams, _REDRIVE),
+        _redrive,
+        _output(DeadLetterAction),
+        admin=True,
+    ),
+    ToolSpec(
+        "discard_dead_letter",
+        "Discard a dead letter (operators)",
+        "Close an open dead letter without a correction, with a reason (an event on the ledger; nothing is deleted).",
+        _DISCARD,
+        _hints(read_only=False, destructive=False, idempotent=True),
+        _model(dead_letters.DiscardParams, _DISCARD),
+        _discard,
+        _output(DeadLetterAction),
+        admin=True,
     ),
 )
 

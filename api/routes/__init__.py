@@ -1,29 +1,52 @@
-"""One router per resource; this module only includes them (and documents the one error shape on each)."""
+"""One router per resource; this module only includes them (and documents the one error shape on each).
+
+`events`, `erasure`, `facts`, `subjects`, `stats`, `recall`, `context`, `schema`, `health`, `tenants`,
+`subject_search`, `keys`, `dead_letters`: one module each; `_json`: their one way to answer JSON.
+"""
+
+from typing import Any
 
 from fastapi import APIRouter
 
 from api.errors import ERROR_RESPONSES
-from api.routes import erasure, events, facts, health, stats, subjects
+from api.routes import (
+    context,
+    dead_letters,
+    erasure,
+    events,
+    facts,
+    health,
+    keys,
+    recall,
+    schema,
+    stats,
+    subject_search,
+    subjects,
+    tenants,
+)
+
+# health needs no key and reads no request fields: only a server error or a store that is down
+_HEALTH_ERRORS = {k: ERROR_RESPONSES[k] for k in (500, 503)}
+# the event contract's JSON Schema: public (no key, no store), so only a server error (api/routes/schema.py says why)
+_SCHEMA_ERRORS = {500: ERROR_RESPONSES[500]}
+
+# every router, in the order its routes are matched, with the error responses it documents
+ROUTERS: list[tuple[APIRouter, dict[int | str, dict[str, Any]]]] = [
+    (health.router, _HEALTH_ERRORS),
+    (schema.router, _SCHEMA_ERRORS),
+    (events.router, ERROR_RESPONSES),
+    (facts.router, ERROR_RESPONSES),
+    (subjects.router, ERROR_RESPONSES),
+    (stats.router, ERROR_RESPONSES),
+    (erasure.router, ERROR_RESPONSES),
+    (recall.router, ERROR_RESPONSES),
+    (context.router, ERROR_RESPONSES),  # the prompt-ready memory block
+    (tenants.router, ERROR_RESPONSES),  # the audit console's finders
+    (subject_search.router, ERROR_RESPONSES),
+    (keys.router, ERROR_RESPONSES),  # data keys for producers, erasure records
+    (dead_letters.router, ERROR_RESPONSES),  # the dead-letter workflow: list, open, re-drive, discard
+]
 
 api_router = APIRouter()
-# health needs no key and reads no request fields: only a server error or a store that is down
-api_router.include_router(health.router, responses={k: ERROR_RESPONSES[k] for k in (500, 503)})
-from api.routes import schema  # noqa: E402
-
-# the event contract's JSON Schema: public (no key, no store), so only a server error (api/routes/schema.py says why)
-api_router.include_router(schema.router, responses={500: ERROR_RESPONSES[500]})
-for _module in (events, facts, subjects, stats, erasure):
-    api_router.include_router(_module.router, responses=ERROR_RESPONSES)
-from api.routes import recall  # noqa: E402
-
-api_router.include_router(recall.router, responses=ERROR_RESPONSES)
-from api.routes import context  # noqa: E402  (the prompt-ready memory block, issue 16)
-
-api_router.include_router(context.router, responses=ERROR_RESPONSES)
-from api.routes import subject_search, tenants  # noqa: E402  (the audit console's finders)
-
-for _module in (tenants, subject_search):
-    api_router.include_router(_module.router, responses=ERROR_RESPONSES)
-from api.routes import keys  # noqa: E402  (issue 13: data keys for producers, erasure records)
-
-api_router.include_router(keys.router, responses=ERROR_RESPONSES)
+for _router, _responses in ROUTERS:
+    api_router.include_router(_router, responses=_responses)

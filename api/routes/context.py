@@ -12,6 +12,10 @@ tokenizer (api.tokens). Same state, same request: the same bytes (pass `as_of` t
 A body without `format` is answered as the `Accept` header prefers (`application/json` over `text/plain`:
 json), text otherwise; a `format` in the body always wins.
 
+`after` (a write's consistency token): the block is built once the projection (and, for the question, the search
+index) has that write (api.consistency), else 503 `not_yet`; which positions it reflects is `consistency` in
+`format=json`, and the header `X-Consistency-Reflects` of the text.
+
 Errors as everywhere (api.errors): 422 naming the field (every `budget_tokens` of 64..32000 holds a block:
 api.context), 401/403 for the key and tenant, 503 naming a store that is down. The MCP `context` tool calls
 the same `api.reads.context`, which builds one block of a tenant at a time, in a worker thread (api.limits):
@@ -45,7 +49,9 @@ async def context(body: ContextBody, res: ResourcesDep, tenants: TenantsDep, req
     block = await reads.context(res, tenants, body)
     if body.format == "json":
         return json_response(block.doc)
-    return Response(block.text.encode(), media_type=TEXT)
+    seen = block.doc.get("consistency")
+    headers = {"X-Consistency-Reflects": seen["reflects"]} if seen else None  # the text is only the block
+    return Response(block.text.encode(), media_type=TEXT, headers=headers)
 
 
 def _prefers_json(accept: str) -> bool:

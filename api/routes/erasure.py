@@ -9,6 +9,8 @@ search indexer deletes the subject's documents), so a rebuild from the log erase
 The subject is the rest of the path, `/` included, exactly as the GET routes read it: `a/b` and
 `a%2Fb` both erase the subject `a/b`; `a%252Fb` erases the subject literally named `a%2Fb`.
 
+The answer's `consistency_token`, given to a read as `after`, makes it answer once the erasure is applied.
+
 Idempotent: erasing twice publishes two tombstones and purges nothing more. 401 without a known
 API key, 403 for a tenant the key may not use, 422 naming the field for an unstorable subject or
 reason, 503 `store_unavailable` naming kafka (nothing published) if the broker failed.

@@ -1,6 +1,8 @@
 """`GET /v1/facts/{memory_id}/history`: a fact's version chain, oldest first (404 if the tenant has no such fact).
 
-The answer is `api.reads.history` (shared with the MCP `fact_history` tool).
+The answer is `api.reads.history` (shared with the MCP `fact_history` tool). `after` (a write's consistency token):
+answer once the projection has that write (api.consistency), else 503 `not_yet`; the answer's `consistency` says
+which positions it reflects.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 
 from api import reads
+from api.consistency import AfterQuery
 from api.deps import ResourcesDep, Storable, TenantQuery, TenantsDep
 from api.requests import MEMORY_ID
 from api.routes._json import json_response
@@ -24,5 +27,6 @@ async def history(
     memory_id: Annotated[Storable, Path(**MEMORY_ID)],
     tenant: TenantQuery,
     tenants: TenantsDep,
+    after: AfterQuery = None,
 ) -> Response:
-    return json_response(await reads.history(res, tenants, tenant, memory_id))
+    return json_response(await reads.history(res, tenants, tenant, memory_id, after))

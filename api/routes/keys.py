@@ -1,4 +1,4 @@
-"""Data keys for producers without database credentials, and the erasure records (issue 13).
+"""Data keys for producers without database credentials, and the erasure records.
 
 `POST /v1/keys` {tenant, subjects}: each subject's current data key (created on first use), base64, for a
 producer that seals events itself (`LEDGER_KEY_ENDPOINT`, producers.keys.provider.RemoteKeys). A key for a tenant

@@ -6,7 +6,9 @@ vocabulary cache, the embedder loaded in the background at start-up), so the eve
 the model. The MCP tools `recall` and `recall_at` call the same function. `known_at` (optional): the
 answer as the ledger knew it at that transaction time (api.reads): each hit, its explanation, the episodes
 grouped with it, its context turns, the listed candidates, none of them logged later, and no access recorded
-later in the ranking. The body is `api.schemas.RecallResponse`.
+later in the ranking. `after` (a write's consistency token): answer once the search index has that write
+(api.consistency), else 503 `not_yet`; `trace.consistency` says which positions the answer reflects. The body
+is `api.schemas.RecallResponse`.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ async def stats(
     try:
         async with pool.connection() as conn:
             pg = await _postgres_part(conn, settings, tenant)
-            access, access_ms = await _timed(access_summary(conn, tenant))  # issue 16: never-retrieved, most served
+            access, access_ms = await _timed(access_summary(conn, tenant))  # never-retrieved, most served
         ends, kafka_ms = await ends_task
         es_documents, es_ms = await docs_task
     finally:

@@ -8,6 +8,8 @@ Unix number included, is 422 naming the parameter. A subject may contain `/` (se
 request used.
 
 The answers are `api.reads.subject_facts` and `api.reads.subject_log` (shared with the MCP `facts` tool).
+`after` (a write's consistency token): answer once the projection has that write (api.consistency), else 503
+`not_yet` naming `after`; the answer's `consistency` says which positions it reflects.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response
 
 from api import reads
+from api.consistency import AfterQuery
 from api.deps import ResourcesDep, Storable, TenantQuery, TenantsDep, Time
 from api.requests import SUBJECT
 from api.routes._json import json_response
@@ -36,9 +39,10 @@ async def facts(
     tenants: TenantsDep,
     as_of: OptionalTime = None,
     known_at: OptionalTime = None,
+    after: AfterQuery = None,
 ) -> Response:
     """The subject's facts at valid time `as_of` (default now), optionally only from events observed by `known_at`."""
-    return json_response(await reads.subject_facts(res, tenants, tenant, subject, as_of, known_at))
+    return json_response(await reads.subject_facts(res, tenants, tenant, subject, as_of, known_at, after))
 
 
 @router.get("/{subject:path}/events", response_model=EventsResponse)
@@ -50,6 +54,7 @@ async def events(
     from_: Annotated[Time | None, Query(alias="from", description="observed_at >= from (RFC 3339)")] = None,
     to: Annotated[Time | None, Query(description="observed_at < to (RFC 3339)")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    after: AfterQuery = None,
 ) -> Response:
     """The subject's events in ledger order (partition, offset), each with its partition and offset."""
-    return json_response(await reads.subject_log(res, tenants, tenant, subject, from_, to, limit))
+    return json_response(await reads.subject_log(res, tenants, tenant, subject, from_, to, limit, after))

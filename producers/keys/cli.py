@@ -1,4 +1,4 @@
-"""`ledger keys new-kek | status | rotate`: the operator's side of the key-encryption keys (issue 13).
+"""`ledger keys new-kek | status | rotate`: the operator's side of the key-encryption keys.
 
 - `new-kek` prints a fresh base64 KEK on stdout (with `--id NAME`, the JSON ring form), how to configure it on
   stderr: `ledger keys new-kek > kek.txt` keeps only the key.
@@ -27,7 +27,7 @@ __all__ = ["StoreSummary", "keys_app", "store_summary"]
 keys_app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    help="key-encryption keys: make one, check them against the key store, rotate (issue 13)",
+    help="key-encryption keys: make one, check them against the key store, rotate",
 )
 
 

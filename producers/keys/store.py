@@ -2,7 +2,7 @@
 
 Why PostgreSQL: the projection already depends on it, and destroying a key in the *same transaction* as the
 purge it completes makes erasure atomic: a worker killed between the purge and the key deletion rolls both back,
-and its restart does both (issue 13). The tables live in `Settings.keys_schema`, beside the projection's schema,
+and its restart does both. The tables live in `Settings.keys_schema`, beside the projection's schema,
 which `ledger rebuild` replaces: a rebuild must find the keys (and the history of erasures) where they were.
 
 Functions taking a cursor run inside the caller's transaction (the recorder's, the indexer's); `KeyStore` is the

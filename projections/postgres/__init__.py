@@ -1,5 +1,12 @@
 """The PostgreSQL projection: schema, the batch recorder (rows + position in one transaction), reads.
 
+- `schema` (`schema.sql`), `connection`: the tables, and connections bound to their schema.
+- `positioned`: a topic's records applied exactly once with their positions, the base of the two writers:
+  `recorder` (ledger records -> rows) and `access_projector` (access records; `accesses`: their shared rules).
+- `idempotency`, `positions`, `counts`, `erasures`: event ids, consumer positions, `/v1/stats` counters, and the
+  erasure records.
+- `queries`, `stats`, `subject_search`: the API's reads.
+
 jsonb goes through orjson (faster than the stdlib json), set once for every psycopg connection of the process.
 """
 

@@ -1,4 +1,6 @@
-"""Connections bound to the projection's schema: the one place that sets `search_path`.
+"""Connections bound to the projection's schema: where every session-wide `search_path` is set.
+
+(DDL sets its own with `SET LOCAL` for one transaction: schema.create_schema, producers.keys.store.)
 
 Every table of the projection lives in one schema (`Settings.pg_schema`); queries name tables
 without a schema and rely on `search_path = <schema>, public`. The schema is always quoted with

@@ -1,45 +1,11 @@
 """Per-tenant counters for `/v1/stats`, kept by the writers inside their own transactions, so a read is a few index
 lookups however many facts a tenant has (projections.postgres.stats reads them, and recounts them to check).
 
-Table `counts (tenant, name, shard, n)` (schema.sql): a count is the sum of `n` over its shards.
-
-- `events` (the event's tenant): + a new event logged by the recorder; - the events an erasure purges.
-- `versions` (the fact's tenant): + a version the recorder inserts; - the versions an erasure purges.
-- `outbox` (the row's tenant): + a search_outbox row the recorder queues; - one the indexer (or an erasure) removes.
-- `dead_letters/<topic>` (the tenant the refused record names, as `dead_letters.tenant` stores it; '' when none can
-  be read, which is no tenant's): + a dead letter of that topic the recorder (or the access projector) writes
-  (recorder.letter_tenant). `/v1/stats?tenant=` reads the tenant's own, so no tenant learns of another's letters.
-- `embed_queue` (the version's tenant, issue 14): + a version an indexer queued for its vectors; - one an embedder
-  finished (or found gone). Indexers and embedders write shard -1 under one transaction lock (projections.search.
-  claims.TAIL_LOCK), so several of them never deadlock on a counter row.
-- `facts_active`, `facts_active_served`, `accesses_active` (the fact's tenant; `/v1/stats` `access`): the facts
-  with a version of status `active` (neither superseded nor retracted: a property the projection stores, so the
-  count does not depend on the clock), those of them with an `access_counts` row, and the sum of their accesses.
-  Kept by projections.postgres.accesses, which says who adjusts them when: the recorder when a fact becomes active
-  or stops being active (and when an erasure purges its facts), the access projector when an active fact gets
-  accesses.
-
-Exactly once like the rows they count: a redelivered record writes no rows and no counts, a rolled-back batch
-neither. Shards keep writers off each other's rows: the recorder adds to the shard of the lowest ledger partition of
-its batch, whose position row it holds locked (`FOR UPDATE`) until it commits, so two batches that could write the
-same counter row are already serialized by that lock; the indexers and embedders (any number, each finishing its
-batch under one transaction-level advisory lock) write shard -1; the access projector writes `access_shard(p)` (-2 -
-p) for the lowest access-topic partition p of its batch, whose position row it holds locked, so it never shares a
-counter row with the recorder; an erasure adds its access counters on the shard of the lowest ledger partition of
-the subject's versions (the erasure's own, which this transaction holds locked, as all the subject's events share
-one key). Each writer sends its deltas in one statement sorted by (tenant, name), so counter rows are always locked
-in the same order (the erasure's statement writes rows of a shard no other transaction can hold). A rebuild replays
-into a fresh schema through the same recorder and access projector, so it recomputes them; a schema created before
-the table existed is counted once when it gets it (schema.sql, `meta` row `counts`), and one created before the
-access counters gets those once (`meta` row `counts_access`).
-
-The invariant counters of `/v1/stats` are bounded too: `double_active` is 0 while the unique index
-`fact_versions_one_current` is valid (it makes a second active version impossible; without it the scan runs),
-and the row-local checks (a version's status against its supersession link, an explicit source with a
-confidence below 1) count the rows of the partial index `fact_versions_suspect`, which holds only rows that
-break one (normally none), at most stats.INVARIANT_CAP of them. The checks that need whole chains (links to the
-right successor, versions numbered 1..n), the counters against a recount and the orphans between PostgreSQL
-and Elasticsearch are `GET /v1/stats/consistency`'s (stats.recount_check), which says what it scanned.
+Table `counts (tenant, name, shard, n)`: a count is the sum of `n` over its shards; docs/INTERNALS.md says which
+writer adds to which counter on which shard. Exactly once like the rows they count, as they are written in the same
+transaction. Shards keep writers off each other's rows, and each writer sends its deltas in one statement sorted by
+(tenant, name), so counter rows are always locked in the same order (no deadlock). `dead_letters/<topic>` counts
+under the tenant the refused record names, so `/v1/stats?tenant=` tells no tenant of another's letters.
 """
 
 from __future__ import annotations

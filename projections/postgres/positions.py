@@ -9,8 +9,12 @@ tests' waits all read them here.
   on a connection (or cursor) whose search_path is the projection schema, or naming the schema.
 - `read_positions(settings)`: on a connection of its own; {} while the schema has no positions yet.
 - `wait_for_positions(settings, targets, timeout)`: poll until every partition reaches its target.
+- `reached_async(conn, consumer, topic, targets)`: whether the stored positions reach a read's consistency token
+  (producers.consistency), and the positions read; `search_mark_async` / `search_pending_async`: what the search
+  stages still hold of one tenant's rows up to a mark (api.consistency waits on them).
 - `lock_positions(cur, consumer, topic, partitions)` / `advance_positions(cur, consumer, topic, ends)`: the
-  writer's side, inside its batch transaction (the ledger's Recorder and the access projector).
+  writer's side, inside its batch transaction (projections.postgres.positioned: the ledger's and the access
+  topic's projections).
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ from producers.settings import Settings
 __all__ = [
     "advance_positions",
     "lock_positions",
+    "reached_async",
     "read_positions",
+    "search_mark_async",
+    "search_pending_async",
     "stored_positions",
     "stored_positions_async",
     "wait_for_positions",
@@ -50,6 +57,44 @@ async def stored_positions_async(conn: psycopg.AsyncConnection, consumer: str, t
     """`stored_positions` on an async connection whose search_path is the projection schema (the API pool)."""
     cur = await conn.execute(_query(None), (consumer, topic))
     return {p: o for p, o in await cur.fetchall()}
+
+
+async def reached_async(
+    conn: psycopg.AsyncConnection, consumer: str, topic: str, targets: Mapping[int, int]
+) -> tuple[bool, dict[int, int]]:
+    """(every partition of `targets` stored at least at its target, the stored positions): one indexed read."""
+    stored = await stored_positions_async(conn, consumer, topic)
+    return all(stored.get(p, 0) >= o for p, o in targets.items()), stored
+
+
+# The search stages' queues: the indexer deletes a `search_outbox` row in the transaction that wrote its document
+# (queueing the version in `embed_queue` when it lacks a vector), the embedder deletes an `embed_queue` row in the
+# one that queued the version's outbox row again. Ids grow, so "none of the tenant's rows up to the mark taken
+# after X committed is left" means X went through that stage.
+_SEARCH_QUEUES = {"search_outbox", "embed_queue"}
+
+
+async def search_mark_async(conn: psycopg.AsyncConnection, queue: str) -> int:
+    """The newest id of `queue` (search_outbox or embed_queue), 0 when empty."""
+    assert queue in _SEARCH_QUEUES
+    cur = await conn.execute(sql.SQL("SELECT coalesce(max(id), 0) FROM {}").format(sql.Identifier(queue)))
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def search_pending_async(
+    conn: psycopg.AsyncConnection, queue: str, tenant: str, upto: int, *, new_only: bool = False
+) -> bool:
+    """Whether `queue` still holds a row of `tenant` with an id up to `upto` (its (tenant, id) index); `new_only`:
+    only the outbox's rows of new or changed versions (priority 0), not the embedders' vector rewrites, which
+    the indexers take only when no new version waits."""
+    assert queue in _SEARCH_QUEUES and not (new_only and queue != "search_outbox")
+    query = sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE tenant = %s AND id <= %s{})").format(
+        sql.Identifier(queue), sql.SQL(" AND priority = 0" if new_only else "")
+    )
+    cur = await conn.execute(query, (tenant, upto))
+    row = await cur.fetchone()
+    return bool(row and row[0])
 
 
 def read_positions(settings: Settings, *, consumer: str | None = None, topic: str | None = None) -> dict[int, int]:

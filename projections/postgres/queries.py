@@ -284,6 +284,8 @@ def _effects(by_fact: dict[str, list[Version]], marks: dict[str, list[Mark]]) ->
 def _effect_of(event_id: str, type_: str, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
     if route(EventType(type_)) is Route.ERASURE:
         return {"effect": ERASED_EFFECT, "version_id": None, "detail": "erased what the subject had before it"}
+    if route(EventType(type_)) is Route.RESOLUTION:
+        return {"effect": NO_EFFECT, "version_id": None, "detail": "closes a dead letter (its dead_letter); no fact"}
     found = done.get(event_id)
     if found is not None:
         return found
@@ -343,9 +345,9 @@ def projection_checksum(conn: psycopg.Connection, schema: str) -> str:
     with conn.transaction():
         conn.execute("SET LOCAL TimeZone TO 'UTC'")
         for table, key, exclude in (
-            ("fact_versions", ("version_id",), {"rev"}),  # issue 14: a document revision, drawn anew by a replay
+            ("fact_versions", ("version_id",), {"rev"}),  # a document revision, drawn anew by a replay
             ("events", ("tenant", "event_id"), {"recorded_at"}),  # event ids are unique per tenant only
-            ("accesses", ("tenant", "access_id"), set()),  # issue 16: the access topic's projection
+            ("accesses", ("tenant", "access_id"), set()),  # the access topic's projection
             ("access_counts", ("tenant", "memory_id"), set()),
         ):
             cols = [
@@ -375,7 +377,7 @@ def projection_checksum(conn: psycopg.Connection, schema: str) -> str:
     return hashlib.md5("|".join(parts).encode()).hexdigest()
 
 
-# --- access tracking (issue 16): what recall and context served ----------------------------------------------------
+# --- access tracking: what recall and context served ----------------------------------------------------
 
 _ACCESS_COUNTERS = """
 SELECT name, coalesce(sum(n), 0) FROM counts WHERE tenant = %(tenant)s AND name = ANY(%(names)s) GROUP BY name

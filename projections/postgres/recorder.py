@@ -1,10 +1,11 @@
-"""Apply a batch of Kafka records to the projection in ONE transaction with the consumer position.
+"""The ledger's positioned projection: a batch of ledger records -> events, fact versions, outbox rows.
 
-Exactly-once effect: the batch's rows and the positions (consumer, topic, partition -> next_offset)
-commit together. The position rows are locked first (FOR UPDATE, in partition order), records
-below the stored position are skipped (redelivery after a crash, or another worker that already
-applied them during a rebalance), and each fact is recomputed under
-`pg_advisory_xact_lock(hashtextextended(memory_id, 0))` (a plain SELECT ... FOR
+A `PositionedProjection` (projections.postgres.positioned): the batch's rows and the positions (consumer, topic,
+partition -> next_offset) commit in one transaction, records below the stored positions are skipped, deadlocks
+retried, a poison record bisected out and dead-lettered as `unstorable`, invalid records dead-lettered once and
+handed to `dlq_sink` just before the commit. What is the ledger's own: `decoder` (producers.records.decode_record
+within the reader's clock-skew window), `prepare` (sealed records opened) and `apply` (below). Each fact is
+recomputed under `pg_advisory_xact_lock(hashtextextended(memory_id, 0))` (a plain SELECT ... FOR
 UPDATE races when two writers create a fact's first version).
 
 Idempotency is keyed by (tenant, event_id) (`events` primary key): another tenant's event with
@@ -21,34 +22,20 @@ purged ids (`event_claims`) go with them.
 `pg_notify('memory_ledger_erasure', {schema, tenant, subject})` runs in the same transaction,
 so API processes drop cached vocabulary when it commits.
 
-Dead letters: an invalid record is written to `dead_letters` (once per topic/partition/offset) in
-the same transaction and handed to `dlq_sink` just before the commit, so the DLQ topic gets it at
-least once and the table counts it exactly once.
-
-Poison records: a failure that will happen again on every attempt (`is_permanent`: PostgreSQL
-refuses the data, a constraint, a deterministic error of the pure core) is not retried. The batch
-is bisected, each half applied in its own transaction with its positions (a half keeps ledger
-order per partition), until the single failing record is found; it is dead-lettered with code
-`unstorable` (the database's message) and the records after it are applied. Transient failures
-(connection, deadlock, DLQ topic down) propagate to the caller, which retries the whole batch:
-the halves that already committed are below the stored positions and are skipped.
-
-Public methods open the transaction; underscore twins take a cursor, so several writes share one transaction.
+The underscore methods take the batch's cursor, so several writes share its one transaction.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import operator
-import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import psycopg
-from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -59,32 +46,38 @@ from producers.keys.store import (
     KeyContext,
     destroy_subject_keys,
     erasure_recorded,
+    key_context,
     key_states,
     record_erasure,
 )
-from producers.logs import record_ids
-from producers.records import DeadLetter, Incoming, open_record
-from projections.postgres import connection
+from producers.records import Incoming, decode_record, open_record
 from projections.postgres.accesses import active_transitions, erase_accesses, transition_deltas
-from projections.postgres.counts import EVENTS, OUTBOX, VERSIONS, add_counts, dead_letters_name
+from projections.postgres.counts import EVENTS, OUTBOX, VERSIONS
 from projections.postgres.idempotency import FP_HASH_SQL, ID_HASH_SQL, erased_sql
-from projections.postgres.positions import advance_positions, lock_positions, stored_positions
+from projections.postgres.positioned import (
+    CoreRefused,
+    Decode,
+    DlqSink,
+    PositionedProjection,
+    PositionedResult,
+    connect,
+)
 from projections.versions import Mark, Route, Version, additions, fact_of, plan, route
+
+if TYPE_CHECKING:
+    from producers.settings import Settings
 
 __all__ = [
     "ERASURE_CHANNEL",
+    "OUTBOX_CHANNEL",
     "BatchResult",
-    "CoreRefused",
     "Recorder",
-    "connect",
-    "dead_letter_text",
-    "is_permanent",
-    "unstorable",
+    "connect",  # the positioned projections' (projections.postgres.positioned)
 ]
 
-log = logging.getLogger(__name__)
-
 ERASURE_CHANNEL = "memory_ledger_erasure"  # LISTEN for {schema, tenant, subject} after each erasure commits
+OUTBOX_CHANNEL = "memory_ledger_outbox"  # LISTEN for <schema> after a commit that gave the indexers work
+_NO_FACT = (Route.ERASURE, Route.RESOLUTION)  # routes whose events are logged under no fact (memory_id NULL)
 MARK_TYPES = (EventType.RETRACTED.value, EventType.CONFIRMED.value)
 VERSION_COLUMNS = (
     "version_id event_id memory_id tenant subject key scope kind value content entities aliases tags source confidence "
@@ -95,131 +88,22 @@ _Q = [sql.Identifier(c) for c in VERSION_COLUMNS]
 
 
 @dataclass
-class BatchResult:
-    applied: int = 0  # events recorded (new (tenant, event_id))
-    duplicates: int = 0  # valid events whose (tenant, event_id) was already known with the same fingerprint
+class BatchResult(PositionedResult):
+    # applied: events recorded (new (tenant, event_id)); duplicates: valid events whose (tenant, event_id) was
+    # already known with the same fingerprint
     conflicts: int = 0  # same (tenant, event_id), another fingerprint: dead-lettered as event_id_conflict
     erased_replays: int = 0  # re-sent events of an erased subject: no effect, not stored
-    skipped: int = 0  # records below the stored position
-    dead: int = 0  # newly dead-lettered records
-    dead_codes: dict[str, int] = field(default_factory=dict)  # reason code -> how many of `dead` (metrics)
     versions_written: int = 0
-    positions: dict[int, int] = field(default_factory=dict)  # partition -> next_offset after the batch
-    # the counters' changes written with the rows (projections.postgres.counts), the new dead letters (logged)
-    counts: Counter = field(default_factory=Counter, repr=False)
-    letters: list[DeadLetter] = field(default_factory=list, repr=False)
-
-    def add(self, other: BatchResult) -> None:
-        """Fold in the result of another transaction over later records (bisection)."""
-        self.applied += other.applied
-        self.duplicates += other.duplicates
-        self.conflicts += other.conflicts
-        self.erased_replays += other.erased_replays
-        self.skipped += other.skipped
-        self.dead += other.dead
-        for code, n in other.dead_codes.items():
-            self.dead_codes[code] = self.dead_codes.get(code, 0) + n
-        self.versions_written += other.versions_written
-        for p, o in other.positions.items():
-            self.positions[p] = max(self.positions.get(p, 0), o)
-        self.counts.update(other.counts)
-        self.letters.extend(other.letters)
 
 
-DlqSink = Callable[[Sequence[DeadLetter]], None]
-
-# SQLSTATE classes that no retry changes: 22 data exception (e.g. 22P05 untranslatable character,
-# 22003 numeric out of range), 23 integrity constraint violation, 54 program limit exceeded (a
-# value too large for an index or a tsvector; psycopg files it under OperationalError).
-_PERMANENT_DB = (psycopg.DataError, psycopg.IntegrityError, pg_errors.ProgramLimitExceeded)
 # deterministic failures of the pure core (projections.versions) on the records it is folding
 _CORE_ERRORS = (ValueError, TypeError, KeyError)
 
 
-class CoreRefused(Exception):
-    """The pure core raised on the records it was given (ValueError, TypeError, KeyError): permanent.
+class Recorder(PositionedProjection[Incoming, BatchResult]):
+    """Writes ledger batches for one consumer (group) and topic into the schema the connection points at."""
 
-    Only errors raised inside a pure-core call are wrapped: the same exception types from the
-    recorder's own code (a bug, a deploy that does not match the schema) stay retryable, so a bug
-    never dead-letters good records.
-    """
-
-
-def is_permanent(exc: BaseException) -> bool:
-    """True if applying the same records again fails the same way: dead-letter, do not retry.
-
-    Everything else (a lost connection, an admin shutdown, a deadlock, a serialization failure, a
-    lock or statement timeout, a DLQ topic that does not answer, an unknown bug) is retried.
-    """
-    return isinstance(exc, (*_PERMANENT_DB, CoreRefused))
-
-
-def insert_dead_letters(cur: psycopg.Cursor, invalid: Sequence[Any]) -> set[tuple[int, int]]:
-    """Record refused records (topic, partition, offset, error, raw) once each; the new (partition, offset) pairs.
-
-    The ledger's recorder and the access projector both keep their refusals here (a redelivery records nothing)."""
-    ids = [record_ids(r) for r in invalid]  # as the record claims them: an event's fate is asked by its id
-    cur.execute(
-        'INSERT INTO dead_letters (topic, "partition", "offset", code, field, message, raw, tenant, event_id) '
-        "SELECT * FROM unnest(%b::text[], %b::int[], %b::bigint[], %b::text[], %b::text[], %b::text[], "
-        '%b::bytea[], %b::text[], %b::text[]) ON CONFLICT DO NOTHING RETURNING "partition", "offset"',
-        (
-            [r.topic for r in invalid],
-            [r.partition for r in invalid],
-            [r.offset for r in invalid],
-            [dead_letter_text(r.error.code) for r in invalid],
-            [dead_letter_text(r.error.field) for r in invalid],
-            [dead_letter_text(r.error.message) for r in invalid],
-            [r.raw for r in invalid],
-            [dead_letter_text(i.get("tenant")) for i in ids],
-            [dead_letter_text(i.get("event_id")) for i in ids],
-        ),
-    )
-    return set(cur.fetchall())
-
-
-def letter_tenant(record: Any) -> str:
-    """The tenant a dead letter is counted under (projections.postgres.counts): the one its record claims, as
-    `dead_letters.tenant` stores it; '' (no tenant's) when none can be read."""
-    return dead_letter_text(record_ids(record).get("tenant")) or ""
-
-
-def dead_letter_text(text: str | None) -> str | None:
-    """Text PostgreSQL will take: NUL and lone surrogates spelled out (a dead letter must never fail)."""
-    if text is None:
-        return None
-    return text.replace("\x00", "\\u0000").encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def unstorable(record: Incoming, exc: BaseException) -> Incoming:
-    """The record as a dead letter with code `unstorable`: the database's (or the core's) reason."""
-    if isinstance(exc, psycopg.Error):
-        diag = exc.diag
-        message = f"{diag.sqlstate or ''} {diag.message_primary or str(exc)}".strip()
-        if diag.message_detail:
-            message += f" ({diag.message_detail})"
-        field_name = diag.column_name
-    else:
-        cause = exc.__cause__ if isinstance(exc, CoreRefused) and exc.__cause__ is not None else exc
-        message, field_name = f"{type(cause).__name__}: {cause}", None
-    error = InvalidEvent("unstorable", message[:1000], field_name)
-    return dataclasses.replace(record, event=None, error=error)
-
-
-def connect(dsn: str, schema: str, **kwargs) -> psycopg.Connection:
-    """A connection for the recorder: search_path on the projection schema, no prepared statements.
-
-    Statements are not prepared, so names are resolved per statement: `ledger rebuild` can rename
-    schemas under a running worker.
-    """
-    conn = connection.connect(dsn, schema, prepare_threshold=None, **kwargs)
-    conn.execute("SET TimeZone TO 'UTC'")
-    conn.commit()
-    return conn
-
-
-class Recorder:
-    """Writes batches for one consumer (group) and topic into the schema the connection points at."""
+    result_type = BatchResult
 
     def __init__(
         self,
@@ -230,126 +114,52 @@ class Recorder:
         dlq_sink: DlqSink | None = None,
         keys: KeyContext | None = None,
     ):
-        self.conn = conn
-        self.consumer = consumer
-        self.topic = topic
-        self.dlq_sink = dlq_sink
-        # issue 13: the key store that opens sealed records and whose subject keys an erasure destroys; None: a
+        super().__init__(conn, consumer=consumer, topic=topic, dlq_sink=dlq_sink)
+        # the key store that opens sealed records and whose subject keys an erasure destroys; None: a
         # sealed record stops the batch (KekError, retried loudly) and an erasure leaves no erasure record
         self.keys = keys
         self._unwrapped: dict[tuple[str, bytes], bytes] = {}  # (key id, wrapped bytes) -> data key: unwrap once
 
-    # -- public: each opens (and retries) its own transaction ---------------------------------
-    def apply_batch(self, records: Sequence[Incoming], *, attempts: int = 5) -> BatchResult:
-        """Apply records (any partitions of self.topic, ledger order within a partition) exactly once.
+    @classmethod
+    def topic_of(cls, settings: Settings) -> str:
+        return settings.topic
 
-        A poison record is dead-lettered (`unstorable`) and the others applied; a transient failure raises.
-        """
-        records = [r for r in records if r.topic == self.topic]
-        try:
-            return self._commit(records, attempts)
-        except Exception as exc:
-            if not is_permanent(exc):
-                raise
-            log.warning("batch of %d records refused (%s: %s); bisecting", len(records), type(exc).__name__, exc)
-            result = BatchResult()
-            self._bisect(records, exc, result, attempts)
-            return result
+    @classmethod
+    def for_settings(cls, settings: Settings, conn: psycopg.Connection, *, dlq_sink: DlqSink | None = None) -> Recorder:
+        """The worker's recorder (and the rebuild's): the key store is read on `conn` (committed)."""
+        keys = key_context(settings, conn)  # opens sealed records; erasures shred
+        conn.commit()
+        return cls(conn, consumer=settings.processor_group, topic=cls.topic_of(settings), dlq_sink=dlq_sink, keys=keys)
 
-    def positions(self) -> dict[int, int]:
-        """partition -> next_offset stored for this consumer and topic."""
-        with self.conn.transaction(), self.conn.cursor() as cur:
-            return self._positions(cur)
+    @classmethod
+    def decoder(cls, settings: Settings) -> Decode:
+        skew = timedelta(seconds=settings.max_future_skew_s)  # the worker's window, against the broker time
 
-    # -- poison records ------------------------------------------------------------------------
-    def _bisect(self, records: list[Incoming], exc: BaseException, result: BatchResult, attempts: int) -> None:
-        """`records` failed with the permanent `exc`: apply what can be applied, in ledger order."""
-        if len(records) == 1:
-            (poison,) = records
-            log.error(
-                "record %s/%d/%d is unstorable: %s",
-                poison.topic,
-                poison.partition,
-                poison.offset,
-                exc,
-                extra=record_ids(poison),
-            )
-            result.add(self._commit([unstorable(poison, exc)], attempts))
-            return
-        mid = len(records) // 2
-        for half in (records[:mid], records[mid:]):  # halves of a list keep each partition's order
-            try:
-                result.add(self._commit(half, attempts))
-            except Exception as again:
-                if not is_permanent(again):
-                    raise
-                self._bisect(half, again, result, attempts)
+        def decode(
+            topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None, ts: int | None
+        ) -> Incoming:
+            return decode_record(topic, partition, offset, value, key=key, timestamp_ms=ts, max_future_skew=skew)
 
-    def _commit(self, records: list[Incoming], attempts: int) -> BatchResult:
-        """One transaction over `records` with their positions; deadlocks and serialization failures retried."""
-        for attempt in range(1, attempts + 1):
-            try:
-                with self.conn.transaction(), self.conn.cursor() as cur:
-                    result = self._apply_batch(cur, records)
-                _log_dead_letters(result.letters)  # committed: each once
-                return result
-            except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure) as exc:
-                if attempt == attempts:
-                    raise
-                log.warning("batch retried after %s (attempt %d)", type(exc).__name__, attempt)
-                time.sleep(0.05 * attempt)
-        raise AssertionError("unreachable")
+        return decode
 
-    # -- cursor twins --------------------------------------------------------------------------
-    def _positions(self, cur: psycopg.Cursor) -> dict[int, int]:
-        return stored_positions(cur, self.consumer, self.topic)
+    def prepare(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult) -> list[Incoming]:
+        return self._open(cur, records, result)
 
-    def _lock_positions(self, cur: psycopg.Cursor, partitions: list[int]) -> dict[int, int]:
-        # the first statement of every batch touches `positions` (a schema switch by ledger rebuild waits it out)
-        return lock_positions(cur, self.consumer, self.topic, partitions)
-
-    def _apply_batch(self, cur: psycopg.Cursor, records: Sequence[Incoming]) -> BatchResult:
-        result = BatchResult()
-        records = [r for r in records if r.topic == self.topic]
-        if not records:
-            return result
-        stored = self._lock_positions(cur, sorted({r.partition for r in records}))
-        fresh: list[Incoming] = []
-        seen: set[tuple[int, int]] = set()
+    def apply(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult, shard: int) -> None:
+        """The valid records in ledger order; an erasure is a barrier: what came before it is applied first."""
+        segment: list[Incoming] = []
+        destroyed: set[str] = set()  # keys an erasure earlier in this batch destroyed
         for r in records:
-            if r.offset < stored[r.partition] or (r.partition, r.offset) in seen:
-                result.skipped += 1
+            if r.key_id is not None and r.key_id in destroyed:  # sealed with a key this batch shredded
+                result.erased_replays += 1
                 continue
-            seen.add((r.partition, r.offset))
-            fresh.append(r)
-        fresh = self._open(cur, fresh, result)
-        letters: list[DeadLetter] = []
-        if fresh:
-            letters += self._dead_letters(cur, [r for r in fresh if r.event is None], result)
-            segment: list[Incoming] = []
-            destroyed: set[str] = set()  # keys an erasure earlier in this batch destroyed
-            for r in fresh:
-                if r.event is None:
-                    continue
-                if r.key_id is not None and r.key_id in destroyed:  # sealed with a key this batch shredded
-                    result.erased_replays += 1
-                    continue
-                if _route(r) is Route.ERASURE:  # a barrier: what came before it in the batch is applied first
-                    self._apply_events(cur, segment, result, letters)
-                    segment = []
-                    destroyed |= self._erase(cur, r, result, letters)
-                else:
-                    segment.append(r)
-            self._apply_events(cur, segment, result, letters)
-        ends: dict[int, int] = {}
-        for r in records:
-            ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
-        result.positions = {p: max(stored[p], end) for p, end in ends.items()}
-        advance_positions(cur, self.consumer, self.topic, result.positions)
-        add_counts(cur, result.counts, shard=min(stored))  # a shard whose position row this transaction holds
-        if letters and self.dlq_sink is not None:
-            self.dlq_sink(letters)  # last, just before the commit: raises if the DLQ topic did not take them
-        return result
+            if _route(r) is Route.ERASURE:
+                self._apply_events(cur, segment, result)
+                segment = []
+                destroyed |= self._erase(cur, r, result)
+            else:
+                segment.append(r)
+        self._apply_events(cur, segment, result)
 
     def _open(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult) -> list[Incoming]:
         """Open the sealed records with their data keys (read in this transaction); drop the shredded ones.
@@ -393,20 +203,6 @@ class Recorder:
             out.append(r)
         return out
 
-    def _dead_letters(self, cur: psycopg.Cursor, invalid: list[Incoming], result: BatchResult) -> list[DeadLetter]:
-        """Record the invalid records once each; returns the new ones (for the DLQ topic)."""
-        if not invalid:
-            return []
-        new = insert_dead_letters(cur, invalid)
-        letters = [DeadLetter(r, r.error) for r in invalid if (r.partition, r.offset) in new]  # type: ignore[arg-type]
-        result.dead += len(letters)
-        for letter in letters:  # each under the tenant it names (counts.py), none it cannot be read from
-            result.counts[(letter_tenant(letter.record), dead_letters_name(self.topic))] += 1
-        result.letters.extend(letters)
-        for letter in letters:
-            result.dead_codes[letter.error.code] = result.dead_codes.get(letter.error.code, 0) + 1
-        return letters
-
     def _erased(self, cur: psycopg.Cursor, records: list[Incoming]) -> dict[int, bool]:
         """Index in `records` of each record whose id belonged to an erased subject -> whether it says what the
         erased event said (True also when the erasure predates recorded fingerprints).
@@ -433,7 +229,6 @@ class Recorder:
         cur: psycopg.Cursor,
         records: list[Incoming],
         result: BatchResult,
-        letters: list[DeadLetter],
         resolved: dict[tuple[str, str], str] | None = None,
     ) -> list[Incoming]:
         """Log the events once per (tenant, event_id); returns the records that are new, in order.
@@ -449,12 +244,12 @@ class Recorder:
             result.erased_replays += sum(erased.values())
             other = [records[i] for i in sorted(erased) if not erased[i]]
             if other:
-                self._conflicts(cur, [(r, "by an event of a subject erased since") for r in other], result, letters)
+                self._conflicts(cur, [(r, "by an event of a subject erased since") for r in other], result)
             records = [r for i, r in enumerate(records) if i not in erased]
             if not records:
                 return []
         evs: list[MemoryEvent] = [r.event for r in records]  # type: ignore[misc]
-        wires = [e.to_wire() for e in evs]  # once per event: the payload and its fingerprint (issue 14)
+        wires = [e.to_wire() for e in evs]  # once per event: the payload and its fingerprint
         cur.execute(
             "INSERT INTO events (tenant, event_id, fingerprint, subject, memory_id, type, kind, key, scope, "
             '"partition", "offset", observed_at, valid_from, valid_to, target_version, payload, key_id) '
@@ -467,7 +262,7 @@ class Recorder:
                 [e.event_id for e in evs],
                 [wire_fingerprint(w) for w in wires],
                 [e.subject for e in evs],
-                [None if route(e.type) is Route.ERASURE else fact_of(e, resolved) for e in evs],
+                [None if route(e.type) in _NO_FACT else fact_of(e, resolved) for e in evs],
                 [e.type.value for e in evs],
                 [e.kind.value for e in evs],
                 [e.key for e in evs],
@@ -504,12 +299,10 @@ class Recorder:
                 continue
             conflicts.append((r, f"partition {p}, offset {o}"))
         if conflicts:
-            self._conflicts(cur, conflicts, result, letters)
+            self._conflicts(cur, conflicts, result)
         return new
 
-    def _conflicts(
-        self, cur: psycopg.Cursor, found: list[tuple[Incoming, str]], result: BatchResult, letters: list[DeadLetter]
-    ) -> None:
+    def _conflicts(self, cur: psycopg.Cursor, found: list[tuple[Incoming, str]], result: BatchResult) -> None:
         """Dead-letter records whose (tenant, event_id) already names other content (`where`: by what)."""
         refused: list[Incoming] = []
         for r, where in found:
@@ -522,16 +315,15 @@ class Recorder:
             error = InvalidEvent("event_id_conflict", message, "event_id")
             refused.append(dataclasses.replace(r, event=None, error=error))
         result.conflicts += len(refused)
-        letters += self._dead_letters(cur, refused, result)
+        self.dead_letters(cur, refused, result)
 
-    def _apply_events(
-        self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult, letters: list[DeadLetter]
-    ) -> None:
+    def _apply_events(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult) -> None:
         if not records:
             return
         resolved = self._episode_targets(cur, records)
-        new = self._log_events(cur, records, result, letters, resolved)
+        new = self._log_events(cur, records, result, resolved)
         result.applied += len(new)
+        self._resolve_dead_letters(cur, [r for r in new if r.event is not None and r.event.dead_letter is not None])
         try:  # the pure core's one dispatch on the event type (projections.versions.additions)
             added = additions(((r.event, r.partition, r.offset) for r in new if r.event is not None), resolved)
         except _CORE_ERRORS as exc:
@@ -563,6 +355,38 @@ class Recorder:
         result.counts.update(transition_deltas(cur, active_transitions(versions, inserts, updates)))
         self._write_versions(cur, inserts, updates, result.counts)
         result.versions_written += len(inserts) + len(updates)
+
+    def _resolve_dead_letters(self, cur: psycopg.Cursor, records: list[Incoming]) -> None:
+        """Record what the newly logged `records` (events naming a `dead_letter`) did to their letters.
+
+        A re-drive (any event type) makes its letter `redriven`, `deadletter.discarded` makes it `discarded`. Of two
+        resolutions of one letter and tenant the one first in ledger position stays, in whatever order they are
+        applied (a rebuild applies partitions in any order), so the row is a function of the log."""
+        if not records:
+            return
+        evs: list[MemoryEvent] = [r.event for r in records]  # type: ignore[misc]
+        cur.execute(
+            'INSERT INTO dead_letter_resolutions (topic, "partition", "offset", tenant, state, event_id, by_partition, '
+            "by_offset, reason, resolved_at) SELECT %s, * FROM unnest(%b::int[], %b::bigint[], %b::text[], "
+            "%b::text[], %b::text[], %b::int[], %b::bigint[], %b::text[], %b::timestamptz[]) "
+            'ON CONFLICT (topic, "partition", "offset", tenant) DO UPDATE SET state = excluded.state, '
+            "event_id = excluded.event_id, by_partition = excluded.by_partition, by_offset = excluded.by_offset, "
+            "reason = excluded.reason, resolved_at = excluded.resolved_at "
+            "WHERE (excluded.by_partition, excluded.by_offset) "
+            "< (dead_letter_resolutions.by_partition, dead_letter_resolutions.by_offset)",
+            (
+                self.topic,
+                [e.dead_letter.partition for e in evs],  # type: ignore[union-attr]
+                [e.dead_letter.offset for e in evs],  # type: ignore[union-attr]
+                [e.tenant for e in evs],
+                ["discarded" if e.type is EventType.DISCARDED else "redriven" for e in evs],
+                [e.event_id for e in evs],
+                [r.partition for r in records],
+                [r.offset for r in records],
+                [e.reason for e in evs],
+                [e.observed_at for e in evs],
+            ),
+        )
 
     def _episode_targets(self, cur: psycopg.Cursor, records: list[Incoming]) -> dict[tuple[str, str], str]:
         """(tenant, event_id) of each retraction whose target_version is an episode of its tenant and subject logged
@@ -608,7 +432,7 @@ class Recorder:
         """The stored chains of `facts`, with the columns the fold and the writers read (`CHAIN_COLUMNS`).
 
         The content columns (`UNREAD_COLUMNS`) are left empty: a stored version is only ever refolded, counted
-        active or not, and written back by the UPDATE of its derived columns (issue 14: every chain of a batch was
+        active or not, and written back by the UPDATE of its derived columns (every chain of a batch was
         read whole, a fifth of the worker's time and growing with the chains).
         """
         cur.execute(_LOAD_CHAINS, (facts,))
@@ -661,18 +485,19 @@ class Recorder:
                 ([v.version_id for v in touched], [v.tenant for v in touched], [v.subject for v in touched]),
             )
             counts.update((v.tenant, OUTBOX) for v in touched)
+            cur.execute("SELECT pg_notify(%s, current_schema())", (OUTBOX_CHANNEL,))  # delivered on commit: once
 
-    def _erase(self, cur: psycopg.Cursor, record: Incoming, result: BatchResult, letters: list[DeadLetter]) -> set[str]:
+    def _erase(self, cur: psycopg.Cursor, record: Incoming, result: BatchResult) -> set[str]:
         """subject.erased: purge the subject's versions and events, keep only the erasure tombstones; the keys shredded.
 
         The purged events' ids stay as salted hashes (erased_events) so that re-sending one has no effect. Then, in
-        the same transaction, the subject's data key is destroyed and the erasure record written (issue 13): a
+        the same transaction, the subject's data key is destroyed and the erasure record written: a
         worker killed anywhere in between rolls all of it back and its restart does all of it. A replay of an
         erasure already recorded (a rebuild) destroys nothing: the subject's key now may be a newer one.
         """
         e = record.event
         assert e is not None
-        if not self._log_events(cur, [record], result, letters):
+        if not self._log_events(cur, [record], result):
             return set()  # a duplicate, a conflict (dead-lettered) or a replay: no erasure happens again
         result.applied += 1
         cur.execute(
@@ -699,6 +524,11 @@ class Recorder:
             (e.tenant, e.subject),
         )
         erase_accesses(cur, e.tenant, e.subject)  # its versions' accesses and aggregates, while the versions exist
+        cur.execute(  # the dead-letter resolutions its events made go with them, as a rebuild never makes them again
+            "DELETE FROM dead_letter_resolutions r USING events e WHERE e.tenant = %s AND e.subject = %s "
+            "AND r.tenant = e.tenant AND r.event_id = e.event_id",
+            (e.tenant, e.subject),
+        )
         cur.execute("DELETE FROM fact_versions WHERE tenant = %s AND subject = %s", (e.tenant, e.subject))
         n_versions = cur.rowcount
         result.counts[(e.tenant, VERSIONS)] -= cur.rowcount
@@ -754,22 +584,6 @@ class Recorder:
         return {k for k, _ in shredded}
 
 
-def _log_dead_letters(letters: Sequence[DeadLetter]) -> None:
-    """One line per dead letter, after its transaction committed, with the record's ids (producers.logs)."""
-    for letter in letters:
-        r, err = letter.record, letter.error
-        log.warning(
-            "dead letter %s/%d/%d: %s%s: %s",
-            r.topic,
-            r.partition,
-            r.offset,
-            err.code,
-            f" ({err.field})" if err.field else "",
-            err.message,
-            extra={**record_ids(r), "code": err.code, "field": err.field},
-        )
-
-
 def _route(record: Incoming) -> Route:
     """The event's route; an error of the pure core on it is a poison record."""
     assert record.event is not None
@@ -780,7 +594,7 @@ def _route(record: Incoming) -> Route:
 
 
 def version_to_row(v: Version) -> tuple:
-    values = list(_ROW(v))  # every column in one C call (issue 14: the getattr loop was 2% of a rebuild)
+    values = list(_ROW(v))  # every column in one C call (the getattr loop was 2% of a rebuild)
     for i in _JSON:
         values[i] = Jsonb(values[i])
     for i in _LISTS:

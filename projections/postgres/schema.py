@@ -92,7 +92,7 @@ def drop_schema(conn: psycopg.Connection, schema: str) -> None:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
-REV_JUMP = 2**40  # a rebuilt schema's document revisions start this far past the live one's (issue 14)
+REV_JUMP = 2**40  # a rebuilt schema's document revisions start this far past the live one's
 
 
 def _has(conn: psycopg.Connection, schema: str, name: str) -> bool:
@@ -101,7 +101,7 @@ def _has(conn: psycopg.Connection, schema: str, name: str) -> bool:
 
 
 def continue_revisions(conn: psycopg.Connection, source: str, target: str) -> bool:
-    """Start `target`'s document revisions past `source`'s, before anything is replayed into it (issue 14).
+    """Start `target`'s document revisions past `source`'s, before anything is replayed into it.
 
     The search index keeps a document's highest revision (external versions): the rebuilt schema's documents must
     win over the live schema's, including those the live indexers write while the rebuild replays. False if

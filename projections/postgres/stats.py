@@ -91,7 +91,7 @@ async def stats_counts(conn: psycopg.AsyncConnection, tenant: str, topic: str) -
             "vectors_pending": int(vectors),
             "documents_lag_s": None if outbox_age is None else round(float(outbox_age), 3),
             "vectors_lag_s": None if vectors_age is None else round(float(vectors_age), 3),
-            # issue 15: near-duplicate episodes (projections.search.duplicates)
+            # near-duplicate episodes (projections.search.duplicates)
             "duplicate_groups": int(groups),
             "duplicate_episodes": int(dups),
         },

@@ -1,4 +1,4 @@
-"""The locks that let any number of indexers and embedders share one schema's work (issue 14).
+"""The locks that let any number of indexers and embedders share one schema's work.
 
 - Work is claimed row by row: `FOR UPDATE SKIP LOCKED` on search_outbox (indexers) and embed_queue (embedders),
   inside the transaction that finishes it, so a process killed mid-batch releases its rows with its connection

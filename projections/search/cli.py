@@ -6,7 +6,7 @@ import typer
 
 
 def indexer(
-    poll: float | None = typer.Option(None, help="seconds between polls of an empty outbox (LEDGER_INDEXER_POLL_S)"),
+    poll: float | None = typer.Option(None, help="longest wait for work, if no NOTIFY (LEDGER_INDEXER_POLL_S)"),
     batch_size: int | None = typer.Option(None, help="outbox rows per bulk request (LEDGER_INDEXER_BATCH_SIZE)"),
 ) -> None:
     """Drain the search outbox into Elasticsearch forever (run as many as you like: they share the outbox)."""
@@ -20,7 +20,7 @@ def indexer(
 
 
 def embedder(
-    poll: float | None = typer.Option(None, help="seconds between polls of an empty queue (LEDGER_EMBEDDER_POLL_S)"),
+    poll: float | None = typer.Option(None, help="longest wait for work, if no NOTIFY (LEDGER_EMBEDDER_POLL_S)"),
     batch_size: int | None = typer.Option(None, help="versions per claim (LEDGER_EMBEDDER_BATCH_SIZE)"),
 ) -> None:
     """Embed the versions whose documents lack vectors, forever (run as many as you like: they share the queue)."""

@@ -1,6 +1,6 @@
 """Elasticsearch clients that encode JSON with orjson, requests and bulk bodies alike.
 
-The client's default serializers use the standard library's `json`: profiled in the 100k bench (issue 14), the
+The client's default serializers use the standard library's `json`: profiled in the 100k bench, the
 indexer spent 40% of its CPU in `JSONEncoder.iterencode`, encoding the float lists of the documents' vectors for
 `_bulk`. elastic_transport ships an orjson serializer for `application/json` only; the NDJSON one (what `_bulk`
 sends) encodes each line with the base class's `json`, so it is given orjson here too. The compatibility-mode

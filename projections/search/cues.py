@@ -44,7 +44,7 @@ _UNIT = re.compile(rf"{_HAN}|(?:(?!{_HAN})[^\W_])+")
 _NAMESPACED = re.compile(r"(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9_.-]*:[A-Za-z0-9][A-Za-z0-9_.\-]*(?<![.-])")
 _CODE = re.compile(r"(?<![A-Za-z0-9:])[A-Za-z]{1,12}[0-9][A-Za-z0-9_-]*(?![A-Za-z0-9:])")
 MAX_SPAN_UNITS = 12  # longest alias/entity looked up, in units
-# Bounds on what one query can produce (issue 10, class 11): a 2,000-character query of repeated short tokens
+# Bounds on what one query can produce: a 2,000-character query of repeated short tokens
 # must cost what a short one costs per unit, and yield an Elasticsearch query of bounded size.
 MAX_ID_CHARS = 128  # a run of id characters longer than this is not an id (and is never scanned by the id regexes)
 MAX_ENTITIES = 32  # entity cues kept (known ones first): they become `terms` filters
@@ -122,7 +122,7 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "meeting": ("会议", "开会", "meeting", "meet"),
 }
 
-# Scope words (issue 15): how questions name an environment. A tenant scope belongs to a group when its lookup form,
+# Scope words: how questions name an environment. A tenant scope belongs to a group when its lookup form,
 # or one of its words, is a member ("test", "env-test", "qa"); then every member of the group names it in a question.
 # Only the tenant's own scopes are cues (Vocabulary.scopes), so "test" in a tenant without a test scope is a word.
 # Left out on purpose: words that mostly mean something else in a question ("live", "local", "stage", 开发 alone).
@@ -270,7 +270,7 @@ class Vocabulary:
     namespaces: frozenset[str] = frozenset()  # `project` of `project:P1`: not content words
     # multi-word latin phrases, by their first word: they also match in any order ("port ... backend")
     word_sets: dict[str, tuple[tuple[str, ...], ...]] = field(default_factory=dict)
-    scopes: dict[str, str] = field(default_factory=dict)  # canonical span -> the tenant's scope it names (issue 15)
+    scopes: dict[str, str] = field(default_factory=dict)  # canonical span -> the tenant's scope it names
     entity_heads: dict[str, int] = field(init=False, repr=False, compare=False)
     alias_heads: dict[str, int] = field(init=False, repr=False, compare=False)
     scope_heads: dict[str, int] = field(init=False, repr=False, compare=False)

@@ -66,8 +66,8 @@ def embedding_text_for(row: dict[str, Any]) -> str:
 
 
 def vectors_doc(vectors: Sequence[tuple[str, str, list[float]]]) -> dict[str, Any]:
-    """A document's vectors, (field, model, vector) each, and `embed_model`: the models that made them (issue 15,
-    projections.languages; a search asks only for vectors of the model it embedded the question with)."""
+    """A document's vectors, (field, model, vector) each, and `embed_model`: the models that made them
+    (projections.languages; a search asks only for vectors of the model it embedded the question with)."""
     return {**{f: v for f, _, v in vectors}, "embed_model": [m for _, m, _ in vectors]}
 
 
@@ -103,7 +103,7 @@ def build_doc(
         "importance": row["importance"],
         **status_fields(row),
     }
-    if row.get("episode_group"):  # issue 15: a near-duplicate episode's group (projections.search.duplicates)
+    if row.get("episode_group"):  # a near-duplicate episode's group (projections.search.duplicates)
         doc["episode_group"] = row["episode_group"]
     if vector is not None:
         doc["embedding"] = vector

@@ -1,4 +1,4 @@
-"""Near-duplicate episodes (issue 15): an episode that repeats one already stored is linked to it, never deleted.
+"""Near-duplicate episodes: an episode that repeats one already stored is linked to it, never deleted.
 
 When the embedder stores an episode's vectors it looks for the same thing said before: the nearest episodes of
 the same tenant and subject by its own language's vector (an Elasticsearch kNN search, one `msearch` per batch)

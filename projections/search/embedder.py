@@ -1,4 +1,4 @@
-"""The embedding stage (`ledger embedder`, issue 14): vectors for the documents the indexers wrote without them.
+"""The embedding stage (`ledger embedder`): vectors for the documents the indexers wrote without them.
 
 An indexer writes a version's document at once (exact and keyword recall see it) and queues the version in
 `embed_queue` when a configured model's vector of it is not stored. Any number of embedders drain that queue:
@@ -29,20 +29,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from elasticsearch import ApiError, Elasticsearch
-from elasticsearch import ConnectionError as ESConnectionError
+from elasticsearch import Elasticsearch
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from producers.logs import bind_ids, new_id, unbind_ids
 from producers.metrics import serve as serve_metrics
 from producers.settings import Settings
 from projections.embedding import Embedder, Embedders, load_embedder
+from projections.postgres.connection import search_path
 from projections.postgres.counts import EMBED, INDEXER_SHARD, OUTBOX, add_counts
 from projections.search import metrics
 from projections.search.claims import finish
 from projections.search.client import es_client
 from projections.search.documents import embedding_text_for
+from projections.search.drain import EMBED_CHANNEL, OUTBOX_CHANNEL, drain_forever, notify
 from projections.search.duplicates import Link, find_links, store_links
 from projections.search.vectors import VECTOR_COLUMNS, Vectors, lacking, store_vectors
 
@@ -59,11 +59,11 @@ class EmbedStats:
     gone: int = 0  # versions no longer in PostgreSQL (erased)
     deferred: int = 0  # versions whose rows were locked by the projection: left queued for the next round
     texts: int = 0
-    linked: int = 0  # episodes linked to a near-duplicate group (issue 15)
+    linked: int = 0  # episodes linked to a near-duplicate group
 
 
 def _set_path(conn: psycopg.Connection, settings: Settings) -> None:
-    conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(settings.pg_schema)))
+    conn.execute(search_path(settings.pg_schema))
 
 
 def claim(conn: psycopg.Connection, batch_size: int) -> list[dict[str, Any]]:
@@ -118,6 +118,8 @@ def complete(
             "RETURNING tenant",
             (stored,),
         ).fetchall()
+        if queued:
+            notify(conn, OUTBOX_CHANNEL)  # the indexers wake when this commits, to write the vectors
         finished = [c["version_id"] for c in gone + ready] + stored
         removed = cur.execute(
             "DELETE FROM embed_queue WHERE version_id = ANY(%s) RETURNING tenant", (finished,)
@@ -144,7 +146,7 @@ def embed_once(
     """Claim, embed and complete one batch (one transaction of `conn`, an autocommit connection).
 
     `cache`: vectors computed for versions that were deferred (their rows locked), reused on the next round.
-    `es`: where near-duplicate episodes are looked up (issue 15); None links none."""
+    `es`: where near-duplicate episodes are looked up; None links none."""
     embedders = Embedders.of(settings, embedder)
     batch_size = batch_size or settings.embedder_batch_size
     cache = cache if cache is not None else {}
@@ -173,16 +175,11 @@ def embed_once(
     return stats
 
 
-def _connect(settings: Settings) -> psycopg.Connection:
-    conn = psycopg.connect(settings.pg_dsn, autocommit=True)
-    _set_path(conn, settings)
-    return conn
-
-
 def run_embedder(
     settings: Settings, *, poll_seconds: float | None = None, batch_size: int | None = None, stop=None
 ) -> None:
-    """Embed forever (until `stop()` returns true): back off on errors, never give up."""
+    """Embed forever (until `stop()` returns true) in the one drain loop (projections.search.drain): woken by the
+    indexers' queued versions; `poll_seconds` is the longest wait for a notification (LEDGER_EMBEDDER_POLL_S)."""
     poll_seconds = settings.embedder_poll_s if poll_seconds is None else poll_seconds
     batch_size = batch_size or settings.embedder_batch_size
     if settings.embedder_nice:  # the semantic stage yields the CPU to the projection and the documents (settings)
@@ -191,60 +188,35 @@ def run_embedder(
     es = es_client(settings.es_url, request_timeout=30)
     metrics.register(families=metrics.EMBEDDER_FAMILIES)
     serve_metrics(settings.embedder_metrics_port, settings.metrics_host, setting="LEDGER_EMBEDDER_METRICS_PORT")
-    conn: psycopg.Connection | None = None
     cache: dict[str, Vectors] = {}
-    backoff, total, t0 = 0.5, 0, time.monotonic()
-    gauges_at = -settings.metrics_refresh_s
+    total, t0 = 0, time.monotonic()
     log.info("embedder: embedding %s.embed_queue with %s", settings.pg_schema, settings.embed_model)
-    batch_ids = bind_ids()
-    while stop is None or not stop():
-        unbind_ids(batch_ids)
-        batch_ids = bind_ids(batch_id=new_id())
-        try:
-            if conn is None or conn.closed:
-                conn = _connect(settings)
-            started = time.perf_counter()
-            stats = embed_once(settings, conn, embedders, batch_size=batch_size, cache=cache, es=es)
-            finished = stats.stored + stats.complete + stats.gone
-            if finished:
-                metrics.record_embed(
-                    stored=stats.stored,
-                    complete=stats.complete,
-                    gone=stats.gone,
-                    seconds=time.perf_counter() - started,
-                )
-                total += finished
-                log.info(
-                    "embedder: %d versions (%d texts; %d total, %.1f versions/s)",
-                    finished,
-                    stats.texts,
-                    total,
-                    total / (time.monotonic() - t0),
-                )
-            if time.monotonic() - gauges_at >= settings.metrics_refresh_s:
-                metrics.refresh_queues(conn)
-                gauges_at = time.monotonic()
-            backoff = 0.5
-            if stats.claimed < batch_size:
-                time.sleep(poll_seconds)
-        except Exception as exc:  # noqa: BLE001 - a long-running embedder backs off and retries, never dies
-            store = (
-                "postgres"
-                if isinstance(exc, psycopg.Error)
-                else "elasticsearch"
-                if isinstance(exc, (ApiError, ESConnectionError))
-                else "other"
+
+    def once(conn: psycopg.Connection) -> bool:
+        nonlocal total
+        started = time.perf_counter()
+        stats = embed_once(settings, conn, embedders, batch_size=batch_size, cache=cache, es=es)
+        finished = stats.stored + stats.complete + stats.gone
+        if finished:
+            metrics.record_embed(
+                stored=stats.stored, complete=stats.complete, gone=stats.gone, seconds=time.perf_counter() - started
             )
-            metrics.record_embed_error(store)
-            log.warning(
-                "embedder: %s: %s; retrying in %.1fs",
-                type(exc).__name__,
-                str(exc)[:300],
-                backoff,
-                exc_info=store == "other",
+            total += finished
+            log.info(
+                "embedder: %d versions (%d texts; %d total, %.1f versions/s)",
+                finished,
+                stats.texts,
+                total,
+                total / (time.monotonic() - t0),
             )
-            if conn is not None and (isinstance(exc, psycopg.OperationalError) or conn.broken):
-                conn.close()
-                conn = None
-            time.sleep(backoff)
-            backoff = min(backoff * 2, settings.indexer_max_backoff_s)
+        return stats.claimed >= batch_size  # a full batch: more may wait
+
+    drain_forever(
+        settings,
+        once,
+        channels=(EMBED_CHANNEL,),
+        poll_seconds=poll_seconds,
+        log=log,
+        record_error=metrics.record_embed_error,
+        stop=stop,
+    )

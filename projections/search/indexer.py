@@ -6,7 +6,7 @@ LOCKED`, projections.search.claims), reads the *current* rows of those versions 
 statement, bulk-writes the documents and deletes exactly those outbox rows in the same transaction: a crash
 anywhere rolls the claim back and another indexer (or this one, restarted) redoes it.
 
-Two-phase (issue 14): no embedding happens here. A version becomes a document (cues, text, dates, status) in the
+Two-phase: no embedding happens here. A version becomes a document (cues, text, dates, status) in the
 first batch that sees it; a version whose configured vectors are not stored yet goes to `embed_queue`, the
 embedders' work (projections.search.embedder), whose stored vectors bring it back here. Each document is written
 with its version's revision as an external version (`external_gte`): whichever of several indexers writes last,
@@ -25,22 +25,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from elasticsearch import ApiError, Elasticsearch
-from elasticsearch import ConnectionError as ESConnectionError
+from elasticsearch import Elasticsearch
 from elasticsearch.helpers import streaming_bulk
 from psycopg import sql
 from psycopg.rows import dict_row
 
 from producers.keys.store import search_purged, settings_keks
-from producers.logs import bind_ids, new_id, unbind_ids
 from producers.metrics import serve as serve_metrics
 from producers.settings import Settings
 from projections.models import model_spec
+from projections.postgres.connection import search_path
 from projections.postgres.counts import INDEXER_SHARD, OUTBOX, add_counts
 from projections.search import metrics
 from projections.search.claims import finish, reindex_key, writing
 from projections.search.client import es_client
 from projections.search.documents import build_doc, rows_sql
+from projections.search.drain import EMBED_CHANNEL, ERASURE_CHANNEL, OUTBOX_CHANNEL, drain_forever, notify
 from projections.search.duplicates import GROUP_COLUMN
 from projections.search.ids import doc_ids, tenant_query
 from projections.search.mapping import ensure_index
@@ -81,7 +81,7 @@ class DrainStats:
 
 
 def _set_path(conn: psycopg.Connection, settings: Settings) -> None:
-    conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(settings.pg_schema)))
+    conn.execute(search_path(settings.pg_schema))
 
 
 def _ensure(es: Elasticsearch, settings: Settings) -> None:
@@ -132,7 +132,7 @@ def _delete_subjects(
     return actions
 
 
-# what a document needs beside the row: its revision, its stored vectors, its near-duplicate group (issue 15)
+# what a document needs beside the row: its revision, its stored vectors, its near-duplicate group
 DOC_EXTRA = sql.SQL("f.rev, ") + VECTOR_COLUMNS + sql.SQL(", " + GROUP_COLUMN)
 
 
@@ -231,12 +231,14 @@ def _drain(
     for (tenant,) in gone:  # /v1/stats' counters, in the same transaction (projections.postgres.counts)
         deltas[(tenant, OUTBOX)] -= 1
     queued = queue_for_vectors(conn, unembedded)
+    if queued:
+        notify(conn, EMBED_CHANNEL)  # the embedders wake when this commits
     deltas.update(queued)
     stats.queued += sum(queued.values())
     add_counts(conn, deltas, shard=INDEXER_SHARD)
-    # issue 14: what is now searchable, for the API's vocabularies (projections.search.vocab)
+    # what is now searchable, for the API's vocabularies (projections.search.vocab)
     log_indexed(conn, [(t, v) for _, v, t, _, op, _ in batch if op == "upsert" and v in rows and v not in failed_ids])
-    if erased and not failed_ids:  # issue 13: the erasure records learn what the search projection deleted
+    if erased and not failed_ids:  # the erasure records learn what the search projection deleted
         for (tenant, subject), deletes in per_subject.items():
             search_purged(conn.cursor(), settings.keys_schema, tenant, subject, len(deletes), settings_keks(settings))
     stats.rows += len(done)
@@ -245,79 +247,53 @@ def _drain(
     return len(done)
 
 
-def _connect(settings: Settings) -> psycopg.Connection:
-    conn = psycopg.connect(settings.pg_dsn, autocommit=True)
-    _set_path(conn, settings)
-    return conn
-
-
 def run_indexer(
     settings: Settings, *, poll_seconds: float | None = None, batch_size: int | None = None, stop=None
 ) -> None:
-    """Drain forever (until `stop()` returns true): back off on errors, never give up.
+    """Drain forever (until `stop()` returns true) in the one drain loop (projections.search.drain): woken by the
+    recorder's commits (new outbox rows, erasures) and the embedders' stored vectors.
 
-    `poll_seconds`, `batch_size` and the longest back-off default to the settings
-    (LEDGER_INDEXER_POLL_S, LEDGER_INDEXER_BATCH_SIZE, LEDGER_INDEXER_MAX_BACKOFF_S).
+    `poll_seconds` (the longest wait for a notification), `batch_size` and the longest back-off default to the
+    settings (LEDGER_INDEXER_POLL_S, LEDGER_INDEXER_BATCH_SIZE, LEDGER_INDEXER_MAX_BACKOFF_S).
     """
     poll_seconds = settings.indexer_poll_s if poll_seconds is None else poll_seconds
     batch_size = settings.indexer_batch_size if batch_size is None else batch_size
     es = es_client(settings.es_url, request_timeout=30)
-    conn: psycopg.Connection | None = None
-    backoff = 0.5
     total, t0 = 0, time.monotonic()
     metrics.register()
     serve_metrics(settings.indexer_metrics_port, settings.metrics_host, setting="LEDGER_INDEXER_METRICS_PORT")
-    gauges_at = -settings.metrics_refresh_s  # the outbox gauges are read after the first drain
     log.info("indexer: draining %s.search_outbox into %s", settings.pg_schema, settings.es_index)
-    batch_ids = bind_ids()
-    while stop is None or not stop():
-        unbind_ids(batch_ids)
-        batch_ids = bind_ids(batch_id=new_id())  # on every line of this round (producers.logs)
-        try:
-            if conn is None or conn.closed:
-                conn = _connect(settings)
-            stats, started = DrainStats(), time.perf_counter()
-            n = drain_once(settings, conn, es, batch_size=batch_size, stats=stats)
-            if n or stats.failed:
-                metrics.record_drain(
-                    indexed=stats.indexed,
-                    updated=stats.updated,
-                    deleted=stats.deleted,
-                    failed=len(stats.failed),
-                    rows=stats.rows,
-                    seconds=time.perf_counter() - started,
-                    stale=stats.stale,
-                )
-            if time.monotonic() - gauges_at >= settings.metrics_refresh_s:
-                metrics.refresh_queues(conn)
-                gauges_at = time.monotonic()
-            backoff = 0.5
-            total += n
-            if 0 < n < stats.limit:
-                # caught up: make this small batch searchable now instead of at the next 1 s refresh (a bulk
-                # catch-up leaves refreshing to the index's own interval; measured in the 100k bench, a refresh
-                # after every full batch of new documents cut the documents' rate from 352 to 290 events/s)
-                es.indices.refresh(index=settings.es_index)
-            if n:
-                log.info("indexer: %d rows (%d total, %.0f rows/s)", n, total, total / (time.monotonic() - t0))
-            if n < stats.limit or not n:  # that queue is drained (a full batch: go on at once)
-                time.sleep(poll_seconds)
-        except Exception as exc:  # noqa: BLE001 - a long-running drainer backs off and retries, never dies
-            expected = isinstance(exc, (ESConnectionError, ApiError, psycopg.Error))
-            es_error = isinstance(exc, (ESConnectionError, ApiError))
-            metrics.record_drain_error(
-                "elasticsearch" if es_error else "postgres" if isinstance(exc, psycopg.Error) else "other"
+
+    def once(conn: psycopg.Connection) -> bool:
+        nonlocal total
+        stats, started = DrainStats(), time.perf_counter()
+        n = drain_once(settings, conn, es, batch_size=batch_size, stats=stats)
+        if n or stats.failed:
+            metrics.record_drain(
+                indexed=stats.indexed,
+                updated=stats.updated,
+                deleted=stats.deleted,
+                failed=len(stats.failed),
+                rows=stats.rows,
+                seconds=time.perf_counter() - started,
+                stale=stats.stale,
             )
-            log.warning(
-                "indexer: %s: %s; retrying in %.1fs",
-                type(exc).__name__,
-                str(exc)[:300],
-                backoff,
-                exc_info=not expected,
-            )
-            if conn is not None and (isinstance(exc, psycopg.OperationalError) or conn.broken):
-                conn.close()
-                conn = None
-            time.sleep(backoff)
-            # capped low: once Elasticsearch is back the index should catch up in seconds, not half a minute
-            backoff = min(backoff * 2, settings.indexer_max_backoff_s)
+        total += n
+        if 0 < n < stats.limit:
+            # caught up: make this small batch searchable now instead of at the next 1 s refresh (a bulk
+            # catch-up leaves refreshing to the index's own interval; measured in the 100k bench, a refresh
+            # after every full batch of new documents cut the documents' rate from 352 to 290 events/s)
+            es.indices.refresh(index=settings.es_index)
+        if n:
+            log.info("indexer: %d rows (%d total, %.0f rows/s)", n, total, total / (time.monotonic() - t0))
+        return n > 0 and n >= stats.limit  # a full batch: more may wait
+
+    drain_forever(
+        settings,
+        once,
+        channels=(OUTBOX_CHANNEL, ERASURE_CHANNEL),
+        poll_seconds=poll_seconds,
+        log=log,
+        record_error=metrics.record_drain_error,
+        stop=stop,
+    )

@@ -28,7 +28,7 @@ STEM_MAPPING = {"type": "text", "analyzer": "whitespace"}  # built in: the stems
 # fields added after indices existed: ensure_index puts them on an existing index (a mapping only grows)
 ADDED_FIELDS = {
     "content_stem": STEM_MAPPING,
-    # issue 15: the near-duplicate group an episode belongs to (projections.search.duplicates): its first episode
+    # the near-duplicate group an episode belongs to (projections.search.duplicates): its first episode
     "episode_group": {"type": "keyword"},
 }
 
@@ -46,12 +46,12 @@ def _vector(dim: int) -> dict[str, Any]:
 
 
 def vector_fields(settings: Settings, dim: int | None = None) -> dict[str, Any]:
-    """issue 15: the model-name field and the English model's vector field (projections.languages)."""
+    """The model-name field and the English model's vector field (projections.languages)."""
     return {"embed_model": {"type": "keyword"}, EN_FIELD: _vector(dim or model_spec(settings.embed_model_en).dim)}
 
 
 def index_body(dim: int, *, shards: int = 1, refresh_interval: str = "1s", en_dim: int | None = None) -> dict[str, Any]:
-    """Settings and strict mappings for one physical index of fact versions (`en_dim`: embedding_en's, issue 15;
+    """Settings and strict mappings for one physical index of fact versions (`en_dim`: embedding_en's;
     None: the same as `dim`)."""
     keyword = {"type": "keyword"}
     text = {"type": "text", "analyzer": "cjk_bigram"}
@@ -84,7 +84,7 @@ def index_body(dim: int, *, shards: int = 1, refresh_interval: str = "1s", en_di
                 "superseded_by": keyword,
                 "content": text,
                 "content_stem": STEM_MAPPING,  # English stems of the content (projections.search.stemming)
-                "episode_group": keyword,  # issue 15: a near-duplicate episode's group (its first episode's id)
+                "episode_group": keyword,  # a near-duplicate episode's group (its first episode's id)
                 "valid_from": {"type": "date"},
                 "valid_to": {"type": "date"},  # effective end: min(valid_to, superseded_at)
                 "observed_at": {"type": "date"},
@@ -92,7 +92,7 @@ def index_body(dim: int, *, shards: int = 1, refresh_interval: str = "1s", en_di
                 "confidence": {"type": "float"},
                 "importance": {"type": "float"},
                 "embedding": _vector(dim),  # embed_model's vectors
-                "embed_model": keyword,  # the model that made the document's vector (issue 15)
+                "embed_model": keyword,  # the model that made the document's vector
                 "embedding_en": _vector(en_dim or dim),  # embed_model_en's vectors (projections.languages)
             },
         },

@@ -1,5 +1,5 @@
 """The search indexers' and embedders' metrics (docs/metrics.md), served by `ledger indexer` on
-LEDGER_INDEXER_METRICS_PORT and by `ledger embedder` on LEDGER_EMBEDDER_METRICS_PORT (issue 14: two processes).
+LEDGER_INDEXER_METRICS_PORT and by `ledger embedder` on LEDGER_EMBEDDER_METRICS_PORT (two processes).
 
 The indexer: what each drain wrote (`record_drain`) and two gauges read every `metrics_refresh_s`
 (`refresh_queues`): the outbox depth (documents still to write) and the embed queue's depth (documents without
@@ -182,4 +182,4 @@ def refresh_queues(conn: psycopg.Connection) -> None:
     QUEUE_AGE.set(float(oldest or 0.0))
 
 
-refresh_outbox = refresh_queues  # the indexer's name for it before issue 14
+refresh_outbox = refresh_queues  # the indexer's name for it before two-phase indexing

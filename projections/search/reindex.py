@@ -26,6 +26,7 @@ from producers.settings import Settings
 from projections.embedding import Embedder, Embedders
 from projections.languages import EN_FIELD
 from projections.models import model_spec
+from projections.postgres.connection import search_path
 from projections.postgres.counts import INDEXER_SHARD, add_counts
 from projections.search.claims import finish, release_reindex, take_reindex
 from projections.search.documents import embedding_text_for, rows_sql
@@ -37,10 +38,6 @@ from projections.search.vectors import lacking, pack, queue_for_vectors, store_v
 __all__ = ["orphans", "orphans_async", "reindex"]
 
 Progress = Callable[[int, int], None]  # (done, total)
-
-
-def _set_path(conn: psycopg.Connection, settings: Settings) -> None:
-    conn.execute(sql.SQL("SET search_path TO {}, public").format(sql.Identifier(settings.pg_schema)))
 
 
 def _fill_missing(
@@ -97,15 +94,15 @@ def reindex(
 ) -> dict[str, Any]:
     """Index every fact version into `<alias>-<ts>`, point the alias at it, delete the old index.
 
-    Stored vectors are reused; a version without one of the configured models (a switched model, issue 15) is
+    Stored vectors are reused; a version without one of the configured models (a switched model) is
     embedded by `embedder` now, or queued for the embedders when it is None."""
-    _set_path(conn, settings)
+    conn.execute(search_path(settings.pg_schema))
     embedders = None if embedder is None else Embedders.of(settings, embedder)
     alias = settings.es_index
     t0 = time.monotonic()
     take_reindex(conn, settings)
     writer = psycopg.connect(settings.pg_dsn, autocommit=True)  # vectors are stored batch by batch, not in the scan
-    _set_path(writer, settings)
+    writer.execute(search_path(settings.pg_schema))
     embedded = 0
     try:
         total = conn.execute("SELECT count(*) FROM fact_versions").fetchone()[0]
@@ -170,7 +167,7 @@ def _report(in_pg: set[str], in_es: set[str], pending: int) -> dict[str, Any]:
 
 def orphans(settings: Settings, conn: psycopg.Connection, es: Elasticsearch, tenant: str | None = None) -> dict:
     """Version ids only in PostgreSQL (`missing_in_es`) or only in the index (`missing_in_pg`)."""
-    _set_path(conn, settings)
+    conn.execute(search_path(settings.pg_schema))
     in_pg = {r[0] for r in conn.execute(_PG_IDS, {"t": tenant})}
     pending = conn.execute(_PENDING, {"t": tenant}).fetchone()[0]
     return _report(in_pg, doc_ids(es, settings.es_index, tenant_query(tenant)), pending)

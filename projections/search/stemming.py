@@ -5,7 +5,7 @@ The Elasticsearch build the project runs ships no analysis-common module: `_anal
 `content_stem`, the content's Latin-script words as Snowball (Porter 2) English stems joined by spaces, under
 the core `whitespace` analyzer, and the read side stems the query's words the same way (`stems`): "hiked" and
 "hiking" both become `hike`, "paintings" `paint`. Han text yields no stems, and a query with Han text asks no
-stems (`query_stems`): the `cjk_bigram` fields keep serving Chinese as before. The stemmer is py_rust_stemmers
+stems (`query_stems`): the `cjk_bigram` fields keep serving Chinese. The stemmer is py_rust_stemmers
 (Snowball in Rust, no data files; fastembed already depends on it, pyproject pins it for this use).
 """
 
@@ -43,7 +43,7 @@ def stems(text: str | None) -> list[str]:
 
 def query_stems(text: str | None) -> str:
     """The read side: the stems of a query's words, or "" for a query with Han text, which the keyword stage asks
-    as before (its bigram clause), so that a Chinese question is not widened by the ids and words it quotes."""
+    by its bigram clause alone, so that a Chinese question is not widened by the ids and words it quotes."""
     return "" if not text or _HAN.search(text) else " ".join(stems(text))
 
 

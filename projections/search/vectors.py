@@ -1,4 +1,4 @@
-"""A version's stored vectors (`version_vectors`, issue 14): how they are packed, read with the row, and stored.
+"""A version's stored vectors (`version_vectors`): how they are packed, read with the row, and stored.
 
 The embedder computes a version's vectors once and keeps them in PostgreSQL beside the version (an erasure
 deletes them with it); every document write reads them with the row in one statement, so a document holds the

@@ -1,16 +1,16 @@
 """A tenant's cue vocabulary (entity ids, subjects, key aliases) read from PostgreSQL, kept up to date incrementally.
 
 A full load scans the tenant's versions (~0.5 s at 83k versions), so it happens once per process and tenant (and
-after an erasure). After that, the vocabulary follows the indexer (issue 14): the indexer appends each version it
+after an erasure). After that, the vocabulary follows the indexer: the indexer appends each version it
 made searchable to `vocab_log` (a sequence per row) in the transaction that completes its batch, and every recall
 first reads the tenant's newest sequence (one index probe, ~0.3 ms); when it is past the cached watermark, only
 the versions after it are read and merged (`Vocabulary.merged`). So a new entity, subject or alias is a cue for
 the first recall after its document is indexed, in every API process, and no TTL decides it. A watermark the log
-no longer reaches (pruned, or a rebuilt schema whose sequence restarted) means a full reload. The watermark reads
-sequences in commit order because one indexer writes the log at a time (its advisory lock); indexers that write
-concurrently would need a commit-ordered watermark (e.g. a short lag window), or a row committed late is skipped.
+no longer reaches (pruned, or a rebuilt schema whose sequence restarted) means a full reload. Sequence order is
+commit order because every indexer appends under the per-schema lock of projections.search.claims.finish; without
+it, a row committed after a higher sequence would be skipped.
 
-Erasure cannot wait for the ttl: a cached vocabulary would keep naming the erased subject and its
+Erasure removes, and the log only adds: a cached vocabulary would keep naming the erased subject and its
 key aliases in recall's `cues`. The recorder runs `pg_notify('memory_ledger_erasure', {schema,
 tenant, subject})` in the erasure's transaction; `ErasureListener` keeps one LISTEN connection per
 process and drops that (schema, tenant) entry when the notification arrives (milliseconds after the
@@ -192,8 +192,9 @@ class VocabularyCache:
 
     `get` asks PostgreSQL for the tenant's newest logged sequence on every call and brings the cached copy up to it
     first (a delta, or a full load the first time, after an erasure, or when the log no longer reaches the
-    watermark); concurrent callers share one load. `ttl` and `nudge` are kept for callers: the watermark makes
-    them unnecessary.
+    watermark); concurrent callers share one load. `ttl` is stored and never read, and `nudge` does nothing: both
+    are kept for callers (recall's engine passes the vocab_ttl_s / vocab_nudge_s settings); the watermark replaces
+    them.
     """
 
     def __init__(self, ttl: float = 30.0, max_tenants: int = 1024) -> None:

@@ -1,4 +1,4 @@
-"""Scale-out (issue 14): two indexers and two embedders share a stream; one of each is killed with `kill -9`.
+"""Scale-out: two indexers and two embedders share a stream; one of each is killed with `kill -9`.
 
 A publisher thread streams N_EVENTS events (new facts, supersessions, English and Chinese text) through the SDK
 while a worker projects them and two `ledger indexer` and two `ledger embedder` processes drain the outbox and the

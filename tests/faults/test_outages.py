@@ -9,8 +9,8 @@ during each outage.
 - PostgreSQL down: the worker pauses (retries its batch) and resumes by itself; nothing lost.
 - Broker restarted: producers retry through it (the SDK within its timeout, the caller with the
   same event_ids after a PublishError); the worker rides through; nothing lost.
-- During each outage every route that needs the stopped store answers a prompt 503 naming it
-  (issue 10, class 8), and the routes that do not need it keep answering.
+- During each outage every route that needs the stopped store answers a prompt 503 naming it,
+  and the routes that do not need it keep answering.
 Servers are stopped and started through infra's own functions, and always started again.
 """
 
@@ -90,7 +90,7 @@ def wait_health(stack: Stack, down: str | None, timeout: float = 60.0) -> dict:
     return wait_for(check, timeout, 0.5, f"/v1/health to report {down or 'nothing'} down")
 
 
-# route -> the stores it needs; asked during each outage (issue 10: a prompt 503 naming the store)
+# route -> the stores it needs; asked during each outage (a prompt 503 naming the store)
 ROUTES: list[tuple[str, str, dict | None, set[str]]] = [
     ("GET", f"/v1/subjects/svc:warm-1/facts?tenant={TENANT}", None, {"postgres"}),
     ("GET", f"/v1/subjects/svc:warm-1/facts?tenant={TENANT}&as_of=2026-01-01T00:00:00Z", None, {"postgres"}),

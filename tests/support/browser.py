@@ -14,7 +14,6 @@ Import from this module directly (not from tests.support): it needs Playwright, 
 from __future__ import annotations
 
 import shutil
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import httpx
 from playwright.sync_api import Browser, Page, Route, sync_playwright
 
+from infra.private import free_port
 from producers.settings import Settings
 from tests.support.processes import Process
 from tests.support.waiting import wait_for
@@ -29,12 +29,6 @@ from tests.support.waiting import wait_for
 __all__ = ["CHROMIUM", "ApiServer", "OfflinePage", "chromium", "free_port"]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class ApiServer(Process):

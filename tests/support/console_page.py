@@ -182,7 +182,7 @@ class ConsolePage:
         """Per hit: the stage, the matched cue chips ({cue: text}), the scores ({name: text}), the verification text."""
         return self.page.eval_on_selector_all("#recall-hits tbody tr", _WHY_JS)
 
-    # -- erasures (issue 13) ----------------------------------------------------------------------------------------
+    # -- erasures ----------------------------------------------------------------------------------------
 
     def erasures(self, subject: str = "") -> str:
         """In the Erasures view, list the records of `subject` ('' = every subject); the panel's state."""

@@ -3,7 +3,7 @@
 SDK -> Kafka topic -> projector worker (subprocess) -> PostgreSQL schema -> `ledger indexer` and
 `ledger embedder` (subprocesses) -> Elasticsearch index -> optionally the app (`create_app` + TestClient).
 The processes are the real commands on the test's private settings (never a thread or an in-process
-loop), so what is tested is what runs; `indexer=True` runs the embedder beside the indexer (issue 14).
+loop), so what is tested is what runs; `indexer=True` runs the embedder beside the indexer.
 
     with pipeline(base_settings.private(unique("pj")), seed=[asserted("warmup", "k", 0)]) as pipe:
         pipe.publish([...]); pipe.settle(); pipe.client.get(...)

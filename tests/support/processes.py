@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from infra.procs import launch, terminate
 from producers.settings import REPO_ROOT, Settings
 
 __all__ = ["Embedder", "Indexer", "Process", "Worker"]
@@ -32,10 +33,8 @@ class Process:
         self.log_path = Path(tempfile.mkstemp(prefix=f"{self.name}-", suffix=".log")[1])
 
     def start(self) -> Process:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, *self.argv], cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
-            )
+        # in the test's own process group: a Ctrl-C of the run reaches the children too
+        self.proc = launch([sys.executable, *self.argv], self.log_path, self.env, REPO_ROOT, new_session=False)
         return self
 
     def alive(self) -> bool:
@@ -54,13 +53,8 @@ class Process:
             self.proc.wait(timeout=10)
 
     def stop(self, timeout: float = 30.0) -> None:
-        if self.alive():
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.proc is not None:
+            terminate(self.proc, timeout)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

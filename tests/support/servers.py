@@ -10,23 +10,17 @@ Both servers are `tests.support.processes.Process`: `.check()` fails with the lo
 
 from __future__ import annotations
 
-import socket
 import sys
 from typing import Any
 
 import httpx
 
+from infra.private import free_port
 from producers.settings import REPO_ROOT, Settings
 from tests.support.processes import Process
 from tests.support.waiting import wait_for
 
 __all__ = ["ApiServer", "McpHttpServer", "free_port", "mcp_stdio"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class _Server(Process):

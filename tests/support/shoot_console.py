@@ -64,7 +64,7 @@ def shoot(out: Path) -> list[Path]:
 
 
 def shoot_erasures(out: Path) -> Path:
-    """erasures.png: an erased subject, its note and its erasure record (issue 13)."""
+    """erasures.png: an erased subject, its note and its erasure record."""
     path = out / "erasures.png"
     settings = erasure_settings(get_settings(), f"shots_{uuid.uuid4().hex[:8]}")
     with (

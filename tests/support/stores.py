@@ -13,22 +13,20 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
 from elasticsearch import Elasticsearch
-from kafka import KafkaAdminClient
 from psycopg_pool import AsyncConnectionPool
 
+from infra.private import drop_indices, drop_private
 from producers.settings import Settings
 from producers.topics import end_offsets, ensure_topics
 from projections.postgres.connection import configure_pool, connect
 from projections.postgres.positions import read_positions, wait_for_positions
 from projections.postgres.schema import create_schema, drop_schema
 from projections.search.client import es_client
-from projections.search.mapping import physical_indices
 from tests.support.processes import Process
 
 __all__ = [
@@ -85,7 +83,7 @@ def embed_queue_count(conn: psycopg.Connection) -> int:
 
 
 def search_pending(conn: psycopg.Connection) -> int:
-    """Outbox rows plus versions awaiting vectors, in one snapshot (issue 14: 0 means every document is written with
+    """Outbox rows plus versions awaiting vectors, in one snapshot (0 means every document is written with
     its vectors: an embedder's commit moves a version from the queue to the outbox, an indexer's the other way)."""
     return conn.execute("SELECT (SELECT count(*) FROM search_outbox) + (SELECT count(*) FROM embed_queue)").fetchone()[
         0
@@ -102,53 +100,17 @@ def private_store(settings: Settings) -> Iterator[tuple[psycopg.Connection, Elas
     try:
         yield conn, es
     finally:
-        _drop_indices(es, settings)
+        drop_indices(es, settings)
         es.close()
         conn.close()
         with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
             drop_schema(admin, settings.pg_schema)
-            drop_schema(admin, settings.keys_schema)  # the key store a recorder created beside it (issue 13)
-
-
-def _drop_indices(es: Elasticsearch, settings: Settings) -> None:
-    """The alias's physical indices, any other `<index>-*` (reindex leftovers) and an index named like the alias."""
-    names = set(physical_indices(es, settings.es_index))
-    names |= set(es.indices.get(index=f"{settings.es_index}-*", allow_no_indices=True))
-    if es.indices.exists(index=settings.es_index) and not es.indices.exists_alias(name=settings.es_index):
-        names.add(settings.es_index)
-    for name in sorted(names):
-        es.indices.delete(index=name, ignore_unavailable=True)
+            drop_schema(admin, settings.keys_schema)  # the key store a recorder created beside it
 
 
 def cleanup(settings: Settings) -> None:
-    """Drop what the private names hold: the schema and its rebuild leftovers (`<schema>_*`), the search
-    indices, the worker's faust directory and the topics (best effort)."""
-    es = es_client(settings.es_url, request_timeout=30)
-    try:
-        _drop_indices(es, settings)
-    finally:
-        es.close()
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        names = [
-            r[0]
-            for r in conn.execute(
-                "SELECT nspname FROM pg_namespace WHERE nspname = %s OR nspname LIKE %s",
-                (settings.pg_schema, settings.pg_schema + "\\_%"),
-            ).fetchall()
-        ]
-        for name in names:
-            drop_schema(conn, name)
-    shutil.rmtree(settings.data_dir / "faust" / settings.processor_group, ignore_errors=True)
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    try:
-        existing = set(admin.list_topics())
-        doomed = [t for t in (settings.topic, settings.dlq_topic, settings.access_topic) if t in existing]
-        if doomed:
-            admin.delete_topics(doomed)
-    except Exception:  # noqa: BLE001 - clean-up is best effort
-        pass
-    finally:
-        admin.close()
+    """Drop what the private names hold (schemas, indices, faust directory, topics): the benchmarks' clean-up too."""
+    drop_private(settings)
 
 
 @contextmanager

@@ -36,7 +36,7 @@ class RecorderWriter:
     def __init__(self, settings: Settings, conn: psycopg.Connection | None = None) -> None:
         self.settings = settings
         self.conn = connect(settings.pg_dsn, settings.pg_schema)
-        keys = key_context(settings, self.conn)  # as the worker: erasures shred and leave their record (issue 13)
+        keys = key_context(settings, self.conn)  # as the worker: erasures shred and leave their record
         self.conn.commit()
         self.recorder = Recorder(self.conn, consumer="search-tests", topic=settings.topic, keys=keys)
         self.offset = 0

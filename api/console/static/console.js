@@ -717,7 +717,7 @@
     });
   }
 
-  // -- erasures (issue 13: the records of crypto-shredding) ---------------------------------------------------------
+  // -- erasures (the records of crypto-shredding) ---------------------------------------------------------
 
   const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
 

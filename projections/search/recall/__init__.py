@@ -1,4 +1,4 @@
-"""Recall, deterministic first: cues -> exact -> keyword + semantic (fused) -> verify in PostgreSQL -> score.
+"""Recall, deterministic first: cues -> exact -> keyword + semantic (fused) -> verify in PostgreSQL -> score -> rerank.
 
 The package, by job:
 - `engine`: `RecallEngine` (what `POST /v1/recall` calls) and the mode table `MODE_TIERS` (which stages each
@@ -10,6 +10,10 @@ The package, by job:
 - `scoring`: prior, coverage of the question, score bands (a fuzzy hit never ranks above an exact one).
 - `response`: a hit as the API returns it. `trace`: `timed(stage)`, the per-stage times. `model`: the typed values
   stages pass each other, `Mode` and the request. `workers`: the threads CPU-heavy work runs in.
+- `current`: the exact stage's question about entity ids, asked of PostgreSQL's current state (not the index).
+- `rerank`: the cross-encoder reorders the first fuzzy hits. `prefer`: what a question names moves hits up.
+- `groups`: one hit per group of near-duplicate episodes. `neighbours`: an episode hit's neighbouring turns.
+- `access`: the order of candidates scored alike (access tracking). `metrics`: each stage's latency.
 
 A new stage: a `Stage` subclass in stages.py, added to a tier in engine.MODE_TIERS. A new search backend: a class
 implementing index.SearchIndex, passed as `RecallEngine(..., index=...)`.

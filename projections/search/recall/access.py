@@ -1,4 +1,4 @@
-"""Access tracking in recall (issue 16): the order of candidates a stage scores exactly alike.
+"""Access tracking in recall: the order of candidates a stage scores exactly alike.
 
 Two ways the access aggregates (`access_counts`, projected from the access topic) reach the ranking:
 

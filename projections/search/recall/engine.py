@@ -133,7 +133,7 @@ class RecallEngine:
         self._embedder = embedder
         self._embedder_lock = asyncio.Lock()
         self.reranker = Reranker(settings)  # the cross-encoder over the first fuzzy hits (recall.rerank)
-        self._by_model: dict[str, Embedder] = {}  # issue 15: the other language's model, loaded on first use
+        self._by_model: dict[str, Embedder] = {}  # the other language's model, loaded on first use
 
     async def aclose(self) -> None:
         """Stop the erasure listener (its PostgreSQL connection); the ES client and the pool are the caller's."""
@@ -166,7 +166,7 @@ class RecallEngine:
         at = q.as_of or now
         with trace.timed("cues"):
             cues = await self._cues(q, now)
-        ctx = RecallContext.of(q, at, cues, self.index, trace, self.embedder, settings=self.settings)
+        ctx = RecallContext.of(q, at, cues, self.index, trace, self.embedder, settings=self.settings, pool=self.pool)
 
         hits: list[Scored] = []
         for tier in MODE_TIERS[q.mode]:
@@ -199,10 +199,10 @@ class RecallEngine:
             if self.reranker.wanted(q):  # fuzzy hits only, never above an exact one; timed `cross_encoder` apart
                 hits = await self.reranker.rerank(q, hits, trace)
             hits = prefer_scopes(hits, cues.scopes, BAND)  # a fact's named (else default) scope first (recall.prefer)
-        with trace.timed("groups"):  # one hit per group of near-duplicate episodes (recall.groups, issue 15)
+        with trace.timed("groups"):  # one hit per group of near-duplicate episodes (recall.groups)
             hits = await collapse(self.pool, q.tenant, hits[: q.top_k + GROUP_SLACK], at, q.known_at)
             shown = [hit(h) for h in hits[: q.top_k]]
-        if q.context_turns:  # asked: each episode hit's neighbouring turns (recall.neighbours, issue 15)
+        if q.context_turns:  # asked: each episode hit's neighbouring turns (recall.neighbours)
             with trace.timed("context"):
                 window, rows = self.settings.recall_context_window_s, [h.row for h in hits[: q.top_k]]
                 near = await neighbours(self.pool, q.tenant, at, rows, q.context_turns, window, q.known_at)

@@ -46,7 +46,7 @@ def semantic_passes(
 ) -> bool:
     """Whether a semantic hit with cosine `cos` is an answer; `ranked`: the query's top cosines, best first.
 
-    `offset`: the model's (ModelSpec.cosine_offset, issue 15): the cut-offs above were measured on bge-small-zh."""
+    `offset`: the model's (ModelSpec.cosine_offset): the cut-offs above were measured on bge-small-zh."""
     cos, ranked = cos - offset, [r - offset for r in ranked]
     if cos >= SEMANTIC_MIN or (keyword and cos >= SEMANTIC_SUPPORTED) or (narrowed and cos >= SEMANTIC_NARROWED):
         return True
@@ -60,8 +60,8 @@ def accept_semantic(found: list[Candidate], support: set[str], ctx: RecallContex
     cues = ctx.cues
     known = bool(cues.known_entities)
     types = set(cues.event_types)
-    models = ctx.semantic_models  # issue 15: each hit is measured against its own model's list, with its offset
-    ranked: dict[tuple[str, bool], list[float]] = {}  # per model, and apart for the second search (issue 15)
+    models = ctx.semantic_models  # each hit is measured against its own model's list, with its offset
+    ranked: dict[tuple[str, bool], list[float]] = {}  # per model, and apart for the second search
     for c in found:
         ranked.setdefault((models.get(c.version_id, ("", 0.0))[0], c.other), []).append(c.score or 0.0)
     out = []
@@ -84,7 +84,7 @@ def rrf(found: Sequence[tuple[Stage, list[Candidate]]], ctx: RecallContext) -> l
     for i, (stage, cands) in enumerate(found):
         support: set[str] = set().union(*(ids[:i] + ids[i + 1 :])) if len(ids) > 1 else set()
         shown = stage.score_name  # how the list's own score is shown in the explanation (None: not shown)
-        ranks = [0, 0]  # a stage's second search (Candidate.other, issue 15) is ranked apart: it pushes none down
+        ranks = [0, 0]  # a stage's second search (Candidate.other) is ranked apart: it pushes none down
         for c in stage.accept(cands, support, ctx):
             ranks[c.other] += 1
             rank = ranks[c.other]

@@ -1,4 +1,4 @@
-"""One hit per group of near-duplicate episodes (issue 15; the groups: projections.search.duplicates).
+"""One hit per group of near-duplicate episodes (the groups: projections.search.duplicates).
 
 After the hits are ordered, the episodes among them are looked up in `episode_links` (one query): a hit whose
 group already has a better hit is folded into it, and the hit kept lists every other episode of its group

@@ -42,13 +42,13 @@ class SearchIndex(Protocol):
         without: str | None = None,
     ) -> list[Candidate]:
         """The `size` documents in `scope` nearest to `vector`, nearest first; `score` is the cosine similarity,
-        `event_types` the document's. Issue 15: `field` is the vector field to search, `model` keeps only vectors
+        `event_types` the document's. `field` is the vector field to search, `model` keeps only vectors
         `model` made (None: any), `without` leaves out documents that also hold a vector of that model."""
         ...
 
     async def has_model(self, tenant: str, model: str, without: str | None = None, legacy: bool = False) -> bool:
-        """Whether the tenant has a document with a vector of `model` (and none of `without`): issue 15. `legacy`:
-        a document that names no model (indexed before issue 15) counts as `model`'s."""
+        """Whether the tenant has a document with a vector of `model` (and none of `without`). `legacy`:
+        a document that names no model (indexed before per-language models) counts as `model`'s."""
         ...
 
 
@@ -57,10 +57,8 @@ class SearchIndex(Protocol):
 #    of its analysed tokens all of 1-3 must match, else 60% (bigrams make it strict: a phrase-like clause)
 #  - the English stems of the words over `content_stem` (projections.search.stemming; not for a query with Han
 #    text), OR semantics with a minimum for long questions (Settings.keyword_stem_min_match, default below).
-# Measured on the conversational dev set (../shared/eval/conversations, 231 questions, `mode: keyword` over HTTP,
-# any/frac/MRR@10): the first clause alone 0.442/0.412/0.359, the plain BM25 line 0.571/0.521/0.354; both clauses
-# with a stem minimum of "1<25%" 0.688/0.627/0.479, "1" the same, "1<30%" 0.684/0.623/0.479, "2<50%"
-# 0.619/0.568/0.458; the stem clause alone ("1<25%", index order) 0.697/0.639/0.486, but Chinese needs the first.
+# Both clauses, stem minimum "1<25%": the best measured on the dev set short of dropping the first clause, which
+# Chinese needs (BENCHMARKS.md, "Keyword stage: its clauses").
 KEYWORD_MIN_MATCH = "3<60%"
 KEYWORD_FIELDS = ["content", "aliases_text^2", "key_text^1.5"]
 KEYWORD_STEM_MIN_MATCH = "1<25%"  # any one stem of up to 7; 2 of 8-11, 3 of 12-15, ...
@@ -135,7 +133,7 @@ class ElasticIndex:
         if scope.entities:
             entities = list(scope.entities)
             about: list[dict[str, Any]] = [{"terms": {"entities": entities}}, {"terms": {"subject_ids": entities}}]
-            if scope.outside:  # issue 15: the open kinds' documents about none of them (recall.prefer)
+            if scope.outside:  # the open kinds' documents about none of them (recall.prefer)
                 out.append({"bool": {"filter": [{"terms": {"kind": list(scope.open_kinds)}}], "must_not": about}})
             else:
                 out.append({"bool": {"should": about, "minimum_should_match": 1}})
@@ -166,7 +164,7 @@ class ElasticIndex:
         clauses: list[dict[str, Any]] = [
             {"combined_fields": {"query": text, "fields": KEYWORD_FIELDS, "minimum_should_match": KEYWORD_MIN_MATCH}}
         ]
-        if stemmed := query_stems(text):  # none for a query with Han text: the first clause alone, as before
+        if stemmed := query_stems(text):  # none for a query with Han text: the first clause alone
             clauses.append({"match": {STEM_FIELD: {"query": stemmed, "minimum_should_match": self.stem_min_match}}})
         return {
             "query": {"bool": {"filter": self.filters(scope), "should": clauses, "minimum_should_match": 1}},
@@ -176,7 +174,8 @@ class ElasticIndex:
     @staticmethod
     def model_filter(model: str | None, without: str | None, legacy: bool = False) -> dict[str, Any]:
         """Documents with a vector of `model` (a vector of another model, before a reindex, is no neighbour) and
-        none of `without`; `legacy`: documents that name no model (indexed before issue 15) count as `model`'s."""
+        none of `without`; `legacy`: documents that name no model (indexed before per-language models) count as
+        `model`'s."""
         must: list[dict[str, Any]] = []
         if model is not None:
             has = {"term": {"embed_model": model}}

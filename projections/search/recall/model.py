@@ -71,7 +71,7 @@ class Scope(NamedTuple):
     and, when the query has a time cue, only those events and episodes that happened (or were told) in it.
     Then at most one narrowing: about one of `entities` (entity ids or subject ids), or, failing those, at least
     one of `mentions` in the text (id-shaped tokens nobody knows). `open_kinds`: kinds the entity narrowing prefers
-    rather than requires (issue 15, recall.prefer: episodes of other speakers stay candidates): a fuzzy stage also
+    rather than requires (recall.prefer: episodes of other speakers stay candidates): a fuzzy stage also
     searches `outside()`, the documents of those kinds about none of `entities`.
 
     A NamedTuple, like the other values built on every request: immutable and cheap to build (the exact path).
@@ -96,7 +96,7 @@ class Scope(NamedTuple):
         return self._replace(entities=entities, mentions=mentions, open_kinds=open_kinds, outside=False)
 
     def others(self) -> Scope:
-        """The documents of `open_kinds` about none of this scope's entities (the second search, issue 15)."""
+        """The documents of `open_kinds` about none of this scope's entities (the second search)."""
         return self._replace(outside=True)
 
 

@@ -1,4 +1,4 @@
-"""Neighbouring turns as the context of an episode hit (issue 15): what was said just before and just after it.
+"""Neighbouring turns as the context of an episode hit: what was said just before and just after it.
 
 A question about a conversation is often answered by a turn whose meaning sits in the turns around it ("Yes, last
 Tuesday" answers the turn before it). Asked (`context_turns` = n, 1-5), each episodic hit shown carries up to n

@@ -1,9 +1,9 @@
-"""Preferences of recall (issue 15): what a question names moves hits up without dropping the others.
+"""Preferences of recall: what a question names moves hits up without dropping the others.
 
-Two rules, both pure:
+Three rules, all pure:
 
 - Subject (speaker) preference, for episodes. A known entity in the question (a subject id such as `caroline` of
-  `person:caroline`, or an entity the documents list) narrows the fuzzy stages to documents about it, as before.
+  `person:caroline`, or an entity the documents list) narrows the fuzzy stages to documents about it.
   For the kinds in OPEN_KINDS (episodes) another speaker's turn may hold the answer ("Melanie: you told me you
   went to the support group, Caroline"), so each fuzzy stage also asks a second search: those episodes about none
   of the named entities (model.Scope.others), listed after its own list and ranked apart in the fusion
@@ -12,7 +12,7 @@ Two rules, both pure:
   multiplied by `Settings.subject_preference` (SUBJECT_FACTOR by default), and so does its rerank key
   (recall.rerank). The named subject's episodes carry the reason in their explanation (`match.preferred`:
   "subject cue 'caroline'"), the others the factor (`scores.preference`). A question that names nobody is
-  scored exactly as before.
+  not moved by it.
 - Scope preference, for facts. A fact (subject, key) can hold a version in several scopes ('' the default, `test`,
   `prod`, ...), each its own memory. Among the hits of one fact, those of a scope the question names
   (cues.Cues.scopes: the tenant's scope names and their synonyms, "测试环境" -> `test`) come first, then the
@@ -50,10 +50,8 @@ __all__ = [
 
 OPEN_KINDS = ("episodic",)  # kinds an entity cue prefers in the fuzzy stages instead of requiring
 # The strength (fused rank) of an episode about none of the question's entities, relative to one about them: the
-# default of Settings.subject_preference. Measured on the conversational dev set (auto, rerank on with a budget that
-# never fired, any/frac/MRR@10): narrowed as before 0.732/0.676/0.584, with the second search and 0.4
-# 0.753/0.695/0.587. Under a load average of ~16 with the default budget (which then fires) 0.4 / 0.3 / 0.2 gave
-# MRR 0.564 / 0.576 / 0.577 (any 0.753 / 0.736 / 0.732): the lower factors were not re-measured without the budget.
+# default of Settings.subject_preference; a preference, not a filter, found more on the dev set (BENCHMARKS.md,
+# "Dev set: the subject preference").
 SUBJECT_FACTOR = 0.4
 DATED_KINDS = ("episodic", "event")  # kinds that happened (or were said) at a time a calendar date can name
 TIME_FACTOR = 0.6  # the strength an episode or event off every named date keeps (Settings.time_preference)

@@ -1,24 +1,31 @@
-"""The rerank stage: an offline cross-encoder reorders the first fuzzy hits, never above an exact one (issue 15).
+"""The rerank stage: an offline cross-encoder reorders the first fuzzy hits of the pool, never above an exact one.
 
-After the tiers are verified and scored, the hits are in their fused order. This stage takes the first
-`rerank_candidates` fuzzy hits (keyword / semantic / hybrid: the fuzzy tier's band, below every exact hit), scores
-each (question, content) pair with the cross-encoder (projections.reranker), and reorders those it scored by
+After the tiers are verified and scored, the hits are in their fused order: the fuzzy tier's pool, what the
+keyword and semantic stages found (each `recall_pool` deep, stages.py) fused before any cut. This stage takes the
+first `rerank_candidates` fuzzy hits (keyword / semantic / hybrid: the fuzzy tier's band, below every exact hit),
+scores each (question, content) pair with the cross-encoder (projections.reranker), and reorders them by
 `rerank_key`: `weight * sigmoid(ce) + (1 - weight) * strength`, where strength is the hit's score within its band
-(fused rank and prior), ties by the order before. The reordered hits take the scores the same positions had
+(fused rank and prior), ties by the order before (scores are rounded to 4 places first, so equal inputs give equal
+rankings whatever the batch they were scored in). The reordered hits take the scores the same positions had
 before (the multiset of scores is unchanged), so score still orders the response, every exact hit still ranks
-above them, and the fuzzy hits the stage did not score stay where they were, below the scored ones.
+above them, and the fuzzy hits past the candidates stay where they were, below them.
 
-Bounded twice: by the candidate count, and by a time budget (`rerank_budget_ms`): pairs are scored in batches of
-`rerank_batch_size`, and before each batch the time it would take (the mean time per pair so far) is added to the
-time spent; if that exceeds the budget the stage stops and the rest keep the fused order. The trace says how
-many it scored and why it stopped (`trace.rerank`). A question the exact tier answered (auto) has no fuzzy hits:
-no cross-encoder score is computed (`rerank.computed` false). The model is English (ms-marco): a question that is
-not English text (projections.languages.text_slot) is not reranked (`stopped: "language"`; measured: reranking the
-structured-fact eval's Chinese paraphrases cost 0.13 of paraphrase stability), and a fuzzy hit that is not English
-keeps its place (`not_english` counts them) while the English ones trade places around it. Not loaded yet (the
-API loads it in the background, api.resources): the stage is skipped (`stopped: "loading"`), never waited for.
+Bounded twice: by the candidate count, and by a deadline (`rerank_budget_ms`, from the stage's start, the wait for
+the model's thread included). Pairs are scored head first (the fused order) in batches of `rerank_batch_size`; a
+batch starts only if its projected end (the mean time per pair so far) is within the budget, and the stage stops
+waiting at the deadline whatever the thread is doing (it stops after its batch). Never late: what was scored by the
+deadline is what counts. If every candidate was scored, they are reordered (`reranked: true`); if only the first
+batches were, those trade places among themselves and the rest keep their fused places below them (`reranked:
+"partial"`, `stopped: "budget"`: on a busy host the head of the pool is where a cross-encoder pays most); if fewer
+than two were, the answer is the fused order (`reranked: false`). A question the exact tier answered (auto) has no
+fuzzy hits: no cross-encoder score is computed (`rerank.computed` false). The model is English (ms-marco): a
+question that is not English text (projections.languages.text_slot) is not reranked (`stopped: "language"`;
+measured: reranking the structured-fact eval's Chinese paraphrases cost 0.13 of paraphrase stability), and a fuzzy
+hit that is not English keeps its place (`not_english` counts them) while the English ones trade places around it.
+Not loaded yet (the API loads it in the background, api.resources): the stage is skipped (`stopped: "loading"`),
+never waited for.
 
-Each hit it scored carries `scores.rerank` (the cross-encoder's logit) and `scores.rank_before_rerank` (its
+Each hit it reordered carries `scores.rerank` (the cross-encoder's logit) and `scores.rank_before_rerank` (its
 position among the fuzzy hits before, from 1) in its explanation. Timed as `cross_encoder` (the model alone; the
 reordering is part of `rerank`).
 """
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -89,22 +97,27 @@ def score_within(
     budget_ms: float,
     clock: Callable[[], float] = perf_counter,
     start: float | None = None,
+    cancelled: threading.Event | None = None,
+    out: list[float] | None = None,
 ) -> ScoredBatch:
     """Score `texts` in batches while the budget lasts: a batch starts only if its projected time fits.
 
     The projection is the mean time per text so far (the slowest one measured worse: one preempted batch on a
-    busy host stopped the stage for good); the first batch always runs (no estimate yet, and a stage that scores
-    nothing is no stage) unless the budget was spent before it could start: `start` (the clock when the stage
-    began, default now) counts the wait for the thread. The stage may so overrun the budget by about one batch.
-    Runs in a worker thread (onnxruntime releases the GIL).
+    busy host stopped the stage for good); the first batch always runs unless the budget was spent before it
+    could start: `start` (the clock when the stage began, default now) counts the wait for the thread. The loop
+    may so overrun the budget by about one batch; the caller stops waiting at the deadline and sets `cancelled`,
+    and no batch starts after that. Runs in a worker thread (onnxruntime releases the GIL). `out`: the list the
+    scores are appended to, a whole batch at a time, so a caller that stopped waiting reads the batches done.
     """
-    out: list[float] = []
+    out = [] if out is None else out
     t0 = clock() if start is None else start
     waited = 0.0  # the time it queued for the thread: spent, but no measure of a pair
     for i in range(0, len(texts), batch):
         part = list(texts[i : i + batch])
         spent = (clock() - t0) * 1000
-        if spent >= budget_ms or (out and spent + (spent - waited) / len(out) * len(part) > budget_ms):
+        if (cancelled is not None and cancelled.is_set()) or spent >= budget_ms:
+            return ScoredBatch(out, "budget")
+        if out and spent + (spent - waited) / len(out) * len(part) > budget_ms:
             return ScoredBatch(out, "budget")
         if not out:
             waited = spent
@@ -162,25 +175,37 @@ class Reranker:
         if len(english) < len(head):
             info["not_english"] = len(head) - len(english)  # those keep their places
         model = self._model
-        texts = [head[i].row["content"] for i in english]
+        texts = [head[i].row["content"] for i in english]  # head first: what the deadline leaves is the best
+        cancelled, scored = threading.Event(), list[float]()
         with trace.timed("cross_encoder"):
             t0 = perf_counter()
-            done = await asyncio.get_running_loop().run_in_executor(
+            work = asyncio.get_running_loop().run_in_executor(
                 RERANK_EXECUTOR,
-                partial(score_within, start=t0),
+                partial(score_within, start=t0, cancelled=cancelled, out=scored),
                 lambda part: model.score(q.query, part),
                 texts,
                 self.batch,
                 self.budget_ms,
             )
-        info.update(computed=bool(done.scores), scored=len(done.scores), stopped=done.stopped)
-        slots = english[: len(done.scores)]  # the places of the scored hits, best first: they trade places
+            try:  # the deadline: the answer is never late, whatever the thread is doing
+                done = await asyncio.wait_for(work, max(0.0, self.budget_ms / 1000 - (perf_counter() - t0)))
+            except TimeoutError:
+                cancelled.set()  # the thread starts no further batch
+                done = ScoredBatch(scored[:], "budget")  # the batches it finished in time (a batch lands whole)
+        k = len(done.scores)
+        info.update(computed=bool(k), scored=k, stopped=done.stopped)
+        if k < 2:
+            info["reranked"] = False  # nothing to trade places: the fused order stands
+            return hits
+        info["reranked"] = True if k == len(texts) else "partial"
+        slots = english[:k]  # the places of the scored hits, best first: they trade places
+        ce = dict(zip(slots, (round(x, 4) for x in done.scores[:k]), strict=True))
         factors = [head[i].factor for i in slots]
-        order = reorder([head[i].score for i in slots], done.scores, self.weight, factors)  # fuzzy: score in [0, 1)
+        order = reorder([head[i].score for i in slots], [ce[i] for i in slots], self.weight, factors)
         out = list(head)
         for place, j in zip(slots, order, strict=True):
             h, s = head[slots[j]], head[place].score
-            h.match.scores["rerank"] = round(done.scores[j], 4)
+            h.match.scores["rerank"] = ce[slots[j]]
             h.match.scores["rank_before_rerank"] = slots[j] + 1
             out[place] = replace(h, score=s, order=(-s, *h.order[1:]))
         return hits[:start] + out + hits[start + len(head) :]

@@ -7,7 +7,7 @@ how much of the question a hit covers (`overlap`); the fuzzy tier's floor is 0 a
 Ties break on (score desc, valid_from desc, access signal desc, memory_id asc).
 
 The prior: valid-time recency, importance and confidence (weights 0.4, 0.3, 0.3: [0, 1]), plus `access_weight` *
-the access signal (issue 16): how often the fact was served (log-scaled, full at ACCESS_SATURATION accesses) and how
+the access signal: how often the fact was served (log-scaled, full at ACCESS_SATURATION accesses) and how
 lately (half-life ACCESS_HALF_LIFE_DAYS), half each, read from `access_counts` by the verification. The weight is
 `Settings.access_prior_weight`, at most MAX_ACCESS_WEIGHT (+0.009 on a score), by default 0: measured on the
 conversational dev set with recording on, any weight from 0.01 to 0.1 cost 0.009-0.011 of MRR@10 (any@10, frac@10
@@ -94,7 +94,7 @@ def matched(row: dict[str, Any], cues: Cues) -> tuple[dict[str, Any], float]:
     }
     if cues.time is not None:
         found["time"] = cues.time.words
-    if row["scope"] and row["scope"] in cues.scopes:  # the scope the question names (issue 15, recall.prefer)
+    if row["scope"] and row["scope"] in cues.scopes:  # the scope the question names (recall.prefer)
         found["scope"] = row["scope"]
     return {k: v for k, v in found.items() if v}, overlap
 
@@ -118,7 +118,7 @@ class Scored:
     access: float = 0.0  # the access signal (0: never served)
     preferred: tuple[str, ...] = ()  # why a preference moved it up (recall.prefer): "subject cue 'x'", "scope cue 'y'"
     factor: float = 1.0  # the preference's factor on its strength (recall.prefer.SUBJECT_FACTOR: not preferred)
-    duplicates: tuple[str, ...] = ()  # the other episodes of its near-duplicate group (recall.groups, issue 15)
+    duplicates: tuple[str, ...] = ()  # the other episodes of its near-duplicate group (recall.groups)
 
 
 def scored(

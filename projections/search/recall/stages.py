@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import ClassVar, Generic, NamedTuple, TypeVar
 
+from psycopg_pool import AsyncConnectionPool
+
 from producers.settings import Settings
 from projections.embedding import Embedder
 from projections.languages import DEFAULT_FIELD, slot_field, slots, text_slot
 from projections.search.cues import Cues, subject_ids
+from projections.search.recall.current import exact_current
 from projections.search.recall.fusion import accept_semantic
 from projections.search.recall.index import SearchIndex
 from projections.search.recall.model import Candidate, RecallQuery, Scope
@@ -45,9 +48,10 @@ class RecallContext:
     index: SearchIndex
     trace: Trace
     embedder: Callable[..., Awaitable[Embedder]]  # (model name or None: the default) -> its embedder
-    settings: Settings | None = None  # the models per language (issue 15); None: one model, the default
-    # version id -> (the model that found it, its cut-off offset) (issue 15: fusion.accept_semantic)
+    settings: Settings | None = None  # the models per language; None: one model, the default
+    # version id -> (the model that found it, its cut-off offset) (fusion.accept_semantic)
     semantic_models: dict[str, tuple[str, float]] = field(default_factory=dict)
+    pool: AsyncConnectionPool | None = None  # PostgreSQL: the exact stage's asks about ids (recall.current)
 
     @classmethod
     def of(
@@ -59,9 +63,10 @@ class RecallContext:
         trace: Trace,
         embedder: Callable[..., Awaitable[Embedder]],
         settings: Settings | None = None,
+        pool: AsyncConnectionPool | None = None,
     ) -> RecallContext:
         scope = Scope(q.tenant, at, q.subject, q.filters, cues.time, known_at=q.known_at)
-        return cls(q, at, cues, scope, index, trace, embedder, settings)
+        return cls(q, at, cues, scope, index, trace, embedder, settings, pool=pool)
 
     def fuzzy_scope(self) -> Scope:
         """The scope of the keyword and semantic stages: a known entity of the query narrows it to that entity
@@ -104,15 +109,19 @@ class ExactAsk(NamedTuple):
 
 
 class ExactStage(Stage[ExactAsk]):
-    """Entity ids, keys reached through aliases, event types: filters only, newest first."""
+    """Entity ids, keys reached through aliases, event types: filters only, newest first.
+
+    An ask about entity ids is answered from PostgreSQL's current state (recall.current, timed as `exact_postgres`):
+    a new fact is found exactly as soon as PostgreSQL has it, not once an indexer has written its document, and
+    the same ask there was measured faster than the index's (docs/INTERNALS.md, "Exact answers from PostgreSQL"). An
+    ask without ids (keys or event types alone) goes to the index."""
 
     name = "exact"
 
     def ask(self, ctx: RecallContext) -> ExactAsk | None:
         cues, q = ctx.cues, ctx.query
-        # ids the vocabulary knows; failing those, id-shaped tokens it does not know (yet): the vocabulary
-        # is reloaded every few seconds, but a term filter on the indexed ids is exact and costs one query,
-        # so a fact about a brand-new entity is found exactly as soon as it is indexed
+        # ids the vocabulary knows; failing those, id-shaped tokens it does not know (yet): the vocabulary follows
+        # what the indexer made searchable, so an unknown id may be a brand-new entity that only PostgreSQL has
         anchors = cues.known_entities or tuple(dict.fromkeys(x for e in cues.unknown_entities for x in subject_ids(e)))
         types = cues.event_types if anchors or q.subject or cues.keys else ()
         if cues.keys or types:
@@ -125,14 +134,21 @@ class ExactStage(Stage[ExactAsk]):
 
     async def run(self, ctx: RecallContext, ask: ExactAsk) -> list[Candidate]:
         size = min(EXACT_MAX, max(4 * ctx.query.top_k, 20))
+        if ask.scope.entities and ctx.pool is not None:
+            with ctx.trace.timed("exact_postgres"):
+                return await exact_current(ctx.pool, ask.scope, ask.keys, ask.event_types, size)
         return await ctx.index.exact(ask.scope, ask.keys, ask.event_types, size)
 
 
 # --- keyword and semantic: the fuzzy tier ----------------------------------------------------------------------
 
 
-def _fuzzy_size(q: RecallQuery) -> int:
-    return max(q.top_k * 2, 10)
+def _fuzzy_size(ctx: RecallContext) -> int:
+    """How many candidates a fuzzy stage lists: the pool (Settings.recall_pool, at least top_k), so the fused list
+    the rerank stage reorders holds what either stage found before anything is cut (without settings: 2 * top_k)."""
+    if ctx.settings is None:
+        return max(ctx.query.top_k * 2, 10)
+    return max(ctx.query.top_k, ctx.settings.recall_pool)
 
 
 class TextAsk(NamedTuple):
@@ -150,7 +166,7 @@ class KeywordStage(Stage[TextAsk]):
         return TextAsk(ctx.fuzzy_scope(), ctx.cues.text) if ctx.cues.text else None
 
     async def run(self, ctx: RecallContext, ask: TextAsk) -> list[Candidate]:
-        size = _fuzzy_size(ctx.query)
+        size = _fuzzy_size(ctx)
         found = await ctx.index.keyword(ask.scope, ask.text, size)
         if ask.scope.open_kinds:  # the episodes about none of the named entities, after them (recall.prefer)
             found += await ctx.index.keyword(ask.scope.others(), ask.text, size)
@@ -160,10 +176,10 @@ class KeywordStage(Stage[TextAsk]):
 class SemanticStage(Stage[TextAsk]):
     """Nearest neighbours of the raw query's embedding, cut by the acceptance rules of fusion.accept_semantic.
 
-    Issue 15: the query is embedded by the model of its language (projections.languages, with the model's query
+    The query is embedded by the model of its language (projections.languages, with the model's query
     instruction) and searches only that model's vectors. With `embed_cross_language` (default) every document has
     a vector of the default (Chinese) model, English ones one of the English model too: a Chinese question
-    searches the default model's vectors of all documents (as before issue 15); an English question searches the
+    searches the default model's vectors of all documents (as with one model); an English question searches the
     English vectors and, when the tenant has documents without one (Chinese memories), also the default model's
     vectors of those, the two lists merged by cosine less each model's cut-off offset (ModelSpec.cosine_offset,
     the cut-offs' scale), so the better match leads whichever model found it (interleaving by rank would put the
@@ -185,14 +201,14 @@ class SemanticStage(Stage[TextAsk]):
             return [(s.embed_model if s is not None else None, DEFAULT_FIELD, None)]
         zh, en = s.embed_model, s.embed_model_en
         out: list[tuple[str | None, str, str | None]] = [(en, slot_field(s, "en"), None)]
-        # documents indexed before issue 15 name no model and hold the default model's vector (legacy): an English
-        # question reaches them through this pass until `ledger reindex` gives them their English vectors
+        # documents indexed before per-language models name no model and hold the default model's vector (legacy):
+        # an English question reaches them through this pass until `ledger reindex` gives them their English vectors
         if s.embed_cross_language and await ctx.index.has_model(ctx.query.tenant, zh, without=en, legacy=True):
             out.append((zh, DEFAULT_FIELD, en))  # the memories in Chinese, by the Chinese model
         return out
 
     async def run(self, ctx: RecallContext, ask: TextAsk) -> list[Candidate]:
-        size = _fuzzy_size(ctx.query)
+        size = _fuzzy_size(ctx)
         lists: list[tuple[list[Candidate], float]] = []
         others: list[tuple[list[Candidate], float]] = []  # Scope.others: about none of the named entities
         for model, vector_field, without in await self._passes(ctx, ask.text):

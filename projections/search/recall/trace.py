@@ -78,7 +78,7 @@ class Trace:
         self.candidates: dict[str, int] = {}  # "<tier>_candidates" -> how many its stages found
         self.listed: dict[str, list[dict[str, Any]]] | None = None  # explain: stage -> its candidates, best first
         self.embedding_computed = False
-        self.embedding_models: list[str] = []  # the models the semantic stage embedded the query with (issue 15)
+        self.embedding_models: list[str] = []  # the models the semantic stage embedded the query with
         self.rerank: dict[str, Any] | None = None  # the rerank stage's account (recall.rerank), if it ran
         self.observe = observe
         self._open: _Section | None = None

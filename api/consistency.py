@@ -1,0 +1,185 @@
+"""Read-your-writes: a read given a write's consistency token (`after`) answers once what it reads has it.
+
+Every write door answers `consistency_token` (producers.consistency: the ledger positions it wrote). A read given
+it as `after` first waits, polling PostgreSQL cheaply on the event loop (never a thread held), until the stage it
+reads from has reached those positions, then answers and says so (`consistency`: the token, the positions the
+projection was at, the stage, the wait). Past `AFTER_WAIT_S` it answers 503 `not_yet` naming `after`, with the
+positions reached: never an answer that may miss the write, never a request that hangs on a stopped worker.
+
+The stages (what each read needs):
+- `projection` (facts, history, the audit replay, a context block without a question): the projector's stored
+  positions reach the token (they are committed with the rows: projections.postgres.positions).
+- `documents` (recall in every mode but semantic, a context block's question): and then none of the tenant's
+  search outbox rows of new or changed versions up to the newest id seen once the positions were reached is left
+  (the indexer deletes a row in the transaction that wrote its document), and the index was refreshed since (so
+  the documents are searchable).
+- `vectors` (recall in semantic mode, which finds nothing without them): and then none of the tenant's embed queue
+  rows up to the newest id seen after that, nor the outbox rows the embedders queued for them (their vectors
+  written into the documents), is left. The other modes find a document by its cues and words (exact, keyword)
+  as soon as it is written; waiting for its vector too would add the embedding's time (seconds under load) to
+  every read-your-writes recall for what the fused semantic list adds to it.
+Only the reader's tenant's rows are looked at, and the positions are global offsets of the ledger topic: a token
+tells nothing about another tenant, and another tenant's backlog does not hold the read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from fastapi import Query
+from pydantic import AfterValidator, Field
+
+from api.errors import ApiError
+from producers.consistency import MAX_TOKEN_CHARS, decode_token, encode_token
+from projections.postgres.positions import reached_async, search_mark_async, search_pending_async
+
+if TYPE_CHECKING:  # the request models import this module: no store clients on their import path
+    from api.resources import Resources
+
+__all__ = [
+    "AFTER_NOTE",
+    "AFTER_WAIT_S",
+    "After",
+    "AfterQuery",
+    "Stage",
+    "check_after",
+    "recall_stage",
+    "wait_after",
+]
+
+AFTER_WAIT_S = 2.0  # the longest a read waits for its token; the projection is typically there in under a second
+AFTER_NOTE = (
+    "a consistency_token a write answered: answer only once that write is readable here (waits up to "
+    f"{AFTER_WAIT_S:g} s, then 503 not_yet)"
+)
+
+Stage = Literal["projection", "documents", "vectors"]
+_POLL_FIRST_S, _POLL_MAX_S = 0.005, 0.05
+
+
+def check_after(value: str | None) -> str | None:
+    """A token as a write answers it, else ValueError (a 422 naming `after` at every door)."""
+    if value is not None:
+        decode_token(value)
+    return value
+
+
+# the request models' field (api.requests) and the GET routes' query parameter, one rule
+After = Annotated[
+    str | None,
+    Field(min_length=1, max_length=MAX_TOKEN_CHARS, description=AFTER_NOTE),
+    AfterValidator(check_after),
+]
+AfterQuery = Annotated[
+    str | None, Query(min_length=1, max_length=MAX_TOKEN_CHARS, description=AFTER_NOTE), AfterValidator(check_after)
+]
+
+
+def recall_stage(mode: str) -> Stage:
+    """What recall in this mode needs of a write to find it: its document, or (semantic only) its vectors too."""
+    return "vectors" if mode == "semantic" else "documents"
+
+
+# each phase: the queue whose rows of the tenant up to a mark must be gone; the mark is that queue's newest id, read
+# once the previous phase was passed (so every row the previous stage made for the write is under it)
+# (queue, new versions' rows only): the embedders' vector rewrites wait behind every new version in the outbox
+_PHASES: dict[Stage, tuple[tuple[str, bool], ...]] = {
+    "projection": (),
+    "documents": (("search_outbox", True),),
+    "vectors": (("search_outbox", True), ("embed_queue", False), ("search_outbox", False)),
+}
+
+
+async def wait_after(res: Resources, tenant: str, after: str, stage: Stage) -> dict[str, Any]:
+    """Wait until `stage` has reached the token `after` for `tenant`'s reads; what the answer reflects.
+
+    `{"after", "reflects" (the projection's positions, a token), "stage", "waited_ms"}`; ApiError 503 `not_yet`
+    past AFTER_WAIT_S, 422 naming `after` for a token that is not one."""
+    try:
+        targets = decode_token(after)
+    except ValueError as exc:
+        raise ApiError(422, "invalid_value", str(exc), "after") from None
+    settings = res.settings
+    started = time.monotonic()
+    deadline, delay = started + AFTER_WAIT_S, _POLL_FIRST_S
+    phases, phase, mark = _PHASES[stage], -1, 0  # phase -1: the projection's positions
+    stored: dict[int, int] = {}
+    while True:
+        async with res.pool.connection() as conn:
+            while phase < len(phases):
+                if phase < 0:
+                    reached, stored = await reached_async(conn, settings.processor_group, settings.topic, targets)
+                    if not reached:
+                        break
+                elif await search_pending_async(conn, phases[phase][0], tenant, mark, new_only=phases[phase][1]):
+                    break
+                phase += 1
+                if phase < len(phases):
+                    mark = await search_mark_async(conn, phases[phase][0])
+        if phase >= len(phases):
+            break
+        if time.monotonic() + delay > deadline:
+            raise _not_yet(stage, phase, targets, stored)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, _POLL_MAX_S)
+    if phases:  # the documents are written; searchable once the index is refreshed after that
+        await _refreshed(res, time.monotonic())
+    return {
+        "after": after,
+        "reflects": encode_token(stored),
+        "stage": stage,
+        "waited_ms": round((time.monotonic() - started) * 1000, 1),
+    }
+
+
+def _spelled(positions: dict[int, int]) -> str:
+    return ", ".join(f"{p}:{o}" for p, o in sorted(positions.items())) or "none"
+
+
+def _not_yet(stage: Stage, phase: int, targets: dict[int, int], stored: dict[int, int]) -> ApiError:
+    if phase < 0:
+        where = "the projection has not applied the write yet"
+    else:
+        where = "the projection applied it; the search index has not caught up yet"
+    reached = {p: stored.get(p, 0) for p in targets}
+    message = (
+        f"not_yet: {where} after {AFTER_WAIT_S:g} s (stage {stage}; partition:next_offset reached {_spelled(reached)} "
+        f"of {_spelled(targets)}, reflects {encode_token(stored) if stored else 'nothing'}); retry the same read"
+    )
+    return ApiError(503, "not_yet", message, "after", headers={"Retry-After": "1"})
+
+
+class _Refresher:
+    """One index refresh at a time per Elasticsearch client, shared by every read that needs one started after
+    its documents were written (a burst of reads costs a refresh or two, not one each)."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.task: asyncio.Future[Any] | None = None
+
+    async def after(self, since: float, res: Resources) -> None:
+        while True:
+            task = self.task
+            if task is not None and self.started >= since:
+                await asyncio.shield(task)
+                return
+            if task is not None and not task.done():  # began before our documents were written: the next one
+                await asyncio.wait([task])
+                continue
+            self.started = time.monotonic()
+            self.task = asyncio.ensure_future(
+                res.es.indices.refresh(index=res.settings.es_index, ignore_unavailable=True)
+            )
+
+
+_REFRESHERS: weakref.WeakKeyDictionary[Any, _Refresher] = weakref.WeakKeyDictionary()
+
+
+async def _refreshed(res: Resources, since: float) -> None:
+    refresher = _REFRESHERS.get(res.es)
+    if refresher is None:
+        refresher = _REFRESHERS[res.es] = _Refresher()
+    await refresher.after(since, res)

@@ -1,0 +1,265 @@
+"""The dead-letter workflow as functions, shared by the HTTP routes (api.routes.dead_letters) and the MCP tools.
+
+A dead letter is a ledger record the worker refused (`dead_letters`, at its partition and offset, with the reason
+code, field and message). An operator lists a tenant's letters, opens one (the record's fields as far as they
+decode; a sealed record's personal fields only when this API holds the key-encryption key and the data key still
+exists), and resolves it with an event through the one publish door (api.writes.publish_one), so nothing leaves the
+log and every action is on the ledger:
+
+- re-drive: the corrected event, carrying `dead_letter: {partition, offset}`; applied like any event, and the
+  projection records the letter `redriven` by it in the same transaction (the audit replay shows the field);
+- discard: a `deadletter.discarded` event with the reason, under the subject the record names (else
+  `dead-letters`), with the id `deadletter:<partition>:<offset>` so a retry is a duplicate, not a second event.
+
+Tenancy: only letters whose record names the tenant are read or resolved; a record naming no tenant belongs to no
+tenant and is listed to nobody here (it stays in the table, the DLQ topic and the worker's log and metrics). The
+door's answer is `pending` like any write; the letter reads `redriven`/`discarded` once the worker applied it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import Storable, check_tenant
+from api.errors import ApiError
+from api.requests import TENANT, TENANT_NOTE
+from api.resources import Resources
+from api.writes import publish_one
+from producers.contract import MAX_EVENT_BYTES, EventType, InvalidEvent, check_storable, load_record
+from producers.keys.envelope import MAX_SEALED_BYTES, Envelope, open_envelope, parse_envelope
+from producers.keys.store import KekError, key_states, settings_keks
+from producers.settings import Settings
+from projections.postgres import connection
+from projections.postgres.dead_letters import State, dead_letter, list_dead_letters
+
+__all__ = [
+    "DISCARD_SUBJECT",
+    "DeadLetterParams",
+    "DeadLettersParams",
+    "DiscardParams",
+    "RedriveParams",
+    "MAX_PAGE",
+    "discard_dead_letter",
+    "list_letters",
+    "open_letter",
+    "parse_after",
+    "redrive_dead_letter",
+]
+
+MAX_PAGE = 500
+DISCARD_SUBJECT = "dead-letters"  # a discard's subject when the record names none the contract takes
+MAX_RAW_TEXT = 4096  # characters of an undecodable record shown when opening it (its size is given too)
+_AFTER = re.compile(r"^(\d{1,10}):(\d{1,19})$")
+MAX_PARTITION, MAX_OFFSET = 2**31 - 1, 2**63 - 1
+
+
+class DeadLettersParams(BaseModel):
+    """`GET /v1/dead-letters` as one model (the MCP `dead_letters` tool)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
+    state: Literal["open", "redriven", "discarded"] | None = Field(
+        None, description="only the letters in this state: open, redriven (re-driven) or discarded"
+    )
+    after: str | None = Field(None, max_length=32, description="PARTITION:OFFSET: the previous page's `next`")
+    limit: int = Field(100, ge=1, le=500, description="at most this many letters")
+
+
+class DeadLetterParams(BaseModel):
+    """`GET /v1/dead-letters/{partition}/{offset}` as one model (the MCP `dead_letter` tool)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
+    partition: int = Field(ge=0, le=MAX_PARTITION, description="the dead letter's partition of the ledger topic")
+    offset: int = Field(ge=0, le=MAX_OFFSET, description="the dead letter's offset in that partition")
+
+
+class RedriveParams(DeadLetterParams):
+    """The MCP `redrive_dead_letter` tool: the corrected event for the dead letter."""
+
+    event: dict[str, Any] = Field(description="the corrected event (its tenant defaults to the call's)")
+
+
+class DiscardParams(DeadLetterParams):
+    """The MCP `discard_dead_letter` tool: close the dead letter without a correction."""
+
+    reason: Storable = Field(min_length=1, max_length=1024, description="why it is discarded (kept on the event)")
+
+
+def parse_after(after: str | None, field: str = "after") -> tuple[int, int] | None:
+    """The page cursor `PARTITION:OFFSET` (the last letter of the previous page), or a 422 naming `field`."""
+    if after is None:
+        return None
+    m = _AFTER.match(after)
+    if m is None:
+        raise ApiError(422, "invalid_value", "must be PARTITION:OFFSET, the `next` of the previous page", field)
+    return int(m.group(1)), int(m.group(2))
+
+
+async def list_letters(
+    res: Resources,
+    tenants: frozenset[str],
+    tenant: str,
+    state: State | None = None,
+    after: str | None = None,
+    limit: int = 100,
+) -> dict[str, Any]:
+    """The tenant's dead letters in ledger position order, at most `limit` (1..MAX_PAGE); `next` pages on."""
+    check_tenant(tenant, tenants)
+    cursor = parse_after(after)
+    async with res.pool.connection() as conn:
+        letters = await list_dead_letters(
+            conn, tenant, res.settings.topic, state=state, after=cursor, limit=min(limit, MAX_PAGE)
+        )
+    last = letters[-1] if len(letters) == limit else None
+    return {
+        "tenant": tenant,
+        "state": state,
+        "dead_letters": letters,
+        "next": None if last is None else f"{last['partition']}:{last['offset']}",
+    }
+
+
+async def _letter(res: Resources, tenant: str, partition: int, offset: int) -> tuple[dict[str, Any], bytes | None]:
+    async with res.pool.connection() as conn:
+        found = await dead_letter(conn, tenant, res.settings.topic, partition, offset)
+    if found is None:
+        raise ApiError(
+            404, "not_found", f"no dead letter at partition {partition}, offset {offset} in tenant {tenant!r}", "offset"
+        )
+    return found
+
+
+async def open_letter(
+    res: Resources, tenants: frozenset[str], tenant: str, partition: int, offset: int
+) -> dict[str, Any]:
+    """One dead letter of the tenant with its record: `record` (the JSON object as far as it decodes; a sealed
+    record's personal fields only if they open here, `sealed` says what became of them), else `raw_text`."""
+    check_tenant(tenant, tenants)
+    letter, raw = await _letter(res, tenant, partition, offset)
+    return letter | await run_in_threadpool(_record_view, res.settings, raw)
+
+
+def _record_view(settings: Settings, raw: bytes | None) -> dict[str, Any]:
+    """What the record's bytes say, as far as they decode (pure but for opening a sealed record's data key)."""
+    view: dict[str, Any] = {"size": len(raw or b"")}
+    try:
+        data = load_record(raw, MAX_SEALED_BYTES)
+        envelope = parse_envelope(data)
+    except InvalidEvent:
+        data, envelope = None, None
+    if isinstance(data, dict) and envelope is None:
+        return view | {"record": data}
+    if envelope is None:  # not a JSON object: the text as far as it goes
+        text = (raw or b"").decode("utf-8", "replace").replace("\x00", "\\u0000")
+        return view | {"record": None, "raw_text": text[:MAX_RAW_TEXT]}
+    opened, why = _open_sealed(settings, envelope)
+    sealed = {"key_id": envelope.key_id, "opened": opened is not None} | ({"why": why} if why else {})
+    return view | {"record": {**envelope.clear, **(opened or {})}, "sealed": sealed}
+
+
+def _open_sealed(settings: Settings, envelope: Envelope) -> tuple[dict[str, Any] | None, str | None]:
+    """The sealed fields, opened with the record's data key if this API can; else None and why not."""
+    keks = settings_keks(settings)
+    if keks is None:
+        return None, "this API holds no key-encryption key"
+    try:
+        with connection.connect(settings.pg_dsn, settings.pg_schema) as conn, conn.cursor() as cur:
+            state = key_states(cur, settings.keys_schema, keks, [envelope.key_id]).get(envelope.key_id)
+    except KekError as exc:
+        return None, f"the data key is wrapped by a key-encryption key this API does not hold: {exc}"
+    if state is None:
+        return None, "the key store has no such data key"
+    if state.destroyed:
+        return None, "the data key was destroyed by an erasure of its subject"
+    tenant, subject = envelope.tenant, envelope.clear.get("subject")
+    if not isinstance(tenant, str) or not isinstance(subject, str) or not state.owns(tenant, subject):
+        return None, "the data key belongs to another subject"
+    try:
+        return open_envelope(envelope, state.key), None  # type: ignore[arg-type]
+    except InvalidEvent as exc:
+        return None, exc.message
+
+
+def _open(letter: dict[str, Any], partition: int, offset: int) -> None:
+    if letter["state"] != "open":
+        r = letter["resolution"]
+        raise ApiError(
+            409,
+            "dead_letter_resolved",
+            f"the dead letter at partition {partition}, offset {offset} is {letter['state']} already "
+            f"(by event {r['event_id']!r} at partition {r['partition']}, offset {r['offset']})",
+            "offset",
+        )
+
+
+async def redrive_dead_letter(
+    res: Resources, tenants: frozenset[str], tenant: str, partition: int, offset: int, event: Any
+) -> dict[str, Any]:
+    """Publish the corrected `event` through the door, linked to the tenant's open dead letter at (partition,
+    offset) by its `dead_letter` field; the door's answer (`effect: pending`, `status_url`) with the link."""
+    check_tenant(tenant, tenants)
+    link = {"partition": partition, "offset": offset}
+    if not isinstance(event, dict):
+        raise ApiError(422, "not_an_object", "the corrected event must be a JSON object", "event")
+    if event.get("tenant", tenant) != tenant:
+        raise ApiError(422, "invalid_value", f"the corrected event must be of tenant {tenant!r}", "event.tenant")
+    if event.get("dead_letter") not in (None, link):
+        raise ApiError(422, "invalid_value", "names another dead letter than the one re-driven", "event.dead_letter")
+    if event.get("type") == EventType.DISCARDED.value:
+        raise ApiError(422, "invalid_value", "a re-drive is the corrected event: discard with /discard", "event.type")
+    letter, _ = await _letter(res, tenant, partition, offset)
+    _open(letter, partition, offset)
+    try:
+        result = await publish_one(res, tenants, {**event, "tenant": tenant, "dead_letter": link})
+    except ApiError as exc:  # the door names the field relative to the event
+        raise ApiError(exc.status, exc.code, exc.message, _within("event", exc.field), headers=exc.headers) from None
+    return {"dead_letter": link, **result}
+
+
+async def discard_dead_letter(
+    res: Resources, tenants: frozenset[str], tenant: str, partition: int, offset: int, reason: str
+) -> dict[str, Any]:
+    """Publish `deadletter.discarded` with `reason` for the tenant's open dead letter at (partition, offset)."""
+    check_tenant(tenant, tenants)
+    letter, raw = await _letter(res, tenant, partition, offset)
+    _open(letter, partition, offset)
+    link = {"partition": partition, "offset": offset}
+    event = {
+        "type": EventType.DISCARDED.value,
+        "tenant": tenant,
+        "event_id": f"deadletter:{partition}:{offset}",
+        "subject": _claimed_subject(raw),
+        "dead_letter": link,
+        "reason": reason,
+        "source": {"type": "system", "service": "dead-letters"},
+    }
+    result = await publish_one(res, tenants, event)
+    return {"dead_letter": link, **result}
+
+
+def _claimed_subject(raw: bytes | None) -> str:
+    """The subject the refused record names, if the contract would take it as one (the discard is filed in that
+    subject's audit replay); else DISCARD_SUBJECT."""
+    try:
+        data = orjson.loads(raw) if raw and len(raw) <= MAX_EVENT_BYTES else None
+    except orjson.JSONDecodeError:
+        return DISCARD_SUBJECT
+    subject = data.get("subject") if isinstance(data, dict) else None
+    if not isinstance(subject, str) or not subject.strip() or len(subject) > 256:
+        return DISCARD_SUBJECT
+    try:
+        return check_storable(subject, "subject")
+    except InvalidEvent:
+        return DISCARD_SUBJECT
+
+
+def _within(prefix: str, field: str | None) -> str:
+    return prefix if field is None else f"{prefix}.{field}"

@@ -1,0 +1,131 @@
+"""The one "drain forever" loop of the search projection's workers (`ledger indexer`, `ledger embedder`).
+
+Each round binds a batch id to the log lines (producers.logs), runs one batch (`once(conn)`: its own transaction
+on the loop's autocommit connection) and, every `metrics_refresh_s`, reads the queue gauges. A full batch goes on
+at once; anything less waits for work: a NOTIFY on one of the worker's channels, sent by the transaction that gave
+it work and delivered when that commits (the recorder's new outbox rows and erasures wake the indexers, an
+indexer's queued vectors the embedders, an embedder's stored vectors the indexers again), so a new version is
+picked up within milliseconds of its commit. The poll interval is only the longest wait: the fallback for a
+notification lost while the connection was down (every (re)connection drains first anyway) and for work no commit
+announces (rows a failed batch left, the end of a reindex). Channels are shared by every schema on the server: a
+notification names its schema, and others' do not wake this worker.
+
+Errors back off (doubling from 0.5 s up to `indexer_max_backoff_s`) and never end the loop; a broken connection
+is replaced, and its LISTENs with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import orjson
+import psycopg
+from elasticsearch import ApiError
+from elasticsearch import ConnectionError as ESConnectionError
+from psycopg import sql
+
+from producers.logs import bind_ids, new_id, unbind_ids
+from producers.settings import Settings
+from projections.postgres.connection import search_path
+from projections.postgres.recorder import ERASURE_CHANNEL, OUTBOX_CHANNEL
+from projections.search import metrics
+
+__all__ = ["EMBED_CHANNEL", "ERASURE_CHANNEL", "OUTBOX_CHANNEL", "drain_forever", "notify", "wait_for_work"]
+
+EMBED_CHANNEL = "memory_ledger_embed"  # an indexer queued versions for vectors in schema <payload> (embedders wake)
+
+
+def notify(conn: psycopg.Connection, channel: str) -> None:
+    """In the caller's transaction: wake the workers LISTENing on `channel` for this schema when it commits."""
+    conn.execute("SELECT pg_notify(%s, current_schema())", (channel,))
+
+
+def _names(payload: str, schema: str) -> bool:
+    """Whether a notification is about `schema`: its payload is the schema, or (erasures) a JSON object naming it."""
+    if payload == schema:
+        return True
+    if not payload.startswith("{"):
+        return False
+    try:
+        return orjson.loads(payload).get("schema") == schema
+    except orjson.JSONDecodeError:
+        return False
+
+
+def wait_for_work(conn: psycopg.Connection, schema: str, seconds: float) -> bool:
+    """Wait up to `seconds` for a notification about `schema` on the channels `conn` LISTENs to (those that arrived
+    while `conn` was busy count at once); whether one came."""
+    for n in conn.notifies(timeout=seconds):
+        if _names(n.payload, schema):
+            return True
+    return False
+
+
+def _connect(settings: Settings, channels: Sequence[str]) -> psycopg.Connection:
+    conn = psycopg.connect(settings.pg_dsn, autocommit=True)
+    try:
+        conn.execute(search_path(settings.pg_schema))
+        for channel in channels:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _store(exc: BaseException) -> str:
+    """Which store an error came from (the error counters' label)."""
+    if isinstance(exc, (ESConnectionError, ApiError)):
+        return "elasticsearch"
+    return "postgres" if isinstance(exc, psycopg.Error) else "other"
+
+
+def drain_forever(
+    settings: Settings,
+    once: Callable[[psycopg.Connection], bool],
+    *,
+    channels: Sequence[str],
+    poll_seconds: float,
+    log: logging.Logger,
+    record_error: Callable[[str], None],
+    stop: Callable[[], bool] | None = None,
+) -> None:
+    """Run `once(conn)` forever (until `stop()` returns true); it returns whether its batch was full (go on at once).
+
+    `record_error(store)` counts a failed round by the store it came from (elasticsearch, postgres, other)."""
+    conn: psycopg.Connection | None = None
+    backoff = 0.5
+    gauges_at = -settings.metrics_refresh_s  # the queue gauges are read after the first round
+    batch_ids = bind_ids()
+    while stop is None or not stop():
+        unbind_ids(batch_ids)
+        batch_ids = bind_ids(batch_id=new_id())  # on every line of this round (producers.logs)
+        try:
+            if conn is None or conn.closed:
+                conn = _connect(settings, channels)
+            full = once(conn)
+            if time.monotonic() - gauges_at >= settings.metrics_refresh_s:
+                metrics.refresh_queues(conn)
+                gauges_at = time.monotonic()
+            backoff = 0.5
+            if not full:
+                wait_for_work(conn, settings.pg_schema, poll_seconds)
+        except Exception as exc:  # noqa: BLE001 - a long-running drainer backs off and retries, never dies
+            store = _store(exc)
+            record_error(store)
+            log.warning(
+                "%s: %s: %s; retrying in %.1fs",
+                log.name.rsplit(".", 1)[-1],
+                type(exc).__name__,
+                str(exc)[:300],
+                backoff,
+                exc_info=store == "other",
+            )
+            if conn is not None and (isinstance(exc, psycopg.OperationalError) or conn.broken):
+                conn.close()
+                conn = None
+            time.sleep(backoff)
+            # capped low: once the store is back the queues should drain in seconds, not half a minute
+            backoff = min(backoff * 2, settings.indexer_max_backoff_s)

@@ -1,0 +1,112 @@
+"""The exact stage's question about entity ids, asked of PostgreSQL's current state instead of the search index.
+
+A fact about a never-seen entity is in PostgreSQL when the projection commits it, and in the index only once an
+indexer has written its document and the index refreshed: asked here, it is found exactly as soon as PostgreSQL
+has it. Measured on the same asks, this was also faster than the index's exact search (docs/INTERNALS.md, "Exact
+answers from PostgreSQL"), so every exact ask that names ids comes here (recall.stages.ExactStage).
+
+The same question means the same answer the index would give once it has the documents: a row is selected by the
+fields the indexer's document holds (projections.search.documents.build_doc) under the rules of the index's exact
+search (recall.index.ElasticIndex.exact_body): the tenant; in force at `at` (or, as known at `known_at`, logged by
+then and begun by `at`); the subject and the caller's filters; the time cue for events and episodes; about one of
+the entity ids (its normalized entities, or its subject's ids); with one of the keys or event types if any are
+asked; newest first. SQL narrows the rows by the ids (an index: schema.sql, `fact_ids`), the tenant, time and
+subject; the document's own functions decide.
+Verification then re-reads each candidate as for any other stage: an erased subject's rows are gone with it, a
+retracted version no longer holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from projections.postgres.queries import holds_at_sql
+from projections.search.cues import event_types_in, key_phrases, normalize_entity, subject_ids
+from projections.search.recall.model import Candidate, Scope
+
+__all__ = ["exact_current"]
+
+# the ids a version is about (schema.sql's fact_ids, GIN-indexed): normalized as the cues are, in SQL
+_ABOUT = "fact_ids(f.subject, f.entities) && %(ids)s::text[]"
+_COLUMNS = (
+    "f.version_id, f.memory_id, f.subject, f.entities, f.key, f.scope, f.kind, f.content, f.aliases, f.tags, "
+    "f.source, f.valid_from, f.observed_at"
+)
+_KNOWN = "f.valid_from <= %(at)s AND f.observed_at <= %(known_at)s"  # recall.index._in_force, as known then
+_HOLDS = holds_at_sql("at").as_string()
+_FILTERS = {  # RecallFilters, as the index's terms filters on the document's fields
+    "kind": "f.kind = ANY(%(kind)s)",
+    "key": "f.key = ANY(%(key)s)",
+    "scope": "f.scope = ANY(%(scope)s)",
+    "tags": "f.tags && %(tags)s::text[]",
+    "source_type": "f.source->>'type' = ANY(%(source_type)s)",
+}
+_TIME = (  # recall.index.ElasticIndex.filters: events and episodes only inside the time cue, other kinds regardless
+    "(f.kind NOT IN ('event', 'episodic') OR (f.valid_from >= %(start)s AND f.valid_from < %(end)s) "
+    "OR (f.observed_at >= %(start)s AND f.observed_at < %(end)s))"
+)
+# the index's sort: valid_from desc (a `date` field holds milliseconds), then the id (a keyword: bytes)
+_ORDER = " ORDER BY date_trunc('milliseconds', f.valid_from) DESC, f.version_id COLLATE \"C\""
+
+
+def _query(scope: Scope, keys: Sequence[str], event_types: Sequence[str], size: int) -> tuple[str, dict[str, Any]]:
+    """The SQL of the ask and its parameters. Event types are read from the text (cues.event_types_in), so with
+    them the key is not a filter of its own and every row about the ids comes back; otherwise the first `size`."""
+    params: dict[str, Any] = {"tenant": scope.tenant, "at": scope.at, "ids": list(scope.entities), "size": size}
+    where = ["f.tenant = %(tenant)s", _ABOUT]
+    if scope.known_at is not None:
+        where.append(_KNOWN)
+        params["known_at"] = scope.known_at
+    else:
+        where.append(_HOLDS)
+    if scope.subject:
+        where.append("f.subject = %(subject)s")
+        params["subject"] = scope.subject
+    for name, values in scope.filters.items():
+        where.append(_FILTERS[name])
+        params[name] = list(values)
+    if scope.time is not None:
+        where.append(_TIME)
+        params.update(start=scope.time.start, end=scope.time.end)
+    if keys and not event_types:
+        where.append("f.key = ANY(%(keys)s)")
+        params["keys"] = list(keys)
+    limit = "" if event_types else " LIMIT %(size)s"
+    return f"SELECT {_COLUMNS} FROM fact_versions f WHERE {' AND '.join(where)}{_ORDER}{limit}", params
+
+
+def _selected(row: dict[str, Any], scope: Scope, keys: Sequence[str], event_types: Sequence[str]) -> bool:
+    """Whether the index's exact search would return `row`'s document (the fields build_doc gives it): the SQL
+    narrowed by the same rules; this decides by the document's own functions (ids, event types)."""
+    about = {normalize_entity(e) for e in row["entities"] or ()} | set(subject_ids(row["subject"]))
+    if about.isdisjoint(scope.entities):
+        return False
+    if keys or event_types:
+        text = " ".join([row["content"] or "", *key_phrases(row["key"]), *(row["tags"] or ()), *(row["aliases"] or ())])
+        if row["key"] not in keys and set(event_types_in(text)).isdisjoint(event_types):
+            return False
+    if scope.time is not None and row["kind"] in ("event", "episodic"):
+        start, end = scope.time.start, scope.time.end
+        if not (start <= row["valid_from"] < end or start <= row["observed_at"] < end):
+            return False
+    return scope.filters.accepts(row)
+
+
+async def exact_current(
+    pool: AsyncConnectionPool, scope: Scope, keys: Sequence[str], event_types: Sequence[str], size: int
+) -> list[Candidate]:
+    """What `SearchIndex.exact(scope, keys, event_types, size)` answers once every committed version is indexed.
+
+    `scope.entities` must be set (the ids narrow the rows; without them this would read the tenant's every row)."""
+    if not scope.entities:
+        raise ValueError("exact_current needs the entity ids of the question")
+    query, params = _query(scope, keys, event_types, size)
+    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query, params)
+        rows = await cur.fetchall()
+    found = [Candidate(r["version_id"], r["memory_id"]) for r in rows if _selected(r, scope, keys, event_types)]
+    return found[:size]

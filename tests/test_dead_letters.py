@@ -1,0 +1,328 @@
+"""The dead-letter workflow end to end, on the real servers: list, open, re-drive, discard, over HTTP and MCP.
+
+One private ledger with encryption on, the real projector (`python -m stream_processors`), the API in process and
+`ledger mcp --transport http` as its own process. Records the worker refuses are written the ways they reach it:
+a malformed record and an undecodable one straight to Kafka (as a producer in another language would), and a
+content conflict under an applied id through the SDK (sealed). Proved:
+
+- the tenant's letters are listed with their reason, field and ledger position; another tenant sees none of them,
+  a record naming no tenant is listed to nobody, and a letter is opened with its record's fields (a sealed one's
+  personal fields too, the API holding the KEK);
+- a re-drive is the corrected event through the door, linked to the letter: applied, the letter `redriven` by it,
+  the audit replay shows the link; a second action on a resolved letter is 409 `dead_letter_resolved`;
+- a discard (here over MCP, by an operator key; an agent's key is refused) is an event with its reason, and the
+  letter reads `discarded`; nothing is deleted (the letters stay in the table, the events in the log);
+- replaying the log into a fresh schema, partitions in reverse order and every record twice, gives the same letters
+  in the same states (a redelivery or a rebuild changes nothing);
+- the worker's `ledger_worker_dead_letters_by_state` counts the letters open, redriven and discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import httpx2
+import orjson
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import SecretStr
+
+from api.main import create_app
+from producers.contract import InvalidEvent, from_dict
+from producers.keys.store import key_context
+from producers.records import decode_record
+from producers.sdk import LedgerProducer
+from producers.settings import Settings
+from projections.postgres.recorder import Recorder, connect
+from projections.postgres.schema import create_schema, drop_schema
+from tests.conftest import unique
+from tests.support import Worker, pg, publish_raw, read_topic, wait_caught_up, wait_for, wire
+from tests.support.servers import McpHttpServer, free_port
+from tests.support.stores import private_ledger
+
+A, B = "dl-acme", "dl-globex"
+KEYS = {"key-a": [A], "key-agent": [A], "key-b": [B]}
+ADMIN = "key-a"
+
+
+@dataclass
+class World:
+    settings: Settings
+    http: TestClient
+    mcp: str
+    worker: Worker
+    malformed: tuple[int, int]  # A's record without content
+    conflict: tuple[int, int]  # A's sealed record re-using an applied id with other content
+    other: tuple[int, int]  # B's malformed record
+    nameless: tuple[int, int]  # bytes that are not JSON: no tenant
+
+    def get(self, path: str, key: str = "key-a", **params: Any) -> Any:
+        r = self.http.get(path, params=params, headers={"X-API-Key": key})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def letters(self, tenant: str = A, key: str = "key-a", **params: Any) -> dict[tuple[int, int], dict[str, Any]]:
+        body = self.get("/v1/dead-letters", key, tenant=tenant, **params)
+        return {(d["partition"], d["offset"]): d for d in body["dead_letters"]}
+
+    def caught_up(self) -> None:
+        wait_caught_up(self.settings, timeout=90, worker=self.worker)
+
+
+@pytest.fixture(scope="module")
+def world(base_settings: Settings) -> Iterator[World]:
+    kek = SecretStr(base64.b64encode(os.urandom(32)).decode())
+    settings = base_settings.private(
+        unique("dlq"), api_keys=KEYS, mcp_admin_keys=[ADMIN], encryption="on", kek=kek, metrics_refresh_s=0.5
+    )
+    settings = settings.model_copy(update={"worker_metrics_port": free_port()})  # the worker's gauge is read too
+    with private_ledger(settings), Worker(settings) as worker, McpHttpServer(settings) as mcp:
+        with TestClient(create_app(settings)) as http:
+            first = wire("user:1", tenant=A, event_id="ev-orig", value="window")
+            r = http.post("/v1/events", json={"events": [first]}, headers={"X-API-Key": "key-a"})
+            assert r.status_code == 200, r.text
+            broken = wire("user:2", tenant=A, event_id="ev-bad", value="aisle", content=...)
+            b_broken = wire("user:9", tenant=B, event_id="ev-b", content=...)
+            [malformed, other, nameless] = publish_raw(
+                settings,
+                [
+                    (b"dl-acme|user:2", orjson.dumps(broken)),
+                    (b"dl-globex|user:9", orjson.dumps(b_broken)),
+                    (None, b"\xffnot json at all"),
+                ],
+            )
+            wait_for(lambda: _applied(settings, A, "ev-orig"), 90, what="the first event applied")
+            with LedgerProducer(settings) as producer:  # the SDK seals; no door claims the id: the worker refuses
+                [done] = producer.publish_many([wire("user:1", tenant=A, event_id="ev-orig", value="middle")])
+            conflict = (done.partition, done.offset)
+            wait_caught_up(settings, timeout=90, worker=worker)
+            yield World(settings, http, mcp.url, worker, malformed, conflict, other, nameless)
+
+
+def _applied(settings: Settings, tenant: str, event_id: str) -> bool:
+    with pg(settings) as conn:
+        row = conn.execute("SELECT 1 FROM events WHERE tenant = %s AND event_id = %s", (tenant, event_id)).fetchone()
+    return row is not None
+
+
+def _states(settings: Settings, schema: str) -> list[tuple[Any, ...]]:
+    """Every letter with its resolution, as stored (the listing's source), in position order."""
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+        return conn.execute(
+            f'SELECT d."partition", d."offset", d.tenant, d.code, d.field, r.state, r.event_id, r.by_partition, '
+            f'r.by_offset, r.reason FROM "{schema}".dead_letters d LEFT JOIN "{schema}".dead_letter_resolutions r '
+            'ON r.topic = d.topic AND r."partition" = d."partition" AND r."offset" = d."offset" '
+            "AND r.tenant = d.tenant "
+            "ORDER BY 1, 2"
+        ).fetchall()
+
+
+async def _tool(url: str, key: str, tool: str, arguments: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+        async with Client(streamable_http_client(url, http_client=http)) as client:
+            r = await client.call_tool(tool, arguments)
+    return bool(r.is_error), r.structured_content or {}
+
+
+def tool(world: World, name: str, key: str = ADMIN, **arguments: Any) -> tuple[bool, dict[str, Any]]:
+    return asyncio.run(_tool(world.mcp, key, name, arguments))
+
+
+# -- the contract's field and type (pure) --------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("over", "field"),
+    [
+        ({"type": "deadletter.discarded", "dead_letter": {"partition": 0, "offset": 1}}, None),  # no reason
+        ({"type": "deadletter.discarded", "reason": "r"}, None),  # no dead letter named
+        ({"type": "subject.erased", "dead_letter": {"partition": 0, "offset": 1}}, "dead_letter"),  # corrects nothing
+        ({"dead_letter": {"partition": -1, "offset": 1}}, "dead_letter.partition"),
+        ({"dead_letter": {"partition": 0, "offset": 2**63}}, "dead_letter.offset"),
+        ({"dead_letter": {"partition": 0, "offset": 1, "why": "x"}}, "dead_letter.why"),
+    ],
+)
+def test_the_contract_refuses_a_dead_letter_link_that_is_not_one(over: dict[str, Any], field: str | None) -> None:
+    with pytest.raises(InvalidEvent) as refused:
+        from_dict(wire("user:1", tenant=A) | over)
+    assert refused.value.field == field, refused.value
+
+
+@pytest.mark.unit
+def test_a_link_is_part_of_what_the_event_says() -> None:
+    """A re-drive and the same event without the link are two contents (a retry of one never passes for the other);
+    an event without the link keeps the fingerprint it always had (the field is left out of the wire when unset)."""
+    plain = from_dict(wire("user:1", tenant=A, event_id="e"))
+    linked = from_dict(wire("user:1", tenant=A, event_id="e", dead_letter={"partition": 2, "offset": 5}))
+    assert "dead_letter" not in plain.to_wire() and linked.to_wire()["dead_letter"] == {"partition": 2, "offset": 5}
+    assert plain.fingerprint != linked.fingerprint
+
+
+# -- the whole workflow, in order (each step builds on the one before) ---------------------------------------------
+
+
+def test_listed_with_reason_field_and_position_to_its_tenant_only(world: World) -> None:
+    letters = world.letters(state="open")
+    assert set(letters) == {world.malformed, world.conflict}, letters
+    bad, clash = letters[world.malformed], letters[world.conflict]
+    assert bad["reason"]["code"] == "missing_field" and bad["reason"]["field"] == "content", bad
+    assert bad["event_id"] == "ev-bad" and bad["state"] == "open" and "resolution" not in bad, bad
+    assert clash["reason"]["code"] == "event_id_conflict" and clash["reason"]["field"] == "event_id", clash
+    # B sees its own letter and nothing of A's; the record naming no tenant is nobody's
+    assert set(world.letters(B, "key-b")) == {world.other}
+    assert world.nameless not in world.letters() and world.nameless not in world.letters(B, "key-b")
+    r = world.http.get("/v1/dead-letters", params={"tenant": A}, headers={"X-API-Key": "key-b"})
+    assert r.status_code == 403 and r.json()["detail"][0]["code"] == "forbidden_tenant", r.text
+    # paging: one at a time, in position order, the cursor from `next`
+    page = world.get("/v1/dead-letters", tenant=A, limit=1)
+    rest = world.get("/v1/dead-letters", tenant=A, limit=1, after=page["next"])
+    assert [*page["dead_letters"], *rest["dead_letters"]] == sorted(
+        letters.values(), key=lambda d: (d["partition"], d["offset"])
+    )
+    r = world.http.get("/v1/dead-letters", params={"tenant": A, "after": "x"}, headers={"X-API-Key": "key-a"})
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "after", r.text
+
+
+def test_opened_with_the_records_fields_sealed_ones_opened_here(world: World) -> None:
+    p, o = world.malformed
+    one = world.get(f"/v1/dead-letters/{p}/{o}", tenant=A)
+    assert one["record"]["subject"] == "user:2" and one["record"]["value"] == "aisle" and "sealed" not in one, one
+    p, o = world.conflict
+    sealed = world.get(f"/v1/dead-letters/{p}/{o}", tenant=A)
+    assert sealed["sealed"]["opened"] is True, sealed
+    assert sealed["record"]["value"] == "middle", sealed  # a personal field, out of the ciphertext
+    # another tenant's letter, asked for under A, does not exist for A; an undecodable one neither
+    for p, o in (world.other, world.nameless):
+        r = world.http.get(f"/v1/dead-letters/{p}/{o}", params={"tenant": A}, headers={"X-API-Key": "key-a"})
+        assert r.status_code == 404 and r.json()["detail"][0]["code"] == "not_found", r.text
+    ok, body = tool(world, "dead_letter", tenant=A, partition=world.malformed[0], offset=world.malformed[1])
+    assert not ok and body == one, body
+
+
+def test_redriven_corrected_event_is_applied_and_linked_in_the_audit_replay(world: World) -> None:
+    p, o = world.malformed
+    corrected = wire("user:2", tenant=A, event_id="ev-bad", value="aisle", content="user 2 prefers aisle seats")
+    r = world.http.post(
+        "/v1/dead-letters/redrive",
+        json={"tenant": A, "partition": p, "offset": o, "event": corrected},
+        headers={"X-API-Key": "key-a"},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["effect"] == "pending" and r.json()["dead_letter"] == {"partition": p, "offset": o}, r.text
+    world.caught_up()
+    status = world.get("/v1/events/ev-bad", tenant=A)
+    assert status["status"] == "applied", status
+    letter = world.letters()[(p, o)]
+    assert letter["state"] == "redriven", letter
+    assert letter["resolution"]["event_id"] == "ev-bad"
+    assert (letter["resolution"]["partition"], letter["resolution"]["offset"]) == (
+        status["partition"],
+        status["offset"],
+    )
+    replay = world.get("/v1/subjects/user:2/events", tenant=A)["events"]
+    [event] = [e for e in replay if e["event_id"] == "ev-bad"]
+    assert event["event"]["dead_letter"] == {"partition": p, "offset": o}, event
+    facts = world.get("/v1/subjects/user:2/facts", tenant=A)["facts"]
+    assert [f["value"] for f in facts] == ["aisle"], facts
+    # resolved: a second re-drive (or a discard) is refused, naming the event that resolved it
+    again = world.http.post(
+        "/v1/dead-letters/discard",
+        json={"tenant": A, "partition": p, "offset": o, "reason": "late"},
+        headers={"X-API-Key": "key-a"},
+    )
+    assert again.status_code == 409 and again.json()["detail"][0]["code"] == "dead_letter_resolved", again.text
+    assert "ev-bad" in again.json()["detail"][0]["message"]
+
+
+def test_discarded_over_mcp_by_an_operator_with_its_reason(world: World) -> None:
+    p, o = world.conflict
+    refused, body = tool(world, "discard_dead_letter", key="key-agent", tenant=A, partition=p, offset=o, reason="x")
+    assert refused and body["status"] == 403 and body["detail"][0]["code"] == "forbidden", body
+    refused, body = tool(world, "dead_letters", key="key-agent", tenant=A)
+    assert refused and body["status"] == 403, body
+    failed, body = tool(world, "discard_dead_letter", tenant=A, partition=p, offset=o, reason="the original stands")
+    assert not failed and body["effect"] == "pending", body
+    world.caught_up()
+    failed, listed = tool(world, "dead_letters", tenant=A, state="discarded")
+    assert not failed, listed
+    [letter] = listed["dead_letters"]
+    assert (letter["partition"], letter["offset"]) == (p, o) and letter["state"] == "discarded", letter
+    assert letter["resolution"]["reason"] == "the original stands", letter
+    assert listed == world.get("/v1/dead-letters", tenant=A, state="discarded")  # the same answer as over HTTP
+    # the discard is an event of the subject the record named: the audit replay shows it beside the original
+    replay = world.get("/v1/subjects/user:1/events", tenant=A)["events"]
+    discard = [e for e in replay if e["type"] == "deadletter.discarded"]
+    assert [e["event"]["dead_letter"] for e in discard] == [{"partition": p, "offset": o}], replay
+    # nothing was deleted; nothing open is left for A; B's letter is still B's and open
+    assert world.letters(state="open") == {}
+    assert world.letters(B, "key-b")[world.other]["state"] == "open"
+    failed, body = tool(world, "redrive_dead_letter", tenant=A, partition=p, offset=o, event=wire("user:1", tenant=A))
+    assert failed and body["status"] == 409 and body["detail"][0]["code"] == "dead_letter_resolved", body
+
+
+def test_the_worker_counts_the_letters_by_state(world: World) -> None:
+    """A's two letters resolved (one each way); B's and the nameless record's open."""
+    want = {"open": 2.0, "redriven": 1.0, "discarded": 1.0}
+
+    def counted() -> bool:
+        text = httpx.get(f"http://127.0.0.1:{world.settings.worker_metrics_port}/metrics", timeout=10).text
+        got = {
+            s.labels["state"]: s.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "ledger_worker_dead_letters_by_state"
+            for s in family.samples
+        }
+        return got == want
+
+    wait_for(counted, 30, what=f"ledger_worker_dead_letters_by_state == {want}")
+
+
+def test_a_replay_of_the_log_in_any_order_changes_nothing(world: World) -> None:
+    """Every record applied twice, partitions in reverse order, into a fresh schema: the same letters and states."""
+    live = _states(world.settings, world.settings.pg_schema)
+    assert {row[5] for row in live} == {"redriven", "discarded", None}, live
+    replay = world.settings.model_copy(
+        update={"pg_schema": world.settings.pg_schema + "_replay", "key_schema": world.settings.keys_schema}
+    )
+    with psycopg.connect(replay.pg_dsn, autocommit=True) as admin:
+        create_schema(admin, replay.pg_schema)
+    try:
+        records = read_topic(world.settings)
+        with connect(replay.pg_dsn, replay.pg_schema) as conn:
+            keys = key_context(replay, conn)
+            conn.commit()
+            for consumer in ("replay-1", "replay-2"):  # the second: every record again, as a redelivery
+                recorder = Recorder(conn, consumer=consumer, topic=replay.topic, keys=keys)
+                for partition in sorted({r.partition for r in records}, reverse=True):
+                    batch = [
+                        decode_record(r.topic, r.partition, r.offset, r.value, key=r.key, timestamp_ms=r.timestamp)
+                        for r in records
+                        if r.partition == partition
+                    ]
+                    recorder.apply_batch(batch)
+        assert _states(world.settings, replay.pg_schema) == live
+    finally:
+        with psycopg.connect(replay.pg_dsn, autocommit=True) as admin:
+            drop_schema(admin, replay.pg_schema)
+
+
+def test_an_erasure_takes_the_resolutions_its_subjects_events_made(world: World) -> None:
+    """Erasing the subject the discard was filed under purges that event; the letter reads open again, as a rebuild
+    (which never applies the shredded discard) has it. The re-drive of another subject stays."""
+    r = world.http.delete("/v1/subjects/user:1", params={"tenant": A}, headers={"X-API-Key": "key-a"})
+    assert r.status_code == 202, r.text
+    world.caught_up()
+    letters = world.letters()
+    assert letters[world.conflict]["state"] == "open" and "resolution" not in letters[world.conflict], letters
+    assert letters[world.malformed]["state"] == "redriven", letters

@@ -1,0 +1,204 @@
+"""A fact about a never-seen entity is found exactly as soon as PostgreSQL holds it; the drainers wake on NOTIFY.
+
+Real stack on private names. The first test runs the projector worker and the app but no indexer: nothing ever
+reaches the search index, so an exact hit can only come from PostgreSQL's current state (recall.current), with
+every guarantee of the exact tier: the tenant, as_of, erased subjects and retracted facts, the hit's explanation.
+The second checks the class: PostgreSQL selects for any exact ask what the index returns, in its order.
+The third runs the indexer and the embedder with a 60 s poll interval: a new event is indexed (with its vectors)
+within seconds only because each wakes on the NOTIFY of the commit that gave it work (projections.search.drain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from elasticsearch import Elasticsearch
+
+from producers.contract import EventType, version_id_for
+from producers.settings import Settings
+from projections.search.cues import TimeRange
+from projections.search.recall.current import exact_current
+from projections.search.recall.index import ElasticIndex
+from projections.search.recall.model import RecallFilters, Scope
+from tests.conftest import unique
+from tests.support import Embedder, Indexer, asserted, async_pool, at, erased, marked, pipeline, private_store, wait_for
+from tests.support.writer import RecorderWriter, drain_all
+
+H = {"X-API-Key": "dev-key"}  # the default keys: tenants demo, acme and globex
+PORT = "project.port"
+ALIASES = ["backend port"]
+
+
+def _fact(entity: str, value: int, day: float, tenant: str = "acme") -> Any:
+    return asserted(
+        f"project:{entity}",
+        PORT,
+        value,
+        day,
+        tenant=tenant,
+        entities=[entity],
+        aliases=ALIASES,
+        content=f"{entity} listens on port {value}",
+    )
+
+
+def _recall(client: Any, tenant: str, query: str, **extra: Any) -> dict[str, Any]:
+    r = client.post("/v1/recall", json={"tenant": tenant, "query": query, "mode": "exact", **extra}, headers=H)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_never_seen_entity_is_found_exactly_from_postgresql_before_any_index_has_it(base_settings: Settings) -> None:
+    settings = base_settings.private(unique("xc"))
+    seed = [_fact("OLD1", 8000, 0), _fact("OLD2", 8001, 0, tenant="globex")]  # the key's alias is known
+    with pipeline(settings, seed=seed, indexer=False, app=True) as pipe:
+        client = pipe.client
+        assert client is not None
+        # the API has loaded both tenants' vocabularies: NEW7 and GONE5 are entities it has never seen
+        assert _recall(client, "acme", "NEW7 backend port")["cues"]["known_entities"] == []
+        assert _recall(client, "globex", "NEW7 backend port")["cues"]["known_entities"] == []
+
+        new = _fact("NEW7", 8443, 10)
+        twin = _fact("NEW7", 9999, 10, tenant="globex")  # another tenant's identical entity and key
+        gone, retracted = _fact("GONE5", 7000, 10), _fact("RET3", 7001, 10)
+        pipe.publish([new, twin, gone, retracted, marked(EventType.RETRACTED, "project:RET3", PORT, 11)])
+        pipe.caught_up()  # PostgreSQL holds them; no indexer runs, so the search index has none of them
+
+        for query in ("NEW7 backend port", "NEW7"):  # entity and key; the entity alone
+            body = _recall(client, "acme", query)
+            (hit,) = body["hits"]
+            assert hit["version_id"] == version_id_for("acme", new.event_id) and hit["value"] == 8443
+            assert hit["match"]["stage"] == "exact" and hit["score"] >= 1.0  # in the exact band
+            assert hit["match"]["verified"] == {"candidate": hit["version_id"]}
+            assert set(hit["match"]) == {"stage", "cues", "scores", "verified"}, hit["match"]
+            assert "exact_postgres" in body["trace"]["stages_ms"], body["trace"]  # where it came from
+        auto = _recall(client, "acme", "NEW7 backend port", mode="auto")
+        assert [h["match"]["stage"] for h in auto["hits"]] == ["exact"], auto
+
+        (other,) = _recall(client, "globex", "NEW7 backend port")["hits"]  # each tenant its own
+        assert other["version_id"] == version_id_for("globex", twin.event_id) and other["value"] == 9999
+
+        assert _recall(client, "acme", "NEW7 backend port", as_of=at(5).isoformat())["hits"] == []
+        assert _recall(client, "demo", "NEW7 backend port")["hits"] == []
+        assert _recall(client, "acme", "RET3 backend port")["hits"] == []  # retracted at day 11: forgotten
+        (was,) = _recall(client, "acme", "RET3 backend port", as_of=at(10.5).isoformat())["hits"]
+        assert was["version_id"] == version_id_for("acme", retracted.event_id)
+
+        (found,) = _recall(client, "acme", "GONE5 backend port")["hits"]
+        assert found["version_id"] == version_id_for("acme", gone.event_id)
+        pipe.publish([erased("project:GONE5")])
+        pipe.caught_up()
+        for query in ("GONE5 backend port", "GONE5"):
+            assert _recall(client, "acme", query)["hits"] == [], "an erased subject was answered"
+
+
+def test_the_indexer_and_the_embedder_wake_on_notify_not_on_their_poll(base_settings: Settings) -> None:
+    poll = 60.0  # far longer than the bounds below: only a wake-up on NOTIFY meets them
+    settings = base_settings.private(unique("wk"))
+    with (
+        pipeline(settings, seed=[_fact("SEED1", 8000, 0)], indexer=False) as pipe,
+        Indexer(settings, indexer_poll_s=poll) as indexer,
+        Embedder(settings, embedder_poll_s=poll) as embedder,
+        Elasticsearch(settings.es_url, request_timeout=10) as es,
+    ):
+        pipe.indexer, pipe.embedder = indexer, embedder  # settle() waits for both queues and checks both processes
+        pipe.settle(timeout=60)  # the seed: both started with work waiting (no wake-up needed), then sleep
+        time.sleep(1)  # both are waiting now
+        fresh = _fact("WAKE1", 8080, 1)
+        pipe.publish([fresh])
+        vid = version_id_for("acme", fresh.event_id)
+
+        def indexed() -> bool:
+            indexer.check()
+            return bool(es.search(index=settings.es_index, query={"ids": {"values": [vid]}})["hits"]["hits"])
+
+        wait_for(indexed, 10, 0.2, f"the new version to be indexed well before the {poll:g} s poll")
+        pipe.settle(timeout=15)  # and its vectors: the embedder woke, then the indexer again for the rewrite
+
+
+def test_postgresql_answers_every_exact_ask_as_the_index_does(base_settings: Settings) -> None:
+    """The class: for any ask (ids, keys, event types, subject, filters, time cue, as_of, known_at), the rows
+    recall.current selects in PostgreSQL are the documents the index's exact search returns, in the same order."""
+    settings = base_settings.private(unique("xq"))
+    with private_store(settings) as (conn, es), RecorderWriter(settings) as w:
+        fact = w.assert_fact
+        fact("acme", "project:P1", "project.port", "P1 port 8080", 8080, aliases=ALIASES, valid_from=at(0))
+        fact("acme", "project:P1", "project.port", "P1 port 9090", 9090, aliases=ALIASES, valid_from=at(5))
+        fact("acme", "project:P1", "project.owner", "P1 owner Ann", "ann", valid_from=at(1), tags=["team"])
+        fact(
+            "acme",
+            "order:OD7",
+            "order.status",
+            "OD7 was refunded",
+            "r",
+            kind="event",
+            entities=["Ｐ１"],
+            valid_from=at(2),
+        )
+        fact("acme", "user:42", "pref.seat", "window seat on P1", "w", entities=["p1", "U42"], valid_from=at(3))
+        fact("acme", "user:42", None, "we talked about P1", None, kind="episodic", entities=["P1"], valid_from=at(4))
+        fact("globex", "project:P1", "project.port", "P1 port 1", 1, aliases=ALIASES, valid_from=at(0))
+        # two episodes in one millisecond (the index keeps milliseconds): ordered by id, not by the microseconds
+        later, earlier = next(
+            (a, b)
+            for a, b in ((uuid.uuid4().hex, uuid.uuid4().hex) for _ in range(100))
+            if version_id_for("acme", a) > version_id_for("acme", b)  # the later one sorts last by id
+        )
+        for eid, us in ((later, 700), (earlier, 200)):
+            when = at(3) + timedelta(microseconds=us)
+            fact(
+                "acme",
+                "user:43",
+                None,
+                f"tie {us}",
+                None,
+                kind="episodic",
+                entities=["P1"],
+                valid_from=when,
+                event_id=eid,
+            )
+        w.apply(marked(EventType.RETRACTED, "project:P1", "project.owner", 6))
+        drain_all(settings, conn, es, None)
+
+        async def compare() -> int:
+            from elasticsearch import AsyncElasticsearch
+
+            pool = async_pool(settings)
+            await pool.open()
+            index = ElasticIndex(AsyncElasticsearch(settings.es_url), settings.es_index)
+            compared = 0
+            try:
+                grid = itertools.product(  # every combination of what an ask can carry, in the acme tenant
+                    ("acme",),
+                    (("p1",), ("project:p1",), ("u42", "od7")),
+                    ((), (PORT,), ("project.owner", "pref.seat")),
+                    ((), ("refund",)),
+                    (None, "project:P1"),
+                    (RecallFilters(), RecallFilters(kind=("state", "event")), RecallFilters(tags=("team",))),
+                    (None, TimeRange(at(1.5), at(2.5), "day 2")),
+                    (2.5, 5.5),
+                    (None, at(4.5)),
+                )
+                others = [  # another tenant's identical ids, ids nobody has, long after
+                    ("globex", ("p1",), (PORT,), (), None, RecallFilters(), None, 30, None),
+                    ("globex", ("project:p1",), (), (), None, RecallFilters(), None, 30, at(4.5)),
+                    ("acme", ("nobody",), (), (), None, RecallFilters(), None, 30, None),
+                    ("acme", ("p1",), (), (), None, RecallFilters(), None, 30, None),
+                ]
+                for tenant, ids, keys, types, subject, filters, time, day, known in [*grid, *others]:
+                    scope = Scope(tenant, at(day), subject, filters, time, known_at=known).about(entities=ids)
+                    want = await index.exact(scope, keys, types, 20)
+                    got = await exact_current(pool, scope, keys, types, 20)
+                    assert [c.version_id for c in got] == [c.version_id for c in want], scope
+                    compared += bool(want)
+            finally:
+                await index.es.close()
+                await pool.close()
+            return compared
+
+        assert asyncio.run(compare()) > 200  # most asks find something: not a comparison of empty lists

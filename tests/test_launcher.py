@@ -1,0 +1,110 @@
+"""`infra.procs.launch` / `terminate` / `spawn`: the one launcher of infra, the benchmarks (bench.services) and the
+tests (tests.support.processes), on throwaway `python -c` children (no server)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+
+import pytest
+
+from infra.procs import InfraError, already_up, launch, pid_alive, read_pid, spawn, terminate
+
+pytestmark = pytest.mark.unit
+
+# prints its environment variable, starts a grandchild in its own process group, says its pid, then waits
+PARENT = """
+import os, subprocess, sys, time
+print("value", os.environ.get("LAUNCH_PROBE"), flush=True)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print("grandchild", child.pid, flush=True)
+time.sleep(60)
+"""
+STUBBORN = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _wait_for(log, text: str) -> str:
+    deadline = time.monotonic() + 20
+    while text not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    return log.read_text()
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_launched_child_gets_exactly_its_env_its_log_and_its_own_group(tmp_path):
+    log = tmp_path / "logs" / "parent.log"  # the folder is made
+    proc = launch([sys.executable, "-c", PARENT], log, {**os.environ, "LAUNCH_PROBE": "seen"}, tmp_path)
+    try:
+        text = _wait_for(log, "grandchild")
+        assert "value seen" in text
+        assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0)  # new_session: a group of its own
+        grandchild = int(text.split("grandchild")[1].split()[0])
+        terminate(proc, 10, group=True)
+        assert proc.returncode is not None and _gone(grandchild)  # the whole group ended
+    finally:
+        terminate(proc, 1, group=True)
+
+
+def test_in_the_callers_group_only_the_child_is_signalled(tmp_path):
+    log = tmp_path / "child.log"
+    proc = launch([sys.executable, "-c", PARENT], log, dict(os.environ), new_session=False)
+    grandchild = int(_wait_for(log, "grandchild").split("grandchild")[1].split()[0])
+    try:
+        assert os.getpgid(proc.pid) == os.getpgid(0)
+        terminate(proc, 10)
+        assert proc.returncode is not None and pid_alive(grandchild)
+    finally:
+        os.kill(grandchild, 9)
+        _gone(grandchild)
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_the_timeout(tmp_path):
+    log = tmp_path / "stubborn.log"
+    proc = launch([sys.executable, "-c", STUBBORN], log)
+    _wait_for(log, "ready")
+    started = time.monotonic()
+    terminate(proc, 0.5, group=True)
+    assert proc.returncode == -9 and time.monotonic() - started < 10
+    terminate(proc, 0.5, group=True)  # an ended child: nothing to do
+
+
+def test_spawn_adds_env_to_ours_and_writes_the_pid_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCH_INHERITED", "kept")
+    code = "import os; print(os.environ['LAUNCH_INHERITED'], os.environ['LAUNCH_PROBE'], flush=True)"
+    pid = spawn([sys.executable, "-c", code], tmp_path / "s.log", tmp_path / "run" / "s.pid", env={"LAUNCH_PROBE": "x"})
+    assert read_pid(tmp_path / "run" / "s.pid") == pid
+    assert _wait_for(tmp_path / "s.log", "kept x")
+    os.waitpid(pid, 0)
+
+
+def test_a_server_is_adopted_when_ours_runs_and_never_started_beside_a_strangers(tmp_path):
+    """`already_up`, before infra starts Kafka or Elasticsearch: ours running -> wait for its health, start nothing;
+    a port held by a process infra did not start -> refuse; else -> start it."""
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.1", 0))
+        stranger.listen()
+        held = stranger.getsockname()
+        probes: list[str] = []
+        assert already_up("x", lambda: os.getpid(), lambda: probes.append("health") or True, held, 5, None) is True
+        assert probes == ["health"]  # ours: adopted once healthy, the port being ours too
+        with pytest.raises(InfraError, match=f"port {held[1]} is taken"):
+            already_up("x", lambda: None, lambda: True, held, 5, None)
+    assert already_up("x", lambda: None, lambda: True, held, 5, None) is False  # free: start it
+    with pytest.raises(InfraError, match="not healthy"):
+        already_up("x", lambda: os.getpid(), lambda: False, held, 0.1, None)

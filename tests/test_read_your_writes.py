@@ -1,0 +1,367 @@
+"""Read-your-writes: every write door answers a consistency token, every read door takes it as `after`.
+
+One private ledger for the module (tests.support.pipeline: worker, indexer, embedder), the HTTP API and the MCP
+server (Streamable HTTP) as children on free ports. What is proved on the real stack:
+- a write then a read with its token never misses the write: a new value of one fact, then the answer, in many
+  pairs at once, over HTTP and over MCP (where a session's `recall` after its `remember` waits by default);
+- the token of each write door (POST /v1/events, the SDK, MCP remember and forget, DELETE /v1/subjects) is taken
+  by each read door (HTTP, the read client, MCP), and the answer says which positions it reflects;
+- a frozen worker (or indexer) makes the read answer `not_yet` (503, field `after`, the positions reached) within
+  the bound, never hang and never answer stale; once it runs again the same read answers;
+- a token that is not one is a 422 naming `after`, at every read door.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import httpx
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from api.client import LedgerClient, LedgerError
+from producers.consistency import decode_token, encode_token, merge_tokens, token_of
+from producers.sdk import LedgerProducer
+from producers.settings import Settings
+from tests.conftest import unique
+from tests.support import TENANT, asserted, pipeline
+from tests.support.processes import Process
+from tests.support.servers import ApiServer, McpHttpServer
+
+KEY = "k-ryw"
+OTHER = "k-other"
+KEYS = {KEY: [TENANT], OTHER: ["globex"]}
+H = {"X-API-Key": KEY}
+BOUND_S = 2.0  # the read's wait (api.consistency): past it, not_yet
+PAIRS = 50
+
+
+@pytest.fixture(scope="module")
+def stack(base_settings: Settings) -> Iterator[dict[str, Any]]:
+    settings = base_settings.private(unique("ryw"), api_keys=KEYS)
+    with pipeline(settings, seed=[asserted("user:warmup", "pref.drink", "tea")]) as pipe:
+        with ApiServer(settings) as api, McpHttpServer(settings) as mcp:
+            yield {"settings": settings, "pipe": pipe, "api": api.url, "mcp": mcp.url}
+
+
+def _fact(subject: str, value: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "type": "memory.asserted",
+        "tenant": TENANT,
+        "subject": subject,
+        "key": "pref.drink",
+        "value": value,
+        "content": f"{subject} drinks {value}",
+        "aliases": ["favourite drink"],
+        **fields,
+    }
+
+
+def _values(recall: dict[str, Any]) -> list[Any]:
+    return [h["value"] for h in recall["hits"]]
+
+
+@asynccontextmanager
+async def mcp_client(stack: dict[str, Any]) -> AsyncIterator[Client]:
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as http:
+        async with Client(streamable_http_client(stack["mcp"], http_client=http)) as client:
+            yield client
+
+
+async def tool(client: Client, name: str, arguments: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+    r = await client.call_tool(name, arguments)
+    return bool(r.is_error), r.structured_content or {}
+
+
+@contextmanager
+def frozen(process: Process | None) -> Iterator[None]:
+    """SIGSTOP the child (it stops mid-work, like a stuck worker), SIGCONT on the way out."""
+    assert process is not None and process.proc is not None and process.alive()
+    os.kill(process.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(process.proc.pid, signal.SIGCONT)
+
+
+# -- the token itself (pure) ----------------------------------------------------------------------------------------
+
+
+def test_a_token_names_the_next_positions_and_merges_by_partition() -> None:
+    token = token_of([(0, 41), (2, 7), (0, 40)])
+    assert decode_token(token) == {0: 42, 2: 8}  # the next offset: "reached" is stored >= it
+    assert decode_token(encode_token({3: 0})) == {3: 0}
+    merged = merge_tokens(token, encode_token({0: 10, 1: 5}), None)
+    assert merged is not None and decode_token(merged) == {0: 42, 1: 5, 2: 8}
+    assert merge_tokens(None, None) is None and token_of([]) is None
+    for garbage in (
+        "",
+        "x",
+        "v1.",
+        "v1.!!",
+        "v9.MDox",
+        token + "!",
+        token[:-1],
+        encode_token({0: 1}).upper(),
+        "v1." + "A" * 5000,
+    ):
+        with pytest.raises(ValueError):
+            decode_token(garbage)
+
+
+# -- a write, then a read with its token, never misses --------------------------------------------------------------
+
+
+def test_http_write_then_read_with_its_token_never_misses(stack: dict[str, Any]) -> None:
+    """Chains of (new value, recall with the token, facts with the token), the chains at once."""
+
+    async def chain(http: httpx.AsyncClient, n: int, pairs: int) -> list[str]:
+        subject, misses = f"user:http-{n}-{uuid.uuid4().hex[:6]}", []
+        for i in range(pairs):
+            value = f"drink-{n}-{i}-{uuid.uuid4().hex[:4]}"
+            wrote = await http.post("/v1/events", json={"events": [_fact(subject, value)]})
+            assert wrote.status_code == 200, wrote.text
+            token = wrote.json()["consistency_token"]
+            ask = {"tenant": TENANT, "subject": subject, "query": "favourite drink", "after": token}
+            recalled = await http.post("/v1/recall", json=ask)
+            assert recalled.status_code == 200, recalled.text
+            facts = await http.get(f"/v1/subjects/{subject}/facts", params={"tenant": TENANT, "after": token})
+            assert facts.status_code == 200, facts.text
+            if _values(recalled.json())[:1] != [value]:
+                misses.append(f"recall {value}: {_values(recalled.json())}")
+            if [f["value"] for f in facts.json()["facts"]] != [value]:
+                misses.append(f"facts {value}: {facts.json()['facts']}")
+            assert decode_token(recalled.json()["trace"]["consistency"]["reflects"])  # which positions it reflects
+        return misses
+
+    async def scenario() -> list[str]:
+        async with httpx.AsyncClient(base_url=stack["api"], headers=H, timeout=30) as http:
+            found = await asyncio.gather(*(chain(http, n, PAIRS // 10) for n in range(10)))
+        return [m for ms in found for m in ms]
+
+    assert asyncio.run(scenario()) == []
+
+
+def test_mcp_remember_then_recall_is_read_your_writes_by_default(stack: dict[str, Any]) -> None:
+    """No `after` passed: the session's last write token makes recall and facts wait for it."""
+
+    async def chain(n: int, pairs: int) -> list[str]:
+        subject, misses = f"user:mcp-{n}-{uuid.uuid4().hex[:6]}", []
+        async with mcp_client(stack) as client:
+            for i in range(pairs):
+                value = f"drink-{n}-{i}-{uuid.uuid4().hex[:4]}"
+                args = {k: v for k, v in _fact(subject, value).items() if k != "type"}
+                failed, wrote = await tool(client, "remember", {**args, "event_id": uuid.uuid4().hex})
+                assert not failed and wrote["consistency_token"], wrote
+                failed, recalled = await tool(client, "recall", {"subject": subject, "query": "favourite drink"})
+                assert not failed, recalled
+                if _values(recalled)[:1] != [value]:
+                    misses.append(f"recall {value}: {_values(recalled)}")
+                failed, facts = await tool(client, "facts", {"subject": subject})
+                assert not failed, facts
+                if [f["value"] for f in facts["facts"]] != [value]:
+                    misses.append(f"facts {value}: {facts['facts']}")
+        return misses
+
+    async def scenario() -> list[str]:
+        found = await asyncio.gather(*(chain(n, PAIRS // 10) for n in range(10)))
+        return [m for ms in found for m in ms]
+
+    assert asyncio.run(scenario()) == []
+
+
+# -- every write door's token, at every read door -------------------------------------------------------------------
+
+
+def _writes(stack: dict[str, Any], subject: str) -> dict[str, str]:
+    """door -> the token its write answered; each write is a new value of the subject's fact (the last: erasure)."""
+    settings, tokens = stack["settings"], {}
+    r = httpx.post(stack["api"] + "/v1/events", headers=H, json={"events": [_fact(subject, "http")]}, timeout=30)
+    assert r.status_code == 200, r.text
+    tokens["http"] = r.json()["consistency_token"]
+    with LedgerProducer(settings) as producer:
+        one = producer.publish(_fact(subject, "sdk"))
+        many = producer.publish_many([_fact(subject, "sdk-many")])
+    assert decode_token(one.token) == {one.partition: one.offset + 1}
+    tokens["sdk"], tokens["sdk_many"] = one.token, many.token
+
+    async def remember() -> tuple[str, str]:
+        async with mcp_client(stack) as client:
+            args = {k: v for k, v in _fact(subject, "mcp").items() if k != "type"}
+            failed, wrote = await tool(client, "remember", {**args, "event_id": uuid.uuid4().hex})
+            assert not failed, wrote
+            failed, forgot = await tool(
+                client, "forget", {"subject": subject + "-gone", "erase_subject": True, "reason": "test"}
+            )
+            assert not failed, forgot
+            return wrote["consistency_token"], forgot["consistency_token"]
+
+    tokens["mcp_remember"], tokens["mcp_forget"] = asyncio.run(remember())
+    r = httpx.delete(f"{stack['api']}/v1/subjects/{subject}-gone", params={"tenant": TENANT}, headers=H, timeout=30)
+    assert r.status_code == 202, r.text
+    tokens["erasure"] = r.json()["consistency_token"]
+    return tokens
+
+
+def test_every_write_doors_token_is_taken_by_every_read_door(stack: dict[str, Any]) -> None:
+    subject = f"user:doors-{uuid.uuid4().hex[:6]}"
+    tokens = _writes(stack, subject)
+    assert all(decode_token(t) for t in tokens.values()), tokens
+    memory_id = None
+    for door, token in tokens.items():
+        # HTTP
+        q = {"tenant": TENANT, "after": token}
+        facts = httpx.get(f"{stack['api']}/v1/subjects/{subject}/facts", params=q, headers=H, timeout=30)
+        assert facts.status_code == 200, (door, facts.text)
+        assert decode_token(facts.json()["consistency"]["reflects"]), door
+        memory_id = facts.json()["facts"][0]["memory_id"]
+        for path in (f"/v1/subjects/{subject}/events", f"/v1/facts/{memory_id}/history"):
+            r = httpx.get(stack["api"] + path, params=q, headers=H, timeout=30)
+            assert r.status_code == 200 and r.json()["consistency"]["after"] == token, (door, path, r.text)
+        ask = {"tenant": TENANT, "subject": subject, "after": token}
+        r = httpx.post(stack["api"] + "/v1/recall", json={**ask, "query": "favourite drink"}, headers=H, timeout=30)
+        assert r.status_code == 200 and r.json()["trace"]["consistency"]["after"] == token, (door, r.text)
+        r = httpx.post(stack["api"] + "/v1/context", json={**ask, "format": "json"}, headers=H, timeout=30)
+        assert r.status_code == 200 and r.json()["consistency"]["after"] == token, (door, r.text)
+        r = httpx.post(stack["api"] + "/v1/context", json={**ask, "format": "text"}, headers=H, timeout=30)
+        assert r.status_code == 200 and decode_token(r.headers["x-consistency-reflects"]), (door, r.text)
+        # the read client
+        with LedgerClient(stack["api"], api_key=KEY, tenant=TENANT) as client:
+            assert client.facts(subject, after=token).facts, door
+            assert client.recall("favourite drink", subject=subject, after=token).trace.consistency, door
+            assert client.history(memory_id, after=token).versions, door
+            assert client.events(subject, after=token).events, door
+            assert client.context(subject, "favourite drink", after=token).lines, door
+
+    async def mcp_reads() -> None:
+        async with mcp_client(stack) as client:
+            for door, token in tokens.items():
+                for name, args in (
+                    ("facts", {"subject": subject}),
+                    ("fact_history", {"memory_id": memory_id}),
+                    ("recall", {"subject": subject, "query": "favourite drink"}),
+                    ("recall_at", {"subject": subject, "query": "favourite drink", "as_of": "2030-01-01T00:00:00Z"}),
+                    ("context", {"subject": subject, "format": "json"}),
+                ):
+                    failed, out = await tool(client, name, {**args, "after": token})
+                    assert not failed, (door, name, out)
+
+    asyncio.run(mcp_reads())
+    final = httpx.get(f"{stack['api']}/v1/subjects/{subject}/facts", params={"tenant": TENANT}, headers=H, timeout=30)
+    assert [f["value"] for f in final.json()["facts"]] == ["mcp"]  # the last value written, as every read saw
+
+
+def test_another_tenants_token_waits_for_the_log_and_tells_nothing_of_its_data(stack: dict[str, Any]) -> None:
+    """A token names global log positions: another tenant's read waits for them and answers its own data only."""
+    subject = f"user:shared-{uuid.uuid4().hex[:6]}"
+    r = httpx.post(stack["api"] + "/v1/events", headers=H, json={"events": [_fact(subject, "acme-secret")]}, timeout=30)
+    token = r.json()["consistency_token"]
+    url, other = f"{stack['api']}/v1/subjects/{subject}/facts", {"X-API-Key": OTHER}
+    plain = httpx.get(url, params={"tenant": "globex"}, headers=other, timeout=30).json()
+    waited = httpx.get(url, params={"tenant": "globex", "after": token}, headers=other, timeout=30).json()
+    assert waited["facts"] == plain["facts"] == [] and "acme-secret" not in str(waited), waited
+    ask = {"tenant": "globex", "query": "favourite drink", "after": token}
+    r = httpx.post(stack["api"] + "/v1/recall", json=ask, headers=other, timeout=30)
+    assert r.status_code == 200 and r.json()["hits"] == [] and "acme" not in str(r.json()["hits"]), r.text
+
+
+# -- a stopped worker: not_yet within the bound, never stale, never a hang ------------------------------------------
+
+
+def _not_yet(status: int, body: dict[str, Any]) -> str:
+    assert status == 503, body
+    (item,) = body["detail"]
+    assert item["code"] == "not_yet" and item["field"] == "after", item
+    return item["message"]
+
+
+def test_a_frozen_worker_makes_the_read_answer_not_yet_within_the_bound(stack: dict[str, Any]) -> None:
+    pipe, subject = stack["pipe"], f"user:frozen-{uuid.uuid4().hex[:6]}"
+    r = httpx.post(stack["api"] + "/v1/events", headers=H, json={"events": [_fact(subject, "before")]}, timeout=30)
+    before = r.json()["consistency_token"]
+    facts_url = f"{stack['api']}/v1/subjects/{subject}/facts"
+    assert httpx.get(facts_url, params={"tenant": TENANT, "after": before}, headers=H, timeout=30).status_code == 200
+    with frozen(pipe.worker):
+        r = httpx.post(stack["api"] + "/v1/events", headers=H, json={"events": [_fact(subject, "after")]}, timeout=30)
+        token = r.json()["consistency_token"]
+        reads = [
+            ("GET", facts_url, {"params": {"tenant": TENANT, "after": token}}),
+            ("POST", stack["api"] + "/v1/recall", {"json": {"tenant": TENANT, "query": "drink", "after": token}}),
+        ]
+        for method, url, kwargs in reads:
+            started = time.monotonic()
+            r = httpx.request(method, url, headers=H, timeout=30, **kwargs)
+            took = time.monotonic() - started
+            message = _not_yet(r.status_code, r.json())
+            assert BOUND_S - 0.1 <= took < BOUND_S + 1.5, took
+            assert encode_token(decode_token(before)) in message or "reached" in message, message
+
+        async def mcp() -> tuple[str, str]:
+            async with mcp_client(stack) as client:
+                args = {k: v for k, v in _fact(subject, "mcp").items() if k != "type"}
+                failed, _ = await tool(client, "remember", {**args, "event_id": uuid.uuid4().hex})
+                assert not failed
+                failed, out = await tool(client, "recall", {"subject": subject, "query": "favourite drink"})
+                assert failed, out  # the session's own write is not applied: never the old value
+                explicit_failed, explicit = await tool(client, "facts", {"subject": subject, "after": token})
+                assert explicit_failed, explicit
+                return _not_yet(out["status"], out), _not_yet(explicit["status"], explicit)
+
+        asyncio.run(mcp())
+    # running again: the same reads answer the new value
+    r = httpx.get(facts_url, params={"tenant": TENANT, "after": token}, headers=H, timeout=30)
+    assert r.status_code == 200 and [f["value"] for f in r.json()["facts"]] in (["after"], ["mcp"]), r.text
+
+
+def test_a_frozen_indexer_holds_recall_but_not_facts(stack: dict[str, Any]) -> None:
+    """The stages: facts need the projection only; recall needs the search index too."""
+    pipe, subject = stack["pipe"], f"user:idx-{uuid.uuid4().hex[:6]}"
+    with frozen(pipe.indexer):
+        r = httpx.post(stack["api"] + "/v1/events", headers=H, json={"events": [_fact(subject, "new")]}, timeout=30)
+        token = r.json()["consistency_token"]
+        q = {"tenant": TENANT, "after": token}
+        r = httpx.get(f"{stack['api']}/v1/subjects/{subject}/facts", params=q, headers=H, timeout=30)
+        assert r.status_code == 200 and r.json()["facts"][0]["value"] == "new", r.text
+        ask = {"tenant": TENANT, "subject": subject, "query": "favourite drink", "after": token}
+        r = httpx.post(stack["api"] + "/v1/recall", json=ask, headers=H, timeout=30)
+        _not_yet(r.status_code, r.json())
+    r = httpx.post(stack["api"] + "/v1/recall", json=ask, headers=H, timeout=30)
+    assert r.status_code == 200 and _values(r.json())[:1] == ["new"], r.text
+
+
+# -- garbage: 422 naming `after` ------------------------------------------------------------------------------------
+
+GARBAGE = ["", "nope", "v1.", "v1.@@@", "v1." + "A" * 5000, "v1.LTE6NQ"]  # the last: partition -1
+
+
+def test_a_token_that_is_not_one_is_422_naming_after_at_every_door(stack: dict[str, Any]) -> None:
+    subject = "user:warmup"
+    for bad in GARBAGE:
+        q = {"tenant": TENANT, "after": bad}
+        for path in (f"/v1/subjects/{subject}/facts", f"/v1/subjects/{subject}/events", "/v1/facts/m1/history"):
+            r = httpx.get(stack["api"] + path, params=q, headers=H, timeout=30)
+            assert r.status_code == 422 and r.json()["detail"][0]["field"] == "after", (bad, path, r.text)
+        for path, body in (("/v1/recall", {"query": "drink"}), ("/v1/context", {"subject": subject})):
+            r = httpx.post(stack["api"] + path, json={**q, **body}, headers=H, timeout=30)
+            assert r.status_code == 422 and r.json()["detail"][0]["field"] == "after", (bad, path, r.text)
+        with LedgerClient(stack["api"], api_key=KEY, tenant=TENANT) as client, pytest.raises(LedgerError) as err:
+            client.facts(subject, after=bad)
+        assert (err.value.status, err.value.field) == (422, "after")
+
+    async def mcp() -> None:
+        async with mcp_client(stack) as client:
+            for bad in GARBAGE:
+                for name, args in (("facts", {"subject": subject}), ("recall", {"query": "drink"})):
+                    failed, out = await tool(client, name, {**args, "after": bad})
+                    assert failed and out["status"] == 422 and out["detail"][0]["field"] == "after", (name, out)
+
+    asyncio.run(mcp())
