@@ -288,7 +288,7 @@ class KafkaCluster:
             with self._admin() as admin:
                 return call(admin)
 
-        lost = (Errors.KafkaConnectionError, Errors.NoBrokersAvailable, Errors.KafkaTimeoutError)
+        lost = (Errors.KafkaConnectionError, Errors.BrokerNotAvailableError, Errors.KafkaTimeoutError)
         return retry(once, attempts=attempts, retry_on=lost, step_s=0.2)
 
     def _admin(self) -> KafkaAdminClient:

@@ -97,7 +97,8 @@ ROUTES: list[tuple[str, str, dict | None, set[str]]] = [
     ("GET", f"/v1/subjects/svc:warm-1/events?tenant={TENANT}", None, {"postgres"}),
     ("GET", f"/v1/facts/0123456789abcdef0123456789abcdef/history?tenant={TENANT}", None, {"postgres"}),
     ("GET", f"/v1/stats?tenant={TENANT}", None, {"postgres"}),
-    ("POST", "/v1/recall", {"tenant": TENANT, "query": "WARM1 setting k1"}, {"postgres", "elasticsearch"}),
+    # an exact question naming an entity id is answered from PostgreSQL's current state: the index may be down
+    ("POST", "/v1/recall", {"tenant": TENANT, "query": "WARM1 setting k1"}, {"postgres"}),
     (
         "POST",
         "/v1/recall",
