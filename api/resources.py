@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -57,6 +58,8 @@ from producers.topics import EndOffsetReader
 from projections.postgres.connection import configure_pool
 from projections.search.client import async_es_client
 from projections.search.recall import RecallEngine
+
+GIL_SWITCH_INTERVAL_S = 0.0005  # see Resources.open: the longest the event loop waits for a busy thread
 
 __all__ = ["Backoff", "ProbeCache", "Resources"]
 
@@ -123,6 +126,10 @@ class Resources:
     async def open(cls, settings: Settings, *, warm_embedder: bool = True) -> AsyncIterator[Resources]:
         """Open everything (no store is contacted yet, so a store that is down does not stop start-up); close
         it all on exit, whatever failed. `warm_embedder=False` leaves the model to the first semantic query."""
+        # a worker thread running CPU work (a 1000-event publish judged, a rerank's tokenizing) holds the GIL for
+        # the interpreter's switch interval each time the event loop asks for it back (5 ms by default): a read
+        # of another tenant that needs the loop a dozen times then waits a dozen intervals
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         async with contextlib.AsyncExitStack() as stack:
             pool = AsyncConnectionPool(
                 settings.pg_dsn,

@@ -97,22 +97,21 @@ def _status(results: list[dict[str, Any]], broker_failed: bool) -> int:
 
 
 async def _claims(
-    res: Resources, settings: Settings, events: list[MemoryEvent]
+    res: Resources, settings: Settings, ids: list[tuple[str, str, str]]
 ) -> tuple[dict[tuple[str, str], Claim], str | None]:
-    """{(tenant, event_id): Claim} for the events about to be published (each id once), claimed in PostgreSQL in
-    one statement (projections.postgres.idempotency.claim_events), and why the claim was skipped (None: it was not).
+    """{(tenant, event_id): Claim} for the events about to be published, given as (tenant, event_id, fingerprint)
+    (each id once), claimed in PostgreSQL in one statement (projections.postgres.idempotency.claim_events), and
+    why the claim was skipped (None: it was not).
 
     The claim is what every door (each API process, MCP) shares: the same id with other content, published a
     moment ago by another door and not applied yet, is a conflict here. Each event names a tenant the caller may
     use (tenancy was checked first): no answer depends on another tenant's ids. A PostgreSQL failure never blocks
     publishing.
     """
-    if not events:
+    if not ids:
         return {}, None
     if res.door_check.active():
         return {}, "postgres failed a moment ago: ids were not claimed"
-    # a fingerprint per event (up to 1000 of them): CPU work, off the event loop
-    ids = await run_in_threadpool(lambda: [(e.tenant, e.event_id, e.fingerprint) for e in events])
     try:
         async with res.pool.connection(timeout=settings.pg_door_check_timeout_s) as conn:
             claims = await claim_events(conn, ids)
@@ -123,7 +122,7 @@ async def _claims(
         res.door_check.trip(DOOR_CHECK_BACKOFF_S)
         log.warning("POST /v1/events: idempotency claim skipped: %s: %s", type(exc).__name__, exc)
         return {}, f"postgres unavailable ({type(exc).__name__}): ids were not claimed"
-    return {(e.tenant, e.event_id): c for e, c in zip(events, claims, strict=True)}, None
+    return {(tenant, event_id): c for (tenant, event_id, _), c in zip(ids, claims, strict=True)}, None
 
 
 async def _release(res: Resources, settings: Settings, events: list[MemoryEvent]) -> None:
@@ -164,6 +163,7 @@ async def publish_events(res: Resources, tenants: frozenset[str], events: list[A
     skew, now = timedelta(seconds=settings.max_future_skew_s), datetime.now(UTC)
     results: list[dict[str, Any] | None] = [None] * len(events)
     first: dict[tuple[str, str], tuple[int, MemoryEvent]] = {}  # the first occurrence of each id in this request
+    fingerprints: dict[tuple[str, str], str] = {}  # of each first occurrence: what the claim holds
     repeats: list[tuple[int, MemoryEvent, int]] = []  # (index, event, index of its first occurrence)
 
     def judge() -> None:
@@ -175,47 +175,54 @@ async def publish_events(res: Resources, tenants: frozenset[str], events: list[A
                 continue
             key = (event.tenant, event.event_id)
             if key not in first:
-                first[key] = (i, event)
-            elif first[key][1].fingerprint == event.fingerprint:
+                first[key], fingerprints[key] = (i, event), event.fingerprint
+            elif fingerprints[key] == event.fingerprint:
                 repeats.append((i, event, first[key][0]))
             else:
                 results[i] = _conflict(i, event, f"events.{first[key][0]} of this request")
 
-    # up to 1000 events judged by the contract: CPU work in a worker thread, never on the event loop
+    # up to 1000 events judged by the contract and fingerprinted: CPU work in a worker thread, not on the event loop
     await run_in_threadpool(judge)
 
     # every id is claimed, generated ones too: GET /v1/events/{event_id} then says `pending` until it is applied
-    claims, skipped = await _claims(res, settings, [event for _, event in first.values()])
-    to_send: list[tuple[int, MemoryEvent]] = []
-    for key, (i, event) in first.items():
-        claim = claims.get(key)
-        if claim is None or claim.state in ("new", "claimed"):  # "claimed": a retry in flight, applied once
-            to_send.append((i, event))
-        elif claim.state == "applied":  # a retry of an applied event: nothing published again
-            results[i] = _accepted(event, claim.partition, claim.offset, duplicate=True)
-        elif claim.state == "erased":  # a retry of an erased event: never published again
-            results[i] = _accepted(event, None, None, duplicate=True, erased=True)
-        elif claim.holder == "applied":
-            results[i] = _conflict(i, event, f"applied at partition {claim.partition}, offset {claim.offset}")
-        else:
-            results[i] = _conflict(i, event, _HELD_BY[claim.holder or "claimed"])
+    claims, skipped = await _claims(res, settings, [(*key, fp) for key, fp in fingerprints.items()])
 
-    broker_failure: PublishError | None = None
-    unsent: list[MemoryEvent] = []  # refused by the producer before sending: their claims are released
-    if to_send:
-        outcomes = await run_in_threadpool(res.producer.send_many, [e for _, e in to_send], report_invalid=True)
-        for (i, event), outcome in zip(to_send, outcomes, strict=True):
-            if isinstance(outcome, InvalidEvent):  # too large, or an id this process sent with other content
-                results[i] = _invalid(i, events[i], outcome)
-                results[i]["event_id"] = event.event_id
-                if outcome.code != "event_id_conflict":
-                    unsent.append(event)
-            elif isinstance(outcome, PublishError):
-                broker_failure = outcome
-                results[i] = _refused(i, events[i], {**outcome.as_dict(), "field": f"events.{i}"})
-                results[i]["event_id"] = event.event_id
+    def answer_and_publish() -> tuple[PublishError | None, list[MemoryEvent]]:
+        """Answer each id from its claim and publish the new ones (the broker's failure, the events the producer
+        refused before sending): up to 1000 answers and the producer's waits, in a worker thread."""
+        to_send: list[tuple[int, MemoryEvent]] = []
+        for key, (i, event) in first.items():
+            claim = claims.get(key)
+            if claim is None or claim.state in ("new", "claimed"):  # "claimed": a retry in flight, applied once
+                to_send.append((i, event))
+            elif claim.state == "applied":  # a retry of an applied event: nothing published again
+                results[i] = _accepted(event, claim.partition, claim.offset, duplicate=True)
+            elif claim.state == "erased":  # a retry of an erased event: never published again
+                results[i] = _accepted(event, None, None, duplicate=True, erased=True)
+            elif claim.holder == "applied":
+                results[i] = _conflict(i, event, f"applied at partition {claim.partition}, offset {claim.offset}")
             else:
-                results[i] = _accepted(event, outcome.partition, outcome.offset)
+                results[i] = _conflict(i, event, _HELD_BY[claim.holder or "claimed"])
+
+        broker_failure: PublishError | None = None
+        unsent: list[MemoryEvent] = []  # refused by the producer before sending: their claims are released
+        if to_send:
+            outcomes = res.producer.send_many([e for _, e in to_send], report_invalid=True)
+            for (i, event), outcome in zip(to_send, outcomes, strict=True):
+                if isinstance(outcome, InvalidEvent):  # too large, or an id this process sent with other content
+                    results[i] = _invalid(i, events[i], outcome)
+                    results[i]["event_id"] = event.event_id
+                    if outcome.code != "event_id_conflict":
+                        unsent.append(event)
+                elif isinstance(outcome, PublishError):
+                    broker_failure = outcome
+                    results[i] = _refused(i, events[i], {**outcome.as_dict(), "field": f"events.{i}"})
+                    results[i]["event_id"] = event.event_id
+                else:
+                    results[i] = _accepted(event, outcome.partition, outcome.offset)
+        return broker_failure, unsent
+
+    broker_failure, unsent = await run_in_threadpool(answer_and_publish)
     if unsent and skipped is None:
         await _release(res, settings, unsent)
     for i, event, j in repeats:  # the same event twice in one request: published once, both answered alike

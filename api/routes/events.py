@@ -25,11 +25,11 @@ from api import writes
 from api.deps import ResourcesDep, Storable, TenantQuery, TenantsDep
 from api.errors import ErrorBody
 from api.requests import EVENT_ID, inline_refs
-from api.routes._json import json_response
+from api.routes._json import OrjsonBodyRoute, json_response
 from api.schemas import EventStatus, PublishErrorBody, PublishResponse
 from producers.contract import MemoryEvent
 
-router = APIRouter(tags=["events"])
+router = APIRouter(tags=["events"], route_class=OrjsonBodyRoute)
 
 MAX_EVENTS_PER_CALL = writes.MAX_EVENTS_PER_CALL
 
