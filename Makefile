@@ -13,7 +13,13 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q -e ".[dev]"
 	touch $@
 
-install: $(VENV)/.installed
+# the MCP Inspector's CLI (an independent MCP client, tests/test_mcp_inspector.py): npm, at the lock's versions
+INSPECTOR := tests/mcp_inspector
+$(INSPECTOR)/node_modules/.installed: $(INSPECTOR)/package.json $(INSPECTOR)/package-lock.json
+	npm ci --prefix $(INSPECTOR) --no-audit --no-fund --loglevel=error
+	touch $@
+
+install: $(VENV)/.installed $(INSPECTOR)/node_modules/.installed
 
 up: install
 	$(PY) -m infra up

@@ -1,4 +1,4 @@
-"""The read client of the ledger's HTTP API: `LedgerClient` (sync) and `AsyncLedgerClient` (async), on httpx.
+"""The client of the ledger's HTTP API: `LedgerClient` (sync) and `AsyncLedgerClient` (async), on httpx.
 
     from api.client import LedgerClient, LedgerError
 
@@ -12,7 +12,9 @@ Beside the producer SDK (producers.sdk, which writes to Kafka), this reads what 
 hold: recall, the prompt-ready context block, a subject's facts (as of a valid time, as known at a
 transaction time), a fact's history, a subject's events in ledger order (audit replay), stats,
 health, the event schema, and what became of an event by its id (`event_status`: for a producer that
-writes to Kafka itself, the way to learn whether its event was applied or dead-lettered).
+writes to Kafka itself, the way to learn whether its event was applied or dead-lettered), and an operator's
+dead letters: list them, open one, re-drive it with a corrected event or discard it with a reason (the client's
+only writes; each is an event through the API's door, so nothing is deleted).
 `AsyncLedgerClient` has the same methods as coroutines.
 
 Results are the API's own response models (api.schemas: `RecallResponse`, `FactsResponse`, ...),
@@ -54,6 +56,9 @@ from pydantic import BaseModel, ValidationError
 
 from api.schemas import (
     ContextResponse,
+    DeadLetterAction,
+    DeadLetterRecord,
+    DeadLettersResponse,
     ErrorBody,
     ErrorItem,
     EventSchemaDocument,
@@ -208,6 +213,26 @@ def _event_status(tenant: str | None, event_id: str) -> _Call:
 
 def _stats(tenant: str | None) -> _Call:
     return _Call("GET", "/v1/stats", StatsResponse, params=_given(tenant=tenant))
+
+
+def _dead_letters(tenant: str | None, state: str | None, after: str | None, limit: int | None) -> _Call:
+    params = _given(tenant=tenant, state=state, after=after, limit=limit)
+    return _Call("GET", "/v1/dead-letters", DeadLettersResponse, params=params)
+
+
+def _dead_letter(tenant: str | None, partition: int, offset: int) -> _Call:
+    path = f"/v1/dead-letters/{_segment(str(partition))}/{_segment(str(offset))}"
+    return _Call("GET", path, DeadLetterRecord, params=_given(tenant=tenant))
+
+
+def _redrive(tenant: str | None, partition: int, offset: int, event: Mapping[str, Any]) -> _Call:
+    body = _given(tenant=tenant, partition=partition, offset=offset, event=dict(event))
+    return _Call("POST", "/v1/dead-letters/redrive", DeadLetterAction, body=body)
+
+
+def _discard(tenant: str | None, partition: int, offset: int, reason: str) -> _Call:
+    body = _given(tenant=tenant, partition=partition, offset=offset, reason=reason)
+    return _Call("POST", "/v1/dead-letters/discard", DeadLetterAction, body=body)
 
 
 _HEALTH = _Call("GET", "/v1/health", HealthResponse, answers=(200, 503))
@@ -385,6 +410,37 @@ class LedgerClient(_Base):
         """GET /v1/schema/event: the event contract's JSON Schema (`.model_dump(by_alias=True)`: the document)."""
         return self._send(_EVENT_SCHEMA)
 
+    def dead_letters(
+        self,
+        *,
+        tenant: str | None = None,
+        state: str | None = None,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> DeadLettersResponse:
+        """GET /v1/dead-letters: the records the worker refused, in ledger order, each with its reason and state
+        (`open`, `redriven`, `discarded`; `state=` keeps one); `.next` is the `after=` of the next page."""
+        return self._send(_dead_letters(self._tenant(tenant), state, after, limit))
+
+    def dead_letter(self, partition: int, offset: int, *, tenant: str | None = None) -> DeadLetterRecord:
+        """GET /v1/dead-letters/{partition}/{offset}: one dead letter and its record's fields, as far as they decode."""
+        return self._send(_dead_letter(self._tenant(tenant), partition, offset))
+
+    def redrive_dead_letter(
+        self, partition: int, offset: int, event: Mapping[str, Any], *, tenant: str | None = None
+    ) -> DeadLetterAction:
+        """POST /v1/dead-letters/redrive: publish the corrected `event` (its tenant defaults to the call's) linked to
+        the letter, which reads `redriven` once the worker applied it; a letter resolved already is a 409
+        `dead_letter_resolved`."""
+        return self._send(_redrive(self._tenant(tenant), partition, offset, event))
+
+    def discard_dead_letter(
+        self, partition: int, offset: int, reason: str, *, tenant: str | None = None
+    ) -> DeadLetterAction:
+        """POST /v1/dead-letters/discard: close the letter without a correction (a `deadletter.discarded` event with
+        the reason; nothing is deleted); it reads `discarded` once the worker applied it."""
+        return self._send(_discard(self._tenant(tenant), partition, offset, reason))
+
     def close(self) -> None:
         if self._owned:
             self._http.close()
@@ -497,6 +553,37 @@ class AsyncLedgerClient(_Base):
     async def event_schema(self) -> EventSchemaDocument:
         """GET /v1/schema/event: the event contract's JSON Schema (`.model_dump(by_alias=True)`: the document)."""
         return await self._send(_EVENT_SCHEMA)
+
+    async def dead_letters(
+        self,
+        *,
+        tenant: str | None = None,
+        state: str | None = None,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> DeadLettersResponse:
+        """GET /v1/dead-letters: the records the worker refused, in ledger order, each with its reason and state
+        (`open`, `redriven`, `discarded`; `state=` keeps one); `.next` is the `after=` of the next page."""
+        return await self._send(_dead_letters(self._tenant(tenant), state, after, limit))
+
+    async def dead_letter(self, partition: int, offset: int, *, tenant: str | None = None) -> DeadLetterRecord:
+        """GET /v1/dead-letters/{partition}/{offset}: one dead letter and its record's fields, as far as they decode."""
+        return await self._send(_dead_letter(self._tenant(tenant), partition, offset))
+
+    async def redrive_dead_letter(
+        self, partition: int, offset: int, event: Mapping[str, Any], *, tenant: str | None = None
+    ) -> DeadLetterAction:
+        """POST /v1/dead-letters/redrive: publish the corrected `event` (its tenant defaults to the call's) linked to
+        the letter, which reads `redriven` once the worker applied it; a letter resolved already is a 409
+        `dead_letter_resolved`."""
+        return await self._send(_redrive(self._tenant(tenant), partition, offset, event))
+
+    async def discard_dead_letter(
+        self, partition: int, offset: int, reason: str, *, tenant: str | None = None
+    ) -> DeadLetterAction:
+        """POST /v1/dead-letters/discard: close the letter without a correction (a `deadletter.discarded` event with
+        the reason; nothing is deleted); it reads `discarded` once the worker applied it."""
+        return await self._send(_discard(self._tenant(tenant), partition, offset, reason))
 
     async def aclose(self) -> None:
         if self._owned:

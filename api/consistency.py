@@ -34,6 +34,7 @@ from pydantic import AfterValidator, Field
 
 from api.errors import ApiError
 from producers.consistency import MAX_TOKEN_CHARS, decode_token, encode_token
+from projections import shapes
 from projections.postgres.positions import reached_async, search_mark_async, search_pending_async
 
 if TYPE_CHECKING:  # the request models import this module: no store clients on their import path
@@ -93,7 +94,7 @@ _PHASES: dict[Stage, tuple[tuple[str, bool], ...]] = {
 }
 
 
-async def wait_after(res: Resources, tenant: str, after: str, stage: Stage) -> dict[str, Any]:
+async def wait_after(res: Resources, tenant: str, after: str, stage: Stage) -> shapes.Consistency:
     """Wait until `stage` has reached the token `after` for `tenant`'s reads; what the answer reflects.
 
     `{"after", "reflects" (the projection's positions, a token), "stage", "waited_ms"}`; ApiError 503 `not_yet`

@@ -52,6 +52,7 @@ import orjson
 from api.errors import ApiError
 from api.requests import ContextBody
 from producers.contract import SourceType, parse_rfc3339, rfc3339
+from projections import shapes
 
 __all__ = ["CHARS_PER_TOKEN", "ContextBlock", "build_context", "literal", "quote"]
 
@@ -166,7 +167,7 @@ class _Line:
         parts[1] = label + shown
         return " · ".join(parts), cut
 
-    def doc(self, tokens: int, cut: bool) -> dict[str, Any]:
+    def doc(self, tokens: int, cut: bool) -> shapes.ContextLine:
         r = self.row
         return {
             "status": self.status,
@@ -191,7 +192,7 @@ class _Line:
 @dataclass(frozen=True)
 class ContextBlock:
     text: str
-    doc: dict[str, Any]
+    doc: shapes.ContextResponse
 
 
 def _fact_line(row: dict[str, Any], matched: dict[str, Any] | None = None) -> _Line:
@@ -244,9 +245,9 @@ def _why(v: dict[str, Any], at: datetime, overridden: set[str]) -> str:
 def build_context(
     body: ContextBody,
     *,
-    facts: list[dict[str, Any]],
-    hits: list[dict[str, Any]],
-    versions: list[dict[str, Any]],
+    facts: list[shapes.FactVersion],
+    hits: list[shapes.RecallHit],
+    versions: list[shapes.FactVersion],
     at: datetime,
     count: Counter,
     tokenizer: str = "",
@@ -286,7 +287,7 @@ def build_context(
         chosen.pop()
         text = render(header, [c[1] for c in chosen])
         tokens = count([text])[0]
-    doc = {
+    doc: shapes.ContextResponse = {
         "tenant": body.tenant,
         "subject": body.subject,
         "question": body.question,

@@ -34,6 +34,7 @@ from producers.contract import MAX_EVENT_BYTES, EventType, InvalidEvent, check_s
 from producers.keys.envelope import MAX_SEALED_BYTES, Envelope, open_envelope, parse_envelope
 from producers.keys.store import KekError, key_states, settings_keks
 from producers.settings import Settings
+from projections import shapes
 from projections.postgres import connection
 from projections.postgres.dead_letters import State, dead_letter, list_dead_letters
 
@@ -110,7 +111,7 @@ async def list_letters(
     state: State | None = None,
     after: str | None = None,
     limit: int = 100,
-) -> dict[str, Any]:
+) -> shapes.DeadLettersResponse:
     """The tenant's dead letters in ledger position order, at most `limit` (1..MAX_PAGE); `next` pages on."""
     check_tenant(tenant, tenants)
     cursor = parse_after(after)
@@ -127,7 +128,7 @@ async def list_letters(
     }
 
 
-async def _letter(res: Resources, tenant: str, partition: int, offset: int) -> tuple[dict[str, Any], bytes | None]:
+async def _letter(res: Resources, tenant: str, partition: int, offset: int) -> tuple[shapes.DeadLetter, bytes | None]:
     async with res.pool.connection() as conn:
         found = await dead_letter(conn, tenant, res.settings.topic, partition, offset)
     if found is None:
@@ -139,7 +140,7 @@ async def _letter(res: Resources, tenant: str, partition: int, offset: int) -> t
 
 async def open_letter(
     res: Resources, tenants: frozenset[str], tenant: str, partition: int, offset: int
-) -> dict[str, Any]:
+) -> shapes.DeadLetterRecord:
     """One dead letter of the tenant with its record: `record` (the JSON object as far as it decodes; a sealed
     record's personal fields only if they open here, `sealed` says what became of them), else `raw_text`."""
     check_tenant(tenant, tenants)
@@ -188,7 +189,7 @@ def _open_sealed(settings: Settings, envelope: Envelope) -> tuple[dict[str, Any]
         return None, exc.message
 
 
-def _open(letter: dict[str, Any], partition: int, offset: int) -> None:
+def _open(letter: shapes.DeadLetter, partition: int, offset: int) -> None:
     if letter["state"] != "open":
         r = letter["resolution"]
         raise ApiError(
@@ -202,7 +203,7 @@ def _open(letter: dict[str, Any], partition: int, offset: int) -> None:
 
 async def redrive_dead_letter(
     res: Resources, tenants: frozenset[str], tenant: str, partition: int, offset: int, event: Any
-) -> dict[str, Any]:
+) -> shapes.DeadLetterAction:
     """Publish the corrected `event` through the door, linked to the tenant's open dead letter at (partition,
     offset) by its `dead_letter` field; the door's answer (`effect: pending`, `status_url`) with the link."""
     check_tenant(tenant, tenants)
@@ -226,7 +227,7 @@ async def redrive_dead_letter(
 
 async def discard_dead_letter(
     res: Resources, tenants: frozenset[str], tenant: str, partition: int, offset: int, reason: str
-) -> dict[str, Any]:
+) -> shapes.DeadLetterAction:
     """Publish `deadletter.discarded` with `reason` for the tenant's open dead letter at (partition, offset)."""
     check_tenant(tenant, tenants)
     letter, raw = await _letter(res, tenant, partition, offset)

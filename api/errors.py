@@ -36,9 +36,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.schemas import ErrorBody, ErrorItem  # the shape is defined with the other bodies (light: the read client)
+from api.schemas import ErrorBody, ErrorItem  # the models of the shapes (projections.shapes), as all bodies'
 from producers.contract import MAX_ERROR_FIELD_CHARS, MAX_ERROR_MESSAGE_CHARS, bounded, error_code
 from producers.sdk import PublishError
+from projections import shapes
 
 __all__ = [
     "ERROR_CODES",
@@ -156,11 +157,11 @@ class ApiError(Exception):
         self.headers = headers
         super().__init__(f"{status} {code}: {message}" + (f" (field: {field})" if field else ""))
 
-    def item(self) -> dict[str, Any]:
+    def item(self) -> shapes.ErrorItem:
         return {"code": self.code, "field": self.field, "message": self.message}
 
 
-def error_body(*items: dict[str, Any]) -> dict[str, Any]:
+def error_body(*items: dict[str, Any]) -> shapes.ErrorBody:
     """`{"detail": [...]}` with every item having exactly code, field and message (both bounded)."""
     return {
         "detail": [

@@ -2,9 +2,10 @@
 
 Each function takes the process's `api.resources.Resources`, the tenants the caller's API key may use
 (api.deps.tenants_for_key) and validated parameters (api.requests), checks the tenant first, and returns
-the body the HTTP route answers (raising `api.errors.ApiError` for a refusal; a store failure propagates
-and becomes the 503 naming it). The routes (api.routes.subjects, facts, recall, context) and the MCP tools
-(api.mcp) call these, so both front ends serve the same answers from the same code.
+the body the HTTP route answers, typed with its shape (projections.shapes; raising `api.errors.ApiError` for
+a refusal; a store failure propagates and becomes the 503 naming it). The routes (api.routes.subjects, facts,
+recall, context) and the MCP tools (api.mcp) call these, so both front ends serve the same answers from the same
+code.
 
 Recall "as known at" (`known_at`): recall runs as of the valid time, then each hit is re-read as the ledger
 knew it at `known_at` (`current_facts(..., known_at)`: the subject's chain re-folded from what was observed
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
@@ -39,6 +39,7 @@ from api.requests import ContextBody, RecallBody
 from api.resources import Resources
 from api.tokens import token_counter
 from producers.contract import parse_rfc3339, rfc3339
+from projections import shapes
 from projections.postgres.queries import current_facts, fact_history, subject_events, subject_versions
 from projections.search.recall import RecallFilters, RecallQuery
 
@@ -53,17 +54,17 @@ async def subject_facts(
     as_of: datetime | None = None,
     known_at: datetime | None = None,
     after: str | None = None,
-) -> dict[str, Any]:
+) -> shapes.FactsResponse:
     """The subject's facts at valid time `as_of` (default now), optionally only from events observed by `known_at`."""
     check_tenant(tenant, tenants)
     seen = await _after(res, tenant, after, "projection")
     t = as_of or datetime.now(UTC)
     async with res.pool.connection() as conn:
         rows = await current_facts(conn, tenant, subject, t, known_at)
-    return {"tenant": tenant, "subject": subject, "as_of": rfc3339(t), "facts": rows} | seen
+    return shapes.FactsResponse(tenant=tenant, subject=subject, as_of=rfc3339(t), facts=rows) | seen
 
 
-async def _after(res: Resources, tenant: str, after: str | None, stage: Stage) -> dict[str, Any]:
+async def _after(res: Resources, tenant: str, after: str | None, stage: Stage) -> dict[str, shapes.Consistency]:
     """`{"consistency": ...}` once `stage` has the write `after` names (api.consistency), `{}` without a token."""
     return {} if after is None else {"consistency": await wait_after(res, tenant, after, stage)}
 
@@ -77,7 +78,7 @@ async def subject_log(
     to: datetime | None = None,
     limit: int = 10_000,
     after: str | None = None,
-) -> dict[str, Any]:
+) -> shapes.EventsResponse:
     """The subject's events in ledger order (partition, offset), each with its partition, offset and effect."""
     check_tenant(tenant, tenants)
     if from_ is not None and to is not None and to < from_:
@@ -85,12 +86,12 @@ async def subject_log(
     seen = await _after(res, tenant, after, "projection")
     async with res.pool.connection() as conn:
         rows = await subject_events(conn, tenant, subject, from_, to, limit)
-    return {"tenant": tenant, "subject": subject, "events": rows} | seen
+    return shapes.EventsResponse(tenant=tenant, subject=subject, events=rows) | seen
 
 
 async def history(
     res: Resources, tenants: frozenset[str], tenant: str, memory_id: str, after: str | None = None
-) -> dict[str, Any]:
+) -> shapes.HistoryResponse:
     """A fact's version chain, oldest first; 404 naming memory_id if the tenant has no such fact."""
     check_tenant(tenant, tenants)
     seen = await _after(res, tenant, after, "projection")
@@ -98,10 +99,10 @@ async def history(
         versions = await fact_history(conn, tenant, memory_id)
     if not versions:
         raise ApiError(404, "not_found", f"no fact {memory_id!r} in tenant {tenant!r}", "memory_id")
-    return {"memory_id": memory_id, "tenant": tenant, "versions": versions} | seen
+    return shapes.HistoryResponse(memory_id=memory_id, tenant=tenant, versions=versions) | seen
 
 
-async def recall(res: Resources, tenants: frozenset[str], body: RecallBody) -> dict[str, Any]:
+async def recall(res: Resources, tenants: frozenset[str], body: RecallBody) -> shapes.RecallResponse:
     """`POST /v1/recall`: hits (exact first, then keyword/semantic), the query's cues and a per-stage trace."""
     check_tenant(body.tenant, tenants)
     seen = await _after(res, body.tenant, body.after, recall_stage(body.mode))
@@ -132,10 +133,12 @@ _VERSION_FIELDS = ("version_id", "event_id", "version", "value", "content", "kin
 _VERSION_FIELDS += ("observed_at", "source")
 
 
-async def _as_known(res: Resources, tenant: str, answer: dict[str, Any], known_at: datetime) -> dict[str, Any]:
+async def _as_known(
+    res: Resources, tenant: str, answer: shapes.RecallResponse, known_at: datetime
+) -> shapes.RecallResponse:
     """The hits as the ledger knew them at `known_at` (see the module docstring)."""
     at = parse_rfc3339(answer["trace"]["as_of"])
-    known: dict[str, dict[str, Any]] = {}
+    known: dict[str, shapes.FactVersion] = {}
     async with res.pool.connection() as conn:
         for subject in sorted({h["subject"] for h in answer["hits"]}):
             for row in await current_facts(conn, tenant, subject, at, known_at):
@@ -172,13 +175,13 @@ async def context(res: Resources, tenants: frozenset[str], body: ContextBody) ->
     seen = await _after(res, body.tenant, body.after, recall_stage(body.mode) if body.question else "projection")
     t = body.as_of or datetime.now(UTC)
 
-    async def rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    async def rows() -> tuple[list[shapes.FactVersion], list[shapes.FactVersion]]:
         async with res.pool.connection() as conn:
             facts = await current_facts(conn, body.tenant, body.subject, t)
             versions = await subject_versions(conn, body.tenant, body.subject) if body.include_history else []
         return facts, versions
 
-    async def hits() -> list[dict[str, Any]]:
+    async def hits() -> list[shapes.RecallHit]:
         if body.question is None:
             return []
         ask = RecallBody(

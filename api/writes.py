@@ -289,7 +289,8 @@ async def event_status(res: Resources, tenants: frozenset[str], tenant: str, eve
       re-sending it has no effect);
     - `dead_lettered`: the worker refused the record that carried the id: `reason` `{code, field, message}`, and
       the record's `partition`, `offset`;
-    - `pending`: a door claimed the id (it was published) and the worker has not applied it yet (`since`);
+    - `pending`: a door claimed the id (it was published) and the worker has not applied it yet (`since`), also
+      when the id was refused before and published again since (a re-drive under the same id);
     - `unknown`: no door claimed it and the worker has not seen it (yet: a record written straight to Kafka is
       unknown until the worker reaches it), or it is another tenant's (nothing tells one tenant about another).
 
@@ -317,7 +318,7 @@ async def event_status(res: Resources, tenants: frozenset[str], tenant: str, eve
         }
     elif fate.erased:
         body |= {"status": "duplicate", "erased": True}
-    elif fate.dead_letters:
+    elif fate.dead_letters and not fate.claimed_since_refused:
         last = fate.dead_letters[-1]
         reason = {k: last[k] for k in ("code", "field", "message")}
         body |= {"status": "dead_lettered", "reason": reason, "partition": last["partition"], "offset": last["offset"]}

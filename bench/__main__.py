@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 os.environ.setdefault("LEDGER_DEVELOPMENT", "1")  # the benchmarks run on the development stack (producers.settings)
@@ -20,23 +19,13 @@ from bench.agent import agent_command
 from bench.cli import conversations_command, eval_command
 from bench.crypto import crypto_command
 from bench.embedding import embedding_command, quality_command
+from bench.machine import require_extras
 from bench.publish import publish_command
+from bench.ryw import ryw_command
 from bench.stats import stats_command
+from bench.workers import workers_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="memory-ledger benchmarks")
-
-# what the `bench` extra brings, by the step that needs it: a run checks them before it starts, not when it
-# reaches the plot minutes later
-EXTRAS = {"matplotlib": "the plot in BENCHMARKS.md"}
-
-
-def require_extras(*modules: str) -> None:
-    """Exit 2 with one line naming what is missing, before any work, unless every module imports."""
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if missing:
-        needs = "; ".join(f"{m} ({EXTRAS.get(m, 'needed')})" for m in missing)
-        typer.echo(f"bench: missing {needs}: install the bench extra: .venv/bin/pip install -e '.[bench]'", err=True)
-        raise typer.Exit(2)
 
 
 app.command(name="eval")(eval_command)
@@ -45,8 +34,10 @@ app.command(name="stats")(stats_command)  # /v1/stats and /v1/stats/consistency 
 app.command(name="agent")(agent_command)  # POST /v1/context, MCP recall beside HTTP recall (bench/agent.py)
 app.command(name="crypto")(crypto_command)  # encryption off vs on: publish, ingest, seal/open (bench/crypto.py)
 app.command(name="publish")(publish_command)  # SDK publish vs raw kafka-python produce (bench/publish.py)
+app.command(name="ryw")(ryw_command)  # a write, then a read with its token, over HTTP and MCP (bench/ryw.py)
 app.command(name="embedding")(embedding_command)  # the embedding stage's candidates (bench/embedding.py)
 app.command(name="embedding-quality")(quality_command)  # one candidate's `ledger eval` + dev set (bench/embedding.py)
+app.command(name="workers")(workers_command)  # 1, 2, 3 `ledger worker` on one topic (bench/workers.py)
 
 
 @app.command()

@@ -91,7 +91,7 @@ def _services(settings, log_dir: Path):
         def _cmd(self, name: str) -> list[str]:
             if name != "mcp":
                 return super()._cmd(name)
-            return [sys.executable, "-m", "api.cli", "mcp", "--transport", "http", "--port", str(settings.mcp_port)]
+            return [sys.executable, "-m", "infra.cli", "mcp", "--transport", "http", "--port", str(settings.mcp_port)]
 
         def wait_mcp(self, timeout: float = 120.0) -> None:
             url = f"http://{settings.mcp_host}:{settings.mcp_port}/health"

@@ -91,6 +91,21 @@ class Probe:
         except NotFoundError:
             return 0
 
+    def projected(self) -> dict[str, int]:
+        """What the workers wrote (runs of the same data must write the same): events, fact versions, dead
+        letters, sealed events."""
+        schema = self.s.pg_schema
+
+        def count(table: str, where: str = "") -> int:
+            return self._scalar(sql.SQL("SELECT count(*) FROM {}" + where).format(sql.Identifier(schema, table)))
+
+        return {
+            "events": count("events"),
+            "sealed_events": count("events", " WHERE key_id IS NOT NULL"),
+            "fact_versions": count("fact_versions"),
+            "dead_letters": count("dead_letters"),
+        }
+
     def progress(self, ends: dict[int, int] | None = None) -> Progress:
         schema = self.s.pg_schema
         return Progress(
@@ -113,11 +128,13 @@ def wait_caught_up(
     on_progress: Callable[[Progress], None] | None = None,
     alive: Callable[[], None] | None = None,
     semantic: bool = True,
-) -> tuple[float | None, float, float | None]:
+    search: bool = True,
+) -> tuple[float | None, float | None, float | None]:
     """Poll until PG, then ES, then (with `semantic`) the vectors hold everything published so far.
 
     Returns (seconds until PG caught up, until ES did, until the vectors did: None without `semantic`), from the
-    call. Raises TimeoutError (with the last progress) after `timeout`; `alive()` may raise if a process died.
+    call; with `search=False` (no indexer runs) it returns once PG caught up: (seconds, None, None). Raises
+    TimeoutError (with the last progress) after `timeout`; `alive()` may raise if a process died.
     """
     t0 = time.perf_counter()
     ends = probe.end_offsets()
@@ -129,6 +146,8 @@ def wait_caught_up(
             on_progress(prog)
         if pg_at is None and prog.pg_done:
             pg_at = time.perf_counter() - t0
+            if not search:
+                return pg_at, None, None
         if es_at is None and prog.es_done:
             es_at = time.perf_counter() - t0
             if not semantic:

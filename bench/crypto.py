@@ -97,12 +97,6 @@ def _order(r: int) -> tuple[str, ...]:
     return MODES if r % 2 == 0 else MODES[::-1]
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _cpu_part(cpu: dict[str, list[float]], n: int) -> dict[str, Any]:
     """CPU µs per event per round and mode; on/off of the medians (less sensitive to other load than wall time)."""
     us = {m: [round(c / n * 1e6, 1) for c in cpu[m]] for m in MODES}
@@ -170,6 +164,7 @@ def _ingest_once(settings: Any, events: list[dict], log_dir: Path, bar: Any, tas
     """A worker on fresh names; one warm-up event applied; then publish `events` and time until all applied."""
     from bench.catchup import Probe
     from bench.loader import publish_events
+    from bench.machine import cpu_seconds
     from bench.services import Services
     from producers.sdk import LedgerProducer
     from producers.topics import ensure_topics
@@ -185,7 +180,7 @@ def _ingest_once(settings: Any, events: list[dict], log_dir: Path, bar: Any, tas
             _wait_applied(probe, svc, probe.end_offsets(), timeout=300)
             base = sum(probe.positions().values())
             pid = svc.procs["worker"].pid
-            cpu0 = _cpu_s(pid)
+            cpu0 = cpu_seconds(pid)
             published: dict[str, Any] = {}
 
             def publish() -> None:  # in a thread: the worker's progress is sampled while the SDK publishes
@@ -211,9 +206,9 @@ def _ingest_once(settings: Any, events: list[dict], log_dir: Path, bar: Any, tas
                 raise published["error"]
             ends = probe.end_offsets()
             seen, done = _wait_applied(probe, svc, ends, timeout=3600, bar=bar, task=task, base=base, t0=t0)
-            worker_cpu = _cpu_s(pid) - cpu0
+            worker_cpu = cpu_seconds(pid) - cpu0
             first = first or seen
-        projected = _projected(probe, settings.pg_schema)
+        projected = probe.projected()
     finally:
         producer.close()
         probe.close()
@@ -224,22 +219,6 @@ def _ingest_once(settings: Any, events: list[dict], log_dir: Path, bar: Any, tas
         "applied_at_first": first[1],
         "worker_cpu_s": worker_cpu,
         "projected": projected,
-    }
-
-
-def _projected(probe: Any, schema: str) -> dict[str, int]:
-    """What the worker wrote (both modes must write the same): events, fact versions, dead letters, sealed events."""
-    from psycopg import sql
-
-    def count(table: str, where: str = "") -> int:
-        query = sql.SQL("SELECT count(*) FROM {}" + where).format(sql.Identifier(schema, table))
-        return int(probe.pg.execute(query).fetchone()[0])
-
-    return {
-        "events": count("events"),
-        "sealed_events": count("events", " WHERE key_id IS NOT NULL"),
-        "fact_versions": count("fact_versions"),
-        "dead_letters": count("dead_letters"),
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 from importlib.metadata import version
@@ -9,16 +10,23 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import typer
 from elasticsearch import Elasticsearch
 from kafka import KafkaAdminClient
 
 from producers.settings import Settings
 
-__all__ = ["code_version", "load_average", "machine_info"]
+__all__ = ["code_version", "cpu_seconds", "load_average", "machine_info", "require_extras"]
 
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def code_version() -> dict[str, Any]:
@@ -89,3 +97,17 @@ def machine_info(s: Settings) -> dict[str, Any]:
         "embedding_model": s.embed_model,
         "libraries": {name: version(name) for name in libs},
     }
+
+
+# what the `bench` extra brings, by the step that needs it: a run checks them before it starts, not when it
+# reaches the plot minutes later
+EXTRAS = {"matplotlib": "the plot in BENCHMARKS.md"}
+
+
+def require_extras(*modules: str) -> None:
+    """Exit 2 with one line naming what is missing, before any work, unless every module imports."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        needs = "; ".join(f"{m} ({EXTRAS.get(m, 'needed')})" for m in missing)
+        typer.echo(f"bench: missing {needs}: install the bench extra: .venv/bin/pip install -e '.[bench]'", err=True)
+        raise typer.Exit(2)

@@ -100,4 +100,4 @@ def _ours(frame: str) -> bool:
     if loc.startswith(str(REPO_ROOT)):
         loc = loc[len(str(REPO_ROOT)) + 1 :]
     # py-spy shortens paths relative to sys.path, so a library's frame also looks relative: match our packages
-    return loc.split("/", 1)[0] in OUR_PACKAGES and "/cli.py" not in loc and not loc.startswith("api/cli.py")
+    return loc.split("/", 1)[0] in OUR_PACKAGES and "/cli.py" not in loc and not loc.startswith("infra/cli.py")

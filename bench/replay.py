@@ -7,22 +7,30 @@ with the projection checksum compared with the kept schema's (the result must no
 - `replay` (default): `stream_processors.rebuild.replay` in this process (Kafka poll, decode, Recorder), wall
   time, this process's CPU per record; `--profile` prints cProfile's top functions;
 - `--worker`: a real `ledger worker` (faust) with its own consumer group over the same topic, timed from its first
-  committed batch to the end offsets, with the worker's CPU per record; `--batch` sets LEDGER_PROCESSOR_BATCH_SIZE.
+  committed batch to the end offsets, with the worker's CPU per record; `--batch` sets LEDGER_PROCESSOR_BATCH_SIZE;
+  `--profile [PATH]` records the worker with py-spy over the same span and prints its top functions.
 
 `--code DIR` runs another copy of the code (a tree without a change, for before/after on the same data).
+
+`--produce N` first makes NAME such a kept run without the rest of the bench: N events of `bench.dataset`
+(`--subjects`, seed 7) produced with a raw kafka-python producer (acks=all) to NAME's fresh topic, then replayed
+in process into NAME's schema, the reference every later replay's checksum is compared with.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
-import os
 import pstats
+import signal
 import sys
 import time
+from pathlib import Path
 
 import psycopg
 
+from bench.machine import cpu_seconds
+from bench.profile import Recording
 from infra.procs import launch, terminate
 from producers.settings import Settings, get_settings
 from producers.topics import end_offsets
@@ -30,16 +38,11 @@ from projections.postgres.positions import stored_positions
 from projections.postgres.queries import projection_checksum
 from projections.postgres.schema import continue_revisions, copy_erasure_salt, create_schema, drop_schema
 
-__all__ = ["replay_once", "worker_once"]
+__all__ = ["produce", "replay_once", "worker_once"]
 
 
 def _load() -> str:
     return " ".join(open("/proc/loadavg").read().split()[:3])
-
-
-def _cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _checksums(s: Settings, kept: str, fresh: str) -> str:
@@ -48,6 +51,50 @@ def _checksums(s: Settings, kept: str, fresh: str) -> str:
         drop_schema(conn, fresh)
         conn.execute(f'DROP SCHEMA IF EXISTS "{fresh}_keys" CASCADE')
     return f"checksum kept {a} replayed {b}: {'equal' if a == b else 'DIFFERENT'}"
+
+
+def produce(name: str, n: int, subjects: int) -> str:
+    """NAME's topic filled with `n` dataset events (raw producer), then replayed into NAME's schema (the reference)."""
+    from kafka import KafkaProducer
+
+    from bench.dataset import generate
+    from producers.contract import encode, from_dict
+    from producers.topics import ensure_topics
+    from stream_processors.rebuild import replay
+
+    s = get_settings().private(name)
+    if _topic_exists(s) and sum(end_offsets(s).values()):
+        raise SystemExit(f"{s.topic} already holds records: choose a fresh name")
+    ensure_topics(s)
+    payloads = [(ev.kafka_key, encode(ev)) for ev in (from_dict(e) for e in generate(n, subjects))]
+    producer = KafkaProducer(bootstrap_servers=s.kafka_bootstrap, acks="all", linger_ms=5, batch_size=256 * 1024)
+    try:
+        t0 = time.perf_counter()
+        for key, value in payloads:
+            producer.send(s.topic, key=key, value=value)
+        producer.flush()
+        produced = time.perf_counter() - t0
+    finally:
+        producer.close()
+    with psycopg.connect(s.pg_dsn) as admin:
+        create_schema(admin, s.pg_schema)
+    c0, t0 = time.process_time(), time.perf_counter()
+    applied = replay(s, s.pg_schema, end_offsets(s))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return (
+        f"produced {len(payloads)} records to {s.topic} in {produced:.2f} s; reference replay into {s.pg_schema}: "
+        f"{applied} records in {wall:.2f} s, CPU {1e6 * cpu / max(applied, 1):.0f} us/record; load {_load()}"
+    )
+
+
+def _topic_exists(s: Settings) -> bool:
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+    try:
+        return s.topic in set(admin.list_topics())
+    finally:
+        admin.close()
 
 
 def replay_once(name: str, batch: int = 2000, profile: bool = False) -> str:
@@ -77,8 +124,11 @@ def replay_once(name: str, batch: int = 2000, profile: bool = False) -> str:
     return line
 
 
-def worker_once(name: str, batch: int | None = None, code: str | None = None) -> str:
-    """A `ledger worker` (of `code`, default this tree) over the kept topic into a fresh schema and group."""
+def worker_once(name: str, batch: int | None = None, code: str | None = None, profile: str | None = None) -> str:
+    """A `ledger worker` (of `code`, default this tree) over the kept topic into a fresh schema and group.
+
+    `profile`: a py-spy recording (raw) of the worker from its first batch to the end, to that path; its summary
+    (bench.profile.summarize) follows the numbers."""
     base = get_settings().private(name)
     tag = f"w{int(time.time()) % 100000}"
     s = base.model_copy(update={"pg_schema": f"{base.pg_schema}_{tag}", "processor_group": f"{name}-{tag}"})
@@ -89,10 +139,11 @@ def worker_once(name: str, batch: int | None = None, code: str | None = None) ->
     if batch:
         env["LEDGER_PROCESSOR_BATCH_SIZE"] = str(batch)
     log = s.log_dir / f"replay-{tag}.log"
-    proc = launch([sys.executable, "-m", "api.cli", "worker", "--loglevel", "warning"], log, env, code or None)
+    proc = launch([sys.executable, "-m", "infra.cli", "worker", "--loglevel", "warning"], log, env, code or None)
     try:
         with psycopg.connect(s.pg_dsn, autocommit=True) as conn:
             first = None
+            recording: Recording | None = None
             deadline = time.monotonic() + 1800
             while time.monotonic() < deadline:
                 if proc.poll() is not None:
@@ -103,20 +154,39 @@ def worker_once(name: str, batch: int | None = None, code: str | None = None) ->
                     done = 0
                 now = time.perf_counter()
                 if done and first is None:
-                    first = (now, done, _cpu_s(proc.pid))
+                    first = (now, done, cpu_seconds(proc.pid))
+                    if profile:
+                        recording = Recording(proc.pid, 1800, Path(profile))
                 if done >= total:
                     break
                 time.sleep(0.05)
             assert first is not None
             t1, n1, c1 = first
-            n, wall, cpu = total - n1, now - t1, _cpu_s(proc.pid) - c1
+            n, wall, cpu = total - n1, now - t1, cpu_seconds(proc.pid) - c1
+            summary = _stop(recording) if recording is not None else None
     finally:
         terminate(proc, 30, group=True)
-    return (
+    line = (
         f"worker batch {batch or s.processor_batch_size}: {n} records after its first batch in {wall:.2f} s = "
         f"{n / wall:,.0f} records/s; worker CPU {1e6 * cpu / n:.0f} us/record; load {_load()}\n"
         f"{_checksums(s, base.pg_schema, s.pg_schema)}"
     )
+    return line if summary is None else f"{line}\n{_summary_text(summary)}"
+
+
+def _stop(recording: Recording) -> dict | None:
+    """End a py-spy recording now (SIGINT: it writes what it sampled) and summarize it."""
+    if recording.proc is not None and recording.proc.poll() is None:
+        recording.proc.send_signal(signal.SIGINT)
+    return recording.wait(top=20)
+
+
+def _summary_text(summary: dict) -> str:
+    lines = [f"py-spy: {summary['samples']} samples"]
+    for title, key in (("self", "top_self_pct"), ("inclusive, ours", "top_ours_inclusive_pct")):
+        lines.append(f"top {title}:")
+        lines += [f"  {pct:5.1f}%  {fn}" for fn, pct in summary[key]]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -124,13 +194,25 @@ def main() -> None:
     ap.add_argument("name", help="the kept run's private name (bench_<stamp>)")
     ap.add_argument("--worker", action="store_true", help="run a real `ledger worker` instead of an in-process replay")
     ap.add_argument("--batch", type=int, default=None, help="batch size (replay: 2000, the rebuild's; worker: setting)")
-    ap.add_argument("--profile", action="store_true", help="cProfile the in-process replay")
+    ap.add_argument(
+        "--profile",
+        nargs="?",
+        const="",
+        default=None,
+        help="replay: cProfile it; --worker: py-spy the worker, raw output to this path (default under /tmp)",
+    )
     ap.add_argument("--code", default=None, help="the worker's code tree (default: this one)")
+    ap.add_argument("--produce", type=int, default=None, help="first make NAME: produce N dataset events, replay them")
+    ap.add_argument("--subjects", type=int, default=2000, help="subjects of the --produce dataset")
     args = ap.parse_args()
+    if args.produce:
+        print(produce(args.name, args.produce, args.subjects))
+        return
     if args.worker:
-        print(worker_once(args.name, args.batch, args.code))
+        out = args.profile or f"/tmp/{args.name}-worker-{int(time.time())}.pyspy"
+        print(worker_once(args.name, args.batch, args.code, out if args.profile is not None else None))
     else:
-        print(replay_once(args.name, args.batch or 2000, args.profile))
+        print(replay_once(args.name, args.batch or 2000, args.profile is not None))
 
 
 if __name__ == "__main__":

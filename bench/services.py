@@ -27,7 +27,7 @@ __all__ = ["Services", "drop_private", "free_port"]  # the clean-up and the port
 
 @dataclass
 class Services:
-    """Start/stop the worker, the search indexers, the embedders and the API for one Settings; logs go to
+    """Start/stop the workers, the search indexers, the embedders and the API for one Settings; logs go to
     `log_dir`."""
 
     settings: Settings
@@ -40,12 +40,12 @@ class Services:
 
     def _cmd(self, name: str) -> list[str]:
         py = sys.executable
-        if name == "worker":
-            return [py, "-m", "api.cli", "worker", "--loglevel", "warning"]
+        if name == "worker" or name.startswith("worker-"):  # worker, worker-2, ...: they share the partitions
+            return [py, "-m", "infra.cli", "worker", "--loglevel", "warning"]
         if name.startswith("indexer"):  # indexer, indexer-2, ...: any number share the outbox
-            return [py, "-m", "api.cli", "indexer"]
+            return [py, "-m", "infra.cli", "indexer"]
         if name.startswith("embedder"):
-            return [py, "-m", "api.cli", "embedder"]
+            return [py, "-m", "infra.cli", "embedder"]
         if name == "api":
             return [
                 py,

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import psutil
+
 
 class InfraError(RuntimeError):
     """A part failed to install, start or become healthy; the message says which and why."""
@@ -43,24 +45,24 @@ def run(cmd: Sequence[str], part: str, log: Path | None = None, **kw) -> subproc
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    """Whether `pid` runs; a zombie (a child of ours that exited and is not reaped yet) counts as dead."""
+    if pid <= 0:  # to os.kill these name process groups, never one process: a bad pid file must not reach it
         return False
-    except PermissionError:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:  # another user's process: it exists
         return True
-    # a zombie child of ours counts as dead
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        return state != "Z"
-    except OSError:
-        return False
 
 
 def cmdline(pid: int) -> str:
+    """`pid`'s arguments joined by spaces; "" when it is gone, a zombie, or caught mid-exec (nothing to read yet)."""
+    if pid <= 0:
+        return ""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return ""
 
 

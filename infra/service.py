@@ -17,10 +17,12 @@ import os
 import stat
 import sys
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from infra.procs import InfraError, cmdline, owned_pid, pid_alive, read_pid, spawn, stop_owned, wait_until
 from producers.keys.kek import new_kek
+from producers.keys.signing import new_signing_key
 from producers.settings import Settings
 
 SERVICES = {
@@ -46,12 +48,8 @@ def instances(s: Settings, name: str, *, every: bool = False) -> list[str]:
     return [name] + [f"{name}-{k}" for k in range(2, n + 1)] if name in SCALED else [name]
 
 
-def local_kek(s: Settings) -> Path:
-    """The local stack's key-encryption key file, `<data_dir>/kek`: created once (mode 0600), kept 0600 after.
-
-    Losing it loses every sealed record's personal fields: it lives beside the data it opens, for development only.
-    """
-    path = s.data_dir / "kek"
+def _secret_file(path: Path, make: Callable[[], bytes]) -> Path:
+    """`path`, created once with `make()` (mode 0600) and kept 0600 after; an existing key is never replaced."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # O_EXCL: never replace an existing key
@@ -59,15 +57,30 @@ def local_kek(s: Settings) -> Path:
         if stat.S_IMODE(path.stat().st_mode) != 0o600:
             path.chmod(0o600)  # a secret: readable by its owner only, whatever touched it since
         return path
-    with os.fdopen(fd, "w") as f:
-        f.write(new_kek() + "\n")
+    with os.fdopen(fd, "wb") as f:
+        f.write(make())
     return path
+
+
+def local_kek(s: Settings) -> Path:
+    """The local stack's key-encryption key file, `<data_dir>/kek`: created once (mode 0600), kept 0600 after.
+
+    Losing it loses every sealed record's personal fields: it lives beside the data it opens, for development only.
+    """
+    return _secret_file(s.data_dir / "kek", lambda: (new_kek() + "\n").encode())
+
+
+def local_chain_key(s: Settings) -> Path:
+    """The local stack's chain signing key (Ed25519, PEM), `<data_dir>/chain-key`, made like the KEK's file: the
+    worker signs the ledger chain's checkpoints with it (producers.keys.signing); for development only."""
+    return _secret_file(s.data_dir / "chain-key", new_signing_key)
 
 
 def service_settings(s: Settings) -> Settings:
     """The settings the services run with: `s`, sealed by default.
 
-    No KEK configured: the local one (`local_kek`). `LEDGER_ENCRYPTION` not set: `on`. An explicit
+    No KEK configured: the local one (`local_kek`); no chain signing key: the local one (`local_chain_key`).
+    `LEDGER_ENCRYPTION` not set: `on`. An explicit
     `LEDGER_ENCRYPTION=off` is kept (records are published clear, sealed ones are still read with the KEK).
     """
     update: dict[str, object] = {}
@@ -75,6 +88,8 @@ def service_settings(s: Settings) -> Settings:
         update["kek_file"] = local_kek(s)
     if "encryption" not in s.model_fields_set:
         update["encryption"] = "on"
+    if s.chain_key_file is None:
+        update["chain_key_file"] = local_chain_key(s)
     return s.model_copy(update=update)
 
 

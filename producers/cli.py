@@ -4,8 +4,8 @@
 with a summary: accepted, rejected (line number, code, field, message), partitions used. An
 invalid line never stops the run: the valid lines around it are still published. Exit code 0 when
 every line was accepted, 1 when any was rejected, 2 when the broker stopped the run or the settings (or
-`--topic`) are not usable (one line naming the variable: api.cli), 3 when the broker could not be reached (one
-line naming it and its address: api.cli).
+`--topic`) are not usable (one line naming the variable: infra.cli), 3 when the broker could not be reached (one
+line naming it and its address: infra.cli).
 
 Only typer is imported at module level, so `ledger --help` stays fast.
 """
@@ -174,7 +174,7 @@ def publish(
         if stream is not sys.stdin.buffer:
             stream.close()
     _report(summary, show)
-    if summary.unreachable is not None:  # one line naming the broker and its address, exit 3 (api.cli)
+    if summary.unreachable is not None:  # one line naming the broker and its address, exit 3 (infra.cli)
         raise summary.unreachable
     if summary.stopped:
         raise typer.Exit(2)
@@ -190,7 +190,7 @@ def topics(
     from producers.topics import ensure_topics
 
     settings = _settings(topic)
-    # bounded like a producer's waits: a broker that is away is one line (api.cli) after that long, not a hang
+    # bounded like a producer's waits: a broker that is away is one line (infra.cli) after that long, not a hang
     for status in ensure_topics(settings, timeout_s=settings.producer_timeout_s):
         state = "created" if status.created else "exists"
         typer.echo(f"{status.name}: {state}, {status.partitions} partitions")

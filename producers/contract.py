@@ -26,6 +26,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "Rfc3339",
     "check_skew",
     "check_storable",
+    "storable_json",
     "parse_rfc3339",
     "version_id_for",
     "wire_fingerprint",
@@ -132,6 +134,8 @@ _TIME_FORMAT = "an RFC 3339 time with seconds, at most 6 fractional digits and a
 
 
 def _utc(value: datetime) -> datetime:
+    if value.tzinfo is UTC:  # already (the common case: every time is checked twice on its way in)
+        return value
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"must be {_TIME_FORMAT}")
     try:
@@ -253,6 +257,27 @@ def _json_ok(value: Any, depth: int = 0) -> bool:
     return False
 
 
+STORABLE_JSON = "storable_json"  # validation context key: the data is orjson's reading of bytes `storable_json` cleared
+_DIGITS_AS_ZERO = bytes(48 if 48 <= b <= 57 else 46 for b in range(256))  # bytes.translate: digit -> 0, else .
+_LONG_NUMBER = b"0" * 19  # 19 digits in a row: what every integer outside 64 bits has
+_STORABLE = {STORABLE_JSON: True}
+
+
+def storable_json(raw: bytes) -> bool:
+    """True only if every value orjson reads from `raw` passes `_check_json`, so validation may skip the walk.
+
+    What orjson reads from bytes holds no lone surrogate (it refuses them) and no NaN or infinity (refused too), so
+    only three things are left, each ruled out by the bytes alone, conservatively (also inside strings): a NUL
+    (only the escape `\\u0000` spells one: a raw NUL byte is not JSON), an integer outside 64 bits (it has 19
+    digits or more) and nesting deeper than MAX_VALUE_DEPTH (no more brackets than that in the whole record).
+    """
+    return (
+        b"\\u0000" not in raw
+        and raw.count(b"{") + raw.count(b"[") <= MAX_VALUE_DEPTH
+        and _LONG_NUMBER not in raw.translate(_DIGITS_AS_ZERO)
+    )
+
+
 def rfc3339(value: datetime) -> str:
     """UTC, microsecond precision, `Z` suffix: one spelling for every time we write."""
     return value.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
@@ -351,10 +376,12 @@ class MemoryEvent(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _storable(cls, data: Any) -> Any:
+    def _storable(cls, data: Any, info: ValidationInfo) -> Any:
         """Everything the projector could never store is refused here, at the door, with its path."""
         if isinstance(data, dict):
             data = {k: v for k, v in data.items() if not (v is None and k in _DEFAULTED)}  # null: "not given"
+            if info.context is not None and info.context.get(STORABLE_JSON):
+                return data  # read from bytes that `storable_json` cleared: nothing here would be refused
             for k, v in data.items():
                 if not _json_ok(v):  # the fast path; _check_json names what it refuses
                     _check_json(v, str(k))
@@ -576,12 +603,14 @@ def from_dict(
     default_observed_at: datetime | None = None,
     now: datetime | None = None,
     max_future_skew: timedelta | None = None,
+    storable: bool = False,
 ) -> MemoryEvent:
     """Validate a decoded JSON value as an event (upcasting older schema versions).
 
     With `max_future_skew`, an observed_at later than `now` (default: `default_observed_at`, else
     the clock) plus the skew is refused (`clock_skew`): a clock in the future would otherwise win
-    over every later update until that time comes.
+    over every later update until that time comes. `storable`: `data` is orjson's reading of bytes that
+    `storable_json` cleared (the checks for what no store could keep are then known to pass).
     """
     if not isinstance(data, dict):
         raise InvalidEvent("not_an_object", f"an event is a JSON object, got {type(data).__name__}")
@@ -589,7 +618,7 @@ def from_dict(
     if default_observed_at is not None and data.get("observed_at") is None:
         data = {**data, "observed_at": default_observed_at}
     try:
-        event = MemoryEvent.model_validate(data)
+        event = MemoryEvent.model_validate(data, context=_STORABLE if storable else None)
     except ValidationError as exc:
         raise from_error(exc) from None
     if max_future_skew is not None:
@@ -636,11 +665,13 @@ def decode(
     A record must carry its event_id; only a producer reading its own input (`ledger publish`, like
     `POST /v1/events`) passes `mint_event_id=True` to have one minted before the event is published.
     """
+    data = load_record(raw, MAX_EVENT_BYTES)
     return decode_value(
-        load_record(raw, MAX_EVENT_BYTES),
+        data,
         default_observed_at=default_observed_at,
         max_future_skew=max_future_skew,
         mint_event_id=mint_event_id,
+        storable=raw is not None and storable_json(raw),
     )
 
 
@@ -650,14 +681,16 @@ def decode_value(
     default_observed_at: datetime | None = None,
     max_future_skew: timedelta | None = None,
     mint_event_id: bool = False,
+    storable: bool = False,
 ) -> MemoryEvent:
-    """`decode` of a record's JSON value already loaded (a sealed record, once opened, is judged the same way)."""
+    """`decode` of a record's JSON value already loaded (a sealed record, once opened, is judged the same way);
+    `storable` as for `from_dict`."""
     if not mint_event_id and isinstance(data, dict) and data.get("event_id") is None:
         # the model would mint a fresh id: every replay of this record would then be another event
         raise InvalidEvent(
             "missing_field", "a ledger record needs its event_id (the idempotency key); none was sent", "event_id"
         )
-    return from_dict(data, default_observed_at=default_observed_at, max_future_skew=max_future_skew)
+    return from_dict(data, default_observed_at=default_observed_at, max_future_skew=max_future_skew, storable=storable)
 
 
 def encode(event: MemoryEvent) -> bytes:

@@ -234,6 +234,16 @@ class Settings(BaseSettings):
     key_cache_ttl_s: float = 30.0  # how long a producer reuses a subject's data key before asking again
     key_cache_size: int = 10_000  # subjects whose data key a producer keeps in memory
 
+    # the ledger chain (projections.postgres.chain, `ledger verify`): the worker chains every ledger record it takes
+    # and signs checkpoints of the chain heads with an Ed25519 key (producers.keys.signing) every
+    # chain_checkpoint_records records or chain_checkpoint_s seconds per partition. chain_key_file: the private key
+    # (PEM, never in the database); None: heads only, no checkpoints (infra's services get <data_dir>/chain-key).
+    # chain_trusted_keys: public keys (base64) that `ledger verify` accepts besides the configured key's own
+    chain_key_file: Path | None = None
+    chain_checkpoint_records: int = Field(default=1000, ge=1)
+    chain_checkpoint_s: float = Field(default=60.0, gt=0)
+    chain_trusted_keys: list[str] = Field(default_factory=list)
+
     # logs (producers.logs): every process writes the same lines to stderr, text or one JSON object per
     # line, with the ids of what it is doing (request_id, event_id, tenant, batch_id, partition, offset)
     log_format: Literal["text", "json"] = "text"

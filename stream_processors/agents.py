@@ -31,10 +31,11 @@ from kafka.errors import KafkaError
 
 from producers.logs import bind_ids, new_id, unbind_ids
 from producers.settings import Settings
+from projections.postgres.chain import Checkpoints, sign_idle_heads
 from projections.postgres.positioned import DlqSink, PositionedProjection, connect
 from projections.postgres.positions import stored_positions
 from projections.postgres.recorder import BatchResult, Recorder
-from stream_processors.app import LedgerApp
+from stream_processors.app import LedgerApp, RawSchema
 from stream_processors.dlq import DlqProducer
 from stream_processors.metrics import DeadLetterGauge, LagGauge, record_batch, record_retry
 
@@ -136,7 +137,7 @@ def attach_projection(
     `report(result, records, seconds)` after each committed batch (its log line, metrics); `on_positions` with the
     positions read at assignment.
     """
-    topic = app.topic(runner.topic, value_serializer="raw", key_serializer="raw")
+    topic = app.topic(runner.topic, schema=RawSchema())
     earlier = app.stored_positions  # the hooks of the agents attached before this one
 
     async def stored(assigned: Set[TP]) -> Mapping[TP, int]:
@@ -231,4 +232,18 @@ def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
         await asyncio.to_thread(letters.refresh)
 
     app.timer(settings.metrics_refresh_s, name="ledger-dead-letters")(refresh_dead_letters)
+    checkpoints = Checkpoints.for_settings(settings)
+    if checkpoints is not None:  # a partition no batch reaches any more still gets its head signed
+
+        def sign_idle() -> None:
+            with connect(settings.pg_dsn, settings.pg_schema) as conn:
+                sign_idle_heads(conn, settings.processor_group, settings.topic, checkpoints)
+
+        async def sign_idle_checkpoints(*_: object) -> None:
+            try:
+                await asyncio.to_thread(sign_idle)
+            except Exception:  # noqa: BLE001 - the next round signs them; the batches go on meanwhile
+                log.warning("signing idle chain heads failed; retried next round", exc_info=True)
+
+        app.timer(max(1.0, checkpoints.every_s / 2), name="ledger-chain-checkpoints")(sign_idle_checkpoints)
     return runner

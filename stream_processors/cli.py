@@ -1,4 +1,5 @@
-"""`ledger worker` and `ledger rebuild` (registered in api/cli.py; only typer is imported at module level)."""
+"""`ledger worker`, `ledger rebuild` and `ledger verify` (registered in infra/cli.py; only typer is imported at module
+level)."""
 
 from __future__ import annotations
 
@@ -27,4 +28,32 @@ def rebuild(
     configure_logging(settings, "rebuild")
     report = rebuild_with_progress(settings, keep_old=keep_old, batch_size=batch_size)
     if report.live_checksum != report.rebuilt_checksum:
+        raise typer.Exit(1)
+
+
+def verify(
+    as_json: bool = typer.Option(False, "--json", help="the report as one JSON object on stdout"),
+) -> None:
+    """Re-read the ledger from offset 0: check the chain, its signed checkpoints and the projection's rows against
+    the records; exit 1 naming the first divergence's partition and offset, 0 when intact."""
+    from producers.keys.signing import SigningKeyError
+    from producers.logs import configure_logging
+    from producers.settings import get_settings
+    from stream_processors.verify import render
+    from stream_processors.verify import verify as run
+
+    settings = get_settings()
+    configure_logging(settings, "verify")
+    try:
+        report = run(settings)
+    except SigningKeyError as exc:  # a chain key that is configured and unusable: a configuration error, no verdict
+        typer.echo(f"ledger: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        import orjson
+
+        typer.echo(orjson.dumps(report.as_json()).decode())
+    else:
+        typer.echo(render(report))
+    if not report.intact:
         raise typer.Exit(1)

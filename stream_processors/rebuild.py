@@ -6,7 +6,9 @@
    from the rebuilt positions after the switch).
 2. Switch, in one transaction: lock the live `positions` table (a worker's next batch waits on
    it, and resolves the name again once the rename commits), catch the rebuild up to the live
-   positions, compute both checksums, rename live -> `<schema>_old_<ts>` and rebuild -> live.
+   positions, compute both checksums, carry the live schema's signed checkpoints of the ledger chain over
+   (projections.postgres.chain: the replay chains every record again, to the same heads), rename live ->
+   `<schema>_old_<ts>` and rebuild -> live.
 
 The access topic is replayed the same way after the ledger, into the access tables, and caught up
 to the live access positions under the same lock (the access agent's batches lock `positions` too).
@@ -44,6 +46,7 @@ from psycopg import sql
 from producers.settings import Settings
 from producers.topics import end_offsets
 from projections.postgres.access_projector import AccessProjector
+from projections.postgres.chain import copy_checkpoints
 from projections.postgres.positioned import PositionedProjection, connect
 from projections.postgres.positions import stored_positions
 from projections.postgres.queries import projection_checksum
@@ -226,6 +229,7 @@ def rebuild(
                 live_checksum = projection_checksum(conn, live)
                 copy_vectors(conn, live, fresh)
                 copy_idempotency(conn, live, fresh)  # ids claimed by the doors, ids erased
+                copy_checkpoints(conn, live, fresh)  # the signed heads of the past stay as they were signed
                 conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(live), sql.Identifier(old)))
             rebuilt_checksum = projection_checksum(conn, fresh)
             conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(fresh), sql.Identifier(live)))
@@ -247,7 +251,7 @@ def rebuild_with_progress(settings: Settings, *, keep_old: bool = True, batch_si
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console()
-    # bounded like a producer's waits: a broker that is away ends the command in one line (api.cli), not a hang
+    # bounded like a producer's waits: a broker that is away ends the command in one line (infra.cli), not a hang
     wait = settings.producer_timeout_s
     total = sum(sum(end_offsets(settings, k.topic_of(settings), timeout_s=wait).values()) for k in PROJECTIONS)
     columns = (

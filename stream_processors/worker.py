@@ -9,6 +9,7 @@ exactly-once across rebalances and crashes.
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import faust
@@ -19,6 +20,7 @@ from producers.logs import configure_logging
 from producers.metrics import serve as serve_metrics
 from producers.settings import Settings, get_settings
 from producers.topics import ensure_topics
+from projections.postgres.chain import Checkpoints
 from projections.postgres.schema import create_schema
 from stream_processors.access import attach_access
 from stream_processors.agents import attach
@@ -36,6 +38,7 @@ def prepare(settings: Settings) -> None:
     with psycopg.connect(settings.pg_dsn) as conn:
         create_schema(conn, settings.pg_schema)
         key_context(settings, conn)  # a missing or wrong key-encryption key stops the worker here
+    Checkpoints.for_settings(settings)  # so does a chain signing key that is configured and cannot be read
 
 
 def run(settings: Settings | None = None, *, loglevel: str | None = None) -> None:
@@ -49,6 +52,9 @@ def run(settings: Settings | None = None, *, loglevel: str | None = None) -> Non
     access_runner = attach_access(app, settings)  # the access topic's agent, same group
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, override_logging=False)
     worker.spinner = None  # it writes terminal control codes to stdout, between our log lines
+    # Everything made so far (modules, the app, its agents) lives as long as the process: out of the collector's
+    # way, so the full collections a stream of batches triggers do not walk it again and again.
+    gc.freeze()
     try:
         worker.execute_from_commandline()
     finally:

@@ -14,13 +14,15 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any, NotRequired
 
+import jsonschema
 import orjson
 import pytest
 from fastapi.testclient import TestClient
 from httpx import Response
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel, Field, SecretStr
+from typing_extensions import TypedDict, is_typeddict
 
 from api import schemas
 from api.main import create_app
@@ -29,6 +31,7 @@ from producers.contract import EventType, MemoryEvent, parse_rfc3339, rfc3339
 from producers.records import decode_record
 from producers.settings import Settings
 from producers.topics import ensure_topics
+from projections import shapes
 from projections.embedding import load_embedder
 from tests.conftest import unique
 from tests.support import RecorderWriter, cleanup, drain_all, private_store
@@ -332,3 +335,116 @@ def test_every_time_in_the_answer_is_spelled_by_rfc3339(answers: dict[str, Answe
     assert not wrong, f"{label}: times not spelled by producers.contract.rfc3339: {wrong}"
     if label.startswith("facts"):
         assert body["as_of"].endswith("Z") and len(body["as_of"]) == len("2026-01-05T09:00:00.000000Z")
+
+
+def _strict(schema: Any) -> Any:
+    """`schema` with every object that names its properties closed to others (`additionalProperties: false`)."""
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if "properties" in out and out.get("additionalProperties") is True:
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+@pytest.mark.parametrize("label", [r[0] for r in REQUESTS])
+def test_the_answer_validates_against_the_openapi_document(
+    spec: dict[str, Any], answers: dict[str, Answer], label: str
+) -> None:
+    """What a client reads, not our models: the JSON schema the OpenAPI document declares for the answer's status,
+    every object closed to keys it does not name (a key a shape lacks would pass `additionalProperties: true`)."""
+    a = answers[label]
+    path = next(p for p in spec["paths"] if p.replace(":path", "") == a.template)
+    declared = spec["paths"][path][a.method.lower()]["responses"][str(a.response.status_code)]
+    schema = declared["content"]["application/json"]["schema"]
+    validator = jsonschema.Draft202012Validator(_strict({**schema, "components": spec["components"]}))
+    errors = [
+        f"{'.'.join(map(str, e.absolute_path))}: {e.message}"[:300] for e in validator.iter_errors(a.response.json())
+    ]
+    assert errors == [], f"{label}: {errors[:5]}"
+
+
+def _response_components(spec: dict[str, Any]) -> set[str]:
+    """The components a response (any status) refers to, and those they refer to."""
+    refs: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            name = ref.rsplit("/", 1)[-1]
+            if ref.startswith("#/components/schemas/") and name not in refs:
+                refs.add(name)
+                walk(spec["components"]["schemas"][name])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk([op["responses"] for methods in spec["paths"].values() for op in methods.values()])
+    return refs
+
+
+@pytest.mark.unit
+def test_every_documented_body_is_generated_from_the_shape_its_builder_is_typed_with(base_settings: Settings) -> None:
+    """A response shape is written once (projections.shapes): each body component of the OpenAPI document is its
+    shape's model as api.schemas generates it, never a model written apart (the event schema document excepted:
+    its body is a file no code builds)."""
+    spec = create_app(base_settings).openapi()
+    written_apart = {"EventSchemaDocument"}
+    names = _response_components(spec) - written_apart
+    assert names, "no response body in the document"
+    not_shapes = sorted(n for n in names if not is_typeddict(getattr(shapes, n, None)))
+    assert not_shapes == [], f"documented bodies that are no shape of projections.shapes: {not_shapes}"
+    for name in sorted(names):
+        generated = schemas.model(getattr(shapes, name)).model_json_schema(
+            mode="serialization", ref_template="#/components/schemas/{model}"
+        )
+        generated.pop("$defs", None)
+        assert _no_null_default(spec["components"]["schemas"][name]) == _no_null_default(generated), name
+
+
+def _no_null_default(schema: Any) -> Any:
+    """`schema` without `"default": null` (FastAPI leaves it out beside a reference, pydantic writes it)."""
+    if isinstance(schema, dict):
+        return {k: _no_null_default(v) for k, v in schema.items() if not (k == "default" and v is None)}
+    return [_no_null_default(v) for v in schema] if isinstance(schema, list) else schema
+
+
+class _Part(TypedDict):
+    """A part."""
+
+    n: int
+
+
+class _Whole(TypedDict):
+    from_: Annotated[str, Field(description="a key named like a Python name")]
+    part: _Part
+    parts: NotRequired[list[_Part] | None]
+    tags: NotRequired[Annotated[list[str], Field(default=[], description="a default other than None")]]
+
+
+class _More(_Whole):
+    extra: NotRequired[int]
+
+
+_Keyword = TypedDict("_Keyword", {"from": str, "in": NotRequired[int]})
+
+
+@pytest.mark.unit
+def test_a_shape_s_model_has_its_keys_required_or_optional_its_nested_shapes_models_and_its_parent_s_model() -> None:
+    whole, more, keyword = schemas.model(_Whole), schemas.model(_More), schemas.model(_Keyword)
+    assert list(whole.model_fields) == ["from_", "part", "parts", "tags"] and whole.__doc__ is None
+    assert [name for name, f in whole.model_fields.items() if f.is_required()] == ["from_", "part"]
+    assert whole.model_fields["parts"].default is None and whole.model_fields["tags"].default == []
+    assert whole.model_fields["from_"].description == "a key named like a Python name"
+    assert whole.model_fields["part"].annotation is schemas.model(_Part) and schemas.model(_Part).__doc__ == "A part."
+    assert issubclass(more, whole) and list(more.model_fields) == [*whole.model_fields, "extra"]
+    assert schemas.model(_Whole) is whole  # one model per shape: the same class wherever a shape is used
+    assert list(keyword.model_fields) == ["from_", "in_"]  # keys that are Python keywords: fields with an alias
+    k = keyword.model_validate({"from": "a", "in": 1, "unknown": True})
+    assert (k.from_, k.in_, k.model_extra) == ("a", 1, {"unknown": True})  # and a shape allows keys it lacks
+    assert k.model_dump(by_alias=True, exclude_unset=True) == {"from": "a", "in": 1, "unknown": True}
+    assert keyword.model_validate({"from": "a"}).model_dump(by_alias=True, exclude_unset=True) == {"from": "a"}

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench.__main__ import require_extras
+from bench.machine import require_extras
 
 pytestmark = pytest.mark.unit
 

@@ -23,7 +23,7 @@ import typer.main
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from api.cli import app
+from infra.cli import app
 from producers.settings import REPO_ROOT, Settings, UnsafeSettings, settings_problem
 
 LEDGER = str(Path(sys.executable).parent / "ledger")

@@ -30,7 +30,7 @@ from infra.private import free_port
 from producers.event_schema import SCHEMA_ID, checked_in
 from producers.settings import REPO_ROOT, ClientSettings, Settings
 from tests.conftest import unique
-from tests.support import Process, asserted, at, marked, pipeline, wait_for
+from tests.support import Process, asserted, at, marked, pipeline, publish_raw, wait_for
 
 A, B = "acme", "globex"
 KEY_A, KEY_B = "client-key-acme", "client-key-globex"
@@ -57,7 +57,7 @@ class Api(Process):
     def __init__(self, settings: Settings) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        super().__init__(settings, ["-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)])
+        super().__init__(settings, ["-m", "infra.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)])
 
     def start(self, timeout: float = 60.0) -> Api:
         super().start()
@@ -79,6 +79,7 @@ class Stack:
     api: Api
     memory_id: str = ""
     bodies: list[Any] = field(default_factory=list)  # what the server sent, response by response
+    pipe: Any = None  # the worker and indexer (tests.support.pipeline): `.settle()` until they applied everything
 
     def capture(self, response: httpx.Response) -> None:
         response.read()
@@ -102,7 +103,7 @@ def stack(base_settings: Settings) -> Iterator[Stack]:
     settings = base_settings.private(unique("cl"), api_keys={KEY_A: [A], KEY_B: [B]})
     with pipeline(settings, seed=EVENTS) as pipe, Api(settings) as api:
         pipe.worker.check()
-        st = Stack(settings, api)
+        st = Stack(settings, api, pipe=pipe)
         with st.client() as c:
             st.memory_id = next(f.memory_id for f in c.facts(SUBJECT).facts if f.key == "project.port")
         yield st
@@ -267,6 +268,89 @@ def test_a_store_that_does_not_answer_is_a_503_naming_it(stack: Stack) -> None:
             health = c.health()  # an answer, not an exception: the parts say what is down
             assert health.status == "degraded" and not health.parts.postgres.ok and health.parts.kafka.ok
             assert [item.message.split(":")[0] for item in health.detail or []] == ["postgres"]
+
+
+def _refusing(record: dict[str, Any], n: int) -> list[tuple[bytes, bytes]]:
+    """n copies of `record` (event ids -0, -1, ...) of acme, written as a producer that skips the contract writes them:
+    each one the worker refuses is a dead letter."""
+    key = f"{A}|{record['subject']}".encode()
+    return [(key, json.dumps(record | {"event_id": f"{record['subject']}-{i}"}).encode()) for i in range(n)]
+
+
+def _in_mode(stack: Stack, mode: str, method: str, *args: Any, **kwargs: Any) -> Any:
+    """One call of a client method with the sync or the async client."""
+    if mode == "sync":
+        with stack.client() as c:
+            return getattr(c, method)(*args, **kwargs)
+
+    async def call() -> Any:
+        async with stack.aclient() as c:
+            return await getattr(c, method)(*args, **kwargs)
+
+    return asyncio.run(call())
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_operator_lists_opens_redrives_and_discards_dead_letters(stack: Stack, mode: str) -> None:
+    """The dead-letter routes through the client: each answer is the route's model, equal to the JSON sent; a re-drive
+    and a discard are events the worker applies (the letters then read redriven and discarded, the corrected fact
+    is in force); a second action, another tenant, a position without a letter and a bad event are LedgerErrors."""
+    subject = f"user:dead-{mode}"
+    broken = {"type": "memory.asserted", "tenant": A, "subject": subject, "key": "pref.meal", "value": "veg"}
+    publish_raw(stack.settings, _refusing(broken, 3))  # no content: refused by the worker
+    stack.pipe.settle()
+
+    def call(model: type, method: str, *args: Any, **kwargs: Any) -> Any:
+        result = _in_mode(stack, mode, method, *args, **kwargs)
+        assert type(result) is model and _dumped(result) == stack.bodies[-1], (method, result)
+        return result
+
+    page = call(schemas.DeadLettersResponse, "dead_letters", state="open")
+    mine = [d for d in page.dead_letters if (d.event_id or "").startswith(f"{subject}-")]
+    assert len(mine) == 3 and {(d.state, d.reason.code, d.reason.field) for d in mine} == {
+        ("open", "missing_field", "content")
+    }, mine
+    one = call(schemas.DeadLettersResponse, "dead_letters", state="open", limit=1)
+    assert len(one.dead_letters) == 1 and one.next is not None
+    two = call(schemas.DeadLettersResponse, "dead_letters", state="open", limit=1, after=one.next)
+    assert (two.dead_letters[0].partition, two.dead_letters[0].offset) > (
+        one.dead_letters[0].partition,
+        one.dead_letters[0].offset,
+    )
+
+    first, second, third = mine
+    opened = call(schemas.DeadLetterRecord, "dead_letter", first.partition, first.offset)
+    assert opened.record == broken | {"event_id": first.event_id} and opened.state == "open", opened
+    fixed = broken | {"content": f"{subject} eats vegetarian"}
+    redriven = call(schemas.DeadLetterAction, "redrive_dead_letter", first.partition, first.offset, fixed)
+    assert (redriven.dead_letter.partition, redriven.dead_letter.offset, redriven.effect) == (
+        first.partition,
+        first.offset,
+        "pending",
+    )
+    discarded = call(schemas.DeadLetterAction, "discard_dead_letter", second.partition, second.offset, "a test record")
+    assert discarded.event_id == f"deadletter:{second.partition}:{second.offset}" and not discarded.duplicate
+    stack.pipe.settle()
+
+    now = {(d.partition, d.offset): d for d in call(schemas.DeadLettersResponse, "dead_letters").dead_letters}
+    assert now[first.partition, first.offset].state == "redriven"
+    assert now[first.partition, first.offset].resolution.event_id == redriven.event_id
+    assert now[second.partition, second.offset].state == "discarded"
+    assert now[second.partition, second.offset].resolution.reason == "a test record"
+    assert now[third.partition, third.offset].state == "open"
+    assert [f.value for f in call(schemas.FactsResponse, "facts", subject).facts] == ["veg"]  # the correction holds
+
+    refusals = [
+        (("discard_dead_letter", first.partition, first.offset, "again"), {}, (409, "dead_letter_resolved", "offset")),
+        (("redrive_dead_letter", third.partition, third.offset, broken), {}, (422, "missing_field", "event.content")),
+        (("dead_letter", third.partition, 2**40), {}, (404, "not_found", "offset")),
+        (("dead_letters",), {"tenant": B}, (403, "forbidden_tenant", "tenant")),
+        (("dead_letters",), {"after": "not-a-position"}, (422, "invalid_value", "after")),
+    ]
+    for args, kwargs, expected in refusals:
+        err = _refused(lambda args=args, kwargs=kwargs: _in_mode(stack, mode, *args, **kwargs))
+        assert (err.status, err.code, err.field) == expected, (args, str(err))
+        assert err.as_dict() == stack.bodies[-1]
 
 
 @pytest.mark.unit

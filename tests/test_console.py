@@ -5,7 +5,8 @@ by the worker into PostgreSQL and indexed by the indexer into Elasticsearch, ser
 api.main:app` in a child process, all on private names. The browser is Debian's Chromium driven by
 Playwright; every request it makes to anything but the service is aborted and must not happen, and
 no script error may occur (checked after each test). What is shown is read back as text and
-compared with the API's own JSON: the answer the page received and an independent request.
+compared with the API's own JSON: the answer the page received and an independent request, in the forms the page
+writes for reading (`short()`: a time without the zero digits of its fraction; `rounded()`: a score to 4 decimals).
 """
 
 from __future__ import annotations
@@ -22,12 +23,23 @@ from playwright.sync_api import Browser
 from api.console import CSP
 from tests.conftest import unique
 from tests.support.browser import OfflinePage, chromium
-from tests.support.console_page import ConsolePage
-from tests.support.console_world import AUDITOR_KEY, FOREIGN, FOREIGN_KEY, HOSTILE, SUBJECT, ConsoleWorld, console_world
+from tests.support.console_page import ConsolePage, short
+from tests.support.console_world import (
+    AUDITOR_KEY,
+    FOREIGN,
+    FOREIGN_KEY,
+    HOSTILE,
+    LONG_SUBJECT,
+    LONG_VALUE,
+    SUBJECT,
+    ConsoleWorld,
+    console_world,
+)
 
 TENANT = "acme"
 SECRET_SUBJECT, SECRET_VALUE = "user:secret-globex", "globex-only-value"
 KEY_STORE = "memory-ledger.console.api-key"
+CLIP = 120  # characters of a value the page shows before "show all" (console.js)
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +80,12 @@ def shown(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+def rounded(shown_text: str, exact: float) -> bool:
+    """A score as the console shows it: `exact` to at most 4 decimals."""
+    decimals = shown_text.split(".")[1] if "." in shown_text else ""
+    return len(decimals) <= 4 and abs(float(shown_text) - exact) <= 0.5e-4 + 1e-12
+
+
 def fact_row(f: dict[str, Any]) -> dict[str, Any]:
     """What a row of a facts table must show for this fact of the API."""
     return {
@@ -76,9 +94,9 @@ def fact_row(f: dict[str, Any]) -> dict[str, Any]:
         "value": shown(f["value"]),
         "kind": f["kind"],
         "version": str(f["version"]),
-        "valid_from": f["valid_from"],
-        "valid_to": f["valid_to"] or "—",
-        "observed_at": f["observed_at"],
+        "valid_from": short(f["valid_from"]),
+        "valid_to": short(f["valid_to"]),
+        "observed_at": short(f["observed_at"]),
         "version_id": f["version_id"],
     }
 
@@ -144,9 +162,9 @@ def test_a_subjects_facts_and_timeline_are_what_the_api_says(world: ConsoleWorld
     for r, e in zip(rows, events, strict=True):
         assert r["ledger"] == f"{e['partition']}/{e['offset']}"
         assert (r["type"], r["event_id"]) == (e["type"], e["event_id"])
-        assert r["observed_at"] == e["observed_at"]
+        assert r["observed_at"] == short(e["observed_at"])
         assert r["_data"]["effect"] == e["effect"]["effect"]
-        assert r["effect"].startswith(e["effect"]["effect"]) and e["effect"]["detail"] in r["effect"]
+        assert r["effect"].startswith(e["effect"]["effect"]) and short(e["effect"]["detail"]) in r["effect"]
         src = e["event"]["source"]
         assert r["source"] == " · ".join(str(src[k]) for k in ("type", "service", "ref") if src.get(k))
     assert {e["effect"]["effect"] for e in events} >= {"superseded", "active", "confirmed", "override", "no_effect"}
@@ -191,14 +209,14 @@ def test_the_version_chain_shows_supersessions_and_overrides(world: ConsoleWorld
     for r, v in zip(rows, versions, strict=True):
         assert (r["version"], r["value"]) == (str(v["version"]), shown(v["value"]))
         assert (r["valid_from"], r["valid_to"], r["observed_at"]) == (
-            v["valid_from"],
-            v["valid_to"] or "—",
-            v["observed_at"],
+            short(v["valid_from"]),
+            short(v["valid_to"]),
+            short(v["observed_at"]),
         )
         assert r["ledger"] == f"{v['partition']}/{v['offset']}"
         assert r["status"].startswith(v["status"]) and ("override" in r["status"]) == v["override"]
         if v["superseded_by"]:
-            assert r["superseded"] == f"by v{number[v['superseded_by']]} at {v['superseded_at']}"
+            assert r["superseded"] == f"by v{number[v['superseded_by']]} at {short(v['superseded_at'])}"
         elif v["override"]:
             assert r["superseded"].startswith("override")
         else:
@@ -245,14 +263,14 @@ def test_the_as_of_control_replays_what_the_api_says(world: ConsoleWorld, tab: O
         answer = console.move("asof", "ArrowRight")
     assert len(set(seen.values())) >= 5, seen  # the facts shown change as the control moves
     seat = {t: dict(v).get("pref.seat") for t, v in seen.items()}
-    assert seat["2026-03-04T00:00:00.000000Z"] == "aisle"  # v2 superseded v1 on day 3
-    assert seat["2026-03-06T00:00:00.000000Z"] == "window"  # the trip override, days 5 to 8
-    assert seat["2026-03-09T00:00:00.000000Z"] == "aisle"  # the override's window has ended
+    assert seat["2026-03-04T00:00:00Z"] == "aisle"  # v2 superseded v1 on day 3
+    assert seat["2026-03-06T00:00:00Z"] == "window"  # the trip override, days 5 to 8
+    assert seat["2026-03-09T00:00:00Z"] == "aisle"  # the override's window has ended
 
     # known at: the language (valid from day 2) was only observed on day 12
     console.move("asof", "End")
-    console.move_to("known", "2026-03-11T00:00:00.000000Z")
-    expected = api(world, path, tenant=TENANT, known_at="2026-03-11T00:00:00.000000Z")
+    console.move_to("known", "2026-03-11T00:00:00Z")
+    expected = api(world, path, tenant=TENANT, known_at="2026-03-11T00:00:00Z")
     assert facts_shown(console, "asof-facts") == [fact_row(f) for f in expected["facts"]]
     assert "profile.language" not in {r["key"] for r in console.rows("asof-facts")}
     console.move("known", "End")
@@ -264,6 +282,62 @@ def test_the_as_of_control_replays_what_the_api_says(world: ConsoleWorld, tab: O
     tab.page.wait_for_selector("#error:not([hidden])")
     body = api(world, path, tenant=TENANT, as_of="1700000000", status=422)
     assert console.error() == error_line(body, 422) and console.error_codes() == ["invalid_time"]
+
+
+def test_a_typed_time_moves_the_sliders_and_their_notes_say_where_it_falls(
+    world: ConsoleWorld, tab: OfflinePage
+) -> None:
+    console = signed_in(tab)
+    assert console.open_subject(SUBJECT) == "ready", console.error()
+    assert console.view("asof") == "ready", console.error()
+    events = api(world, f"/v1/subjects/{SUBJECT}/events", tenant=TENANT)["events"]
+    valid = sorted({short(t) for e in events for t in (e["valid_from"], e["valid_to"]) if t})  # the slider's points
+    known = sorted({short(e["observed_at"]) for e in events})
+    assert console.slider("asof") == (len(valid), len(valid)) and console.asof_notes()[0].endswith(": now")
+
+    # a valid time that is one of the points, a known-at time between two: each slider on its place
+    at, known_at = "2026-03-06T00:00:00Z", "2026-03-11T12:00:00+00:00"
+    assert at in valid and known_at not in known
+    console.type_asof(at, known_at)
+    expected = api(world, f"/v1/subjects/{SUBJECT}/facts", tenant=TENANT, as_of=at, known_at=known_at)
+    assert facts_shown(console, "asof-facts") == [fact_row(f) for f in expected["facts"]]
+    valid_note, known_note = console.asof_notes()
+    assert console.slider("asof")[0] == valid.index(at) and console.asof_inputs()[0] == at
+    assert valid_note.startswith(f"point {valid.index(at) + 1} of {len(valid) + 1}: ") and "now" not in valid_note
+    before = max(i for i, t in enumerate(known) if t < "2026-03-11T12:00:00Z")
+    assert console.slider("known")[0] == before and console.asof_inputs()[1] == known_at  # the box keeps it
+    assert known_note.startswith(f"typed {known_at} ") and "everything" not in known_note.split(": ", 1)[0]
+    assert f"between point {before + 1} ({known[before]}: " in known_note
+    assert f"and point {before + 2} ({known[before + 1]}: " in known_note
+    # the slider goes on from there, and shows the next point
+    console.move("known", "ArrowRight")
+    assert console.asof_inputs()[1] == known[before + 1]
+    assert console.asof_notes()[1].startswith(f"point {before + 2} of {len(known) + 1}: ")
+
+    # before the first point; and both boxes emptied: now and everything, the sliders at the end
+    console.type_asof("2026-02-01T00:00:00Z", "")
+    assert console.slider("asof")[0] == 0 and console.asof_notes()[0].startswith("typed 2026-02-01T00:00:00Z")
+    assert "before the first, point 1 (" in console.asof_notes()[0]
+    assert console.slider("known") == (len(known), len(known)) and console.asof_notes()[1].endswith(
+        ": everything the ledger holds"
+    )
+    console.type_asof("", "")
+    assert console.slider("asof") == (len(valid), len(valid)) and console.asof_notes()[0].endswith(": now")
+
+
+def test_times_are_shown_without_a_zero_fraction(world: ConsoleWorld, tab: OfflinePage) -> None:
+    console = signed_in(tab)
+    assert console.open_subject(SUBJECT) == "ready", console.error()
+    events = api(world, f"/v1/subjects/{SUBJECT}/events", tenant=TENANT)["events"]
+    assert all(e["observed_at"].endswith(".000000Z") for e in events)  # what the API writes: worth shortening
+    assert console.chain_of("pref.seat") == "ready", console.error()
+    assert console.view("asof") == "ready", console.error()
+    times = tab.page.eval_on_selector_all("#app .time[title]", "ts => ts.map(t => [t.textContent, t.title])")
+    assert len(times) > 30  # facts, timeline, chain and the replay
+    for text, exact in times:
+        assert text == short(exact) and not re.search(r"\.0*Z", text), (text, exact)
+    assert not re.search(r":\d\d\.0+(Z|[+-])", tab.page.text_content("#app") or "")  # effects' details too
+    assert "2026-03-04T00:00:00Z" in (tab.page.text_content("#timeline") or "")
 
 
 # -- the recall playground -----------------------------------------------------------------------------------
@@ -319,7 +393,8 @@ def test_the_recall_playground_explains_each_hit_as_the_api_does(
             if v
         }
         assert w["cues"] == expected_cues
-        assert {k: float(t.split(" ", 1)[1]) for k, t in w["scores"].items()} == m["scores"]
+        assert w["scores"].keys() == m["scores"].keys()
+        assert all(rounded(w["scores"][k].split(" ", 1)[1], v) for k, v in m["scores"].items()), w["scores"]
         assert ("replaced_by" in m["verified"]) == ("PostgreSQL holds" in w["verified"])
 
     # an independent request answers the same hits for the same reasons
@@ -338,6 +413,75 @@ def test_the_recall_playground_explains_each_hit_as_the_api_does(
         assert {h["match"]["stage"] for h in got["hits"]} == {"keyword"}
 
 
+def test_scores_are_rounded_for_display(world: ConsoleWorld, tab: OfflinePage) -> None:
+    console = signed_in(tab)
+    got = console.recall("refunded order", mode="keyword").json()
+    listed = [c for found in got["trace"]["candidates"].values() for c in found if c["score"] is not None]
+    exact = [c["score"] for c in listed] + [h["score"] for h in got["hits"]]
+    assert any(len(repr(float(v)).split(".")[1]) > 4 for v in exact), exact  # worth rounding
+    shown_candidates = tab.page.eval_on_selector_all(
+        "#recall-trace li", "ls => ls.map(l => l.textContent.split(' · ')[1] ?? null)"
+    )
+    assert len(shown_candidates) == len(listed)
+    assert all(rounded(t, c["score"]) for t, c in zip(shown_candidates, listed, strict=True)), shown_candidates
+    hits = console.rows("recall-hits")
+    assert all(rounded(r["score"], h["score"]) for r, h in zip(hits, got["hits"], strict=True)), hits
+
+
+def test_a_long_value_is_shortened_and_can_be_shown_whole(world: ConsoleWorld, tab: OfflinePage) -> None:
+    console = signed_in(tab)
+    assert console.type_subject(LONG_SUBJECT) == "ready", console.error()
+    [fact] = api(world, f"/v1/subjects/{LONG_SUBJECT}/facts", tenant=TENANT)["facts"]
+    assert fact["value"] == LONG_VALUE and len(LONG_VALUE) > CLIP
+    clipped = LONG_VALUE[:CLIP] + "…"
+    for table in ("facts", "timeline"):
+        cell = tab.page.locator(f'#{table} tbody td[data-field="value"]')
+        assert cell.locator(".clipped").text_content() == clipped, table
+        assert LONG_VALUE not in (cell.text_content() or "")
+        more = cell.get_by_role("button")
+        assert more.text_content() == f"show all {len(LONG_VALUE)} characters"
+        more.click()
+        assert cell.locator(".clipped").text_content() == LONG_VALUE and more.text_content() == "show less"
+        more.click()
+        assert cell.locator(".clipped").text_content() == clipped
+    # a short value is shown whole, with no button
+    assert console.open_subject(SUBJECT) == "ready", console.error()
+    assert tab.page.locator("#facts button.more, #timeline button.more").count() == 0
+
+
+def test_an_unknown_subject_says_nothing_is_recorded_and_hints_at_tenant_and_spelling(
+    world: ConsoleWorld, tab: OfflinePage
+) -> None:
+    console = signed_in(tab)
+    assert console.open_subject(SUBJECT) == "ready" and console.unknown_note() == {}  # a known one has no note
+
+    # user:1 has events in initech (another tenant of this key), none in acme
+    assert api(world, "/v1/subjects/user:1/events", tenant=TENANT)["events"] == []
+    assert console.type_subject("user:1") == "ready", console.error()
+    note = console.unknown_note()
+    assert "nothing is recorded" in note["hints"]["unknown"] and f"tenant {TENANT}" in note["hints"]["unknown"]
+    prefix = next(
+        p
+        for p in ("user:1"[:n] for n in range(6, 0, -1))
+        if api(world, "/v1/subjects", tenant=TENANT, prefix=p)["subjects"]
+    )
+    close = api(world, "/v1/subjects", tenant=TENANT, prefix=prefix, limit=5)["subjects"]
+    assert close == ["user:42", "user:7"]
+    assert note["offers"] == [["initech", "user:1"], *[[TENANT, s] for s in close]]
+    assert "initech" in note["hints"]["tenant"] and "Did you mean" in note["hints"]["spelling"]
+    tab.page.click('#subject-unknown button[data-tenant="initech"]')
+    console.wait_panel("facts", "ready")
+    assert console.picker()[0] == "initech" and console.unknown_note() == {}
+    facts = api(world, "/v1/subjects/user:1/facts", tenant="initech")["facts"]
+    assert facts and facts_shown(console, "facts") == [fact_row(f) for f in facts]
+
+    # a name nothing in the tenant starts like: no offer, a word on the spelling
+    console.pick_tenant(TENANT)
+    assert console.type_subject("User:42") == "ready", console.error()
+    note = console.unknown_note()
+    assert note["offers"] == [] and "check the spelling" in note["hints"]["spelling"]
+
+
 # -- tenancy -------------------------------------------------------------------------------------------------
 
 
@@ -353,6 +497,8 @@ def test_another_tenants_subject_is_not_reachable(world: ConsoleWorld, tab: Offl
     assert console.type_subject(SECRET_SUBJECT) == "ready"
     assert console.rows("facts") == [] and console.rows("timeline") == []
     assert api(world, f"/v1/subjects/{SECRET_SUBJECT}/events", tenant=TENANT)["events"] == []
+    hints = console.unknown_note()["hints"]
+    assert "nothing is recorded" in hints["unknown"] and "tenant" not in hints  # the hints ask only this key's tenants
 
     # a direct link into the other tenant: the API's 403, shown, and none of its data
     tab.page.goto("about:blank")
@@ -374,6 +520,25 @@ def test_another_tenants_subject_is_not_reachable(world: ConsoleWorld, tab: Offl
     tab.page.click("#sign-out")
     console.login(FOREIGN_KEY)
     assert console.tenants() == [FOREIGN] and SECRET_SUBJECT in console.subjects()
+
+
+def test_a_link_into_a_forbidden_tenant_shows_that_tenant_and_its_error(world: ConsoleWorld, tab: OfflinePage) -> None:
+    """The picker stays on the tenant the link names, flagged, with the API's 403: never silently on another."""
+    console = signed_in(tab)
+    tab.page.goto("about:blank")
+    ConsolePage(tab.page).open(f"#tenant={FOREIGN}&subject={SUBJECT}")
+    console.wait_panel("facts", "error")
+    value, label = console.picker()
+    assert value == FOREIGN and label == f"{FOREIGN} (not this key's)"
+    assert console.tenants()[1:] == api(world, "/v1/tenants")["tenants"]  # the key's own, after the flagged one
+    body = api(world, f"/v1/subjects/{SUBJECT}/facts", tenant=FOREIGN, status=403)
+    assert console.error() == error_line(body, 403) and console.error_codes() == ["forbidden_tenant"]
+    assert "not one of this key's tenants" in (tab.page.text_content("#subject-note") or "")
+    assert console.subjects() == [] and SECRET_VALUE not in tab.page.inner_text("body")
+    # picking one of the key's tenants: the flagged entry goes
+    console.pick_tenant(TENANT)
+    assert console.picker() == (TENANT, TENANT) and console.tenants() == api(world, "/v1/tenants")["tenants"]
+    assert console.subjects() == api(world, "/v1/subjects", tenant=TENANT)["subjects"]
 
 
 # -- the page itself -----------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from playwright.sync_api import Browser
 
 from tests.conftest import unique
 from tests.support.browser import OfflinePage, chromium
-from tests.support.console_page import ConsolePage
+from tests.support.console_page import ConsolePage, short
 from tests.support.erasure_world import (
     AUDITOR_KEY,
     FOREIGN,
@@ -74,7 +74,7 @@ def error_line(body: dict[str, Any], status: int) -> str:
 
 
 def _text(v: Any) -> str:
-    return "—" if v is None else v if isinstance(v, str) else json.dumps(v)
+    return "—" if v is None else short(v) if isinstance(v, str) else json.dumps(v)
 
 
 def expected(r: dict[str, Any]) -> dict[str, str]:
@@ -82,8 +82,8 @@ def expected(r: dict[str, Any]) -> dict[str, str]:
     led, recs = r["ledger"], r["records"]
     row = {
         "erasure_id": r["erasure_id"],
-        "requested_at": r["requested_at"],
-        "applied_at": r["applied_at"],
+        "requested_at": short(r["requested_at"]),
+        "applied_at": short(r["applied_at"]),
         "subject_digest": r["subject_digest"],
         "records.total": _text(recs["total"]),
         "records.sealed": _text(recs["sealed"]),

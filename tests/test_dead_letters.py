@@ -47,7 +47,8 @@ from projections.postgres.recorder import Recorder, connect
 from projections.postgres.schema import create_schema, drop_schema
 from tests.conftest import unique
 from tests.support import Worker, pg, publish_raw, read_topic, wait_caught_up, wait_for, wire
-from tests.support.servers import McpHttpServer, free_port
+from tests.support.processes import frozen
+from tests.support.servers import McpHttpServer, free_port, tool_body
 from tests.support.stores import private_ledger
 
 A, B = "dl-acme", "dl-globex"
@@ -131,7 +132,7 @@ async def _tool(url: str, key: str, tool: str, arguments: dict[str, Any]) -> tup
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
         async with Client(streamable_http_client(url, http_client=http)) as client:
             r = await client.call_tool(tool, arguments)
-    return bool(r.is_error), r.structured_content or {}
+    return bool(r.is_error), tool_body(r)
 
 
 def tool(world: World, name: str, key: str = ADMIN, **arguments: Any) -> tuple[bool, dict[str, Any]]:
@@ -213,13 +214,17 @@ def test_opened_with_the_records_fields_sealed_ones_opened_here(world: World) ->
 def test_redriven_corrected_event_is_applied_and_linked_in_the_audit_replay(world: World) -> None:
     p, o = world.malformed
     corrected = wire("user:2", tenant=A, event_id="ev-bad", value="aisle", content="user 2 prefers aisle seats")
-    r = world.http.post(
-        "/v1/dead-letters/redrive",
-        json={"tenant": A, "partition": p, "offset": o, "event": corrected},
-        headers={"X-API-Key": "key-a"},
-    )
-    assert r.status_code == 200, r.text
-    assert r.json()["effect"] == "pending" and r.json()["dead_letter"] == {"partition": p, "offset": o}, r.text
+    with frozen(world.worker):  # the re-drive is in the ledger, not applied: its id's status says pending
+        r = world.http.post(
+            "/v1/dead-letters/redrive",
+            json={"tenant": A, "partition": p, "offset": o, "event": corrected},
+            headers={"X-API-Key": "key-a"},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["effect"] == "pending" and r.json()["dead_letter"] == {"partition": p, "offset": o}, r.text
+        pending = world.get("/v1/events/ev-bad", tenant=A)
+        assert pending["status"] == "pending", pending  # not the old refusal of the same id
+        assert [(d["partition"], d["offset"]) for d in pending["dead_letters"]] == [(p, o)], pending
     world.caught_up()
     status = world.get("/v1/events/ev-bad", tenant=A)
     assert status["status"] == "applied", status

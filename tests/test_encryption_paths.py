@@ -139,7 +139,7 @@ def test_every_producer_path_seals_and_the_api_reads_the_facts_back(on, tmp_path
     lines = tmp_path / "events.jsonl"
     lines.write_bytes(orjson.dumps(_wire(subject, "via.cli", m)) + b"\n")
     run = subprocess.run(
-        [sys.executable, "-m", "api.cli", "publish", str(lines), "--quiet"],
+        [sys.executable, "-m", "infra.cli", "publish", str(lines), "--quiet"],
         env=settings.child_environ(),
         cwd=ROOT,
         capture_output=True,

@@ -30,7 +30,7 @@ from api.errors import _STATUS_CODES, ERROR_CODES, MAX_FIELD_CHARS, MAX_MESSAGE_
 from api.main import create_app
 from producers.settings import REPO_ROOT, Settings
 from tests.conftest import unique
-from tests.support.servers import McpHttpServer
+from tests.support.servers import McpHttpServer, tool_body
 from tests.support.stores import private_ledger
 
 TENANT = "vocab"
@@ -263,7 +263,7 @@ async def _calls(url: str, key: str, plan: Any) -> list[tuple[Any, dict[str, Any
             for label, tool, arguments in plan(tools):
                 result = await client.call_tool(tool, arguments)
                 assert result.is_error, (label, result.structured_content)
-                out.append((label, result.structured_content or {}))
+                out.append((label, tool_body(result)))
     return out
 
 

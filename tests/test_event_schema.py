@@ -43,7 +43,7 @@ def test_the_checked_in_file_is_what_the_model_generates() -> None:
         f"{SCHEMA_FILE} drifted from producers.contract.MemoryEvent: run `ledger schema --write` and commit it"
     )
     check = subprocess.run(
-        [sys.executable, "-m", "api.cli", "schema", "--check"], cwd=REPO_ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "infra.cli", "schema", "--check"], cwd=REPO_ROOT, capture_output=True, text=True
     )
     assert check.returncode == 0, check.stdout + check.stderr
 

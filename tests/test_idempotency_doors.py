@@ -39,7 +39,7 @@ from producers.topics import ensure_topics
 from projections.postgres.schema import create_schema
 from tests.conftest import unique
 from tests.support import Worker, cleanup, end_offsets, pg, publish_raw, wait_caught_up, wire
-from tests.support.servers import ApiServer, McpHttpServer
+from tests.support.servers import ApiServer, McpHttpServer, tool_body
 
 A, B = "acme", "globex"
 KEYS = {"key-a": [A], "key-b": [B]}
@@ -109,7 +109,7 @@ async def _session(url: str, key: str = "key-a") -> AsyncIterator[Client]:
 
 async def _tool(mcp: Client, tool: str, arguments: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
     r = await mcp.call_tool(tool, arguments)
-    return bool(r.is_error), r.structured_content or {}
+    return bool(r.is_error), tool_body(r)
 
 
 async def _mcp(mcp: Client, event: dict[str, Any]) -> dict[str, Any]:

@@ -56,7 +56,7 @@ def _with(settings: Settings, kek: SecretStr) -> Settings:
 def _ledger(settings: Settings, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """`ledger <args>` as an operator runs it, on `settings` (stdout and stderr as text)."""
     return subprocess.run(
-        [sys.executable, "-m", "api.cli", *args],
+        [sys.executable, "-m", "infra.cli", *args],
         cwd=REPO_ROOT,
         env=settings.child_environ(),
         capture_output=True,
@@ -162,7 +162,7 @@ def test_rotation_rewraps_the_keys_and_leaves_the_log_as_it_was(base_settings):
 def test_new_kek_prints_a_key_or_a_ring_that_parses():
     from typer.testing import CliRunner
 
-    from api.cli import app
+    from infra.cli import app
 
     runner = CliRunner()
     bare = runner.invoke(app, ["keys", "new-kek"])
@@ -190,7 +190,7 @@ def test_rotate_without_a_usable_kek_is_one_line_and_exit_1(env, message):
     """Refused before any server is asked: the configuration alone is wrong."""
     from typer.testing import CliRunner
 
-    from api.cli import app
+    from infra.cli import app
 
     get_settings.cache_clear()  # the command reads the process's settings once: read them with this environment
     try:

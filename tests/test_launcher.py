@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from infra.procs import InfraError, already_up, launch, pid_alive, read_pid, spawn, terminate
+from infra.procs import InfraError, already_up, cmdline, launch, pid_alive, read_pid, spawn, terminate
 
 pytestmark = pytest.mark.unit
 
@@ -108,3 +108,23 @@ def test_a_server_is_adopted_when_ours_runs_and_never_started_beside_a_strangers
     assert already_up("x", lambda: None, lambda: True, held, 5, None) is False  # free: start it
     with pytest.raises(InfraError, match="not healthy"):
         already_up("x", lambda: os.getpid(), lambda: False, held, 0.1, None)
+
+
+def test_liveness_and_command_line_of_live_exited_and_impossible_pids(tmp_path):
+    """`pid_alive` / `cmdline`, which decide what `infra down` stops: a child that exited but is not reaped yet (a
+    zombie) is dead and has no command line; 0 and negative pids (a damaged pid file) are never alive, since to
+    os.kill they name process groups."""
+    proc = launch([sys.executable, "-c", "import sys; sys.stdin.read()", "probe-marker"], tmp_path / "z.log")
+    try:
+        assert pid_alive(proc.pid) and "sys.stdin.read() probe-marker" in cmdline(proc.pid)
+        os.kill(proc.pid, 9)
+        deadline = time.monotonic() + 10
+        while pid_alive(proc.pid):  # not reaped: a zombie until proc.wait()
+            assert time.monotonic() < deadline, "a killed child still counts as alive"
+            time.sleep(0.05)
+        assert os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None  # still a zombie
+        assert cmdline(proc.pid) == ""
+    finally:
+        terminate(proc, 1)
+    for impossible in (0, -1, -os.getpgid(0)):
+        assert pid_alive(impossible) is False and cmdline(impossible) == ""

@@ -27,7 +27,7 @@ from mcp.client.streamable_http import streamable_http_client
 from producers.settings import Settings
 from tests.conftest import unique
 from tests.support import asserted, at, pipeline
-from tests.support.servers import ApiServer, McpHttpServer, mcp_stdio
+from tests.support.servers import ApiServer, McpHttpServer, mcp_stdio, tool_body
 
 KEYS = {"k-acme": ["acme"], "k-globex": ["globex"], "k-both": ["acme", "globex"]}
 TRANSPORTS = ["stdio", "http"]
@@ -93,7 +93,7 @@ async def call(client: Client, tool: str, arguments: dict[str, Any]) -> tuple[bo
     """(is_error, structured content, text) of one tool call."""
     r = await client.call_tool(tool, arguments)
     text = r.content[0].text if r.content else ""
-    return bool(r.is_error), r.structured_content or {}, text
+    return bool(r.is_error), tool_body(r), text
 
 
 def run(coro: Any) -> Any:
@@ -301,12 +301,62 @@ def test_another_tenants_data_is_never_reachable(stack: dict[str, Any], transpor
     assert not _api(stack, "POST", "/v1/recall", key="k-globex", json={"tenant": "acme", "query": "x"}).is_success
 
 
-def test_http_refuses_a_missing_or_unknown_bearer_before_any_tool(stack: dict[str, Any]) -> None:
+# every way a caller can fail to present a known key: missing, wrong, malformed
+REFUSED_AUTH: list[tuple[dict[str, str], str]] = [
+    ({}, "missing"),
+    ({"X-API-Key": "k-acme"}, "missing"),  # the HTTP API's other header: the MCP endpoint reads Authorization only
+    ({"Authorization": ""}, "missing"),
+    ({"Authorization": "Bearer nope"}, "unknown"),
+    ({"Authorization": "bearer nope"}, "unknown"),
+    ({"Authorization": "Bearer dev-key"}, "unknown"),  # a key of another deployment
+    ({"Authorization": "Bearer k-acme-and-more"}, "unknown"),
+    ({"Authorization": "Bearer"}, "malformed"),
+    ({"Authorization": "Basic ay1hY21lOg=="}, "malformed"),
+    ({"Authorization": "k-acme"}, "malformed"),  # a bare key
+    ({"Authorization": "Token k-acme"}, "malformed"),
+]
+SAYS = {"missing": "missing API key", "unknown": "unknown API key", "malformed": "Bearer <API key>"}
+# where an MCP client looks for an OAuth authorization server after a 401 (RFC 9728, RFC 8414, the SDKs' fallbacks)
+OAUTH_DISCOVERY = [
+    "/.well-known/oauth-protected-resource",
+    "/.well-known/oauth-protected-resource/mcp",
+    "/.well-known/oauth-authorization-server",
+    "/.well-known/openid-configuration",
+    "/register",
+    "/authorize",
+    "/token",
+]
+
+
+def test_http_refuses_a_missing_wrong_or_malformed_bearer_as_the_api_does(stack: dict[str, Any]) -> None:
+    """A 401 in the API's one error shape (code unauthorized, field Authorization, a message saying what is wrong),
+    on every method, with the HTTP API's bare `Bearer` challenge: no OAuth error, scope or resource metadata that
+    would send an MCP client into a login, and no authorization server to discover."""
+    from api.schemas import ErrorBody
+
     ping = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
-    for auth in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Bearer dev-key"}, {"X-API-Key": "k-acme"}):
-        r = httpx.post(stack["mcp_url"], json=ping, headers={**headers, **auth}, timeout=30)
-        assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer"), (auth, r.status_code)
+    api = _api(stack, "GET", "/v1/tenants", key="nope")
+    assert api.status_code == 401 and api.headers["www-authenticate"] == "Bearer", api.headers
+    wrong = []
+    for auth, kind in REFUSED_AUTH:
+        for method in ("POST", "GET", "DELETE"):
+            body = {"json": ping} if method == "POST" else {}
+            r = httpx.request(method, stack["mcp_url"], headers={**headers, **auth}, timeout=30, **body)
+            shape = r.json() if r.headers.get("content-type") == "application/json" else None
+            item = (shape or {"detail": [{}]})["detail"][0]
+            if not (
+                r.status_code == 401
+                and ErrorBody.model_validate(shape).model_dump() == shape
+                and (item["code"], item["field"]) == ("unauthorized", "Authorization")
+                and SAYS[kind] in item["message"]
+                and r.headers.get_list("www-authenticate") == [api.headers["www-authenticate"]]
+            ):
+                wrong.append((auth, method, r.status_code, dict(r.headers), r.text[:300]))
+    assert wrong == []
+    base = stack["mcp_url"].removesuffix("/mcp")
+    found = {path: httpx.get(base + path, timeout=30).status_code for path in OAUTH_DISCOVERY}
+    assert set(found.values()) == {404}, found
     stack["server"].check()
 
 

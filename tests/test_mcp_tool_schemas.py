@@ -11,6 +11,7 @@ valid arguments answers structured content that validates against that schema.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -30,45 +31,61 @@ from tests.support.servers import McpHttpServer
 
 KEY = "k-acme"
 SUBJECT = f"user:{uuid.uuid4().hex[:8]}"
-SEAT = f"seat-{SUBJECT}"
 
 Args = Callable[[dict[str, Any]], dict[str, Any]]  # the answers so far (by tool) -> the arguments of the next call
 
-# (tool, arguments), in call order; each tool at least once. A new tool needs its line here.
-CALLS: list[tuple[str, Args]] = [
-    (
-        "remember",
-        lambda _: {
-            "event_id": SEAT,
-            "subject": SUBJECT,
-            "key": "pref.seat",
-            "value": {"side": "window", "row": 12},
-            "content": f"{SUBJECT} prefers a window seat in row 12",
-            "source": {"type": "explicit", "service": "chat"},
-        },
-    ),
-    ("event_status", lambda _: {"event_id": SEAT}),
-    ("recall", lambda _: {"query": "which seat does the user prefer?", "subject": SUBJECT, "mode": "hybrid"}),
-    ("recall_at", lambda _: {"query": "seat", "as_of": datetime.now(UTC).isoformat(), "subject": SUBJECT}),
-    ("facts", lambda _: {"subject": SUBJECT}),
-    ("fact_history", lambda done: {"memory_id": done["remember"]["memory_id"]}),
-    ("context", lambda _: {"subject": SUBJECT, "question": "which seat?", "format": "json"}),
-    ("context", lambda _: {"subject": SUBJECT, "question": "which seat?"}),
-    ("forget", lambda _: {"subject": SUBJECT, "key": "pref.seat", "reason": "asked to"}),
-    ("forget", lambda _: {"subject": SUBJECT, "erase_subject": True}),
-    # the operator tools, on the two records the fixture dead-lettered (KEY is an operator key there)
-    ("dead_letters", lambda _: {"state": "open"}),
-    ("dead_letter", lambda done: _letter(done, 0)),
-    ("redrive_dead_letter", lambda done: _letter(done, 0) | {"event": _wire(content="a corrected record")}),
-    ("discard_dead_letter", lambda done: _letter(done, 1) | {"reason": "a test record"}),
-]
+
+def calls(subject: str) -> list[tuple[str, Args]]:
+    """(tool, arguments) about `subject` of tenant acme, in call order; each tool at least once. A new tool needs its
+    line here (tests/test_mcp_inspector.py calls the same list through the MCP Inspector). The operator tools act on
+    the first two open dead letters (`dead_letter_records`, published by the fixture; its key is an operator's)."""
+    seat = f"seat-{subject}"
+    return [
+        (
+            "remember",
+            lambda _: {
+                "event_id": seat,
+                "subject": subject,
+                "key": "pref.seat",
+                "value": {"side": "window", "row": 12},
+                "content": f"{subject} prefers a window seat in row 12",
+                "source": {"type": "explicit", "service": "chat"},
+            },
+        ),
+        ("event_status", lambda _: {"event_id": seat}),
+        ("recall", lambda _: {"query": "which seat does the user prefer?", "subject": subject, "mode": "hybrid"}),
+        ("recall_at", lambda _: {"query": "seat", "as_of": datetime.now(UTC).isoformat(), "subject": subject}),
+        ("facts", lambda _: {"subject": subject}),
+        ("fact_history", lambda done: {"memory_id": done["remember"]["memory_id"]}),
+        ("context", lambda _: {"subject": subject, "question": "which seat?", "format": "json"}),
+        ("context", lambda _: {"subject": subject, "question": "which seat?"}),
+        ("forget", lambda _: {"subject": subject, "key": "pref.seat", "reason": "asked to"}),
+        ("forget", lambda _: {"subject": subject, "erase_subject": True}),
+        ("dead_letters", lambda _: {"state": "open"}),
+        ("dead_letter", lambda done: _letter(done, 0)),
+        (
+            "redrive_dead_letter",
+            lambda done: _letter(done, 0) | {"event": _wire(subject, content="a corrected record")},
+        ),
+        ("discard_dead_letter", lambda done: _letter(done, 1) | {"reason": "a test record"}),
+    ]
+
+
+CALLS = calls(SUBJECT)
 SETTLE_AFTER = {"event_status"}  # the ledger applies the memory before the reads ask for it
 
 
-def _wire(**over: Any) -> dict[str, Any]:
-    """A memory.asserted of acme about SUBJECT's meal (`...` drops a field)."""
-    event = {"type": "memory.asserted", "tenant": "acme", "subject": SUBJECT, "key": "pref.meal", "value": "veg"}
+def _wire(subject: str, **over: Any) -> dict[str, Any]:
+    """A memory.asserted of acme about the subject's meal (`...` drops a field)."""
+    event = {"type": "memory.asserted", "tenant": "acme", "subject": subject, "key": "pref.meal", "value": "veg"}
     return {k: v for k, v in (event | over).items() if v is not ...}
+
+
+def dead_letter_records(subject: str, n: int = 2) -> list[tuple[bytes, bytes]]:
+    """n records of acme without content, as a producer that skips the contract writes them: the worker refuses
+    them, so they are open dead letters for the operator tools."""
+    key = f"acme|{subject}".encode()
+    return [(key, orjson.dumps(_wire(subject, event_id=f"dl-{subject}-{i}"))) for i in range(n)]
 
 
 def _letter(done: dict[str, Any], n: int) -> dict[str, Any]:
@@ -81,9 +98,7 @@ def _letter(done: dict[str, Any], n: int) -> dict[str, Any]:
 def stack(base_settings: Settings) -> Iterator[dict[str, Any]]:
     settings = base_settings.private(unique("mcps"), api_keys={KEY: ["acme"]}, mcp_admin_keys=[KEY])
     with pipeline(settings) as pipe, McpHttpServer(settings) as server:
-        # two records without content, straight to Kafka: dead letters for the operator tools
-        key = f"acme|{SUBJECT}".encode()
-        publish_raw(settings, [(key, orjson.dumps(_wire(event_id=f"dl-{n}"))) for n in range(2)])
+        publish_raw(settings, dead_letter_records(SUBJECT))  # dead letters for the operator tools
         pipe.settle()
         yield {"pipe": pipe, "url": server.url}
 
@@ -110,10 +125,12 @@ def _properties(schema: dict[str, Any], path: str) -> Iterator[tuple[str, dict[s
 
 def _nested(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
     yield from _properties(node, path)
-    for branch in node.get("anyOf", []) + node.get("oneOf", []):
+    for branch in node.get("anyOf", []) + node.get("oneOf", []) + node.get("allOf", []):
         yield from _nested(branch, path)
     if isinstance(node.get("items"), dict):
         yield from _nested(node["items"], path + "[]")
+    if isinstance(node.get("additionalProperties"), dict):  # a mapping's values (e.g. a stage's candidates)
+        yield from _nested(node["additionalProperties"], path + "{}")
 
 
 def _enum(prop: dict[str, Any]) -> list[Any]:
@@ -121,39 +138,47 @@ def _enum(prop: dict[str, Any]) -> list[Any]:
     return prop.get("enum") or [v for b in prop.get("anyOf", []) for v in b.get("enum", [])]
 
 
-def _descriptions(tool: Any) -> Iterator[tuple[str, str]]:
-    yield tool.name, tool.description or ""
-    for schema, side in ((tool.input_schema, "in"), (tool.output_schema or {}, "out")):
-        for path, prop in _properties(schema, f"{tool.name}:{side}"):
-            if prop.get("description"):
-                yield path, prop["description"]
-
-
-def test_every_argument_is_described_and_every_choice_explained(stack: dict[str, Any]) -> None:
+def test_every_property_is_described_and_every_choice_explained(stack: dict[str, Any]) -> None:
+    """What a tool takes and what it answers: every property at any depth of both schemas has a description, and the
+    description of a property with choices names each of them."""
     wrong: list[str] = []
     for tool in _tools(stack):
         if not tool.description or "\n" in tool.description:
             wrong.append(f"{tool.name}: no one-line description")
-        for path, prop in _properties(tool.input_schema, tool.name):
-            text = prop.get("description") or ""
-            if not text.strip():
-                wrong.append(f"{path}: no description")
-            missing = [v for v in _enum(prop) if v is not None and str(v) not in text]
-            if missing:
-                wrong.append(f"{path}: the description does not explain {missing}")
+        for schema, side in ((tool.input_schema, "in"), (tool.output_schema or {}, "out")):
+            for path, prop in _properties(schema, f"{tool.name}:{side}"):
+                text = prop.get("description") or ""
+                if not text.strip():
+                    wrong.append(f"{path}: no description")
+                missing = [v for v in _enum(prop) if v is not None and str(v) not in text]
+                if missing:
+                    wrong.append(f"{path}: the description does not explain {missing}")
     assert wrong == []
 
 
-def test_no_description_names_a_server_setting(stack: dict[str, Any]) -> None:
-    tools = _tools(stack)
-    named = [(path, text) for tool in tools for path, text in _descriptions(tool) if "LEDGER_" in text]
-    assert named == []
+def test_nothing_a_model_reads_names_a_server_setting(stack: dict[str, Any]) -> None:
+    """No LEDGER_ name anywhere in what the server tells a client (tools, titles, schemas, examples, instructions):
+    a model cannot set the server's environment; a refusal's text is checked where it is raised."""
+
+    async def work(client: Client) -> tuple[str, list[Any]]:
+        return client.instructions or "", (await client.list_tools()).tools
+
+    instructions, tools = asyncio.run(_session(stack["url"], work))
+    text = orjson.dumps([t.model_dump(mode="json") for t in tools]).decode() + instructions
+    assert tools and "LEDGER_" not in text, [m.start() for m in re.finditer("LEDGER_", text)][:5]
 
 
 def test_a_memory_value_is_typed_as_json(stack: dict[str, Any]) -> None:
-    value = next(t for t in _tools(stack) if t.name == "remember").input_schema["properties"]["value"]
-    types = {b.get("type") for b in value.get("anyOf", [])} or {value.get("type")}
-    assert types == {"string", "number", "boolean", "object", "array", "null"}, value
+    """remember's `value` and every `value` a tool answers: one of the JSON types, never an empty schema."""
+    typed = {"string", "number", "boolean", "object", "array", "null"}
+    tools = _tools(stack)
+    values = [("remember:in.value", next(t for t in tools if t.name == "remember").input_schema["properties"]["value"])]
+    values += [(p, prop) for t in tools for p, prop in _properties(t.output_schema or {}, f"{t.name}:out")]
+    values = [(p, prop) for p, prop in values if p.endswith(".value")]
+    assert len(values) > 5, values
+    for path, value in values:
+        types = {b.get("type") for b in value.get("anyOf", [])} or {value.get("type")}
+        assert types == typed, (path, value)
 
 
 def test_every_tool_answers_what_its_output_schema_declares(stack: dict[str, Any]) -> None:

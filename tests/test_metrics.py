@@ -337,7 +337,7 @@ def test_several_uvicorn_processes_answer_with_their_sum(settings: Settings) -> 
     requests = 30
     env = settings.child_environ(api_port=port)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "serve", "--workers", "2"],
+        [sys.executable, "-m", "infra.cli", "serve", "--workers", "2"],
         cwd=REPO_ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -14,12 +14,10 @@ server (Streamable HTTP) as children on free ports. What is proved on the real s
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -34,8 +32,8 @@ from producers.sdk import LedgerProducer
 from producers.settings import Settings
 from tests.conftest import unique
 from tests.support import TENANT, asserted, pipeline
-from tests.support.processes import Process
-from tests.support.servers import ApiServer, McpHttpServer
+from tests.support.processes import frozen
+from tests.support.servers import ApiServer, McpHttpServer, tool_body
 
 KEY = "k-ryw"
 OTHER = "k-other"
@@ -79,18 +77,7 @@ async def mcp_client(stack: dict[str, Any]) -> AsyncIterator[Client]:
 
 async def tool(client: Client, name: str, arguments: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
     r = await client.call_tool(name, arguments)
-    return bool(r.is_error), r.structured_content or {}
-
-
-@contextmanager
-def frozen(process: Process | None) -> Iterator[None]:
-    """SIGSTOP the child (it stops mid-work, like a stuck worker), SIGCONT on the way out."""
-    assert process is not None and process.proc is not None and process.alive()
-    os.kill(process.proc.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(process.proc.pid, signal.SIGCONT)
+    return bool(r.is_error), tool_body(r)
 
 
 # -- the token itself (pure) ----------------------------------------------------------------------------------------

@@ -467,7 +467,7 @@ def pipeline(base_settings):
     log = tempfile.NamedTemporaryFile(prefix="indexer-", suffix=".log", delete=False)
     worker = Worker(settings).start()
     indexer = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "indexer", "--poll", "0.1"],
+        [sys.executable, "-m", "infra.cli", "indexer", "--poll", "0.1"],
         env=settings.child_environ(),
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -31,7 +31,7 @@ from producers.contract import EventType, MemoryEvent, Source, SourceType, rfc33
 from projections.versions import additions, effects, fold
 from tests.conftest import unique
 from tests.support import asserted, at, pipeline
-from tests.support.servers import McpHttpServer
+from tests.support.servers import McpHttpServer, tool_body
 
 TENANT, KEY = "tw", "k-tw"
 LISBON = "We talked about the trip to Lisbon and the tram up to the castle."
@@ -77,7 +77,7 @@ def _mcp(url: str, tool: str, arguments: dict[str, Any]) -> tuple[int, dict[str,
         async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as http:
             async with Client(streamable_http_client(url, http_client=http)) as c:
                 r = await c.call_tool(tool, arguments)
-        body = r.structured_content or {}
+        body = tool_body(r)
         return (body.get("status", 500) if r.is_error else 200), body
 
     return asyncio.run(call())

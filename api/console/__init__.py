@@ -1,8 +1,9 @@
-"""The audit console at `/console`: a static page (HTML, CSS, vanilla JS in `static/`) over the read API.
+"""The audit console at `/console`: a static page (HTML, CSS, vanilla JS in `static/`) over the `/v1` API.
 
 Everything it shows comes from the `/v1` routes with the API key the operator types in (kept in
 the tab's sessionStorage, sent as `X-API-Key`), so the console can see exactly what that key may
-see and nothing more: the page itself holds no data and needs no key. Every asset ships in this
+see and nothing more: the page itself holds no data and needs no key. Its one kind of write, acting
+on a dead letter in the Operations view, goes through the same routes as any client's. Every asset ships in this
 package (no CDN, no web font, no build step), so it works on a machine without internet.
 
 Memories are hostile input: the script writes every value with `textContent` / text nodes, never

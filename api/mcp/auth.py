@@ -55,7 +55,8 @@ def check_admin(settings: Settings, stdio_key: str | None) -> None:
     token = get_access_token()
     key = token.token if token is not None else stdio_key
     if key is None or key not in settings.mcp_admin_keys:
-        raise ApiError(403, "forbidden", "this API key may not use the operator tools (LEDGER_MCP_ADMIN_KEYS)")
+        # the message reaches the model: it names no server setting, which the model cannot change
+        raise ApiError(403, "forbidden", "this API key may not use the operator tools (the server's operator keys may)")
 
 
 def with_tenant(arguments: dict[str, Any], tenants: frozenset[str]) -> dict[str, Any]:

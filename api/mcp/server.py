@@ -6,8 +6,11 @@ producer, recall engine with its embedder warming in the background) and closes 
 call is handed that object. Over HTTP the lifespan runs once for the app (stateless requests share it).
 
 Over HTTP the endpoint answers in the API's one error shape where the SDK would not: a request without a known
-bearer is a 401 naming `Authorization`, and a `GET /mcp` (the stream for server-initiated messages, which a
-stateless server never sends: it would stay open forever), like any method but POST, is a 405 naming POST.
+bearer (none, an unknown key, or a header that is not `Bearer <key>`) is a 401 naming `Authorization` with the
+HTTP API's bare `WWW-Authenticate: Bearer` challenge, never the SDK's OAuth one (`error="invalid_token"`), which
+tells an MCP client its OAuth token went bad and to log in again: this server has no authorization server, the
+API key is the token. A `GET /mcp` (the stream for server-initiated messages, which a stateless server never
+sends: it would stay open forever), like any method but POST, is a 405 naming POST.
 
 Tools are registered as the SDK's `Tool` with an input and an output schema of our own (the request and
 response models', see api.mcp.tools) and an argument model that hands the raw arguments to that request model,
@@ -139,12 +142,9 @@ def _in_one_shape(endpoint: ASGIApp) -> ASGIApp:
             await endpoint(scope, receive, send)
             return
         if not isinstance(scope.get("user"), AuthenticatedUser):  # the SDK's bearer middleware found no known key
-            sent = Request(scope).headers.get(AUTHORIZATION_HEADER, "")
-            reason = "unknown API key" if sent.lower().startswith("bearer ") else "missing bearer token"
-            message = f"{reason}: send Authorization: Bearer <API key>"
-            www = f'Bearer error="invalid_token", error_description="{reason}"'
-            item = {"code": "unauthorized", "field": AUTHORIZATION_HEADER, "message": message}
-            await JSONResponse(error_body(item), 401, headers={"WWW-Authenticate": www})(scope, receive, send)
+            refused = _unauthorized(Request(scope).headers.get(AUTHORIZATION_HEADER))
+            answer = JSONResponse(error_body(refused.item()), refused.status, headers=refused.headers)
+            await answer(scope, receive, send)
             return
         if scope["method"] != "POST":  # stateless: no stream to GET (it would never end), no session to DELETE
             message = f"this MCP server is stateless (no event stream, no session): POST JSON-RPC to {MCP_PATH}"
@@ -154,3 +154,19 @@ def _in_one_shape(endpoint: ASGIApp) -> ASGIApp:
         await endpoint(scope, receive, send)
 
     return app
+
+
+# the HTTP API's challenge (api.deps): "send a bearer token", naming no authorization server and no OAuth error
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+def _unauthorized(sent: str | None) -> ApiError:
+    """The 401 for what came in `Authorization` (the SDK accepted no key from it): what is wrong, in the API's words."""
+    scheme, _, token = (sent or "").strip().partition(" ")
+    if not sent or not sent.strip():
+        message = "missing API key: send Authorization: Bearer <API key>"
+    elif scheme.lower() != "bearer" or not token.strip():
+        message = "send the API key as Authorization: Bearer <API key> (no other scheme is read here)"
+    else:
+        message = "unknown API key (sent in Authorization)"
+    return ApiError(401, "unauthorized", message, AUTHORIZATION_HEADER, headers=_CHALLENGE)

@@ -15,7 +15,7 @@ api.reads / api.writes, the functions the HTTP routes call.
 | redrive_dead_letter, discard_dead_letter | api.dead_letters: an event through the door (operator keys) | POST .. |
 
 A tool's input schema is its model's JSON schema (references inlined), with `tenant` optional (api.mcp.auth);
-its arguments are validated by that model, so a bad one is a tool error whose body is the API's one error
+its arguments are validated by that model, so a bad one is a tool error whose text is the API's one error
 shape plus the status the route would answer: `{"status": 422, "detail": [{"code", "field", "message"}]}`.
 A result is the route's body, as structured content and as its JSON text (the context tool's text is the
 block itself); each tool declares it as its output schema, the route's response model (api.schemas) with
@@ -259,14 +259,14 @@ _FORGOTTEN = {
         | {
             "properties": _REMEMBERED["properties"]
             | {
-                "action": {"const": "retract"},
+                "action": {"const": "retract", "description": _ACTION["retract"]},
                 "target_note": {
                     "type": "string",
                     "description": "PostgreSQL could not be asked whether the target exists: published unchecked",
                 },
             }
         },
-        _output(ErasureResponse, add={"action": {"const": "erase"}}),
+        _output(ErasureResponse, add={"action": {"const": "erase", "description": _ACTION["erase"]}}),
     ],
 }
 
@@ -511,9 +511,12 @@ def _json(value: Any) -> str:
 
 
 def error_result(status: int, *items: dict[str, Any]) -> CallToolResult:
-    """A tool error in the API's one error shape, with the status the HTTP route would have answered."""
+    """A tool error in the API's one error shape, with the status the HTTP route would have answered, as its text.
+
+    No structured content: clients check a result's structured content against the tool's output schema (the
+    success shape) even when it is an error, and would answer their own validation failure instead of this one."""
     body = {"status": status, **error_body(*items)}
-    return CallToolResult(content=[TextContent(type="text", text=_json(body))], structured_content=body, is_error=True)
+    return CallToolResult(content=[TextContent(type="text", text=_json(body))], is_error=True)
 
 
 async def run_tool(

@@ -18,11 +18,12 @@ from api.resources import Resources
 from api.routes._json import json_response
 from api.schemas import HealthResponse
 from producers.topics import probe as kafka_probe
+from projections import shapes
 
 router = APIRouter(tags=["health"])
 
 
-async def _timed(coro) -> dict:
+async def _timed(coro) -> shapes.HealthPart:
     t0 = time.perf_counter()
     try:
         detail = await asyncio.wait_for(coro, timeout=3)
@@ -60,7 +61,7 @@ async def health(res: ResourcesDep) -> Response:
         )
     )
     ok = all(p["ok"] for p in parts.values())
-    body: dict = {"status": "ok" if ok else "degraded", "parts": parts}
+    body: shapes.HealthResponse = {"status": "ok" if ok else "degraded", "parts": parts}
     if not ok:  # the one error shape too: one store_unavailable item per part that is down
         body["detail"] = [store_unavailable(name, p["error"]).item() for name, p in parts.items() if not p["ok"]]
     return json_response(body, 200 if ok else 503)

@@ -29,6 +29,7 @@ from api.routes._json import json_response
 from api.schemas import ErasureRecord, ErasuresResponse, KeysResponse, RetireResponse
 from producers.keys.kek import KekError
 from producers.keys.store import settings_keks
+from projections import shapes
 from projections.postgres.erasures import erasure_record, list_erasures
 
 router = APIRouter(tags=["encryption"])
@@ -68,7 +69,7 @@ async def data_keys(res: ResourcesDep, tenants: TenantsDep, body: KeysBody) -> R
     source = _keys(res)
     subjects = list(dict.fromkeys(body.subjects))
     keys = await run_in_threadpool(source.sealing_keys, [(body.tenant, s) for s in subjects])
-    items = [
+    items: list[shapes.DataKeyItem] = [
         {
             "subject": s,
             "key_id": keys[(body.tenant, s)].key_id,
@@ -76,7 +77,7 @@ async def data_keys(res: ResourcesDep, tenants: TenantsDep, body: KeysBody) -> R
         }
         for s in subjects
     ]
-    response = json_response({"tenant": body.tenant, "keys": items})
+    response = json_response(shapes.KeysResponse(tenant=body.tenant, keys=items))
     response.headers["Cache-Control"] = "no-store"
     return response
 
@@ -86,7 +87,7 @@ async def retire_key(res: ResourcesDep, tenants: TenantsDep, body: RetireBody) -
     """Stop handing out the subject's current key: its erasure `erasure_id` is about to be published."""
     check_tenant(body.tenant, tenants, "tenant")
     retired = await run_in_threadpool(_keys(res).retire, body.tenant, body.subject, body.erasure_id)
-    return json_response({"retired": retired})
+    return json_response(shapes.RetireResponse(retired=retired))
 
 
 @router.get("/erasures", response_model=ErasuresResponse)
@@ -106,7 +107,7 @@ async def erasures(
             items = await list_erasures(conn, settings.keys_schema, tenant, subject=subject, keks=keks, limit=limit)
     except KekError as exc:  # the tenant's digest key is wrapped by a KEK this API does not have
         raise ApiError(409, "encryption_unavailable", str(exc), "subject") from None
-    return json_response({"tenant": tenant, "erasures": items})
+    return json_response(shapes.ErasuresResponse(tenant=tenant, erasures=items))
 
 
 @router.get("/erasures/{erasure_id:path}", response_model=ErasureRecord)

@@ -37,6 +37,7 @@ from api.routes._json import json_response
 from api.schemas import ConsistencyResponse, StatsResponse
 from producers.settings import Settings
 from producers.topics import EndOffsetReader
+from projections import shapes
 from projections.postgres.positions import stored_positions_async
 from projections.postgres.queries import access_summary
 from projections.postgres.stats import recount_check, stats_counts
@@ -79,7 +80,7 @@ async def _postgres_part(conn: psycopg.AsyncConnection, settings: Settings, tena
 
 
 def _lag_part(settings: Settings, ends: dict[int, int], positions: dict[int, int]) -> dict[str, Any]:
-    lag: dict[str, dict[str, int | None]] = {}
+    lag: dict[str, shapes.PartitionLag] = {}
     for p in sorted(set(ends) | set(positions)):
         end, pos = ends.get(p), positions.get(p, 0)
         lag[str(p)] = {"end_offset": end, "position": pos, "lag": None if end is None else max(end - pos, 0)}
@@ -119,7 +120,7 @@ async def stats(
         _settle(ends_task, docs_task)
     counts = dict(pg["counts"])
     lag = counts.pop("search_lag")
-    body = {
+    body: shapes.StatsResponse = {
         "tenant": tenant,
         **counts,
         **_lag_part(settings, ends, pg["positions"]),
@@ -155,7 +156,7 @@ async def consistency(
         search_ms = _ms(t1)
     drained = search["outbox_pending"] == 0
     orphans = search["missing_in_es"] + search["missing_in_pg"]
-    body = {
+    body: shapes.ConsistencyResponse = {
         "tenant": tenant,
         "consistent": not any(pg["invariants"].values()) and not pg["counter_drift"] and not (drained and orphans),
         "invariants": pg["invariants"],

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Query, Response
 from api.deps import PoolDep, Storable, TenantQuery, TenantsDep, check_tenant
 from api.routes._json import json_response
 from api.schemas import SubjectsResponse
+from projections import shapes
 from projections.postgres.subject_search import search_subjects
 
 router = APIRouter(prefix="/subjects", tags=["subjects"])
@@ -34,4 +35,4 @@ async def find_subjects(
     check_tenant(tenant, tenants)
     async with pool.connection() as conn:
         subjects, more = await search_subjects(conn, tenant, prefix, limit)
-    return json_response({"tenant": tenant, "prefix": prefix, "subjects": subjects, "more": more})
+    return json_response(shapes.SubjectsResponse(tenant=tenant, prefix=prefix, subjects=subjects, more=more))

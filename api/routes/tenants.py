@@ -11,6 +11,7 @@ from fastapi import APIRouter, Response
 from api.deps import TenantsDep
 from api.routes._json import json_response
 from api.schemas import TenantsResponse
+from projections import shapes
 
 router = APIRouter(tags=["tenants"])
 
@@ -18,4 +19,4 @@ router = APIRouter(tags=["tenants"])
 @router.get("/tenants", response_model=TenantsResponse)
 async def tenants(allowed: TenantsDep) -> Response:
     """The tenants this API key may use, sorted."""
-    return json_response({"tenants": sorted(allowed)})
+    return json_response(shapes.TenantsResponse(tenants=sorted(allowed)))

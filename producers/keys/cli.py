@@ -38,7 +38,7 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
 
 @contextmanager
 def _errors() -> Iterator[None]:
-    """KekError -> exit 1, a failing store -> exit 2 (an unreachable one: exit 3, api.cli); one line each."""
+    """KekError -> exit 1, a failing store -> exit 2 (an unreachable one: exit 3, infra.cli); one line each."""
     import psycopg
 
     from producers.keys.kek import KekError
@@ -48,7 +48,7 @@ def _errors() -> Iterator[None]:
     except KekError as exc:
         raise _fail(str(exc), 1) from None
     except psycopg.OperationalError:
-        raise  # an unreachable store: `ledger` names it and its address in one line (exit 3, api.cli)
+        raise  # an unreachable store: `ledger` names it and its address in one line (exit 3, infra.cli)
     except psycopg.Error as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise _fail(f"the key store answered {type(exc).__name__}: {first}", 2) from None

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import psycopg
 
 from producers.contract import rfc3339
+from projections import shapes
 
 __all__ = ["STATES", "State", "dead_letter", "dead_letter_states", "list_dead_letters"]
 
@@ -29,9 +30,9 @@ _FROM = (
 )
 
 
-def _letter(row: tuple[Any, ...]) -> dict[str, Any]:
+def _letter(row: tuple[Any, ...]) -> shapes.DeadLetter:
     p, o, code, field, message, event_id, recorded_at, state, by_id, by_p, by_o, reason, resolved_at = row[:13]
-    out: dict[str, Any] = {
+    out: shapes.DeadLetter = {
         "partition": p,
         "offset": o,
         "reason": {"code": code, "field": field, "message": message},
@@ -58,7 +59,7 @@ async def list_dead_letters(
     state: State | None = None,
     after: tuple[int, int] | None = None,
     limit: int = 100,
-) -> list[dict[str, Any]]:
+) -> list[shapes.DeadLetter]:
     """The tenant's dead letters of `topic` in (partition, offset) order after `after`, at most `limit`, optionally
     only those in `state` (an index range scan of `dead_letters_tenant`)."""
     where = ["d.tenant = %s", "d.topic = %s"]
@@ -80,7 +81,7 @@ async def list_dead_letters(
 
 async def dead_letter(
     conn: psycopg.AsyncConnection, tenant: str, topic: str, partition: int, offset: int
-) -> tuple[dict[str, Any], bytes | None] | None:
+) -> tuple[shapes.DeadLetter, bytes | None] | None:
     """The tenant's dead letter at (partition, offset) of `topic` and its record's bytes; None if it has none there."""
     cur = await conn.execute(
         f'SELECT {_COLUMNS}, d.raw {_FROM} WHERE d.tenant = %s AND d.topic = %s AND d."partition" = %s '

@@ -17,6 +17,7 @@ from psycopg.rows import dict_row
 from producers.contract import rfc3339
 from producers.keys.kek import KeyEncryption
 from producers.keys.store import open_digest_key, subject_digests
+from projections import shapes
 
 __all__ = ["erasure_record", "list_erasures"]
 
@@ -26,7 +27,7 @@ _COLUMNS = (
 )
 
 
-def _shape(row: dict[str, Any]) -> dict[str, Any]:
+def _shape(row: dict[str, Any]) -> shapes.ErasureRecord:
     """The API's body of one record: times in RFC 3339, the ledger range and the stores grouped."""
     purged = dict(row["purged"] or {})
     purged["elasticsearch"] = {
@@ -81,7 +82,7 @@ async def list_erasures(
     subject: str | None = None,
     keks: KeyEncryption | None = None,
     limit: int = 50,
-) -> list[dict[str, Any]]:
+) -> list[shapes.ErasureRecord]:
     """The tenant's erasure records, newest first (of one subject when `subject` is given).
 
     `keks`: the KEKs that open the tenant's digest key when one wraps it (KekError if they do not).
@@ -101,7 +102,9 @@ async def list_erasures(
         return [_shape(r) for r in await cur.fetchall()]
 
 
-async def erasure_record(conn: psycopg.AsyncConnection, schema: str, tenant: str, erasure_id: str) -> dict | None:
+async def erasure_record(
+    conn: psycopg.AsyncConnection, schema: str, tenant: str, erasure_id: str
+) -> shapes.ErasureRecord | None:
     """One erasure record by its erasure event's id, None if the tenant has none of that id (yet)."""
     if not await _exists(conn, schema):
         return None

@@ -145,6 +145,12 @@ class Fate:
     erased: bool
     claimed_at: datetime | None
     dead_letters: list[dict[str, Any]]  # the refused records that carried this id, in ledger order
+    last_letter_at: datetime | None = None  # when the newest of them was recorded
+
+    @property
+    def claimed_since_refused(self) -> bool:
+        """A door claimed the id after its last refusal (a re-drive under the same id): that claim is pending."""
+        return self.claimed_at is not None and self.last_letter_at is not None and self.claimed_at > self.last_letter_at
 
 
 async def event_fate(conn: psycopg.AsyncConnection, tenant: str, event_id: str, topic: str) -> Fate:
@@ -166,11 +172,10 @@ async def event_fate(conn: psycopg.AsyncConnection, tenant: str, event_id: str, 
         )
         erased, claimed_at = await cur.fetchone()  # type: ignore[misc]
         cur = await conn.execute(
-            'SELECT "partition", "offset", code, field, message FROM dead_letters '
+            'SELECT "partition", "offset", code, field, message, recorded_at FROM dead_letters '
             'WHERE tenant = %s AND event_id = %s AND topic = %s ORDER BY "partition", "offset"',
             (tenant, event_id, topic),
         )
-        letters = [
-            dict(zip(("partition", "offset", "code", "field", "message"), r, strict=True)) for r in await cur.fetchall()
-        ]
-    return Fate(applied, bool(erased), claimed_at, letters)
+        rows = await cur.fetchall()
+    letters = [dict(zip(("partition", "offset", "code", "field", "message"), r[:5], strict=True)) for r in rows]
+    return Fate(applied, bool(erased), claimed_at, letters, max((r[5] for r in rows), default=None))

@@ -12,6 +12,9 @@ crash, or another worker that already applied them during a rebalance), the rows
 advanced, the counters' changes (projections.postgres.counts) added on the shard of the batch's lowest partition,
 whose position row this transaction holds locked.
 
+The chain: a `chained` projection (the ledger's) hashes every record it takes, before `prepare`, into its
+partition's chain in the same transaction, and signs checkpoints of the heads (projections.postgres.chain).
+
 Dead letters: an invalid record is written to `dead_letters` (once per topic/partition/offset) in the same
 transaction, counted under the tenant it names (`dead_letters/<topic>`), handed to `dlq_sink` (if any) just
 before the commit, so the DLQ topic gets it at least once and the table counts it exactly once, and logged after
@@ -43,6 +46,7 @@ from producers.logs import record_ids
 from producers.records import DeadLetter
 from producers.retry import retry
 from projections.postgres import connection
+from projections.postgres.chain import Checkpoints, advance_chain
 from projections.postgres.counts import add_counts, dead_letters_name
 from projections.postgres.positions import advance_positions, lock_positions, stored_positions
 
@@ -150,6 +154,8 @@ class PositionedProjection(Generic[R, Res]):
     """
 
     result_type: ClassVar[type[PositionedResult]] = PositionedResult
+    # True: every record taken extends its partition's chain in the batch's transaction (projections.postgres.chain)
+    chained: ClassVar[bool] = False
 
     def __init__(self, conn: psycopg.Connection, *, consumer: str, topic: str, dlq_sink: DlqSink | None = None):
         self.conn = conn
@@ -157,6 +163,7 @@ class PositionedProjection(Generic[R, Res]):
         self.topic = topic
         self.dlq_sink = dlq_sink
         self.log = logging.getLogger(type(self).__module__)  # each projection's lines under its own module
+        self.checkpoints: Checkpoints | None = None  # a chained projection's signing of its heads (None: heads only)
 
     # -- what a projection supplies ------------------------------------------------------------
     @classmethod
@@ -264,6 +271,8 @@ class PositionedProjection(Generic[R, Res]):
                 continue
             seen.add((r.partition, r.offset))
             fresh.append(r)
+        if self.chained and fresh:  # before prepare, which may drop records: every record taken is chained
+            advance_chain(cur, self.consumer, self.topic, fresh, self.checkpoints)
         fresh = self.prepare(cur, fresh, result)
         if fresh:
             self.dead_letters(cur, [r for r in fresh if r.event is None], result)

@@ -16,12 +16,12 @@ from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from producers.contract import EventType, rfc3339
+from projections import shapes
 from projections.postgres.counts import ACCESS_COUNTERS, ACCESSES_ACTIVE, FACTS_ACTIVE, FACTS_ACTIVE_SERVED
 from projections.postgres.recorder import VERSION_COLUMNS, row_to_version
 from projections.versions import (
@@ -103,7 +103,7 @@ def _t(value: datetime | None) -> str | None:
     return None if value is None else rfc3339(value)
 
 
-def version_dict(v: Version) -> dict[str, Any]:
+def version_dict(v: Version) -> shapes.FactVersion:
     """A version as the API shows it (times as RFC 3339, `event_id` = the assertion that made it, as its producer
     named it; `version_id` = version_id_for(tenant, event_id))."""
     return {
@@ -143,7 +143,7 @@ _CURRENT_FACTS = visible_sql(_COLS, sql.SQL("f.tenant = %(tenant)s AND f.subject
 
 async def current_facts(
     conn: psycopg.AsyncConnection, tenant: str, subject: str, as_of: datetime, known_at: datetime | None = None
-) -> list[dict[str, Any]]:
+) -> list[shapes.FactVersion]:
     """The subject's facts holding at valid time `as_of` (an override wins inside its window)."""
     if known_at is not None:
         return [version_dict(v) for v in await _as_known_at(conn, tenant, subject, as_of, known_at)]
@@ -192,7 +192,7 @@ async def _as_known_at(
     return visible_at(folded, as_of)
 
 
-async def fact_history(conn: psycopg.AsyncConnection, tenant: str, memory_id: str) -> list[dict[str, Any]]:
+async def fact_history(conn: psycopg.AsyncConnection, tenant: str, memory_id: str) -> list[shapes.FactVersion]:
     """The fact's versions, oldest first (by valid time); empty if the tenant has no such fact."""
     cur = await conn.execute(
         sql.SQL("SELECT {} FROM fact_versions WHERE tenant = %s AND memory_id = %s ORDER BY version").format(_COLS),
@@ -201,7 +201,7 @@ async def fact_history(conn: psycopg.AsyncConnection, tenant: str, memory_id: st
     return [version_dict(row_to_version(r)) for r in await cur.fetchall()]
 
 
-async def subject_versions(conn: psycopg.AsyncConnection, tenant: str, subject: str) -> list[dict[str, Any]]:
+async def subject_versions(conn: psycopg.AsyncConnection, tenant: str, subject: str) -> list[shapes.FactVersion]:
     """Every version of the subject's facts (current, superseded, retracted), by memory_id then chain order:
     the history lines of POST /v1/context."""
     cur = await conn.execute(
@@ -220,7 +220,7 @@ async def subject_events(
     observed_from: datetime | None = None,
     observed_to: datetime | None = None,
     limit: int = 10_000,
-) -> list[dict[str, Any]]:
+) -> list[shapes.LedgerEvent]:
     """The subject's events in ledger order (partition, offset), optionally within [from, to) of observed_at.
 
     Each carries `effect`: what it does in the subject's current chains ({effect, version_id, detail},
@@ -238,7 +238,7 @@ async def subject_events(
         rows = await cur.fetchall()
         by_fact, marks = await _subject_chains(conn, tenant, subject) if rows else ({}, {})
     done = _effects(by_fact, marks)
-    out = []
+    out: list[shapes.LedgerEvent] = []
     for eid, typ, kind, mid, key, scope, part, off, obs, vf, vt, target, payload in rows:
         out.append(
             {
@@ -263,7 +263,7 @@ async def subject_events(
 
 async def event_effect(
     conn: psycopg.AsyncConnection, tenant: str, subject: str, event_id: str, type_: str
-) -> dict[str, Any]:
+) -> shapes.Effect:
     """What one applied event does now in its subject's chains ({effect, version_id, detail}): `subject_events`'
     `effect` of that event alone (GET /v1/events/{event_id})."""
     if route(EventType(type_)) is Route.ERASURE:
@@ -273,15 +273,15 @@ async def event_effect(
     return _effect_of(event_id, type_, _effects(by_fact, marks))
 
 
-def _effects(by_fact: dict[str, list[Version]], marks: dict[str, list[Mark]]) -> dict[str, dict[str, Any]]:
+def _effects(by_fact: dict[str, list[Version]], marks: dict[str, list[Mark]]) -> dict[str, shapes.Effect]:
     """event_id -> its effect, over the subject's chains (event ids are unique within a tenant)."""
-    done: dict[str, dict[str, Any]] = {}
+    done: dict[str, shapes.Effect] = {}
     for mid in by_fact.keys() | marks.keys():
         done.update(effects(by_fact.get(mid, []), marks.get(mid, [])))
     return done
 
 
-def _effect_of(event_id: str, type_: str, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _effect_of(event_id: str, type_: str, done: dict[str, shapes.Effect]) -> shapes.Effect:
     if route(EventType(type_)) is Route.ERASURE:
         return {"effect": ERASED_EFFECT, "version_id": None, "detail": "erased what the subject had before it"}
     if route(EventType(type_)) is Route.RESOLUTION:
@@ -393,7 +393,7 @@ LIMIT %(top)s
 """
 
 
-async def access_summary(conn: psycopg.AsyncConnection, tenant: str, *, top: int = 10) -> dict[str, Any]:
+async def access_summary(conn: psycopg.AsyncConnection, tenant: str, *, top: int = 10) -> shapes.AccessSummary:
     """How much of what the tenant knows is ever served: the never-retrieved ratio and the most-served facts.
 
     `never_retrieved_ratio` = (active facts - active facts served at least once by recall or context) / active

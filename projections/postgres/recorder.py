@@ -52,6 +52,7 @@ from producers.keys.store import (
 )
 from producers.records import Incoming, decode_record, open_record
 from projections.postgres.accesses import active_transitions, erase_accesses, transition_deltas
+from projections.postgres.chain import Checkpoints
 from projections.postgres.counts import EVENTS, OUTBOX, VERSIONS
 from projections.postgres.idempotency import FP_HASH_SQL, ID_HASH_SQL, erased_sql
 from projections.postgres.positioned import (
@@ -85,6 +86,21 @@ VERSION_COLUMNS = (
     "superseded_at version confirmed_count last_confirmed_at"
 ).split()
 _Q = [sql.Identifier(c) for c in VERSION_COLUMNS]
+_TEXTS = "ARRAY(SELECT t FROM jsonb_array_elements_text(r->{}) WITH ORDINALITY AS a(t, n) ORDER BY n)"
+# A batch's rows go to PostgreSQL as one jsonb array of arrays (orjson, in C) taken apart by the statement: one
+# parameter instead of a parameter array per column, each of whose elements psycopg dumps in Python. Texts from
+# JSON are cast to the column's type, as COPY's text format reads them; times are RFC 3339 with their offset.
+_EVENT_HEAD = operator.attrgetter(
+    "tenant", "event_id", "subject", "key", "scope", "observed_at", "valid_from", "valid_to", "target_version"
+)
+_INSERT_EVENTS = (
+    "INSERT INTO events (tenant, event_id, subject, key, scope, observed_at, valid_from, valid_to, target_version, "
+    'fingerprint, memory_id, type, kind, "partition", "offset", payload, key_id) '
+    "SELECT r->>0, r->>1, r->>2, r->>3, r->>4, (r->>5)::timestamptz, (r->>6)::timestamptz, (r->>7)::timestamptz, "
+    "r->>8, r->>9, r->>10, r->>11, r->>12, (r->>13)::int, (r->>14)::bigint, r->15, r->>16 "
+    "FROM jsonb_array_elements(%b) AS r "
+    'ON CONFLICT (tenant, event_id) DO NOTHING RETURNING "partition", "offset"'
+)
 
 
 @dataclass
@@ -104,6 +120,7 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
     """Writes ledger batches for one consumer (group) and topic into the schema the connection points at."""
 
     result_type = BatchResult
+    chained = True  # the ledger: every record taken is chained, its heads signed (projections.postgres.chain)
 
     def __init__(
         self,
@@ -129,7 +146,11 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         """The worker's recorder (and the rebuild's): the key store is read on `conn` (committed)."""
         keys = key_context(settings, conn)  # opens sealed records; erasures shred
         conn.commit()
-        return cls(conn, consumer=settings.processor_group, topic=cls.topic_of(settings), dlq_sink=dlq_sink, keys=keys)
+        recorder = cls(
+            conn, consumer=settings.processor_group, topic=cls.topic_of(settings), dlq_sink=dlq_sink, keys=keys
+        )
+        recorder.checkpoints = Checkpoints.for_settings(settings)  # None: no signing key, heads only
+        return recorder
 
     @classmethod
     def decoder(cls, settings: Settings) -> Decode:
@@ -248,35 +269,25 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
             records = [r for i, r in enumerate(records) if i not in erased]
             if not records:
                 return []
-        evs: list[MemoryEvent] = [r.event for r in records]  # type: ignore[misc]
-        wires = [e.to_wire() for e in evs]  # once per event: the payload and its fingerprint
-        cur.execute(
-            "INSERT INTO events (tenant, event_id, fingerprint, subject, memory_id, type, kind, key, scope, "
-            '"partition", "offset", observed_at, valid_from, valid_to, target_version, payload, key_id) '
-            "SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], "
-            "%b::text[], %b::text[], %b::text[], %b::int[], %b::bigint[], %b::timestamptz[], %b::timestamptz[], "
-            "%b::timestamptz[], %b::text[], %b::jsonb[], %b::text[]) "
-            'ON CONFLICT (tenant, event_id) DO NOTHING RETURNING "partition", "offset"',
-            (
-                [e.tenant for e in evs],
-                [e.event_id for e in evs],
-                [wire_fingerprint(w) for w in wires],
-                [e.subject for e in evs],
-                [None if route(e.type) in _NO_FACT else fact_of(e, resolved) for e in evs],
-                [e.type.value for e in evs],
-                [e.kind.value for e in evs],
-                [e.key for e in evs],
-                [e.scope for e in evs],
-                [r.partition for r in records],
-                [r.offset for r in records],
-                [e.observed_at for e in evs],
-                [e.valid_from for e in evs],
-                [e.valid_to for e in evs],
-                [e.target_version for e in evs],
-                [Jsonb(w) for w in wires],
-                [r.key_id for r in records],
-            ),
-        )
+        rows = []
+        for r in records:
+            e: MemoryEvent = r.event  # type: ignore[assignment]
+            wire = e.to_wire()  # once per event: the payload and its fingerprint
+            fact = None if route(e.type) in _NO_FACT else fact_of(e, resolved)
+            rows.append(
+                (
+                    *_EVENT_HEAD(e),
+                    wire_fingerprint(wire),
+                    fact,
+                    e.type.value,
+                    e.kind.value,
+                    r.partition,
+                    r.offset,
+                    wire,
+                    r.key_id,
+                )
+            )
+        cur.execute(_INSERT_EVENTS, (Jsonb(rows),))
         inserted = set(cur.fetchall())
         new = [r for r in records if (r.partition, r.offset) in inserted]
         result.counts.update((r.event.tenant, EVENTS) for r in new)  # type: ignore[union-attr]
@@ -470,12 +481,8 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
                 "WHERE f.version_id = u.id",
                 [list(col) for col in zip(*[(*v.derived(), v.version_id) for v in updates], strict=True)],
             )
-        if inserts:
-            # new version_ids only (their events were just logged as new): COPY is safe and ~3x executemany
-            copy_sql = sql.SQL("COPY fact_versions ({}) FROM STDIN").format(sql.SQL(", ").join(_Q))
-            with cur.copy(copy_sql) as copy:
-                for v in inserts:
-                    copy.write_row(version_to_row(v))
+        if inserts:  # new version_ids only (their events were just logged as new): a plain INSERT
+            cur.execute(_INSERT_VERSIONS, (Jsonb([_ROW(v) for v in inserts]),))
             counts.update((v.tenant, VERSIONS) for v in inserts)
         touched = [*inserts, *updates]
         if touched:
@@ -609,6 +616,28 @@ _LISTS = tuple(VERSION_COLUMNS.index(n) for n in ("entities", "aliases", "tags")
 _SOURCE = VERSION_COLUMNS.index("source")
 _JSON = (VERSION_COLUMNS.index("value"), _SOURCE)
 _ROW = operator.attrgetter(*VERSION_COLUMNS)
+# a version's row as the jsonb array `_ROW` gives (the batch's jsonb array of them) taken apart into its columns
+_TYPED = {
+    "value": "r->{}",
+    "source": "r->{}",
+    "entities": _TEXTS,
+    "aliases": _TEXTS,
+    "tags": _TEXTS,
+    "confidence": "(r->>{})::float8",
+    "importance": "(r->>{})::float8",
+    "partition": "(r->>{})::int",
+    "offset": "(r->>{})::bigint",
+    "version": "(r->>{})::int",
+    "confirmed_count": "(r->>{})::int",
+    **dict.fromkeys(
+        ("observed_at", "valid_from", "asserted_valid_to", "valid_to", "superseded_at", "last_confirmed_at"),
+        "(r->>{})::timestamptz",
+    ),
+}  # the rest: text
+_INSERT_VERSIONS = sql.SQL("INSERT INTO fact_versions ({}) SELECT {} FROM jsonb_array_elements(%b) AS r").format(
+    sql.SQL(", ").join(_Q),
+    sql.SQL(", ").join(sql.SQL(_TYPED.get(c, "r->>{}").format(i)) for i, c in enumerate(VERSION_COLUMNS)),
+)
 # what Recorder._load_versions leaves out of a stored version (never read from it: see there), and its empty values
 UNREAD_COLUMNS = {"value": None, "content": "", "entities": (), "aliases": (), "tags": (), "source": {}}
 CHAIN_COLUMNS = [c for c in VERSION_COLUMNS if c not in UNREAD_COLUMNS]

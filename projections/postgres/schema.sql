@@ -349,3 +349,55 @@ CREATE TABLE IF NOT EXISTS dead_letter_resolutions (
     PRIMARY KEY (topic, "partition", "offset", tenant)
 );
 CREATE INDEX IF NOT EXISTS dead_letters_tenant ON dead_letters (tenant, "partition", "offset") WHERE tenant IS NOT NULL;
+
+-- The ledger chain (projections.postgres.chain, docs/INTERNALS.md "The chain"): per (consumer, topic, partition) the
+-- link of the last record the projection took (sha256 over the previous link, the position, the key and the value
+-- bytes as they stand in the log), that record's offset, how many records the chain holds and the offset it began at
+-- (0, unless the schema predates the chain: then where the projection stood when it first chained). Written in the
+-- batch's transaction with the positions, so it covers exactly the records the positions say were taken. Additive:
+-- an existing schema gets the tables on the next start; `ledger rebuild` chains the ledger from offset 0.
+CREATE TABLE IF NOT EXISTS chain_heads (
+    consumer      text NOT NULL,
+    topic         text NOT NULL,
+    "partition"   integer NOT NULL,
+    head          bytea NOT NULL,
+    "offset"      bigint NOT NULL,
+    count         bigint NOT NULL CHECK (count >= 1),
+    first_offset  bigint NOT NULL,
+    PRIMARY KEY (consumer, topic, "partition")
+);
+-- heads signed with the worker's Ed25519 key (producers.keys.signing) every chain_checkpoint_records records or
+-- chain_checkpoint_s seconds; the public key is stored with each, so verifying needs no secret. `ledger rebuild`
+-- carries the live checkpoints over (the attestations of the past are kept, not replaced by the replay's).
+CREATE TABLE IF NOT EXISTS chain_checkpoints (
+    consumer      text NOT NULL,
+    topic         text NOT NULL,
+    "partition"   integer NOT NULL,
+    count         bigint NOT NULL,
+    "offset"      bigint NOT NULL,
+    first_offset  bigint NOT NULL,
+    head          bytea NOT NULL,
+    key_id        text NOT NULL,
+    public_key    bytea NOT NULL,
+    signature     bytea NOT NULL,
+    signed_at     timestamptz NOT NULL DEFAULT now(),  -- wall clock, not signed
+    PRIMARY KEY (consumer, topic, "partition", first_offset, count)
+);
+-- where each partition's chain began in a schema that predates the chain: its positions when the chain tables came
+-- (a fresh schema has none: every chain begins at offset 0). `ledger verify` tells records before it from a chain
+-- that is missing.
+CREATE TABLE IF NOT EXISTS chain_starts (
+    consumer      text NOT NULL,
+    topic         text NOT NULL,
+    "partition"   integer NOT NULL,
+    first_offset  bigint NOT NULL,
+    PRIMARY KEY (consumer, topic, "partition")
+);
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM meta WHERE name = 'chain') THEN
+        INSERT INTO chain_starts (consumer, topic, "partition", first_offset)
+            SELECT consumer, topic, "partition", next_offset FROM positions WHERE next_offset > 0;
+        INSERT INTO meta (name, value) VALUES ('chain', 'began at ' || now());
+    END IF;
+END $$;

@@ -1,4 +1,4 @@
-"""`ledger indexer`, `ledger embedder` and `ledger reindex` (registered in api/cli.py; only typer imported at once)."""
+"""`ledger indexer`, `ledger embedder`, `ledger reindex` (registered in infra/cli.py; only typer imported at once)."""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from functools import cached_property
 from typing import Any
 
 from producers.contract import rfc3339
+from projections import shapes
 from projections.search.dates import DateCue, find_dates
 
 __all__ = [
@@ -413,7 +414,7 @@ class Cues:
     def empty(self) -> bool:
         return not (self.entities or self.keys or self.event_types or self.time)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> shapes.RecallCues:
         return {
             "entities": list(self.entities),
             "known_entities": list(self.known_entities),

@@ -21,6 +21,10 @@ import calendar
 import re
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from projections import shapes
 
 __all__ = ["MAX_DATES", "TOLD_WITHIN_DAYS", "DateCue", "find_dates"]
 
@@ -95,7 +99,7 @@ class DateCue:
         d = t.date()
         return any(self._on(d - timedelta(days=k)) for k in range(within_days + 1) if d.toordinal() > k)
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self) -> shapes.DateCueOut:
         return {"words": self.words, "year": self.year, "month": self.month, "day": self.day}
 
 

@@ -23,6 +23,7 @@ from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 
 from producers.settings import Settings
+from projections import shapes
 from projections.embedding import Embedder, Embedders
 from projections.languages import EN_FIELD
 from projections.models import model_spec
@@ -153,7 +154,7 @@ _PG_IDS = "SELECT version_id FROM fact_versions WHERE (%(t)s::text IS NULL OR te
 _PENDING = "SELECT count(*) FROM search_outbox WHERE (%(t)s::text IS NULL OR tenant = %(t)s)"
 
 
-def _report(in_pg: set[str], in_es: set[str], pending: int) -> dict[str, Any]:
+def _report(in_pg: set[str], in_es: set[str], pending: int) -> shapes.SearchOrphans:
     missing_in_es, missing_in_pg = sorted(in_pg - in_es), sorted(in_es - in_pg)
     return {
         "missing_in_es": len(missing_in_es),
@@ -165,7 +166,9 @@ def _report(in_pg: set[str], in_es: set[str], pending: int) -> dict[str, Any]:
     }
 
 
-def orphans(settings: Settings, conn: psycopg.Connection, es: Elasticsearch, tenant: str | None = None) -> dict:
+def orphans(
+    settings: Settings, conn: psycopg.Connection, es: Elasticsearch, tenant: str | None = None
+) -> shapes.SearchOrphans:
     """Version ids only in PostgreSQL (`missing_in_es`) or only in the index (`missing_in_pg`)."""
     conn.execute(search_path(settings.pg_schema))
     in_pg = {r[0] for r in conn.execute(_PG_IDS, {"t": tenant})}
@@ -175,7 +178,7 @@ def orphans(settings: Settings, conn: psycopg.Connection, es: Elasticsearch, ten
 
 async def orphans_async(
     settings: Settings, conn: AsyncConnection, es: AsyncElasticsearch, tenant: str | None = None
-) -> dict:
+) -> shapes.SearchOrphans:
     """`orphans` for the API (its pool's connections already have the schema on the search_path)."""
     async with conn.cursor() as cur:
         await cur.execute(_PG_IDS, {"t": tenant})

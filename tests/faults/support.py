@@ -7,16 +7,22 @@
   It refuses to touch a stack other processes are using (see `assert_stack_not_shared`).
 - `ledger_state(settings)`, `lost_and_doubled(...)`: what PostgreSQL holds of a topic against what
   the broker acknowledged, for lost / applied-twice checks; `invariants(settings, tenant)`.
+- `workload(seed, n, tenant)`, `Publisher(settings, events, rate=...)`: a deterministic mix of events (updates,
+  late history, overrides, retractions, confirmations, episodes, re-published duplicates) streamed through the
+  SDK at a steady pace in a thread, remembering each event's first acknowledgement (what `lost_and_doubled` takes).
 Everything else (processes, the pipeline, waiting, clean-up) is `tests.support`.
 """
 
 from __future__ import annotations
 
 import os
+import random
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
 from types import ModuleType
 from typing import Any
 
@@ -26,6 +32,8 @@ from psycopg import sql
 import infra.elasticsearch
 import infra.kafka
 import infra.postgres
+from producers.contract import EventType, MemoryEvent
+from producers.sdk import LedgerProducer, PublishError, PublishResult
 from producers.settings import Settings
 from projections.postgres.connection import connect_async
 from tests.support import wait_for
@@ -193,3 +201,93 @@ def invariants(settings: Settings, tenant: str) -> dict[str, int]:
             return await invariant_counts(conn, tenant)
 
     return asyncio.run(go())
+
+
+# -- a steady stream of events ---------------------------------------------------------------------------
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+KEYS = [("profile.city", "state"), ("project.port", "state"), ("pref.drink", "preference"), ("order.status", "event")]
+
+
+def workload(seed: int, n: int, tenant: str) -> list[MemoryEvent]:
+    """n events, deterministic for a seed; about 2% are re-publications of earlier events (same event_id)."""
+    r = random.Random(seed)
+    out: list[MemoryEvent] = []
+    for i in range(n):
+        observed = T0 + timedelta(seconds=i)
+        subject = f"user:{r.randrange(400)}"
+        key, kind = KEYS[r.randrange(len(KEYS))]
+        roll = r.random()
+        if out and roll < 0.02:
+            out.append(out[r.randrange(len(out))])  # a duplicate delivery by the producer
+            continue
+        if roll < 0.06:
+            etype = EventType.RETRACTED if roll < 0.04 else EventType.CONFIRMED
+            out.append(MemoryEvent(type=etype, tenant=tenant, subject=subject, key=key, observed_at=observed))
+            continue
+        if roll < 0.09:
+            out.append(
+                MemoryEvent(
+                    type=EventType.ASSERTED,
+                    tenant=tenant,
+                    subject=subject,
+                    kind="episodic",
+                    content=f"episode {i} of {subject}",
+                    observed_at=observed,
+                )
+            )
+            continue
+        late = roll > 0.95  # arrives late: valid from some days before it was observed
+        valid_from = observed - timedelta(days=r.randint(1, 30)) if late else observed
+        valid_to = valid_from + timedelta(hours=r.randint(1, 48)) if kind == "preference" and r.random() < 0.2 else None
+        out.append(
+            MemoryEvent(
+                type=EventType.ASSERTED,
+                tenant=tenant,
+                subject=subject,
+                key=key,
+                kind=kind,
+                value=r.randrange(10_000),
+                content=f"{subject} {key} is {i}",
+                entities=[f"E{r.randrange(50)}"],
+                source={"type": "explicit" if r.random() < 0.5 else "inferred", "service": "crash-test"},
+                observed_at=observed,
+                valid_from=valid_from,
+                valid_to=valid_to,
+            )
+        )
+    return out
+
+
+class Publisher(threading.Thread):
+    """Streams `events` through the SDK at `rate` events/s, `batch` at a time; remembers each event's first
+    acknowledgement. `stop` (an Event) ends the stream early, between two batches: `sent` is how many went out."""
+
+    def __init__(self, settings: Settings, events: list[MemoryEvent], *, rate: float, batch: int = 300) -> None:
+        super().__init__(name="faults-publisher", daemon=True)
+        self.settings, self.events, self.rate, self.batch = settings, events, rate, batch
+        self.first_seen: dict[str, tuple[int, int]] = {}
+        self.errors: list[PublishError] = []
+        self.sent = 0
+        self.stop = threading.Event()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        try:
+            with LedgerProducer(self.settings, timeout_s=30) as producer:
+                for start in range(0, len(self.events), self.batch):
+                    if self.stop.is_set():
+                        break
+                    chunk = self.events[start : start + self.batch]
+                    for event, outcome in zip(chunk, producer.send_many(chunk), strict=True):
+                        if isinstance(outcome, PublishResult):
+                            self.first_seen.setdefault(event.event_id, (outcome.partition, outcome.offset))
+                        else:
+                            self.errors.append(outcome)
+                    self.sent = start + len(chunk)
+                    ahead = self.sent / self.rate - (time.monotonic() - t0)
+                    if ahead > 0:
+                        self.stop.wait(ahead)  # pacing the load, not waiting for a condition
+        finally:
+            self.done.set()

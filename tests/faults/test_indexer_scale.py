@@ -97,7 +97,7 @@ def test_two_indexers_and_two_embedders_survive_a_kill_of_one_of_each(base_setti
         embedders[0].kill()
         # a reindex with the survivors running (it copies stored vectors, queues the rest)
         reindex = subprocess.run(
-            [sys.executable, "-m", "api.cli", "reindex", "--no-embed"],
+            [sys.executable, "-m", "infra.cli", "reindex", "--no-embed"],
             cwd=REPO_ROOT,
             env=settings.child_environ(),
             capture_output=True,

@@ -11,18 +11,15 @@ must equal a clean rebuild from offset 0 (same checksum).
 from __future__ import annotations
 
 import random
-import threading
 import time
-from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from producers.contract import EventType, MemoryEvent
-from producers.sdk import LedgerProducer, PublishError, PublishResult
+from producers.contract import EventType
 from producers.settings import Settings
 from stream_processors.rebuild import rebuild
 from tests.conftest import unique
-from tests.faults.support import TALLY, invariants, ledger_state, lost_and_doubled
+from tests.faults.support import TALLY, Publisher, invariants, ledger_state, lost_and_doubled, workload
 from tests.support import Worker, cleanup, end_offsets, positions, wait_caught_up, wait_for
 
 N_EVENTS = 20_000  # the issue's figure: ~57 s of streaming at PUBLISH_RATE
@@ -30,86 +27,6 @@ KILLS = 5
 PUBLISH_RATE = 350  # events/s: the stream lasts about as long as the five crash rounds, so every kill hits it
 BATCH = 300
 TENANT = "crash"
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-KEYS = [("profile.city", "state"), ("project.port", "state"), ("pref.drink", "preference"), ("order.status", "event")]
-
-
-def workload(seed: int, n: int) -> list[MemoryEvent]:
-    """n events, deterministic for a seed; about 2% are re-publications of earlier events (same event_id)."""
-    r = random.Random(seed)
-    out: list[MemoryEvent] = []
-    for i in range(n):
-        observed = T0 + timedelta(seconds=i)
-        subject = f"user:{r.randrange(400)}"
-        key, kind = KEYS[r.randrange(len(KEYS))]
-        roll = r.random()
-        if out and roll < 0.02:
-            out.append(out[r.randrange(len(out))])  # a duplicate delivery by the producer
-            continue
-        if roll < 0.06:
-            etype = EventType.RETRACTED if roll < 0.04 else EventType.CONFIRMED
-            out.append(MemoryEvent(type=etype, tenant=TENANT, subject=subject, key=key, observed_at=observed))
-            continue
-        if roll < 0.09:
-            out.append(
-                MemoryEvent(
-                    type=EventType.ASSERTED,
-                    tenant=TENANT,
-                    subject=subject,
-                    kind="episodic",
-                    content=f"episode {i} of {subject}",
-                    observed_at=observed,
-                )
-            )
-            continue
-        late = roll > 0.95  # arrives late: valid from some days before it was observed
-        valid_from = observed - timedelta(days=r.randint(1, 30)) if late else observed
-        valid_to = valid_from + timedelta(hours=r.randint(1, 48)) if kind == "preference" and r.random() < 0.2 else None
-        out.append(
-            MemoryEvent(
-                type=EventType.ASSERTED,
-                tenant=TENANT,
-                subject=subject,
-                key=key,
-                kind=kind,
-                value=r.randrange(10_000),
-                content=f"{subject} {key} is {i}",
-                entities=[f"E{r.randrange(50)}"],
-                source={"type": "explicit" if r.random() < 0.5 else "inferred", "service": "crash-test"},
-                observed_at=observed,
-                valid_from=valid_from,
-                valid_to=valid_to,
-            )
-        )
-    return out
-
-
-class Publisher(threading.Thread):
-    """Streams the workload through the SDK at PUBLISH_RATE; remembers each event's first acknowledgement."""
-
-    def __init__(self, settings: Settings, events: list[MemoryEvent]) -> None:
-        super().__init__(name="faults-publisher", daemon=True)
-        self.settings, self.events = settings, events
-        self.first_seen: dict[str, tuple[int, int]] = {}
-        self.errors: list[PublishError] = []
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        t0 = time.monotonic()
-        try:
-            with LedgerProducer(self.settings, timeout_s=30) as producer:
-                for start in range(0, len(self.events), BATCH):
-                    chunk = self.events[start : start + BATCH]
-                    for event, outcome in zip(chunk, producer.send_many(chunk), strict=True):
-                        if isinstance(outcome, PublishResult):
-                            self.first_seen.setdefault(event.event_id, (outcome.partition, outcome.offset))
-                        else:
-                            self.errors.append(outcome)
-                    ahead = (start + len(chunk)) / PUBLISH_RATE - (time.monotonic() - t0)
-                    if ahead > 0:
-                        time.sleep(ahead)  # pacing the load, not waiting for a condition
-        finally:
-            self.done.set()
 
 
 @pytest.fixture
@@ -128,10 +45,10 @@ def _applied(settings: Settings) -> int:
 def test_kill9_five_times_while_streaming_loses_nothing_and_doubles_nothing(crash_settings: Settings) -> None:
     settings = crash_settings
     rng = random.Random(7)
-    events = workload(seed=11, n=N_EVENTS)
+    events = workload(seed=11, n=N_EVENTS, tenant=TENANT)
     assertions = {e.event_id for e in events if e.type is EventType.ASSERTED}
     t_start = time.monotonic()
-    publisher = Publisher(settings, events)
+    publisher = Publisher(settings, events, rate=PUBLISH_RATE, batch=BATCH)
     publisher.start()
     kills: list[str] = []
     worker: Worker | None = None

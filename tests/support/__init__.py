@@ -20,7 +20,8 @@ this package only adds what a test needs around them.
   document follows (tests/test_docs_examples.py).
 - browser (import it directly: it needs Playwright): `ApiServer` (uvicorn child on a free port), `chromium()`,
   `OfflinePage` (every request to another origin aborted); console_world / console_page: the audit console's
-  world and page object (tests/test_console.py, `python -m tests.support.shoot_console` for docs/console/);
+  world and page object (tests/test_console.py, tests/test_console_operations.py, `python -m
+  tests.support.shoot_console` for docs/console/);
   erasure_world: the Erasures view's world, encryption on and subjects erased (tests/test_console_erasures.py).
 - servers: the ledger's servers (the API, the MCP server) as a test's children on free ports.
 """

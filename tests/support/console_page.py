@@ -3,15 +3,28 @@
 `ConsolePage(page)` clicks, types and moves the controls of api/console/static/ the way a person
 would, waits on the panels' `data-state` (empty | loading | ready | error) instead of sleeping, and
 reads what is shown back as text (`rows("facts")`: the textContent of each row's `data-field` elements).
+`short(text)` is what the page writes for the RFC 3339 times in a text of the API's.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from playwright.sync_api import Page, Response
 
-__all__ = ["ConsolePage"]
+__all__ = ["ConsolePage", "short"]
+
+_FRACTION = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d*?)0*(Z|[+-]\d\d:\d\d)", re.IGNORECASE)
+
+
+def short(text: str | None) -> str:
+    """Every RFC 3339 time in `text` as the console shows it: the fraction's trailing zeros dropped (and the dot
+    with them when nothing else is left); "—" for none."""
+    if text is None:
+        return "—"
+    return _FRACTION.sub(lambda m: m[1] + ("" if m[2] == "." else m[2]) + m[3], text)
+
 
 _ROWS_JS = """id => Array.from(document.querySelectorAll(`#${id} tbody tr`)).map(tr => ({
   ...Object.fromEntries(
@@ -99,7 +112,7 @@ class ConsolePage:
         return self.page.eval_on_selector_all("#error .error-item", "es => es.map(e => e.dataset.code)")
 
     def view(self, name: str) -> str:
-        """Open a tab (facts, chain, asof, recall, erasures); the panel's state once it settles."""
+        """Open a tab (facts, chain, asof, recall, erasures, ops); the panel's state once it settles."""
         self.page.click(f'#tabs button[data-view="{name}"]')
         return self._wait(f"#panel-{name}", also=("empty",))  # a load starts on the click: empty = nothing to load
 
@@ -142,6 +155,18 @@ class ConsolePage:
     def asof_inputs(self) -> tuple[str, str]:
         """The valid time and known-at time the controls show ('' = now / everything)."""
         return self.page.input_value("#asof-valid"), self.page.input_value("#asof-known")
+
+    def asof_notes(self) -> tuple[str, str]:
+        """The notes under the valid-time and known-at sliders (which point each is on, or where a typed time falls)."""
+        return self.page.text_content("#asof-point") or "", self.page.text_content("#known-point") or ""
+
+    def type_asof(self, valid: str, known: str) -> None:
+        """Type a valid time and a known-at time ('' = now / everything) and replay (Enter)."""
+        self.page.fill("#asof-valid", valid)
+        self.page.fill("#asof-known", known)
+        with self.page.expect_response(lambda r: "/facts" in r.url and r.request.method == "GET"):
+            self.page.press("#asof-valid", "Enter")
+        self._wait("#panel-asof")
 
     def asof_shown(self) -> dict[str, str]:
         return self.page.eval_on_selector("#panel-asof", "p => ({state: p.dataset.state, asOf: p.dataset.asOf || ''})")
@@ -224,10 +249,103 @@ class ConsolePage:
             )
         ]
 
+    # -- the subject head ---------------------------------------------------------------------------------------
+
+    def unknown_note(self) -> dict[str, Any]:
+        """The note for a subject nothing is recorded for: its text per hint ("unknown", "tenant", "spelling") and
+        the subjects it offers to open, as (tenant, subject); {} when hidden."""
+        if not self.page.is_visible("#subject-unknown"):
+            return {}
+        return self.page.eval_on_selector(
+            "#subject-unknown",
+            """box => ({
+              hints: Object.fromEntries([...box.querySelectorAll('[data-hint]')].map(p => [p.dataset.hint,
+                p.textContent])),
+              offers: [...box.querySelectorAll('button.hint-link')].map(b => [b.dataset.tenant, b.dataset.subject]),
+            })""",
+        )
+
+    def picker(self) -> tuple[str, str]:
+        """The tenant picker's value and the text of its selected option."""
+        value, label = self.page.eval_on_selector("#tenant", "s => [s.value, s.selectedOptions[0]?.textContent ?? '']")
+        return value, label
+
+    # -- operations ---------------------------------------------------------------------------------------------
+
+    def ops(self) -> str:
+        """Open the Operations view; its state once every box answered."""
+        self.page.click('#tabs button[data-view="ops"]')
+        return self._wait("#panel-ops")
+
+    def refresh_ops(self) -> str:
+        """Click Refresh; the view's state once every box answered again."""
+        with self.page.expect_response(lambda r: r.url.endswith("/v1/health")):
+            self.page.click("#ops-refresh")
+        return self._wait("#panel-ops")
+
+    def health_shown(self) -> dict[str, dict[str, str]]:
+        """{part: {"ok": "true"/"false", "state": text, "answer": text}} and the overall status under "_status"."""
+        parts = self.page.eval_on_selector_all(
+            "#ops-parts tbody tr",
+            "rs => Object.fromEntries(rs.map(r => [r.dataset.part, {ok: r.dataset.ok,"
+            " state: r.querySelector('[data-field=state]').textContent,"
+            " answer: r.querySelector('[data-field=answer]').textContent}]))",
+        )
+        status = self.page.eval_on_selector("#ops-health-status", "s => s.dataset.status || ''")
+        return {**parts, "_status": {"status": status}}
+
+    def kv(self, table: str) -> dict[str, str]:
+        """A name/value table of the Operations view: {data-field: text}."""
+        return self.page.eval_on_selector_all(
+            f"#{table} tbody td[data-field]", "ds => Object.fromEntries(ds.map(d => [d.dataset.field, d.textContent]))"
+        )
+
+    def letters(self, state: str | None = None) -> list[dict[str, Any]]:
+        """The dead letters listed (rows("dead-letters")); with `state` ('' = all), list that state first."""
+        if state is not None:
+            self.page.select_option("#letters-state", state)
+            self.page.click("#letters-list")
+            self._wait("#ops-letters")
+        return self.rows("dead-letters")
+
+    def open_letter(self, partition: int, offset: int) -> str:
+        """Click "open" on the letter's row; the detail's state once it settles."""
+        row = self.page.locator(f'#dead-letters tbody tr[data-position="{partition}:{offset}"]')
+        with self.page.expect_response(lambda r: f"/v1/dead-letters/{partition}/{offset}?" in r.url):
+            row.get_by_role("button", name="open").click()
+        return self._wait("#letter-detail")
+
+    def letter_fields(self) -> dict[str, str]:
+        return self.kv("letter-fields")
+
+    def redrive(self, event: str) -> str:
+        """Replace the corrected event's JSON, re-drive, and wait until the page followed it; the event's status."""
+        self.page.fill("#redrive-event", event)
+        self.page.click("#redrive")
+        return self._outcome()
+
+    def discard(self, reason: str) -> str:
+        self.page.fill("#discard-reason", reason)
+        self.page.click("#discard")
+        return self._outcome()
+
+    def _outcome(self) -> str:
+        """The action's final word: the event's status once the page followed it and showed the letter again."""
+        state = self._wait("#letter-outcome")
+        if state != "ready":
+            return "error: " + (self.page.text_content("#letter-outcome") or "")
+        return self.page.eval_on_selector("#letter-outcome", "o => o.dataset.status")
+
+    def consistency(self) -> str:
+        """Run the consistency check; the box's state once it answered."""
+        with self.page.expect_response(lambda r: "/v1/stats/consistency?" in r.url):
+            self.page.click("#consistency-run")
+        return self._wait("#ops-consistency")
+
     # -- waiting ---------------------------------------------------------------------------------------------------
 
     def wait_panel(self, name: str, state: str) -> None:
-        """Until panel `name` (facts, chain, asof, recall, erasures) is in `state`."""
+        """Until panel `name` (facts, chain, asof, recall, erasures, ops) is in `state`."""
         self.page.wait_for_function(
             "([sel, want]) => document.querySelector(sel)?.dataset.state === want", arg=[f"#panel-{name}", state]
         )

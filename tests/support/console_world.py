@@ -9,7 +9,11 @@ The subject `user:42` of tenant `acme` has, in ledger order: a preference, a sta
 a confirmation, a temporary override (a preference with a bounded valid_to), a second supersession,
 a late event (valid from day 2, observed on day 12: an "as known at" difference), a retraction, a
 retraction that matches nothing (`no_effect`), and a hostile value (markup in value, content, source).
-Tenant `globex` (another key) holds `user:secret-globex` and its own `user:42`.
+Tenant `globex` (another key) holds `user:secret-globex` and its own `user:42`. `note:long` holds a value and a
+content longer than the console shows at first.
+
+`produce_malformed(world, name)` writes one of `MALFORMED` straight to the ledger topic (as a client that skips the
+SDK and the API would), and returns its position once the worker has dead-lettered it (the API lists it).
 """
 
 from __future__ import annotations
@@ -17,12 +21,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
-from producers.contract import EventType, MemoryEvent, Source
+import httpx
+import orjson
+
+from producers.contract import EventType, MemoryEvent, Source, kafka_key
 from producers.settings import Settings
 from tests.support.browser import ApiServer
-from tests.support.events import asserted, at, marked
+from tests.support.events import asserted, at, marked, wire
+from tests.support.kafka import publish_raw
 from tests.support.pipeline import Pipeline, pipeline
+from tests.support.waiting import wait_for
 
 __all__ = [
     "AUDITOR_KEY",
@@ -30,9 +40,13 @@ __all__ = [
     "FOREIGN",
     "FOREIGN_KEY",
     "HOSTILE",
+    "LONG_SUBJECT",
+    "LONG_VALUE",
+    "MALFORMED",
     "SUBJECT",
     "ConsoleWorld",
     "console_world",
+    "produce_malformed",
     "scenario",
 ]
 
@@ -41,6 +55,26 @@ CONSOLE_KEYS = {AUDITOR_KEY: ["acme", "initech"], FOREIGN_KEY: ["globex"]}
 TENANT, FOREIGN = "acme", "globex"
 SUBJECT = "user:42"
 HOSTILE = "<img src=x onerror=window.__pwned=1>"
+LONG_SUBJECT = "note:long"
+LONG_VALUE = "The meeting notes of the quarterly review, kept word for word: " + " ".join(
+    f"item {i} was discussed and agreed without objection;" for i in range(1, 13)
+)
+
+# records the worker refuses, as a client that skips the SDK and the API could write them (the console's tests
+# re-drive the first with its content added and discard the second with a reason)
+MALFORMED: dict[str, dict[str, Any]] = {
+    "missing-content": wire(
+        "ticket:T-100", tenant=TENANT, event_id="ev-dl-content", key="ticket.priority", value="high", content=...
+    ),
+    "bad-time": wire(
+        "ticket:T-200", tenant=TENANT, event_id="ev-dl-time", key="ticket.priority", value="low",
+        content="ticket T-200 has low priority", valid_from="last tuesday",
+    ),
+    "wrong-kind": wire(
+        "ticket:T-300", tenant=TENANT, event_id="ev-dl-kind", key="ticket.owner", value="ops-team",
+        content="ticket T-300 is owned by the ops team", kind="rumour",
+    ),
+}  # fmt: skip
 
 
 def _src(type_: str, service: str, ref: str) -> Source:
@@ -92,6 +126,8 @@ def scenario() -> list[MemoryEvent]:
         asserted(SUBJECT, "pref.seat", "globex-only-value", 0, tenant=FOREIGN, kind="preference",
                  event_id="ev-globex-2", content="globex secret about its own user 42",
                  source=_src("explicit", chat, "g-2")),
+        asserted(LONG_SUBJECT, "meeting.minutes", LONG_VALUE, 2, event_id="ev-long", content=LONG_VALUE,
+                 source=_src("imported", "minutes", "q1-review")),
     ]  # fmt: skip
 
 
@@ -113,3 +149,25 @@ def console_world(settings: Settings) -> Iterator[ConsoleWorld]:
     with pipeline(settings, seed=scenario()) as pipe, ApiServer(settings) as api:
         api.wait_ready()
         yield ConsoleWorld(settings, pipe, api)
+
+
+def produce_malformed(world: ConsoleWorld, name: str, timeout: float = 90.0) -> tuple[int, int]:
+    """`MALFORMED[name]` written to the ledger topic as it is; its (partition, offset) once the API lists it as a
+    dead letter of its tenant (the worker refused it)."""
+    event = MALFORMED[name]
+    [(partition, offset)] = publish_raw(
+        world.settings, [(kafka_key(event["tenant"], event["subject"]), orjson.dumps(event))]
+    )
+
+    def listed() -> bool:
+        r = httpx.get(
+            f"{world.url}/v1/dead-letters",
+            params={"tenant": event["tenant"]},
+            headers={"X-API-Key": AUDITOR_KEY},
+            timeout=30,
+        )
+        r.raise_for_status()
+        return any((d["partition"], d["offset"]) == (partition, offset) for d in r.json()["dead_letters"])
+
+    wait_for(listed, timeout, 0.3, f"the dead letter {name} at {partition}/{offset}")
+    return partition, offset

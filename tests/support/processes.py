@@ -2,22 +2,26 @@
 
 Each runs exactly as an operator starts it, on the test's private settings (`Settings.child_environ`),
 logging to a temporary file: `.start()`, `.alive()`, `.check()` (AssertionError with the log tail if
-it exited), `.kill()` (SIGKILL, like a crash), `.stop()` (SIGTERM, then SIGKILL), `.log()`.
+it exited), `.kill()` (SIGKILL, like a crash), `.stop()` (SIGTERM, then SIGKILL), `.log()`; `frozen(process)`
+stops one mid-work (SIGSTOP, like a stuck worker) for the length of a `with`.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from infra.procs import launch, terminate
 from producers.settings import REPO_ROOT, Settings
 
-__all__ = ["Embedder", "Indexer", "Process", "Worker"]
+__all__ = ["Embedder", "Indexer", "Process", "Worker", "frozen"]
 
 
 class Process:
@@ -89,7 +93,7 @@ class Indexer(Process):
     name = "indexer"
 
     def __init__(self, settings: Settings, **extra_env: Any) -> None:
-        super().__init__(settings, ["-m", "api.cli", "indexer"], **{"indexer_poll_s": 0.1, **extra_env})
+        super().__init__(settings, ["-m", "infra.cli", "indexer"], **{"indexer_poll_s": 0.1, **extra_env})
 
     def start(self) -> Indexer:
         super().start()
@@ -102,8 +106,19 @@ class Embedder(Process):
     name = "embedder"
 
     def __init__(self, settings: Settings, **extra_env: Any) -> None:
-        super().__init__(settings, ["-m", "api.cli", "embedder"], **{"embedder_poll_s": 0.1, **extra_env})
+        super().__init__(settings, ["-m", "infra.cli", "embedder"], **{"embedder_poll_s": 0.1, **extra_env})
 
     def start(self) -> Embedder:
         super().start()
         return self
+
+
+@contextmanager
+def frozen(process: Process | None) -> Iterator[None]:
+    """SIGSTOP the child (it stops mid-work, like a stuck worker), SIGCONT on the way out."""
+    assert process is not None and process.proc is not None and process.alive()
+    os.kill(process.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(process.proc.pid, signal.SIGCONT)

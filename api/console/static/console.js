@@ -1,12 +1,12 @@
-/* memory-ledger audit console: vanilla JS over the /v1 read API (api/console/__init__.py, docs/console.md).
+/* memory-ledger audit console: vanilla JS over the /v1 API (api/console/__init__.py, docs/console.md).
  *
  * Every value from the API is hostile input: it reaches the page only as text (el() below appends
  * strings as text nodes, attributes are set with setAttribute; nothing is ever parsed as markup, and
  * tests/test_console.py fails on any of the DOM's HTML-parsing calls in this file).
  * The page is served with a CSP that allows only this service's script, styles and API.
  *
- * State lives in the URL hash (#tenant=..&subject=..&view=..&erasure=..), so a view can be linked and reloaded;
- * the API key lives in sessionStorage (this tab only) and goes out as X-API-Key.
+ * State lives in the URL hash (#tenant=..&subject=..&view=..&erasure=..&letter=..), so a view can be linked and
+ * reloaded; the API key lives in sessionStorage (this tab only) and goes out as X-API-Key.
  * Each panel carries data-state (empty | loading | ready | error): the browser test waits on it.
  */
 "use strict";
@@ -14,8 +14,11 @@
 (() => {
   const KEY_STORE = "memory-ledger.console.api-key";
   const API = new URL("v1/", document.baseURI); // the page is <root>/console, the API <root>/v1/
-  const VIEWS = ["facts", "chain", "asof", "recall", "erasures"];
+  const VIEWS = ["facts", "chain", "asof", "recall", "erasures", "ops"];
   const ERASURES_LIMIT = 100; // records listed per request (the API allows up to 500)
+  const LETTERS_LIMIT = 50; // dead letters listed per request; "More" pages on with the API's cursor
+  const CLIP = 120; // characters of a value shown before "show all" (a memory can be pages long)
+  const FOLLOW_MS = 60000; // how long an action's event is followed until the worker applied it
 
   const $ = (id) => document.getElementById(id);
 
@@ -36,15 +39,49 @@
     return node;
   }
 
+  /** Replace a node's children, as el() takes them (nested lists flattened, strings as text nodes). */
+  const fill = (node, ...children) =>
+    node.replaceChildren(...children.flat(Infinity).filter((c) => c !== undefined && c !== null && c !== false));
+
   /** A JSON value as text: strings as they are, anything else as compact JSON. */
   const show = (v) => (typeof v === "string" ? v : JSON.stringify(v));
-  /** A time as the API spells it; it may wrap only after the "T" (the text stays exactly the API's). */
+
+  // RFC 3339 times as the API writes them: microseconds, mostly zeros. Shown without the zero digits of the
+  // fraction (".000000Z" -> "Z", ".712000Z" -> ".712Z"): the same instant, still RFC 3339, still typeable.
+  const TIME_RE = /(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d*?)0*(Z|[+-]\d\d:\d\d)/gi;
+  const shortTimes = (text) =>
+    String(text).replace(TIME_RE, (_, hms, frac, tz) => hms + (frac === "." ? "" : frac) + tz);
+
+  /** A time, shortened as above (the API's exact text in the tooltip); it may wrap only after the "T". */
   function time(t) {
     if (!t) return el("span", { class: "time" }, "—");
-    const cut = t.indexOf("T") + 1;
+    const text = shortTimes(t);
+    const cut = text.indexOf("T") + 1;
     return cut > 0
-      ? el("span", { class: "time" }, t.slice(0, cut), el("wbr"), t.slice(cut))
-      : el("span", { class: "time" }, t);
+      ? el("span", { class: "time", title: t }, text.slice(0, cut), el("wbr"), text.slice(cut))
+      : el("span", { class: "time", title: t }, text);
+  }
+
+  /** A score for reading: at most 4 decimals, as the API rounds a hit's scores (a stage's raw score, e.g. a float32
+   * from the index, loses its noise); the exact number stays in the tooltip. */
+  const score = (v) => (typeof v === "number" && Number.isFinite(v) ? String(Number(v.toFixed(4))) : show(v));
+
+  /** A value that may be long: its first CLIP characters and a button that shows all of it (and less again). */
+  function clip(text) {
+    const chars = Array.from(String(text)); // code points: a cut never splits a character
+    if (chars.length <= CLIP) return String(text);
+    const short = chars.slice(0, CLIP).join("") + "…";
+    const shown = el("span", { class: "clipped" }, short);
+    const toggle = el("button", { type: "button", class: "more quiet small", "aria-expanded": "false" });
+    const all = `show all ${chars.length} characters`;
+    toggle.textContent = all;
+    toggle.addEventListener("click", () => {
+      const open = toggle.getAttribute("aria-expanded") !== "true";
+      shown.textContent = open ? String(text) : short;
+      toggle.textContent = open ? "show less" : all;
+      toggle.setAttribute("aria-expanded", String(open));
+    });
+    return el("span", { class: "long" }, shown, " ", toggle);
   }
   const shortId = (id) =>
     id ? el("code", { class: "id", title: id }, id.length > 12 ? id.slice(0, 12) + "…" : id) : "—";
@@ -69,7 +106,8 @@
 
   const apiKey = () => sessionStorage.getItem(KEY_STORE) || "";
 
-  async function api(method, path, { params, body } = {}) {
+  /** Call the API; a status in `accept` (e.g. 503 from /health, whose body says which part is down) is an answer. */
+  async function api(method, path, { params, body, accept } = {}) {
     const url = new URL(path, API);
     for (const [k, v] of Object.entries(params || {})) {
       if (v !== undefined && v !== null && v !== "") url.searchParams.set(k, v);
@@ -94,7 +132,7 @@
     } catch {
       data = null;
     }
-    if (!response.ok) {
+    if (!response.ok && !(accept || []).includes(response.status)) {
       const items =
         data && Array.isArray(data.detail) && data.detail.length
           ? data.detail
@@ -162,6 +200,9 @@
     known: [], // known-at points, the last is "everything"
     erasure: null, // the erasure record shown in the Erasures view (its erasure id)
     erasuresSeq: 0, // the latest Erasures load: an earlier one that answers late is dropped
+    opsSeq: 0, // the latest Operations load (likewise)
+    letter: null, // the dead letter open in the Operations view: "partition:offset"
+    lettersNext: null, // the API's cursor for the next page of dead letters
   };
 
   function readHash() {
@@ -172,6 +213,7 @@
       view: h.get("view"),
       memory: h.get("fact"),
       erasure: h.get("erasure"),
+      letter: h.get("letter"),
     };
   }
 
@@ -182,6 +224,7 @@
     if (state.view !== "facts") h.set("view", state.view);
     if (state.view === "chain" && state.chainMemory) h.set("fact", state.chainMemory);
     if (state.view === "erasures" && state.erasure) h.set("erasure", state.erasure);
+    if (state.view === "ops" && state.letter) h.set("letter", state.letter);
     const next = "#" + h.toString();
     if (location.hash !== next) history.replaceState(null, "", next);
   }
@@ -222,25 +265,44 @@
     const h = readHash();
     await openTenant(h.tenant || state.tenants[0] || null, false);
     state.erasure = h.erasure;
+    state.letter = h.letter;
     if (h.view && VIEWS.includes(h.view)) selectView(h.view, false);
     if (h.subject) await openSubject(h.subject, h.memory);
     else writeHash();
     if (state.view === "erasures") await loadErasures();
+    if (state.view === "ops") await loadOps();
   }
 
   // -- tenants and subjects ---------------------------------------------------------------------------------------
+
+  /** The picker shows the tenant asked for, also one the key may not use (flagged): never silently another. */
+  function pickerShows(tenant) {
+    const picker = $("tenant");
+    for (const o of [...picker.options]) if (o.dataset.foreign !== undefined) o.remove();
+    if (tenant && !state.tenants.includes(tenant)) {
+      picker.prepend(
+        el("option", { value: tenant, class: "foreign", dataset: { foreign: "" } }, `${tenant} (not this key's)`),
+      );
+    }
+    picker.value = tenant ?? "";
+    picker.classList.toggle("foreign", Boolean(tenant) && !state.tenants.includes(tenant));
+  }
 
   async function openTenant(tenant, write = true) {
     state.tenant = tenant;
     state.subject = null;
     state.erasure = null;
+    state.letter = null;
     state.erasuresSeq++; // a load of the previous tenant's erasures still under way is dropped
-    if (state.tenants.includes(tenant)) $("tenant").value = tenant;
+    state.opsSeq++; // and of its operations view
+    pickerShows(tenant);
     resetSubject();
     resetErasures();
+    resetOps();
     if (write) writeHash();
     await searchSubjects();
     if (write && state.view === "erasures") await loadErasures();
+    if (write && state.view === "ops") await loadOps();
   }
 
   async function searchSubjects() {
@@ -283,9 +345,11 @@
     state.events = [];
     state.chainMemory = null;
     $("subject-title").textContent = "No subject open";
-    $("subject-note").textContent = state.tenant
-      ? `Tenant ${state.tenant}: find a subject, or try the recall playground.`
-      : "This key has no tenant.";
+    $("subject-note").textContent = !state.tenant
+      ? "This key has no tenant."
+      : state.tenants.includes(state.tenant)
+        ? `Tenant ${state.tenant}: find a subject, or try the recall playground.`
+        : `Tenant ${state.tenant} is not one of this key's tenants: pick one of them above.`;
     for (const id of ["facts", "timeline", "chain", "asof-facts"]) $(id).tBodies[0].replaceChildren();
     for (const v of ["facts", "chain", "asof"]) $(`panel-${v}`).dataset.state = "empty";
     $("chain-fact").replaceChildren();
@@ -293,6 +357,8 @@
     $("events-count").textContent = "";
     $("subject-erased").hidden = true;
     $("subject-erased").replaceChildren();
+    $("subject-unknown").hidden = true;
+    $("subject-unknown").replaceChildren();
   }
 
   async function openSubject(subject, memory) {
@@ -301,7 +367,9 @@
     state.subject = subject;
     $("subject-input").value = subject;
     $("subject-title").replaceChildren(el("span", { class: "tenant-name" }, state.tenant ?? "—"), " / ", subject);
-    $("subject-note").textContent = "";
+    $("subject-note").textContent = state.tenants.includes(state.tenant)
+      ? ""
+      : `Tenant ${state.tenant} is not one of this key's tenants: pick one of them above.`;
     writeHash();
     const panel = $("panel-facts");
     await guarded(panel, async () => {
@@ -316,18 +384,109 @@
       $("facts-count").textContent = `${state.facts.length} holding now`;
       renderTimeline();
       $("subject-note").textContent =
-        `${state.events.length} events, ${state.facts.length} facts holding now (${facts.as_of})`;
+        `${state.events.length} events, ${state.facts.length} facts holding now (${shortTimes(facts.as_of)})`;
       buildChainChoices();
       buildAsofPoints();
       if (state.events.some((e) => e.type === "subject.erased")) {
         const erased = await api("GET", "erasures", { params: { ...params, subject, limit: ERASURES_LIMIT } });
         renderErasedNote(subject, erased.erasures);
       }
+      if (!state.events.length) {
+        $("subject-note").textContent = `Nothing is recorded for this subject in tenant ${state.tenant}.`;
+        renderUnknownNote(subject, await unknownHints(subject));
+      }
     });
     if (panel.dataset.state !== "ready") return;
     if (memory) state.chainMemory = memory;
     if (state.view === "chain") await loadChain();
     if (state.view === "asof") await loadAsof();
+  }
+
+  /** For a subject with no event: the key's other tenants that have it, and the tenant's subjects sharing the
+   * longest prefix with the name (a misspelling). The prefix is found by bisection over its length (a prefix that
+   * lists something has every shorter one listing something too): a few index walks, never a scan. A hint only:
+   * a lookup that fails is left out. */
+  async function unknownHints(subject) {
+    const list = async (tenant, prefix, limit) =>
+      (await api("GET", "subjects", { params: { tenant, prefix, limit } })).subjects;
+    const elsewhere = [];
+    const others = state.tenants.filter((t) => t !== state.tenant).slice(0, 20);
+    await Promise.all(
+      others.map(async (t) => {
+        try {
+          if ((await list(t, subject, 1))[0] === subject) elsewhere.push(t);
+        } catch {
+          /* only a hint */
+        }
+      }),
+    );
+    elsewhere.sort();
+    const chars = Array.from(subject);
+    let close = [];
+    if (state.tenants.includes(state.tenant)) {
+      try {
+        let lo = 0;
+        let hi = chars.length;
+        while (lo < hi) {
+          const mid = Math.ceil((lo + hi) / 2);
+          const found = await list(state.tenant, chars.slice(0, mid).join(""), 5);
+          if (found.length) {
+            lo = mid;
+            close = found;
+          } else {
+            hi = mid - 1;
+          }
+        }
+      } catch {
+        close = [];
+      }
+    }
+    return { elsewhere, close };
+  }
+
+  function renderUnknownNote(subject, { elsewhere, close }) {
+    const box = $("subject-unknown");
+    const open = (tenant, s) =>
+      el(
+        "button",
+        {
+          type: "button",
+          class: "quiet small hint-link",
+          dataset: { tenant, subject: s },
+          onclick: async () => {
+            if (tenant !== state.tenant) await openTenant(tenant);
+            await openSubject(s);
+          },
+        },
+        tenant === state.tenant ? s : `${s} in ${tenant}`,
+      );
+    fill(
+      box,
+      el(
+        "p",
+        { dataset: { hint: "unknown" } },
+        badge("unknown", "unknown"),
+        ` No event names ${JSON.stringify(subject)} in tenant ${state.tenant}: nothing is recorded about it here. `,
+        "Subjects are matched exactly (case and punctuation count).",
+      ),
+      elsewhere.length
+        ? el(
+            "p",
+            { dataset: { hint: "tenant" } },
+            `It has events in another tenant of this key: `,
+            elsewhere.map((t) => open(t, subject)),
+          )
+        : null,
+      close.length
+        ? el(
+            "p",
+            { dataset: { hint: "spelling" } },
+            `Did you mean one of these subjects of tenant ${state.tenant}? `,
+            close.map((s) => open(state.tenant, s)),
+          )
+        : el("p", { dataset: { hint: "spelling" } }, "No subject of this tenant starts like it; check the spelling."),
+    );
+    box.hidden = false;
   }
 
   // -- facts and timeline -------------------------------------------------------------------------------------------
@@ -348,7 +507,7 @@
           { dataset: { memoryId: f.memory_id, versionId: f.version_id } },
           el("td", { dataset: { field: "key" } }, f.key ?? "—"),
           el("td", { dataset: { field: "scope" } }, f.scope),
-          el("td", { class: "value", dataset: { field: "value" }, title: f.content }, show(f.value)),
+          el("td", { class: "value", dataset: { field: "value" }, title: f.content }, clip(show(f.value))),
           el("td", { dataset: { field: "kind" } }, f.kind),
           el("td", { dataset: { field: "version" } }, String(f.version)),
           el("td", { dataset: { field: "valid_from" } }, time(f.valid_from)),
@@ -389,7 +548,7 @@
           e.key ?? "—",
           e.scope ? el("span", { class: "scope" }, ` @${e.scope}`) : null,
         ),
-        el("td", { class: "value", dataset: { field: "value" } }, asserted ? show(ev.value) : "—"),
+        el("td", { class: "value", dataset: { field: "value" } }, asserted ? clip(show(ev.value)) : "—"),
         el("td", { dataset: { field: "valid" } }, valid),
         el("td", { dataset: { field: "source" } }, source(ev.source)),
         el(
@@ -397,7 +556,7 @@
           { dataset: { field: "effect" } },
           badge(e.effect.effect),
           " ",
-          el("span", { class: "detail" }, e.effect.detail),
+          el("span", { class: "detail", title: e.effect.detail }, shortTimes(e.effect.detail)),
           e.effect.version_id ? [" ", shortId(e.effect.version_id)] : null,
         ),
       );
@@ -454,7 +613,7 @@
             "tr",
             { dataset: { versionId: v.version_id, status: v.status }, class: v.status },
             el("td", { dataset: { field: "version" } }, String(v.version)),
-            el("td", { class: "value", dataset: { field: "value" }, title: v.content }, show(v.value)),
+            el("td", { class: "value", dataset: { field: "value" }, title: v.content }, clip(show(v.value))),
             el("td", { dataset: { field: "valid_from" } }, time(v.valid_from)),
             el("td", { dataset: { field: "valid_to" } }, time(v.valid_to)),
             el("td", { dataset: { field: "observed_at" } }, time(v.observed_at)),
@@ -514,8 +673,59 @@
 
   function syncSlider(sliderId, textId, noteId, points) {
     const p = points[Number($(sliderId).value)] || { t: null, what: [] };
-    $(textId).value = p.t ?? "";
+    $(textId).value = p.t ? shortTimes(p.t) : "";
     $(noteId).textContent = `point ${Number($(sliderId).value) + 1} of ${points.length}: ${p.what.join("; ")}`;
+  }
+
+  // strict RFC 3339, as the API takes it (seconds and an offset): anything else is left for the API to refuse
+  const RFC3339 = /^(\d{4}-\d\d-\d\d)[Tt ](\d\d:\d\d:\d\d)(\.\d+)?([Zz]|[+-]\d\d:\d\d)$/;
+  /** Milliseconds since the epoch of a strict RFC 3339 time, or NaN (the fraction past milliseconds is dropped). */
+  function instant(text) {
+    const m = RFC3339.exec(String(text).trim());
+    if (!m) return NaN;
+    const frac = m[3] ? m[3].slice(0, 4) : "";
+    return Date.parse(`${m[1]}T${m[2]}${frac}${m[4].toUpperCase()}`);
+  }
+
+  /** A time typed into a slider's box: the slider moves to the last point at or before it, and its note says
+   * where the typed time falls between the points (the box keeps the time as typed; empty = the last point). */
+  function placeTyped(sliderId, textId, noteId, points) {
+    const typed = $(textId).value.trim();
+    const slider = $(sliderId);
+    const last = points.length - 1;
+    if (!typed) {
+      slider.value = String(last);
+      syncSlider(sliderId, textId, noteId, points);
+      return;
+    }
+    const at = instant(typed);
+    const note = $(noteId);
+    if (Number.isNaN(at)) {
+      note.textContent = `typed ${typed}: not an RFC 3339 time (seconds and an offset), so on no point`;
+      return;
+    }
+    if (last === 0) {
+      note.textContent = `typed ${shortTimes(typed)}: the subject has no event, so the slider has no point`;
+      return;
+    }
+    const times = points.map((p) => (p.t ? instant(p.t) : NaN));
+    const same = times.indexOf(at);
+    if (same >= 0) {
+      slider.value = String(same);
+      syncSlider(sliderId, textId, noteId, points); // exactly a point: the box shows it as the slider does
+      return;
+    }
+    let before = -1; // the last point before the typed time
+    for (let i = 0; i < last; i++) if (times[i] < at) before = i;
+    slider.value = String(Math.max(before, 0));
+    const where = (i) => `point ${i + 1} (${shortTimes(points[i].t)}: ${points[i].what.join("; ")})`;
+    note.textContent =
+      `typed ${shortTimes(typed)} (${points.length} points): ` +
+      (before < 0
+        ? `before the first, ${where(0)}`
+        : before === last - 1
+          ? `after the last event, ${where(before)}, and before ${points[last].what.join("; ")}`
+          : `between ${where(before)} and ${where(before + 1)}`);
   }
 
   let asofTimer = null;
@@ -616,7 +826,7 @@
                       "li",
                       { dataset: { versionId: c.version_id } },
                       shortId(c.version_id),
-                      c.score === null ? "" : ` · ${c.score}`,
+                      c.score === null ? "" : el("span", { title: String(c.score) }, ` · ${score(c.score)}`),
                     ),
                   ),
                 )
@@ -656,7 +866,7 @@
         "div",
         { dataset: { field: "scores" } },
         Object.entries(match.scores || {}).map(([k, v]) =>
-          el("span", { class: "score", dataset: { score: k } }, `${k} ${v}`),
+          el("span", { class: "score", dataset: { score: k }, title: String(v) }, `${k} ${score(v)}`),
         ),
       ),
       el(
@@ -682,12 +892,12 @@
           "tr",
           { dataset: { versionId: h.version_id, stage: h.match.stage } },
           el("td", null, String(i + 1)),
-          el("td", { dataset: { field: "score" } }, String(h.score)),
+          el("td", { dataset: { field: "score" }, title: String(h.score) }, score(h.score)),
           el("td", { dataset: { field: "stage" } }, badge(h.match.stage, "stage")),
           el("td", { dataset: { field: "subject" } }, h.subject),
           el("td", { dataset: { field: "key" } }, h.key ?? "—"),
-          el("td", { class: "value", dataset: { field: "value" } }, show(h.value)),
-          el("td", { class: "content", dataset: { field: "content" } }, h.content),
+          el("td", { class: "value", dataset: { field: "value" } }, clip(show(h.value))),
+          el("td", { class: "content", dataset: { field: "content" } }, clip(h.content ?? "")),
           el("td", { dataset: { field: "valid_from" } }, time(h.valid_from)),
           el("td", { class: "why", dataset: { field: "why" } }, why(h.match)),
         ),
@@ -920,6 +1130,434 @@
     }
   }
 
+  // -- operations: the system behind the tenant ------------------------------------------------------------------
+
+  /** A box of the Operations view: its data-state, and its own error line (one store down spoils only its box). */
+  async function boxed(id, fn) {
+    const box = $(id);
+    const error = box.querySelector(":scope > .box-error");
+    box.dataset.state = "loading";
+    error.hidden = true;
+    error.replaceChildren();
+    try {
+      await fn();
+      box.dataset.state = "ready";
+      return true;
+    } catch (err) {
+      box.dataset.state = "error";
+      error.replaceChildren(...errorNode(err));
+      error.hidden = false;
+      return false;
+    }
+  }
+
+  /** A table of name/value rows: [label, field, value (text or node)]. */
+  function kvRows(table, rows) {
+    table.tBodies[0].replaceChildren(
+      ...rows.map(([label, field, value]) =>
+        el("tr", { dataset: { row: field } }, el("th", null, label), el("td", { dataset: { field } }, value)),
+      ),
+    );
+  }
+
+  const seconds = (s) => (s === null || s === undefined ? "none waiting" : `oldest ${score(s)} s`);
+
+  function resetOps() {
+    for (const id of ["ops-parts", "ops-stages", "ops-pipeline", "ops-lag", "dead-letters", "letter-fields"]) {
+      $(id).tBodies[0].replaceChildren();
+    }
+    for (const id of ["ops-health", "ops-stats", "ops-letters", "ops-erasures", "ops-consistency", "letter-detail"]) {
+      $(id).dataset.state = "empty";
+      const error = $(id).querySelector(":scope > .box-error");
+      error.hidden = true;
+      error.replaceChildren();
+    }
+    $("panel-ops").dataset.state = "empty";
+    $("ops-health-status").replaceChildren();
+    $("ops-when").textContent = "";
+    $("ops-lag-note").textContent = "";
+    $("letters-count").textContent = "";
+    $("letters-more").hidden = true;
+    $("ops-erasures-summary").replaceChildren();
+    $("consistency-out").replaceChildren();
+    $("letter-detail").hidden = true;
+    $("ops-title").textContent = state.tenant ? `Operations of tenant ${state.tenant}` : "Operations";
+  }
+
+  async function loadHealth() {
+    const data = await api("GET", "health", { accept: [503] }); // 503: degraded, the parts say which
+    $("ops-health-status").replaceChildren(badge(data.status, data.status === "ok" ? "active" : "retracted"));
+    $("ops-health-status").dataset.status = data.status;
+    $("ops-parts").tBodies[0].replaceChildren(
+      ...Object.entries(data.parts).map(([name, p]) =>
+        el(
+          "tr",
+          { dataset: { part: name, ok: String(p.ok) } },
+          el("th", { dataset: { field: "part" } }, name),
+          el("td", { dataset: { field: "state" } }, p.ok ? badge("up", "active") : badge("down", "retracted")),
+          el(
+            "td",
+            { dataset: { field: "answer" } },
+            p.ok
+              ? [
+                  `answered in ${p.ms} ms`,
+                  p.status ? `, cluster ${p.status}` : "",
+                  p.age_s !== undefined && p.age_s !== null ? `, answer ${score(p.age_s)} s old` : "",
+                ]
+              : el("span", { class: "error" }, p.error ?? "no answer"),
+          ),
+        ),
+      ),
+    );
+  }
+
+  async function loadStats() {
+    const s = await api("GET", "stats", { params: { tenant: state.tenant } });
+    const search = s.search;
+    const stages = [
+      ["projector (worker)", "projector", s.total_lag, `${plural(s.total_lag, "record")} of the topic not applied`],
+      [
+        "search indexer",
+        "indexer",
+        search.outbox_pending,
+        `${plural(search.outbox_pending, "document")} to write, ${seconds(search.documents_lag_s)}`,
+      ],
+      [
+        "embedder",
+        "embedder",
+        search.vectors_pending,
+        `${plural(search.vectors_pending, "version")} awaiting vectors, ${seconds(search.vectors_lag_s)}`,
+      ],
+    ];
+    $("ops-stages").tBodies[0].replaceChildren(
+      ...stages.map(([label, name, backlog, text]) =>
+        el(
+          "tr",
+          { dataset: { stage: name, backlog: String(backlog) } },
+          el("th", null, label),
+          el(
+            "td",
+            { dataset: { field: "state" } },
+            backlog ? badge("behind", "override") : badge("caught up", "active"),
+          ),
+          el("td", { dataset: { field: "backlog" } }, text),
+        ),
+      ),
+    );
+    const invariants = s.double_active + s.chain_integrity_violations + s.explicit_confidence_violations;
+    kvRows($("ops-pipeline"), [
+      ["projector lag (records)", "total_lag", String(s.total_lag)],
+      ["events applied", "events_applied", String(s.events_applied)],
+      ["versions (PostgreSQL)", "pg_versions", String(search.pg_versions)],
+      ["documents (Elasticsearch)", "es_documents", String(search.es_documents)],
+      [
+        "search outbox (documents to write)",
+        "outbox_pending",
+        `${search.outbox_pending}, ${seconds(search.documents_lag_s)}`,
+      ],
+      [
+        "vector backlog (versions awaiting vectors)",
+        "vectors_pending",
+        `${search.vectors_pending}, ${seconds(search.vectors_lag_s)}`,
+      ],
+      ["dead letters of the tenant", "dlq_count", String(s.dlq_count)],
+      [
+        "invariants broken (bounded check)",
+        "invariants",
+        `${invariants}${s.invariants_capped ? "+" : ""}` +
+          ` (double active ${s.double_active}, chain ${s.chain_integrity_violations},` +
+          ` explicit confidence ${s.explicit_confidence_violations})`,
+      ],
+      ["answered in", "took_ms", `${s.took_ms.total} ms`],
+    ]);
+    $("ops-lag-note").textContent = `consumer group ${s.consumer} on topic ${s.topic}, ${s.total_lag} behind in all`;
+    $("ops-lag").tBodies[0].replaceChildren(
+      ...Object.entries(s.lag).map(([p, l]) =>
+        el(
+          "tr",
+          { dataset: { partition: p } },
+          el("td", { dataset: { field: "partition" } }, p),
+          el("td", { dataset: { field: "end_offset" } }, l.end_offset === null ? "—" : String(l.end_offset)),
+          el("td", { dataset: { field: "position" } }, String(l.position)),
+          el(
+            "td",
+            { dataset: { field: "lag" }, class: l.lag ? "behind" : null },
+            l.lag === null ? "—" : String(l.lag),
+          ),
+        ),
+      ),
+    );
+  }
+
+  function letterRow(d) {
+    const r = d.resolution;
+    const position = `${d.partition}:${d.offset}`;
+    return el(
+      "tr",
+      {
+        dataset: { position, state: d.state },
+        class: position === state.letter ? "selected" : null,
+      },
+      el("td", { dataset: { field: "ledger" } }, ledger(d.partition, d.offset)),
+      el("td", { dataset: { field: "state" } }, badge(d.state, `letter-${d.state}`)),
+      el("td", { dataset: { field: "code" } }, el("code", null, d.reason.code)),
+      el("td", { dataset: { field: "field" } }, d.reason.field ?? "—"),
+      el("td", { class: "message", dataset: { field: "message" } }, clip(d.reason.message)),
+      el("td", { dataset: { field: "event_id" } }, d.event_id ?? "—"),
+      el("td", { dataset: { field: "recorded_at" } }, time(d.recorded_at)),
+      el(
+        "td",
+        { dataset: { field: "resolution" } },
+        r
+          ? [
+              `by ${r.event_id} at `,
+              ledger(r.partition, r.offset),
+              ", ",
+              time(r.resolved_at),
+              r.reason ? [": ", clip(r.reason)] : "",
+            ]
+          : "—",
+      ),
+      el(
+        "td",
+        null,
+        el("button", { type: "button", class: "quiet small", onclick: () => openLetter(position) }, "open"),
+      ),
+    );
+  }
+
+  async function loadLetters(more = false) {
+    const params = { tenant: state.tenant, state: $("letters-state").value, limit: LETTERS_LIMIT };
+    if (more && state.lettersNext) params.after = state.lettersNext;
+    const data = await api("GET", "dead-letters", { params });
+    const body = $("dead-letters").tBodies[0];
+    const rows = data.dead_letters.map(letterRow);
+    if (more) body.append(...rows);
+    else body.replaceChildren(...rows);
+    state.lettersNext = data.next;
+    $("letters-more").hidden = !data.next;
+    const n = body.rows.length;
+    const which = $("letters-state").value || "in any state";
+    $("letters-count").textContent = `${n ? plural(n, "letter") : "no letter"} ${which}${data.next ? ", more" : ""}`;
+  }
+
+  async function loadErasureSummary() {
+    const data = await api("GET", "erasures", { params: { tenant: state.tenant, limit: ERASURES_LIMIT } });
+    const n = data.erasures.length;
+    const open = data.erasures.filter((r) => !r.complete).length;
+    const newest = data.erasures[0];
+    fill(
+      $("ops-erasures-summary"),
+      el("span", { dataset: { field: "erasures" } }, n ? plural(n, "erasure record") : "no erasure record"),
+      n === ERASURES_LIMIT ? " (the newest)" : "",
+      n ? [", ", el("span", { dataset: { field: "incomplete" } }, `${open} not complete`)] : "",
+      newest ? [", the newest applied ", time(newest.applied_at)] : "",
+    );
+  }
+
+  /** Every box of the view, in parallel; the panel is ready when all answered (error if one failed). */
+  async function loadOps() {
+    if (!state.tenant) return;
+    const seq = ++state.opsSeq;
+    const panel = $("panel-ops");
+    clearError();
+    writeHash();
+    panel.dataset.state = "loading";
+    const done = await Promise.all([
+      boxed("ops-health", loadHealth),
+      boxed("ops-stats", loadStats),
+      boxed("ops-letters", () => loadLetters()),
+      boxed("ops-erasures", loadErasureSummary),
+    ]);
+    if (seq !== state.opsSeq) return;
+    if (state.letter) await openLetter(state.letter);
+    $("ops-when").textContent = `as of ${new Date().toISOString().replace(/\.\d+Z$/, "Z")} (this browser's clock)`;
+    panel.dataset.state = done.every(Boolean) ? "ready" : "error";
+  }
+
+  /** One dead letter with its record's fields (GET /v1/dead-letters/{p}/{o}) and, while open, its actions. */
+  async function openLetter(position, keepOutcome = false) {
+    const [partition, offset] = position.split(":");
+    state.letter = position;
+    writeHash();
+    for (const tr of $("dead-letters").tBodies[0].rows) {
+      tr.classList.toggle("selected", tr.dataset.position === position);
+    }
+    const box = $("letter-detail");
+    box.hidden = false;
+    if (!keepOutcome) {
+      $("letter-outcome").hidden = true;
+      $("letter-outcome").dataset.state = "empty";
+    }
+    await boxed("letter-detail", async () => {
+      const d = await api("GET", `dead-letters/${partition}/${offset}`, { params: { tenant: state.tenant } });
+      box.dataset.position = position;
+      box.dataset.letterState = d.state;
+      $("letter-title").replaceChildren(
+        "Dead letter at ",
+        ledger(d.partition, d.offset),
+        " ",
+        badge(d.state, `letter-${d.state}`),
+      );
+      fill(
+        $("letter-note"),
+        el("strong", null, d.reason.code),
+        d.reason.field ? [" · ", el("code", null, d.reason.field)] : "",
+        ": ",
+        d.reason.message,
+        ` — a record of ${d.size} bytes, recorded `,
+        time(d.recorded_at),
+        d.sealed
+          ? d.sealed.opened
+            ? `; sealed (key ${d.sealed.key_id}), opened here`
+            : `; sealed (key ${d.sealed.key_id}), not opened: ${d.sealed.why ?? ""}`
+          : "",
+      );
+      const record = d.record && typeof d.record === "object" ? d.record : null;
+      kvRows(
+        $("letter-fields"),
+        record ? Object.entries(record).map(([k, v]) => [k, k, clip(show(v))]) : [],
+      );
+      $("letter-raw").hidden = d.raw_text === null || d.raw_text === undefined;
+      $("letter-raw").textContent = d.raw_text ?? "";
+      $("letter-actions").hidden = d.state !== "open";
+      if (d.state === "open") {
+        const draft = record ? { ...record } : {};
+        delete draft.dead_letter; // the API links the correction to this letter itself
+        $("redrive-event").value = JSON.stringify(draft, null, 2);
+        $("discard-reason").value = "";
+      }
+      if (d.resolution) {
+        const r = d.resolution;
+        $("letter-note").append(
+          el("br"),
+          `${d.state} by event ${r.event_id} at `,
+          ledger(r.partition, r.offset),
+          ", ",
+          time(r.resolved_at),
+          r.reason ? `: ${r.reason}` : "",
+        );
+      }
+    });
+  }
+
+  /** Follow an action's event, published at `at`, until the worker has applied it, refused that very record, or
+   * FOLLOW_MS passed. A re-drive often keeps the refused record's event id, whose status reads `dead_lettered` (the
+   * old refusal) until the correction is applied: only a refusal at the new position is the answer. */
+  const refusedAt = (s, at) => s.status === "dead_lettered" && s.partition === at.partition && s.offset === at.offset;
+  async function follow(eventId, at) {
+    const deadline = Date.now() + FOLLOW_MS;
+    for (;;) {
+      const s = await api("GET", `events/${encodeURIComponent(eventId)}`, { params: { tenant: state.tenant } });
+      if (["applied", "duplicate"].includes(s.status) || refusedAt(s, at) || Date.now() > deadline) return s;
+      await new Promise((resolve) => setTimeout(resolve, 400));
+    }
+  }
+
+  /** Publish a re-drive or a discard, say what the door answered, then what the worker made of it; then the
+   * list and the letter again, as the worker left them (the outcome's data-state is final only after that). */
+  async function act(kind, body) {
+    const position = state.letter;
+    const out = $("letter-outcome");
+    out.hidden = false;
+    out.dataset.state = "loading";
+    out.dataset.status = "";
+    out.replaceChildren(`${kind}: publishing…`);
+    let said;
+    try {
+      const answer = await api("POST", `dead-letters/${kind === "re-drive" ? "redrive" : "discard"}`, { body });
+      out.replaceChildren(
+        `${kind} published as event ${answer.event_id} at `,
+        ledger(answer.partition, answer.offset),
+        ` (${answer.effect}); waiting for the worker…`,
+      );
+      const s = await follow(answer.event_id, answer);
+      const refused = refusedAt(s, answer);
+      const status = s.status === "dead_lettered" && !refused ? "pending" : s.status; // the old refusal is not news
+      out.dataset.status = status;
+      said = [
+        `${kind}: event ${answer.event_id} `,
+        badge(status, status === "applied" ? "active" : refused ? "retracted" : "history"),
+        status === "applied" ? [" at ", ledger(s.partition, s.offset)] : "",
+        refused ? [" — refused too: ", el("strong", null, s.reason.code), " ", s.reason.message] : "",
+        ["pending", "unknown"].includes(status) ? " — not applied yet; refresh later" : "",
+      ];
+    } catch (err) {
+      out.dataset.state = "error";
+      out.replaceChildren(...errorNode(err));
+      return;
+    }
+    await boxed("ops-letters", () => loadLetters());
+    await openLetter(position, true);
+    fill(out, said);
+    out.dataset.state = "ready";
+  }
+
+  async function redrive() {
+    const [partition, offset] = state.letter.split(":").map(Number);
+    let event;
+    try {
+      event = JSON.parse($("redrive-event").value);
+    } catch (exc) {
+      const out = $("letter-outcome");
+      out.hidden = false;
+      out.dataset.state = "error";
+      const why = [{ code: "not_json", field: "event", message: String(exc.message) }];
+      out.replaceChildren(...errorNode(new ApiError(0, why)));
+      return;
+    }
+    await act("re-drive", { tenant: state.tenant, partition, offset, event });
+  }
+
+  async function discard() {
+    const [partition, offset] = state.letter.split(":").map(Number);
+    await act("discard", { tenant: state.tenant, partition, offset, reason: $("discard-reason").value });
+  }
+
+  function renderConsistency(c) {
+    const inv = Object.entries(c.invariants);
+    const drift = Object.entries(c.counter_drift);
+    const search = c.search;
+    const rows = [
+      ["verdict", "consistent", c.consistent ? badge("consistent", "active") : badge("inconsistent", "retracted")],
+      ["invariants broken", "invariants", inv.map(([k, v]) => `${k.replaceAll("_", " ")} ${v}`).join(", ")],
+      [
+        "counters against a recount",
+        "counter_drift",
+        drift.length ? drift.map(([k, v]) => `${k} ${v > 0 ? "+" : ""}${v}`).join(", ") : "all equal",
+      ],
+      [
+        "only in PostgreSQL / only in the index",
+        "orphans",
+        `${search.missing_in_es} / ${search.missing_in_pg}` +
+          (search.outbox_pending ? ` (${search.outbox_pending} still queued: not held against it)` : ""),
+      ],
+      [
+        "scanned",
+        "scanned",
+        Object.entries(c.scanned.postgres_rows)
+          .map(([k, v]) => `${k} ${v}`)
+          .join(", ") + `; ${c.scanned.elasticsearch_documents} index documents`,
+      ],
+      ["took", "took_ms", `${c.took_ms.total} ms (PostgreSQL ${c.took_ms.postgres}, search ${c.took_ms.search})`],
+    ];
+    const table = el("table", { class: "grid narrow kv", id: "consistency" }, el("tbody"));
+    kvRows(table, rows);
+    $("consistency-out").replaceChildren(table);
+  }
+
+  async function runConsistency() {
+    $("consistency-out").replaceChildren(el("p", { class: "note" }, "scanning…"));
+    await boxed("ops-consistency", async () => {
+      try {
+        renderConsistency(await api("GET", "stats/consistency", { params: { tenant: state.tenant } }));
+      } catch (err) {
+        $("consistency-out").replaceChildren();
+        throw err;
+      }
+    });
+  }
+
   // -- views --------------------------------------------------------------------------------------------------------
 
   function selectView(view, load = true) {
@@ -928,11 +1566,13 @@
       b.setAttribute("aria-selected", String(b.dataset.view === view));
     }
     for (const v of VIEWS) $(`panel-${v}`).hidden = v !== view;
+    $("subject-head").hidden = view === "ops"; // the system's view: no subject
     writeHash();
     if (!load) return;
     if (view === "chain") loadChain();
     if (view === "asof" && $("panel-asof").dataset.state === "empty") loadAsof();
     if (view === "erasures") loadErasures();
+    if (view === "ops") loadOps();
   }
 
   // -- wiring -------------------------------------------------------------------------------------------------------
@@ -978,6 +1618,8 @@
     });
     $("asof-form").addEventListener("submit", (ev) => {
       ev.preventDefault();
+      placeTyped("asof-slider", "asof-valid", "asof-point", state.valid);
+      placeTyped("known-slider", "asof-known", "known-point", state.known);
       loadAsof();
     });
     $("asof-now").addEventListener("click", () => {
@@ -998,11 +1640,31 @@
       state.erasure = null;
       loadErasures();
     });
+    $("ops-refresh").addEventListener("click", () => loadOps());
+    $("letters-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      boxed("ops-letters", () => loadLetters());
+    });
+    $("letters-more").addEventListener("click", () => boxed("ops-letters", () => loadLetters(true)));
+    $("redrive-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      redrive();
+    });
+    $("discard-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      discard();
+    });
+    $("ops-erasures-open").addEventListener("click", () => {
+      state.erasure = null;
+      $("erasures-subject").value = "";
+      selectView("erasures");
+    });
+    $("consistency-run").addEventListener("click", () => runConsistency());
     window.addEventListener("hashchange", () => {
       if (!apiKey() || $("app").hidden) return;
       const h = readHash();
       const reopen = async () => {
-        const before = [state.tenant, state.view, state.erasure];
+        const before = [state.tenant, state.view, state.erasure, state.letter];
         if (h.tenant && h.tenant !== state.tenant) await openTenant(h.tenant, false);
         if (h.view && VIEWS.includes(h.view) && h.view !== state.view) selectView(h.view, false);
         if (h.subject && h.subject !== state.subject) await openSubject(h.subject, h.memory);
@@ -1010,6 +1672,10 @@
         if (h.view === "erasures" && moved) {
           state.erasure = h.erasure;
           await loadErasures();
+        }
+        if (h.view === "ops" && (before[0] !== state.tenant || before[1] !== "ops" || h.letter !== before[3])) {
+          state.letter = h.letter;
+          await loadOps();
         }
       };
       reopen();

@@ -22,6 +22,7 @@ from elasticsearch import AsyncElasticsearch
 from psycopg_pool import AsyncConnectionPool
 
 from producers.settings import Settings
+from projections import shapes
 from projections.embedding import Embedder, load_embedder
 from projections.search.cues import Cues, extract
 from projections.search.recall.access import access_signals, order_ties, tied_memory_ids
@@ -160,7 +161,7 @@ class RecallEngine:
                     gc.freeze()
         return self._embedder
 
-    async def recall(self, q: RecallQuery) -> dict[str, Any]:
+    async def recall(self, q: RecallQuery) -> shapes.RecallResponse:
         trace = Trace(q.mode, self.observe)
         now = datetime.now(UTC)
         at = q.as_of or now

@@ -25,6 +25,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from projections import shapes
 from projections.postgres.queries import episode_holds_sql
 from projections.search.recall.trace import iso
 
@@ -82,7 +83,7 @@ async def neighbours(
     n: int,
     window_s: float,
     known_at: datetime | None = None,
-) -> dict[str, list[dict[str, Any]]]:
+) -> dict[str, list[shapes.ContextTurn]]:
     """version_id of each episodic row -> its neighbouring turns in time order, each with `offset` (-n..-1, 1..n)."""
     eps = [r for r in rows if r.get("kind") == "episodic"]
     if not eps or n < 1:
@@ -103,7 +104,7 @@ async def neighbours(
     by_hit: dict[str, dict[int, list[dict[str, Any]]]] = {r["version_id"]: {-1: [], 1: []} for r in eps}
     for r in found:
         by_hit[r["of"]][r["side"]].append(r)
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[shapes.ContextTurn]] = {}
     for vid, sides in by_hit.items():  # in time order (a UNION's row order is not promised)
         before = sorted(sides[-1], key=_when)
         after = sorted(sides[1], key=_when)
@@ -116,7 +117,7 @@ def _when(r: dict[str, Any]) -> tuple[datetime, str]:
     return r["observed_at"], r["version_id"]
 
 
-def _turn(r: dict[str, Any], offset: int) -> dict[str, Any]:
+def _turn(r: dict[str, Any], offset: int) -> shapes.ContextTurn:
     return {
         "offset": offset,
         "memory_id": r["memory_id"],

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from projections import shapes
 from projections.search.recall.scoring import Scored
 from projections.search.recall.trace import iso
 
 __all__ = ["hit"]
 
 
-def hit(s: Scored) -> dict[str, Any]:
+def hit(s: Scored) -> shapes.RecallHit:
     row, m = s.row, s.match
     scores = {**m.scores, "prior": round(s.prior, 4), "overlap": round(s.overlap, 4)}
     if s.access:  # the access signal inside the prior (scoring.access_signal), for a fact served before

@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from producers.contract import rfc3339
+from projections import shapes
 
 __all__ = ["Observer", "Trace"]
 
@@ -96,7 +97,7 @@ class Trace:
         """A context manager: the time spent inside it (less nested sections) is `stages_ms[stage]`."""
         return _Section(self, stage)
 
-    def as_dict(self, as_of: datetime) -> dict[str, Any]:
+    def as_dict(self, as_of: datetime) -> shapes.RecallTrace:
         out: dict[str, Any] = {"stages_ms": self.stages, "embedding_computed": self.embedding_computed}
         if self.embedding_models:
             out["embedding_models"] = self.embedding_models

@@ -1,8 +1,10 @@
 """`ledger`: the command line (publish, topics, worker, rebuild, indexer, embedder, reindex, serve, mcp, demo, keys).
 
-Each sub-command lives beside the code it drives and is only registered here. Settings that do not load (the
-development key without LEDGER_DEVELOPMENT, a variable that does not parse) end any of them the same way: one
-line on stderr naming the variable (`producers.settings.settings_problem`) and exit code 2, never a traceback.
+Each sub-command lives beside the code it drives and is only registered here. This root imports every layer's
+commands, so it sits beside the installer (the operator's other entry), outside the layers: inside one it would
+make that layer depend on all the others. Settings that do not load (the development key without
+LEDGER_DEVELOPMENT, a variable that does not parse) end any of them the same way: one line on stderr naming the
+variable (`producers.settings.settings_problem`) and exit code 2, never a traceback.
 A store a command cannot reach (Kafka, PostgreSQL, Elasticsearch, or the API for `demo`) ends it the same way:
 one line naming the store, its configured address and the setting to change (`store_problem`), exit code 3.
 The servers (serve, mcp, worker, indexer, embedder) wait for an absent store by design instead.
@@ -139,10 +141,11 @@ app.command()(topics)
 app.command()(schema)  # the event contract as a JSON Schema (producers in other languages)
 
 # the projector's commands live in stream_processors/cli.py (imports only typer at module level)
-from stream_processors.cli import rebuild, worker  # noqa: E402
+from stream_processors.cli import rebuild, verify, worker  # noqa: E402
 
 app.command()(worker)
 app.command()(rebuild)
+app.command()(verify)  # the ledger against its chain, signed checkpoints and projection
 
 # the search projection's commands live in projections/search/cli.py (imports only typer at module level)
 from projections.search.cli import embedder, indexer, reindex  # noqa: E402

@@ -1,0 +1,603 @@
+"""`ledger verify`: the ledger topic re-read from its first offset, against the chain, its checkpoints and the rows.
+
+What is checked, all in one read-only snapshot of the projection (`REPEATABLE READ`), with the records read by a
+plain kafka-python consumer (no group), partition by partition, up to the stored position:
+
+1. Checkpoints (projections.postgres.chain): each signature verifies under the public key stored with it, and that
+   key is trusted (the configured signing key's public half, `LEDGER_CHAIN_TRUSTED_KEYS`) when any is configured.
+2. The chain: recomputed from the log (`chain.link`), it must give at each attested offset (the stored head, each
+   valid checkpoint) the attested link and count; the head is the last record below the stored position (every
+   record the positions say was taken is chained) and the log still holds every offset attested.
+3. The projection against the log: every record below the stored position is accounted for, as the recorder would
+   have it: a valid event has its `events` row at its partition/offset, whose columns (fingerprint and payload
+   included) are those the record gives, or is a duplicate of an applied or erased (tenant, event_id), or was
+   dead-lettered; an invalid one has its `dead_letters` row, whose bytes are the record's; a sealed record whose data
+   key an erasure destroyed is accounted for by the erasure. An `events` or `dead_letters` row at a position the log
+   does not hold is a divergence too. Sealed records are opened with the key store as the worker opens them (the
+   KEK configured); without it they are checked on their clear fields only (counted as `sealed_unopened`).
+
+Every divergence names its partition and offset (a chain mismatch also the last offset known good: the change lies
+after it); the first in (partition, offset) order is the report's `first_divergence`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import psycopg
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaTimeoutError
+
+from producers.contract import EventType, MemoryEvent, wire_fingerprint
+from producers.keys.kek import KekError
+from producers.keys.signing import key_id, load_signer, parse_public_key
+from producers.records import Incoming
+from producers.settings import Settings
+from projections.postgres.chain import (
+    GENESIS,
+    Checkpoint,
+    Head,
+    checkpoint_valid,
+    link,
+    read_checkpoints,
+    read_heads,
+    read_starts,
+)
+from projections.postgres.idempotency import erased_sql
+from projections.postgres.positioned import connect
+from projections.postgres.positions import stored_positions
+from projections.postgres.recorder import BatchResult, Recorder
+from projections.versions import Route, route
+
+__all__ = [
+    "Divergence",
+    "PartitionReport",
+    "VerifyReport",
+    "expected_event_row",
+    "render",
+    "row_differences",
+    "verify",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_DIVERGENCES = 1000  # the first ones kept in a report (by partition and offset); the count goes on
+_NO_FACT = (Route.ERASURE, Route.RESOLUTION)  # logged under no fact (memory_id NULL), as the recorder does
+EVENT_COLUMNS = (
+    "tenant event_id fingerprint subject memory_id type kind key scope observed_at valid_from valid_to "
+    "target_version payload key_id"
+).split()
+_CLEAR_COLUMNS = ("tenant", "event_id", "subject", "type", "key", "scope")  # a sealed record's clear fields
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where the log, the chain and the projection disagree."""
+
+    kind: str  # signature | untrusted_key | chain | missing_record | unchained | projection
+    partition: int
+    offset: int
+    message: str
+    after: int | None = None  # a chain mismatch: the last offset known good (the change lies after it)
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "partition": self.partition, "offset": self.offset}
+        if self.after is not None:
+            out["after"] = self.after
+        out["message"] = self.message
+        return out
+
+
+@dataclass
+class PartitionReport:
+    partition: int
+    position: int  # the stored next_offset: the records below it were taken
+    start: int = 0  # where the chain began, in a schema that predates it (records before it are not chained)
+    records: int = 0  # records read from the log below the position
+    head: Head | None = None
+    checkpoints: int = 0
+    checkpoints_valid: int = 0  # signature verified (and by a trusted key, when keys are trusted)
+    last_checkpoint: int | None = None  # the offset of the last valid checkpoint of the head's chain
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "partition": self.partition,
+            "position": self.position,
+            "chain_start": self.start,
+            "records": self.records,
+            "head": None if self.head is None else self.head.as_json(),
+            "checkpoints": self.checkpoints,
+            "checkpoints_valid": self.checkpoints_valid,
+            "last_checkpoint": self.last_checkpoint,
+        }
+
+
+@dataclass
+class VerifyReport:
+    topic: str
+    schema: str
+    consumer: str
+    partitions: list[PartitionReport] = field(default_factory=list)
+    divergences: list[Divergence] = field(default_factory=list)
+    divergence_count: int = 0
+    events_checked: int = 0
+    dead_letters_checked: int = 0
+    sealed_unopened: int = 0
+    trusted_keys: list[str] = field(default_factory=list)  # key ids
+    chained: bool = True  # False: the schema has no chain tables yet
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def intact(self) -> bool:
+        return self.divergence_count == 0
+
+    @property
+    def first(self) -> Divergence | None:
+        return self.divergences[0] if self.divergences else None
+
+    def diverged(self, d: Divergence) -> None:
+        """Count `d`; keep it if it is among the first MAX_DIVERGENCES by (partition, offset)."""
+        self.divergence_count += 1
+        self.divergences.append(d)
+        if len(self.divergences) > 2 * MAX_DIVERGENCES:
+            self._trim()
+
+    def _trim(self) -> None:
+        self.divergences.sort(key=lambda d: (d.partition, d.offset))
+        del self.divergences[MAX_DIVERGENCES:]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "intact": self.intact,
+            "topic": self.topic,
+            "schema": self.schema,
+            "consumer": self.consumer,
+            "first_divergence": None if self.first is None else self.first.as_json(),
+            "divergence_count": self.divergence_count,
+            "divergences": [d.as_json() for d in self.divergences],
+            "partitions": [p.as_json() for p in self.partitions],
+            "events_checked": self.events_checked,
+            "dead_letters_checked": self.dead_letters_checked,
+            "sealed_unopened": self.sealed_unopened,
+            "trusted_keys": self.trusted_keys,
+            "chained": self.chained,
+            "notes": self.notes,
+        }
+
+
+# -- pure: what an events row must hold -------------------------------------------------------------------------
+
+
+def expected_event_row(event: MemoryEvent, key_id: str | None) -> dict[str, Any]:
+    """The `events` columns the recorder writes for `event` (its opened form; `key_id`: the data key that sealed it).
+
+    `memory_id` is left out for a retraction of one version (the recorder may file it under an episode it finds in
+    the database); the payload as JSON reads it back."""
+    wire = event.to_wire()
+    row: dict[str, Any] = {
+        "tenant": event.tenant,
+        "event_id": event.event_id,
+        "fingerprint": wire_fingerprint(wire),
+        "subject": event.subject,
+        "type": event.type.value,
+        "kind": event.kind.value,
+        "key": event.key,
+        "scope": event.scope,
+        "observed_at": event.observed_at,
+        "valid_from": event.valid_from,
+        "valid_to": event.valid_to,
+        "target_version": event.target_version,
+        "payload": orjson.loads(orjson.dumps(wire)),
+        "key_id": key_id,
+    }
+    if route(event.type) in _NO_FACT:
+        row["memory_id"] = None
+    elif not (event.type is EventType.RETRACTED and event.target_version):
+        row["memory_id"] = event.memory_id
+    return row
+
+
+def row_differences(expected: dict[str, Any], stored: dict[str, Any]) -> list[str]:
+    """The columns of `expected` whose stored value differs, in column order."""
+    return [c for c in EVENT_COLUMNS if c in expected and expected[c] != stored.get(c)]
+
+
+# -- the run ----------------------------------------------------------------------------------------------------
+
+
+def trusted_keys(settings: Settings) -> dict[str, bytes]:
+    """key id -> public key: the configured signing key's public half and `chain_trusted_keys`."""
+    out: dict[str, bytes] = {}
+    signer = load_signer(settings.chain_key_file)
+    if signer is not None:
+        out[signer.key_id] = signer.public
+    for text in settings.chain_trusted_keys:
+        public = parse_public_key(text)
+        out[key_id(public)] = public
+    return out
+
+
+def verify(settings: Settings, *, batch_size: int = 2000) -> VerifyReport:
+    """Verify `settings.topic` against the chain, the checkpoints and the projection in `settings.pg_schema`."""
+    consumer, topic = settings.processor_group, settings.topic
+    report = VerifyReport(topic=topic, schema=settings.pg_schema, consumer=consumer)
+    trusted = trusted_keys(settings)
+    report.trusted_keys = sorted(trusted)
+    if not trusted:
+        report.notes.append(
+            "no trusted chain key configured (LEDGER_CHAIN_KEY_FILE, LEDGER_CHAIN_TRUSTED_KEYS): checkpoint "
+            "signatures are checked against the public keys stored with them only"
+        )
+    decode = Recorder.decoder(settings)
+    stall_s = max(30.0, 2 * settings.producer_timeout_s)  # a broker that delivers nothing this long: KafkaTimeoutError
+    with connect(settings.pg_dsn, settings.pg_schema) as conn:
+        try:
+            recorder = Recorder.for_settings(settings, conn)
+        except KekError as exc:  # the chain needs no secret: go on, checking sealed records on their clear fields
+            conn.rollback()
+            recorder = Recorder(conn, consumer=consumer, topic=topic)
+            report.notes.append(f"sealed records are not opened ({exc}): checked on their clear fields only")
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            positions = stored_positions(cur, consumer, topic)
+            heads: dict[int, Head] = {}
+            checkpoints: list[Checkpoint] = []
+            starts: dict[int, int] = {}
+            tables = cur.execute(
+                "SELECT to_regclass('chain_heads') IS NOT NULL, to_regclass('chain_starts') IS NOT NULL"
+            ).fetchone()
+            if tables and tables[0]:
+                heads = read_heads(cur, consumer, topic)
+                checkpoints = read_checkpoints(cur, consumer, topic)
+            else:
+                report.chained = False
+                report.notes.append("the schema has no chain: a worker of this version adds it at its start")
+            if tables and tables[1]:
+                starts = read_starts(cur, consumer, topic)
+            valid = _check_signatures(report, topic, checkpoints, trusted)
+            kafka = KafkaConsumer(
+                bootstrap_servers=settings.kafka_bootstrap,
+                group_id=None,
+                enable_auto_commit=False,
+                max_poll_records=batch_size,
+                request_timeout_ms=max(1000, int(settings.producer_timeout_s * 1000)),
+            )
+            try:
+                for p in sorted({p for p, o in positions.items() if o > 0} | set(heads)):
+                    part = PartitionReport(p, positions.get(p, 0), head=heads.get(p), start=starts.get(p, 0))
+                    part.checkpoints = sum(1 for cp in checkpoints if cp.head.partition == p)
+                    mine = [cp for cp in valid if cp.head.partition == p]
+                    part.checkpoints_valid = len(mine)
+                    _check_partition(report, part, kafka, cur, recorder, decode, mine, batch_size, stall_s)
+                    report.partitions.append(part)
+            finally:
+                kafka.close()
+    report._trim()
+    return report
+
+
+def _check_signatures(
+    report: VerifyReport, topic: str, checkpoints: list[Checkpoint], trusted: dict[str, bytes]
+) -> list[Checkpoint]:
+    """The checkpoints whose signature verifies (under a trusted key, when any is trusted); the others reported."""
+    valid = []
+    for cp in checkpoints:
+        h = cp.head
+        if not checkpoint_valid(topic, cp):
+            report.diverged(
+                Divergence(
+                    "signature",
+                    h.partition,
+                    h.offset,
+                    f"the checkpoint of {h.count} records at offset {h.offset} does not verify under key {cp.key_id}",
+                )
+            )
+        elif trusted and trusted.get(cp.key_id) != cp.public_key:
+            report.diverged(
+                Divergence(
+                    "untrusted_key",
+                    h.partition,
+                    h.offset,
+                    f"the checkpoint at offset {h.offset} is signed by key {cp.key_id}, which is not trusted",
+                )
+            )
+        else:
+            valid.append(cp)
+    return valid
+
+
+def _partition_records(
+    kafka: KafkaConsumer, tp: TopicPartition, start: int, upto: int, batch_size: int, stall_s: float
+) -> Iterator[list[Any]]:
+    """The records of `tp` from `start` below `upto`, in log order, in polled batches; KafkaTimeoutError when the
+    broker delivers nothing for `stall_s` seconds."""
+    kafka.assign([tp])
+    kafka.seek(tp, start)
+    moved = time.monotonic()
+    while (at := kafka.position(tp)) < upto:
+        polled = kafka.poll(timeout_ms=1000, max_records=batch_size)
+        batch = [m for m in polled.get(tp, []) if m.offset < upto]
+        if batch:
+            yield batch
+        if kafka.position(tp) > at:
+            moved = time.monotonic()
+        elif time.monotonic() - moved > stall_s:
+            raise KafkaTimeoutError(f"{tp.topic}/{tp.partition}: no record past offset {at} in {stall_s:.0f}s")
+
+
+def _check_partition(
+    report: VerifyReport,
+    part: PartitionReport,
+    kafka: KafkaConsumer,
+    cur: psycopg.Cursor,
+    recorder: Recorder,
+    decode: Any,
+    checkpoints: list[Checkpoint],
+    batch_size: int,
+    stall_s: float,
+) -> None:
+    p, position, head = part.partition, part.position, part.head
+    tp = TopicPartition(report.topic, p)
+    begin = kafka.beginning_offsets([tp])[tp]
+    end = kafka.end_offsets([tp])[tp]
+    if end < position:
+        report.diverged(
+            Divergence(
+                "missing_record",
+                p,
+                end,
+                f"the log ends at offset {end}, but the stored position says records up to {position - 1} were taken",
+            )
+        )
+    if head is None and position > part.start:
+        report.diverged(
+            Divergence(
+                "unchained",
+                p,
+                part.start,
+                f"no chain head, but the stored position says the records from offset {part.start} to {position - 1} "
+                "were taken: " + ("the chain was removed" if report.chained else "the schema predates the chain"),
+            )
+        )
+    chained_from = part.start if head is None else head.first_offset
+    if chained_from > 0:
+        report.notes.append(
+            f"partition {p}: the records before offset {chained_from} predate the chain and are not covered by it "
+            "(`ledger rebuild` chains the ledger from offset 0)"
+        )
+    # every chain of the partition (the head's; a checkpoint of an older chain, carried over by a rebuild)
+    attested: dict[int, list[tuple[str, Head]]] = {}  # offset -> what says which link and count it has
+    if head is not None:
+        attested.setdefault(head.offset, []).append(("head", head))
+    for cp in checkpoints:
+        attested.setdefault(cp.head.offset, []).append(("checkpoint", cp.head))
+    firsts = {h.first_offset for items in attested.values() for _, h in items}
+    chains = {f: [GENESIS, 0] for f in firsts}  # first_offset -> [link, count]
+    good = {f: f - 1 for f in firsts}  # the last offset each chain was found right at
+    broken: set[int] = set()
+    if head is not None and begin > min(firsts):
+        report.diverged(
+            Divergence(
+                "missing_record",
+                p,
+                min(firsts),
+                f"the log begins at offset {begin}; the chain covers records from offset {min(firsts)}",
+            )
+        )
+    if head is not None:
+        part.last_checkpoint = max(
+            (cp.head.offset for cp in checkpoints if cp.head.first_offset == head.first_offset), default=None
+        )
+    last_taken = -1
+    rows = _events_rows(cur, p, position)
+    letters = _letter_rows(cur, report.topic, p, position)
+    upto = min(position, end)
+    for batch in _partition_records(kafka, tp, begin, upto, batch_size, stall_s) if upto > begin else ():
+        part.records += len(batch)
+        for m in batch:
+            last_taken = m.offset
+            for f, state in chains.items():
+                if m.offset >= f:
+                    state[0] = link(state[0], p, m.offset, m.key, m.value)
+                    state[1] += 1
+            for what, h in attested.pop(m.offset, ()):
+                f = h.first_offset
+                if f in broken:
+                    continue
+                link_now, count_now = chains[f]
+                if (link_now, count_now) != (h.head, h.count):
+                    broken.add(f)
+                    report.diverged(
+                        Divergence(
+                            "chain",
+                            p,
+                            m.offset,
+                            f"the {what} at offset {m.offset} says {h.count} records with link {h.head.hex()[:16]}…; "
+                            f"the log gives {count_now} with {link_now.hex()[:16]}…: a record after offset "
+                            f"{good[f]} is not the one the projection took",
+                            after=good[f],
+                        )
+                    )
+                else:
+                    good[f] = m.offset
+        decoded = [decode(m.topic, p, m.offset, m.key, m.value, m.timestamp) for m in batch]
+        _check_projection(report, cur, recorder, decoded, rows, letters)
+    for offset, items in sorted(attested.items()):  # attested offsets the log no longer holds
+        for what, h in items:
+            if h.first_offset not in broken:
+                report.diverged(
+                    Divergence("missing_record", p, offset, f"the {what} covers offset {offset}, which the log lacks")
+                )
+    if head is not None and last_taken > head.offset:
+        report.diverged(
+            Divergence(
+                "unchained",
+                p,
+                head.offset + 1,
+                f"records up to offset {last_taken} are below the stored position {position} but the chain head is at "
+                f"offset {head.offset}",
+            )
+        )
+    for offset in sorted(rows):
+        report.diverged(Divergence("projection", p, offset, f"an events row at offset {offset}, which the log lacks"))
+    for offset in sorted(letters):
+        report.diverged(Divergence("projection", p, offset, f"a dead letter at offset {offset}, which the log lacks"))
+
+
+def _events_rows(cur: psycopg.Cursor, partition: int, position: int) -> dict[int, dict[str, Any]]:
+    cols = ", ".join(f'"{c}"' for c in EVENT_COLUMNS)
+    cur.execute(
+        f'SELECT "offset", {cols} FROM events WHERE "partition" = %s AND "offset" < %s',
+        (partition, position),
+    )
+    return {row[0]: dict(zip(EVENT_COLUMNS, row[1:], strict=True)) for row in cur.fetchall()}
+
+
+def _letter_rows(cur: psycopg.Cursor, topic: str, partition: int, position: int) -> dict[int, bytes | None]:
+    cur.execute(
+        'SELECT "offset", raw FROM dead_letters WHERE topic = %s AND "partition" = %s AND "offset" < %s',
+        (topic, partition, position),
+    )
+    return {o: None if raw is None else bytes(raw) for o, raw in cur.fetchall()}
+
+
+def _check_projection(
+    report: VerifyReport,
+    cur: psycopg.Cursor,
+    recorder: Recorder,
+    decoded: list[Incoming],
+    rows: dict[int, dict[str, Any]],
+    letters: dict[int, bytes | None],
+) -> None:
+    """Account for each record of one partition's batch (`rows` and `letters` lose the ones matched)."""
+    unopened = {r.offset for r in decoded if r.envelope is not None and recorder.keys is None}
+    openable = [r for r in decoded if r.offset not in unopened]
+    opened = {r.offset: r for r in recorder.prepare(cur, openable, BatchResult())}  # the shredded ones drop out
+    unaccounted: list[tuple[int, str, str, str | None]] = []  # offset, tenant, event_id, fingerprint (None: unopened)
+    for r in decoded:
+        p, o = r.partition, r.offset
+        row, letter = rows.pop(o, None), letters.pop(o, _ABSENT)
+        if letter is not _ABSENT:
+            report.dead_letters_checked += 1
+            if letter != r.raw:
+                report.diverged(Divergence("projection", p, o, "the dead letter's bytes are not the record's"))
+            if row is not None:
+                report.diverged(Divergence("projection", p, o, "the record is both an events row and a dead letter"))
+            continue
+        if o in unopened:
+            report.sealed_unopened += 1
+            clear = r.envelope.clear if r.envelope is not None else {}
+            if row is not None:
+                report.events_checked += 1
+                wrong = [c for c in _CLEAR_COLUMNS if c in clear and clear[c] != row.get(c)]
+                if row.get("key_id") != r.key_id:
+                    wrong.append("key_id")
+                if wrong:
+                    report.diverged(_row_differs(p, o, wrong))
+            elif isinstance(clear.get("tenant"), str) and isinstance(clear.get("event_id"), str):
+                unaccounted.append((o, clear["tenant"], clear["event_id"], None))
+            continue
+        x = opened.get(o)
+        if x is None:  # sealed with a key an erasure destroyed: the erasure accounts for it
+            if row is not None:
+                report.diverged(Divergence("projection", p, o, "an events row of a record whose data key is destroyed"))
+            continue
+        if x.event is None:
+            report.diverged(
+                Divergence(
+                    "projection",
+                    p,
+                    o,
+                    f"an invalid record ({x.error.code if x.error else 'unreadable'}) with no dead letter"
+                    + (" but an events row" if row is not None else ""),
+                )
+            )
+            continue
+        if row is not None:
+            report.events_checked += 1
+            wrong = row_differences(expected_event_row(x.event, x.key_id), row)
+            if wrong:
+                report.diverged(_row_differs(p, o, wrong))
+            continue
+        unaccounted.append((o, x.event.tenant, x.event.event_id, x.event.fingerprint))
+    if unaccounted:
+        _account(report, cur, decoded[0].partition, unaccounted)
+
+
+_ABSENT: Any = object()
+
+
+def _row_differs(partition: int, offset: int, columns: list[str]) -> Divergence:
+    return Divergence(
+        "projection",
+        partition,
+        offset,
+        f"the events row at offset {offset} does not hold what the record says: {', '.join(columns)}",
+    )
+
+
+def _account(
+    report: VerifyReport, cur: psycopg.Cursor, partition: int, unaccounted: list[tuple[int, str, str, str | None]]
+) -> None:
+    """Valid records with no row at their position: a duplicate of an applied event, or of an erased one."""
+    tenants = [t for _, t, _, _ in unaccounted]
+    ids = [i for _, _, i, _ in unaccounted]
+    cur.execute(
+        "SELECT tenant, event_id, fingerprint FROM events "
+        "WHERE (tenant, event_id) IN (SELECT * FROM unnest(%b::text[], %b::text[]))",
+        (tenants, ids),
+    )
+    applied = {(t, i): fp for t, i, fp in cur.fetchall()}
+    cur.execute(erased_sql(with_fingerprints=False), (tenants, ids))
+    erased = set(cur.fetchall())
+    for offset, tenant, event_id, fp in unaccounted:
+        if (tenant, event_id) in erased:
+            continue
+        if (tenant, event_id) in applied and fp in (None, applied[(tenant, event_id)]):
+            continue
+        why = "another content is applied under its id" if (tenant, event_id) in applied else "no row, no dead letter"
+        report.diverged(
+            Divergence(
+                "projection",
+                partition,
+                offset,
+                f"the record ({tenant!r}, {event_id!r}) is below the stored position but not in the projection: {why}",
+            )
+        )
+
+
+def render(report: VerifyReport) -> str:
+    """The report for a terminal: one line per partition, then the verdict and the first divergences."""
+    lines = [f"ledger verify: topic {report.topic}, schema {report.schema}, consumer {report.consumer}"]
+    for part in report.partitions:
+        h = part.head
+        chained = (
+            "no chain head"
+            if h is None
+            else (
+                f"chain of {h.count:,} from offset {h.first_offset}, head at offset {h.offset} ({h.head.hex()[:16]}…)"
+            )
+        )
+        lines.append(
+            f"  partition {part.partition}: position {part.position:,}, records read {part.records:,}, {chained}, "
+            f"{part.checkpoints_valid}/{part.checkpoints} checkpoints valid"
+            + ("" if part.last_checkpoint is None else f" (last at offset {part.last_checkpoint})")
+        )
+    lines.append(
+        f"  {report.events_checked:,} events rows and {report.dead_letters_checked:,} dead letters checked against "
+        f"their records" + (f", {report.sealed_unopened:,} sealed records unopened" if report.sealed_unopened else "")
+    )
+    lines += [f"  note: {n}" for n in report.notes]
+    if report.intact:
+        lines.append("intact")
+        return "\n".join(lines)
+    lines.append(f"DIVERGED: {report.divergence_count} divergence(s); the first:")
+    for d in report.divergences[:10]:
+        after = "" if d.after is None else f" (after offset {d.after})"
+        lines.append(f"  partition {d.partition} offset {d.offset}{after} [{d.kind}]: {d.message}")
+    return "\n".join(lines)
