@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator, Field, SecretStr, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -49,54 +49,68 @@ def check_names(s: Settings) -> None:
         raise UnsafeSettings(f"LEDGER_ES_INDEX {s.es_index!r}: lower-case letters, digits, '.', '_' and '-'")
 
 
-class Settings(BaseSettings):
-    """Configuration of the whole stack; defaults run everything on loopback."""
-
-    model_config = SettingsConfigDict(env_prefix="LEDGER_", env_file=".env", extra="ignore")
-
-    # development mode allows the development API key and the local default PostgreSQL password;
-    # `make demo` / `make test` set it, a deployment never does
-    development: bool = False
+class InstallSettings(BaseModel):
+    """What `infra` installs and starts, and where: versions, heaps, JDKs, data folders, how many of each
+    service (read by infra; a deployment on managed servers leaves them alone)."""
 
     # where infra keeps data (git-ignored) and downloads (outside the repo)
     data_dir: Path = REPO_ROOT / ".data"
     cache_dir: Path = Path.home() / ".cache" / "memory-ledger"
     # parts that `infra up` installs and starts; the others are external and only health-checked
     managed: list[str] = Field(default_factory=lambda: list(PARTS))
-
-    # Kafka
-    kafka_bootstrap: str = "127.0.0.1:9092"
     kafka_controller_port: int = 9093
     kafka_version: str = "4.1.1"
     kafka_heap: str = "1g"
     java_home: Path | None = None  # Java 17+ for Kafka; None: `java` on PATH
-    topic: str = "memory.events"
-    dlq_topic: str = "memory.events.dlq"
-    topic_partitions: int = 6
-    topic_replication: int = 1
-
-    # Elasticsearch
-    es_url: str = "http://127.0.0.1:9200"
     es_version: str = "9.5.2"
     es_heap: str = "2g"
     es_java_home: Path | None = None  # Java 21+ for ES 9; None: newest JDK in /usr/lib/jvm
     es_user: str = "ledger-es"
-    es_index: str = "memory-facts"  # the alias; physical indices get a suffix
-
-    # PostgreSQL
-    pg_dsn: str = "postgresql://ledger:ledger@127.0.0.1:5433/ledger"
     pg_bin_dir: Path | None = None  # None: newest /usr/lib/postgresql/*/bin
+    embed_model_dir: Path | None = None  # None: <data_dir>/models/<model slug>
+    rerank_model_dir: Path | None = None  # None: <data_dir>/models/<rerank model slug>
+    indexers: int = 1
+    embedders: int = 1
+
+
+class KafkaSettings(BaseModel):
+    """The ledger on Kafka: where it is, its topics."""
+
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    topic: str = "memory.events"
+    dlq_topic: str = "memory.events.dlq"
+    topic_partitions: int = 6
+    topic_replication: int = 1
+    # access tracking: each memory recall/context serves, as an event on its own topic (never the
+    # ledger's), recorded off the request path (api.access) and projected by the worker (stream_processors.access)
+    access_topic: str = "memory.access"
+
+
+class PostgresSettings(BaseModel):
+    """The projection in PostgreSQL: where it is, its schema, the pools that reach it."""
+
+    pg_dsn: str = "postgresql://ledger:ledger@127.0.0.1:5433/ledger"
     pg_schema: str = "ledger"  # the projection's tables live in this schema
     pg_pool_size: int = 10
     pg_pool_timeout_s: float = 3.0  # the API's longest wait for a pooled connection: then 503 naming postgres
     pg_connect_timeout_s: int = 3  # libpq connect_timeout (whole seconds, at least 2)
     pg_door_check_timeout_s: float = 1.0  # POST /v1/events' idempotency lookup; skipped (not blocking) past it
 
-    # Embedding model (fastembed, loaded from disk)
+
+class ElasticsearchSettings(BaseModel):
+    """The search index: where it is, its alias, the bound on one request."""
+
+    es_url: str = "http://127.0.0.1:9200"
+    es_index: str = "memory-facts"  # the alias; physical indices get a suffix
+    es_request_timeout_s: float = 10.0  # the API's bound on one Elasticsearch request
+
+
+class EmbeddingSettings(BaseModel):
+    """The embedding models (fastembed, loaded from disk) and how texts are batched through them."""
+
     # the int8 zh model, 16 texts a call, sorted by length: the fastest candidate at equal quality (BENCHMARKS.md,
     # "Embedding stage: candidates")
     embed_model: str = "BAAI/bge-small-zh-v1.5-int8"
-    embed_model_dir: Path | None = None  # None: <data_dir>/models/<model slug>
     embed_batch_size: int = 16  # texts per onnxruntime call
     # embeddings per language (projections.languages): Latin-script text by embed_model_en, the rest by embed_model
     # (the same name twice: one model); switching either is a `ledger reindex`. embed_threads: onnxruntime threads
@@ -110,7 +124,13 @@ class Settings(BaseSettings):
     embed_sort_by_length: bool = True
     semantic_offset_en: float | None = None
 
-    # search indexer (`ledger indexer`)
+
+class WorkerSettings(BaseModel):
+    """The projector (`ledger worker`) and the search stages (`ledger indexer`, `ledger embedder`)."""
+
+    processor_group: str = "memory-ledger-projector"
+    processor_batch_size: int = 500
+    processor_batch_seconds: float = 0.2
     indexer_batch_size: int = 500  # outbox rows per batch
     indexer_rewrite_batch_size: int = Field(default=100, ge=1)  # rows per batch of vector rewrites (indexer.py)
     # the longest wait for work: a NOTIFY of the commit that gave it wakes a worker at once (projections.search.drain)
@@ -124,29 +144,29 @@ class Settings(BaseSettings):
     # the embedder's CPU priority (os.nice at start): on a shared host the projection and the documents (exact and
     # keyword recall) get the cores first and the vectors (semantic recall) take what is left; 0 on a host of its own
     embedder_nice: int = Field(default=10, ge=0, le=19)
-    indexers: int = 1
-    embedders: int = 1
 
-    # without effect: recall passes them to VocabularyCache, which ignores the ttl and whose nudge does nothing (the
-    # vocabulary follows the indexer's vocab_log, projections.search.vocab); kept so existing configurations load
-    vocab_ttl_s: float = 30.0
-    vocab_nudge_s: float = 5.0
 
-    # the producer SDK
+class ProducerSettings(BaseModel):
+    """Publishing: the SDK's broker waits and the contract's clock window."""
+
     producer_timeout_s: float = 30.0  # bound on connecting, metadata and delivery (retries included)
+    # an event observed further than this into the future is refused (`clock_skew`): it would win
+    # over every later update until that time; the worker applies the same window to the broker time
+    max_future_skew_s: float = 300.0
 
-    # stream processors
-    processor_group: str = "memory-ledger-projector"
-    processor_batch_size: int = 500
-    processor_batch_seconds: float = 0.2
 
-    # access tracking: each memory recall/context serves, as an event on its own topic (never the
-    # ledger's), recorded off the request path (api.access) and projected by the worker (stream_processors.access)
-    access_topic: str = "memory.access"
+class AccessSettings(BaseModel):
+    """Access tracking: what recall and context served, on a topic of its own."""
+
     access_recording: bool = True  # False: the API records no accesses (the bench's baseline)
     access_queue_size: int = 10_000  # servings waiting for the background flush; beyond it they are dropped (counted)
     access_flush_s: float = 0.2  # how often the API's flush thread hands queued accesses to the producer
     access_batch_size: int = 500  # access records per flush of the API, and per projector transaction
+
+
+class RecallSettings(BaseModel):
+    """Recall's stages: the keyword clause, the candidate pool, the rerank, the preferences."""
+
     # recall's prior: the access signal's weight in a hit's score (projections.search.recall.scoring); 0: it only
     # breaks ties, as any weight tried cost MRR on the dev set (bench/results/access-*.md)
     access_prior_weight: float = Field(default=0.0, ge=0.0, le=0.1)
@@ -163,7 +183,6 @@ class Settings(BaseSettings):
     # (projections.search.recall.rerank)
     rerank_enabled: bool = True
     rerank_model: str = "Xenova/ms-marco-MiniLM-L-12-v2"
-    rerank_model_dir: Path | None = None  # None: <data_dir>/models/<rerank model slug>
     # 20 of a 100-deep pool, pairs cut to 128 tokens: chosen on the quality/latency curve (BENCHMARKS.md, "Dev set:
     # the candidate pool and the rerank curve"); batches of 5 under the deadline keep the head of the pool reranked
     # on a busy host instead of nothing (at 200 ms this 2-core host scored ~5 pairs and MRR fell below 6 candidates')
@@ -183,16 +202,15 @@ class Settings(BaseSettings):
     # recall asks for them, are those of its tenant and source.service observed within this many seconds of it
     recall_context_window_s: float = Field(default=1800.0, gt=0, le=7 * 86400)
 
+
+class ApiSettings(BaseModel):
+    """The HTTP API and the MCP server: keys, addresses, bounds on their waits."""
+
     # API: key -> tenants it may read and write, e.g. {"dev-key": ["acme"]}
     api_keys: dict[str, list[str]] = Field(default_factory=lambda: {"dev-key": ["demo", "acme", "globex"]})
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     api_kafka_timeout_s: float = 5.0  # the API's bound on a broker wait (connect, delivery): then 503 naming kafka
-    es_request_timeout_s: float = 10.0  # the API's bound on one Elasticsearch request
-    # an event observed further than this into the future is refused (`clock_skew`): it would win
-    # over every later update until that time; the worker applies the same window to the broker time
-    max_future_skew_s: float = 300.0
-
     # the MCP server (`ledger mcp`, api.mcp): where its Streamable HTTP transport binds (callers send
     # an API key of api_keys as a bearer token); a stdio server acts with mcp_api_key (or `--api-key`)
     mcp_host: str = "127.0.0.1"
@@ -202,6 +220,13 @@ class Settings(BaseSettings):
     # discard); an agent's key is refused them (403 `forbidden`) even for its own tenants. The HTTP routes take any key
     # of the tenant.
     mcp_admin_keys: list[str] = Field(default_factory=list)
+    # a process's own calls to the API (a producer's data keys from key_endpoint): the bound on each phase of one
+    # request (connect, write, read, pool wait). The read client has its settings apart (ClientSettings)
+    client_timeout_s: float = 10.0
+
+
+class MetricsSettings(BaseModel):
+    """Prometheus exporters (docs/metrics.md)."""
 
     # Prometheus metrics (docs/metrics.md): the API serves them on its own app at a path, without an API
     # key (no label holds tenant data); the worker and the indexer each on a port of their own (0: no exporter)
@@ -212,9 +237,9 @@ class Settings(BaseSettings):
     metrics_host: str = "127.0.0.1"  # where the worker's and the indexer's exporters bind
     metrics_refresh_s: float = 5.0  # how often gauges that need a query are refreshed (outbox depth, consumer lag)
 
-    # a process's own calls to the API (a producer's data keys from key_endpoint): the bound on each phase of one
-    # request (connect, write, read, pool wait). The read client has its settings apart (ClientSettings)
-    client_timeout_s: float = 10.0
+
+class EncryptionSettings(BaseModel):
+    """Sealing personal fields: the mode, the KEKs, the key store, how producers get data keys."""
 
     # encryption of personal fields on the ledger (docs/encryption.md, producers/keys/): each (tenant,
     # subject) has a data key; the key-encryption key (KEK) wraps it in the key store (<key_schema> in PostgreSQL)
@@ -234,6 +259,10 @@ class Settings(BaseSettings):
     key_cache_ttl_s: float = 30.0  # how long a producer reuses a subject's data key before asking again
     key_cache_size: int = 10_000  # subjects whose data key a producer keeps in memory
 
+
+class ChainSettings(BaseModel):
+    """The ledger chain and its signed checkpoints."""
+
     # the ledger chain (projections.postgres.chain, `ledger verify`): the worker chains every ledger record it takes
     # and signs checkpoints of the chain heads with an Ed25519 key (producers.keys.signing) every
     # chain_checkpoint_records records or chain_checkpoint_s seconds per partition. chain_key_file: the private key
@@ -244,12 +273,43 @@ class Settings(BaseSettings):
     chain_checkpoint_s: float = Field(default=60.0, gt=0)
     chain_trusted_keys: list[str] = Field(default_factory=list)
 
+
+class LogSettings(BaseModel):
+    """Logs: text or JSON lines, and the level."""
+
     # logs (producers.logs): every process writes the same lines to stderr, text or one JSON object per
     # line, with the ids of what it is doing (request_id, event_id, tenant, batch_id, partition, offset)
     log_format: Literal["text", "json"] = "text"
     log_level: Annotated[
         Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], BeforeValidator(lambda v: str(v).upper())
     ] = "INFO"
+
+
+class Settings(
+    BaseSettings,
+    LogSettings,
+    ChainSettings,
+    EncryptionSettings,
+    MetricsSettings,
+    ApiSettings,
+    RecallSettings,
+    AccessSettings,
+    ProducerSettings,
+    WorkerSettings,
+    EmbeddingSettings,
+    ElasticsearchSettings,
+    PostgresSettings,
+    KafkaSettings,
+    InstallSettings,
+):
+    """Configuration of the whole stack, one group per component (the classes above); defaults run everything on
+    loopback. One object, so each process reads the same LEDGER_* names and `as_env` hands a child all of them."""
+
+    model_config = SettingsConfigDict(env_prefix="LEDGER_", env_file=".env", extra="ignore")
+
+    # development mode allows the development API key and the local default PostgreSQL password;
+    # `make demo` / `make test` set it, a deployment never does
+    development: bool = False
 
     @model_validator(mode="after")
     def _safe(self) -> Settings:

@@ -192,13 +192,12 @@ class VocabularyCache:
 
     `get` asks PostgreSQL for the tenant's newest logged sequence on every call and brings the cached copy up to it
     first (a delta, or a full load the first time, after an erasure, or when the log no longer reaches the
-    watermark); concurrent callers share one load. `ttl` is stored and never read, and `nudge` does nothing: both
-    are kept for callers (recall's engine passes the vocab_ttl_s / vocab_nudge_s settings); the watermark replaces
-    them.
+    watermark); concurrent callers share one load, so no time-to-live is needed: what was indexed since the last
+    `get` is read by the next one.
     """
 
-    def __init__(self, ttl: float = 30.0, max_tenants: int = 1024) -> None:
-        self.ttl, self.max_tenants = ttl, max_tenants
+    def __init__(self, max_tenants: int = 1024) -> None:
+        self.max_tenants = max_tenants
         self._items: dict[tuple[str, str], tuple[int, Vocabulary]] = {}  # key -> (watermark, vocabulary)
         self._loading: dict[tuple[str, str], asyncio.Task[Vocabulary]] = {}
         self._generation: dict[tuple[str, str], int] = {}  # bumped by invalidate(): a load begun before is stale
@@ -286,9 +285,6 @@ class VocabularyCache:
             del self._loading[key]
         if not task.cancelled() and task.exception() is not None:
             log.warning("vocabulary load for %s failed: %s", key, task.exception())
-
-    def nudge(self, pool: AsyncConnectionPool, schema: str, tenant: str, min_age: float = 5.0) -> None:
-        """Kept for callers: every `get` already reads what was indexed since the last one."""
 
     async def _marks(self, pool: AsyncConnectionPool, tenant: str) -> tuple[int | None, int | None] | None:
         """(oldest sequence in the log, the tenant's newest), or None for a schema without the log yet."""

@@ -126,7 +126,7 @@ class RecallEngine:
             if index is not None
             else ElasticIndex(es, settings.es_index, stem_min_match=settings.keyword_stem_min_match)
         )
-        self.vocab = vocab or VocabularyCache(ttl=settings.vocab_ttl_s)
+        self.vocab = vocab or VocabularyCache()
         self.access_weight = settings.access_prior_weight  # the access signal's share of the prior (scoring)
         self.subject_factor = settings.subject_preference  # an episode about none of the named subjects (prefer)
         self.time_factor = settings.time_preference  # an episode or event off every named calendar date (prefer)
@@ -193,8 +193,6 @@ class RecallEngine:
                                 )
                             )
 
-        if not hits:  # perhaps an alias or entity written after the vocabulary was loaded
-            self.vocab.nudge(self.pool, self.settings.pg_schema, q.tenant, min_age=self.settings.vocab_nudge_s)
         with trace.timed("rerank"):
             hits.sort(key=attrgetter("order"))
             if self.reranker.wanted(q):  # fuzzy hits only, never above an exact one; timed `cross_encoder` apart
