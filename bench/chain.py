@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import psycopg
 import typer
 
+from bench.latency import per_item_us
 from producers.keys.signing import ChainSigner, new_signing_key
 from producers.settings import get_settings
 from projections.postgres.chain import GENESIS, Checkpoints, Head, advance_chain, checkpoint_message, link
@@ -41,16 +42,6 @@ class _Record:
     raw: bytes
 
 
-def _best_us(fn, items, repeat: int = 5) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for item in items:
-            fn(item)
-        best = min(best, time.perf_counter() - t0)
-    return best / len(items) * 1e6
-
-
 def main(
     records: int = typer.Option(5000, help="records for the link micro-benchmark"),
     value_bytes: int = typer.Option(700, help="bytes of each record's value (a sealed record is about 700)"),
@@ -61,10 +52,10 @@ def main(
     values = [os.urandom(value_bytes) for _ in range(records)]
     key = b"acme|user:42"
     prev = GENESIS
-    link_us = _best_us(lambda v: link(prev, 3, 123456, key, v), values)
+    link_us = per_item_us(lambda v: link(prev, 3, 123456, key, v), values)
     signer = ChainSigner.of_pem(new_signing_key())
     head = Head(3, GENESIS, 999, 1000, 0)
-    sign_us = _best_us(lambda _: signer.sign(checkpoint_message("memory.events", head)), range(1000))
+    sign_us = per_item_us(lambda _: signer.sign(checkpoint_message("memory.events", head)), range(1000))
     print(f"link: {link_us:.2f} µs per record of {value_bytes} B; checkpoint signature: {sign_us:.1f} µs each")
 
     settings = get_settings()

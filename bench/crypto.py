@@ -28,27 +28,18 @@ import statistics
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from bench.latency import per_item_us
+
 __all__ = ["crypto_command", "ingest_cost", "publish_cost", "seal_open_cost"]
 
 TENANT = "bench"
 MODES = ("off", "on")
-
-
-def _per_event_us(fn: Callable[[Any], Any], items: Sequence[Any], repeat: int = 5) -> float:
-    """Microseconds per item of `fn(item)`: the best of `repeat` passes over `items` (timeit's rule)."""
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for item in items:
-            fn(item)
-        best = min(best, time.perf_counter() - t0)
-    return round(best / len(items) * 1e6, 2)
 
 
 def seal_open_cost(events: Sequence[dict], n: int) -> dict[str, Any]:
@@ -72,11 +63,11 @@ def seal_open_cost(events: Sequence[dict], n: int) -> dict[str, Any]:
         "events": len(evs),
         "clear_bytes_mean": round(statistics.mean(map(len, clear)), 1),
         "sealed_bytes_mean": round(statistics.mean(map(len, sealed)), 1),
-        "encode_us": _per_event_us(encode, evs),
-        "encode_sealed_us": _per_event_us(lambda e: encode_sealed(e, key), evs),
-        "decode_clear_us": _per_event_us(decode, clear),
-        "decode_sealed_us": _per_event_us(decode, sealed),
-        "open_record_us": _per_event_us(lambda i: open_record(i, key.key), incoming),
+        "encode_us": per_item_us(encode, evs),
+        "encode_sealed_us": per_item_us(lambda e: encode_sealed(e, key), evs),
+        "decode_clear_us": per_item_us(decode, clear),
+        "decode_sealed_us": per_item_us(decode, sealed),
+        "open_record_us": per_item_us(lambda i: open_record(i, key.key), incoming),
     }
     out["seal_added_us"] = round(out["encode_sealed_us"] - out["encode_us"], 2)
     out["open_added_us"] = round(out["decode_sealed_us"] + out["open_record_us"] - out["decode_clear_us"], 2)

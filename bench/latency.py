@@ -11,6 +11,7 @@ import random
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -18,7 +19,7 @@ import orjson
 
 from bench.dataset import questions_for
 
-__all__ = ["audit_latency", "percentiles", "recall_latency", "recall_queries"]
+__all__ = ["audit_latency", "per_item_us", "percentiles", "recall_latency", "recall_queries"]
 
 
 def percentiles(ms: list[float]) -> dict[str, float | int | None]:
@@ -107,3 +108,14 @@ def audit_latency(url: str, api_key: str, tenant: str, subject: str, repeats: in
                 ms.append(dt)
             n_events = len(orjson.loads(r.content)["events"])
     return {"subject": subject, "events": n_events, **percentiles(ms)}
+
+
+def per_item_us(fn: Callable[[Any], Any], items: Sequence[Any], repeat: int = 5) -> float:
+    """Microseconds per item of `fn(item)`: the best of `repeat` passes over `items` (timeit's rule)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for item in items:
+            fn(item)
+        best = min(best, time.perf_counter() - t0)
+    return round(best / len(items) * 1e6, 2)

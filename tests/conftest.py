@@ -32,3 +32,26 @@ def base_settings() -> Settings:
 def settings(base_settings: Settings) -> Settings:
     """Settings with a private topic, DLQ, consumer group, schema and index for this test."""
     return base_settings.private(unique("t"))
+
+
+# -- the browser tests (the console, the offline docs): one Chromium per module, a page per test ------------------
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from tests.support.browser import chromium  # Playwright only where a test asks for a browser
+
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def tab(world, browser):
+    """A page on the module's `world` (anything with the served `url`): it asks nothing outside the service and
+    its script throws nothing, checked after each test."""
+    from tests.support.browser import OfflinePage
+
+    with OfflinePage(browser, world.url) as t:
+        yield t
+        assert t.blocked == [], "the console asked for something outside the service"
+        assert t.errors == [], "the console's script threw"

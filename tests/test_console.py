@@ -18,11 +18,10 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser
 
 from api.console import CSP
 from tests.conftest import unique
-from tests.support.browser import OfflinePage, chromium
+from tests.support.browser import OfflinePage
 from tests.support.console_page import ConsolePage, short
 from tests.support.console_world import (
     AUDITOR_KEY,
@@ -46,20 +45,6 @@ CLIP = 120  # characters of a value the page shows before "show all" (console.js
 def world(base_settings) -> Iterator[ConsoleWorld]:
     with console_world(base_settings.private(unique("console"))) as w:
         yield w
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def tab(world: ConsoleWorld, browser: Browser) -> Iterator[OfflinePage]:
-    with OfflinePage(browser, world.url) as t:
-        yield t
-        assert t.blocked == [], "the console asked for something outside the service"
-        assert t.errors == [], "the console's script threw"
 
 
 def api(world: ConsoleWorld, path: str, key: str = AUDITOR_KEY, status: int = 200, **params: Any) -> dict[str, Any]:

@@ -15,10 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser
 
 from tests.conftest import unique
-from tests.support.browser import OfflinePage, chromium
+from tests.support.browser import OfflinePage
 from tests.support.console_page import ConsolePage, short
 from tests.support.erasure_world import (
     AUDITOR_KEY,
@@ -40,20 +39,6 @@ from tests.support.erasure_world import (
 def world(base_settings) -> Iterator[ErasureWorld]:
     with erasure_world(erasure_settings(base_settings, unique("cerase"))) as w:
         yield w
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def tab(world: ErasureWorld, browser: Browser) -> Iterator[OfflinePage]:
-    with OfflinePage(browser, world.url) as t:
-        yield t
-        assert t.blocked == [], "the console asked for something outside the service"
-        assert t.errors == [], "the console's script threw"
 
 
 def signed_in(tab: OfflinePage, key: str = AUDITOR_KEY, fragment: str = "") -> ConsolePage:

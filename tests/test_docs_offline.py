@@ -20,7 +20,7 @@ from playwright.sync_api import Browser
 
 from tests.conftest import unique
 from tests.support import cleanup
-from tests.support.browser import ApiServer, OfflinePage, chromium
+from tests.support.browser import ApiServer, OfflinePage
 
 KEY, TENANT = "docs-key", "docs-tenant"
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "options", "head"}
@@ -91,12 +91,6 @@ def test_the_spec_declares_the_api_key_exactly_where_a_key_is_needed(server: Api
             else:
                 assert r.status_code != 401, (method, path)
     assert keyed >= 8 and spec["paths"]["/v1/health"]["get"].get("security") is None  # health needs no key
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as b:
-        yield b
 
 
 def test_swagger_ui_renders_every_operation_offline_and_authorize_works(
