@@ -17,7 +17,7 @@ import numpy as np
 
 from producers.settings import Settings, get_settings
 from projections.languages import DEFAULT_FIELD, vector_plan
-from projections.models import ModelSpec, model_folder, model_spec
+from projections.models import ModelSpec, import_fastembed, model_folder, model_spec
 
 __all__ = ["Embedder", "Embedders", "load_embedder"]
 
@@ -90,6 +90,7 @@ def load_embedder(settings: Settings | None = None, threads: int | None = None, 
     """
     s = settings or get_settings()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import_fastembed()
     name = model or s.embed_model
     folder = model_folder(s, name)
     threads = threads if threads is not None else (s.embed_threads or None)

@@ -7,6 +7,7 @@ know the pooling and dimension to register it as a custom model.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,3 +116,19 @@ def model_folder(settings: Settings, name: str) -> Path:
 def configured_models(settings: Settings) -> list[str]:
     """Every model the settings use (the default first), each once."""
     return list(dict.fromkeys((settings.embed_model, settings.embed_model_en)))
+
+
+_import_lock = threading.Lock()
+
+
+def import_fastembed() -> None:
+    """Import the fastembed modules the loaders use, one thread at a time.
+
+    The API loads the embedder and the cross-encoder in two threads at once; two first imports of fastembed
+    racing each other fail about one start in ten with importlib's `_DeadlockError` (its submodules import
+    each other). Once imported this is a lock and three dictionary lookups.
+    """
+    with _import_lock:
+        import fastembed  # noqa: F401
+        import fastembed.common.model_description  # noqa: F401
+        import fastembed.rerank.cross_encoder  # noqa: F401

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from producers.settings import Settings, get_settings
+from projections.models import import_fastembed
 
 __all__ = ["CrossEncoder", "load_cross_encoder"]
 
@@ -67,6 +68,7 @@ def load_cross_encoder(settings: Settings | None = None) -> CrossEncoder:
     """The process-wide cross-encoder of the configured model (loaded once, thread-safe)."""
     s = settings or get_settings()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import_fastembed()
     key = (s.rerank_model, str(s.rerank_dir), s.rerank_threads, s.rerank_max_tokens)
     with _lock:
         if key not in _cache:
