@@ -247,7 +247,7 @@ class AccessRecorder:
         timeout_ms = max(1000, int(self.settings.api_kafka_timeout_s * 1000))
         try:
             producer = kafka_producer(
-                bootstrap_servers=self.settings.kafka_bootstrap,
+                self.settings,
                 client_id="memory-ledger-access",
                 durable=False,  # an observation: one replica's ack; a redelivery is deduplicated by the access id
                 retries=3,

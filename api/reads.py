@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 
 from starlette.concurrency import run_in_threadpool
 
+from api import receipts
 from api.access import caller_of
 from api.consistency import Stage, recall_stage, wait_after
 from api.context import ContextBlock, build_context
@@ -54,14 +55,25 @@ async def subject_facts(
     as_of: datetime | None = None,
     known_at: datetime | None = None,
     after: str | None = None,
+    *,
+    below: dict[int, int] | None = None,
+    receipt: bool = True,
 ) -> shapes.FactsResponse:
-    """The subject's facts at valid time `as_of` (default now), optionally only from events observed by `known_at`."""
+    """The subject's facts at valid time `as_of` (default now), optionally only from events observed by `known_at`
+    (and logged below the positions `below`: a receipt's replay)."""
     check_tenant(tenant, tenants)
     seen = await _after(res, tenant, after, "projection")
     t = as_of or datetime.now(UTC)
     async with res.pool.connection() as conn:
-        rows = await current_facts(conn, tenant, subject, t, known_at)
-    return shapes.FactsResponse(tenant=tenant, subject=subject, as_of=rfc3339(t), facts=rows) | seen
+        rows = await current_facts(conn, tenant, subject, t, known_at, below)
+    out = shapes.FactsResponse(tenant=tenant, subject=subject, as_of=rfc3339(t), facts=rows) | seen
+    if receipt and res.settings.receipts:
+        asked = {"subject": subject, "as_of": as_of, "known_at": known_at}
+        ids = [r["event_id"] for r in rows]
+        out["receipt"] = await receipts.issue(
+            res, "facts", tenant, out, receipts.request_fields("facts", asked), ids, as_of=t, known_at=known_at
+        )
+    return out
 
 
 async def _after(res: Resources, tenant: str, after: str | None, stage: Stage) -> dict[str, shapes.Consistency]:
@@ -78,32 +90,66 @@ async def subject_log(
     to: datetime | None = None,
     limit: int = 10_000,
     after: str | None = None,
+    *,
+    below: dict[int, int] | None = None,
+    receipt: bool = True,
 ) -> shapes.EventsResponse:
-    """The subject's events in ledger order (partition, offset), each with its partition, offset and effect."""
+    """The subject's events in ledger order (partition, offset), each with its partition, offset and effect (only
+    those logged below the positions `below`, with their effects then: a receipt's replay)."""
     check_tenant(tenant, tenants)
     if from_ is not None and to is not None and to < from_:
         raise ApiError(422, "invalid_range", "to is before from", "to")
     seen = await _after(res, tenant, after, "projection")
     async with res.pool.connection() as conn:
-        rows = await subject_events(conn, tenant, subject, from_, to, limit)
-    return shapes.EventsResponse(tenant=tenant, subject=subject, events=rows) | seen
+        rows = await subject_events(conn, tenant, subject, from_, to, limit, below)
+    out = shapes.EventsResponse(tenant=tenant, subject=subject, events=rows) | seen
+    if receipt and res.settings.receipts:
+        asked = {"subject": subject, "from": from_, "to": to, "limit": limit}
+        ids = [r["event_id"] for r in rows]
+        out["receipt"] = await receipts.issue(
+            res, "events", tenant, out, receipts.request_fields("events", asked), ids, as_of=None
+        )
+    return out
 
 
 async def history(
-    res: Resources, tenants: frozenset[str], tenant: str, memory_id: str, after: str | None = None
+    res: Resources,
+    tenants: frozenset[str],
+    tenant: str,
+    memory_id: str,
+    after: str | None = None,
+    *,
+    below: dict[int, int] | None = None,
+    receipt: bool = True,
 ) -> shapes.HistoryResponse:
-    """A fact's version chain, oldest first; 404 naming memory_id if the tenant has no such fact."""
+    """A fact's version chain, oldest first; 404 naming memory_id if the tenant has no such fact (re-folded from
+    the events logged below the positions `below`: a receipt's replay)."""
     check_tenant(tenant, tenants)
     seen = await _after(res, tenant, after, "projection")
     async with res.pool.connection() as conn:
-        versions = await fact_history(conn, tenant, memory_id)
+        versions = await fact_history(conn, tenant, memory_id, below)
     if not versions:
         raise ApiError(404, "not_found", f"no fact {memory_id!r} in tenant {tenant!r}", "memory_id")
-    return shapes.HistoryResponse(memory_id=memory_id, tenant=tenant, versions=versions) | seen
+    out = shapes.HistoryResponse(memory_id=memory_id, tenant=tenant, versions=versions) | seen
+    if receipt and res.settings.receipts:
+        asked = receipts.request_fields("history", {"memory_id": memory_id})
+        ids = [v["event_id"] for v in versions]
+        out["receipt"] = await receipts.issue(res, "history", tenant, out, asked, ids, as_of=None)
+    return out
 
 
-async def recall(res: Resources, tenants: frozenset[str], body: RecallBody) -> shapes.RecallResponse:
-    """`POST /v1/recall`: hits (exact first, then keyword/semantic), the query's cues and a per-stage trace."""
+async def recall(
+    res: Resources,
+    tenants: frozenset[str],
+    body: RecallBody,
+    *,
+    receipt: bool = True,
+    record: bool = True,
+    below: dict[int, int] | None = None,
+) -> shapes.RecallResponse:
+    """`POST /v1/recall`: hits (exact first, then keyword/semantic), the query's cues and a per-stage trace (and
+    its receipt; `record`: the hits count as served, which a receipt's replay does not; `below`: with known_at, each
+    hit re-read from the events logged below those positions too, as a replay does)."""
     check_tenant(body.tenant, tenants)
     seen = await _after(res, body.tenant, body.after, recall_stage(body.mode))
     query = RecallQuery(
@@ -122,10 +168,23 @@ async def recall(res: Resources, tenants: frozenset[str], body: RecallBody) -> s
     # a store that fails is a 503 naming it (api.errors), never a guessed answer
     answer = await res.recall.recall(query)
     if body.known_at is not None:
-        answer = await _as_known(res, body.tenant, answer, body.known_at)
+        answer = await _as_known(res, body.tenant, answer, body.known_at, below)
     if seen:  # the trace says which positions the answer reflects
         answer = {**answer, "trace": {**answer["trace"], **seen}}
-    res.access.served(body.tenant, caller_of(tenants), answer["hits"])  # queued, sent off the request path
+    if record:
+        res.access.served(body.tenant, caller_of(tenants), answer["hits"])  # queued, sent off the request path
+    if receipt and body.receipt and res.settings.receipts:
+        answer["receipt"] = await receipts.issue(
+            res,
+            "recall",
+            body.tenant,
+            answer,
+            receipts.request_fields("recall", body),
+            [h["event_id"] for h in answer["hits"]],
+            as_of=answer["trace"]["as_of"],
+            known_at=body.known_at,
+            ranked=True,
+        )
     return answer
 
 
@@ -134,14 +193,18 @@ _VERSION_FIELDS += ("observed_at", "source")
 
 
 async def _as_known(
-    res: Resources, tenant: str, answer: shapes.RecallResponse, known_at: datetime
+    res: Resources,
+    tenant: str,
+    answer: shapes.RecallResponse,
+    known_at: datetime,
+    below: dict[int, int] | None = None,
 ) -> shapes.RecallResponse:
     """The hits as the ledger knew them at `known_at` (see the module docstring)."""
     at = parse_rfc3339(answer["trace"]["as_of"])
     known: dict[str, shapes.FactVersion] = {}
     async with res.pool.connection() as conn:
         for subject in sorted({h["subject"] for h in answer["hits"]}):
-            for row in await current_facts(conn, tenant, subject, at, known_at):
+            for row in await current_facts(conn, tenant, subject, at, known_at, below):
                 known[row["memory_id"]] = row
     hits = []
     for h in answer["hits"]:
@@ -187,7 +250,7 @@ async def context(res: Resources, tenants: frozenset[str], body: ContextBody) ->
         ask = RecallBody(
             tenant=body.tenant, subject=body.subject, query=body.question, top_k=body.top_k, as_of=t, mode=body.mode
         )
-        return (await recall(res, tenants, ask))["hits"]
+        return (await recall(res, tenants, ask, receipt=False))["hits"]
 
     # one block of a tenant at a time (api.limits): its rows are held and its tokens counted, never a whole pool's
     async with CONTEXT_SLOTS.slot(body.tenant):
@@ -206,4 +269,17 @@ async def context(res: Resources, tenants: frozenset[str], body: ContextBody) ->
             tokenizer=res.settings.embed_model,
         )
     block.doc.update(seen)  # the json form says which positions it reflects (the text block is only the block)
+    if not res.settings.receipts:
+        return block
+    made_by = {r["version_id"]: r["event_id"] for r in (*versions, *facts, *found)}
+    block.doc["receipt"] = await receipts.issue(
+        res,
+        "context",
+        body.tenant,
+        block.doc,
+        receipts.request_fields("context", body),
+        [made_by[line["version_id"]] for line in block.doc["lines"] if line["version_id"] in made_by],
+        as_of=t,
+        ranked=body.question is not None,
+    )
     return block

@@ -30,12 +30,15 @@ __all__ = [
     "TENANT",
     "ContextBody",
     "EventStatusParams",
+    "EventsParams",
     "FactsParams",
     "Filters",
     "ForgetParams",
     "HistoryParams",
     "RecallAtBody",
     "RecallBody",
+    "ReceiptBody",
+    "ReplayBody",
     "inline_refs",
 ]
 
@@ -161,6 +164,10 @@ class RecallBody(BaseModel):
         "service, observed within the server's context window, 30 minutes by default), as its `context`",
     )
     after: After = None
+    receipt: bool = Field(
+        default=True,
+        description="false: answer without a receipt (what the answer reflects, signed), one database read less",
+    )
 
     _query_not_blank = field_validator("query")(_not_blank)
 
@@ -268,3 +275,62 @@ class ContextBody(BaseModel):
     after: After = None
 
     _question_not_blank = field_validator("question")(_not_blank)
+
+
+class EventsParams(BaseModel):
+    """`GET /v1/subjects/{subject}/events` as one model (a replayed receipt's request)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
+    subject: Storable = Field(description="the subject whose events are listed", **SUBJECT)
+    from_: Time | None = Field(default=None, alias="from", description="observed_at >= from (RFC 3339)")
+    to: Time | None = Field(default=None, description="observed_at < to (RFC 3339)")
+    limit: int = Field(default=10_000, ge=1, le=10_000)
+
+
+MAX_CITED = 10_000  # the events of the largest audit replay page; a receipt citing more is not checked
+
+
+def _a_receipt(value: dict[str, Any]) -> dict[str, Any]:
+    from api.schemas import Receipt  # the response models import the shapes: only when a receipt is checked
+
+    Receipt.model_validate(value)  # its fields and types (errors name receipt.<field>); its signature: as sent
+    if len(value["cited"]) > MAX_CITED:
+        raise ValueError(f"a receipt cites at most {MAX_CITED:,} events (the audit replay's largest page)")
+    for i, c in enumerate(value["cited"]):  # what reaches SQL: a receipt's own values, never a database error
+        if not (0 <= c["partition"] < 2**31 and 0 <= c["offset"] < 2**63):
+            raise ValueError(f"cited.{i}: a partition or offset no ledger has")
+        if any(isinstance(t, str) and ("\x00" in t or len(t) > 256) for t in c.values()):
+            raise ValueError(f"cited.{i}: an id no ledger has")
+    return value
+
+
+class ReceiptBody(BaseModel):
+    """`POST /v1/receipts/verify` and the MCP `verify_receipt` tool."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
+    receipt: dict[str, Any] = Field(description="a receipt as an answer gave it (its `receipt`), unchanged")
+    answer: dict[str, Any] | None = Field(
+        default=None, description="optionally the answer it came with: its digest is checked against the receipt's"
+    )
+
+    _receipt_shape = field_validator("receipt")(_a_receipt)
+
+
+class ReplayBody(BaseModel):
+    """`POST /v1/receipts/replay` and the MCP `replay_receipt` tool."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
+    receipt: dict[str, Any] = Field(description="a receipt as an answer gave it (its `receipt`), unchanged")
+    request: dict[str, Any] = Field(
+        description="the parameters of the read the receipt came from, as sent (recall's or context's body; "
+        "facts: subject, as_of, known_at; history: memory_id; events: subject, from, to, limit); tenant may be left "
+        "out. The receipt holds only their digest"
+    )
+
+    _receipt_shape = field_validator("receipt")(_a_receipt)

@@ -59,6 +59,9 @@ __all__ = [
     "PublishErrorBody",
     "PublishResponse",
     "RecallResponse",
+    "Receipt",
+    "ReceiptReplay",
+    "ReceiptVerification",
     "RetireResponse",
     "StatsResponse",
     "SubjectsResponse",
@@ -138,6 +141,9 @@ LedgerEvent = model(shapes.LedgerEvent)
 PublishErrorBody = model(shapes.PublishErrorBody)
 PublishResponse = model(shapes.PublishResponse)
 RecallResponse = model(shapes.RecallResponse)
+Receipt = model(shapes.Receipt)
+ReceiptReplay = model(shapes.ReceiptReplay)
+ReceiptVerification = model(shapes.ReceiptVerification)
 RetireResponse = model(shapes.RetireResponse)
 StatsResponse = model(shapes.StatsResponse)
 SubjectsResponse = model(shapes.SubjectsResponse)

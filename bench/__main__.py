@@ -1,5 +1,5 @@
 """`python -m bench run` (measure everything, write results + BENCHMARKS.md), `report`, `eval`, `stats`, `agent`,
-`crypto`.
+`crypto`, `curve` (the cost at growing sizes).
 
 `eval` (storage and retrieval quality of a running service) lives here, not in the product's
 `ledger` command: the product never imports the benchmarks.
@@ -18,9 +18,11 @@ import typer
 from bench.agent import agent_command
 from bench.cli import conversations_command, eval_command
 from bench.crypto import crypto_command
+from bench.curve import curve_command
 from bench.embedding import embedding_command, quality_command
 from bench.machine import require_extras
 from bench.publish import publish_command
+from bench.receipts import receipts_command
 from bench.ryw import ryw_command
 from bench.stats import stats_command
 from bench.workers import workers_command
@@ -34,10 +36,12 @@ app.command(name="stats")(stats_command)  # /v1/stats and /v1/stats/consistency 
 app.command(name="agent")(agent_command)  # POST /v1/context, MCP recall beside HTTP recall (bench/agent.py)
 app.command(name="crypto")(crypto_command)  # encryption off vs on: publish, ingest, seal/open (bench/crypto.py)
 app.command(name="publish")(publish_command)  # SDK publish vs raw kafka-python produce (bench/publish.py)
+app.command(name="receipts")(receipts_command)  # recall with and without receipts (bench/receipts.py)
 app.command(name="ryw")(ryw_command)  # a write, then a read with its token, over HTTP and MCP (bench/ryw.py)
 app.command(name="embedding")(embedding_command)  # the embedding stage's candidates (bench/embedding.py)
 app.command(name="embedding-quality")(quality_command)  # one candidate's `ledger eval` + dev set (bench/embedding.py)
 app.command(name="workers")(workers_command)  # 1, 2, 3 `ledger worker` on one topic (bench/workers.py)
+app.command(name="curve")(curve_command)  # the cost curve at 10k / 100k / 1M events (bench/curve.py)
 
 
 @app.command()

@@ -32,10 +32,10 @@ from bench.dataset import generate
 from bench.latency import percentiles, recall_queries
 from bench.loader import load_dataset
 from bench.machine import machine_info
-from bench.services import Services, drop_private, free_port
+from bench.services import Services, drop_private, free_port, unique_name
 from producers.settings import REPO_ROOT, Settings, get_settings
 
-__all__ = ["measure", "served_cost"]
+__all__ = ["compare", "measure", "served_cost"]
 
 TENANT = "bench"
 KEY = "bench-access-key"
@@ -63,7 +63,8 @@ def _stats(client: httpx.Client) -> dict[str, Any]:
 def measure(
     urls: dict[str, str], queries: list[str], modes: tuple[str, ...], rounds: int, warmup: int = 20
 ) -> dict[str, Any]:
-    """Interleaved client-side latencies per mode and variant (see the module docstring)."""
+    """Interleaved client-side latencies per mode and variant (see the module docstring); `urls`: two variants, the
+    one measured first and the one it is compared with (`p50_added_ms` = first - second)."""
     headers = {"X-API-Key": KEY, "Content-Type": "application/json"}
     clients = {name: httpx.Client(base_url=url, headers=headers, timeout=30) for name, url in urls.items()}
     names = list(urls)
@@ -87,10 +88,11 @@ def measure(
                             raise RuntimeError(f"recall {mode} on {name}: {resp.status_code} {resp.text[:300]}")
                         hits[name] += len(orjson.loads(resp.content)["hits"])
             res = {name: {**percentiles(ms[name]), "hits_served": hits[name]} for name in names}
-            on, off = res["recording"], res["not_recording"]
+            on, off = res[names[0]], res[names[1]]
             res["p50_added_ms"] = round(on["p50_ms"] - off["p50_ms"], 3)
+            res["p50_added_pct"] = round(100 * (on["p50_ms"] - off["p50_ms"]) / off["p50_ms"], 2)
             res["median_of_paired_differences_ms"] = round(
-                statistics.median(a - b for a, b in zip(ms["recording"], ms["not_recording"], strict=True)), 3
+                statistics.median(a - b for a, b in zip(ms[names[0]], ms[names[1]], strict=True)), 3
             )
             out[mode] = res
     finally:
@@ -99,53 +101,88 @@ def measure(
     return out
 
 
-def main(
-    events: int = typer.Option(3000, help="events in the dataset"),
-    queries: int = typer.Option(200, help="distinct questions per mode"),
-    rounds: int = typer.Option(3, help="passes over the questions (alternating which API is asked first)"),
-    modes: str = typer.Option("exact,keyword", help="recall modes to measure"),
-    out: Path | None = typer.Option(None, help="JSON output (default: bench/results/access-<UTC>.json)"),
-) -> None:
+def compare(
+    name: str,
+    variants: dict[str, dict[str, Any]],
+    events: int,
+    queries: int,
+    rounds: int,
+    modes: str,
+    report: Any = None,
+) -> dict[str, Any]:
+    """Load a dataset once into private names, start one API process per variant (two: settings updates) on it,
+    measure recall interleaved (`measure`); `report(settings, urls)` adds to the result before the stop."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     base = get_settings()
-    settings = base.private(f"bench_access_{stamp.lower()}", api_keys={KEY: [TENANT]})
-    log_dir = base.data_dir / "bench" / f"access-{stamp}"
+    settings = base.private(unique_name(f"bench_{name}_{stamp.lower()}"), api_keys={KEY: [TENANT]})
+    log_dir = base.data_dir / "bench" / f"{name}-{stamp}"
     started = time.time()
-    on = Services(settings.model_copy(update={"api_port": free_port(), "access_recording": True}), log_dir / "on")
-    off = Services(settings.model_copy(update={"api_port": free_port(), "access_recording": False}), log_dir / "off")
+    apis = {
+        v: Services(settings.model_copy(update={"api_port": free_port(), **update}), log_dir / v)
+        for v, update in variants.items()
+    }
+    first = next(iter(apis.values()))
     try:
-        on.start("worker", "indexer")
+        first.start("worker", "indexer", "embedder")
         loaded = load_dataset(settings, events, max(1, events // 10), tenant=TENANT, timeout=3600)
         typer.echo(f"loaded {loaded['events']:,} events; PG+ES caught up after {loaded['es_caught_up_s']:.1f}s")
-        on.start("api")
-        off.start("api")
+        for api in apis.values():
+            api.start("api")
         qs = recall_queries(list(generate(events, max(1, events // 10), tenants=(TENANT,))), TENANT, queries)
-        latency = measure(
-            {"recording": on.url, "not_recording": off.url}, qs, tuple(m for m in modes.split(",") if m), rounds
-        )
-        time.sleep(2 * settings.access_flush_s + 2)  # the last accesses flushed and projected
-        with httpx.Client(base_url=on.url, headers={"X-API-Key": KEY}, timeout=30) as client:
-            access = _stats(client)
+        urls = {v: api.url for v, api in apis.items()}
         result = {
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-            "seconds": round(time.time() - started, 1),
             "machine": machine_info(settings),
             "dataset": {"events": events, "subjects": max(1, events // 10), "queries_per_mode": len(qs)},
             "rounds": rounds,
-            "latency": latency,
-            "served_call": served_cost(settings),
-            "access_projection_after_run": {k: v for k, v in access.items() if k != "most_served"},
-            "target": "recording adds <= 1 ms to recall's p50",
+            "latency": measure(urls, qs, tuple(m for m in modes.split(",") if m), rounds),
         }
+        if report is not None:
+            result.update(report(settings, urls))
+        result["seconds"] = round(time.time() - started, 1)
     finally:
-        off.stop()
-        on.stop()
+        for api in reversed(apis.values()):
+            api.stop()
         drop_private(settings)
-    path = out or REPO_ROOT / "bench" / "results" / f"access-{stamp}.json"
+    return result
+
+
+def write(result: dict[str, Any], name: str, out: Path | None) -> None:
+    """`bench/results/<name>-<UTC>.json` (or `out`), and the result printed."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = out or REPO_ROOT / "bench" / "results" / f"{name}-{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     typer.echo(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
     typer.echo(f"wrote {path}")
+
+
+# the options of a comparison (this module's command and bench.receipts')
+EVENTS = typer.Option(3000, help="events in the dataset")
+QUERIES = typer.Option(200, help="distinct questions per mode")
+ROUNDS = typer.Option(3, help="passes over the questions (alternating which API is asked first)")
+MODES = typer.Option("exact,keyword", help="recall modes to measure")
+
+
+def main(
+    events: int = EVENTS,
+    queries: int = QUERIES,
+    rounds: int = ROUNDS,
+    modes: str = MODES,
+    out: Path | None = typer.Option(None, help="JSON output (default: bench/results/access-<UTC>.json)"),
+) -> None:
+    def projected(settings: Settings, urls: dict[str, str]) -> dict[str, Any]:
+        time.sleep(2 * settings.access_flush_s + 2)  # the last accesses flushed and projected
+        with httpx.Client(base_url=urls["recording"], headers={"X-API-Key": KEY}, timeout=30) as client:
+            access = _stats(client)
+        return {
+            "served_call": served_cost(settings),
+            "access_projection_after_run": {k: v for k, v in access.items() if k != "most_served"},
+            "target": "recording adds <= 1 ms to recall's p50",
+        }
+
+    variants = {"recording": {"access_recording": True}, "not_recording": {"access_recording": False}}
+    write(compare("access", variants, events, queries, rounds, modes, projected), "access", out)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from elasticsearch import Elasticsearch, NotFoundError
 from kafka import KafkaConsumer
 from psycopg import sql
 
+from producers.kafka_producer import kafka_connection
 from producers.settings import Settings
 from producers.topics import end_offsets
 from projections.postgres.positions import stored_positions
@@ -33,6 +34,7 @@ class Progress:
     versions: int
     es_docs: int
     embed_pending: int = 0
+    outbox_first: int | None = None  # the outbox's rows of new or changed versions (priority 0); None: not read
 
     @property
     def semantic_done(self) -> bool:
@@ -45,6 +47,12 @@ class Progress:
     @property
     def es_done(self) -> bool:
         return self.pg_done and self.outbox == 0 and self.es_docs >= self.versions
+
+    @property
+    def documents_done(self) -> bool:
+        """Every version's document written: the embedders' vector rewrites (priority 1) may still be queued."""
+        first = self.outbox if self.outbox_first is None else self.outbox_first
+        return self.pg_done and first == 0 and self.es_docs >= self.versions
 
     @property
     def applied(self) -> int:
@@ -62,7 +70,7 @@ class Probe:
         self.s = settings
         self.pg = psycopg.connect(settings.pg_dsn, autocommit=True)
         self.es = Elasticsearch(settings.es_url, request_timeout=30)
-        self.consumer = KafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None)
+        self.consumer = KafkaConsumer(**kafka_connection(settings), group_id=None)
 
     def close(self) -> None:
         self.pg.close()
@@ -108,10 +116,12 @@ class Probe:
 
     def progress(self, ends: dict[int, int] | None = None) -> Progress:
         schema = self.s.pg_schema
+        outbox = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "search_outbox"))
         return Progress(
             ends=ends if ends is not None else self.end_offsets(),
             positions=self.positions(),
-            outbox=self._scalar(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "search_outbox"))),
+            outbox=self._scalar(outbox),
+            outbox_first=self._scalar(outbox + sql.SQL(" WHERE priority = 0")),
             versions=self._scalar(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "fact_versions"))),
             es_docs=self.es_docs(),
             embed_pending=self._scalar(
@@ -129,11 +139,14 @@ def wait_caught_up(
     alive: Callable[[], None] | None = None,
     semantic: bool = True,
     search: bool = True,
+    documents: bool = False,
 ) -> tuple[float | None, float | None, float | None]:
     """Poll until PG, then ES, then (with `semantic`) the vectors hold everything published so far.
 
     Returns (seconds until PG caught up, until ES did, until the vectors did: None without `semantic`), from the
-    call; with `search=False` (no indexer runs) it returns once PG caught up: (seconds, None, None). Raises
+    call; with `search=False` (no indexer runs) it returns once PG caught up: (seconds, None, None). With
+    `documents`, ES has caught up once every version's document is written (exact and keyword recall see it), while
+    the embedders' vector rewrites may still be queued; without, once the whole outbox is drained. Raises
     TimeoutError (with the last progress) after `timeout`; `alive()` may raise if a process died.
     """
     t0 = time.perf_counter()
@@ -148,7 +161,7 @@ def wait_caught_up(
             pg_at = time.perf_counter() - t0
             if not search:
                 return pg_at, None, None
-        if es_at is None and prog.es_done:
+        if es_at is None and (prog.documents_done if documents else prog.es_done):
             es_at = time.perf_counter() - t0
             if not semantic:
                 return pg_at, es_at, None

@@ -84,11 +84,11 @@ def conversations_command(
     if url:
         result = run(url, api_key)
     else:
-        from bench.services import Services, drop_private, free_port
+        from bench.services import Services, drop_private, free_port, unique_name
 
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         s = get_settings().private(
-            f"conv_{stamp.lower()}",
+            unique_name(f"conv_{stamp.lower()}"),
             api_port=free_port(),
             api_keys={"conv-key": [cv.tenant(c) for c in convs]},
         )

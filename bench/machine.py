@@ -14,6 +14,7 @@ import typer
 from elasticsearch import Elasticsearch
 from kafka import KafkaAdminClient
 
+from producers.kafka_producer import kafka_connection
 from producers.settings import Settings
 
 __all__ = ["code_version", "cpu_seconds", "load_average", "machine_info", "require_extras"]
@@ -65,7 +66,7 @@ def _ram_gb() -> float | None:
 def _kafka_version(s: Settings) -> str:
     """The broker's own answer where it gives one, else the configured version infra installed."""
     try:
-        admin = KafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+        admin = KafkaAdminClient(**kafka_connection(s))
         try:
             api = admin._client.check_version()  # noqa: SLF001 - kafka-python exposes the probed API version here
         finally:

@@ -34,6 +34,7 @@ def _sdk_round(s: Any, events: Sequence[dict]) -> tuple[float, float]:
     from kafka import KafkaAdminClient
 
     from bench.loader import publish_events
+    from producers.kafka_producer import kafka_connection
     from producers.sdk import LedgerProducer
 
     name = f"bench-sdk-{uuid.uuid4().hex[:8]}"
@@ -45,7 +46,7 @@ def _sdk_round(s: Any, events: Sequence[dict]) -> tuple[float, float]:
         cpu = time.process_time() - cpu0
     finally:
         producer.close()
-        admin = KafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+        admin = KafkaAdminClient(**kafka_connection(s))
         try:
             admin.delete_topics([own.topic, own.dlq_topic, own.access_topic])
         finally:

@@ -16,6 +16,7 @@ from elasticsearch import helpers
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
+from producers.kafka_producer import kafka_connection
 from producers.settings import Settings
 from projections.embedding import load_embedder
 from projections.search.client import es_client
@@ -30,9 +31,9 @@ def _rate(n: int, seconds: float) -> dict:
 def bench_kafka_produce(s: Settings, payloads: Sequence[tuple[bytes, bytes]], partitions: int = 6) -> dict:
     """kafka-python, acks=all, idempotent, the same keys and bytes the ledger publishes."""
     topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
-    admin = KafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+    admin = KafkaAdminClient(**kafka_connection(s))
     admin.create_topics([NewTopic(topic, partitions, s.topic_replication)])
-    producer = KafkaProducer(bootstrap_servers=s.kafka_bootstrap, acks="all", linger_ms=5, batch_size=256 * 1024)
+    producer = KafkaProducer(**kafka_connection(s), acks="all", linger_ms=5, batch_size=256 * 1024)
     try:
         t0 = time.perf_counter()
         for key, value in payloads:

@@ -59,6 +59,7 @@ def produce(name: str, n: int, subjects: int) -> str:
 
     from bench.dataset import generate
     from producers.contract import encode, from_dict
+    from producers.kafka_producer import kafka_connection
     from producers.topics import ensure_topics
     from stream_processors.rebuild import replay
 
@@ -67,7 +68,7 @@ def produce(name: str, n: int, subjects: int) -> str:
         raise SystemExit(f"{s.topic} already holds records: choose a fresh name")
     ensure_topics(s)
     payloads = [(ev.kafka_key, encode(ev)) for ev in (from_dict(e) for e in generate(n, subjects))]
-    producer = KafkaProducer(bootstrap_servers=s.kafka_bootstrap, acks="all", linger_ms=5, batch_size=256 * 1024)
+    producer = KafkaProducer(**kafka_connection(s), acks="all", linger_ms=5, batch_size=256 * 1024)
     try:
         t0 = time.perf_counter()
         for key, value in payloads:
@@ -90,7 +91,9 @@ def produce(name: str, n: int, subjects: int) -> str:
 def _topic_exists(s: Settings) -> bool:
     from kafka import KafkaAdminClient
 
-    admin = KafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+    from producers.kafka_producer import kafka_connection
+
+    admin = KafkaAdminClient(**kafka_connection(s))
     try:
         return s.topic in set(admin.list_topics())
     finally:

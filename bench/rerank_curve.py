@@ -2,12 +2,14 @@
 
 `python -m bench.rerank_curve [--step 3]` starts private services (worker, indexer, embedder, API), publishes the
 dev set as `python -m bench conversations` does, then in-process asks every `step`-th question in `auto` mode for
-100 hits with `"rerank": false` (the fused pool, as the rerank stage sees it) and scores the first 30 fuzzy hits
+100 hits with `"rerank": false` (the fused pool, as the rerank stage sees it) and scores the first 50 fuzzy hits
 with the configured cross-encoder (LEDGER_RERANK_MODEL / _MAX_TOKENS / _THREADS). For each depth N it reports:
 any@10, frac@10 and MRR@10 when the first N fuzzy hits are reordered by the cross-encoder (ties by the fused
-order, as recall.rerank does; exact hits stay first), and the median and p95 wall time of scoring those N pairs
-(shortest first, LEDGER_RERANK_BATCH_SIZE a batch). Writes bench/results/rerank-curve-<UTC>.json and .png.
-Latency is measured on whatever else the host runs: compare depths within one run, not across runs.
+order, as recall.rerank does; exact hits stay first), and the median and p95 time of scoring those N pairs as the
+stage does (head first, LEDGER_RERANK_BATCH_SIZE a batch): wall time, and the scoring thread's CPU time, which
+other work on the host inflates far less (with one onnxruntime thread the model runs on the calling thread).
+Writes bench/results/rerank-curve-<UTC>.json and .png. `--save FILE` keeps the pools, `--pools FILE` scores
+saved ones without starting services, so model settings can be compared on the same pools.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import typer
 from bench import conversations as cv
 from producers.settings import REPO_ROOT, Settings, get_settings
 
-DEPTHS = (0, 6, 10, 15, 20, 30)
+DEPTHS = (0, 6, 10, 12, 15, 20, 30, 50)
 
 
 async def _pools(s: Settings, step: int) -> list[dict[str, Any]]:
@@ -70,14 +72,15 @@ def _score(s: Settings, rows: list[dict[str, Any]]) -> None:
     ce = load_cross_encoder(s)
     for r in rows:
         idx = r["fuzzy"][: max(DEPTHS)]
-        r["ce"], r["ms"] = {}, {}
+        r["ce"], r["ms"], r["cpu_ms"] = {}, {}, {}
         for depth in DEPTHS[1:]:
-            part = sorted(idx[:depth], key=lambda i: (len(r["content"][i]), i))
-            t0 = time.perf_counter()
+            part = idx[:depth]  # head first, as recall.rerank scores them
+            t0, c0 = time.perf_counter(), time.thread_time()
             scores = []
             for b in range(0, len(part), s.rerank_batch_size):
                 scores += ce.score(r["q"], [r["content"][i] for i in part[b : b + s.rerank_batch_size]])
             r["ms"][depth] = (time.perf_counter() - t0) * 1000
+            r["cpu_ms"][depth] = (time.thread_time() - c0) * 1000
             if depth == max(DEPTHS):
                 r["ce"] = {i: round(x, 4) for i, x in zip(part, scores, strict=True)}
 
@@ -97,6 +100,7 @@ def curve(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 v = sums.setdefault(key, [0.0, 0.0, 0.0, 0])
                 v[0], v[1], v[2], v[3] = v[0] + m[0], v[1] + m[1], v[2] + m[2], v[3] + 1
         ms = sorted(r["ms"][depth] for r in rows) if depth else [0.0]
+        cpu = sorted(r["cpu_ms"][depth] for r in rows) if depth else [0.0]
         out.append(
             {
                 "depth": depth,
@@ -106,6 +110,8 @@ def curve(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 },
                 "p50_ms": statistics.median(ms),
                 "p95_ms": ms[min(len(ms) - 1, int(len(ms) * 0.95))],
+                "cpu_p50_ms": statistics.median(cpu),
+                "cpu_p95_ms": cpu[min(len(cpu) - 1, int(len(cpu) * 0.95))],
             }
         )
     return out
@@ -118,13 +124,13 @@ def plot(points: list[dict[str, Any]], png: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    xs = [p["p50_ms"] for p in points]
+    xs = [p["cpu_p50_ms"] for p in points]
     for key, label, color in (("any", "any@10", "#4a90d9"), ("mrr", "MRR@10", "#d9534f")):
         ys = [p["all"][key] for p in points]
         ax.plot(xs, ys, "o-", color=color, label=label)
         for p, x, y in zip(points, xs, ys, strict=True):
             ax.annotate(f"{p['depth']}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    ax.set_xlabel("cross-encoder time per question, median ms (labels: pairs reranked)")
+    ax.set_xlabel("cross-encoder CPU time per question, median ms (labels: pairs reranked)")
     ax.set_ylabel("dev set, auto mode")
     ax.set_title(title, fontsize=9)
     ax.legend()
@@ -134,27 +140,49 @@ def plot(points: list[dict[str, Any]], png: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main(step: int = typer.Option(3, help="every step-th question of the 231")) -> None:
-    from bench.services import Services, drop_private, free_port
+def _fresh_pools(s: Settings, stamp: str, step: int) -> list[dict[str, Any]]:
+    """The pools of every step-th question, on private services the dev set is published to first."""
+    from bench.services import Services, drop_private
 
     convs = cv.load()
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    s = get_settings().private(
-        f"curve_{stamp.lower()}", api_port=free_port(), api_keys={"conv-key": [cv.tenant(c) for c in convs]}
-    )
     try:
         with Services(s, s.log_dir / f"rerank-curve-{stamp}") as svc:
             svc.start("worker", "indexer", "embedder", "api")
             with httpx.Client(base_url=svc.url, headers={"X-API-Key": "conv-key"}, timeout=120) as client:
                 cv.ingest(client, convs)
                 cv.wait_searchable(client, convs)
-            rows = asyncio.run(_pools(s, step))
+            return asyncio.run(_pools(s, step))
     finally:
         drop_private(s)
+
+
+def main(
+    step: int = typer.Option(3, help="every step-th question of the 231"),
+    save: Path | None = typer.Option(None, help="write the pools to this file"),
+    pools: Path | None = typer.Option(None, help="score every step-th pool of this file (--save): no services"),
+) -> None:
+    from bench.services import free_port, unique_name
+
+    convs = cv.load()
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    s = get_settings().private(
+        unique_name(f"curve_{stamp.lower()}"),
+        api_port=free_port(),
+        api_keys={"conv-key": [cv.tenant(c) for c in convs]},
+    )
+    rows = orjson.loads(pools.read_bytes())[::step] if pools else _fresh_pools(s, stamp, step)
+    if save:
+        save.write_bytes(orjson.dumps(rows))
     _score(s, rows)
     points = curve(rows)
     base = REPO_ROOT / "bench" / "results" / f"rerank-curve-{stamp}"
-    meta = {"model": s.rerank_model, "max_tokens": s.rerank_max_tokens, "batch": s.rerank_batch_size}
+    meta = {
+        "model": s.rerank_model,
+        "max_tokens": s.rerank_max_tokens,
+        "batch": s.rerank_batch_size,
+        "threads": s.rerank_threads,
+        "questions": len(rows),
+    }
     base.with_suffix(".json").write_bytes(
         orjson.dumps({"stamp": stamp, "step": step, **meta, "points": points}, option=orjson.OPT_INDENT_2)
     )
@@ -164,7 +192,8 @@ def main(step: int = typer.Option(3, help="every step-th question of the 231")) 
         a = p["all"]
         typer.echo(
             f"depth {p['depth']:>3}: any {a['any']:.3f} frac {a['frac']:.3f} MRR {a['mrr']:.3f}  "
-            f"p50 {p['p50_ms']:.0f} ms p95 {p['p95_ms']:.0f} ms"
+            f"p50 {p['p50_ms']:.0f} ms p95 {p['p95_ms']:.0f} ms "
+            f"(CPU p50 {p['cpu_p50_ms']:.0f} p95 {p['cpu_p95_ms']:.0f})"
         )
     typer.echo(f"wrote {base}.json and .png")
 

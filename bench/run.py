@@ -24,6 +24,8 @@ import random
 import time
 import traceback
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -40,12 +42,12 @@ from bench.latency import audit_latency, recall_latency, recall_queries
 from bench.loader import publish_events
 from bench.machine import code_version, load_average, machine_info
 from bench.profile import Recording
-from bench.services import Services, drop_private, free_port
+from bench.services import Services, drop_private, free_port, unique_name
 from producers.contract import encode, from_dict, rfc3339
 from producers.sdk import LedgerProducer
 from producers.settings import REPO_ROOT, Settings, get_settings
 
-__all__ = ["RunConfig", "run_bench"]
+__all__ = ["RunConfig", "recorded", "run_bench"]
 
 TENANT = "bench"
 AUDIT_TENANT = "bench-audit"
@@ -79,7 +81,7 @@ class RunConfig:
 
 def private_settings(base: Settings, stamp: str) -> Settings:
     return base.private(
-        f"bench_{stamp.lower()}",
+        unique_name(f"bench_{stamp.lower()}"),
         api_port=free_port(),
         api_keys={API_KEY: [TENANT, PROBE_TENANT, LOAD_TENANT, AUDIT_TENANT, "bench-warmup"]},
     )
@@ -192,6 +194,34 @@ def _audit_events(n: int, seed: int = 21) -> list[dict]:
 # --- the run ----------------------------------------------------------------------------------------
 
 
+@contextmanager
+def recorded(
+    res: dict[str, Any], path: Path, s: Settings, svc: Services, *, keep: bool, console: Console, what: str
+) -> Iterator[None]:
+    """Whatever happens inside: a failure goes into `res` (error, traceback; Ctrl-C still stops the caller), the
+    services stop, `res` is written to `path` with the load at the end, and the private names are dropped unless
+    `keep`. A failed or stopped run leaves its results file, not stray processes or names."""
+    try:
+        yield
+    except BaseException as exc:
+        res["error"] = f"{type(exc).__name__}: {exc}"
+        res["traceback"] = traceback.format_exc()[-4000:]
+        console.print(f"[red]{what} failed:[/] {res['error']} (logs in {svc.log_dir})")
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+    finally:
+        svc.stop()
+        res["load_average_end"] = load_average()
+        res["finished_at"] = datetime.now(UTC).isoformat()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2))
+        if not keep:
+            try:
+                drop_private(s)
+            except Exception as exc:  # noqa: BLE001 - clean-up failure is reported, not fatal
+                console.print(f"[yellow]clean-up incomplete:[/] {exc}")
+
+
 def run_bench(cfg: RunConfig, console: Console | None = None) -> Path:
     """Run everything, write bench/results/<UTC>.json and BENCHMARKS.md; returns the JSON path."""
     console = console or Console()
@@ -226,28 +256,10 @@ def run_bench(cfg: RunConfig, console: Console | None = None) -> Path:
             f"  SDK publish {pub['sdk_per_s']:,.0f} events/s vs raw kafka-python {pub['raw_per_s']:,.0f}/s: "
             f"ratio {pub['ratio']} (target >= {pub['target']})"
         )
-    log_dir = s.log_dir / f"bench-{stamp}"  # git-ignored (.data)
-    svc = Services(s, log_dir)
-    try:
+    svc = Services(s, s.log_dir / f"bench-{stamp}")  # git-ignored (.data)
+    path = cfg.out_dir / f"{stamp}.json"
+    with recorded(res, path, s, svc, keep=cfg.keep, console=console, what="run"):
         _pipeline(cfg, s, svc, events, res, console)
-    except BaseException as exc:
-        res["error"] = f"{type(exc).__name__}: {exc}"
-        res["traceback"] = traceback.format_exc()[-4000:]
-        console.print(f"[red]run failed:[/] {res['error']} (logs in {log_dir})")
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-    finally:
-        svc.stop()
-        res["load_average_end"] = load_average()
-        res["finished_at"] = datetime.now(UTC).isoformat()
-        cfg.out_dir.mkdir(parents=True, exist_ok=True)
-        path = cfg.out_dir / f"{stamp}.json"
-        path.write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2))
-        if not cfg.keep:
-            try:
-                drop_private(s)
-            except Exception as exc:  # noqa: BLE001 - clean-up failure is reported, not fatal
-                console.print(f"[yellow]clean-up incomplete:[/] {exc}")
     console.print(f"results: {path}")
     if "error" not in res and cfg.out_dir == RESULTS:  # BENCHMARKS.md shows the default results folder only
         from bench.report import write_report

@@ -54,11 +54,11 @@ def ryw_command(
 def run_ryw(*, pairs: int, chains: int, stamp: str) -> dict[str, Any]:
     from bench.agent import _services
     from bench.machine import code_version, machine_info
-    from bench.services import drop_private, free_port
+    from bench.services import drop_private, free_port, unique_name
     from producers.settings import REPO_ROOT, get_settings
     from producers.topics import ensure_topics
 
-    name = f"bench_ryw_{stamp.lower()}"
+    name = unique_name(f"bench_ryw_{stamp.lower()}")
     settings = get_settings().private(
         name, api_port=free_port(), mcp_port=free_port(), api_keys={KEY: [TENANT]}, log_level="WARNING"
     )

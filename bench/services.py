@@ -18,11 +18,16 @@ from pathlib import Path
 
 import httpx
 
-from infra.private import drop_private, free_port
+from infra.private import drop_private, free_port, unique_name
 from infra.procs import launch, terminate
 from producers.settings import REPO_ROOT, Settings
 
-__all__ = ["Services", "drop_private", "free_port"]  # the clean-up and the port are infra's, shared with the tests
+__all__ = [
+    "Services",
+    "drop_private",
+    "free_port",
+    "unique_name",
+]  # the names, clean-up and port: infra's, shared with the tests
 
 
 @dataclass

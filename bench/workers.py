@@ -45,7 +45,9 @@ def _group(settings: Any) -> tuple[str, int]:
     """(state, members) of the workers' consumer group, as the broker sees it."""
     from kafka import KafkaAdminClient
 
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    from producers.kafka_producer import kafka_connection
+
+    admin = KafkaAdminClient(**kafka_connection(settings))
     try:
         group = admin.describe_groups([settings.processor_group])[settings.processor_group]
     finally:

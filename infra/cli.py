@@ -38,6 +38,16 @@ def _address(store: str, exc: BaseException) -> tuple[str, str]:
     return f"{dsn.get('host', 'localhost')}:{dsn.get('port', 5432)}/{dsn.get('dbname', '')}", "LEDGER_PG_DSN"
 
 
+def _causes(exc: BaseException) -> list[BaseException]:
+    """`exc` and what caused it, outermost first (a chain of causes may loop back: each once)."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and all(seen is not c for c in chain):
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return chain
+
+
 def store_problem(exc: BaseException) -> str | None:
     """One line naming the store a command could not reach (named as api.errors names them), its configured
     address and how to fix it; None when `exc` (or what caused it) is not a failure to connect."""
@@ -54,10 +64,15 @@ def store_problem(exc: BaseException) -> str | None:
         "elasticsearch": (elastic_transport.ConnectionError, elastic_transport.ConnectionTimeout),
         "api": (httpx.ConnectError,),
     }
-    seen: BaseException | None = exc
-    walked: set[int] = set()  # a chain of causes may loop back
-    while seen is not None and id(seen) not in walked:
-        walked.add(id(seen))
+    chain = _causes(exc)
+    refused = next((e for e in chain if isinstance(e, kafka_errors.SaslAuthenticationFailedError)), None)
+    if refused is not None:  # the broker is there and said no (the SDK wraps it): credentials to fix, not a store
+        address, _ = _address("kafka", refused)
+        return (
+            f"kafka at {address} refused the login ({type(refused).__name__}): check LEDGER_KAFKA_SASL_USERNAME, "
+            "LEDGER_KAFKA_SASL_PASSWORD and LEDGER_KAFKA_SASL_MECHANISM"
+        )
+    for seen in chain:
         if isinstance(seen, PublishError) and seen.code == "unavailable":  # the SDK's word for a broker away
             store, reason = "kafka", "unavailable"
         else:
@@ -67,7 +82,6 @@ def store_problem(exc: BaseException) -> str | None:
             address, setting = _address(store, seen)
             start = "`ledger serve`" if store == "api" else "`python -m infra up`"
             return f"{store} at {address} is not reachable ({reason}): start it ({start}) or set {setting}"
-        seen = seen.__cause__ or seen.__context__
     return None
 
 

@@ -6,6 +6,7 @@ owned by the service user; ES 9 needs Java 21+, found among the machine's JDKs.
 
 from __future__ import annotations
 
+import os
 import pwd
 import shutil
 import subprocess
@@ -41,7 +42,7 @@ def _paths(s: Settings) -> dict[str, Path]:
     }
 
 
-def _java_home(s: Settings) -> Path:
+def java_home(s: Settings) -> Path:
     if s.es_java_home:
         return s.es_java_home
     candidates = []
@@ -68,8 +69,9 @@ def _ensure_user(s: Settings) -> None:
         run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", s.es_user], PART)
 
 
-def install(s: Settings) -> None:
-    """Fetch the zip once (cached by Maven), unpack it into the data folder, owned by the service user."""
+def unpack(s: Settings) -> Path:
+    """Fetch the zip once (cached by Maven) and unpack it into the data folder, owned by the service user; the
+    home folder. Every node on this machine runs from it: the single node and a cluster's (infra.es_cluster)."""
     p = _paths(s)
     _ensure_user(s)
     if not (p["home"] / "bin" / "elasticsearch").exists():
@@ -86,37 +88,64 @@ def install(s: Settings) -> None:
                 member.chmod(0o755)
         (tmp / f"elasticsearch-{s.es_version}").rename(p["home"])
         shutil.rmtree(tmp, ignore_errors=True)
+        give_to(s, p["base"])
+    return p["home"]
+
+
+def node_config(
+    *, cluster: str, node: str, host: str, http_port: int, transport: str, data: Path, logs: Path, discovery: list[str]
+) -> str:
+    """One node's elasticsearch.yml: the single node's and each cluster node's differ only by the arguments."""
+    return "\n".join(
+        [
+            f"cluster.name: {cluster}",
+            f"node.name: {node}",
+            *discovery,
+            f"network.host: {host}",
+            f"http.port: {http_port}",
+            f"transport.port: {transport}",
+            f"path.data: {data}",
+            f"path.logs: {logs}",
+            "xpack.security.enabled: false",
+            "action.destructive_requires_name: false",
+            "cluster.routing.allocation.disk.threshold_enabled: false",
+            "",
+        ]
+    )
+
+
+def give_to(s: Settings, folder: Path) -> None:
+    """Make `folder` and everything in it the service user's (Elasticsearch refuses to run as root)."""
+    user = pwd.getpwnam(s.es_user)
+    for path in [folder, *folder.rglob("*")]:
+        try:
+            os.chown(path, user.pw_uid, user.pw_gid, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+
+
+def install(s: Settings) -> None:
+    """Unpack the zip (once) and configure the single node."""
+    p = _paths(s)
+    unpack(s)
     host, port = s.es_host_port
     (p["home"] / "config" / "elasticsearch.yml").write_text(
-        "\n".join(
-            [
-                "cluster.name: memory-ledger",
-                "node.name: ledger-node-1",
-                "discovery.type: single-node",
-                f"network.host: {host}",
-                f"http.port: {port}",
-                "transport.port: 9300-9400",
-                f"path.data: {p['data']}",
-                f"path.logs: {p['logs']}",
-                "xpack.security.enabled: false",
-                "action.destructive_requires_name: false",
-                "cluster.routing.allocation.disk.threshold_enabled: false",
-                "",
-            ]
+        node_config(
+            cluster="memory-ledger",
+            node="ledger-node-1",
+            host=host,
+            http_port=port,
+            transport="9300-9400",
+            data=p["data"],
+            logs=p["logs"],
+            discovery=["discovery.type: single-node"],
         )
     )
     (p["home"] / "config" / "jvm.options.d").mkdir(exist_ok=True)
     (p["home"] / "config" / "jvm.options.d" / "heap.options").write_text(f"-Xms{s.es_heap}\n-Xmx{s.es_heap}\n")
     for d in (p["data"], p["logs"]):
         d.mkdir(parents=True, exist_ok=True)
-    user = pwd.getpwnam(s.es_user)
-    for path in [p["base"], *p["base"].rglob("*")]:
-        try:
-            import os
-
-            os.chown(path, user.pw_uid, user.pw_gid, follow_symlinks=False)
-        except FileNotFoundError:
-            pass
+    give_to(s, p["base"])
 
 
 def pid(s: Settings) -> int | None:
@@ -124,7 +153,7 @@ def pid(s: Settings) -> int | None:
 
 
 def healthy(s: Settings) -> bool:
-    with urllib.request.urlopen(f"{s.es_url}/_cluster/health", timeout=3) as resp:
+    with urllib.request.urlopen(f"{s.es_urls[0]}/_cluster/health", timeout=3) as resp:
         body = resp.read().decode()
     return '"status":"green"' in body or '"status":"yellow"' in body
 
@@ -135,11 +164,9 @@ def start(s: Settings, timeout: float = 180.0) -> None:
         return
     install(s)
     p["pid"].unlink(missing_ok=True)
-    env = {"ES_JAVA_HOME": str(_java_home(s)), "ES_PATH_CONF": str(p["home"] / "config")}
+    env = {"ES_JAVA_HOME": str(java_home(s)), "ES_PATH_CONF": str(p["home"] / "config")}
     p["log"].parent.mkdir(parents=True, exist_ok=True)
     with p["log"].open("ab") as out:
-        import os
-
         # -d daemonizes after the node started; the pid file holds the server JVM's pid
         proc = subprocess.run(
             [str(p["home"] / "bin" / "elasticsearch"), "-d", "-p", str(p["pid"])],

@@ -124,23 +124,26 @@ def server_properties(
     partitions: int,
     replication: int = 1,
     min_isr: int = 1,
+    listener: str = "PLAINTEXT",
     extra: Sequence[str] = (),
 ) -> str:
     """server.properties of one KRaft node (broker and controller in one process).
 
     The defaults are the single-broker stack's; `infra.kafka_cluster` passes a node id, the voters of
-    the quorum, the internal topics' replication and `extra` lines for each node of a cluster.
+    the quorum, the internal topics' replication and `extra` lines for each node of a cluster. `listener`: the
+    security protocol of the clients' (and the brokers') listener, e.g. SASL_PLAINTEXT with its SASL lines in `extra`;
+    the controllers always talk PLAINTEXT among themselves, on loopback.
     """
     return "\n".join(
         [
             "process.roles=broker,controller",
             f"node.id={node_id}",
             f"controller.quorum.voters={voters}",
-            f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}",
-            f"advertised.listeners=PLAINTEXT://{host}:{port}",
+            f"listeners={listener}://{host}:{port},CONTROLLER://{host}:{controller_port}",
+            f"advertised.listeners={listener}://{host}:{port}",
             "controller.listener.names=CONTROLLER",
-            "inter.broker.listener.name=PLAINTEXT",
-            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            f"inter.broker.listener.name={listener}",
+            f"listener.security.protocol.map=CONTROLLER:PLAINTEXT,{listener}:{listener}",
             f"log.dirs={data_dir}",
             f"num.partitions={partitions}",
             f"offsets.topic.replication.factor={replication}",
@@ -215,7 +218,7 @@ def pid(s: Settings) -> int | None:
 def healthy(s: Settings) -> bool:
     """The broker answers a metadata request."""
     host, port = s.kafka_host_port
-    return port_open(host, port) and probe(s.kafka_bootstrap)
+    return port_open(host, port) and probe(s)
 
 
 def start(s: Settings, timeout: float = 120.0) -> None:

@@ -10,15 +10,18 @@ another one. Nodes can be killed with SIGKILL and started again one at a time (`
 
     with KafkaCluster(settings, base_dir, [(p1, c1), (p2, c2), (p3, c3)]) as cluster:
         bootstrap = cluster.bootstrap  # "127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3"
+
+`sasl_users` ({user: password}) makes the clients' listener ask for a SASL PLAIN login, as a managed Kafka asks
+for credentials (its first user is the brokers' own, and the cluster's admin client's); `tls` (a PEM file with the
+brokers' key and certificate chain, and the CA's certificate) makes it speak TLS: SASL_SSL with both, SSL or
+SASL_PLAINTEXT with one. The controllers still talk PLAINTEXT on loopback. `cluster.client_settings(settings, user)`
+is what a client of the ledger needs to reach it (`producers.kafka_producer.kafka_connection` of those settings).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +30,12 @@ from typing import TypeVar
 import kafka.errors as Errors
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
+from pydantic import SecretStr
 
 from infra.kafka import MAIN_CLASS, STORAGE_TOOL, install, java_command, log4j_properties, server_properties
-from infra.procs import InfraError, owned_pid, port_open, run, spawn, stop_pid, wait_until
+from infra.local_cluster import LocalCluster
+from infra.procs import InfraError, owned_pid, port_open, run, spawn, wait_until
+from producers.kafka_producer import kafka_connection
 from producers.retry import retry
 from producers.settings import Settings
 from producers.topics import probe
@@ -86,7 +92,7 @@ class PartitionState:
     isr: tuple[int, ...]
 
 
-class KafkaCluster:
+class KafkaCluster(LocalCluster[Node]):
     """`len(ports)` KRaft nodes on `host`; `ports` is one (broker port, controller port) pair per node."""
 
     def __init__(
@@ -99,10 +105,18 @@ class KafkaCluster:
         heap: str = "256m",
         min_isr: int = 2,
         session_timeout_ms: int = 6000,
+        sasl_users: Mapping[str, str] | None = None,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         if len(ports) < 1:
             raise ValueError("a cluster needs at least one node")
+        for user, password in (sasl_users or {}).items():  # they are written into a JAAS line between quotes
+            if not user.isidentifier() or any(c in password for c in '"\\;\n\r') or not password:
+                raise ValueError(f'SASL user {user!r}: a name of letters, digits and _, a password without " \\ ;')
+        self.sasl_users = dict(sasl_users or {})
+        self.tls = tls  # (key and certificate chain, CA certificate), PEM
         self.settings, self.base_dir, self.host, self.heap = settings, base_dir, host, heap
+        self.part = PART
         self.replication = len(ports)
         self.min_isr = min(min_isr, self.replication)
         # the controller fences a broker whose heartbeats stop for this long (default 9 s): then the
@@ -117,8 +131,30 @@ class KafkaCluster:
         """The Kafka bootstrap servers of every node (`LEDGER_KAFKA_BOOTSTRAP`)."""
         return ",".join(f"{self.host}:{n.port}" for n in self.nodes)
 
-    def node(self, node_id: int) -> Node:
-        return self.nodes[node_id - 1]
+    @property
+    def listener(self) -> str:
+        """The security protocol of the clients' listener (its name too)."""
+        return ("SASL_" if self.sasl_users else "") + ("SSL" if self.tls else "PLAINTEXT")
+
+    def client_settings(
+        self, settings: Settings, user: str | None = None, password: str | None = None, bootstrap: str | None = None
+    ) -> Settings:
+        """`settings` on this cluster: its bootstrap (or `bootstrap`) and, with SASL, `user` (default: the first) with
+        `password` (default: the user's own; another one is refused by the brokers)."""
+        update: dict[str, object] = {
+            "kafka_bootstrap": bootstrap or self.bootstrap,
+            "kafka_security_protocol": self.listener,
+            "kafka_ssl_cafile": self.tls[1] if self.tls else None,
+        }
+        if self.sasl_users:
+            user = user or next(iter(self.sasl_users))
+            secret = password if password is not None else self.sasl_users[user]
+            update |= {
+                "kafka_sasl_mechanism": "PLAIN",
+                "kafka_sasl_username": user,
+                "kafka_sasl_password": SecretStr(secret),
+            }
+        return settings.model_copy(update=update)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -150,7 +186,7 @@ class KafkaCluster:
             raise InfraError(PART, f"node {node_id} is still running")
         self._spawn(n)
         wait_until(
-            lambda: probe(f"{self.host}:{n.port}", timeout=5.0),
+            lambda: probe(self.client_settings(self.settings, bootstrap=f"{self.host}:{n.port}"), timeout=5.0),
             PART,
             timeout,
             n.server_log,
@@ -158,48 +194,9 @@ class KafkaCluster:
             what=f"answering (node {node_id})",
         )
 
-    def kill(self, node_id: int) -> int:
-        """SIGKILL one node, like a crash (no shutdown code runs); returns the pid killed."""
-        pid = self.pid(node_id)
-        if pid is None:
-            raise InfraError(PART, f"node {node_id} is not running")
-        stop_pid(pid, signal.SIGKILL, timeout=30)
-        self.node(node_id).pid_file.unlink(missing_ok=True)
-        return pid
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop every node still running (SIGTERM, SIGKILL after `timeout`), all at once."""
-        running = [(n, self.pid(n.node_id)) for n in self.nodes]
-        for _, pid in running:
-            if pid is not None:
-                try:
-                    os.kill(pid, signal.SIGTERM)  # a pid this cluster started (`pid` checks the command line)
-                except ProcessLookupError:
-                    pass
-        for n, pid in running:
-            if pid is not None:
-                stop_pid(pid, signal.SIGTERM, timeout)
-            n.pid_file.unlink(missing_ok=True)
-
-    def remove(self) -> None:
-        """Delete the cluster's folder (data, configurations, logs); only once it is stopped."""
-        if any(self.pid(n.node_id) is not None for n in self.nodes):
-            raise InfraError(PART, "remove() of a running cluster")
-        shutil.rmtree(self.base_dir, ignore_errors=True)
-
-    def __enter__(self) -> KafkaCluster:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self.stop()
-        finally:
-            self.remove()
-
-    def pid(self, node_id: int) -> int | None:
-        """The node's pid while it runs (its command line names its own configuration: never another broker)."""
-        n = self.node(node_id)
-        return owned_pid(n.pid_file, str(n.config))
+    def processes(self, node: Node) -> list[tuple[Path, int | None]]:
+        """The node's one process (its command line names its own configuration: never another broker)."""
+        return [(node.pid_file, owned_pid(node.pid_file, str(node.config)))]
 
     # -- health and metadata -----------------------------------------------------------------------
 
@@ -293,7 +290,7 @@ class KafkaCluster:
 
     def _admin(self) -> KafkaAdminClient:
         return KafkaAdminClient(
-            bootstrap_servers=self.bootstrap,
+            **kafka_connection(self.client_settings(self.settings)),
             client_id="memory-ledger-cluster",
             bootstrap_timeout_ms=5000,
             request_timeout_ms=5000,
@@ -313,7 +310,9 @@ class KafkaCluster:
                 partitions=self.settings.topic_partitions,
                 replication=self.replication,
                 min_isr=self.min_isr,
+                listener=self.listener,
                 extra=[
+                    *self._security_properties(),
                     f"default.replication.factor={self.replication}",
                     f"min.insync.replicas={self.min_isr}",
                     f"broker.session.timeout.ms={self.session_timeout_ms}",
@@ -325,7 +324,34 @@ class KafkaCluster:
                 ],
             )
         )
+        if self.sasl_users:
+            n.config.chmod(0o600)  # it holds the users' passwords
         n.log4j.write_text(log4j_properties(n.server_log))
+
+    def _security_properties(self) -> list[str]:
+        """TLS on the clients' listener (the brokers, clients of each other, check its certificate against the CA), and
+        the PLAIN mechanism with its users in the broker's JAAS line; the first user is the one the brokers log in as
+        to each other."""
+        lines = []
+        if self.tls:
+            keystore, ca = self.tls
+            lines += [
+                "ssl.keystore.type=PEM",
+                f"ssl.keystore.location={keystore}",
+                "ssl.truststore.type=PEM",
+                f"ssl.truststore.location={ca}",
+            ]
+        if self.sasl_users:
+            (own, own_password), *_ = self.sasl_users.items()
+            users = " ".join(f'user_{u}="{p}"' for u, p in self.sasl_users.items())
+            login = "org.apache.kafka.common.security.plain.PlainLoginModule required"
+            jaas = f'{login} username="{own}" password="{own_password}" {users};'
+            lines += [
+                "sasl.enabled.mechanisms=PLAIN",
+                "sasl.mechanism.inter.broker.protocol=PLAIN",
+                f"listener.name.{self.listener.lower()}.plain.sasl.jaas.config={jaas}",
+            ]
+        return lines
 
     def _format(self, n: Node, cluster_id: str) -> None:
         n.data.mkdir(parents=True, exist_ok=True)

@@ -6,24 +6,44 @@ from __future__ import annotations
 
 import shutil
 import socket
+import uuid
 
 import psycopg
 from elasticsearch import Elasticsearch
 from kafka import KafkaAdminClient
 
+from producers.kafka_producer import kafka_connection
 from producers.settings import Settings
 from projections.postgres.schema import drop_schema
 from projections.search.client import es_client
 from projections.search.mapping import physical_indices
 
-__all__ = ["drop_indices", "drop_private", "free_port"]
+__all__ = ["drop_indices", "drop_private", "free_port", "free_ports", "unique_name"]
+
+
+def unique_name(prefix: str) -> str:
+    """A private name no other run picks, even one started in the same second (`Settings.private` takes it)."""
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now, for a private API or server."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct TCP ports free on 127.0.0.1 now (all held open together while they are picked), for the nodes
+    of a private cluster."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def drop_indices(es: Elasticsearch, settings: Settings) -> None:
@@ -56,7 +76,7 @@ def drop_private(settings: Settings) -> None:
         for name in names:
             drop_schema(conn, name)
     shutil.rmtree(settings.data_dir / "faust" / settings.processor_group, ignore_errors=True)
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = KafkaAdminClient(**kafka_connection(settings))
     try:
         existing = set(admin.list_topics())
         doomed = [t for t in (settings.topic, settings.dlq_topic, settings.access_topic) if t in existing]

@@ -57,6 +57,8 @@ __all__ = [
 CONTEXT_FIELDS = ("request_id", "tenant", "event_id", "batch_id", "topic", "partition", "offset")
 # loggers that are too chatty at INFO for a service log (one line per HTTP request to Elasticsearch)
 QUIET = {"elastic_transport": logging.WARNING}
+# the Kafka clients' DEBUG lines hold each request as sent, a SASL login's password too: INFO at the most
+KAFKA_CLIENTS = ("kafka", "aiokafka")
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 _context: ContextVar[Mapping[str, Any]] = ContextVar("ledger_log_context", default=_EMPTY)
@@ -262,6 +264,7 @@ def logging_config(settings: Settings, process: str, *, level: str | int | None 
         "root": {"level": number, "handlers": ["stderr"]},
         "loggers": {
             **{name: {"level": lvl} for name, lvl in QUIET.items()},
+            **{name: {"level": max(number, logging.INFO)} for name in KAFKA_CLIENTS},
             **{name: dict(through_root) for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")},
         },
     }

@@ -63,7 +63,7 @@ from producers.contract import (
     MemoryEvent,
     check_skew,
     encode_wire,
-    from_dict,
+    from_dict_encoded,
     kafka_key,
     wire_fingerprint,
 )
@@ -143,15 +143,17 @@ class EventIdConflict(InvalidEvent):
         super().__init__("event_id_conflict", message, "event_id")
 
 
-def _as_event(event: EventLike, max_future_skew: timedelta | None = None) -> MemoryEvent:
-    """The event validated by the contract, and not observed further in the future than `max_future_skew`."""
+def _encoded(event: EventLike, max_future_skew: timedelta | None = None) -> tuple[MemoryEvent, dict[str, Any], bytes]:
+    """The event validated by the contract, not observed further in the future than `max_future_skew`, its wire and
+    its record value (`too_large` refused, as the worker would)."""
     if not isinstance(event, MemoryEvent):
         # a dict as it is: validating reads it and never changes it
         data = event if type(event) is dict or not isinstance(event, Mapping) else dict(event)
-        return from_dict(data, max_future_skew=max_future_skew)
+        return from_dict_encoded(data, max_future_skew=max_future_skew)
     if max_future_skew is not None:
         check_skew(event, max_future_skew)  # the contract's rule, for an already-built event
-    return event
+    wire = event.to_wire()
+    return event, wire, encode_wire(wire)
 
 
 class _KeyPartitioner(DefaultPartitioner):
@@ -229,8 +231,7 @@ class LedgerProducer:
     def _config(self) -> dict[str, Any]:
         timeout_ms = max(1000, int(self.timeout_s * 1000))
         linger_ms = int(self._overrides.get("linger_ms", 5))
-        config: dict[str, Any] = {
-            "bootstrap_servers": self.settings.kafka_bootstrap,
+        config: dict[str, Any] = {  # on the brokers of kafka_connection(settings), as every client
             "client_id": "memory-ledger-producer",
             "acks": "all",
             "enable_idempotence": True,
@@ -260,7 +261,7 @@ class LedgerProducer:
                 try:
                     if self._create_topics:
                         ensure_topics(self.settings, timeout_s=self.timeout_s)
-                    self._producer = kafka_producer(**self._config())
+                    self._producer = kafka_producer(self.settings, **self._config())
                 except Exception as exc:  # noqa: BLE001 - any failure to connect is reported as unavailable
                     reason = f"no usable broker at {self.settings.kafka_bootstrap}: {_reason(exc)}"
                     raise PublishError(event_id, reason, "unavailable") from exc
@@ -304,9 +305,8 @@ class LedgerProducer:
     def _prepare(self, event: EventLike) -> tuple[MemoryEvent, bytes, str]:
         """The event validated once, its record value and its fingerprint, both from one `to_wire()` (building the
         wire costs half as much as validating: the SDK used to build it twice)."""
-        valid = _as_event(event, self.max_future_skew)
-        wire = valid.to_wire()
-        return valid, encode_wire(wire), wire_fingerprint(wire)  # encode_wire refuses too_large, as the worker would
+        valid, wire, value = _encoded(event, self.max_future_skew)
+        return valid, value, wire_fingerprint(wire)
 
     def _ready(self, event: EventLike) -> _Ready:
         valid, value, fingerprint = self._prepare(event)

@@ -84,6 +84,44 @@ class KafkaSettings(BaseModel):
     # access tracking: each memory recall/context serves, as an event on its own topic (never the
     # ledger's), recorded off the request path (api.access) and projected by the worker (stream_processors.access)
     access_topic: str = "memory.access"
+    # how every client reaches the brokers (producers.kafka_producer.kafka_connection; the worker's faust app too):
+    # TLS with SSL / SASL_SSL (the server's certificate checked against kafka_ssl_cafile, or the system's CAs when
+    # unset; a client certificate when the cluster asks for one), a user and password with SASL_*. The password is
+    # a secret: masked in repr and dumps, never logged; as_env passes it to children
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_cafile: Path | None = None
+    kafka_ssl_certfile: Path | None = None
+    kafka_ssl_keyfile: Path | None = None
+
+    @model_validator(mode="after")
+    def _kafka_security(self) -> KafkaSettings:
+        sasl = self.kafka_security_protocol.startswith("SASL_")
+        if sasl and (not self.kafka_sasl_username or self.kafka_sasl_password is None):
+            raise ValueError(
+                f"LEDGER_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} needs LEDGER_KAFKA_SASL_USERNAME and "
+                "LEDGER_KAFKA_SASL_PASSWORD"
+            )
+        if not sasl and (self.kafka_sasl_username or self.kafka_sasl_password is not None):
+            raise ValueError(
+                "LEDGER_KAFKA_SASL_USERNAME / LEDGER_KAFKA_SASL_PASSWORD are set but "
+                f"LEDGER_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} sends no credentials: use SASL_SSL "
+                "(or SASL_PLAINTEXT)"
+            )
+        secret = self.kafka_sasl_password.get_secret_value() if self.kafka_sasl_password is not None else ""
+        if "\x00" in (self.kafka_sasl_username or "") + secret:  # PLAIN's separator: the login would be another one
+            raise ValueError("LEDGER_KAFKA_SASL_USERNAME / LEDGER_KAFKA_SASL_PASSWORD hold a NUL character")
+        tls_files = (self.kafka_ssl_cafile, self.kafka_ssl_certfile, self.kafka_ssl_keyfile)
+        if not self.kafka_security_protocol.endswith("SSL") and any(f is not None for f in tls_files):
+            raise ValueError(
+                f"LEDGER_KAFKA_SSL_* files are set but LEDGER_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} "
+                "does not use TLS: use SSL or SASL_SSL"
+            )
+        if self.kafka_ssl_keyfile is not None and self.kafka_ssl_certfile is None:
+            raise ValueError("LEDGER_KAFKA_SSL_KEYFILE needs LEDGER_KAFKA_SSL_CERTFILE (the client certificate)")
+        return self
 
 
 class PostgresSettings(BaseModel):
@@ -100,9 +138,19 @@ class PostgresSettings(BaseModel):
 class ElasticsearchSettings(BaseModel):
     """The search index: where it is, its alias, the bound on one request."""
 
+    # one node's URL, or a cluster's nodes' URLs separated by commas: every client then spreads its requests over
+    # them and sends a request again to another node when one is unreachable (`es_urls`)
     es_url: str = "http://127.0.0.1:9200"
     es_index: str = "memory-facts"  # the alias; physical indices get a suffix
     es_request_timeout_s: float = 10.0  # the API's bound on one Elasticsearch request
+    # copies of each shard beside its primary, in the indices the indexer and `ledger reindex` create (1 on a
+    # cluster: a node can stop and every document is still searchable); an existing index keeps its own
+    es_replicas: int = Field(default=0, ge=0)
+
+    @property
+    def es_urls(self) -> list[str]:
+        """The node URLs of `es_url`."""
+        return [u.strip() for u in self.es_url.split(",") if u.strip()] or [self.es_url]
 
 
 class EmbeddingSettings(BaseModel):
@@ -184,11 +232,13 @@ class RecallSettings(BaseModel):
     rerank_enabled: bool = True
     rerank_model: str = "Xenova/ms-marco-MiniLM-L-12-v2"
     # 20 of a 100-deep pool, pairs cut to 128 tokens: chosen on the quality/latency curve (BENCHMARKS.md, "Dev set:
-    # the candidate pool and the rerank curve"); batches of 5 under the deadline keep the head of the pool reranked
-    # on a busy host instead of nothing (at 200 ms this 2-core host scored ~5 pairs and MRR fell below 6 candidates')
+    # the candidate pool and the rerank curve"); scored head first under the deadline, the head of the pool is
+    # reranked on a busy host instead of nothing (at 200 ms this 2-core host scored ~5 pairs)
     rerank_candidates: int = Field(default=20, ge=1, le=200)
     rerank_budget_ms: float = Field(default=400.0, gt=0)
-    rerank_batch_size: int = Field(default=5, ge=1, le=64)
+    # 1: each pair alone, so its score does not depend on the pairs beside it (the int8 model quantizes a batch
+    # together) and no padding is computed; larger batches cost more CPU here, not less (recall.rerank)
+    rerank_batch_size: int = Field(default=1, ge=1, le=64)
     rerank_threads: int = Field(default=1, ge=1, le=16)  # onnxruntime intra-op threads of the cross-encoder
     rerank_weight: float = Field(default=1.0, ge=0.0, le=1.0)  # the CE's share of the order (1: by CE score alone)
     rerank_max_tokens: int = Field(default=128, ge=16, le=512)  # a (question, text) pair is truncated to this
@@ -220,6 +270,9 @@ class ApiSettings(BaseModel):
     # discard); an agent's key is refused them (403 `forbidden`) even for its own tenants. The HTTP routes take any key
     # of the tenant.
     mcp_admin_keys: list[str] = Field(default_factory=list)
+    # receipts (api.receipts): every read (recall, context, facts, history, the audit replay) answers a signed
+    # receipt of what it reflects; false: none (POST /v1/receipts/verify and /replay still check earlier ones)
+    receipts: bool = True
     # a process's own calls to the API (a producer's data keys from key_endpoint): the bound on each phase of one
     # request (connect, write, read, pool wait). The read client has its settings apart (ClientSettings)
     client_timeout_s: float = 10.0
@@ -305,7 +358,8 @@ class Settings(
     """Configuration of the whole stack, one group per component (the classes above); defaults run everything on
     loopback. One object, so each process reads the same LEDGER_* names and `as_env` hands a child all of them."""
 
-    model_config = SettingsConfigDict(env_prefix="LEDGER_", env_file=".env", extra="ignore")
+    # hide_input_in_errors: a refusal's text never quotes what was read (a DSN's or Kafka's password, the KEK)
+    model_config = SettingsConfigDict(env_prefix="LEDGER_", env_file=".env", extra="ignore", hide_input_in_errors=True)
 
     # development mode allows the development API key and the local default PostgreSQL password;
     # `make demo` / `make test` set it, a deployment never does
@@ -358,8 +412,10 @@ class Settings(
         """
         env: dict[str, str] = {}
         dumped = self.model_dump(mode="json")
-        if self.kek is not None:  # model_dump masks a secret: a child needs the key itself
-            dumped["kek"] = self.kek.get_secret_value()
+        for name in dumped:  # model_dump masks a secret (the KEK, Kafka's password): a child needs the secret itself
+            secret = getattr(self, name)
+            if isinstance(secret, SecretStr):
+                dumped[name] = secret.get_secret_value()
         for name, value in {**dumped, **extra}.items():
             if value is None:
                 continue
@@ -387,7 +443,7 @@ class Settings(
 
     @property
     def es_host_port(self) -> tuple[str, int]:
-        parts = urlsplit(self.es_url)
+        parts = urlsplit(self.es_urls[0])  # the first node's (infra runs one)
         return parts.hostname or "127.0.0.1", parts.port or 9200
 
     @property

@@ -8,7 +8,8 @@ an existing topic is reported and left untouched (changing the partition count
 of a live ledger would re-route keys and break per-subject order).
 
 `end_offsets(settings)` is what "caught up" is measured against (the API's lag, a rebuild's
-target, the benchmark's and the tests' waits); `probe(bootstrap)` is the health check of a broker.
+target, the benchmark's and the tests' waits); `probe(settings)` is the health check of the brokers. Every client
+here connects with `kafka_connection(settings)`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import kafka.errors as Errors
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
 from producers.contract import MAX_EVENT_BYTES
+from producers.kafka_producer import kafka_connection
 from producers.settings import Settings
 
 __all__ = ["TopicStatus", "end_offsets", "ensure_topics", "probe", "topic_configs"]
@@ -67,7 +69,7 @@ def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[TopicS
         for name in names
     }
     admin = KafkaAdminClient(
-        bootstrap_servers=settings.kafka_bootstrap,
+        **kafka_connection(settings),
         client_id="memory-ledger-topics",
         bootstrap_timeout_ms=timeout_ms,
         request_timeout_ms=timeout_ms,
@@ -115,7 +117,7 @@ class EndOffsetReader:
             if self._consumer is None:
                 timeout_ms = max(1000, int(self.timeout_s * 1000))
                 self._consumer = KafkaConsumer(
-                    bootstrap_servers=self.settings.kafka_bootstrap,
+                    **kafka_connection(self.settings),
                     group_id=None,
                     enable_auto_commit=False,
                     bootstrap_timeout_ms=timeout_ms,
@@ -159,9 +161,7 @@ def end_offsets(
         if timeout_s is not None:
             timeout_ms = max(1000, int(timeout_s * 1000))
             bounds = {"bootstrap_timeout_ms": timeout_ms, "request_timeout_ms": timeout_ms}
-        consumer = KafkaConsumer(
-            bootstrap_servers=settings.kafka_bootstrap, group_id=None, enable_auto_commit=False, **bounds
-        )
+        consumer = KafkaConsumer(**kafka_connection(settings), group_id=None, enable_auto_commit=False, **bounds)
     try:
         parts = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
@@ -171,8 +171,9 @@ def end_offsets(
             consumer.close()
 
 
-def probe(bootstrap: str, timeout: float = 5.0) -> bool:
-    """Does a broker at `bootstrap` answer a metadata request within `timeout` seconds?
+def probe(settings: Settings, timeout: float = 5.0) -> bool:
+    """Does a broker of `settings.kafka_bootstrap` answer a metadata request within `timeout` seconds (connected as
+    every client is: a broker that refuses the credentials does not answer)?
 
     The admin client runs in a daemon thread: kafka-python can block without limit on a
     broker that is half up, and a health probe must never hang its caller.
@@ -180,7 +181,7 @@ def probe(bootstrap: str, timeout: float = 5.0) -> bool:
     result: list[bool] = []
 
     def ask() -> None:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+        admin = KafkaAdminClient(**kafka_connection(settings), request_timeout_ms=int(timeout * 1000))
         try:
             admin.list_topics()
             result.append(True)

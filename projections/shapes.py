@@ -147,6 +147,126 @@ class Consistency(TypedDict):
 _CONSISTENCY = "given after: the write waited for and the positions the answer reflects"
 
 
+# -- receipts (api.receipts): what an answer reflects, signed; POST /v1/receipts/verify and /replay -----------------
+
+ReceiptAnswer = Literal["recall", "context", "facts", "history", "events"]
+_RECEIPT_ANSWER = "the read it attests: recall, context, facts, history or events (the audit replay)"
+_KEYED = "HMAC-SHA256 under a secret of the ledger's (never shown), hex: checkable by the ledger only, so no one can "
+_KEYED += "guess personal data from it"
+
+
+class ReceiptCited(TypedDict):
+    """One ledger event the answer shows (the event that made a version, or an event of the audit replay)."""
+
+    version_id: Annotated[str, doc("version_id_for(tenant, event_id): the version it made (of any event: its id)")]
+    memory_id: Annotated[str | None, doc("its fact's id (null: an event of no fact)")]
+    partition: Annotated[int, doc(_PARTITION)]
+    offset: Annotated[int, doc(_OFFSET)]
+    link: Annotated[str | None, doc("the ledger chain's link of that record (hex; null: taken before the chain)")]
+    digest: Annotated[str, doc("the event's content as the ledger holds it (its fingerprint, id and place), " + _KEYED)]
+    subject: Annotated[str, doc("its subject, " + _KEYED + " (finds the erasure of an erased one)")]
+
+
+class ReceiptRanking(TypedDict):
+    """What ranked a recall: the models and the settings of its stages, as configured when it ran."""
+
+    models: Annotated[dict[str, str | None], doc("embedding, embedding_en and rerank model names (null: none)")]
+    settings: Annotated[dict[str, Any], doc("recall's settings: candidate pool, rerank, preferences, access weight")]
+
+
+class Receipt(TypedDict):
+    """What an answer reflects, signed: ids and digests only, never a value or a text."""
+
+    receipt: Annotated[Literal[1], doc("the receipt format")]
+    answer: Annotated[ReceiptAnswer, doc(_RECEIPT_ANSWER)]
+    tenant: Annotated[str, doc(_TENANT)]
+    issued_at: Annotated[Timestamp, doc("when the answer was made")]
+    positions: Annotated[str, doc("the ledger positions the projection had applied (a consistency token)")]
+    as_of: Annotated[Timestamp | None, doc("the valid time of the answer (null: none applies)")]
+    known_at: Annotated[Timestamp, doc("the transaction time of the answer: the request's known_at, or issued_at")]
+    request: Annotated[str, doc("the request's parameters, " + _KEYED)]
+    answer_digest: Annotated[
+        str,
+        doc(
+            "sha256 (hex) of the answer as canonical JSON (sorted keys, no spaces, UTF-8) without `receipt`, "
+            "`consistency` and recall's `trace`"
+        ),
+    ]
+    parts: Annotated[
+        dict[str, str],
+        doc(
+            "sha256 (hex) of each part a replay compares: recall's cues, exact (its exact hits, without their "
+            "access score) and ranked (the version ids of its other hits, in order); facts, versions, events or "
+            "lines (the rows) of the others"
+        ),
+    ]
+    cited: Annotated[list[ReceiptCited], doc("the events behind what the answer shows, in its order")]
+    ranking: Annotated[ReceiptRanking | None, doc("recall (and a context block's question): what ranked it")]
+    key_id: Annotated[str | None, doc("the signing key's id (null: unsigned, no key configured)")]
+    public_key: Annotated[str | None, doc("its Ed25519 public key, base64")]
+    signature: Annotated[
+        str | None, doc("Ed25519 over the receipt without `signature`, as canonical JSON, base64 (null: unsigned)")
+    ]
+
+
+_CITED_STATE = (
+    "held: the ledger holds it at that place with that content and link; erased: its subject was erased since "
+    "(detail says when; nothing is shown); differs: the ledger holds something else there; missing: not found"
+)
+
+
+class ReceiptCheck(TypedDict):
+    version_id: Annotated[str, doc("the cited version")]
+    state: Annotated[Literal["held", "erased", "differs", "missing"], doc(_CITED_STATE)]
+    detail: Annotated[str, doc("in words; an erasure: when and where in the ledger")]
+
+
+class ReceiptVerification(TypedDict):
+    """`POST /v1/receipts/verify`: whether the receipt is the ledger's and what it cites is (or was) in the ledger."""
+
+    valid: Annotated[bool, doc("the signature is valid and every cited event is held or erased")]
+    signature: Annotated[
+        Literal["valid", "invalid", "unsigned", "untrusted"],
+        doc(
+            "valid: by a key this ledger trusts; untrusted: valid under a key it does not trust; invalid: not the "
+            "signature of the receipt as sent (a part of it was changed); unsigned: no signing key was configured"
+        ),
+    ]
+    answer: NotRequired[
+        Annotated[bool | None, doc("given the answer: whether its digest is the receipt's (null: not given)")]
+    ]
+    cited: Annotated[list[ReceiptCheck], doc("one per cited event, in the receipt's order")]
+    erased: Annotated[int, doc("cited events erased since")]
+
+
+class ReplayPart(TypedDict):
+    part: Annotated[str, doc("a part of the receipt's `parts`: cues, exact, ranked, facts, versions or events")]
+    same: Annotated[bool | None, doc("null: not compared (detail says why)")]
+    detail: Annotated[str, doc("in words")]
+
+
+class ReceiptReplay(TypedDict):
+    """`POST /v1/receipts/replay`: the answer re-derived as known at the receipt's positions and times."""
+
+    answer: Annotated[ReceiptAnswer, doc(_RECEIPT_ANSWER)]
+    same: Annotated[bool, doc("every part is the same (none left uncompared)")]
+    identical: Annotated[
+        bool,
+        doc(
+            "the re-derived answer's digest is the receipt's answer_digest, byte for byte (recall: how often a hit "
+            "was served, its `access` score, is not the ledger's and is not replayed)"
+        ),
+    ]
+    answer_digest: Annotated[str, doc("the receipt's")]
+    replayed_digest: Annotated[str, doc("the re-derived answer's")]
+    parts: Annotated[list[ReplayPart], doc("each part compared")]
+    models_differ: Annotated[list[str], doc("recall: the models and settings configured now that differ")]
+    replayed: Annotated[dict[str, Any], doc("the re-derived answer (as the read answers it, without a receipt)")]
+
+
+_RECEIPT = "what the answer reflects, signed (api.receipts; POST /v1/receipts/verify checks it)"
+
+
 class EventResult(TypedDict):
     """What happened to one event of the request."""
 
@@ -221,6 +341,7 @@ class FactsResponse(TypedDict):
     as_of: Annotated[Timestamp, doc("the valid time the facts hold at (the request's as_of, or now)")]
     facts: Annotated[list[FactVersion], doc("the versions in force at as_of, one per fact and episode")]
     consistency: NotRequired[Annotated[Consistency | None, doc(_CONSISTENCY)]]
+    receipt: NotRequired[Annotated[Receipt | None, doc(_RECEIPT)]]
 
 
 class HistoryResponse(TypedDict):
@@ -228,6 +349,7 @@ class HistoryResponse(TypedDict):
     tenant: Annotated[str, doc(_TENANT)]
     versions: Annotated[list[FactVersion], doc("oldest first")]
     consistency: NotRequired[Annotated[Consistency | None, doc(_CONSISTENCY)]]
+    receipt: NotRequired[Annotated[Receipt | None, doc(_RECEIPT)]]
 
 
 class Effect(TypedDict):
@@ -262,6 +384,7 @@ class EventsResponse(TypedDict):
     subject: str
     events: list[LedgerEvent]
     consistency: NotRequired[Annotated[Consistency | None, doc(_CONSISTENCY)]]
+    receipt: NotRequired[Annotated[Receipt | None, doc(_RECEIPT)]]
 
 
 # -- GET /v1/events/{event_id} ------------------------------------------------------------------------
@@ -483,6 +606,7 @@ class RecallResponse(TypedDict):
     hits: Annotated[list[RecallHit], doc("best first: exact hits, then keyword and semantic ones")]
     cues: Annotated[RecallCues, doc("what recall read in the query")]
     trace: Annotated[RecallTrace, doc("how the recall ran: stages, timings, candidates")]
+    receipt: NotRequired[Annotated[Receipt | None, doc(_RECEIPT)]]
 
 
 # -- GET /v1/stats ---------------------------------------------------------------------------------------
@@ -691,6 +815,7 @@ class ContextResponse(TypedDict):
     left_out: Annotated[int, doc("lines that did not fit the budget")]
     text: Annotated[str, doc("the block as format=text answers it")]
     consistency: NotRequired[Annotated[Consistency | None, doc(_CONSISTENCY)]]
+    receipt: NotRequired[Annotated[Receipt | None, doc(_RECEIPT)]]
 
 
 # -- DELETE /v1/subjects/{subject} ----------------------------------------------------------------------------

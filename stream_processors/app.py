@@ -20,9 +20,10 @@ from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.types import TP, Message
 
+from producers.kafka_producer import kafka_connection
 from producers.settings import Settings
 
-__all__ = ["LedgerApp", "PositionedConsumer", "RawSchema", "broker_url", "make_app"]
+__all__ = ["LedgerApp", "PositionedConsumer", "RawSchema", "broker_credentials", "broker_url", "make_app"]
 
 log = logging.getLogger(__name__)
 
@@ -141,11 +142,26 @@ def broker_url(bootstrap: str) -> str:
     return ";".join(f"kafka://{hp.strip()}" for hp in bootstrap.split(",") if hp.strip())
 
 
+def broker_credentials(settings: Settings) -> faust.types.auth.CredentialsT | None:
+    """faust's form of `kafka_connection(settings)`: the same TLS context and SASL user (None: plaintext)."""
+    config = kafka_connection(settings)
+    context = config.get("ssl_context")
+    if "sasl_mechanism" in config:  # faust picks SASL_SSL when given a context, SASL_PLAINTEXT without
+        return faust.SASLCredentials(
+            username=config["sasl_plain_username"],
+            password=config["sasl_plain_password"],
+            mechanism=config["sasl_mechanism"],
+            ssl_context=context,
+        )
+    return faust.SSLCredentials(context) if context is not None else None
+
+
 def make_app(settings: Settings) -> LedgerApp:
     """One App per consumer group; `stream_processors.agents.attach(app, settings)` adds the agent."""
     app = LedgerApp(
         settings.processor_group,
         broker=broker_url(settings.kafka_bootstrap),
+        broker_credentials=broker_credentials(settings),
         store="memory://",
         value_serializer="raw",
         key_serializer="raw",

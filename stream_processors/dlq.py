@@ -57,14 +57,12 @@ class DlqProducer:
     def __init__(self, settings: Settings, *, timeout_s: float = 30.0) -> None:
         self.topic = settings.dlq_topic
         self.timeout_s = timeout_s
-        self._bootstrap = settings.kafka_bootstrap
+        self._settings = settings
         self._producer: KafkaProducer | None = None
 
     def __call__(self, letters: Sequence[DeadLetter]) -> None:
         if self._producer is None:
-            self._producer = kafka_producer(
-                bootstrap_servers=self._bootstrap, client_id="memory-ledger-dlq", max_request_size=1024 * 1024
-            )
+            self._producer = kafka_producer(self._settings, client_id="memory-ledger-dlq", max_request_size=1024 * 1024)
         futures = []
         for letter in letters:
             body = envelope(letter)

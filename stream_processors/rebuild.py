@@ -43,6 +43,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from psycopg import sql
 
+from producers.kafka_producer import kafka_connection
 from producers.settings import Settings
 from producers.topics import end_offsets
 from projections.postgres.access_projector import AccessProjector
@@ -87,7 +88,7 @@ def _batches(
 ) -> Iterator[list[ConsumerRecord]]:
     """The records of `topic` from `start` up to `todo` (exclusive) per partition, in polled batches."""
     consumer = KafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap,
+        **kafka_connection(settings),
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",

@@ -34,6 +34,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaTimeoutError
 
 from producers.contract import EventType, MemoryEvent, wire_fingerprint
+from producers.kafka_producer import kafka_connection
 from producers.keys.kek import KekError
 from producers.keys.signing import key_id, load_signer, parse_public_key
 from producers.records import Incoming
@@ -261,7 +262,7 @@ def verify(settings: Settings, *, batch_size: int = 2000) -> VerifyReport:
                 starts = read_starts(cur, consumer, topic)
             valid = _check_signatures(report, topic, checkpoints, trusted)
             kafka = KafkaConsumer(
-                bootstrap_servers=settings.kafka_bootstrap,
+                **kafka_connection(settings),
                 group_id=None,
                 enable_auto_commit=False,
                 max_poll_records=batch_size,
@@ -396,6 +397,8 @@ def _check_partition(
     last_taken = -1
     rows = _events_rows(cur, p, position)
     letters = _letter_rows(cur, report.topic, p, position)
+    stored_links = _link_rows(cur, report.consumer, report.topic, p, position)  # what receipts cite
+    live = None if head is None else head.first_offset
     upto = min(position, end)
     for batch in _partition_records(kafka, tp, begin, upto, batch_size, stall_s) if upto > begin else ():
         part.records += len(batch)
@@ -405,6 +408,18 @@ def _check_partition(
                 if m.offset >= f:
                     state[0] = link(state[0], p, m.offset, m.key, m.value)
                     state[1] += 1
+            stored = stored_links.pop(m.offset, None)
+            if stored is not None and live is not None and m.offset >= live and stored != chains[live][0]:
+                report.diverged(
+                    Divergence(
+                        "chain",
+                        p,
+                        m.offset,
+                        f"the stored link of offset {m.offset} ({stored.hex()[:16]}…) is not the log's "
+                        f"({chains[live][0].hex()[:16]}…): a receipt citing it would not hold",
+                        after=m.offset - 1,  # every link before it was checked
+                    )
+                )
             for what, h in attested.pop(m.offset, ()):
                 f = h.first_offset
                 if f in broken:
@@ -456,6 +471,18 @@ def _events_rows(cur: psycopg.Cursor, partition: int, position: int) -> dict[int
         (partition, position),
     )
     return {row[0]: dict(zip(EVENT_COLUMNS, row[1:], strict=True)) for row in cur.fetchall()}
+
+
+def _link_rows(cur: psycopg.Cursor, consumer: str, topic: str, partition: int, position: int) -> dict[int, bytes]:
+    found = cur.execute("SELECT to_regclass('chain_links') IS NOT NULL").fetchone()
+    if not (found and found[0]):  # a schema no worker of this version started on yet
+        return {}
+    cur.execute(
+        'SELECT "offset", link FROM chain_links WHERE consumer = %s AND topic = %s AND "partition" = %s '
+        'AND "offset" < %s',
+        (consumer, topic, partition, position),
+    )
+    return {o: bytes(h) for o, h in cur.fetchall()}
 
 
 def _letter_rows(cur: psycopg.Cursor, topic: str, partition: int, position: int) -> dict[int, bytes | None]:

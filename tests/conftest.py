@@ -8,7 +8,6 @@ fails the test: nothing here skips.
 from __future__ import annotations
 
 import os
-import uuid
 
 import pytest
 
@@ -16,11 +15,10 @@ import pytest
 # otherwise); children (workers, indexers, servers) inherit it
 os.environ.setdefault("LEDGER_DEVELOPMENT", "1")
 
+from infra.private import unique_name
 from producers.settings import Settings, get_settings
 
-
-def unique(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+unique = unique_name  # every test's private names: the same rule as the benchmarks'
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, NotRequired
@@ -53,9 +53,16 @@ def _event(**over: Any) -> dict[str, Any]:
     }
 
 
-# (label, method, path template, request kwargs, expected status); {memory_id} is filled in from the data
+# (label, method, path template, request kwargs, expected status); {memory_id} is filled in from the data; kwargs
+# may be a function of the answers before (a receipt's checks take a receipt an answer gave)
 REACHED = encode_token({0: 0})
-REQUESTS: list[tuple[str, str, str, dict[str, Any], int]] = [
+
+
+def _receipt_of(label: str, **more: Any) -> Callable[[dict[str, Answer]], dict[str, Any]]:
+    return lambda done: {"json": {"tenant": TENANT, "receipt": done[label].response.json()["receipt"], **more}}
+
+
+REQUESTS: list[tuple[str, str, str, Any, int]] = [
     ("health", "GET", "/v1/health", {}, 200),
     ("event schema", "GET", "/v1/schema/event", {}, 200),
     ("facts", "GET", "/v1/subjects/{subject}/facts", {"params": {"tenant": TENANT}}, 200),
@@ -148,6 +155,14 @@ REQUESTS: list[tuple[str, str, str, dict[str, Any], int]] = [
         "POST",
         "/v1/dead-letters/discard",
         {"json": {"tenant": TENANT, "partition": 0, "offset": 101, "reason": "schema test"}},
+        200,
+    ),
+    ("receipt verify", "POST", "/v1/receipts/verify", _receipt_of("facts"), 200),
+    (
+        "receipt replay",
+        "POST",
+        "/v1/receipts/replay",
+        _receipt_of("recall exact", request={"query": "P1 backend port"}),
         200,
     ),
 ]
@@ -243,6 +258,8 @@ def answers(world: dict[str, Any]) -> dict[str, Answer]:
             partition=partition,
             offset=offset,
         )
+        if callable(kwargs):
+            kwargs = kwargs(out)
         out[label] = Answer(label, method, template, client.request(method, url, headers=H, **kwargs), expected)
     return out
 

@@ -41,6 +41,7 @@ from api.errors import ApiError
 from api.limits import Bulkhead
 from api.main import create_app
 from api.mcp.tools import TOOLS
+from api.requests import MAX_CITED
 from producers.settings import Settings
 from tests.conftest import unique
 from tests.support import asserted, pipeline
@@ -227,6 +228,18 @@ ATTACKS: dict[tuple[str, str], Callable[[dict[str, Any]], Request]] = {
         "/v1/dead-letters/discard",
         {"json": TOOL_ATTACKS["discard_dead_letter"](s), "headers": HA},
     ),
+    # a receipt citing as many events as one may (its signature no longer holds: every check is still made), and
+    # the replay of the largest audit replay's receipt
+    ("POST", "/v1/receipts/verify"): lambda s: (
+        "POST",
+        "/v1/receipts/verify",
+        {"json": TOOL_ATTACKS["verify_receipt"](s), "headers": HA},
+    ),
+    ("POST", "/v1/receipts/replay"): lambda s: (
+        "POST",
+        "/v1/receipts/replay",
+        {"json": TOOL_ATTACKS["replay_receipt"](s), "headers": HA},
+    ),
     # the app's own routes and mounts
     ("GET", "/"): lambda s: ("GET", "/", {}),
     ("GET", "/openapi.json"): lambda s: ("GET", "/openapi.json", {}),
@@ -277,7 +290,20 @@ TOOL_ATTACKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
         },
     },
     "discard_dead_letter": lambda s: {"tenant": ATTACKER, "partition": 0, "offset": 2**63 - 1, "reason": "r" * 1024},
+    "verify_receipt": lambda s: {"tenant": ATTACKER, "receipt": s["longest_receipt"]},
+    "replay_receipt": lambda s: {
+        "tenant": ATTACKER,
+        "receipt": s["events_receipt"],
+        "request": {"subject": BIG, "limit": 10_000},
+    },
 }
+
+
+def _longest_receipt(receipt: dict[str, Any]) -> dict[str, Any]:
+    """`receipt` citing MAX_CITED events: its own, then copies of them at other places (unsigned by then)."""
+    cited = receipt["cited"]
+    more = [{**cited[i % len(cited)], "offset": 10**9 + i} for i in range(MAX_CITED - len(cited))]
+    return {**receipt, "cited": cited + more}
 
 
 def _app_routes(settings: Settings) -> set[tuple[str, str]]:
@@ -405,6 +431,14 @@ def stack(base_settings: Settings) -> Iterator[dict[str, Any]]:
             ).json()["facts"]
             assert len(facts) == 50, len(facts)
             shared = {"big_memory_id": facts[0]["memory_id"], "events": _events_body()}
+            events = httpx.get(
+                f"{api.url}/v1/subjects/{BIG}/events",
+                params={"tenant": ATTACKER, "limit": 10_000},
+                headers=HA,
+                timeout=60,
+            ).json()
+            shared["events_receipt"] = events["receipt"]
+            shared["longest_receipt"] = _longest_receipt(events["receipt"])
             # the largest batch, applied and indexed before any measurement: the attack then measures what the door
             # does with it (judging, claims, the answer), not the pipeline indexing it once (another process's cores)
             r = httpx.post(f"{api.url}/v1/events", json=shared["events"], headers=HA, timeout=120)

@@ -28,7 +28,7 @@ def test_present_modules_pass() -> None:
     require_extras("orjson", "typer")
 
 
-@pytest.mark.parametrize("command", [["run", "--events", "1"], ["report"]])
+@pytest.mark.parametrize("command", [["run", "--events", "1"], ["report"], ["curve", "--sizes", "1"]])
 def test_each_command_that_plots_checks_before_any_work(command: list[str]) -> None:
     """Run with the plotting library made unimportable: the command stops at once, before any server is asked."""
     code = (

@@ -44,6 +44,7 @@ from producers.keys.envelope import (
 )
 from producers.keys.store import KeyState, subject_digest
 from producers.records import Incoming, decode_record, open_record
+from tests.support.events import changed
 
 pytestmark = pytest.mark.unit
 
@@ -172,22 +173,6 @@ def _paths(sealed: dict[str, Any]) -> list[str]:
     return sorted(out)
 
 
-def _changed(value: Any) -> Any:
-    if isinstance(value, bool):
-        return not value
-    if isinstance(value, int):
-        return value + 1
-    if isinstance(value, float):
-        return value / 2 if value else 0.25
-    if isinstance(value, str):
-        if not value:
-            return "x"
-        return value[:-1] + ("0" if value[-1] != "0" else "1")
-    if value is None:
-        return "x"
-    raise AssertionError(f"no change for {value!r}")
-
-
 def _set(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     data = copy.deepcopy(data)
     *parents, last = path.split(".")
@@ -224,7 +209,7 @@ def test_every_clear_field_changed_fails_authentication(kind: str) -> None:
         must |= {"key", "scope"}
     assert must <= set(paths), must - set(paths)
     for path in paths:
-        bad = _set(sealed, path, _changed(_get(sealed, path)))
+        bad = _set(sealed, path, changed(_get(sealed, path)))
         _refused(orjson.dumps(bad), "bad_ciphertext")
         # and through the envelope alone
         with pytest.raises(InvalidEvent) as exc:

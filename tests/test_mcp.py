@@ -32,6 +32,7 @@ from tests.support.servers import ApiServer, McpHttpServer, mcp_stdio, tool_body
 KEYS = {"k-acme": ["acme"], "k-globex": ["globex"], "k-both": ["acme", "globex"]}
 TRANSPORTS = ["stdio", "http"]
 TOOLS = {"remember", "recall", "recall_at", "facts", "fact_history", "forget", "context", "event_status"}
+TOOLS |= {"verify_receipt", "replay_receipt"}
 # the operator tools (the dead-letter workflow; tests/test_dead_letters.py): listed to every key, run for admins only
 TOOLS |= {"dead_letters", "dead_letter", "redrive_dead_letter", "discard_dead_letter"}
 
@@ -185,12 +186,17 @@ def test_each_tool_runs_the_code_the_http_routes_run(stack: dict[str, Any], tran
             params = {"tenant": "acme", "as_of": facts["as_of"]}
             # the session waited for its own remember (api.mcp.tools.SessionTokens): said so, the rest alike
             assert facts.pop("consistency")["stage"] == "projection"
-            assert _api(stack, "GET", f"/v1/subjects/{subject}/facts", params=params).json() == facts
+            routed = _api(stack, "GET", f"/v1/subjects/{subject}/facts", params=params).json()
+            # each answer has its own receipt (issued then, signed), of the same answer
+            assert routed.pop("receipt")["answer_digest"] == facts.pop("receipt")["answer_digest"]
+            assert routed == facts
             error, chain, _ = await call(client, "fact_history", {"memory_id": first["memory_id"]})
             assert not error and [v["value"] for v in chain["versions"]] == ["window"]
             url = f"/v1/facts/{first['memory_id']}/history"
             assert chain.pop("consistency")["stage"] == "projection"
-            assert _api(stack, "GET", url, params={"tenant": "acme"}).json() == chain
+            routed = _api(stack, "GET", url, params={"tenant": "acme"}).json()
+            assert routed.pop("receipt")["answer_digest"] == chain.pop("receipt")["answer_digest"]
+            assert routed == chain
 
             ask = {"subject": subject, "question": "which seat?", "as_of": "2026-06-01T00:00:00Z"}
             error, block, text = await call(client, "context", ask)

@@ -56,6 +56,8 @@ def calls(subject: str) -> list[tuple[str, Args]]:
         ("recall", lambda _: {"query": "which seat does the user prefer?", "subject": subject, "mode": "hybrid"}),
         ("recall_at", lambda _: {"query": "seat", "as_of": datetime.now(UTC).isoformat(), "subject": subject}),
         ("facts", lambda _: {"subject": subject}),
+        ("verify_receipt", lambda done: {"receipt": done["facts"]["receipt"]}),
+        ("replay_receipt", lambda done: {"receipt": done["facts"]["receipt"], "request": {"subject": subject}}),
         ("fact_history", lambda done: {"memory_id": done["remember"]["memory_id"]}),
         ("context", lambda _: {"subject": subject, "question": "which seat?", "format": "json"}),
         ("context", lambda _: {"subject": subject, "question": "which seat?"}),

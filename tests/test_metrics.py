@@ -12,7 +12,6 @@ answers every scrape with the sum of both processes (multiprocess mode).
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 from collections import Counter
@@ -30,6 +29,7 @@ from starlette.routing import Mount
 
 from api.metrics import UNMATCHED
 from api.metrics import install as install_metrics
+from infra.private import free_port
 from producers.contract import encode
 from producers.metrics import counter, histogram
 from producers.settings import REPO_ROOT, Settings
@@ -55,12 +55,6 @@ K = 3  # recalls through the API
 SECRET_SUBJECT = "user:metrics-secret-4711"  # must never appear in any label
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def parse(text: str) -> Samples:

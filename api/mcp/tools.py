@@ -11,6 +11,7 @@ api.reads / api.writes, the functions the HTTP routes call.
 | forget | api.writes.forget: a memory.retracted of what exists, or erasure | POST /v1/events, DELETE |
 | context | api.reads.context | POST /v1/context |
 | event_status | api.writes.event_status (what became of an event, by its id) | GET /v1/events/{event_id} |
+| verify_receipt, replay_receipt | api.receipts.verify / replay (an answer's receipt) | POST /v1/receipts/.. |
 | dead_letters, dead_letter | api.dead_letters.list_letters / open_letter (operator keys) | GET /v1/dead-letters.. |
 | redrive_dead_letter, discard_dead_letter | api.dead_letters: an event through the door (operator keys) | POST .. |
 
@@ -43,7 +44,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from api import dead_letters, reads, writes
+from api import dead_letters, reads, receipts, writes
 from api.access import caller_of
 from api.errors import ApiError, error_body, store_failure, validation_items
 from api.requests import (
@@ -54,6 +55,8 @@ from api.requests import (
     HistoryParams,
     RecallAtBody,
     RecallBody,
+    ReceiptBody,
+    ReplayBody,
     inline_refs,
 )
 from api.resources import Resources
@@ -69,6 +72,8 @@ from api.schemas import (
     HistoryResponse,
     PublishResponse,
     RecallResponse,
+    ReceiptReplay,
+    ReceiptVerification,
 )
 from producers.consistency import merge_tokens
 from producers.contract import EventType, MemoryEvent
@@ -221,6 +226,8 @@ _DEAD_LETTERS = _schema(dead_letters.DeadLettersParams)
 _DEAD_LETTER = _schema(dead_letters.DeadLetterParams)
 _REDRIVE = _schema(dead_letters.RedriveParams)
 _DISCARD = _schema(dead_letters.DiscardParams)
+_VERIFY = _schema(ReceiptBody)
+_REPLAY = _schema(ReplayBody)
 
 
 # -- what the tools answer ------------------------------------------------------------------------------------
@@ -365,6 +372,14 @@ async def _discard(res: Resources, tenants: frozenset[str], p: dead_letters.Disc
     return done
 
 
+async def _verify_receipt(res: Resources, tenants: frozenset[str], p: ReceiptBody) -> dict[str, Any]:
+    return await receipts.verify(res, tenants, p)
+
+
+async def _replay_receipt(res: Resources, tenants: frozenset[str], p: ReplayBody) -> dict[str, Any]:
+    return await receipts.replay(res, tenants, p)
+
+
 def _hints(*, read_only: bool, destructive: bool = False, idempotent: bool = True) -> ToolAnnotations:
     return ToolAnnotations(
         read_only_hint=read_only, destructive_hint=destructive, idempotent_hint=idempotent, open_world_hint=False
@@ -456,6 +471,28 @@ TOOLS: tuple[ToolSpec, ...] = (
         _model(EventStatusParams, _EVENT_STATUS),
         _event_status,
         _output(EventStatus),
+    ),
+    ToolSpec(
+        "verify_receipt",
+        "Verify a receipt",
+        "Check the receipt an answer (recall, facts, fact_history, context) came with: whether it is this ledger's "
+        "signature and whether every memory it cites is still in the ledger as it was (or was erased since, and when).",
+        _VERIFY,
+        _hints(read_only=True),
+        _model(ReceiptBody, _VERIFY),
+        _verify_receipt,
+        _output(ReceiptVerification),
+    ),
+    ToolSpec(
+        "replay_receipt",
+        "Replay a receipt",
+        "Re-derive the answer a receipt came with, as the ledger knew it then, from the same arguments, and tell "
+        "whether it is the same answer (part by part).",
+        _REPLAY,
+        _hints(read_only=True),
+        _model(ReplayBody, _REPLAY),
+        _replay_receipt,
+        _output(ReceiptReplay),
     ),
     ToolSpec(
         "dead_letters",

@@ -1,7 +1,7 @@
 """One router per resource; this module only includes them (and documents the one error shape on each).
 
 `events`, `erasure`, `facts`, `subjects`, `stats`, `recall`, `context`, `schema`, `health`, `tenants`,
-`subject_search`, `keys`, `dead_letters`: one module each; `_json`: their one way to answer JSON.
+`subject_search`, `keys`, `dead_letters`, `receipts`: one module each; `_json`: their one way to answer JSON.
 """
 
 from typing import Any
@@ -18,6 +18,7 @@ from api.routes import (
     health,
     keys,
     recall,
+    receipts,
     schema,
     stats,
     subject_search,
@@ -41,6 +42,7 @@ ROUTERS: list[tuple[APIRouter, dict[int | str, dict[str, Any]]]] = [
     (erasure.router, ERROR_RESPONSES),
     (recall.router, ERROR_RESPONSES),
     (context.router, ERROR_RESPONSES),  # the prompt-ready memory block
+    (receipts.router, ERROR_RESPONSES),  # check an answer's receipt, re-derive its answer
     (tenants.router, ERROR_RESPONSES),  # the audit console's finders
     (subject_search.router, ERROR_RESPONSES),
     (keys.router, ERROR_RESPONSES),  # data keys for producers, erasure records

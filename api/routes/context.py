@@ -12,6 +12,9 @@ tokenizer (api.tokens). Same state, same request: the same bytes (pass `as_of` t
 A body without `format` is answered as the `Accept` header prefers (`application/json` over `text/plain`:
 json), text otherwise; a `format` in the body always wins.
 
+Its receipt (api.receipts) is `receipt` in `format=json`, and the header `X-Receipt` of the text (base64url of its
+JSON; the receipt is of the json form, whose `text` the text is).
+
 `after` (a write's consistency token): the block is built once the projection (and, for the question, the search
 index) has that write (api.consistency), else 503 `not_yet`; which positions it reflects is `consistency` in
 `format=json`, and the header `X-Consistency-Reflects` of the text.
@@ -24,6 +27,9 @@ the work is bounded by the budget and never holds the event loop.
 
 from __future__ import annotations
 
+import base64
+
+import orjson
 from fastapi import APIRouter, Request, Response
 
 from api import reads
@@ -50,7 +56,10 @@ async def context(body: ContextBody, res: ResourcesDep, tenants: TenantsDep, req
     if body.format == "json":
         return json_response(block.doc)
     seen = block.doc.get("consistency")
-    headers = {"X-Consistency-Reflects": seen["reflects"]} if seen else None  # the text is only the block
+    headers = {"X-Consistency-Reflects": seen["reflects"]} if seen else {}  # the text is only the block
+    # its receipt (of the json form, whose `text` this is): base64url of its JSON
+    if "receipt" in block.doc:
+        headers["X-Receipt"] = base64.urlsafe_b64encode(orjson.dumps(block.doc["receipt"])).decode()
     return Response(block.text.encode(), media_type=TEXT, headers=headers)
 
 

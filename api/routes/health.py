@@ -44,10 +44,10 @@ async def _es(res: Resources) -> dict:
 
 
 async def _kafka(res: Resources) -> dict:
-    bootstrap = res.settings.kafka_bootstrap
-    ok, age = await res.kafka_probe.ok(lambda: kafka_probe(bootstrap, 2.5))
+    settings = res.settings
+    ok, age = await res.kafka_probe.ok(lambda: kafka_probe(settings, 2.5))
     if not ok:
-        raise ConnectionError(f"no broker answers a metadata request at {bootstrap}")
+        raise ConnectionError(f"no broker answers a metadata request at {settings.kafka_bootstrap}")
     return {"age_s": round(age, 3)}
 
 

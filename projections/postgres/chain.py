@@ -193,11 +193,13 @@ def advance_chain(
         state[p] = [bytes(head), offset, count, first]
         last[p] = (last_count, None if age is None else float(age))
     signed: list[Head] = []
+    links: list[bytes] = []
     for r in records:
         s = state.get(r.partition)
         if s is None:
             s = state[r.partition] = [GENESIS, None, 0, r.offset]
         s[0] = link(s[0], r.partition, r.offset, r.key, r.raw)
+        links.append(s[0])
         s[1] = r.offset
         s[2] += 1
         if checkpoints is not None and checkpoints.boundary(s[2]):
@@ -218,6 +220,12 @@ def advance_chain(
             [heads[p].count for p in parts],
             [heads[p].first_offset for p in parts],
         ),
+    )
+    # each record's own link, for the receipts that cite it (a redelivered record links the same: nothing changes)
+    cur.execute(
+        'INSERT INTO chain_links (consumer, topic, "partition", "offset", link) '
+        "SELECT %s, %s, * FROM unnest(%b::int[], %b::bigint[], %b::bytea[]) ON CONFLICT DO NOTHING",
+        (consumer, topic, [r.partition for r in records], [r.offset for r in records], links),
     )
     if checkpoints is not None:
         signed += [h for h in heads.values() if checkpoints.due(h.count, *last.get(h.partition, (None, None)))]

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from producers.contract import EventType, rfc3339
 from projections import shapes
@@ -142,23 +143,48 @@ _CURRENT_FACTS = visible_sql(_COLS, sql.SQL("f.tenant = %(tenant)s AND f.subject
 
 
 async def current_facts(
-    conn: psycopg.AsyncConnection, tenant: str, subject: str, as_of: datetime, known_at: datetime | None = None
+    conn: psycopg.AsyncConnection,
+    tenant: str,
+    subject: str,
+    as_of: datetime,
+    known_at: datetime | None = None,
+    below: Mapping[int, int] | None = None,
 ) -> list[shapes.FactVersion]:
-    """The subject's facts holding at valid time `as_of` (an override wins inside its window)."""
-    if known_at is not None:
-        return [version_dict(v) for v in await _as_known_at(conn, tenant, subject, as_of, known_at)]
-    cur = await conn.execute(_CURRENT_FACTS, {"tenant": tenant, "subject": subject, "t": as_of})
-    rows = [row_to_version(r) for r in await cur.fetchall()]
+    """The subject's facts holding at valid time `as_of` (an override wins inside its window); with `known_at`
+    and/or `below` (partition -> next offset: a receipt's positions) only from the events observed by then and
+    logged below those positions, re-folded."""
+    if known_at is not None or below is not None:
+        rows = await _as_known_at(conn, tenant, subject, as_of, known_at, below)
+        if below is None:
+            return [version_dict(v) for v in rows]
+    else:
+        cur = await conn.execute(_CURRENT_FACTS, {"tenant": tenant, "subject": subject, "t": as_of})
+        rows = [row_to_version(r) for r in await cur.fetchall()]
     rows.sort(key=lambda v: (v.key or "", v.scope, v.valid_from, v.memory_id))
     return [version_dict(v) for v in rows]
 
 
+# an event (or version row) logged below the positions `below` names (jsonb {"partition": next_offset})
+_BELOW = sql.SQL(""" AND "offset" < coalesce((%(below)s::jsonb ->> "partition"::text)::bigint, 0)""")
+
+
+def _below_json(below: Mapping[int, int] | None) -> Jsonb | None:
+    return None if below is None else Jsonb({str(p): o for p, o in below.items()})
+
+
 async def _subject_chains(
-    conn: psycopg.AsyncConnection, tenant: str, subject: str, known_at: datetime | None = None
+    conn: psycopg.AsyncConnection,
+    tenant: str,
+    subject: str,
+    known_at: datetime | None = None,
+    below: Mapping[int, int] | None = None,
 ) -> tuple[dict[str, list[Version]], dict[str, list[Mark]]]:
-    """The subject's versions and marks (retractions, confirmations) per memory_id, observed by `known_at` if given."""
+    """The subject's versions and marks (retractions, confirmations) per memory_id, observed by `known_at` and
+    logged below `below` if given."""
     known = sql.SQL("") if known_at is None else sql.SQL(" AND observed_at <= %(known_at)s")
-    args = {"tenant": tenant, "subject": subject, "known_at": known_at}
+    if below is not None:
+        known = known + _BELOW
+    args = {"tenant": tenant, "subject": subject, "known_at": known_at, "below": _below_json(below)}
     cur = await conn.execute(
         sql.SQL("SELECT {} FROM fact_versions WHERE tenant = %(tenant)s AND subject = %(subject)s{}").format(
             _COLS, known
@@ -184,21 +210,55 @@ async def _subject_chains(
 
 
 async def _as_known_at(
-    conn: psycopg.AsyncConnection, tenant: str, subject: str, as_of: datetime, known_at: datetime
+    conn: psycopg.AsyncConnection,
+    tenant: str,
+    subject: str,
+    as_of: datetime,
+    known_at: datetime | None,
+    below: Mapping[int, int] | None = None,
 ) -> list[Version]:
     async with _one_snapshot(conn):
-        by_fact, marks = await _subject_chains(conn, tenant, subject, known_at)
+        by_fact, marks = await _subject_chains(conn, tenant, subject, known_at, below)
     folded = [v for mid, versions in by_fact.items() for v in fold(versions, marks.get(mid, []))]
     return visible_at(folded, as_of)
 
 
-async def fact_history(conn: psycopg.AsyncConnection, tenant: str, memory_id: str) -> list[shapes.FactVersion]:
-    """The fact's versions, oldest first (by valid time); empty if the tenant has no such fact."""
+async def fact_history(
+    conn: psycopg.AsyncConnection, tenant: str, memory_id: str, below: Mapping[int, int] | None = None
+) -> list[shapes.FactVersion]:
+    """The fact's versions, oldest first (by valid time); empty if the tenant has no such fact. With `below`
+    (partition -> next offset: a receipt's positions): the chain re-folded from the events logged below them."""
+    if below is not None:
+        return await _history_below(conn, tenant, memory_id, below)
     cur = await conn.execute(
         sql.SQL("SELECT {} FROM fact_versions WHERE tenant = %s AND memory_id = %s ORDER BY version").format(_COLS),
         (tenant, memory_id),
     )
     return [version_dict(row_to_version(r)) for r in await cur.fetchall()]
+
+
+async def _history_below(
+    conn: psycopg.AsyncConnection, tenant: str, memory_id: str, below: Mapping[int, int]
+) -> list[shapes.FactVersion]:
+    args = {"tenant": tenant, "memory_id": memory_id, "below": _below_json(below)}
+    async with _one_snapshot(conn):
+        cur = await conn.execute(
+            sql.SQL("SELECT {} FROM fact_versions WHERE tenant = %(tenant)s AND memory_id = %(memory_id)s{}").format(
+                _COLS, _BELOW
+            ),
+            args,
+        )
+        versions = [row_to_version(r) for r in await cur.fetchall()]
+        cur = await conn.execute(
+            sql.SQL(
+                "SELECT event_id, type, valid_from, observed_at, target_version FROM events "
+                "WHERE tenant = %(tenant)s AND memory_id = %(memory_id)s "
+                "AND type IN ('memory.retracted', 'memory.confirmed'){}"
+            ).format(_BELOW),
+            args,
+        )
+        marks = [Mark(eid, typ, vf, obs, target) for eid, typ, vf, obs, target in await cur.fetchall()]
+    return [version_dict(v) for v in fold(versions, marks)]
 
 
 async def subject_versions(conn: psycopg.AsyncConnection, tenant: str, subject: str) -> list[shapes.FactVersion]:
@@ -220,23 +280,34 @@ async def subject_events(
     observed_from: datetime | None = None,
     observed_to: datetime | None = None,
     limit: int = 10_000,
+    below: Mapping[int, int] | None = None,
 ) -> list[shapes.LedgerEvent]:
     """The subject's events in ledger order (partition, offset), optionally within [from, to) of observed_at.
 
     Each carries `effect`: what it does in the subject's current chains ({effect, version_id, detail},
-    projections.versions.effects), computed over all the subject's events, not only the page shown.
+    projections.versions.effects), computed over all the subject's events, not only the page shown. With `below`
+    (partition -> next offset: a receipt's positions) only the events logged below them, effects as they were then.
     """
     async with _one_snapshot(conn):
         cur = await conn.execute(
-            'SELECT event_id, type, kind, memory_id, key, scope, "partition", "offset", observed_at, valid_from, '
-            "valid_to, target_version, payload FROM events WHERE tenant = %(tenant)s AND subject = %(subject)s "
-            "AND (%(f)s::timestamptz IS NULL OR observed_at >= %(f)s) "
-            "AND (%(t)s::timestamptz IS NULL OR observed_at < %(t)s) "
-            'ORDER BY "partition", "offset" LIMIT %(limit)s',
-            {"tenant": tenant, "subject": subject, "f": observed_from, "t": observed_to, "limit": limit},
+            sql.SQL(
+                'SELECT event_id, type, kind, memory_id, key, scope, "partition", "offset", observed_at, valid_from, '
+                "valid_to, target_version, payload FROM events WHERE tenant = %(tenant)s AND subject = %(subject)s "
+                "AND (%(f)s::timestamptz IS NULL OR observed_at >= %(f)s) "
+                "AND (%(t)s::timestamptz IS NULL OR observed_at < %(t)s){} "
+                'ORDER BY "partition", "offset" LIMIT %(limit)s'
+            ).format(sql.SQL("") if below is None else _BELOW),
+            {
+                "tenant": tenant,
+                "subject": subject,
+                "f": observed_from,
+                "t": observed_to,
+                "limit": limit,
+                "below": _below_json(below),
+            },
         )
         rows = await cur.fetchall()
-        by_fact, marks = await _subject_chains(conn, tenant, subject) if rows else ({}, {})
+        by_fact, marks = await _subject_chains(conn, tenant, subject, below=below) if rows else ({}, {})
     done = _effects(by_fact, marks)
     out: list[shapes.LedgerEvent] = []
     for eid, typ, kind, mid, key, scope, part, off, obs, vf, vt, target, payload in rows:

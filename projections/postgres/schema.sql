@@ -366,6 +366,17 @@ CREATE TABLE IF NOT EXISTS chain_heads (
     first_offset  bigint NOT NULL,
     PRIMARY KEY (consumer, topic, "partition")
 );
+-- every record's own link (the chain's value after it), written with the head: a receipt (api.receipts) cites the
+-- link of the event behind each version it shows, and checking it needs no re-read of the log. Hashes only: a link
+-- is over the record's bytes as logged (sealed when encryption is on), so an erasure keeps it
+CREATE TABLE IF NOT EXISTS chain_links (
+    consumer      text NOT NULL,
+    topic         text NOT NULL,
+    "partition"   integer NOT NULL,
+    "offset"      bigint NOT NULL,
+    link          bytea NOT NULL,
+    PRIMARY KEY (consumer, topic, "partition", "offset")
+);
 -- heads signed with the worker's Ed25519 key (producers.keys.signing) every chain_checkpoint_records records or
 -- chain_checkpoint_s seconds; the public key is stored with each, so verifying needs no secret. `ledger rebuild`
 -- carries the live checkpoints over (the attestations of the past are kept, not replaced by the replay's).

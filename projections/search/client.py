@@ -9,13 +9,14 @@ mimetypes follow their plain ones (the client maps them). Every process of ours 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 from elasticsearch import AsyncElasticsearch, Elasticsearch
 from elasticsearch.serializer import NdjsonSerializer, OrjsonSerializer
 
-__all__ = ["SERIALIZERS", "OrjsonNdjsonSerializer", "async_es_client", "es_client"]
+__all__ = ["SERIALIZERS", "OrjsonNdjsonSerializer", "async_es_client", "es_client", "nodes"]
 
 
 class OrjsonNdjsonSerializer(NdjsonSerializer):
@@ -31,11 +32,19 @@ class OrjsonNdjsonSerializer(NdjsonSerializer):
 SERIALIZERS = {"application/json": OrjsonSerializer(), "application/x-ndjson": OrjsonNdjsonSerializer()}
 
 
-def es_client(url: str, request_timeout: float, **kw: Any) -> Elasticsearch:
-    """A synchronous client of `url` with the orjson serializers."""
-    return Elasticsearch(url, request_timeout=request_timeout, serializers=SERIALIZERS, **kw)
+def nodes(url: str | Sequence[str]) -> list[str]:
+    """The node URLs of `url`: one URL, several separated by commas (`LEDGER_ES_URL`), or a list of them."""
+    urls = url.split(",") if isinstance(url, str) else url
+    return [u.strip() for u in urls if u.strip()]
 
 
-def async_es_client(url: str, request_timeout: float, **kw: Any) -> AsyncElasticsearch:
-    """An asyncio client of `url` with the orjson serializers (the API's)."""
-    return AsyncElasticsearch(url, request_timeout=request_timeout, serializers=SERIALIZERS, **kw)
+def es_client(url: str | Sequence[str], request_timeout: float, **kw: Any) -> Elasticsearch:
+    """A synchronous client of `url`'s nodes (see `nodes`) with the orjson serializers. With several nodes the
+    client takes them in turn and sends a request that could not reach one to the next (a node it could not reach
+    rests a while): on a cluster with replicas a stopped node costs a retry, not an error."""
+    return Elasticsearch(nodes(url), request_timeout=request_timeout, serializers=SERIALIZERS, **kw)
+
+
+def async_es_client(url: str | Sequence[str], request_timeout: float, **kw: Any) -> AsyncElasticsearch:
+    """An asyncio client of `url`'s nodes with the orjson serializers (the API's)."""
+    return AsyncElasticsearch(nodes(url), request_timeout=request_timeout, serializers=SERIALIZERS, **kw)

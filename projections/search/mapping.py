@@ -50,15 +50,17 @@ def vector_fields(settings: Settings, dim: int | None = None) -> dict[str, Any]:
     return {"embed_model": {"type": "keyword"}, EN_FIELD: _vector(dim or model_spec(settings.embed_model_en).dim)}
 
 
-def index_body(dim: int, *, shards: int = 1, refresh_interval: str = "1s", en_dim: int | None = None) -> dict[str, Any]:
+def index_body(
+    dim: int, *, shards: int = 1, replicas: int = 0, refresh_interval: str = "1s", en_dim: int | None = None
+) -> dict[str, Any]:
     """Settings and strict mappings for one physical index of fact versions (`en_dim`: embedding_en's;
-    None: the same as `dim`)."""
+    None: the same as `dim`; `replicas`: LEDGER_ES_REPLICAS)."""
     keyword = {"type": "keyword"}
     text = {"type": "text", "analyzer": "cjk_bigram"}
     return {
         "settings": {
             "number_of_shards": shards,
-            "number_of_replicas": 0,
+            "number_of_replicas": replicas,
             "refresh_interval": refresh_interval,
             "analysis": ANALYSIS,
         },
@@ -143,7 +145,9 @@ def ensure_index(es: Elasticsearch, settings: Settings, dim: int) -> str:
     if current:
         _grow(es, current[-1], settings)
         return current[-1]
-    name = create_physical(es, alias, dim, en_dim=vector_fields(settings)["embedding_en"]["dims"])
+    name = create_physical(
+        es, alias, dim, replicas=settings.es_replicas, en_dim=vector_fields(settings)["embedding_en"]["dims"]
+    )
     try:
         es.indices.update_aliases(actions=[{"add": {"index": name, "alias": alias, "is_write_index": True}}])
     except Exception:

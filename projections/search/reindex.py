@@ -108,7 +108,14 @@ def reindex(
     try:
         total = conn.execute("SELECT count(*) FROM fact_versions").fetchone()[0]
         en_dim = vector_fields(settings)[EN_FIELD]["dims"]
-        new = create_physical(es, alias, model_spec(settings.embed_model).dim, refresh_interval="-1", en_dim=en_dim)
+        new = create_physical(
+            es,
+            alias,
+            model_spec(settings.embed_model).dim,
+            replicas=settings.es_replicas,
+            refresh_interval="-1",
+            en_dim=en_dim,
+        )
         done = 0
         try:
             query = rows_sql(sql.SQL("true"), extra=DOC_EXTRA) + sql.SQL(" ORDER BY f.version_id")

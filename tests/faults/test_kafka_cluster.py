@@ -17,8 +17,6 @@ every partition of every topic.
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
 import time
 from collections import Counter
@@ -28,6 +26,7 @@ import orjson
 import pytest
 
 from infra.kafka_cluster import KafkaCluster
+from infra.private import free_ports
 from producers.contract import MemoryEvent
 from producers.sdk import LedgerProducer, PublishError, PublishResult
 from producers.settings import Settings
@@ -45,20 +44,6 @@ TENANT = "cluster"
 KEYS = ("profile.city", "project.port", "order.status")
 BROKERS = 3
 MIN_ISR = 2
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct ports nobody listens on (all held open together while they are picked)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def workload(n: int) -> list[MemoryEvent]:
@@ -128,17 +113,9 @@ def cluster(base_settings: Settings) -> Iterator[KafkaCluster]:
     base = base_settings.data_dir / "kafka-cluster" / unique("c")
     kc = KafkaCluster(base_settings, base, list(zip(ports[0::2], ports[1::2], strict=True)), min_isr=MIN_ISR)
     t0 = time.monotonic()
-    try:
-        kc.start(timeout=180)
+    with kc.running(timeout=180):
         TALLY.timings_s["cluster_start"] = round(time.monotonic() - t0, 1)
         yield kc
-    finally:
-        try:
-            kc.stop(timeout=5)  # the data is deleted next: no need to wait for a clean shutdown
-        finally:
-            kc.remove()
-            with contextlib.suppress(OSError):
-                base.parent.rmdir()  # .data/kafka-cluster/, when no other cluster is in it
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ this package only adds what a test needs around them.
   `search_pending` (both, one snapshot), `private_store`, `cleanup`.
 - writer: `RecorderWriter` (events straight through the PostgreSQL recorder, no Kafka) and `drain_all`
   (the indexer's drain and the embedder's pass until both queues are empty), for search and recall tests.
-- events: factories `asserted`, `facts`, `marked`, `erased`, `episode`, `wire`, times `at(day)` after `T0`.
+- events: factories `asserted`, `facts`, `marked`, `erased`, `episode`, `wire`, times `at(day)` after `T0`;
+  `changed(leaf)`: a JSON leaf with one thing changed (the tamper tests).
 - pipeline: `pipeline(settings, seed=..., indexer=..., app=...)`, the whole ledger for one module;
   `drain_search(settings, timeout)`: every applied version searchable.
 - docs (import it directly): the documents' bash and python blocks run as a reader runs them, and the rules a
@@ -26,7 +27,7 @@ this package only adds what a test needs around them.
 - servers: the ledger's servers (the API, the MCP server) as a test's children on free ports.
 """
 
-from tests.support.events import T0, TENANT, asserted, at, episode, erased, facts, marked, wire
+from tests.support.events import T0, TENANT, asserted, at, changed, episode, erased, facts, marked, wire
 from tests.support.kafka import dlq_envelopes, drop_topics, end_offsets, publish, publish_raw, read_topic
 from tests.support.pipeline import Pipeline, pipeline
 from tests.support.processes import Embedder, Indexer, Process, Worker
@@ -56,6 +57,7 @@ __all__ = [
     "asserted",
     "async_pool",
     "at",
+    "changed",
     "cleanup",
     "dlq_envelopes",
     "drain_all",

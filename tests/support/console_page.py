@@ -112,7 +112,7 @@ class ConsolePage:
         return self.page.eval_on_selector_all("#error .error-item", "es => es.map(e => e.dataset.code)")
 
     def view(self, name: str) -> str:
-        """Open a tab (facts, chain, asof, recall, erasures, ops); the panel's state once it settles."""
+        """Open a tab (facts, chain, asof, recall, erasures, receipt, ops); the panel's state once it settles."""
         self.page.click(f'#tabs button[data-view="{name}"]')
         return self._wait(f"#panel-{name}", also=("empty",))  # a load starts on the click: empty = nothing to load
 
@@ -206,6 +206,41 @@ class ConsolePage:
     def why_shown(self) -> list[dict[str, Any]]:
         """Per hit: the stage, the matched cue chips ({cue: text}), the scores ({name: text}), the verification text."""
         return self.page.eval_on_selector_all("#recall-hits tbody tr", _WHY_JS)
+
+    # -- receipts ----------------------------------------------------------------------------------------
+
+    def open_recall_receipt(self) -> str:
+        """Click "Open its receipt" under the playground's last recall; the Receipt panel's state once it settles."""
+        with self.page.expect_response(lambda r: r.url.endswith("/v1/receipts/verify")):
+            self.page.click("#recall-receipt")
+        return self._wait("#panel-receipt")
+
+    def check_receipt(self, receipt: str, request: str = "") -> str:
+        """In the Receipt view, paste a receipt (or an answer with one) and the request it answered, and check it;
+        the panel's state once it settles."""
+        self.page.click('#tabs button[data-view="receipt"]')
+        self.page.fill("#receipt-json", receipt)
+        self.page.fill("#receipt-request", request)
+        with self.page.expect_response(lambda r: r.url.endswith("/v1/receipts/verify")):
+            self.page.click("#receipt-check")
+        return self._wait("#panel-receipt")
+
+    def receipt_shown(self) -> dict[str, Any]:
+        """The Receipt view: its verdict (data-valid), the summary ({field: text}), the cited events (rows), the
+        replay's verdict (data-same, '' when not replayed) and its parts ({part: same text})."""
+        return {
+            "valid": self.page.eval_on_selector("#panel-receipt", "p => p.dataset.valid ?? ''"),
+            "title": self.page.text_content("#receipt-title") or "",
+            "summary": self.kv("receipt-summary"),
+            "cited": self.rows("receipt-cited"),
+            "replay": self.page.eval_on_selector("#receipt-replay", "b => b.dataset.same ?? ''"),
+            "replay_text": self.page.text_content("#receipt-replay") or "",
+            "parts": self.page.eval_on_selector_all(
+                "#receipt-parts tbody tr",
+                "rs => Object.fromEntries(rs.map(r => [r.dataset.part, r.querySelector('[data-field=same]')"
+                ".textContent]))",
+            ),
+        }
 
     # -- erasures ----------------------------------------------------------------------------------------
 

@@ -92,3 +92,20 @@ def wire(subject: str = "user:1", *, tenant: str = TENANT, **over: Any) -> dict[
         "content": f"{subject} prefers window seats",
     }
     return {k: v for k, v in {**base, **over}.items() if v is not ...}
+
+
+def changed(value: Any) -> Any:
+    """A JSON leaf with one thing changed, of the same type where it has one (the tamper tests' one change)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value / 2 if value else 0.25
+    if isinstance(value, str):
+        if not value:
+            return "x"
+        return value[:-1] + ("0" if value[-1] != "0" else "1")
+    if value is None:
+        return "x"
+    raise AssertionError(f"no change for {value!r}")

@@ -18,6 +18,7 @@ import orjson
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
 from producers.contract import MemoryEvent
+from producers.kafka_producer import kafka_connection
 from producers.sdk import LedgerProducer
 from producers.settings import Settings
 from producers.topics import end_offsets, ensure_topics
@@ -35,7 +36,7 @@ def publish(settings: Settings, events: Iterable[MemoryEvent | dict]) -> list:
 def publish_raw(settings: Settings, records: Sequence[tuple[bytes | None, bytes | None]]) -> list[tuple[int, int]]:
     """Write (key, value) records as they are, like a non-SDK client; returns (partition, offset) each."""
     ensure_topics(settings)
-    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", linger_ms=5)
+    producer = KafkaProducer(**kafka_connection(settings), acks="all", linger_ms=5)
     try:
         futures = [producer.send(settings.topic, key=k, value=v) for k, v in records]
         producer.flush(30)
@@ -48,7 +49,7 @@ def read_topic(settings: Settings, topic: str | None = None, timeout_s: float = 
     """Every record on `topic` (default: the ledger topic) from offset 0 to the end offsets (no consumer group)."""
     topic = topic or settings.topic
     consumer = KafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False, group_id=None, consumer_timeout_ms=1000
+        **kafka_connection(settings), enable_auto_commit=False, group_id=None, consumer_timeout_ms=1000
     )
     try:
         parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
@@ -91,7 +92,7 @@ def dlq_envelopes(
 
 def drop_topics(settings: Settings, *names: str) -> None:
     """Delete `names` (default: the ledger topic, its DLQ and the access topic) if they exist."""
-    admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = KafkaAdminClient(**kafka_connection(settings))
     try:
         existing = set(admin.list_topics())
         doomed = [n for n in (names or (settings.topic, settings.dlq_topic, settings.access_topic)) if n in existing]

@@ -20,12 +20,12 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import psycopg
-from elasticsearch import Elasticsearch
 from fastapi.testclient import TestClient
 
 from producers.contract import MemoryEvent
 from producers.settings import Settings
 from producers.topics import ensure_topics
+from projections.search.client import es_client
 from tests.support.kafka import publish
 from tests.support.processes import Embedder, Indexer, Worker
 from tests.support.stores import cleanup, pg, search_pending, wait_caught_up
@@ -79,7 +79,7 @@ def drain_search(settings: Settings, timeout: float, check: Callable[[], object]
                 return False  # the worker has not created the schema yet
 
         wait_for(drained, timeout, 0.2, "the search outbox and the embed queue to drain")
-    es = Elasticsearch(settings.es_url, request_timeout=30)
+    es = es_client(settings.es_url, request_timeout=30)  # every node of a cluster's
     try:
         es.indices.refresh(index=settings.es_index, ignore_unavailable=True)  # none before the first document
     finally:

@@ -14,11 +14,12 @@
 (() => {
   const KEY_STORE = "memory-ledger.console.api-key";
   const API = new URL("v1/", document.baseURI); // the page is <root>/console, the API <root>/v1/
-  const VIEWS = ["facts", "chain", "asof", "recall", "erasures", "ops"];
+  const VIEWS = ["facts", "chain", "asof", "recall", "erasures", "receipt", "ops"];
   const ERASURES_LIMIT = 100; // records listed per request (the API allows up to 500)
   const LETTERS_LIMIT = 50; // dead letters listed per request; "More" pages on with the API's cursor
   const CLIP = 120; // characters of a value shown before "show all" (a memory can be pages long)
   const FOLLOW_MS = 60000; // how long an action's event is followed until the worker applied it
+  const RECEIPT_FACTS = 50; // the cited facts whose chain the Receipt view reads for "now" (a replay cites thousands)
 
   const $ = (id) => document.getElementById(id);
 
@@ -106,20 +107,21 @@
 
   const apiKey = () => sessionStorage.getItem(KEY_STORE) || "";
 
-  /** Call the API; a status in `accept` (e.g. 503 from /health, whose body says which part is down) is an answer. */
-  async function api(method, path, { params, body, accept } = {}) {
+  /** Call the API; a status in `accept` (e.g. 503 from /health, whose body says which part is down) is an answer.
+   * `raw`: a body that is JSON text already, sent as it is; `withText`: answer {data, text} (the JSON as received). */
+  async function api(method, path, { params, body, raw, accept, withText } = {}) {
     const url = new URL(path, API);
     for (const [k, v] of Object.entries(params || {})) {
       if (v !== undefined && v !== null && v !== "") url.searchParams.set(k, v);
     }
     const headers = { "X-API-Key": apiKey(), Accept: "application/json" };
-    if (body !== undefined) headers["Content-Type"] = "application/json";
+    if (body !== undefined || raw !== undefined) headers["Content-Type"] = "application/json";
     let response;
     try {
       response = await fetch(url, {
         method,
         headers,
-        body: body === undefined ? undefined : JSON.stringify(body),
+        body: raw ?? (body === undefined ? undefined : JSON.stringify(body)),
         cache: "no-store",
         credentials: "omit",
       });
@@ -127,8 +129,9 @@
       throw new ApiError(0, [{ code: "unreachable", field: null, message: `the service did not answer (${exc})` }]);
     }
     let data = null;
+    const text = await response.text().catch(() => "");
     try {
-      data = await response.json();
+      data = JSON.parse(text);
     } catch {
       data = null;
     }
@@ -140,7 +143,7 @@
       if (response.status === 401) signOut(items);
       throw new ApiError(response.status, items);
     }
-    return data;
+    return withText ? { data, text } : data;
   }
 
   const subjectPath = (subject, tail) => `subjects/${encodeURIComponent(subject)}/${tail}`;
@@ -203,6 +206,8 @@
     opsSeq: 0, // the latest Operations load (likewise)
     letter: null, // the dead letter open in the Operations view: "partition:offset"
     lettersNext: null, // the API's cursor for the next page of dead letters
+    recall: null, // the playground's last recall: {body, data} (its receipt can be opened in the Receipt view)
+    receiptSeq: 0, // the latest Receipt check (an earlier one that answers late is dropped)
   };
 
   function readHash() {
@@ -299,6 +304,7 @@
     resetSubject();
     resetErasures();
     resetOps();
+    resetReceipt();
     if (write) writeHash();
     await searchSubjects();
     if (write && state.view === "erasures") await loadErasures();
@@ -919,11 +925,285 @@
     const asOf = $("recall-asof").value.trim();
     if (asOf) body.as_of = asOf;
     if ($("recall-subject-only").checked && state.subject) body.subject = state.subject;
+    state.recall = null;
+    $("recall-receipt").hidden = true;
     await guarded(panel, async () => {
-      const data = await api("POST", "recall", { body });
+      const { data, text } = await api("POST", "recall", { body, withText: true });
       renderCues(data.cues);
       renderTrace(data.trace);
       renderHits(data.hits);
+      state.recall = { body, data, text };
+      $("recall-receipt").hidden = !data.receipt;
+    });
+  }
+
+  // -- receipts: what an answer reflects, checked and replayed ------------------------------------------------------
+
+  const SIGNATURE_KIND = { valid: "active", invalid: "retracted", unsigned: "override", untrusted: "override" };
+  const CITED_KIND = { held: "active", erased: "erased", differs: "retracted", missing: "retracted" };
+
+  function resetReceipt() {
+    state.receiptSeq++;
+    $("panel-receipt").dataset.state = "empty";
+    delete $("panel-receipt").dataset.valid;
+    for (const id of ["receipt-summary", "receipt-cited", "receipt-parts"]) $(id).tBodies[0].replaceChildren();
+    $("receipt-title").textContent = "Receipt";
+    $("receipt-count").textContent = "";
+    $("receipt-replay").replaceChildren();
+    $("receipt-replay").dataset.state = "empty";
+  }
+
+  /** JSON text laid out on lines, by whitespace outside strings only: every number keeps its spelling. A receipt is
+   * signed over its values as the service wrote them, and JavaScript would write some back otherwise (1.0 as 1). */
+  function reindent(text) {
+    let out = "";
+    let depth = 0;
+    let inString = false;
+    const line = () => "\n" + "  ".repeat(depth);
+    for (let i = 0; i < text.length; i++) {
+      const c = text[i];
+      if (inString) {
+        out += c;
+        if (c === "\\") out += text[++i] ?? "";
+        else if (c === '"') inString = false;
+      } else if (c === '"') {
+        inString = true;
+        out += c;
+      } else if (c === "{" || c === "[") {
+        const close = c === "{" ? "}" : "]";
+        let j = i + 1;
+        while (/\s/.test(text[j] ?? "")) j++;
+        if (text[j] === close) {
+          out += c + close; // {} and [] stay on their line
+          i = j;
+        } else {
+          depth++;
+          out += c + line();
+        }
+      } else if (c === "}" || c === "]") {
+        depth--;
+        out += line() + c;
+      } else if (c === ",") out += "," + line();
+      else if (c === ":") out += ": ";
+      else if (!/\s/.test(c)) out += c;
+    }
+    return out;
+  }
+
+  /** The text of each member of a JSON object's text, as written (the object is valid JSON: JSON.parse said so). */
+  function members(text) {
+    const out = {};
+    let depth = 0;
+    let key = null;
+    let start = -1;
+    for (let i = 0; i < text.length; i++) {
+      const c = text[i];
+      if (c === '"') {
+        const from = i;
+        for (i++; text[i] !== '"'; i++) if (text[i] === "\\") i++;
+        if (depth === 1 && key === null) key = JSON.parse(text.slice(from, i + 1));
+      } else if (c === "{" || c === "[") depth++;
+      else if (c === "}" || c === "]") depth--;
+      if (depth === 1 && key !== null && start < 0 && c === ":") start = i + 1;
+      else if (start >= 0 && ((depth === 1 && c === ",") || depth === 0)) {
+        out[key] = text.slice(start, i).trim();
+        key = null;
+        start = -1;
+      }
+    }
+    return out;
+  }
+
+  /** An answer (its JSON text, with its receipt) and the request it answered, opened in the Receipt view. */
+  function openReceipt(text, request) {
+    const { tenant, ...asked } = request; // the view sends the tenant picked above
+    $("receipt-json").value = reindent(text);
+    $("receipt-request").value = JSON.stringify(asked, null, 2);
+    selectView("receipt");
+    checkReceipt();
+  }
+
+  /** The receipt typed in: a receipt, or an answer carrying one (then its digest is checked too); each as JSON text
+   * as typed, sent as it is (the signature and the digests are over the values as the service wrote them). */
+  function readReceipt() {
+    const parsed = (id, field) => {
+      const text = $(id).value.trim();
+      if (!text) return null;
+      try {
+        const v = JSON.parse(text);
+        if (v && typeof v === "object" && !Array.isArray(v)) return v;
+      } catch (exc) {
+        throw new ApiError(0, [{ code: "not_json", field, message: String(exc.message) }]);
+      }
+      throw new ApiError(0, [{ code: "not_an_object", field, message: "a JSON object is expected" }]);
+    };
+    const given = parsed("receipt-json", "receipt");
+    if (!given) throw new ApiError(0, [{ code: "missing", field: "receipt", message: "paste a receipt" }]);
+    const text = $("receipt-json").value.trim();
+    const wrapped = given.receipt && typeof given.receipt === "object";
+    const request = parsed("receipt-request", "request");
+    return {
+      receipt: wrapped ? given.receipt : given,
+      receiptText: wrapped ? members(text).receipt : text,
+      answerText: wrapped ? text : null,
+      requestText: request ? $("receipt-request").value.trim() : null,
+    };
+  }
+
+  /** A request body of JSON texts as they are: {"tenant": .., name: text, ..}. */
+  const rawBody = (parts) =>
+    "{" +
+    Object.entries({ tenant: JSON.stringify(state.tenant), ...parts })
+      .map(([k, v]) => `${JSON.stringify(k)}:${v}`)
+      .join(",") +
+    "}";
+
+  /** Each cited fact's version as the ledger holds it now (its chain, GET /v1/facts/{id}/history), by version id. */
+  async function citedNow(cited, checks) {
+    const facts = [
+      ...new Set(cited.filter((c, i) => c.memory_id && checks[i]?.state === "held").map((c) => c.memory_id)),
+    ].slice(0, RECEIPT_FACTS);
+    const chains = await Promise.all(
+      facts.map((m) =>
+        api("GET", `facts/${encodeURIComponent(m)}/history`, { params: { tenant: state.tenant } })
+          .then((h) => h.versions)
+          .catch(() => []),
+      ),
+    );
+    return new Map(chains.flat().map((v) => [v.version_id, v]));
+  }
+
+  function nowCell(check, version) {
+    if (check.state === "erased") return badge("erased");
+    if (!version) return "—";
+    return [
+      badge(version.status),
+      version.superseded_by ? [" by ", shortId(version.superseded_by)] : "",
+    ];
+  }
+
+  function renderVerification(receipt, v, answerGiven) {
+    $("panel-receipt").dataset.valid = String(v.valid);
+    $("receipt-title").replaceChildren(
+      `Receipt of a ${receipt.answer} answer `,
+      badge(v.valid ? "valid" : "invalid", v.valid ? "active" : "retracted"),
+    );
+    kvRows($("receipt-summary"), [
+      ["signature", "signature", [badge(v.signature, SIGNATURE_KIND[v.signature]), " ", shortId(receipt.key_id)]],
+      [
+        "the answer's digest",
+        "answer",
+        answerGiven ? (v.answer ? "matches the answer given" : badge("differs", "retracted")) : "no answer given",
+      ],
+      ["issued", "issued_at", time(receipt.issued_at)],
+      ["as of (valid time)", "as_of", time(receipt.as_of)],
+      ["known at", "known_at", time(receipt.known_at)],
+      ["ledger positions", "positions", el("code", { class: "id" }, show(receipt.positions))],
+      ["ranked by", "ranking", receipt.ranking ? chips(Object.values(receipt.ranking.models).filter(Boolean)) : "—"],
+      ["cited events erased since", "erased", String(v.erased)],
+    ]);
+  }
+
+  function renderCited(cited, checks, now) {
+    $("receipt-cited").tBodies[0].replaceChildren(
+      ...cited.map((c, i) => {
+        const check = checks[i] || { state: "missing", detail: "not checked" };
+        return el(
+          "tr",
+          { dataset: { versionId: c.version_id, state: check.state } },
+          el("td", null, String(i + 1)),
+          el("td", { dataset: { field: "version" } }, shortId(c.version_id)),
+          el("td", { dataset: { field: "memory" } }, shortId(c.memory_id)),
+          el("td", { dataset: { field: "ledger" } }, ledger(c.partition, c.offset)),
+          el("td", { dataset: { field: "link" } }, c.link ? shortId(c.link) : "— (before the chain)"),
+          el(
+            "td",
+            { dataset: { field: "state" } },
+            badge(check.state, CITED_KIND[check.state]),
+            " ",
+            el("span", { class: "detail", title: check.detail }, shortTimes(check.detail)),
+          ),
+          el("td", { dataset: { field: "now" } }, nowCell(check, now.get(c.version_id))),
+        );
+      }),
+    );
+    $("receipt-count").textContent = plural(cited.length, "event");
+  }
+
+  function renderReplay(r) {
+    const box = $("receipt-replay");
+    box.dataset.same = String(r.same);
+    fill(
+      box,
+      badge(r.same ? "same" : "different", r.same ? "active" : "retracted"),
+      r.same ? " the replay gives the same answer" : " the replay gives another answer",
+      r.identical ? ", byte for byte" : "",
+      r.models_differ.length ? ["; configured differently now: ", chips(r.models_differ)] : "",
+    );
+    $("receipt-parts").tBodies[0].replaceChildren(
+      ...r.parts.map((p) =>
+        el(
+          "tr",
+          { dataset: { part: p.part, same: String(p.same) } },
+          el("th", null, p.part),
+          el(
+            "td",
+            { dataset: { field: "same" } },
+            p.same === null
+              ? badge("not compared", "history")
+              : badge(p.same ? "same" : "differs", p.same ? "active" : "retracted"),
+          ),
+          el("td", { dataset: { field: "detail" } }, p.detail),
+        ),
+      ),
+    );
+  }
+
+  /** Verify the receipt typed in, read what its cited facts are now, then replay it (given the request). */
+  async function checkReceipt() {
+    clearError();
+    const seq = ++state.receiptSeq;
+    const panel = $("panel-receipt");
+    const replayBox = $("receipt-replay");
+    await guarded(panel, async () => {
+      for (const id of ["receipt-summary", "receipt-cited", "receipt-parts"]) $(id).tBodies[0].replaceChildren();
+      replayBox.replaceChildren();
+      replayBox.dataset.state = "empty";
+      delete panel.dataset.valid;
+      const { receipt, receiptText, answerText, requestText } = readReceipt();
+      const asked = answerText ? { receipt: receiptText, answer: answerText } : { receipt: receiptText };
+      const v = await api("POST", "receipts/verify", { raw: rawBody(asked) });
+      const cited = Array.isArray(receipt.cited) ? receipt.cited : [];
+      const now = await citedNow(cited, v.cited);
+      if (seq !== state.receiptSeq) return;
+      renderVerification(receipt, v, Boolean(answerText));
+      renderCited(cited, v.cited, now);
+      if (!requestText || receipt.answer === "context" || v.signature === "invalid") {
+        replayBox.replaceChildren(
+          el(
+            "p",
+            { class: "note" },
+            v.signature === "invalid"
+              ? "Not replayed: the signature does not hold."
+              : receipt.answer === "context"
+                ? "A context block is verified, not replayed: replay the recall and facts it was made of."
+                : "Not replayed: give the request it answered.",
+          ),
+        );
+        return;
+      }
+      replayBox.dataset.state = "loading";
+      try {
+        const r = await api("POST", "receipts/replay", {
+          raw: rawBody({ receipt: receiptText, request: requestText }),
+        });
+        if (seq !== state.receiptSeq) return;
+        renderReplay(r);
+        replayBox.dataset.state = "ready";
+      } catch (err) {
+        replayBox.dataset.state = "error";
+        replayBox.replaceChildren(el("div", { class: "error box-error" }, errorNode(err)));
+      }
     });
   }
 
@@ -1566,7 +1846,7 @@
       b.setAttribute("aria-selected", String(b.dataset.view === view));
     }
     for (const v of VIEWS) $(`panel-${v}`).hidden = v !== view;
-    $("subject-head").hidden = view === "ops"; // the system's view: no subject
+    $("subject-head").hidden = view === "ops" || view === "receipt"; // views of no subject
     writeHash();
     if (!load) return;
     if (view === "chain") loadChain();
@@ -1629,6 +1909,13 @@
     $("recall-form").addEventListener("submit", (ev) => {
       ev.preventDefault();
       runRecall();
+    });
+    $("recall-receipt").addEventListener("click", () => {
+      if (state.recall) openReceipt(state.recall.text, state.recall.body);
+    });
+    $("receipt-form").addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      checkReceipt();
     });
     $("erasures-form").addEventListener("submit", (ev) => {
       ev.preventDefault();

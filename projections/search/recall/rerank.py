@@ -5,8 +5,11 @@ keyword and semantic stages found (each `recall_pool` deep, stages.py) fused bef
 first `rerank_candidates` fuzzy hits (keyword / semantic / hybrid: the fuzzy tier's band, below every exact hit),
 scores each (question, content) pair with the cross-encoder (projections.reranker), and reorders them by
 `rerank_key`: `weight * sigmoid(ce) + (1 - weight) * strength`, where strength is the hit's score within its band
-(fused rank and prior), ties by the order before (scores are rounded to 4 places first, so equal inputs give equal
-rankings whatever the batch they were scored in). The reordered hits take the scores the same positions had
+(fused rank and prior), ties by the order before (scores are rounded to 4 places). A pair is scored alone by default
+(`rerank_batch_size` 1): the int8 model quantizes a batch's activations together and pads it to its longest pair, so
+a pair scored beside others got another logit (by up to 0.4 on the dev set's turns) and the same hits changed order
+with the pool's depth or the deadline; alone, a pair's score is its own, and no padding is computed (BENCHMARKS.md,
+"Dev set: the candidate pool and the rerank curve"). The reordered hits take the scores the same positions had
 before (the multiset of scores is unchanged), so score still orders the response, every exact hit still ranks
 above them, and the fuzzy hits past the candidates stay where they were, below them.
 

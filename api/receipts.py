@@ -1,0 +1,466 @@
+"""Receipts: every answer of recall, context, facts, history and the audit replay says what it reflects, signed.
+
+A receipt (`projections.shapes.Receipt`) holds the ledger positions the projection had applied when the answer was
+read, the answer's valid and transaction times, each event behind what it shows (version id, memory id, partition,
+offset, the ledger chain's link of that record, a keyed digest of the event's content and subject), what ranked a
+recall (models and settings), a digest of the request's parameters (keyed) and of the answer (plain sha256 of its
+canonical JSON, so its holder can check it), and an Ed25519 signature over all of that with the ledger's chain
+signing key (producers.keys.signing, `LEDGER_CHAIN_KEY_FILE`). Ids and digests only: the keyed digests are HMACs
+under the schema's erasure salt (never shown; a rebuild keeps it), because a plain hash of a value or a subject id
+can be found by guessing.
+
+`verify` (`POST /v1/receipts/verify`) checks the signature (and that this ledger trusts its key: the configured
+key's public half or `LEDGER_CHAIN_TRUSTED_KEYS`) and each cited event: held at its place with that content digest
+and link, or erased since (then when and where its erasure is in the ledger, and nothing else). `replay`
+(`POST /v1/receipts/replay`) re-derives the answer from the request's parameters (checked against the receipt's
+digest of them): facts, a fact's history and the audit replay from the events logged below the receipt's positions
+(queries' `below`), recall as of its valid time and as known at its transaction time (the ranked part compared only
+when the same models and settings rank it), and says whether it is the same answer.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import hmac
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+import rfc8785
+from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from api import reads
+from api.deps import check_tenant
+from api.errors import ApiError
+from api.requests import ContextBody, EventsParams, FactsParams, HistoryParams, RecallBody, ReceiptBody, ReplayBody
+from api.resources import Resources
+from producers.consistency import decode_token, encode_token
+from producers.contract import parse_rfc3339, rfc3339, version_id_for
+from producers.keys.signing import ChainSigner, SigningKeyError, load_signer, parse_public_key, signature_valid
+from producers.settings import EmbeddingSettings, RecallSettings, Settings
+from projections import shapes
+from projections.postgres import receipts as rows
+
+__all__ = ["answer_digest", "canonical", "issue", "replay", "request_fields", "verify"]
+
+log = logging.getLogger(__name__)
+
+Answer = Literal["recall", "context", "facts", "history", "events"]
+_SIGNED = b"memory-ledger receipt v1\n"  # what the signature covers: this tag, then the receipt without `signature`
+_EVENT, _SUBJECT, _REQUEST = b"receipt event v1\n", b"receipt subject v1\n", b"receipt request v1\n"
+_VOLATILE = ("receipt", "consistency", "trace")  # left out of the answer's digest: timings and waits, the receipt
+# the parameters that define each answer (a replay takes them again); `after` and `tenant` are not among them
+_REQUESTS: dict[str, type[BaseModel]] = {
+    "recall": RecallBody,
+    "context": ContextBody,
+    "facts": FactsParams,
+    "history": HistoryParams,
+    "events": EventsParams,
+}
+
+
+class _NotPlain(Exception):
+    """A value orjson would not write as RFC 8785 does."""
+
+
+_EXACT = 2.0**53  # below it every whole float is an integer JavaScript writes without a fraction or an exponent
+
+
+def _plain(value: Any) -> Any:
+    """`value` with its whole floats as integers (RFC 8785 writes 1.0 as 1, as JavaScript does); _NotPlain where
+    orjson's bytes would still differ from RFC 8785's: a float below 1e-5 or from 2**53 (exponent rules differ), a
+    key with a character from U+D800 on (RFC 8785 sorts keys by UTF-16 code units, orjson by code points)."""
+    kind = type(value)
+    if kind is float:
+        if value.is_integer() and abs(value) < _EXACT:
+            return int(value)
+        if not 1e-5 <= abs(value) < _EXACT:
+            raise _NotPlain
+        return value
+    if kind is dict:
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str or (not key.isascii() and max(key) >= "\ud800"):
+                raise _NotPlain
+            out[key] = _plain(item)
+        return out
+    if kind is list or kind is tuple:
+        return [_plain(item) for item in value]
+    return value
+
+
+def _jcs(value: Any) -> bytes:
+    """RFC 8785 written out: keys sorted by UTF-16 code units, floats as ECMAScript writes them (the rfc8785
+    library's), strings and integers as orjson writes them (the same escapes; integers exact)."""
+    kind = type(value)
+    if kind is dict:
+        items = sorted(value.items(), key=lambda item: item[0].encode("utf-16-be"))
+        return b"{" + b",".join(orjson.dumps(k) + b":" + _jcs(v) for k, v in items) + b"}"
+    if kind is list or kind is tuple:
+        return b"[" + b",".join(_jcs(v) for v in value) + b"]"
+    if kind is float:
+        return rfc8785.dumps(value)
+    return orjson.dumps(value)
+
+
+def canonical(value: Any) -> bytes:
+    """RFC 8785 (JCS) canonical JSON, what the digests and the signature are over, so a client in any language can
+    rebuild the bytes from the JSON it received (a JavaScript client re-serializing `400.0` writes `400`). orjson writes
+    those bytes once whole floats are integers (`_plain`); the rare rest is written out by `_jcs`. Integers past 2**53
+    are written exactly (RFC 8785 has no digits for them: JavaScript cannot hold them)."""
+    try:
+        return orjson.dumps(_plain(value), option=orjson.OPT_SORT_KEYS)
+    except _NotPlain:
+        return _jcs(value)
+
+
+def answer_digest(answer: Mapping[str, Any]) -> str:
+    """sha256 (hex) of the answer's canonical JSON without its receipt, its consistency and recall's trace."""
+    return hashlib.sha256(canonical({k: v for k, v in answer.items() if k not in _VOLATILE})).hexdigest()
+
+
+def _sha(value: Any) -> str:
+    return hashlib.sha256(canonical(value)).hexdigest()
+
+
+def answer_parts(answer: str, body: Mapping[str, Any]) -> dict[str, str]:
+    """sha256 (hex) of each part a replay compares: recall's cues, its exact hits, and the ids of its ranked hits in
+    their order (their scores move with the index's statistics); the rows of the others."""
+    if answer == "recall":
+        hits = body["hits"]
+        return {
+            "cues": _sha(body["cues"]),
+            "exact": _sha([_ledger_only(h) for h in hits if h["match"]["stage"] == "exact"]),
+            "ranked": _sha([h["version_id"] for h in hits if h["match"]["stage"] != "exact"]),
+        }
+    key = _ROWS[answer]
+    return {key: _sha(body[key])}
+
+
+def _ledger_only(hit: Mapping[str, Any]) -> dict[str, Any]:
+    """A hit without its access score: how often it was served is not the ledger's (a recall as known at a time
+    leaves it out), so a replay could never give it back."""
+    scores = {k: v for k, v in hit["match"]["scores"].items() if k != "access"}
+    return {**hit, "match": {**hit["match"], "scores": scores}}
+
+
+_ROWS = {"facts": "facts", "history": "versions", "events": "events", "context": "lines"}
+
+
+def _keyed(salt: bytes, tag: bytes, value: Any) -> str:
+    return hmac.new(salt, tag + canonical(value), hashlib.sha256).hexdigest()
+
+
+def request_fields(answer: str, params: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters that define an answer, in one spelling (times as RFC 3339 UTC), without tenant, after and
+    receipt."""
+    values = params.model_dump(by_alias=True) if isinstance(params, BaseModel) else dict(params)
+    out: dict[str, Any] = {}
+    for k, v in values.items():
+        if k in ("tenant", "after", "receipt"):
+            continue
+        out[k] = rfc3339(v) if isinstance(v, datetime) else v.model_dump() if isinstance(v, BaseModel) else v
+    return {"answer": answer, **out}
+
+
+@functools.cache
+def _signer(path: Path | None) -> ChainSigner | None:
+    """The chain signing key, read once; a key that cannot be read leaves receipts unsigned (said once, loudly),
+    rather than failing every read."""
+    try:
+        return load_signer(path)
+    except SigningKeyError as exc:
+        log.error("receipts are issued unsigned: %s", exc)
+        return None
+
+
+def ranking(settings: Settings) -> shapes.ReceiptRanking:
+    """What ranks a recall here: the models and recall's settings, as configured."""
+    models = {
+        "embedding": settings.embed_model,
+        "embedding_en": settings.embed_model_en,
+        "rerank": settings.rerank_model if settings.rerank_enabled else None,
+    }
+    tuned = {k: getattr(settings, k) for k in RecallSettings.model_fields}
+    tuned["embed_cross_language"] = settings.embed_cross_language
+    assert "embed_cross_language" in EmbeddingSettings.model_fields
+    return {"models": models, "settings": tuned}
+
+
+async def issue(
+    res: Resources,
+    answer: Answer,
+    tenant: str,
+    body: Mapping[str, Any],
+    request: Mapping[str, Any],
+    event_ids: Sequence[str],
+    *,
+    as_of: datetime | str | None,
+    known_at: datetime | None = None,
+    ranked: bool = False,
+) -> shapes.Receipt:
+    """The signed receipt of `body`, an answer showing the events `event_ids` (in its order, repeats allowed)."""
+    issued = datetime.now(UTC)
+    settings = res.settings
+    ids = list(dict.fromkeys(event_ids))
+    async with res.pool.connection() as conn:
+        salt, positions, found = await rows.receipt_rows(conn, settings.processor_group, settings.topic, tenant, ids)
+    cited: list[shapes.ReceiptCited] = []
+    for eid in ids:
+        row = found.get(eid)
+        if row is not None:
+            cited.append(_cite(salt, tenant, row))
+    signer = _signer(settings.chain_key_file)
+    receipt: dict[str, Any] = {
+        "receipt": 1,
+        "answer": answer,
+        "tenant": tenant,
+        "issued_at": rfc3339(issued),
+        "positions": encode_token(positions or {0: 0}),
+        "as_of": rfc3339(as_of) if isinstance(as_of, datetime) else as_of,
+        "known_at": rfc3339(known_at or issued),
+        "request": _keyed(salt, _REQUEST, dict(request)),
+        "answer_digest": answer_digest(body),
+        "parts": answer_parts(answer, body),
+        "cited": cited,
+        "ranking": ranking(settings) if ranked else None,
+        "key_id": None if signer is None else signer.key_id,
+        "public_key": None if signer is None else base64.b64encode(signer.public).decode(),
+    }
+    sig = None if signer is None else base64.b64encode(signer.sign(_SIGNED + canonical(receipt))).decode()
+    return receipt | {"signature": sig}  # type: ignore[return-value]  # the Receipt shape, built as a dict
+
+
+def _cite(salt: bytes, tenant: str, row: rows.CitedRow) -> shapes.ReceiptCited:
+    return {
+        "version_id": version_id_for(tenant, row.event_id),
+        "memory_id": row.memory_id,
+        "partition": row.partition,
+        "offset": row.offset,
+        "link": None if row.link is None else row.link.hex(),
+        "digest": _keyed(salt, _EVENT, [tenant, row.event_id, row.fingerprint, row.partition, row.offset]),
+        "subject": _keyed(salt, _SUBJECT, [tenant, row.subject])[:32],
+    }
+
+
+# -- checking a receipt --------------------------------------------------------------------------------------
+
+
+def _own(tenants: frozenset[str], tenant: str, receipt: Mapping[str, Any]) -> None:
+    """The caller may use `tenant`, and the receipt is one of that tenant's: else 403, or 404 as for any resource
+    of another tenant (nothing said about it)."""
+    check_tenant(tenant, tenants)
+    if receipt.get("tenant") != tenant:
+        raise ApiError(404, "not_found", f"no such receipt in tenant {tenant!r}", "receipt.tenant")
+
+
+def _trusted(settings: Settings) -> set[bytes]:
+    keys = set()
+    signer = _signer(settings.chain_key_file)
+    if signer is not None:
+        keys.add(signer.public)
+    for text in settings.chain_trusted_keys:
+        try:
+            keys.add(parse_public_key(text))
+        except SigningKeyError:
+            continue  # `ledger verify` names a bad trusted key; a receipt is simply not trusted under it
+    return keys
+
+
+def signature_state(
+    settings: Settings, receipt: Mapping[str, Any]
+) -> Literal["valid", "invalid", "unsigned", "untrusted"]:
+    signature = receipt.get("signature")
+    if signature is None:
+        return "unsigned"
+    body = {k: v for k, v in receipt.items() if k != "signature"}
+    try:
+        public = base64.b64decode(str(receipt.get("public_key") or ""), validate=True)
+        sig = base64.b64decode(str(signature), validate=True)
+    except ValueError:
+        return "invalid"
+    if not signature_valid(public, sig, _SIGNED + canonical(body)):
+        return "invalid"
+    return "valid" if public in _trusted(settings) else "untrusted"
+
+
+def _positions(receipt: Mapping[str, Any]) -> dict[int, int]:
+    try:
+        return decode_token(receipt["positions"])
+    except ValueError as exc:
+        raise ApiError(422, "invalid_value", str(exc), "receipt.positions") from None
+
+
+async def verify(res: Resources, tenants: frozenset[str], body: ReceiptBody) -> shapes.ReceiptVerification:
+    """`POST /v1/receipts/verify` (see the module docstring)."""
+    receipt, tenant, settings = body.receipt, body.tenant, res.settings
+    _own(tenants, tenant, receipt)
+    signature = signature_state(settings, receipt)
+    positions = _positions(receipt)
+    cited: list[dict[str, Any]] = receipt["cited"]
+    places = [(c["partition"], c["offset"]) for c in cited]
+    consumer, topic = settings.processor_group, settings.topic
+    async with res.pool.connection() as conn:
+        salt, _ = await rows.receipt_state(conn, consumer, topic)
+        held = await rows.held_at(conn, consumer, topic, places)
+        gone = [c for c in cited if (c["partition"], c["offset"]) not in held]
+        erased = await rows.erased_versions(conn, tenant, [c["version_id"] for c in gone])
+        gone_places = [(c["partition"], c["offset"]) for c in gone if c["version_id"] in erased]
+        erasures = await rows.erasures_after(conn, tenant, gone_places)
+        links = await rows.links_at(conn, consumer, topic, gone_places)
+
+    def check_all() -> list[shapes.ReceiptCheck]:
+        return [_check(salt, tenant, c, positions, held, erased, erasures, links) for c in cited]
+
+    # two HMACs a cited event: a long receipt's in a worker thread, off the event loop
+    checks = check_all() if len(cited) <= 100 else await run_in_threadpool(check_all)
+    out: shapes.ReceiptVerification = {
+        "valid": signature == "valid" and all(c["state"] in ("held", "erased") for c in checks),
+        "signature": signature,
+        "cited": checks,
+        "erased": sum(c["state"] == "erased" for c in checks),
+    }
+    if body.answer is not None:
+        out["answer"] = answer_digest(body.answer) == receipt["answer_digest"]
+        out["valid"] = out["valid"] and out["answer"]
+    return out
+
+
+def _check(
+    salt: bytes,
+    tenant: str,
+    c: Mapping[str, Any],
+    positions: Mapping[int, int],
+    held: Mapping[tuple[int, int], tuple[str, rows.CitedRow]],
+    erased: set[str],
+    erasures: Sequence[rows.Erasure],
+    links: Mapping[tuple[int, int], bytes],
+) -> shapes.ReceiptCheck:
+    vid, place = c["version_id"], (c["partition"], c["offset"])
+
+    def state(s: Literal["held", "erased", "differs", "missing"], detail: str) -> shapes.ReceiptCheck:
+        return {"version_id": vid, "state": s, "detail": detail}
+
+    if place[1] >= positions.get(place[0], 0):
+        return state("differs", "cited at a place past the receipt's positions")
+    found = held.get(place)
+    if found is not None:
+        owner, row = found
+        if owner != tenant or version_id_for(tenant, row.event_id) != vid:
+            return state("differs", "the ledger holds another event at that place")
+        wrong = [
+            name
+            for name, ok in (
+                ("digest", _cite(salt, tenant, row)["digest"] == c["digest"]),
+                ("link", (row.link.hex() if row.link is not None else None) == c["link"]),
+                ("memory_id", row.memory_id == c["memory_id"]),
+                ("subject", _cite(salt, tenant, row)["subject"] == c["subject"]),
+            )
+            if not ok
+        ]
+        if wrong:
+            return state("differs", "the ledger holds this event with another " + ", ".join(wrong))
+        return state("held", f"in the ledger at partition {place[0]} offset {place[1]}")
+    if vid not in erased:
+        return state("missing", "the ledger holds no such event at that place")
+    stored = links.get(place)
+    if c["link"] is not None and stored is not None and stored.hex() != c["link"]:
+        return state("differs", "erased since, and the chain link at its place is not the receipt's")
+    for e in erasures:
+        if (
+            e.partition == place[0]
+            and e.offset > place[1]
+            and _keyed(salt, _SUBJECT, [tenant, e.subject])[:32] == c["subject"]
+        ):
+            return state("erased", f"erased at {rfc3339(e.at)} (partition {e.partition} offset {e.offset})")
+    return state("erased", "erased (its erasure is not in the projection any more)")
+
+
+# -- replaying a receipt -------------------------------------------------------------------------------------
+
+
+async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> shapes.ReceiptReplay:
+    """`POST /v1/receipts/replay` (see the module docstring)."""
+    receipt, tenant, settings = body.receipt, body.tenant, res.settings
+    _own(tenants, tenant, receipt)
+    if signature_state(settings, receipt) == "invalid":
+        raise ApiError(422, "invalid_value", "the receipt's signature does not hold (verify it)", "receipt.signature")
+    answer: Answer = receipt["answer"]
+    if answer == "context":
+        raise ApiError(
+            422,
+            "invalid_value",
+            "a context block is verified, not replayed: replay the recall and facts it was made of",
+            "receipt.answer",
+        )
+    try:
+        params = _REQUESTS[answer].model_validate({**body.request, "tenant": tenant})
+    except ValidationError as exc:
+        item = exc.errors()[0]
+        where = ".".join(str(p) for p in item["loc"])
+        raise ApiError(
+            422, "invalid_value", f"not the parameters of a {answer} read: {item['msg']}", f"request.{where}"
+        ) from None
+    async with res.pool.connection() as conn:
+        salt, _ = await rows.receipt_state(conn, settings.processor_group, settings.topic)
+    if _keyed(salt, _REQUEST, request_fields(answer, params)) != receipt["request"]:
+        raise ApiError(422, "invalid_value", "these are not the parameters the receipt was made for", "request")
+    below = _positions(receipt)
+    as_of = None if receipt["as_of"] is None else parse_rfc3339(receipt["as_of"])
+    known_at = parse_rfc3339(receipt["known_at"])
+    differ: list[str] = []
+    if answer == "facts":
+        assert isinstance(params, FactsParams) and as_of is not None
+        again: dict[str, Any] = await reads.subject_facts(
+            res, tenants, tenant, params.subject, as_of, params.known_at, below=below, receipt=False
+        )
+    elif answer == "history":
+        assert isinstance(params, HistoryParams)
+        again = await reads.history(res, tenants, tenant, params.memory_id, below=below, receipt=False)
+    elif answer == "events":
+        assert isinstance(params, EventsParams)
+        again = await reads.subject_log(
+            res, tenants, tenant, params.subject, params.from_, params.to, params.limit, below=below, receipt=False
+        )
+    else:
+        assert isinstance(params, RecallBody)
+        differ = _differ(receipt.get("ranking"), ranking(settings))
+        ask = params.model_copy(update={"as_of": as_of, "known_at": known_at, "after": None})
+        again = await reads.recall(res, tenants, ask, receipt=False, record=False, below=below)
+    now = answer_parts(answer, again)
+    parts: list[shapes.ReplayPart] = []
+    for name, then in receipt["parts"].items():
+        if name == "ranked" and differ:
+            parts.append({"part": name, "same": None, "detail": "not compared: " + ", ".join(differ) + " differ now"})
+        elif name in now:
+            same = now[name] == then
+            parts.append({"part": name, "same": same, "detail": "the same" if same else "differs"})
+    digest = answer_digest(again)
+    return {
+        "answer": answer,
+        "same": bool(parts) and all(p["same"] is True for p in parts),
+        "identical": digest == receipt["answer_digest"],
+        "answer_digest": receipt["answer_digest"],
+        "replayed_digest": digest,
+        "parts": parts,
+        "models_differ": differ,
+        "replayed": again,
+    }
+
+
+def _differ(then: Mapping[str, Any] | None, now: shapes.ReceiptRanking) -> list[str]:
+    if then is None:
+        return []
+    out = [
+        f"{group}.{k}"
+        for group in ("models", "settings")
+        for k in sorted(set(then.get(group, {})) | set(now[group]))  # type: ignore[literal-required]
+        if then.get(group, {}).get(k) != now[group].get(k)  # type: ignore[literal-required]
+    ]
+    return out

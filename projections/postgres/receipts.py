@@ -1,0 +1,150 @@
+"""What a receipt (api.receipts) reads of the projection: the positions and the erasure salt when it is made, the
+events it cites with their chain links, and, when it is checked, what the ledger holds at the places it cites.
+
+Ids, fingerprints, positions and links only: nothing here reads a value or a text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+
+from projections.postgres.idempotency import ID_HASH_SQL
+
+__all__ = [
+    "CitedRow",
+    "Erasure",
+    "erased_versions",
+    "erasures_after",
+    "held_at",
+    "links_at",
+    "receipt_rows",
+    "receipt_state",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CitedRow:
+    """An `events` row a receipt cites, with the chain link of its record (None: taken before the chain)."""
+
+    event_id: str
+    memory_id: str | None
+    partition: int
+    offset: int
+    fingerprint: str
+    subject: str
+    link: bytes | None
+
+
+def _rows(rows: Sequence[tuple]) -> list[CitedRow]:
+    return [CitedRow(eid, mid, p, o, fp, s, None if h is None else bytes(h)) for eid, mid, p, o, fp, s, h in rows]
+
+
+async def receipt_state(conn: psycopg.AsyncConnection, consumer: str, topic: str) -> tuple[bytes, dict[int, int]]:
+    """The schema's erasure salt (the receipts' digest key: a rebuild keeps it) and the stored positions."""
+    salt, positions, _ = await receipt_rows(conn, consumer, topic, "", ())
+    return salt, positions
+
+
+# one statement, one round trip: what a receipt is made of (recall's latency pays for it on every answer)
+_RECEIPT = """
+SELECT (SELECT value FROM meta WHERE name = 'erasure_salt'),
+       (SELECT coalesce(jsonb_object_agg("partition", next_offset), '{}'::jsonb) FROM positions
+        WHERE consumer = %(consumer)s AND topic = %(topic)s),
+       (SELECT coalesce(jsonb_agg(jsonb_build_array(e.event_id, e.memory_id, e."partition", e."offset", e.fingerprint,
+                                                    e.subject, encode(l.link, 'hex'))), '[]'::jsonb)
+        FROM events e LEFT JOIN chain_links l ON l.consumer = %(consumer)s AND l.topic = %(topic)s
+          AND l."partition" = e."partition" AND l."offset" = e."offset"
+        WHERE e.tenant = %(tenant)s AND e.event_id = ANY(%(ids)s))"""
+
+
+async def receipt_rows(
+    conn: psycopg.AsyncConnection, consumer: str, topic: str, tenant: str, event_ids: Sequence[str]
+) -> tuple[bytes, dict[int, int], dict[str, CitedRow]]:
+    """The erasure salt, the stored positions, and event_id -> its `events` row and link for the tenant's events
+    among `event_ids`: in one statement (indexed reads)."""
+    args = {"consumer": consumer, "topic": topic, "tenant": tenant, "ids": list(event_ids)}
+    cur = await conn.execute(_RECEIPT, args)
+    row = await cur.fetchone()
+    assert row is not None
+    salt, positions, cited = row
+    found = {
+        eid: CitedRow(eid, mid, p, o, fp, subject, None if link is None else bytes.fromhex(link))
+        for eid, mid, p, o, fp, subject, link in cited
+    }
+    return bytes.fromhex(salt or ""), {int(p): int(o) for p, o in positions.items()}, found
+
+
+async def held_at(
+    conn: psycopg.AsyncConnection, consumer: str, topic: str, places: Sequence[tuple[int, int]]
+) -> dict[tuple[int, int], tuple[str, CitedRow]]:
+    """(partition, offset) -> (tenant, the events row there with its link), for the places that hold one."""
+    if not places:
+        return {}
+    cur = await conn.execute(
+        'SELECT e.tenant, e.event_id, e.memory_id, e."partition", e."offset", e.fingerprint, e.subject, l.link '
+        "FROM unnest(%(p)s::int[], %(o)s::bigint[]) AS q(p, o) "
+        'JOIN events e ON e."partition" = q.p AND e."offset" = q.o '
+        'LEFT JOIN chain_links l ON l.consumer = %(consumer)s AND l.topic = %(topic)s AND l."partition" = q.p '
+        'AND l."offset" = q.o',
+        {"p": [p for p, _ in places], "o": [o for _, o in places], "consumer": consumer, "topic": topic},
+    )
+    return {(r[3], r[4]): (r[0], _rows([r[1:]])[0]) for r in await cur.fetchall()}
+
+
+async def links_at(
+    conn: psycopg.AsyncConnection, consumer: str, topic: str, places: Sequence[tuple[int, int]]
+) -> dict[tuple[int, int], bytes]:
+    """(partition, offset) -> the stored chain link there (kept through an erasure: it hashes sealed bytes)."""
+    if not places:
+        return {}
+    cur = await conn.execute(
+        'SELECT l."partition", l."offset", l.link FROM unnest(%(p)s::int[], %(o)s::bigint[]) AS q(p, o) '
+        'JOIN chain_links l ON l.consumer = %(consumer)s AND l.topic = %(topic)s AND l."partition" = q.p '
+        'AND l."offset" = q.o',
+        {"p": [p for p, _ in places], "o": [o for _, o in places], "consumer": consumer, "topic": topic},
+    )
+    return {(p, o): bytes(h) for p, o, h in await cur.fetchall()}
+
+
+async def erased_versions(conn: psycopg.AsyncConnection, tenant: str, version_ids: Sequence[str]) -> set[str]:
+    """Those of `version_ids` an erasure of the tenant purged (`erased_versions`, salted hashes)."""
+    if not version_ids:
+        return set()
+    cur = await conn.execute(
+        f"SELECT v FROM unnest(%s::text[]) AS q(v) WHERE EXISTS (SELECT 1 FROM erased_versions e "
+        f"WHERE e.tenant = %s AND e.id_hash = {ID_HASH_SQL.format('q.v')})",
+        (list(version_ids), tenant),
+    )
+    return {v for (v,) in await cur.fetchall()}
+
+
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """A subject.erased tombstone: where and when (its observed_at), and its subject (only to match a digest)."""
+
+    subject: str
+    partition: int
+    offset: int
+    at: datetime
+
+
+async def erasures_after(
+    conn: psycopg.AsyncConnection, tenant: str, places: Sequence[tuple[int, int]]
+) -> list[Erasure]:
+    """The tenant's erasure tombstones logged after any of `places` in its partition, in log order."""
+    if not places:
+        return []
+    first: dict[int, int] = {}
+    for p, o in places:
+        first[p] = min(o, first.get(p, o))
+    cur = await conn.execute(
+        'SELECT e.subject, e."partition", e."offset", e.observed_at FROM unnest(%s::int[], %s::bigint[]) AS q(p, o) '
+        "JOIN events e ON e.tenant = %s AND e.type = 'subject.erased' AND e.\"partition\" = q.p "
+        'AND e."offset" > q.o ORDER BY e."partition", e."offset"',
+        (list(first), list(first.values()), tenant),
+    )
+    return [Erasure(*r) for r in await cur.fetchall()]

@@ -1,0 +1,360 @@
+"""Receipts on answers, and checking them: `POST /v1/receipts/verify` and `/replay` (api.receipts).
+
+On the real servers (a private ledger, the worker, indexer and embedder as they run, the app in process, signing
+with a key of the test's): every read (recall, context, facts, history, the audit replay) answers a receipt that
+verifies, with the answer's digest, and holds no value or text of the answer; a receipt with any one field changed
+does not verify (each field in turn, leaf by leaf, and one byte of its JSON); replay of a recall made before a
+supersession gives the first answer (and the facts, history and audit replay receipts replay the same); a cited
+version erased since verifies as "erased at ..." and shows nothing of it; another tenant's receipt is refused (404
+to a key of both tenants, 403 to a key of the other only), over HTTP and the MCP tools alike; a replay with other
+parameters than the receipt's is refused naming `request`; a chain link changed in PostgreSQL fails the receipt that
+cites it and `ledger verify` names its place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from api.mcp.tools import TOOLS, run_tool
+from api.receipts import answer_digest, canonical
+from api.resources import Resources
+from producers.keys.signing import new_signing_key
+from producers.settings import Settings
+from stream_processors.verify import verify
+from tests.conftest import unique
+from tests.support import changed, pg, pipeline
+
+TENANT, OTHER = "rcpt", "rcpt-other"
+KEY, OTHER_KEY = "k-rcpt", "k-rcpt-other"  # KEY may use both tenants, OTHER_KEY only the other
+KEYS = {KEY: [TENANT, OTHER], OTHER_KEY: [OTHER]}
+H, H_OTHER = {"X-API-Key": KEY}, {"X-API-Key": OTHER_KEY}
+SUBJECT, GONE = "project:R1", "user:r9"
+SECRET = "sekrit-port-8181"  # a value that must appear in no receipt
+
+
+def _fact(subject: str, key: str, value: Any, event_id: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "type": "memory.asserted",
+        "tenant": fields.pop("tenant", TENANT),
+        "event_id": event_id,
+        "subject": subject,
+        "key": key,
+        "value": value,
+        "entities": ["R1"],
+        "aliases": ["backend port"],
+        "content": f"{subject} {key} is {value}",
+        **fields,
+    }
+
+
+@pytest.fixture(scope="module")
+def stack(base_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    key_file = tmp_path_factory.mktemp("receipts") / "chain-key"
+    key_file.write_bytes(new_signing_key())
+    key_file.chmod(0o600)
+    settings = base_settings.private(unique("rcpt"), api_keys=KEYS, chain_key_file=key_file)
+    with pipeline(settings, app=True) as pipe:
+        pipe.publish(
+            [
+                _fact(SUBJECT, "project.port", SECRET, "r1-port-1"),
+                _fact(GONE, "contact.email", "ann@example.com", "r9-mail", entities=[], aliases=[]),
+                _fact(SUBJECT, "project.port", 1, "other-1", tenant=OTHER),
+            ]
+        )
+        pipe.settle()
+        yield pipe
+
+
+def _post(pipe: Any, path: str, body: dict[str, Any], headers: dict[str, str] = H) -> Any:
+    return pipe.client.post(path, json=body, headers=headers)
+
+
+def _get(pipe: Any, path: str, headers: dict[str, str] = H, **params: Any) -> Any:
+    return pipe.client.get(path, params={"tenant": TENANT, **params}, headers=headers)
+
+
+def _recall(pipe: Any, **extra: Any) -> dict[str, Any]:
+    body = {"tenant": TENANT, "subject": SUBJECT, "query": "R1 backend port", **extra}
+    r = _post(pipe, "/v1/recall", body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _verify(pipe: Any, receipt: dict[str, Any], answer: Any = None, headers: dict[str, str] = H) -> Any:
+    body = {"tenant": receipt.get("tenant", TENANT), "receipt": receipt}
+    if answer is not None:
+        body["answer"] = answer
+    return _post(pipe, "/v1/receipts/verify", body, headers)
+
+
+def _every_answer(pipe: Any) -> dict[str, dict[str, Any]]:
+    recall = _recall(pipe)
+    memory_id = recall["hits"][0]["memory_id"]
+    context = _post(
+        pipe,
+        "/v1/context",
+        {"tenant": TENANT, "subject": SUBJECT, "question": "R1 backend port", "format": "json"},
+    )
+    out = {
+        "recall": recall,
+        "context": context.json(),
+        "facts": _get(pipe, f"/v1/subjects/{SUBJECT}/facts").json(),
+        "history": _get(pipe, f"/v1/facts/{memory_id}/history").json(),
+        "events": _get(pipe, f"/v1/subjects/{SUBJECT}/events").json(),
+    }
+    return out
+
+
+def test_every_answer_has_a_receipt_that_verifies_and_holds_no_data(stack: Any) -> None:
+    for name, answer in _every_answer(stack).items():
+        receipt = answer["receipt"]
+        assert receipt["answer"] == name and receipt["tenant"] == TENANT
+        assert receipt["signature"] and receipt["key_id"]
+        assert receipt["cited"], name
+        for c in receipt["cited"]:
+            assert len(c["link"]) == 64 and c["offset"] < 10**6
+        assert receipt["answer_digest"] == answer_digest(answer)
+        text = canonical(receipt).decode()
+        assert SECRET not in text and SUBJECT not in text and "backend port" not in text, name
+        r = _verify(stack, receipt, answer)
+        assert r.status_code == 200, r.text
+        checked = r.json()
+        assert checked["valid"] is True and checked["signature"] == "valid" and checked["answer"] is True, checked
+        assert [c["state"] for c in checked["cited"]] == ["held"] * len(receipt["cited"])
+    assert "receipt" not in _recall(stack, receipt=False)  # one recall without: a database read less
+    # the text block's receipt, in its header, is the json form's
+    text = _post(stack, "/v1/context", {"tenant": TENANT, "subject": SUBJECT, "as_of": "2030-01-01T00:00:00Z"})
+    receipt = orjson.loads(base64.urlsafe_b64decode(text.headers["X-Receipt"]))
+    assert receipt["answer"] == "context" and _verify(stack, receipt).json()["valid"] is True
+
+
+def _leaves(value: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _leaves(v, (*path, i))
+    else:
+        yield path, value
+
+
+def test_a_receipt_with_any_field_changed_does_not_verify(stack: Any) -> None:
+    answers = _every_answer(stack)
+    for name in ("recall", "facts"):
+        receipt = answers[name]["receipt"]
+        assert _verify(stack, receipt).json()["valid"] is True
+        for path, value in _leaves(receipt):
+            bad = copy.deepcopy(receipt)
+            holder = bad
+            for step in path[:-1]:
+                holder = holder[step]
+            holder[path[-1]] = changed(value)
+            r = _verify(stack, bad)
+            where = ".".join(map(str, path))
+            if r.status_code == 200:
+                assert r.json()["valid"] is False, (name, where)
+            else:  # a change the shape refuses (a literal), or another tenant's name
+                assert r.status_code in (403, 404, 422), (name, where, r.text)
+        # one byte of its JSON, wherever it still parses as a receipt
+        raw = canonical(receipt)
+        for i in range(0, len(raw), max(1, len(raw) // 97)):
+            flipped = raw[:i] + bytes([raw[i] ^ 0x01]) + raw[i + 1 :]
+            try:
+                bad = orjson.loads(flipped)
+            except orjson.JSONDecodeError:
+                continue
+            if bad == receipt:
+                continue
+            r = _verify(stack, bad) if isinstance(bad, dict) else None
+            if r is not None and r.status_code == 200:
+                assert r.json()["valid"] is False, (name, i)
+        # the answer with one value changed is not the receipt's
+        answer = copy.deepcopy(answers[name])
+        rows = answer["hits"] if name == "recall" else answer["facts"]
+        rows[0]["value"] = "8182"
+        assert _verify(stack, receipt, answer).json() | {"cited": None} == {
+            "valid": False,
+            "signature": "valid",
+            "answer": False,
+            "cited": None,
+            "erased": 0,
+        }
+
+
+def test_hostile_receipts_are_refused_naming_the_field(stack: Any) -> None:
+    receipt = _get(stack, f"/v1/subjects/{SUBJECT}/facts").json()["receipt"]
+    (c,) = receipt["cited"]
+    for bad in (
+        {"offset": 2**63},
+        {"offset": -1},
+        {"partition": 2**40},
+        {"version_id": "v\u0000x"},
+        {"memory_id": "m" * 100_000},
+    ):
+        r = _verify(stack, {**receipt, "cited": [{**c, **bad}]})
+        assert r.status_code == 422 and r.json()["detail"][0]["field"].startswith("receipt"), (bad, r.text)
+    for bad in ({"positions": "not a token"}, {"public_key": "!!"}, {"signature": "\u0000"}):
+        r = _verify(stack, {**receipt, **bad})
+        assert r.status_code in (200, 422), (bad, r.text)
+        assert r.status_code == 422 or r.json()["valid"] is False
+    r = _verify(stack, {**receipt, "cited": [c] * 10_001})
+    assert r.status_code == 422, r.text[:300]
+
+
+def _replay(pipe: Any, receipt: dict[str, Any], request: dict[str, Any], headers: dict[str, str] = H) -> Any:
+    return _post(pipe, "/v1/receipts/replay", {"tenant": TENANT, "receipt": receipt, "request": request}, headers)
+
+
+def test_replay_of_a_recall_before_a_supersession_gives_the_first_answer(stack: Any) -> None:
+    subject = "project:R2"
+    asked = {"subject": subject, "query": "R2 backend port"}
+    stack.publish([_fact(subject, "project.port", 7001, "r2-port-1", entities=["R2"])])
+    stack.settle()
+    first = _recall(stack, **asked)
+    facts = _get(stack, f"/v1/subjects/{subject}/facts").json()
+    memory_id = first["hits"][0]["memory_id"]
+    history = _get(stack, f"/v1/facts/{memory_id}/history").json()
+    events = _get(stack, f"/v1/subjects/{subject}/events").json()
+    assert [h["value"] for h in first["hits"]] == [7001]
+    stack.publish([_fact(subject, "project.port", 7002, "r2-port-2", entities=["R2"])])  # supersedes it
+    stack.settle()
+    second = _recall(stack, **asked)
+    assert [h["value"] for h in second["hits"]] == [7002]
+
+    r = _replay(stack, first["receipt"], asked)
+    assert r.status_code == 200, r.text
+    replayed = r.json()
+    assert replayed["same"] is True and replayed["identical"] is True, replayed["parts"]
+    assert replayed["replayed"]["hits"] == first["hits"]
+    assert {p["part"]: p["same"] for p in replayed["parts"]} == {"cues": True, "exact": True, "ranked": True}
+    assert replayed["models_differ"] == []
+    again = _replay(stack, second["receipt"], asked).json()
+    # the second: the same; byte for byte only if the fact's access from the first recall was not projected yet when
+    # the second ran: how often a hit was served (its `access` score) is no part of the ledger and is not replayed
+    assert again["same"] is True and [h["value"] for h in again["replayed"]["hits"]] == [7002]
+    assert again["identical"] is ("access" not in second["hits"][0]["match"]["scores"])
+
+    for answer, request in (
+        (facts, {"subject": subject}),
+        (history, {"memory_id": memory_id}),
+        (events, {"subject": subject}),
+    ):
+        kind = answer["receipt"]["answer"]
+        r = _replay(stack, answer["receipt"], request)
+        assert r.status_code == 200, r.text
+        assert r.json()["same"] is True, (kind, r.json()["parts"])
+    now = _get(stack, f"/v1/subjects/{subject}/facts").json()  # the answer now is not the first
+    assert now["receipt"]["answer_digest"] != facts["receipt"]["answer_digest"]
+
+    # other parameters than the receipt's: refused, naming the request
+    r = _replay(stack, first["receipt"], {**asked, "query": "R2 frontend port"})
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "request"
+    # a forged receipt is not replayed
+    forged = {**first["receipt"], "known_at": second["receipt"]["known_at"]}
+    r = _replay(stack, forged, asked)
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "receipt.signature"
+
+
+def test_an_erased_cited_version_verifies_as_erased_showing_nothing(stack: Any) -> None:
+    facts = _get(stack, f"/v1/subjects/{GONE}/facts").json()
+    receipt = facts["receipt"]
+    assert [c["state"] for c in _verify(stack, receipt).json()["cited"]] == ["held"]
+    r = stack.client.delete(f"/v1/subjects/{GONE}", params={"tenant": TENANT}, headers=H)
+    assert r.status_code == 202, r.text
+    stack.settle()
+    assert _get(stack, f"/v1/subjects/{GONE}/facts").json()["facts"] == []
+    r = _verify(stack, receipt)
+    assert r.status_code == 200, r.text
+    checked = r.json()
+    assert checked["valid"] is True and checked["erased"] == 1
+    (c,) = checked["cited"]
+    assert c["state"] == "erased" and c["detail"].startswith("erased at "), c
+    assert "partition" in c["detail"]
+    text = r.text
+    assert "ann@example.com" not in text and GONE not in text and "contact.email" not in text
+    # its replay re-derives what the ledger holds now: nothing
+    replayed = _replay(stack, receipt, {"subject": GONE}).json()
+    assert replayed["same"] is False and replayed["replayed"]["facts"] == []
+
+
+def test_another_tenants_receipt_is_refused(stack: Any) -> None:
+    theirs = _get(stack, f"/v1/subjects/{SUBJECT}/facts", tenant=OTHER).json()["receipt"]
+    ours = _get(stack, f"/v1/subjects/{SUBJECT}/facts").json()["receipt"]
+    # a key of both tenants, naming the other tenant than the receipt's: 404, nothing said about it
+    for path, extra in (("/v1/receipts/verify", {}), ("/v1/receipts/replay", {"request": {"subject": SUBJECT}})):
+        r = _post(stack, path, {"tenant": TENANT, "receipt": theirs, **extra})
+        assert r.status_code == 404 and r.json()["detail"][0]["code"] == "not_found", r.text
+        # a key of the other tenant only: ours is refused, naming the tenant (403) or as not its own (404)
+        r = _post(stack, path, {"tenant": TENANT, "receipt": ours, **extra}, H_OTHER)
+        assert r.status_code == 403 and r.json()["detail"][0]["code"] == "forbidden_tenant", r.text
+        r = _post(stack, path, {"tenant": OTHER, "receipt": ours, **extra}, H_OTHER)
+        assert r.status_code == 404, r.text
+        # a receipt with its tenant changed is another tenant's: its signature no longer holds
+        r = _post(stack, path, {"tenant": OTHER, "receipt": {**ours, "tenant": OTHER}, **extra}, H_OTHER)
+        assert r.status_code in (200, 422), r.text
+        if r.status_code == 200:
+            assert r.json().get("valid") is False
+    assert _verify(stack, theirs, headers=H_OTHER).json()["valid"] is True
+
+
+def test_the_mcp_tools_verify_and_replay(stack: Any) -> None:
+    asyncio.run(_mcp_tools(stack, _recall(stack)))
+
+
+async def _mcp_tools(stack: Any, first: dict[str, Any]) -> None:
+    tools = {t.name: t for t in TOOLS}
+    async with Resources.open(stack.settings, warm_embedder=False) as res:
+        tenants = frozenset(KEYS[KEY])
+        done = await run_tool(tools["verify_receipt"], res, tenants, {"tenant": TENANT, "receipt": first["receipt"]})
+        assert not done.is_error and done.structured_content["valid"] is True
+        ask = {"subject": SUBJECT, "query": "R1 backend port"}
+        done = await run_tool(
+            tools["replay_receipt"], res, tenants, {"tenant": TENANT, "receipt": first["receipt"], "request": ask}
+        )
+        assert not done.is_error and done.structured_content["same"] is True
+        done = await run_tool(
+            tools["verify_receipt"], res, frozenset(KEYS[OTHER_KEY]), {"tenant": TENANT, "receipt": first["receipt"]}
+        )
+        assert done.is_error and orjson.loads(done.content[0].text)["status"] == 403
+        recalled = await run_tool(tools["recall"], res, tenants, {"tenant": TENANT, "query": "R1 backend port"})
+        assert recalled.structured_content["receipt"]["answer"] == "recall"
+
+
+def test_a_link_changed_in_postgres_fails_the_receipt_and_ledger_verify(stack: Any) -> None:
+    receipt = _get(stack, f"/v1/subjects/{SUBJECT}/facts").json()["receipt"]
+    (c,) = receipt["cited"]
+    settings = stack.settings
+    assert verify(settings).intact
+    with pg(settings) as conn:
+        conn.execute(
+            'UPDATE chain_links SET link = sha256(link) WHERE consumer = %s AND topic = %s AND "partition" = %s '
+            'AND "offset" = %s',
+            (settings.processor_group, settings.topic, c["partition"], c["offset"]),
+        )
+    try:
+        checked = _verify(stack, receipt).json()
+        assert checked["valid"] is False and checked["cited"][0]["state"] == "differs", checked
+        assert "link" in checked["cited"][0]["detail"]
+        report = verify(settings)
+        assert not report.intact
+        first = report.first
+        assert first is not None and (first.kind, first.partition, first.offset) == (
+            "chain",
+            c["partition"],
+            c["offset"],
+        )
+    finally:
+        with pg(settings) as conn:  # put it back for the other tests
+            conn.execute(
+                'UPDATE chain_links SET link = %s WHERE consumer = %s AND topic = %s AND "partition" = %s '
+                'AND "offset" = %s',
+                (bytes.fromhex(c["link"]), settings.processor_group, settings.topic, c["partition"], c["offset"]),
+            )
