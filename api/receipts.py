@@ -226,8 +226,7 @@ async def issue(
         "as_of": rfc3339(as_of) if isinstance(as_of, datetime) else as_of,
         "known_at": rfc3339(known_at or issued),
         "request": _keyed(salt, _REQUEST, dict(request)),
-        "answer_digest": answer_digest(body),
-        "parts": answer_parts(answer, body),
+        **await _digests(answer, body),
         "cited": cited,
         "ranking": ranking(settings) if ranked else None,
         "key_id": None if signer is None else signer.key_id,
@@ -235,6 +234,24 @@ async def issue(
     }
     sig = None if signer is None else base64.b64encode(signer.sign(_SIGNED + canonical(receipt))).decode()
     return receipt | {"signature": sig}  # type: ignore[return-value]  # the Receipt shape, built as a dict
+
+
+_INLINE_BYTES = 64 * 1024  # an answer up to this size is digested on the event loop (a thread hop costs more)
+
+
+async def _digests(answer: Answer, body: Mapping[str, Any]) -> dict[str, Any]:
+    """The answer's digest and its parts' digests. A subject's whole profile can be megabytes, whose canonical JSON
+    and two sha256 take tens of milliseconds: those are taken in a worker thread, so the event loop keeps serving
+    other tenants meanwhile."""
+
+    def both() -> dict[str, Any]:
+        return {"answer_digest": answer_digest(body), "parts": answer_parts(answer, body)}
+
+    try:
+        small = len(orjson.dumps(body)) <= _INLINE_BYTES
+    except TypeError:  # what orjson cannot write, canonical() writes its own way: judged there, in the thread
+        small = False
+    return both() if small else await run_in_threadpool(both)
 
 
 def _cite(salt: bytes, tenant: str, row: rows.CitedRow) -> shapes.ReceiptCited:

@@ -13,9 +13,11 @@ tenant's data is never reachable, also with a key bound to two tenants (which mu
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -23,7 +25,10 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp_types import JSONRPCResponse
 
+from api.mcp import server as mcp_server
 from producers.settings import Settings
 from tests.conftest import unique
 from tests.support import asserted, at, pipeline
@@ -396,3 +401,23 @@ def test_infra_runs_the_mcp_service_beside_the_api(stack: dict[str, Any], tmp_pa
     finally:
         assert service.stop(s, "mcp") or service.pid(s, "mcp") is None
     assert service.pid(s, "mcp") is None
+
+
+_WIRE_RESULTS = [
+    {"content": [{"type": "text", "text": '{"v":"东京 \\"q\\"\\n"}'}], "structuredContent": {"v": '东京 "q"\n'}},
+    {"structuredContent": {"n": 1.5e-7, "big": 10**30, "whole": 400.0, "none": None, "deep": [[[{"a": []}]]]}},
+    {"structuredContent": {"s": "\x00\u2028\ud7ff😀", "i": -(2**63)}},
+]
+
+
+@pytest.mark.parametrize("result", _WIRE_RESULTS, ids=["text-and-structured", "numbers", "odd-characters"])
+def test_the_servers_json_response_says_what_the_sdks_would(result: dict[str, Any]) -> None:
+    """The MCP server writes its JSON responses with orjson (api.mcp.server); the bytes must mean what the SDK's own
+    `model_dump_json` means, with the SDK's headers, integers past 64 bits included."""
+    assert StreamableHTTPServerTransport._create_json_response is mcp_server._json_response  # the server's, in effect
+    message = JSONRPCResponse(jsonrpc="2.0", id=7, result=result)
+    response = mcp_server._json_response(SimpleNamespace(mcp_session_id="s-1"), message)  # type: ignore[arg-type]
+    assert json.loads(response.body) == json.loads(message.model_dump_json(by_alias=True, exclude_unset=True))
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["mcp-session-id"] == "s-1"
+    assert int(response.headers["content-length"]) == len(response.body)

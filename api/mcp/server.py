@@ -21,18 +21,21 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from typing import Any
 
+import orjson
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
-from mcp_types import CallToolResult
+from mcp.server.streamable_http import CONTENT_TYPE_JSON, MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
+from mcp_types import CallToolResult, JSONRPCMessage
 from pydantic import ConfigDict
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -115,6 +118,31 @@ def build_server(settings: Settings, *, stdio_key: str | None = None, http: bool
         log_level=settings.log_level,
         **auth,
     )
+
+
+def _json_response(
+    self: StreamableHTTPServerTransport,
+    response_message: JSONRPCMessage | None,
+    status_code: HTTPStatus = HTTPStatus.OK,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    """The SDK's JSON response with the same bytes' meaning, written by orjson. The SDK writes it with pydantic's
+    `model_dump_json` and encodes the string again, in one synchronous call on the event loop: for a tool's answer of
+    megabytes (its structured content and the same JSON as text) that holds the loop for tens of milliseconds, while
+    orjson writes the bytes an order of magnitude faster (what it cannot write, the SDK's way does)."""
+    response_headers = {"Content-Type": CONTENT_TYPE_JSON} | (headers or {})
+    if self.mcp_session_id:
+        response_headers[MCP_SESSION_ID_HEADER] = self.mcp_session_id
+    body: bytes | str | None = None
+    if response_message is not None:
+        try:
+            body = orjson.dumps(response_message.model_dump(mode="json", by_alias=True, exclude_unset=True))
+        except TypeError:  # an integer past 64 bits: pydantic writes it
+            body = response_message.model_dump_json(by_alias=True, exclude_unset=True)
+    return Response(body, status_code=status_code, headers=response_headers)
+
+
+StreamableHTTPServerTransport._create_json_response = _json_response  # type: ignore[method-assign]
 
 
 def http_app(settings: Settings) -> Starlette:
