@@ -10,11 +10,13 @@
 
 Beside the producer SDK (producers.sdk, which writes to Kafka), this reads what the projections
 hold: recall, the prompt-ready context block, a subject's facts (as of a valid time, as known at a
-transaction time), a fact's history, a subject's events in ledger order (audit replay), stats,
-health, the event schema, and what became of an event by its id (`event_status`: for a producer that
-writes to Kafka itself, the way to learn whether its event was applied or dead-lettered), and an operator's
-dead letters: list them, open one, re-drive it with a corrected event or discard it with a reason (the client's
-only writes; each is an event through the API's door, so nothing is deleted).
+transaction time), a fact's history, a subject's events in ledger order (audit replay), stats and the
+consistency recount, health, the event schema, the key's tenants, a tenant's subjects by prefix, its erasure
+records, and what became of an event by its id (`event_status`: for a producer that writes to Kafka itself, the
+way to learn whether its event was applied or dead-lettered); it verifies and replays the receipts every answer
+carries; and it serves an operator's dead letters: list them, open one, re-drive it with a corrected event or
+discard it with a reason (the client's only writes; each is an event through the API's door, so nothing is
+deleted). Publishing and erasing are the SDK's; the data-key routes are the key provider's (producers.keys).
 `AsyncLedgerClient` has the same methods as coroutines.
 
 Results are the API's own response models (api.schemas: `RecallResponse`, `FactsResponse`, ...),
@@ -55,10 +57,13 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from api.schemas import (
+    ConsistencyResponse,
     ContextResponse,
     DeadLetterAction,
     DeadLetterRecord,
     DeadLettersResponse,
+    ErasureRecord,
+    ErasuresResponse,
     ErrorBody,
     ErrorItem,
     EventSchemaDocument,
@@ -68,7 +73,11 @@ from api.schemas import (
     HealthResponse,
     HistoryResponse,
     RecallResponse,
+    ReceiptReplay,
+    ReceiptVerification,
     StatsResponse,
+    SubjectsResponse,
+    TenantsResponse,
 )
 from producers.contract import rfc3339
 from producers.settings import ClientSettings
@@ -215,6 +224,22 @@ def _stats(tenant: str | None) -> _Call:
     return _Call("GET", "/v1/stats", StatsResponse, params=_given(tenant=tenant))
 
 
+def _consistency(tenant: str | None) -> _Call:
+    return _Call("GET", "/v1/stats/consistency", ConsistencyResponse, params=_given(tenant=tenant))
+
+
+def _subjects(tenant: str | None, prefix: str | None, limit: int | None) -> _Call:
+    return _Call("GET", "/v1/subjects", SubjectsResponse, params=_given(tenant=tenant, prefix=prefix, limit=limit))
+
+
+def _erasures(tenant: str | None, subject: str | None, limit: int | None) -> _Call:
+    return _Call("GET", "/v1/erasures", ErasuresResponse, params=_given(tenant=tenant, subject=subject, limit=limit))
+
+
+def _erasure(tenant: str | None, erasure_id: str) -> _Call:
+    return _Call("GET", f"/v1/erasures/{_segment(erasure_id)}", ErasureRecord, params=_given(tenant=tenant))
+
+
 def _dead_letters(tenant: str | None, state: str | None, after: str | None, limit: int | None) -> _Call:
     params = _given(tenant=tenant, state=state, after=after, limit=limit)
     return _Call("GET", "/v1/dead-letters", DeadLettersResponse, params=params)
@@ -235,8 +260,33 @@ def _discard(tenant: str | None, partition: int, offset: int, reason: str) -> _C
     return _Call("POST", "/v1/dead-letters/discard", DeadLetterAction, body=body)
 
 
+def _json_of(value: Mapping[str, Any] | BaseModel) -> dict[str, Any]:
+    """A receipt or an answer as the server sent it: a response model of this client gives back its JSON (every
+    field it came with), so the signature and the digests hold over it."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return dict(value)
+
+
+def _verify_receipt(
+    tenant: str | None, receipt: Mapping[str, Any] | BaseModel, answer: Mapping[str, Any] | BaseModel | None
+) -> _Call:
+    sent = _json_of(receipt)
+    body = _given(tenant=tenant or sent.get("tenant"), receipt=sent)
+    if answer is not None:
+        body["answer"] = _json_of(answer)  # its receipt, consistency and trace are no part of its digest
+    return _Call("POST", "/v1/receipts/verify", ReceiptVerification, body=body)
+
+
+def _replay_receipt(tenant: str | None, receipt: Mapping[str, Any] | BaseModel, request: Mapping[str, Any]) -> _Call:
+    sent = _json_of(receipt)
+    body = _given(tenant=tenant or sent.get("tenant"), receipt=sent, request=dict(request))
+    return _Call("POST", "/v1/receipts/replay", ReceiptReplay, body=body)
+
+
 _HEALTH = _Call("GET", "/v1/health", HealthResponse, answers=(200, 503))
 _EVENT_SCHEMA = _Call("GET", "/v1/schema/event", EventSchemaDocument)
+_TENANTS = _Call("GET", "/v1/tenants", TenantsResponse)
 
 
 # -- what each answer means: one reading, for either client --------------------------------------------------------
@@ -406,6 +456,31 @@ class LedgerClient(_Base):
         """GET /v1/health: every part's state; `status` is `degraded` (not an exception) while a store is down."""
         return self._send(_HEALTH)
 
+    def consistency(self, *, tenant: str | None = None) -> ConsistencyResponse:
+        """GET /v1/stats/consistency: the tenant's projections recounted against the ledger (a scan: 429 when
+        another is running for the tenant)."""
+        return self._send(_consistency(self._tenant(tenant)))
+
+    def tenants(self) -> TenantsResponse:
+        """GET /v1/tenants: the tenants this API key may use."""
+        return self._send(_TENANTS)
+
+    def subjects(
+        self, prefix: str | None = None, *, tenant: str | None = None, limit: int | None = None
+    ) -> SubjectsResponse:
+        """GET /v1/subjects: the tenant's subjects starting with `prefix`, in code point order; `.more` when cut."""
+        return self._send(_subjects(self._tenant(tenant), prefix, limit))
+
+    def erasures(
+        self, *, tenant: str | None = None, subject: str | None = None, limit: int | None = None
+    ) -> ErasuresResponse:
+        """GET /v1/erasures: the tenant's erasure records, newest first (of one subject with `subject`)."""
+        return self._send(_erasures(self._tenant(tenant), subject, limit))
+
+    def erasure(self, erasure_id: str, *, tenant: str | None = None) -> ErasureRecord:
+        """GET /v1/erasures/{erasure_id}: one erasure record (a 404 until the worker has applied it)."""
+        return self._send(_erasure(self._tenant(tenant), erasure_id))
+
     def event_schema(self) -> EventSchemaDocument:
         """GET /v1/schema/event: the event contract's JSON Schema (`.model_dump(by_alias=True)`: the document)."""
         return self._send(_EVENT_SCHEMA)
@@ -440,6 +515,25 @@ class LedgerClient(_Base):
         """POST /v1/dead-letters/discard: close the letter without a correction (a `deadletter.discarded` event with
         the reason; nothing is deleted); it reads `discarded` once the worker applied it."""
         return self._send(_discard(self._tenant(tenant), partition, offset, reason))
+
+    def verify_receipt(
+        self,
+        receipt: Mapping[str, Any] | BaseModel,
+        *,
+        answer: Mapping[str, Any] | BaseModel | None = None,
+        tenant: str | None = None,
+    ) -> ReceiptVerification:
+        """POST /v1/receipts/verify: the receipt's signature, and each cited version held in the ledger where the
+        receipt says (or erased since); with `answer` (the response it came with), that its digest holds. The tenant
+        defaults to the client's, else the receipt's."""
+        return self._send(_verify_receipt(self._tenant(tenant), receipt, answer))
+
+    def replay_receipt(
+        self, receipt: Mapping[str, Any] | BaseModel, request: Mapping[str, Any], *, tenant: str | None = None
+    ) -> ReceiptReplay:
+        """POST /v1/receipts/replay: the answer re-derived as known at the receipt's positions, and whether it is the
+        same; `request` holds the read's parameters as sent (facts: subject, as_of, known_at; recall: its body)."""
+        return self._send(_replay_receipt(self._tenant(tenant), receipt, request))
 
     def close(self) -> None:
         if self._owned:
@@ -550,6 +644,31 @@ class AsyncLedgerClient(_Base):
         """GET /v1/health: every part's state; `status` is `degraded` (not an exception) while a store is down."""
         return await self._send(_HEALTH)
 
+    async def consistency(self, *, tenant: str | None = None) -> ConsistencyResponse:
+        """GET /v1/stats/consistency: the tenant's projections recounted against the ledger (a scan: 429 when
+        another is running for the tenant)."""
+        return await self._send(_consistency(self._tenant(tenant)))
+
+    async def tenants(self) -> TenantsResponse:
+        """GET /v1/tenants: the tenants this API key may use."""
+        return await self._send(_TENANTS)
+
+    async def subjects(
+        self, prefix: str | None = None, *, tenant: str | None = None, limit: int | None = None
+    ) -> SubjectsResponse:
+        """GET /v1/subjects: the tenant's subjects starting with `prefix`, in code point order; `.more` when cut."""
+        return await self._send(_subjects(self._tenant(tenant), prefix, limit))
+
+    async def erasures(
+        self, *, tenant: str | None = None, subject: str | None = None, limit: int | None = None
+    ) -> ErasuresResponse:
+        """GET /v1/erasures: the tenant's erasure records, newest first (of one subject with `subject`)."""
+        return await self._send(_erasures(self._tenant(tenant), subject, limit))
+
+    async def erasure(self, erasure_id: str, *, tenant: str | None = None) -> ErasureRecord:
+        """GET /v1/erasures/{erasure_id}: one erasure record (a 404 until the worker has applied it)."""
+        return await self._send(_erasure(self._tenant(tenant), erasure_id))
+
     async def event_schema(self) -> EventSchemaDocument:
         """GET /v1/schema/event: the event contract's JSON Schema (`.model_dump(by_alias=True)`: the document)."""
         return await self._send(_EVENT_SCHEMA)
@@ -584,6 +703,25 @@ class AsyncLedgerClient(_Base):
         """POST /v1/dead-letters/discard: close the letter without a correction (a `deadletter.discarded` event with
         the reason; nothing is deleted); it reads `discarded` once the worker applied it."""
         return await self._send(_discard(self._tenant(tenant), partition, offset, reason))
+
+    async def verify_receipt(
+        self,
+        receipt: Mapping[str, Any] | BaseModel,
+        *,
+        answer: Mapping[str, Any] | BaseModel | None = None,
+        tenant: str | None = None,
+    ) -> ReceiptVerification:
+        """POST /v1/receipts/verify: the receipt's signature, and each cited version held in the ledger where the
+        receipt says (or erased since); with `answer` (the response it came with), that its digest holds. The tenant
+        defaults to the client's, else the receipt's."""
+        return await self._send(_verify_receipt(self._tenant(tenant), receipt, answer))
+
+    async def replay_receipt(
+        self, receipt: Mapping[str, Any] | BaseModel, request: Mapping[str, Any], *, tenant: str | None = None
+    ) -> ReceiptReplay:
+        """POST /v1/receipts/replay: the answer re-derived as known at the receipt's positions, and whether it is the
+        same; `request` holds the read's parameters as sent (facts: subject, as_of, known_at; recall: its body)."""
+        return await self._send(_replay_receipt(self._tenant(tenant), receipt, request))
 
     async def aclose(self) -> None:
         if self._owned:

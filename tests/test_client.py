@@ -28,9 +28,10 @@ from api import schemas
 from api.client import AsyncLedgerClient, LedgerClient, LedgerError
 from infra.private import free_port
 from producers.event_schema import SCHEMA_ID, checked_in
+from producers.keys.signing import new_signing_key
 from producers.settings import REPO_ROOT, ClientSettings, Settings
 from tests.conftest import unique
-from tests.support import Process, asserted, at, marked, pipeline, publish_raw, wait_for
+from tests.support import Process, asserted, at, erased, marked, pipeline, publish_raw, wait_for
 
 A, B = "acme", "globex"
 KEY_A, KEY_B = "client-key-acme", "client-key-globex"
@@ -38,6 +39,7 @@ SUBJECT = "project:P1"
 ODD = "team/x y?z%2F#1 é"  # every character a URL reserves: the client escapes, the API reads it back
 PORT_TEXT = "Project P1's backend port is {}"
 P1_PORT = {"entities": ["P1"], "aliases": ["backend port"]}
+GONE, ERASURE_ID = "user:gone", "erase-user-gone"  # a subject erased in the seed: its erasure record is read back
 
 EVENTS = [
     asserted(SUBJECT, "project.port", 8080, 0, **P1_PORT, content=PORT_TEXT.format(8080)),
@@ -46,6 +48,8 @@ EVENTS = [
     marked("memory.confirmed", SUBJECT, "project.owner", 6),
     asserted(ODD, "team.size", 7, 1),
     asserted(SUBJECT, "project.port", 1111, 0, tenant=B, entities=["P1"], content=PORT_TEXT.format(1111)),
+    asserted(GONE, "pref.seat", "aisle", 1),
+    erased(GONE, tenant=A, event_id=ERASURE_ID),
 ]  # fmt: skip
 
 
@@ -99,8 +103,11 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(base_settings: Settings) -> Iterator[Stack]:
-    settings = base_settings.private(unique("cl"), api_keys={KEY_A: [A], KEY_B: [B]})
+def stack(base_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    chain_key = tmp_path_factory.mktemp("client") / "chain-key"  # receipts are signed with it
+    chain_key.write_bytes(new_signing_key())
+    chain_key.chmod(0o600)
+    settings = base_settings.private(unique("cl"), api_keys={KEY_A: [A], KEY_B: [B]}, chain_key_file=chain_key)
     with pipeline(settings, seed=EVENTS) as pipe, Api(settings) as api:
         pipe.worker.check()
         st = Stack(settings, api, pipe=pipe)
@@ -135,7 +142,17 @@ CALLS: list[tuple[str, str, tuple, dict[str, Any], type, Any]] = [
     ("events window", "events", (SUBJECT,), {"from_": at(1), "to": at(5.5), "limit": 10}, schemas.EventsResponse,
      lambda r: [e.event["value"] for e in r.events] == ["ada", 9090]),
     ("stats", "stats", (), {}, schemas.StatsResponse,
-     lambda r: r.tenant == A and r.double_active == 0 and r.events_applied == 5 and r.total_lag == 0),
+     lambda r: r.tenant == A and r.double_active == 0 and r.events_applied == 6 and r.total_lag == 0),  # 7, one purged
+    ("consistency", "consistency", (), {}, schemas.ConsistencyResponse, lambda r: r.tenant == A and r.consistent),
+    ("tenants", "tenants", (), {}, schemas.TenantsResponse, lambda r: r.tenants == [A]),
+    ("subjects", "subjects", ("project:",), {}, schemas.SubjectsResponse,
+     lambda r: r.subjects == [SUBJECT] and not r.more),
+    ("subjects, limit", "subjects", (), {"limit": 1}, schemas.SubjectsResponse,
+     lambda r: len(r.subjects) == 1 and r.more),
+    ("erasures", "erasures", (), {}, schemas.ErasuresResponse,
+     lambda r: [e.erasure_id for e in r.erasures] == [ERASURE_ID] and r.erasures[0].records.total == 1),
+    ("erasure", "erasure", (ERASURE_ID,), {}, schemas.ErasureRecord,
+     lambda r: r.erasure_id == ERASURE_ID and r.ledger is not None),
     ("health", "health", (), {}, schemas.HealthResponse, lambda r: r.status == "ok" and r.parts.postgres.ok),
     ("event schema", "event_schema", (), {}, schemas.EventSchemaDocument,
      lambda r: r.id_ == SCHEMA_ID and r.model_dump(by_alias=True) == json.loads(checked_in())),
@@ -351,6 +368,57 @@ def test_an_operator_lists_opens_redrives_and_discards_dead_letters(stack: Stack
         err = _refused(lambda args=args, kwargs=kwargs: _in_mode(stack, mode, *args, **kwargs))
         assert (err.status, err.code, err.field) == expected, (args, str(err))
         assert err.as_dict() == stack.bodies[-1]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_receipt_from_an_answer_verifies_and_replays_through_the_client(stack: Stack, mode: str) -> None:
+    """An answer's receipt, as the client's model gave it, verifies (with the answer: its digest holds) and replays to
+    the same answer; one byte changed does not verify; another tenant's key is refused. Each answer is the route's
+    model, equal to the JSON the server sent."""
+
+    def call(model: type, method: str, *args: Any, **kwargs: Any) -> Any:
+        result = _in_mode(stack, mode, method, *args, **kwargs)
+        assert type(result) is model and _dumped(result) == stack.bodies[-1], (method, result)
+        return result
+
+    facts = call(schemas.FactsResponse, "facts", SUBJECT)
+    checked = call(schemas.ReceiptVerification, "verify_receipt", facts.receipt, answer=facts)
+    assert checked.valid and checked.signature == "valid" and checked.answer is True, checked
+    assert {c.state for c in checked.cited} == {"held"} and len(checked.cited) == len(facts.facts)
+    replayed = call(schemas.ReceiptReplay, "replay_receipt", facts.receipt, {"subject": SUBJECT})
+    assert replayed.same and replayed.identical, replayed
+
+    recall = call(schemas.RecallResponse, "recall", "P1 backend port")
+    assert call(schemas.ReceiptVerification, "verify_receipt", recall.receipt.model_dump(by_alias=True)).valid
+
+    changed = _dumped(facts.receipt) | {"answer_digest": "0" + _dumped(facts.receipt)["answer_digest"][1:]}
+    forged = call(schemas.ReceiptVerification, "verify_receipt", changed)
+    assert not forged.valid and forged.signature == "invalid", forged
+    other = _refused(lambda: _in_mode(stack, mode, "verify_receipt", facts.receipt, tenant=B))
+    assert (other.status, other.code, other.field) == (403, "forbidden_tenant", "tenant")
+
+
+# the routes no client method calls, and why; every other route is a method (by its operationId, or the name here)
+NOT_IN_THE_CLIENT = {
+    "publish_events": "publishing is the SDK's (producers.sdk writes to Kafka)",
+    "erase_subject": "erasing is the SDK's (LedgerProducer.erase_subject)",
+    "data_keys": "a sealing producer's, through the key provider (producers.keys)",
+    "retire_key": "the key provider's, before it publishes an erasure (producers.keys)",
+}
+METHOD_FOR = {"list_dead_letters": "dead_letters", "open_dead_letter": "dead_letter", "find_subjects": "subjects"}
+
+
+@pytest.mark.unit
+def test_every_route_is_a_client_method_or_says_why_not() -> None:
+    """A new route must be a method of both clients or say here why it is not one, so no door is missing from it."""
+    from api.main import create_app
+
+    paths = create_app().openapi()["paths"].values()
+    operations = {op["operationId"] for path in paths for op in path.values()}
+    assert set(NOT_IN_THE_CLIENT) <= operations, set(NOT_IN_THE_CLIENT) - operations  # no stale entry
+    wanted = {METHOD_FOR.get(op, op) for op in operations - set(NOT_IN_THE_CLIENT)}
+    methods = {n for n, f in vars(LedgerClient).items() if not n.startswith("_") and callable(f)} - {"close"}
+    assert wanted == methods, {"routes without a method": wanted - methods, "methods without a route": methods - wanted}
 
 
 @pytest.mark.unit
