@@ -70,7 +70,7 @@ def test_a_recall_receipt_opens_verified_and_replays_the_same(world: ConsoleWorl
     assert receipt["signature"] and receipt["cited"], receipt
     assert written in [c["version_id"] for c in receipt["cited"]]
 
-    assert console.open_recall_receipt() == "ready", console.error()
+    assert console.open_receipt() == "ready", console.error()
     seen = console.receipt_shown()
     assert seen["valid"] == "true" and "valid" in seen["title"], seen
     assert seen["summary"]["signature"].startswith("valid"), seen["summary"]
@@ -110,6 +110,25 @@ def test_a_recall_receipt_opens_verified_and_replays_the_same(world: ConsoleWorl
     late = console.receipt_shown()
     assert late["valid"] == "true" and late["replay"] == "false", late
     assert "another answer" in late["replay_text"] and late["parts"]["exact"] == "differs", late["parts"]
+
+
+def test_a_subjects_facts_receipt_opens_verified_and_replays_the_same(world: ConsoleWorld, tab: OfflinePage) -> None:
+    """The facts panel opens its answer's receipt too: every fact holding is cited, held, and replays the same."""
+    world.pipe.publish([_port(5433, 1, "ev-r7-facts-1")])
+    world.pipe.settle()
+    console = signed_in(tab)
+    assert console.open_subject(SUBJECT) == "ready", console.error()
+    facts = httpx.get(
+        f"{world.url}/v1/subjects/{SUBJECT}/facts", params={"tenant": TENANT}, headers={"X-API-Key": AUDITOR_KEY}
+    ).json()["facts"]
+    assert console.open_receipt("facts") == "ready", console.error()
+    seen = console.receipt_shown()
+    assert seen["valid"] == "true" and "facts" in seen["title"], seen
+    assert seen["summary"]["answer"] == "matches the answer given"
+    assert sorted(r["_data"]["versionId"] for r in seen["cited"]) == sorted(f["version_id"] for f in facts)
+    assert all(r["_data"]["state"] == "held" for r in seen["cited"]), seen["cited"]
+    assert console_request(tab) == {"subject": SUBJECT}
+    assert seen["replay"] == "true" and "same" in seen["replay_text"], seen
 
 
 def console_request(tab: OfflinePage) -> dict[str, Any]:

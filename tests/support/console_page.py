@@ -209,10 +209,11 @@ class ConsolePage:
 
     # -- receipts ----------------------------------------------------------------------------------------
 
-    def open_recall_receipt(self) -> str:
-        """Click "Open its receipt" under the playground's last recall; the Receipt panel's state once it settles."""
+    def open_receipt(self, answer: str = "recall") -> str:
+        """Click "Open its receipt" of the playground's last recall (`recall`) or of the open subject's facts
+        (`facts`); the Receipt panel's state once it settles."""
         with self.page.expect_response(lambda r: r.url.endswith("/v1/receipts/verify")):
-            self.page.click("#recall-receipt")
+            self.page.click(f"#{answer}-receipt")
         return self._wait("#panel-receipt")
 
     def check_receipt(self, receipt: str, request: str = "") -> str:

@@ -207,6 +207,7 @@
     letter: null, // the dead letter open in the Operations view: "partition:offset"
     lettersNext: null, // the API's cursor for the next page of dead letters
     recall: null, // the playground's last recall: {body, data} (its receipt can be opened in the Receipt view)
+    factsAnswer: null, // the open subject's facts answer: {text, request} (its receipt, likewise)
     receiptSeq: 0, // the latest Receipt check (an earlier one that answers late is dropped)
   };
 
@@ -360,6 +361,8 @@
     for (const v of ["facts", "chain", "asof"]) $(`panel-${v}`).dataset.state = "empty";
     $("chain-fact").replaceChildren();
     $("facts-count").textContent = "";
+    $("facts-receipt").hidden = true;
+    state.factsAnswer = null;
     $("events-count").textContent = "";
     $("subject-erased").hidden = true;
     $("subject-erased").replaceChildren();
@@ -380,10 +383,13 @@
     const panel = $("panel-facts");
     await guarded(panel, async () => {
       const params = { tenant: state.tenant };
-      const [facts, events] = await Promise.all([
-        api("GET", subjectPath(subject, "facts"), { params }),
+      const [answer, events] = await Promise.all([
+        api("GET", subjectPath(subject, "facts"), { params, withText: true }),
         api("GET", subjectPath(subject, "events"), { params }),
       ]);
+      const facts = answer.data;
+      state.factsAnswer = { text: answer.text, request: { ...params, subject } };
+      $("facts-receipt").hidden = !facts.receipt;
       state.facts = facts.facts;
       state.events = events.events;
       renderFacts($("facts"), state.facts);
@@ -1912,6 +1918,9 @@
     });
     $("recall-receipt").addEventListener("click", () => {
       if (state.recall) openReceipt(state.recall.text, state.recall.body);
+    });
+    $("facts-receipt").addEventListener("click", () => {
+      if (state.factsAnswer) openReceipt(state.factsAnswer.text, state.factsAnswer.request);
     });
     $("receipt-form").addEventListener("submit", (ev) => {
       ev.preventDefault();
