@@ -25,8 +25,11 @@ reflects (`consistency`; recall's in its trace).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from api import receipts
@@ -67,13 +70,26 @@ async def subject_facts(
     async with res.pool.connection() as conn:
         rows = await current_facts(conn, tenant, subject, t, known_at, below)
     out = shapes.FactsResponse(tenant=tenant, subject=subject, as_of=rfc3339(t), facts=rows) | seen
-    if receipt and res.settings.receipts:
-        asked = {"subject": subject, "as_of": as_of, "known_at": known_at}
-        ids = [r["event_id"] for r in rows]
-        out["receipt"] = await receipts.issue(
-            res, "facts", tenant, out, receipts.request_fields("facts", asked), ids, as_of=t, known_at=known_at
-        )
+    asked = {"subject": subject, "as_of": as_of, "known_at": known_at}
+    await _sign(res, receipt, "facts", tenant, out, asked, [r["event_id"] for r in rows], as_of=t, known_at=known_at)
     return out
+
+
+async def _sign(
+    res: Resources,
+    want: bool,
+    answer: receipts.Answer,
+    tenant: str,
+    out: Any,  # the answer (its shapes TypedDict), given its `receipt` here
+    asked: BaseModel | Mapping[str, Any],
+    event_ids: Sequence[str],
+    **how: Any,
+) -> None:
+    """`out["receipt"]` (api.receipts.issue, `how` its keywords) when `want`ed and receipts are on
+    (`LEDGER_RECEIPTS`); `asked`: the parameters that define the answer."""
+    if want and res.settings.receipts:
+        fields = receipts.request_fields(answer, asked)
+        out["receipt"] = await receipts.issue(res, answer, tenant, out, fields, event_ids, **how)
 
 
 async def _after(res: Resources, tenant: str, after: str | None, stage: Stage) -> dict[str, shapes.Consistency]:
@@ -103,12 +119,8 @@ async def subject_log(
     async with res.pool.connection() as conn:
         rows = await subject_events(conn, tenant, subject, from_, to, limit, below)
     out = shapes.EventsResponse(tenant=tenant, subject=subject, events=rows) | seen
-    if receipt and res.settings.receipts:
-        asked = {"subject": subject, "from": from_, "to": to, "limit": limit}
-        ids = [r["event_id"] for r in rows]
-        out["receipt"] = await receipts.issue(
-            res, "events", tenant, out, receipts.request_fields("events", asked), ids, as_of=None
-        )
+    asked = {"subject": subject, "from": from_, "to": to, "limit": limit}
+    await _sign(res, receipt, "events", tenant, out, asked, [r["event_id"] for r in rows], as_of=None)
     return out
 
 
@@ -131,10 +143,8 @@ async def history(
     if not versions:
         raise ApiError(404, "not_found", f"no fact {memory_id!r} in tenant {tenant!r}", "memory_id")
     out = shapes.HistoryResponse(memory_id=memory_id, tenant=tenant, versions=versions) | seen
-    if receipt and res.settings.receipts:
-        asked = receipts.request_fields("history", {"memory_id": memory_id})
-        ids = [v["event_id"] for v in versions]
-        out["receipt"] = await receipts.issue(res, "history", tenant, out, asked, ids, as_of=None)
+    ids = [v["event_id"] for v in versions]
+    await _sign(res, receipt, "history", tenant, out, {"memory_id": memory_id}, ids, as_of=None)
     return out
 
 
@@ -165,26 +175,20 @@ async def recall(
         context_turns=body.context_turns,
         known_at=body.known_at,
     )
+    signed = receipt and body.receipt and res.settings.receipts
+    # the receipt's rows are read by the engine's verification, in its statement (none of their own)
+    basis = receipts.basis(res.settings) if signed else None
     # a store that fails is a 503 naming it (api.errors), never a guessed answer
-    answer = await res.recall.recall(query)
+    answer = await res.recall.recall(query, basis)
     if body.known_at is not None:
         answer = await _as_known(res, body.tenant, answer, body.known_at, below)
     if seen:  # the trace says which positions the answer reflects
         answer = {**answer, "trace": {**answer["trace"], **seen}}
     if record:
         res.access.served(body.tenant, caller_of(tenants), answer["hits"])  # queued, sent off the request path
-    if receipt and body.receipt and res.settings.receipts:
-        answer["receipt"] = await receipts.issue(
-            res,
-            "recall",
-            body.tenant,
-            answer,
-            receipts.request_fields("recall", body),
-            [h["event_id"] for h in answer["hits"]],
-            as_of=answer["trace"]["as_of"],
-            known_at=body.known_at,
-            ranked=True,
-        )
+    cited, as_of = [h["event_id"] for h in answer["hits"]], answer["trace"]["as_of"]
+    how = {"as_of": as_of, "known_at": body.known_at, "ranked": True, "basis": basis}
+    await _sign(res, signed, "recall", body.tenant, answer, body, cited, **how)
     return answer
 
 
@@ -269,17 +273,7 @@ async def context(res: Resources, tenants: frozenset[str], body: ContextBody) ->
             tokenizer=res.settings.embed_model,
         )
     block.doc.update(seen)  # the json form says which positions it reflects (the text block is only the block)
-    if not res.settings.receipts:
-        return block
     made_by = {r["version_id"]: r["event_id"] for r in (*versions, *facts, *found)}
-    block.doc["receipt"] = await receipts.issue(
-        res,
-        "context",
-        body.tenant,
-        block.doc,
-        receipts.request_fields("context", body),
-        [made_by[line["version_id"]] for line in block.doc["lines"] if line["version_id"] in made_by],
-        as_of=t,
-        ranked=body.question is not None,
-    )
+    cited = [made_by[line["version_id"]] for line in block.doc["lines"] if line["version_id"] in made_by]
+    await _sign(res, True, "context", body.tenant, block.doc, body, cited, as_of=t, ranked=body.question is not None)
     return block

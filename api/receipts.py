@@ -25,7 +25,7 @@ import functools
 import hashlib
 import hmac
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -47,7 +47,7 @@ from producers.settings import EmbeddingSettings, RecallSettings, Settings
 from projections import shapes
 from projections.postgres import receipts as rows
 
-__all__ = ["answer_digest", "canonical", "issue", "replay", "request_fields", "verify"]
+__all__ = ["answer_digest", "basis", "canonical", "issue", "replay", "request_fields", "verify"]
 
 log = logging.getLogger(__name__)
 
@@ -129,18 +129,33 @@ def _sha(value: Any) -> str:
     return hashlib.sha256(canonical(value)).hexdigest()
 
 
-def answer_parts(answer: str, body: Mapping[str, Any]) -> dict[str, str]:
+def _sha_plain(value: Any) -> str:
+    """_sha of a value `_plain` already made plain: orjson's bytes are its canonical JSON."""
+    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def answer_parts(answer: str, body: Mapping[str, Any], sha: Callable[[Any], str] = _sha) -> dict[str, str]:
     """sha256 (hex) of each part a replay compares: recall's cues, its exact hits, and the ids of its ranked hits in
     their order (their scores move with the index's statistics); the rows of the others."""
     if answer == "recall":
         hits = body["hits"]
         return {
-            "cues": _sha(body["cues"]),
-            "exact": _sha([_ledger_only(h) for h in hits if h["match"]["stage"] == "exact"]),
-            "ranked": _sha([h["version_id"] for h in hits if h["match"]["stage"] != "exact"]),
+            "cues": sha(body["cues"]),
+            "exact": sha([_ledger_only(h) for h in hits if h["match"]["stage"] == "exact"]),
+            "ranked": sha([h["version_id"] for h in hits if h["match"]["stage"] != "exact"]),
         }
     key = _ROWS[answer]
-    return {key: _sha(body[key])}
+    return {key: sha(body[key])}
+
+
+def _digest_and_parts(answer: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """`answer_digest` and `answer_parts` of `body` with the answer made plain once (the walk is most of their cost,
+    and the parts are pieces of the same answer)."""
+    try:
+        plain = _plain({k: v for k, v in body.items() if k not in _VOLATILE})
+    except _NotPlain:
+        return {"answer_digest": answer_digest(body), "parts": answer_parts(answer, body)}
+    return {"answer_digest": _sha_plain(plain), "parts": answer_parts(answer, plain, _sha_plain)}
 
 
 def _ledger_only(hit: Mapping[str, Any]) -> dict[str, Any]:
@@ -180,8 +195,23 @@ def _signer(path: Path | None) -> ChainSigner | None:
         return None
 
 
+_RANKINGS: dict[int, tuple[Settings, shapes.ReceiptRanking]] = {}  # by id(settings): a process has one or two
+
+
 def ranking(settings: Settings) -> shapes.ReceiptRanking:
-    """What ranks a recall here: the models and recall's settings, as configured."""
+    """What ranks a recall here: the models and recall's settings, as configured (worked out once per settings
+    object: a receipt is issued on every recall)."""
+    known = _RANKINGS.get(id(settings))
+    if known is not None and known[0] is settings:
+        return known[1]
+    made = _ranking(settings)
+    if len(_RANKINGS) > 64:  # settings objects made per test or bench variant: never many held
+        _RANKINGS.clear()
+    _RANKINGS[id(settings)] = (settings, made)
+    return made
+
+
+def _ranking(settings: Settings) -> shapes.ReceiptRanking:
     models = {
         "embedding": settings.embed_model,
         "embedding_en": settings.embed_model_en,
@@ -204,13 +234,21 @@ async def issue(
     as_of: datetime | str | None,
     known_at: datetime | None = None,
     ranked: bool = False,
+    basis: rows.Basis | None = None,
 ) -> shapes.Receipt:
-    """The signed receipt of `body`, an answer showing the events `event_ids` (in its order, repeats allowed)."""
+    """The signed receipt of `body`, an answer showing the events `event_ids` (in its order, repeats allowed).
+    `basis`: what the answer's own reads gathered for it (`basis()`); if it holds every cited event, no read here."""
     issued = datetime.now(UTC)
     settings = res.settings
     ids = list(dict.fromkeys(event_ids))
-    async with res.pool.connection() as conn:
-        salt, positions, found = await rows.receipt_rows(conn, settings.processor_group, settings.topic, tenant, ids)
+    found: Mapping[str, rows.CitedRow | None]
+    if basis is not None and basis.positions is not None and basis.covers(ids):
+        salt, positions, found = basis.salt, basis.positions, basis.found
+    else:
+        async with res.pool.connection() as conn:
+            salt, positions, found = await rows.receipt_rows(
+                conn, settings.processor_group, settings.topic, tenant, ids
+            )
     cited: list[shapes.ReceiptCited] = []
     for eid in ids:
         row = found.get(eid)
@@ -236,6 +274,11 @@ async def issue(
     return receipt | {"signature": sig}  # type: ignore[return-value]  # the Receipt shape, built as a dict
 
 
+def basis(settings: Settings) -> rows.Basis:
+    """An empty receipt basis for a read to fill (`issue(..., basis=)`): recall's verification fills it."""
+    return rows.Basis(settings.processor_group, settings.topic)
+
+
 _INLINE_BYTES = 64 * 1024  # an answer up to this size is digested on the event loop (a thread hop costs more)
 
 
@@ -245,7 +288,7 @@ async def _digests(answer: Answer, body: Mapping[str, Any]) -> dict[str, Any]:
     other tenants meanwhile."""
 
     def both() -> dict[str, Any]:
-        return {"answer_digest": answer_digest(body), "parts": answer_parts(answer, body)}
+        return _digest_and_parts(answer, body)
 
     try:
         small = len(orjson.dumps(body)) <= _INLINE_BYTES
@@ -261,9 +304,14 @@ def _cite(salt: bytes, tenant: str, row: rows.CitedRow) -> shapes.ReceiptCited:
         "partition": row.partition,
         "offset": row.offset,
         "link": None if row.link is None else row.link.hex(),
-        "digest": _keyed(salt, _EVENT, [tenant, row.event_id, row.fingerprint, row.partition, row.offset]),
-        "subject": _keyed(salt, _SUBJECT, [tenant, row.subject])[:32],
+        "digest": _keyed_plain(salt, _EVENT, [tenant, row.event_id, row.fingerprint, row.partition, row.offset]),
+        "subject": _keyed_plain(salt, _SUBJECT, [tenant, row.subject])[:32],
     }
+
+
+def _keyed_plain(salt: bytes, tag: bytes, value: list[str | int]) -> str:
+    """_keyed of a list of strings and integers, whose canonical JSON is orjson's bytes as they are (no float)."""
+    return hmac.new(salt, tag + orjson.dumps(value), hashlib.sha256).hexdigest()
 
 
 # -- checking a receipt --------------------------------------------------------------------------------------

@@ -166,7 +166,7 @@ class RecallBody(BaseModel):
     after: After = None
     receipt: bool = Field(
         default=True,
-        description="false: answer without a receipt (what the answer reflects, signed), one database read less",
+        description="false: answer without a receipt (what the answer reflects, signed)",
     )
 
     _query_not_blank = field_validator("query")(_not_blank)

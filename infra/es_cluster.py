@@ -6,8 +6,8 @@ its own configuration folder (a copy of the zip's, with its own `elasticsearch.y
 `infra.elasticsearch.node_config` and its own heap), data, logs and ports, all master-eligible data nodes. Every
 port and folder is a parameter: nothing here uses the single node's, and the cluster's name is its folder's, so
 it can never join another. `base_dir` must be reachable by the service user (`infra.procs.service_dir`). Nodes
-can be killed with SIGKILL and started again one at a time (`kill`, `start_node`); stopping and removal are
-every local cluster's (`infra.local_cluster`).
+can be killed with SIGKILL and started again one at a time (`kill`, `start_node`); waiting for the start, stopping
+and removal are every local cluster's (`infra.local_cluster`).
 
     with EsCluster(settings, base_dir, [(h1, t1), (h2, t2), (h3, t3)]) as cluster:
         url = cluster.url  # "http://127.0.0.1:h1,http://127.0.0.1:h2,http://127.0.0.1:h3" (LEDGER_ES_URL)
@@ -25,7 +25,7 @@ from elasticsearch import Elasticsearch
 
 from infra.elasticsearch import give_to, java_home, node_config, unpack
 from infra.local_cluster import LocalCluster
-from infra.procs import InfraError, owned_pid, port_open, spawn, wait_until
+from infra.procs import InfraError, owned_pid, spawn, wait_until
 from producers.settings import Settings
 from projections.search.client import es_client
 
@@ -113,30 +113,20 @@ class EsCluster(LocalCluster[EsNode]):
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    def start(self, timeout: float = 180.0) -> EsCluster:
-        """Write every node's configuration, start all at once, wait until they form one green cluster."""
-        for n in self.nodes:
-            for port in (n.http_port, n.transport_port):
-                if port_open(n.host, port):
-                    raise InfraError(PART, f"port {port} (node {n.node_id}) is already taken")
+    def launch_all(self) -> None:
+        """Write every node's configuration (bootstrapping one cluster of them all) and start them."""
         home = unpack(self.settings)
         for n in self.nodes:
             self._configure(n, home, bootstrap=True)
         give_to(self.settings, self.base_dir)
         for n in self.nodes:
             self._spawn(n, home)
-        try:
-            wait_until(self.healthy, PART, timeout, self.nodes[0].stdout_log, self._all_alive)
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
     def start_node(self, node_id: int, timeout: float = 120.0, *, wait: bool = True) -> None:
         """Start a stopped (or killed) node again on its own data; wait until the cluster lists it again
         (`wait=False`: return once it is started, and `wait_member` later)."""
         n = self.node(node_id)
-        if self._alive(n):
+        if self.alive(n):
             raise InfraError(PART, f"node {node_id} is still running")
         home = unpack(self.settings)
         self._configure(n, home, bootstrap=False)  # it knows its cluster now: bootstrapping again is refused
@@ -147,15 +137,14 @@ class EsCluster(LocalCluster[EsNode]):
 
     def wait_member(self, node_id: int, timeout: float = 120.0) -> None:
         """Wait until the elected master lists the node (fails at once if its process exited)."""
-        n = self.node(node_id)
-        wait_until(
-            lambda: n.name in self.members(),
-            PART,
-            timeout,
-            n.stdout_log,
-            lambda: self._alive(n),
-            what=f"in the cluster (node {node_id})",
-        )
+        name = self.node(node_id).name
+        self.wait_node(node_id, lambda: name in self.members(), "in the cluster", timeout)
+
+    def addresses(self, node: EsNode) -> list[tuple[str, int]]:
+        return [(node.host, node.http_port), (node.host, node.transport_port)]
+
+    def log(self, node: EsNode) -> Path:
+        return node.stdout_log
 
     def processes(self, node: EsNode) -> list[tuple[Path, int | None]]:
         """The server JVM (its command line carries the node's marker: never another node's), then its launcher."""
@@ -239,10 +228,3 @@ class EsCluster(LocalCluster[EsNode]):
         env = {"ES_JAVA_HOME": str(java_home(self.settings)), "ES_PATH_CONF": str(n.config_dir)}
         cmd = [str(home / "bin" / "elasticsearch"), "-p", str(n.pid_file)]
         return spawn(cmd, n.stdout_log, n.launcher_pid_file, env, cwd=n.home, user=self.settings.es_user)
-
-    def _alive(self, n: EsNode) -> bool:
-        """Its server or the launcher that starts it runs (the server writes its pid file once it has started)."""
-        return any(pid is not None for _, pid in self.processes(n))
-
-    def _all_alive(self) -> bool:
-        return all(self._alive(n) for n in self.nodes)

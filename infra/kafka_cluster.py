@@ -34,7 +34,7 @@ from pydantic import SecretStr
 
 from infra.kafka import MAIN_CLASS, STORAGE_TOOL, install, java_command, log4j_properties, server_properties
 from infra.local_cluster import LocalCluster
-from infra.procs import InfraError, owned_pid, port_open, run, spawn, wait_until
+from infra.procs import InfraError, owned_pid, run, spawn, wait_until
 from producers.kafka_producer import kafka_connection
 from producers.retry import retry
 from producers.settings import Settings
@@ -158,12 +158,8 @@ class KafkaCluster(LocalCluster[Node]):
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    def start(self, timeout: float = 180.0) -> KafkaCluster:
-        """Write every node's configuration, format its storage (one cluster id), start all, wait for health."""
-        for n in self.nodes:
-            for port in (n.port, n.controller_port):
-                if port_open(self.host, port):
-                    raise InfraError(PART, f"port {port} (node {n.node_id}) is already taken")
+    def launch_all(self) -> None:
+        """Write every node's configuration, format its storage (one cluster id) and start them."""
         install(self.settings)
         cluster_id = uuid.uuid4().hex[:22]
         for n in self.nodes:
@@ -172,12 +168,6 @@ class KafkaCluster(LocalCluster[Node]):
             list(pool.map(lambda n: self._format(n, cluster_id), self.nodes))
         for n in self.nodes:
             self._spawn(n)
-        try:
-            wait_until(self.healthy, PART, timeout, self.nodes[0].server_log, self._all_alive)
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
     def start_node(self, node_id: int, timeout: float = 120.0) -> None:
         """Start a stopped (or killed) node again on its own data; wait until the cluster lists it."""
@@ -185,14 +175,14 @@ class KafkaCluster(LocalCluster[Node]):
         if self.pid(node_id) is not None:
             raise InfraError(PART, f"node {node_id} is still running")
         self._spawn(n)
-        wait_until(
-            lambda: probe(self.client_settings(self.settings, bootstrap=f"{self.host}:{n.port}"), timeout=5.0),
-            PART,
-            timeout,
-            n.server_log,
-            lambda: self.pid(node_id) is not None,
-            what=f"answering (node {node_id})",
-        )
+        alone = self.client_settings(self.settings, bootstrap=f"{self.host}:{n.port}")
+        self.wait_node(node_id, lambda: probe(alone, timeout=5.0), "answering", timeout)
+
+    def addresses(self, node: Node) -> list[tuple[str, int]]:
+        return [(self.host, node.port), (self.host, node.controller_port)]
+
+    def log(self, node: Node) -> Path:
+        return node.server_log
 
     def processes(self, node: Node) -> list[tuple[Path, int | None]]:
         """The node's one process (its command line names its own configuration: never another broker)."""
@@ -361,6 +351,3 @@ class KafkaCluster(LocalCluster[Node]):
     def _spawn(self, n: Node) -> int:
         cmd = java_command(self.settings, MAIN_CLASS, str(n.config), heap=self.heap, log4j=n.log4j)
         return spawn(cmd, n.stdout_log, n.pid_file)
-
-    def _all_alive(self) -> bool:
-        return all(self.pid(n.node_id) is not None for n in self.nodes)

@@ -1,8 +1,9 @@
 """What every multi-node server cluster infra runs on this machine shares (infra.kafka_cluster, infra.es_cluster):
 nodes found by their pid files, killed one at a time like a crash, stopped all at once, their folder removed.
 
-A subclass names each node's processes (`processes`: the server first, then whatever started it and exits with
-it) and starts them; the rest is here, so both clusters stop and clean up the same way.
+A subclass names each node's ports (`addresses`), its processes (`processes`: the server first, then whatever
+started it and exits with it), its log (`log`), how all are configured and started (`launch_all`) and when the cluster
+is `healthy`; the rest is here, so both clusters start, stop and clean up the same way.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ import contextlib
 import os
 import shutil
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Generic, Self, TypeVar
 
-from infra.procs import InfraError, stop_pid
+from infra.procs import InfraError, port_open, stop_pid, wait_until
 
 __all__ = ["LocalCluster"]
 
@@ -33,8 +34,48 @@ class LocalCluster(Generic[N]):
         """(pid file, running pid or None) of each process of `node`, its server first."""
         raise NotImplementedError
 
-    def start(self, timeout: float = 180.0) -> Self:
+    def addresses(self, node: N) -> list[tuple[str, int]]:
+        """(host, port) of each port `node` listens on."""
         raise NotImplementedError
+
+    def log(self, node: N) -> Path:
+        """The file that says why `node` did not start."""
+        raise NotImplementedError
+
+    def launch_all(self) -> None:
+        """Install, configure and start every node, without waiting for them."""
+        raise NotImplementedError
+
+    def healthy(self) -> bool:
+        """Every node is in the cluster and it serves."""
+        raise NotImplementedError
+
+    def start(self, timeout: float = 180.0) -> Self:
+        """Start every node at once and wait until the cluster is healthy; a node's process that exits fails it at
+        once, and a cluster that does not become healthy is stopped again."""
+        for node_id, n in enumerate(self.nodes, start=1):
+            for host, port in self.addresses(n):
+                if port_open(host, port):  # another server there would answer our probes
+                    raise InfraError(self.part, f"port {port} (node {node_id}) is already taken")
+        self.launch_all()
+        try:
+            wait_until(self.healthy, self.part, timeout, self.log(self.nodes[0]), self._all_alive)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_node(self, node_id: int, check: Callable[[], bool], what: str, timeout: float) -> None:
+        """Wait until `check()` says node `node_id` is `what` again; fails at once if its process exited."""
+        n = self.node(node_id)
+        wait_until(check, self.part, timeout, self.log(n), lambda: self.alive(n), what=f"{what} (node {node_id})")
+
+    def alive(self, node: N) -> bool:
+        """Its server, or what starts it, runs."""
+        return any(pid is not None for _, pid in self.processes(node))
+
+    def _all_alive(self) -> bool:
+        return all(self.alive(n) for n in self.nodes)
 
     def node(self, node_id: int) -> N:
         return self.nodes[node_id - 1]

@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import base64
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +28,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, HTTPException
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 
 from api.errors import ErrorBody, install_error_handlers
 from api.main import create_app
@@ -33,6 +36,7 @@ from producers.contract import MAX_EVENT_BYTES, decode
 from producers.settings import Settings
 from tests.conftest import unique
 from tests.support import Pipeline, end_offsets, pipeline, read_topic, wait_for, wire
+from tests.support.routes import app_routes
 from tests.support.stores import private_ledger
 
 A, B = "tenant-a", "tenant-b"
@@ -67,8 +71,10 @@ def assert_error(resp, status: int, code: str | None = None, field: str | None |
 
 @pytest.fixture(scope="module")
 def trust_settings(base_settings: Settings) -> Iterator[Settings]:
-    """Private topic, schema (created, empty) and index; keys bound to one tenant each."""
-    with private_ledger(base_settings.private(unique("trust"), api_keys=KEYS)) as settings:
+    """Private topic, schema (created, empty) and index; keys bound to one tenant each; a KEK, so that the key
+    routes reach their store."""
+    kek = SecretStr(base64.b64encode(os.urandom(32)).decode())
+    with private_ledger(base_settings.private(unique("trust"), api_keys=KEYS, kek=kek)) as settings:
         yield settings
 
 
@@ -175,37 +181,143 @@ def test_class13_unexpected_errors_and_framework_exceptions_keep_the_shape() -> 
 # -- store failures and inputs that were 500 ---------------------------------------------------
 
 
-def _routes(tenant: str) -> list[tuple[str, str, dict[str, Any]]]:
-    return [
-        ("GET", "/v1/subjects/user:1/facts", {"params": {"tenant": tenant}}),
-        ("GET", "/v1/subjects/user:1/facts", {"params": {"tenant": tenant, "known_at": "2026-01-01T00:00:00Z"}}),
-        ("GET", "/v1/subjects/user:1/events", {"params": {"tenant": tenant}}),
-        ("GET", "/v1/facts/abc/history", {"params": {"tenant": tenant}}),
-        ("GET", "/v1/stats", {"params": {"tenant": tenant}}),
-        ("GET", "/v1/stats/consistency", {"params": {"tenant": tenant}}),
-        ("GET", "/v1/tenants", {}),
-        ("GET", "/v1/subjects", {"params": {"tenant": tenant, "prefix": "user:"}}),
-        ("POST", "/v1/recall", {"json": {"tenant": tenant, "query": "P1 backend port", "mode": "keyword"}}),
-        ("POST", "/v1/recall", {"json": {"tenant": tenant, "query": "user:1 seat", "mode": "exact"}}),
-        ("POST", "/v1/events", {"json": {"events": [event(tenant=tenant, event_id=unique("down"))]}}),
-        ("DELETE", "/v1/subjects/user:1", {"params": {"tenant": tenant}}),
-        ("GET", "/v1/events/some-event-id", {"params": {"tenant": tenant}}),
-    ]
+Route = tuple[str, str]  # (method, path template) as tests.support.routes.app_routes names it
 
 
-# which routes need which store (the others still answer normally when it is down)
-NEEDS = {
-    "postgres": {
-        "/v1/subjects/user:1/facts",
-        "/v1/subjects/user:1/events",
-        "/v1/facts/abc/history",
-        "/v1/stats",
-        "/v1/stats/consistency",
-        "/v1/subjects",
-        "/v1/events/some-event-id",
+def _routes(tenant: str, receipt: dict[str, Any]) -> dict[Route, list[tuple[str, dict[str, Any]]]]:
+    """Requests on every route of the app, for the class tests that must hold on each (`receipt`: one of `tenant`'s,
+    from a facts answer); a route without an entry fails test_every_route_is_in_the_class_tests."""
+    q = {"params": {"tenant": tenant}}
+    return {
+        ("GET", "/v1/subjects/{subject}/facts"): [
+            ("/v1/subjects/user:1/facts", q),
+            ("/v1/subjects/user:1/facts", {"params": {"tenant": tenant, "known_at": "2026-01-01T00:00:00Z"}}),
+        ],
+        ("GET", "/v1/subjects/{subject}/events"): [("/v1/subjects/user:1/events", q)],
+        ("GET", "/v1/facts/{memory_id}/history"): [("/v1/facts/abc/history", q)],
+        ("GET", "/v1/stats"): [("/v1/stats", q)],
+        ("GET", "/v1/stats/consistency"): [("/v1/stats/consistency", q)],
+        ("GET", "/v1/tenants"): [("/v1/tenants", {})],
+        ("GET", "/v1/subjects"): [("/v1/subjects", {"params": {"tenant": tenant, "prefix": "user:"}})],
+        ("POST", "/v1/recall"): [
+            ("/v1/recall", {"json": {"tenant": tenant, "query": "P1 backend port", "mode": "keyword"}}),
+            ("/v1/recall", {"json": {"tenant": tenant, "query": "user:1 seat", "mode": "exact"}}),
+        ],
+        ("POST", "/v1/context"): [
+            ("/v1/context", {"json": {"tenant": tenant, "subject": "user:1", "question": "seat", "format": "json"}})
+        ],
+        ("POST", "/v1/events"): [("/v1/events", {"json": {"events": [event(tenant=tenant, event_id=unique("down"))]}})],
+        ("DELETE", "/v1/subjects/{subject}"): [("/v1/subjects/user:1", q)],
+        ("GET", "/v1/events/{event_id}"): [("/v1/events/some-event-id", q)],
+        ("POST", "/v1/keys"): [("/v1/keys", {"json": {"tenant": tenant, "subjects": ["user:1"]}})],
+        ("POST", "/v1/keys/retire"): [
+            ("/v1/keys/retire", {"json": {"tenant": tenant, "subject": "user:1", "erasure_id": unique("erase")}})
+        ],
+        ("GET", "/v1/erasures"): [("/v1/erasures", q)],
+        ("GET", "/v1/erasures/{erasure_id}"): [("/v1/erasures/some-erasure-id", q)],
+        ("GET", "/v1/dead-letters"): [("/v1/dead-letters", q)],
+        ("GET", "/v1/dead-letters/{partition}/{offset}"): [("/v1/dead-letters/0/0", q)],
+        ("POST", "/v1/dead-letters/redrive"): [
+            ("/v1/dead-letters/redrive", {"json": {"tenant": tenant, "partition": 0, "offset": 0, "event": event()}})
+        ],
+        ("POST", "/v1/dead-letters/discard"): [
+            ("/v1/dead-letters/discard", {"json": {"tenant": tenant, "partition": 0, "offset": 0, "reason": "r"}})
+        ],
+        ("POST", "/v1/receipts/verify"): [("/v1/receipts/verify", {"json": {"tenant": tenant, "receipt": receipt}})],
+        ("POST", "/v1/receipts/replay"): [
+            (
+                "/v1/receipts/replay",
+                {"json": {"tenant": tenant, "receipt": receipt, "request": {"subject": "user:1"}}},
+            )
+        ],
+        # no key, and what no store serves
+        ("GET", "/v1/health"): [("/v1/health", {})],
+        ("GET", "/v1/schema/event"): [("/v1/schema/event", {})],
+        ("GET", "/"): [("/", {})],
+        ("GET", "/openapi.json"): [("/openapi.json", {})],
+        ("GET", "/docs"): [("/docs", {})],
+        ("GET", "/docs/static"): [("/docs/static/swagger-ui.css", {})],
+        ("GET", "/console"): [("/console", {})],
+        ("GET", "/console/static"): [("/console/static/console.js", {})],
+        ("GET", "/metrics"): [("/metrics", {})],
+    }
+
+
+@pytest.fixture(scope="module")
+def receipt(client: TestClient) -> dict[str, Any]:
+    """A receipt of tenant A, as a facts answer gives it (for the receipt routes)."""
+    r = client.get("/v1/subjects/user:1/facts", params={"tenant": A}, headers=HA)
+    assert r.status_code == 200, r.text
+    return r.json()["receipt"]
+
+
+def test_every_route_is_in_the_class_tests(base_settings: Settings, receipt: dict[str, Any]) -> None:
+    """A new route must be given requests in `_routes`, or this fails (and so every class test here covers it)."""
+    routes, listed = app_routes(base_settings), set(_routes(A, receipt))
+    assert not routes - listed, f"routes missing from _routes: {sorted(routes - listed)}"
+    assert not listed - routes, f"_routes names no route of the app: {sorted(listed - routes)}"
+    named = TENANTLESS.union(*NEEDS.values())
+    assert not named - routes, f"TENANTLESS or NEEDS name no route of the app: {sorted(named - routes)}"
+
+
+# the routes that take no tenant: the public ones, and the list of the key's own tenants
+TENANTLESS: set[Route] = {
+    ("GET", "/v1/tenants"),
+    ("GET", "/v1/health"),
+    ("GET", "/v1/schema/event"),
+    ("GET", "/"),
+    ("GET", "/openapi.json"),
+    ("GET", "/docs"),
+    ("GET", "/docs/static"),
+    ("GET", "/console"),
+    ("GET", "/console/static"),
+    ("GET", "/metrics"),
+}
+
+
+def test_class7_a_key_never_reaches_another_tenant_on_any_route(client: TestClient, receipt: dict[str, Any]) -> None:
+    """Key A naming tenant B is a 403 naming the tenant field on every route that takes a tenant; nothing published."""
+    before = end_offsets(client.app.state.settings)
+    for route, requests in _routes(B, receipt).items():
+        if route in TENANTLESS:
+            continue
+        for url, kw in requests:
+            item = assert_error(client.request(route[0], url, headers=HA, **kw), 403, "forbidden_tenant")
+            assert item["field"] is not None and item["field"].endswith("tenant"), (route, item)
+    assert end_offsets(client.app.state.settings) == before, "a refused request published something"
+
+
+# which routes need which store (the others still answer, below 500, when it is down)
+_PG = {
+    ("GET", "/v1/subjects/{subject}/facts"),
+    ("GET", "/v1/subjects/{subject}/events"),
+    ("GET", "/v1/facts/{memory_id}/history"),
+    ("GET", "/v1/stats"),
+    ("GET", "/v1/stats/consistency"),
+    ("GET", "/v1/subjects"),
+    ("GET", "/v1/events/{event_id}"),
+    ("POST", "/v1/recall"),  # the vocabulary
+    ("POST", "/v1/context"),
+    ("POST", "/v1/keys"),
+    ("POST", "/v1/keys/retire"),
+    ("GET", "/v1/erasures"),
+    ("GET", "/v1/erasures/{erasure_id}"),
+    ("GET", "/v1/dead-letters"),
+    ("GET", "/v1/dead-letters/{partition}/{offset}"),
+    ("POST", "/v1/dead-letters/redrive"),
+    ("POST", "/v1/dead-letters/discard"),
+    ("POST", "/v1/receipts/verify"),
+    ("POST", "/v1/receipts/replay"),
+}
+NEEDS: dict[str, set[Route]] = {
+    "postgres": _PG,
+    "elasticsearch": {
+        ("GET", "/v1/stats"),
+        ("GET", "/v1/stats/consistency"),
+        ("POST", "/v1/recall"),
+        ("POST", "/v1/context"),  # its question's recall
     },
-    "elasticsearch": {"/v1/stats", "/v1/stats/consistency", "/v1/recall"},
-    "kafka": {"/v1/stats", "/v1/events", "/v1/subjects/user:1"},
+    "kafka": {("GET", "/v1/stats"), ("POST", "/v1/events"), ("DELETE", "/v1/subjects/{subject}")},
 }
 DOWN = {
     "postgres": {"pg_dsn": f"postgresql://ledger:ledger@{DEAD}/ledger"},
@@ -216,32 +328,33 @@ DOWN = {
 
 @pytest.mark.parametrize("store", ["postgres", "elasticsearch", "kafka"])
 def test_class8_a_store_that_is_down_is_a_prompt_503_naming_it_on_every_route(
-    trust_settings: Settings, store: str
+    trust_settings: Settings, receipt: dict[str, Any], store: str
 ) -> None:
     settings = trust_settings.model_copy(update=DOWN[store])
-    needs = NEEDS[store] | ({"/v1/recall"} if store == "postgres" else set())  # recall reads the vocabulary
+    needs = NEEDS[store] | {("GET", "/v1/health")}
     with TestClient(create_app(settings)) as c:
-        for method, url, kw in _routes(A):
-            t0 = time.monotonic()
-            r = c.request(method, url, headers=HA, **kw)
-            took = time.monotonic() - t0
-            assert took < PROMPT_S, f"{method} {url} with {store} down took {took:.1f}s"
-            # an exact question naming an entity id is answered from PostgreSQL's current state, index or not
-            exact_by_id = url == "/v1/recall" and kw["json"]["mode"] == "exact"
-            if store == "elasticsearch" and exact_by_id:
-                assert r.status_code == 200 and "exact_postgres" in r.json()["trace"]["stages_ms"], r.text[:300]
-            elif url in needs:
-                item = assert_error(r, 503, "store_unavailable", None)
-                assert item["message"].startswith(f"{store}: "), item
-                assert "Traceback" not in r.text
-            else:
-                assert r.status_code < 500, f"{method} {url} with {store} down: {r.status_code} {r.text[:300]}"
-            if store == "postgres" and url == "/v1/events":  # the door check is skipped, never blocking
-                assert r.status_code == 200, r.text
-                assert r.json()["idempotency_checked"] is False and "postgres" in r.json()["idempotency_note"]
-        r = c.get("/v1/health")
-        item = assert_error(r, 503, "store_unavailable", None)
-        assert not r.json()["parts"][store]["ok"] and item["message"].startswith(f"{store}: ")
+        for route, requests in _routes(A, receipt).items():
+            for url, kw in requests:
+                method = route[0]
+                t0 = time.monotonic()
+                r = c.request(method, url, headers=HA, **kw)
+                took = time.monotonic() - t0
+                assert took < PROMPT_S, f"{method} {url} with {store} down took {took:.1f}s"
+                # an exact question naming an entity id is answered from PostgreSQL's current state, index or not
+                exact_by_id = url == "/v1/recall" and kw["json"]["mode"] == "exact"
+                if store == "elasticsearch" and exact_by_id:
+                    assert r.status_code == 200 and "exact_postgres" in r.json()["trace"]["stages_ms"], r.text[:300]
+                elif route in needs:
+                    item = assert_error(r, 503, "store_unavailable", None)
+                    assert item["message"].startswith(f"{store}: "), (method, url, item)
+                    assert "Traceback" not in r.text
+                else:
+                    assert r.status_code < 500, f"{method} {url} with {store} down: {r.status_code} {r.text[:300]}"
+                if store == "postgres" and url == "/v1/events":  # the door check is skipped, never blocking
+                    assert r.status_code == 200, r.text
+                    assert r.json()["idempotency_checked"] is False and "postgres" in r.json()["idempotency_note"]
+                if url == "/v1/health":
+                    assert not r.json()["parts"][store]["ok"], r.text[:300]
 
 
 def test_class8_inputs_that_were_500_or_503_are_4xx_naming_the_field(client: TestClient) -> None:

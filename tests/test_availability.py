@@ -8,8 +8,8 @@ in the same test, by at most 100 ms. The servers are real child processes (`ledg
 --transport http`), so their event loops are the loops that would stall; the attacker runs in a process of its
 own, so the test's own client work never delays the victim's measurement.
 
-`ATTACKS` and `TOOL_ATTACKS` are derived-checked: a route or tool without an entry fails
-`test_every_route_and_tool_has_an_attack`, so a new door cannot skip the test.
+`ATTACKS` and `TOOL_ATTACKS` are derived-checked: a route (`tests.support.routes.app_routes`) or tool without an
+entry fails `test_every_route_and_tool_has_an_attack`, so a new door cannot skip the test.
 
 Latencies are counted as an open-loop victim would see them (a call held up by a stall also holds up the calls it
 would have sent meanwhile: `_open_loop`), so one long stall is not a single sample among hundreds. The attacker
@@ -45,6 +45,7 @@ from api.requests import MAX_CITED
 from producers.settings import Settings
 from tests.conftest import unique
 from tests.support import asserted, pipeline
+from tests.support.routes import app_routes
 from tests.support.servers import ApiServer, McpHttpServer
 
 ATTACKER, VICTIM = "attacker", "victim"
@@ -306,19 +307,6 @@ def _longest_receipt(receipt: dict[str, Any]) -> dict[str, Any]:
     return {**receipt, "cited": cited + more}
 
 
-def _app_routes(settings: Settings) -> set[tuple[str, str]]:
-    """Every (method, template) the app answers: its OpenAPI paths, and its own routes and mounts outside the spec."""
-    app = create_app(settings)
-    routes = {(m.upper(), path) for path, ops in app.openapi()["paths"].items() for m in ops}
-    for route in app.routes:
-        path = getattr(route, "path", None)
-        if path is None:  # the included /v1 routers: their routes are the spec's
-            continue
-        methods = getattr(route, "methods", None) or {"GET"}  # a mount serves GET
-        routes |= {(m, path) for m in methods if m != "HEAD"}
-    return routes
-
-
 def _mcp_call(tool: str, arguments: dict[str, Any], call_id: int = 1) -> dict[str, Any]:
     """A JSON-RPC tools/call, as a Streamable HTTP client posts it (the server is stateless: no session)."""
     return {"jsonrpc": "2.0", "id": call_id, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}
@@ -451,7 +439,7 @@ def stack(base_settings: Settings) -> Iterator[dict[str, Any]]:
 
 def test_every_route_and_tool_has_an_attack(base_settings: Settings) -> None:
     """A new route or tool must say what its largest legal input is, or this fails (and so it is measured)."""
-    routes = _app_routes(base_settings)
+    routes = app_routes(base_settings)
     assert not routes - set(ATTACKS), f"routes without an attack: {sorted(routes - set(ATTACKS))}"
     assert not set(ATTACKS) - routes, f"attacks on no route: {sorted(set(ATTACKS) - routes)}"
     tools = {t.name for t in TOOLS}
@@ -464,7 +452,7 @@ def test_no_route_builds_its_validators_or_reads_its_source_on_a_request(
     """What FastAPI builds lazily (a router's route table with its pydantic validators, an endpoint's source
     location read from its file, the OpenAPI document) is built at startup: built on a route's first request, it
     ran on the event loop and stalled every other tenant for as long (the first attack on a route, here ~90 ms)."""
-    routes = sorted(_app_routes(base_settings))
+    routes = sorted(app_routes(base_settings))
     app = create_app(base_settings.private(unique("warm"), api_keys=KEYS))
     with TestClient(app) as client:
         assert app.openapi_schema is not None, "the OpenAPI document is built on its first request"

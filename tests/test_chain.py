@@ -18,6 +18,7 @@ chain) and a rebuild chains it from offset 0.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import stat
@@ -33,7 +34,14 @@ from kafka import KafkaProducer
 from pydantic import SecretStr
 
 from producers.contract import encode
-from producers.keys.signing import ChainSigner, load_signer, new_signing_key, public_key_text
+from producers.keys.signing import (
+    ChainSigner,
+    SigningKeyError,
+    load_signer,
+    new_signing_key,
+    parse_public_key,
+    public_key_text,
+)
 from producers.settings import Settings
 from producers.topics import ensure_topics
 from projections.postgres.chain import (
@@ -512,3 +520,17 @@ def test_a_schema_from_before_the_chain_chains_from_where_it_stood_and_a_rebuild
         assert {cp.head.first_offset for cp in _checkpoints(settings)} == {0, 2}
         rebuilt = verify(settings)
         assert rebuilt.intact and not any("predate" in n for n in rebuilt.notes), rebuilt.as_json()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("not base64 at all!", "'not base64 at all!' is not valid base64"),
+        (base64.b64encode(b"p" * 16).decode(), "is 16 bytes; an Ed25519 public key has 32"),
+    ],
+)
+def test_a_malformed_trusted_key_names_its_problem(text: str, problem: str) -> None:
+    with pytest.raises(SigningKeyError, match=problem):
+        parse_public_key(text)
+    assert parse_public_key(f" {public_key_text(b'p' * 32)}\n") == b"p" * 32  # as configured, spaces around

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+import random
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import orjson
@@ -548,3 +549,84 @@ def test_check_storable_names_the_field() -> None:
     with pytest.raises(InvalidEvent) as info:
         contract.check_storable(_NUL, "subject")
     assert (info.value.code, info.value.field) == ("unstorable_text", "subject")
+
+
+def _isoformat_spelling(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+class _Moment(datetime):
+    """A datetime subclass: not what validation gives, spelled by the general path."""
+
+
+def test_every_time_is_spelled_as_isoformat_would_spell_it() -> None:
+    """rfc3339 takes orjson's spelling for the UTC times validation gives: the same text as isoformat's, with or
+    without microseconds, at the ends of the range, and for any other offset or type of datetime."""
+    r = random.Random(20261202)
+    offsets = [UTC, timezone(timedelta(0)), timezone(timedelta(hours=5, minutes=30)), timezone(timedelta(hours=-7))]
+    for _ in range(20_000):
+        day = datetime(r.randint(2, 9998), r.randint(1, 12), r.randint(1, 28), tzinfo=r.choice(offsets))
+        micro = r.choice([0, 1, 10, 100_000, 999_999, r.randint(0, 999_999)])
+        value = day.replace(hour=r.randint(0, 23), minute=r.randint(0, 59), second=r.randint(0, 59), microsecond=micro)
+        assert contract.rfc3339(value) == _isoformat_spelling(value), value
+    for value in (
+        datetime(1, 1, 1, tzinfo=UTC),
+        datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC),
+        _Moment(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+        _Moment(2026, 1, 2, 3, 4, 5, 6, tzinfo=timezone(timedelta(hours=2))),
+    ):
+        assert contract.rfc3339(value) == _isoformat_spelling(value), value
+
+
+def test_to_wire_of_an_event_built_without_validation_is_model_dumps() -> None:
+    """to_wire reads a validated event's fields as they are (model_dump's wire, key for key and in order); fields of
+    other types (a model built or copied without validation) get the record model_dump's wire gives, never an error."""
+    event = from_dict(_asserted(observed_at="2026-01-02T03:04:05Z", dead_letter={"partition": 1, "offset": 2}))
+    assert list(event.to_wire().items()) == list(event._dumped_wire().items())
+    odd = [
+        MemoryEvent.model_construct(**{**event.__dict__, "type": "memory.asserted"}),  # a str, not the enum
+        MemoryEvent.model_construct(**{**event.__dict__, "source": {"type": "explicit"}}),
+        MemoryEvent.model_construct(**{**event.__dict__, "observed_at": "2026-01-02T03:04:05Z"}),
+        MemoryEvent.model_construct(**{k: v for k, v in event.__dict__.items() if k != "scope"}),
+        event.model_copy(update={"valid_to": None, "reason": None, "entities": ("a", "b")}),
+    ]
+    for built in odd:
+        assert orjson.dumps(built.to_wire()) == orjson.dumps(built._dumped_wire()), built
+    wire = event.to_wire()
+    wire["entities"].append("changed")  # the wire's lists are its own
+    assert "changed" not in event.entities
+
+
+class _NoEquality:
+    """A value that refuses to be compared (as an array does)."""
+
+    def __eq__(self, other: object) -> bool:
+        raise TypeError("not comparable")
+
+    __hash__ = object.__hash__
+
+
+def test_explicit_nulls_are_dropped_whatever_the_other_values_say_of_equality() -> None:
+    """An explicit null for a defaulted field means absent even beside a value that refuses `==`."""
+    for door in (contract.MemoryEvent.model_validate, from_dict):
+        event = door(_asserted(value=_NoEquality(), kind=None, reason=None, observed_at="2026-01-02T03:04:05Z"))
+        assert event.kind is Kind.STATE and isinstance(event.value, _NoEquality)
+
+
+def test_records_held_by_a_batch_cost_no_page_fault_each() -> None:
+    """A producer holds a batch's records until its acks: each record is a copy of its own size, not orjson's 1 KiB
+    working buffer shrunk in place, which left the heap such that every record held cost page faults."""
+    import resource
+
+    events = [
+        _asserted(
+            event_id=f"e{i}", subject=f"user:{i}", content=f"用户 {i} 的座位偏好是过道 {i}", aliases=["座位", "seat"]
+        )
+        for i in range(4000)
+    ]
+    for _ in range(2):  # the first pass may grow the heap for good: judged on the second
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        held = [contract.from_dict_encoded(e)[2] for e in events] + [encode(from_dict(e)) for e in events]
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        del held
+    assert faults / (2 * len(events)) < 0.25, faults

@@ -1,12 +1,14 @@
 """The Elasticsearch configuration infra writes and the settings of a cluster (no server): the single node's
 unchanged, each cluster node's its own, the node list of LEDGER_ES_URL reaching every client, replicas in new
-indices only when asked; and how a local cluster (Kafka's and Elasticsearch's) kills, stops and removes its nodes,
-on stand-in processes."""
+indices only when asked; and how a local cluster (Kafka's and Elasticsearch's) starts, kills, stops and removes its
+nodes, on stand-in processes."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -135,3 +137,47 @@ def test_a_cluster_kills_one_node_stops_the_rest_and_removes_its_folder(tmp_path
     assert not any(pid_alive(p) for ps in pids.values() for p in ps)
     cluster.remove()
     assert not base.exists()
+
+
+def _stand_in_cluster(
+    kind: str, settings: Settings, base: Path, ports: list[tuple[int, int]]
+) -> KafkaCluster | EsCluster:
+    """A cluster of `kind` whose nodes are stand-ins (node 2's exits at once) and never healthy."""
+
+    class StandIns(KafkaCluster if kind == "kafka" else EsCluster):
+        def launch_all(self) -> None:
+            for n in self.nodes:
+                n.home.mkdir(parents=True)
+                mark = str(n.config) if kind == "kafka" else n.marker
+                code = "pass" if n.node_id == 2 else "import time; time.sleep(120)"
+                spawn([sys.executable, "-c", code, mark], n.stdout_log, n.pid_file)
+
+        def healthy(self) -> bool:
+            return False
+
+    return StandIns(settings, base, ports)
+
+
+@pytest.mark.parametrize("kind", ["kafka", "elasticsearch"])
+def test_a_cluster_starts_on_free_ports_only_and_fails_at_once_when_a_node_exits(tmp_path: Path, kind: str) -> None:
+    settings, base = Settings(development=True, data_dir=tmp_path), tmp_path / "c"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = [(23001, 23002), (23003, port), (23005, 23006)]
+        cluster = _stand_in_cluster(kind, settings, base, ports)
+        with pytest.raises(InfraError, match=f"port {port} \\(node 2\\) is already taken"):
+            cluster.start(timeout=60)
+        assert not base.exists(), "nothing is installed or started on a taken port"
+
+    cluster = _stand_in_cluster(kind, settings, base, [(23001, 23002), (23003, 23004), (23005, 23006)])
+    t0 = time.monotonic()
+    with pytest.raises(InfraError, match="exited before it became healthy"):
+        cluster.start(timeout=60)
+    assert time.monotonic() - t0 < 10, "a node that exited is seen at once, not at the timeout"
+    assert not any(cluster.alive(n) for n in cluster.nodes), "the nodes still running are stopped"
+    with pytest.raises(InfraError, match="exited before it became answering \\(node 2\\)"):
+        cluster.wait_node(2, lambda: False, "answering", timeout=60)  # a node started again that exits
+    assert time.monotonic() - t0 < 20
+    cluster.remove()

@@ -22,7 +22,7 @@ from elasticsearch import Elasticsearch
 from producers.contract import EventType, version_id_for
 from producers.settings import Settings
 from projections.search.cues import TimeRange
-from projections.search.recall.current import exact_current
+from projections.search.recall.current import exact_current, exact_current_marked
 from projections.search.recall.index import ElasticIndex
 from projections.search.recall.model import RecallFilters, Scope
 from tests.conftest import unique
@@ -172,6 +172,12 @@ def test_postgresql_answers_every_exact_ask_as_the_index_does(base_settings: Set
             await pool.open()
             index = ElasticIndex(AsyncElasticsearch(settings.es_url), settings.es_index)
             compared = 0
+            logged = {}
+            for tenant in ("acme", "globex"):
+                async with pool.connection() as c:
+                    cur = await c.execute("SELECT max(seq) FROM vocab_log WHERE tenant = %s", (tenant,))
+                    logged[tenant] = (await cur.fetchone())[0]
+            assert all(logged.values()), logged  # the drain logged both tenants' versions
             try:
                 grid = itertools.product(  # every combination of what an ask can carry, in the acme tenant
                     ("acme",),
@@ -195,6 +201,11 @@ def test_postgresql_answers_every_exact_ask_as_the_index_does(base_settings: Set
                     want = await index.exact(scope, keys, types, 20)
                     got = await exact_current(pool, scope, keys, types, 20)
                     assert [c.version_id for c in got] == [c.version_id for c in want], scope
+                    # the same answer with the newest vocab_log sequence read in the statement (the recall's check
+                    # of its cues), which every row carries: None only when no row came back
+                    marked_got, newest = await exact_current_marked(pool, scope, keys, types, 20)
+                    assert [c.version_id for c in marked_got] == [c.version_id for c in want], scope
+                    assert newest in (logged[tenant], None) and (newest is None) <= (not want), (newest, scope)
                     compared += bool(want)
             finally:
                 await index.es.close()

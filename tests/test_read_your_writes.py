@@ -138,6 +138,35 @@ def test_http_write_then_read_with_its_token_never_misses(stack: dict[str, Any])
     assert asyncio.run(scenario()) == []
 
 
+def test_a_recall_with_the_token_has_the_writes_new_subject_and_alias_as_cues(stack: dict[str, Any]) -> None:
+    """The API's cached vocabulary is checked within the recall (by the exact stage's statement when it asks
+    PostgreSQL first, as in mode exact; else by a round trip before the stages): a recall with a write's token,
+    right after a recall that cached the tenant's vocabulary without it, names the write's new entity and alias as
+    known cues and answers it exactly."""
+
+    async def scenario() -> list[str]:
+        wrong = []
+        async with httpx.AsyncClient(base_url=stack["api"], headers=H, timeout=30) as http:
+            words = ("marmoset", "ocelot", "caracal", "serval", "margay", "jerboa")
+            for n, (word, mode) in enumerate(zip(words, ("exact", "auto") * 3, strict=True)):
+                entity, key, question = f"RWQ{n}", f"pref.gadget_{n}", f"RWQ{n} {word} gadget"
+                warm = await http.post("/v1/recall", json={"tenant": TENANT, "query": question, "mode": mode})
+                assert warm.status_code == 200, warm.text  # the vocabulary is cached now, without the write
+                fact = _fact(f"user:{entity}", f"v{n}", key=key, aliases=[f"{word} gadget"], entities=[entity])
+                wrote = await http.post("/v1/events", json={"events": [fact]})
+                assert wrote.status_code == 200, wrote.text
+                ask = {"tenant": TENANT, "query": question, "mode": mode, "after": wrote.json()["consistency_token"]}
+                res = (await http.post("/v1/recall", json=ask)).json()
+                cues, top = res["cues"], (res["hits"] or [{}])[0]
+                if entity.lower() not in cues["known_entities"] or key not in cues["keys"]:
+                    wrong.append(f"{mode} {question}: cues {cues}")
+                if (top.get("value"), top.get("match", {}).get("stage")) != (f"v{n}", "exact"):
+                    wrong.append(f"{mode} {question}: top {top}")
+        return wrong
+
+    assert asyncio.run(scenario()) == []
+
+
 def test_mcp_remember_then_recall_is_read_your_writes_by_default(stack: dict[str, Any]) -> None:
     """No `after` passed: the session's last write token makes recall and facts wait for it."""
 

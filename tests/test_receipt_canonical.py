@@ -65,3 +65,22 @@ def test_a_receipt_reserialized_by_javascript_gives_the_same_bytes():
 
 def test_integers_javascript_cannot_hold_are_written_exactly():
     assert canonical({"value": 2**63 - 1, "tiny": 1e-7}) == b'{"tiny":1e-7,"value":9223372036854775807}'
+
+
+def test_the_digests_taken_in_one_walk_are_the_canonical_ones():
+    """A receipt's digests (`_digest_and_parts`: the answer made plain once, its parts hashed from that) and its
+    cited events' HMACs (`_keyed_plain`: orjson's bytes) are those of `canonical`, for answers with and without
+    values orjson does not write as RFC 8785 does (there the canonical path is taken)."""
+    from api.receipts import _EVENT, _digest_and_parts, _keyed, _keyed_plain, answer_digest, answer_parts
+
+    r = random.Random(53)
+    for _ in range(500):
+        hit = {"version_id": _text(r), "value": _document(r), "match": {"stage": r.choice(["exact", "keyword"])}}
+        hit["match"]["scores"] = {"prior": _float(r), "access": _float(r), "overlap": 1.0}
+        recall = {"hits": [hit, {**hit, "version_id": "v2"}], "cues": _document(r), "trace": {"ms": _float(r)}}
+        facts = {"facts": [_document(r), {"value": 2.0}], "consistency": {"waited_ms": 1.0}, "tenant": _text(r)}
+        for kind, body in (("recall", recall), ("facts", facts)):
+            want = {"answer_digest": answer_digest(body), "parts": answer_parts(kind, body)}
+            assert _digest_and_parts(kind, body) == want, body
+        cited = [_text(r), _text(r), "f" * 64, r.randint(0, 2**31), r.randint(0, 2**62)]
+        assert _keyed_plain(b"salt", _EVENT, cited) == _keyed(b"salt", _EVENT, cited)

@@ -8,7 +8,8 @@ supersession gives the first answer (and the facts, history and audit replay rec
 version erased since verifies as "erased at ..." and shows nothing of it; another tenant's receipt is refused (404
 to a key of both tenants, 403 to a key of the other only), over HTTP and the MCP tools alike; a replay with other
 parameters than the receipt's is refused naming `request`; a chain link changed in PostgreSQL fails the receipt that
-cites it and `ledger verify` names its place.
+cites it and `ledger verify` names its place; a recall's receipt is read with its answer (no pool checkout of its
+own) and is the receipt its own read would make.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def test_every_answer_has_a_receipt_that_verifies_and_holds_no_data(stack: Any) 
         checked = r.json()
         assert checked["valid"] is True and checked["signature"] == "valid" and checked["answer"] is True, checked
         assert [c["state"] for c in checked["cited"]] == ["held"] * len(receipt["cited"])
-    assert "receipt" not in _recall(stack, receipt=False)  # one recall without: a database read less
+    assert "receipt" not in _recall(stack, receipt=False)  # one recall without
     # the text block's receipt, in its header, is the json form's
     text = _post(stack, "/v1/context", {"tenant": TENANT, "subject": SUBJECT, "as_of": "2030-01-01T00:00:00Z"})
     receipt = orjson.loads(base64.urlsafe_b64decode(text.headers["X-Receipt"]))
@@ -358,3 +359,65 @@ def test_a_link_changed_in_postgres_fails_the_receipt_and_ledger_verify(stack: A
                 'AND "offset" = %s',
                 (bytes.fromhex(c["link"]), settings.processor_group, settings.topic, c["partition"], c["offset"]),
             )
+
+
+def test_a_recall_receipt_is_read_with_the_answer_and_means_what_its_own_read_would(stack: Any) -> None:
+    """The class: a receipt that costs recall a read of its own (a second pool checkout after the answer). Counted on
+    the real pool, a recall with its receipt checks out as often as one without; its receipt is the one the receipt's
+    own read (api.receipts.issue without a basis) makes of the same answer, its positions cover what it cites, and
+    it verifies. A recall as known at a time (its hits re-read apart) still gets a receipt that verifies."""
+    asyncio.run(_read_with_the_answer(stack))
+
+
+async def _read_with_the_answer(stack: Any) -> None:
+    from api import reads, receipts
+    from api.requests import RecallBody
+    from producers.consistency import decode_token
+
+    stack.publish([_fact("project:R5", "project.host", "r5.example", "r5-host-1", entities=["R1", "R5"])])
+    stack.settle()
+    tenants = frozenset(KEYS[KEY])
+    async with Resources.open(stack.settings, warm_embedder=False) as res:
+        checkouts = 0
+        connection = res.pool.connection
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal checkouts
+            checkouts += 1
+            return connection(*args, **kwargs)
+
+        res.pool.connection = counted  # type: ignore[method-assign]  # the real pool, its checkouts counted
+        for mode in ("exact", "hybrid", "auto"):
+            ask = RecallBody(tenant=TENANT, query="R1", mode=mode, top_k=10)
+            await reads.recall(res, tenants, ask, record=False)  # warm: the vocabulary loaded once
+            used = {}
+            for want in (False, True, False, True):
+                checkouts = 0
+                answer = await reads.recall(res, tenants, ask.model_copy(update={"receipt": want}), record=False)
+                used[want] = checkouts
+            assert used[True] == used[False], (mode, used)
+            receipt = answer["receipt"]
+            cited = [h["event_id"] for h in answer["hits"]]
+            assert len(receipt["cited"]) == len(set(cited)) >= 2, (mode, answer["hits"])
+            own = await receipts.issue(
+                res,
+                "recall",
+                TENANT,
+                {k: v for k, v in answer.items() if k != "receipt"},
+                receipts.request_fields("recall", ask),
+                cited,
+                as_of=answer["trace"]["as_of"],
+                ranked=True,
+            )
+            volatile = ("issued_at", "known_at", "signature", "positions")
+            assert {k: v for k, v in receipt.items() if k not in volatile} == {
+                k: v for k, v in own.items() if k not in volatile
+            }, mode
+            positions = decode_token(receipt["positions"])
+            for c in receipt["cited"]:
+                assert c["offset"] < positions[c["partition"]], (mode, c, positions)
+            checked = _verify(stack, receipt, answer).json()
+            assert checked["valid"] is True and checked["answer"] is True, (mode, checked)
+        known = RecallBody(tenant=TENANT, query="R1", mode="exact", known_at=receipt["known_at"])
+        answer = await reads.recall(res, tenants, known, record=False)
+        assert answer["hits"] and _verify(stack, answer["receipt"], answer).json()["valid"] is True

@@ -333,3 +333,39 @@ def test_a_container_json_does_not_have_is_refused_naming_its_field(door, field,
     assert refused.value.code == "wrong_type", refused.value
     assert refused.value.field == field
     assert f"is a {type(container).__name__}, which JSON does not have" in str(refused.value)
+
+
+NOT_JSON_SCALARS = {
+    "object": object(),
+    "bytes": b"ab",
+    "bytearray": bytearray(b"ab"),
+    "complex": 1 + 2j,
+    "Decimal": __import__("decimal").Decimal("1.5"),
+    "own class": _Bag,
+}
+
+
+@pytest.mark.parametrize("door", [from_dict, from_dict_encoded], ids=["from_dict", "from_dict_encoded"])
+@pytest.mark.parametrize("field", ["value", "value.nested", "value.nested.0"])
+@pytest.mark.parametrize("kind", sorted(NOT_JSON_SCALARS))
+def test_a_value_json_cannot_write_is_refused_naming_its_field(door, field, kind):
+    """Anything inside a value that is no JSON (bytes, an object, a complex number...) is an InvalidEvent naming
+    where it is, at every door, never the encoder's TypeError after validation passed."""
+    thing = NOT_JSON_SCALARS[kind]
+    value = {"value": thing, "value.nested": {"nested": thing}, "value.nested.0": {"nested": [thing]}}[field]
+    data = {"type": "memory.asserted", "tenant": "acme", "event_id": "e1", "subject": "project:P1", "key": "k",
+            "value": value, "content": "c", "observed_at": "2026-06-01T00:00:00Z"}  # fmt: skip
+    with pytest.raises(InvalidEvent) as refused:
+        door(data, now=NOW, max_future_skew=SKEW)
+    assert (refused.value.code, refused.value.field) == ("wrong_type", field), refused.value
+    assert f"is of type {type(thing).__name__}, which JSON does not have" in str(refused.value)
+
+
+@pytest.mark.parametrize("door", [from_dict, from_dict_encoded], ids=["from_dict", "from_dict_encoded"])
+@pytest.mark.parametrize("key", [1, 1.5, None, ("a",)], ids=["int", "float", "None", "tuple"])
+def test_a_dict_key_that_is_not_a_string_is_refused_naming_it(door, key):
+    data = {"type": "memory.asserted", "tenant": "acme", "event_id": "e1", "subject": "project:P1", "key": "k",
+            "value": {"a": {key: 1}}, "content": "c", "observed_at": "2026-06-01T00:00:00Z"}  # fmt: skip
+    with pytest.raises(InvalidEvent) as refused:
+        door(data, now=NOW, max_future_skew=SKEW)
+    assert (refused.value.code, refused.value.field) == ("wrong_type", f"value.a.{key!r}"), refused.value

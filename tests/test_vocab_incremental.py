@@ -2,24 +2,30 @@
 
 Against the real servers: a worker and the `ledger indexer` process, and two API apps (two processes' caches). A
 new fact's entity and alias are cues of the first recall after its document is indexed, in both, answered by the
-exact stage; the caches read only the delta; a watermark the log no longer reaches means a full reload. A unit
-test checks `Vocabulary.merged` against a build over both inputs, over many random inputs.
+exact stage; the caches read only the delta; a watermark the log no longer reaches means a full reload. In one
+process (the recorder and the indexer's drain in-process): every mode and shape of question right after a version
+is logged has the cues of a fresh vocabulary, whether the exact stage's statement or a round trip of its own read
+the log, and a sequence read before another recall caught up reloads nothing. A unit test checks
+`Vocabulary.merged` against a build over both inputs, over many random inputs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+from datetime import UTC, datetime
 
 import pytest
-from elasticsearch import Elasticsearch
+from elasticsearch import AsyncElasticsearch, Elasticsearch
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from projections.search.cues import Vocabulary
-from projections.search.vocab import VocabularyCache
+from projections.search.cues import Vocabulary, extract
+from projections.search.recall import RecallEngine
+from projections.search.recall.model import RecallQuery
+from projections.search.vocab import VocabularyCache, load_vocabulary, log_indexed
 from tests.conftest import unique
-from tests.support import asserted, async_pool, pg, pipeline, private_store, wait_for
+from tests.support import RecorderWriter, asserted, async_pool, drain_all, pg, pipeline, private_store, wait_for
 
 TENANT, KEY = "vocabco", "k-vocab"
 H = {"X-API-Key": KEY}
@@ -118,6 +124,119 @@ def test_a_watermark_the_log_no_longer_reaches_reloads_the_tenant_whole(base_set
 
         first, full, delta, knows = asyncio.run(scenario())
         assert first > 0 and full == 2 and delta == 0 and knows, (first, full, delta, knows)
+
+
+# new words, one per case: an alias of a new key that no cached vocabulary can know
+WORDS = (
+    "quokka wombat narwhal axolotl pangolin okapi tapir ibex dugong kinkajou marmot capybara lemur gecko bison heron"
+)
+SHAPES = (  # a new id alone; a new id and a new alias; a known id and a new alias; a new alias alone
+    "QZ{i}",
+    "QZ{i} {word} port",
+    "P1 {word} port",
+    "what is the {word} port",
+)
+
+
+def test_the_first_recall_after_a_version_is_logged_has_the_cues_of_a_fresh_vocabulary(base_settings):
+    """Whichever way a recall checks its cached vocabulary (the tenant's newest vocab_log sequence read by the exact
+    stage's own statement, or the log's marks by a round trip before any stage runs), every mode and shape of
+    question extracts its cues, right after a new version is logged, as a vocabulary loaded afresh does; and a warm
+    exact recall reads the log only within its statement."""
+    settings = base_settings.private(unique("vocab"))
+    words = WORDS.split()
+    with private_store(settings) as (conn, es), RecorderWriter(settings) as w:
+        w.assert_fact(TENANT, "project:P1", "project.port", "P1 port 8080", 8080, entities=["P1"], aliases=["端口"])
+        drain_all(settings, conn, es, None)
+
+        async def scenario() -> tuple[list, list, dict[str, int]]:
+            pool = async_pool(settings)
+            await pool.open()
+            engine = RecallEngine(settings, AsyncElasticsearch(settings.es_url), pool)
+            cache, counts = engine.vocab, {"standalone": 0}
+            own_marks = cache._marks
+
+            async def counted(*args):  # the marks read by a round trip of their own
+                counts["standalone"] += 1
+                return await own_marks(*args)
+
+            cache._marks = counted
+            stale, missed = [], []
+            try:
+                cases = [(m, sh) for m in ("auto", "exact", "hybrid", "keyword") for sh in SHAPES]
+                for i, (mode, shape) in enumerate(cases):
+                    query = shape.format(i=i, word=words[i])
+                    ask = RecallQuery(tenant=TENANT, query=query, mode=mode, rerank=False)
+                    await engine.recall(ask)  # cached now, without what comes next
+                    new = w.assert_fact(
+                        TENANT,
+                        f"project:QZ{i}",
+                        f"project.port_{i}",
+                        f"QZ{i} serves {words[i]} port {9000 + i}",
+                        9000 + i,
+                        entities=["P1", f"QZ{i}"],
+                        aliases=[f"{words[i]} port"],
+                    )
+                    await asyncio.to_thread(drain_all, settings, conn, es, None)  # indexed and logged
+                    res = await engine.recall(ask)
+                    async with pool.connection() as c:
+                        fresh = extract(query, await load_vocabulary(c, TENANT), datetime.now(UTC)).as_dict()
+                    if res["cues"] != fresh:
+                        stale.append((mode, query, res["cues"], fresh))
+                    if mode != "keyword" and "QZ" in shape:  # the exact tier answers with the new fact
+                        top = res["hits"][0] if res["hits"] else {}
+                        if (top.get("memory_id"), top.get("match", {}).get("stage")) != (new.memory_id, "exact"):
+                            missed.append((mode, query, res["hits"][:2]))
+                before = counts["standalone"], cache.full_loads, cache.delta_loads
+                for _ in range(3):  # warm, nothing logged meanwhile: no round trip of its own, nothing loaded
+                    await engine.recall(RecallQuery(tenant=TENANT, query="QZ1", mode="exact"))
+                counts["warm"] = counts["standalone"] - before[0]
+                counts["loads"] = cache.full_loads + cache.delta_loads - before[1] - before[2]
+            finally:
+                await engine.aclose()
+                await engine.es.close()
+                await pool.close()
+            return stale, missed, counts
+
+        stale, missed, counts = asyncio.run(scenario())
+    assert not stale, stale
+    assert not missed, missed
+    assert counts["warm"] == 0 and counts["loads"] == 0, counts
+
+
+def test_a_sequence_read_before_another_recall_caught_up_reloads_nothing(base_settings):
+    """The newest sequence a recall read in its own statement may be older than the entry by the time it hands it
+    over (another recall caught up meanwhile): that is not a reason to read the tenant whole; a sequence past the
+    entry is a delta; an entry past the log's newest sequence read now (a rebuilt schema) is a full reload."""
+    settings = base_settings.private(unique("vocab"))
+    with private_store(settings) as (conn, _es):
+        key = (settings.pg_schema, TENANT)
+
+        def newest() -> int:
+            return conn.execute("SELECT max(seq) FROM vocab_log WHERE tenant = %s", (TENANT,)).fetchone()[0]
+
+        async def scenario() -> list[tuple[int, int, bool]]:
+            pool = async_pool(settings)
+            await pool.open()
+            try:
+                cache, out = VocabularyCache(), []
+                log_indexed(conn, [(TENANT, "v-1")])
+                first = await cache.get(pool, *key)
+                assert cache.cached(*key) is first and await cache.current(pool, *key, newest()) is first
+                log_indexed(conn, [(TENANT, "v-2")])
+                older = newest()  # read by a recall, handed over after another one caught up
+                log_indexed(conn, [(TENANT, "v-3")])
+                caught_up = await cache.current(pool, *key, newest())
+                out.append((cache.full_loads, cache.delta_loads, cache.watermark(*key) == newest()))
+                out.append((cache.full_loads, cache.delta_loads, await cache.current(pool, *key, older) is caught_up))
+                cache._items[key] = (10**9, caught_up)  # the entry of a schema whose sequence has since restarted
+                await cache.current(pool, *key, newest())
+                out.append((cache.full_loads, cache.delta_loads, cache.watermark(*key) == newest()))
+                return out
+            finally:
+                await pool.close()
+
+        assert asyncio.run(scenario()) == [(1, 1, True), (1, 1, True), (2, 1, True)]
 
 
 @pytest.mark.unit

@@ -8,3 +8,18 @@
 
 docs/encryption.md says what is encrypted, where keys live, what to back up and what erasure guarantees.
 """
+
+import base64
+import binascii
+
+
+def key_bytes(text: str, what: str, need: str, error: type[Exception]) -> bytes:
+    """The 32 raw bytes of a configured base64 key (a KEK, a trusted public key); `error` naming `what` otherwise,
+    with `need` saying why 32."""
+    try:
+        raw = base64.b64decode(text.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise error(f"{what} is not valid base64") from None
+    if len(raw) != 32:
+        raise error(f"{what} is {len(raw)} bytes; {need}")
+    return raw

@@ -141,7 +141,7 @@ def encode_sealed(event: MemoryEvent, key: DataKey, *, clear: bytes | None = Non
     raw = orjson.dumps(seal(wire, key))
     if len(raw) > MAX_SEALED_BYTES:
         raise InvalidEvent("too_large", f"the sealed event encodes to {len(raw)} bytes, more than {MAX_SEALED_BYTES}")
-    return raw
+    return bytes(memoryview(raw))  # a copy of its own size, as contract's records: a batch holds them until its acks
 
 
 def _bad(message: str, field_name: str = SEALED) -> InvalidEvent:

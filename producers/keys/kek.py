@@ -14,7 +14,6 @@ not silently per record.
 from __future__ import annotations
 
 import base64
-import binascii
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,8 @@ from typing import Protocol
 import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from producers.keys import key_bytes
 
 __all__ = ["KekError", "KeyEncryption", "LocalKeks", "CHECK_PLAINTEXT", "load_keks"]
 
@@ -86,13 +87,7 @@ class LocalKeks:
 def _key(kek_id: str, text: object) -> bytes:
     if not isinstance(text, str):
         raise KekError(f"the key-encryption key {kek_id!r} must be a base64 string")
-    try:
-        raw = base64.b64decode(text.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        raise KekError(f"the key-encryption key {kek_id!r} is not valid base64") from None
-    if len(raw) != 32:
-        raise KekError(f"the key-encryption key {kek_id!r} is {len(raw)} bytes; AES-256 needs 32")
-    return raw
+    return key_bytes(text, f"the key-encryption key {kek_id!r}", "AES-256 needs 32", KekError)
 
 
 def parse_keks(text: str, origin: str) -> LocalKeks:

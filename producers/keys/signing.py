@@ -9,7 +9,6 @@ a verifier trusts the configured key's public half and `Settings.chain_trusted_k
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,8 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from producers.keys import key_bytes
 
 __all__ = [
     "ChainSigner",
@@ -95,13 +96,7 @@ def public_key_text(public: bytes) -> str:
 
 def parse_public_key(text: str) -> bytes:
     """The raw 32 bytes of a base64 public key (`public_key_text`); SigningKeyError otherwise."""
-    try:
-        raw = base64.b64decode(text.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        raise SigningKeyError(f"the trusted chain key {text!r} is not valid base64") from None
-    if len(raw) != 32:
-        raise SigningKeyError(f"the trusted chain key {text!r} is {len(raw)} bytes; an Ed25519 public key has 32")
-    return raw
+    return key_bytes(text, f"the trusted chain key {text!r}", "an Ed25519 public key has 32", SigningKeyError)
 
 
 def signature_valid(public: bytes, signature: bytes, message: bytes) -> bool:

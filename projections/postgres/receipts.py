@@ -6,15 +6,17 @@ Ids, fingerprints, positions and links only: nothing here reads a value or a tex
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import psycopg
 
 from projections.postgres.idempotency import ID_HASH_SQL
 
 __all__ = [
+    "Basis",
     "CitedRow",
     "Erasure",
     "erased_versions",
@@ -75,7 +77,62 @@ async def receipt_rows(
         eid: CitedRow(eid, mid, p, o, fp, subject, None if link is None else bytes.fromhex(link))
         for eid, mid, p, o, fp, subject, link in cited
     }
-    return bytes.fromhex(salt or ""), {int(p): int(o) for p, o in positions.items()}, found
+    return bytes.fromhex(salt or ""), _positions(positions), found
+
+
+def _positions(stored: Mapping[str, Any]) -> dict[int, int]:
+    return {int(p): int(o) for p, o in stored.items()}
+
+
+# What a read that shows fact versions adds to its select list so that the receipt of its answer needs no read of
+# its own (Basis): the salt and the positions (uncorrelated: evaluated once per statement, in its snapshot, where the
+# projection advanced them in the transaction that wrote the rows) and, per row `v`, its event's `events` row and
+# chain link (a correlated subquery: two primary-key probes per row, for every row the statement reads, cited or
+# not). `%(consumer)s` and `%(topic)s` are the statement's parameters (Basis.params).
+BASIS_COLUMNS = """(SELECT value FROM meta WHERE name = 'erasure_salt') AS receipt_salt,
+       (SELECT coalesce(jsonb_object_agg("partition", next_offset), '{}'::jsonb) FROM positions
+        WHERE consumer = %(consumer)s AND topic = %(topic)s) AS receipt_positions,
+       (SELECT jsonb_build_array(re."partition", re."offset", re.fingerprint, re.subject, re.memory_id,
+                                 encode(rl.link, 'hex'))
+        FROM events re LEFT JOIN chain_links rl ON rl.consumer = %(consumer)s AND rl.topic = %(topic)s
+          AND rl."partition" = re."partition" AND rl."offset" = re."offset"
+        WHERE re.tenant = v.tenant AND re.event_id = v.event_id) AS receipt_event"""
+
+
+@dataclass(slots=True)
+class Basis:
+    """What a receipt is made of (the salt, the positions, the cited events' rows and links), gathered by the reads
+    that made its answer (BASIS_COLUMNS in their statements), so that issuing it takes no connection and no statement.
+
+    `found`: event_id -> its row, or None when the read saw no `events` row for it (not cited, as receipt_rows
+    would not). `positions`: the latest read's (positions only move forward), so every row read lies below them."""
+
+    consumer: str
+    topic: str
+    salt: bytes = b""
+    positions: dict[int, int] | None = None
+    found: dict[str, CitedRow | None] = field(default_factory=dict)
+
+    def params(self) -> dict[str, str]:
+        return {"consumer": self.consumer, "topic": self.topic}
+
+    def take(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Pop the BASIS_COLUMNS off each row of a statement (dict rows with `event_id`), keeping what they hold."""
+        for row in rows:
+            salt, positions, cited = row.pop("receipt_salt"), row.pop("receipt_positions"), row.pop("receipt_event")
+            self.salt = bytes.fromhex(salt or "")
+            before = self.positions or {}
+            self.positions = {q: max(n, before.get(q, 0)) for q, n in _positions(positions).items()}
+            eid = row["event_id"]
+            if cited is None:
+                self.found[eid] = None
+            else:
+                p, o, fp, subject, mid, link = cited
+                self.found[eid] = CitedRow(eid, mid, p, o, fp, subject, None if link is None else bytes.fromhex(link))
+
+    def covers(self, event_ids: Sequence[str]) -> bool:
+        """Whether every one of `event_ids` was read here (a receipt of them needs no read of its own)."""
+        return self.positions is not None and all(eid in self.found for eid in event_ids)
 
 
 async def held_at(

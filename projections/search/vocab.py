@@ -3,9 +3,12 @@
 A full load scans the tenant's versions (~0.5 s at 83k versions), so it happens once per process and tenant (and
 after an erasure). After that, the vocabulary follows the indexer: the indexer appends each version it
 made searchable to `vocab_log` (a sequence per row) in the transaction that completes its batch, and every recall
-first reads the tenant's newest sequence (one index probe, ~0.3 ms); when it is past the cached watermark, only
-the versions after it are read and merged (`Vocabulary.merged`). So a new entity, subject or alias is a cue for
-the first recall after its document is indexed, in every API process, and no TTL decides it. A watermark the log
+reads the tenant's newest sequence (one index probe); when it is past the cached watermark, only the versions
+after it are read and merged (`Vocabulary.merged`). So a new entity, subject or alias is a cue for the first
+recall after its document is indexed, in every API process, and no TTL decides it. A recall whose first question
+goes to PostgreSQL anyway (the exact stage's, recall.current) reads that sequence in the same statement
+(`NEWEST_SQL`) instead of a round trip of its own: it takes its cues from the cached vocabulary (`cached`), hands
+the sequence it read to `current`, and asks again with new cues if anything was logged since. A watermark the log
 no longer reaches (pruned, or a rebuilt schema whose sequence restarted) means a full reload. Sequence order is
 commit order because every indexer appends under the per-schema lock of projections.search.claims.finish; without
 it, a row committed after a higher sequence would be skipped.
@@ -33,7 +36,15 @@ from psycopg_pool import AsyncConnectionPool
 
 from projections.search.cues import Vocabulary
 
-__all__ = ["ERASURE_CHANNEL", "VOCAB_LOG_KEEP", "ErasureListener", "VocabularyCache", "load_vocabulary", "log_indexed"]
+__all__ = [
+    "ERASURE_CHANNEL",
+    "NEWEST_SQL",
+    "VOCAB_LOG_KEEP",
+    "ErasureListener",
+    "VocabularyCache",
+    "load_vocabulary",
+    "log_indexed",
+]
 
 ERASURE_CHANNEL = "memory_ledger_erasure"  # the recorder's pg_notify channel: {schema, tenant, subject}
 
@@ -42,6 +53,8 @@ log = logging.getLogger(__name__)
 VOCAB_LOG_KEEP = 200_000  # rows of vocab_log the indexer keeps (an API process further behind reloads whole)
 
 _MARKS = "SELECT (SELECT min(seq) FROM vocab_log), (SELECT max(seq) FROM vocab_log WHERE tenant = %s)"
+# the tenant's newest sequence (0: none) as a select-list item of another statement (parameter `tenant`)
+NEWEST_SQL = "(SELECT coalesce(max(seq), 0) FROM vocab_log WHERE tenant = %(tenant)s) AS vocab_newest"
 _DELTA = """
 SELECT f.entities, f.subject, f.key, f.aliases, f.scope
 FROM vocab_log l JOIN fact_versions f ON f.version_id = l.version_id
@@ -193,7 +206,7 @@ class VocabularyCache:
     `get` asks PostgreSQL for the tenant's newest logged sequence on every call and brings the cached copy up to it
     first (a delta, or a full load the first time, after an erasure, or when the log no longer reaches the
     watermark); concurrent callers share one load, so no time-to-live is needed: what was indexed since the last
-    `get` is read by the next one.
+    `get` is read by the next one. `current` does the same with the sequence its caller read (NEWEST_SQL).
     """
 
     def __init__(self, max_tenants: int = 1024) -> None:
@@ -205,6 +218,7 @@ class VocabularyCache:
         self.full_loads = 0  # for tests and the bench: how often a tenant was read whole
         self.delta_loads = 0
         self.listener: ErasureListener | None = None
+        self._logged: set[str] = set()  # schemas whose vocab_log was read: NEWEST_SQL runs there
 
     def invalidate(self, schema: str | None = None, tenant: str | None = None) -> None:
         """Forget the matching entries (None matches all), and the loads in flight for them: they may have
@@ -235,6 +249,23 @@ class VocabularyCache:
     def watermark(self, schema: str, tenant: str) -> int | None:
         hit = self._items.get((schema, tenant))
         return None if hit is None else hit[0]
+
+    def cached(self, schema: str, tenant: str) -> Vocabulary | None:
+        """The cached vocabulary as it is, not checked against the log: for a caller that reads the tenant's newest
+        sequence (NEWEST_SQL) with a statement it runs anyway, then hands it to `current`. None: nothing cached, or
+        a schema without the log."""
+        hit = self._items.get((schema, tenant))
+        return hit[1] if hit is not None and schema in self._logged else None
+
+    async def current(self, pool: AsyncConnectionPool, schema: str, tenant: str, newest: int | None) -> Vocabulary:
+        """The cached vocabulary if its watermark is `newest`, the tenant's newest sequence as the caller read it
+        (NEWEST_SQL) after its call began; otherwise, or when it read none (None), `get`'s answer."""
+        hit = self._items.get((schema, tenant))
+        if newest is not None and hit is not None and hit[0] == newest:
+            return hit[1]
+        # something was logged since (or another caller caught up past `newest`, or the sequence restarted): `get`
+        # reads the log's marks now and tells which
+        return await self.get(pool, schema, tenant)
 
     async def _refresh(
         self, pool: AsyncConnectionPool, key: tuple[str, str], newest: int, delta_from: int | None, generation: int
@@ -286,20 +317,22 @@ class VocabularyCache:
         if not task.cancelled() and task.exception() is not None:
             log.warning("vocabulary load for %s failed: %s", key, task.exception())
 
-    async def _marks(self, pool: AsyncConnectionPool, tenant: str) -> tuple[int | None, int | None] | None:
+    async def _marks(self, pool: AsyncConnectionPool, key: tuple[str, str]) -> tuple[int | None, int | None] | None:
         """(oldest sequence in the log, the tenant's newest), or None for a schema without the log yet."""
         async with pool.connection() as conn:
             try:
-                cur = await conn.execute(_MARKS, (tenant,))
+                cur = await conn.execute(_MARKS, (key[1],))
             except psycopg.errors.UndefinedTable:
+                self._logged.discard(key[0])
                 return None
             row = await cur.fetchone()
+        self._logged.add(key[0])
         return (row[0], row[1]) if row is not None else (None, None)
 
     async def get(self, pool: AsyncConnectionPool, schema: str, tenant: str) -> Vocabulary:
         """The tenant's vocabulary, including every version indexed before this call began."""
         key = (schema, tenant)
-        marks = await self._marks(pool, tenant)
+        marks = await self._marks(pool, key)
         oldest, newest = marks if marks is not None else (None, 0)
         newest = newest or 0
         while True:

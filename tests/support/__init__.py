@@ -25,6 +25,8 @@ this package only adds what a test needs around them.
   tests.support.shoot_console` for docs/console/);
   erasure_world: the Erasures view's world, encryption on and subjects erased (tests/test_console_erasures.py).
 - servers: the ledger's servers (the API, the MCP server) as a test's children on free ports.
+- routes (import it directly): `app_routes(settings)`, every (method, path template) the app answers, for the
+  tests whose cases must cover each route.
 """
 
 from tests.support.events import T0, TENANT, asserted, at, changed, episode, erased, facts, marked, wire

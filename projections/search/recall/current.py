@@ -14,6 +14,9 @@ asked; newest first. SQL narrows the rows by the ids (an index: schema.sql, `fac
 subject; the document's own functions decide.
 Verification then re-reads each candidate as for any other stage: an erased subject's rows are gone with it, a
 retracted version no longer holds.
+
+`exact_current_marked` also reads the tenant's newest vocab_log sequence in the same statement: a recall whose cues
+came from a cached vocabulary learns there whether it was current, without a round trip of its own (search.vocab).
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from psycopg_pool import AsyncConnectionPool
 from projections.postgres.queries import holds_at_sql
 from projections.search.cues import event_types_in, key_phrases, normalize_entity, subject_ids
 from projections.search.recall.model import Candidate, Scope
+from projections.search.vocab import NEWEST_SQL
 
-__all__ = ["exact_current"]
+__all__ = ["exact_current", "exact_current_marked"]
 
 # the ids a version is about (schema.sql's fact_ids, GIN-indexed): normalized as the cues are, in SQL
 _ABOUT = "fact_ids(f.subject, f.entities) && %(ids)s::text[]"
@@ -53,7 +57,9 @@ _TIME = (  # recall.index.ElasticIndex.filters: events and episodes only inside 
 _ORDER = " ORDER BY date_trunc('milliseconds', f.valid_from) DESC, f.version_id COLLATE \"C\""
 
 
-def _query(scope: Scope, keys: Sequence[str], event_types: Sequence[str], size: int) -> tuple[str, dict[str, Any]]:
+def _query(
+    scope: Scope, keys: Sequence[str], event_types: Sequence[str], size: int, columns: str = _COLUMNS
+) -> tuple[str, dict[str, Any]]:
     """The SQL of the ask and its parameters. Event types are read from the text (cues.event_types_in), so with
     them the key is not a filter of its own and every row about the ids comes back; otherwise the first `size`."""
     params: dict[str, Any] = {"tenant": scope.tenant, "at": scope.at, "ids": list(scope.entities), "size": size}
@@ -76,7 +82,7 @@ def _query(scope: Scope, keys: Sequence[str], event_types: Sequence[str], size: 
         where.append("f.key = ANY(%(keys)s)")
         params["keys"] = list(keys)
     limit = "" if event_types else " LIMIT %(size)s"
-    return f"SELECT {_COLUMNS} FROM fact_versions f WHERE {' AND '.join(where)}{_ORDER}{limit}", params
+    return f"SELECT {columns} FROM fact_versions f WHERE {' AND '.join(where)}{_ORDER}{limit}", params
 
 
 def _selected(row: dict[str, Any], scope: Scope, keys: Sequence[str], event_types: Sequence[str]) -> bool:
@@ -102,11 +108,26 @@ async def exact_current(
     """What `SearchIndex.exact(scope, keys, event_types, size)` answers once every committed version is indexed.
 
     `scope.entities` must be set (the ids narrow the rows; without them this would read the tenant's every row)."""
+    found, _ = await exact_current_marked(pool, scope, keys, event_types, size, marked=False)
+    return found
+
+
+async def exact_current_marked(
+    pool: AsyncConnectionPool,
+    scope: Scope,
+    keys: Sequence[str],
+    event_types: Sequence[str],
+    size: int,
+    *,
+    marked: bool = True,
+) -> tuple[list[Candidate], int | None]:
+    """`exact_current`, and the tenant's newest vocab_log sequence (vocab.NEWEST_SQL) read by the same statement, a
+    column of every row: None when no row came back (or not `marked`)."""
     if not scope.entities:
         raise ValueError("exact_current needs the entity ids of the question")
-    query, params = _query(scope, keys, event_types, size)
+    query, params = _query(scope, keys, event_types, size, f"{NEWEST_SQL}, {_COLUMNS}" if marked else _COLUMNS)
     async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(query, params)
         rows = await cur.fetchall()
     found = [Candidate(r["version_id"], r["memory_id"]) for r in rows if _selected(r, scope, keys, event_types)]
-    return found[:size]
+    return found[:size], rows[0]["vocab_newest"] if marked and rows else None

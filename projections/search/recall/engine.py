@@ -24,7 +24,8 @@ from psycopg_pool import AsyncConnectionPool
 from producers.settings import Settings
 from projections import shapes
 from projections.embedding import Embedder, load_embedder
-from projections.search.cues import Cues, extract
+from projections.postgres.receipts import Basis
+from projections.search.cues import Cues, Vocabulary, extract
 from projections.search.recall.access import access_signals, order_ties, tied_memory_ids
 from projections.search.recall.fusion import rrf, single
 from projections.search.recall.groups import GROUP_SLACK, collapse
@@ -161,23 +162,29 @@ class RecallEngine:
                     gc.freeze()
         return self._embedder
 
-    async def recall(self, q: RecallQuery) -> shapes.RecallResponse:
+    async def recall(self, q: RecallQuery, basis: Basis | None = None) -> shapes.RecallResponse:
+        """The answer to `q`; `basis`: verification reads what its receipt is made of into it (api.receipts)."""
         trace = Trace(q.mode, self.observe)
         now = datetime.now(UTC)
         at = q.as_of or now
         with trace.timed("cues"):
-            cues = await self._cues(q, now)
-        ctx = RecallContext.of(q, at, cues, self.index, trace, self.embedder, settings=self.settings, pool=self.pool)
+            ctx = await self._context(q, now, at, trace)
+        cues = ctx.cues
 
         hits: list[Scored] = []
         for tier in MODE_TIERS[q.mode]:
             if tier.fallback and hits:
                 continue
             matches = await self._run(tier, ctx)
+            if ctx.vocab_unchecked is not None:  # found with unchecked cues: check them, and with new ones ask again
+                checked = await self._checked(ctx, now)
+                if checked is not ctx:
+                    ctx, cues = checked, checked.cues
+                    matches = await self._run(tier, ctx)
             if matches:
                 with trace.timed(tier.verify_key):
                     seen = {h.row["memory_id"] for h in hits}
-                    for row, m in await verify(self.pool, q, at, matches):
+                    for row, m in await verify(self.pool, q, at, matches, basis):
                         if row["memory_id"] not in seen:
                             hits.append(
                                 scored(
@@ -229,9 +236,39 @@ class RecallEngine:
             kept = [c for c in found if c["version_id"] in known]
             trace.listed[stage] = [{**c, "rank": i + 1} for i, c in enumerate(kept)]
 
-    async def _cues(self, q: RecallQuery, now: datetime) -> Cues:
+    async def _context(self, q: RecallQuery, now: datetime, at: datetime, trace: Trace) -> RecallContext:
+        """The stages' context, with the cues of a vocabulary that holds every version indexed before the call.
+
+        When the first stage to run is the exact one asking PostgreSQL, the cached vocabulary is used as it is and
+        that stage reads the tenant's newest vocab_log sequence with its rows (`vocab_unchecked`; `_checked` decides
+        after it ran); otherwise the vocabulary is brought up to the log here, before any stage sees a cue."""
         self.vocab.listen(self.settings.pg_dsn)  # an erasure drops the cached vocabulary at once (idempotent)
-        vocab = await self.vocab.get(self.pool, self.settings.pg_schema, q.tenant)
+        schema, tenant = self.settings.pg_schema, q.tenant
+        ctx = None
+        if (cached := self.vocab.cached(schema, tenant)) is not None and MODE_TIERS[q.mode][0].stages == (EXACT,):
+            ctx = self._of(q, at, trace, await self._cues(q, cached, now))
+            if EXACT.asks_postgres(ctx):
+                ctx.vocab_unchecked = cached
+                return ctx
+        vocab = await self.vocab.get(self.pool, schema, tenant)
+        if ctx is not None and vocab is cached:
+            return ctx
+        return self._of(q, at, trace, await self._cues(q, vocab, now))
+
+    async def _checked(self, ctx: RecallContext, now: datetime) -> RecallContext:
+        """`ctx` if its cues' vocabulary was current when the exact stage read the sequence, else a context with the
+        cues of the vocabulary brought up to the log (the caller asks again)."""
+        q, newest, unchecked = ctx.query, ctx.vocab_newest, ctx.vocab_unchecked
+        ctx.vocab_unchecked = ctx.vocab_newest = None
+        vocab = await self.vocab.current(self.pool, self.settings.pg_schema, q.tenant, newest)
+        if vocab is unchecked:
+            return ctx
+        return self._of(q, ctx.at, ctx.trace, await self._cues(q, vocab, now))
+
+    def _of(self, q: RecallQuery, at: datetime, trace: Trace, cues: Cues) -> RecallContext:
+        return RecallContext.of(q, at, cues, self.index, trace, self.embedder, settings=self.settings, pool=self.pool)
+
+    async def _cues(self, q: RecallQuery, vocab: Vocabulary, now: datetime) -> Cues:
         if len(q.query) > INLINE_CUES_CHARS:
             return await asyncio.get_running_loop().run_in_executor(CUES_EXECUTOR, extract, q.query, vocab, now)
         return extract(q.query, vocab, now)

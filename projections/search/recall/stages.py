@@ -21,8 +21,8 @@ from psycopg_pool import AsyncConnectionPool
 from producers.settings import Settings
 from projections.embedding import Embedder
 from projections.languages import DEFAULT_FIELD, slot_field, slots, text_slot
-from projections.search.cues import Cues, subject_ids
-from projections.search.recall.current import exact_current
+from projections.search.cues import Cues, Vocabulary, subject_ids
+from projections.search.recall.current import exact_current, exact_current_marked
 from projections.search.recall.fusion import accept_semantic
 from projections.search.recall.index import SearchIndex
 from projections.search.recall.model import Candidate, RecallQuery, Scope
@@ -52,6 +52,11 @@ class RecallContext:
     # version id -> (the model that found it, its cut-off offset) (fusion.accept_semantic)
     semantic_models: dict[str, tuple[str, float]] = field(default_factory=dict)
     pool: AsyncConnectionPool | None = None  # PostgreSQL: the exact stage's asks about ids (recall.current)
+    # the cues came from this cached vocabulary, not yet checked against vocab_log: the exact stage reads the
+    # tenant's newest sequence with its rows into `vocab_newest`, and the engine checks it before anything uses
+    # what the stage found
+    vocab_unchecked: Vocabulary | None = None
+    vocab_newest: int | None = None
 
     @classmethod
     def of(
@@ -132,11 +137,21 @@ class ExactStage(Stage[ExactAsk]):
             return ExactAsk(ctx.scope, (), cues.event_types)
         return None  # the cues do not pin an answer down
 
+    def asks_postgres(self, ctx: RecallContext) -> bool:
+        """Whether this query's ask goes to PostgreSQL (ids), where it can read the vocabulary's sequence too."""
+        ask = self.ask(ctx)
+        return ask is not None and bool(ask.scope.entities) and ctx.pool is not None
+
     async def run(self, ctx: RecallContext, ask: ExactAsk) -> list[Candidate]:
         size = min(EXACT_MAX, max(4 * ctx.query.top_k, 20))
         if ask.scope.entities and ctx.pool is not None:
             with ctx.trace.timed("exact_postgres"):
-                return await exact_current(ctx.pool, ask.scope, ask.keys, ask.event_types, size)
+                if ctx.vocab_unchecked is None:
+                    return await exact_current(ctx.pool, ask.scope, ask.keys, ask.event_types, size)
+                found, ctx.vocab_newest = await exact_current_marked(
+                    ctx.pool, ask.scope, ask.keys, ask.event_types, size
+                )
+                return found
         return await ctx.index.exact(ask.scope, ask.keys, ask.event_types, size)
 
 

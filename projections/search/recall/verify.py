@@ -17,26 +17,33 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from projections.postgres.queries import OVERRIDE, episode_holds_sql, visible_sql
+from projections.postgres.receipts import BASIS_COLUMNS, Basis
 from projections.search.documents import ROW_COLUMNS
 from projections.search.recall.model import Match, RecallQuery
 
 __all__ = ["verify"]
 
 
-def _verify_sql(with_subject: bool) -> str:
+def _verify_sql(with_subject: bool, basis: bool) -> str:
     """The candidates' facts, each as the one version visible at %(at)s (override first, then latest), with the
-    fact's access aggregate (`accesses`, `last_accessed_at`: NULL when never served) for the prior."""
+    fact's access aggregate (`accesses`, `last_accessed_at`: NULL when never served) for the prior; `basis`: with
+    what the answer's receipt is made of (receipts.BASIS_COLUMNS)."""
     where = "f.tenant = %(tenant)s AND f.memory_id = ANY(%(mids)s)" + (
         " AND f.subject = %(subject)s" if with_subject else ""
     )
     visible = visible_sql(ROW_COLUMNS, sql.SQL(where), "at").as_string()
     return (
-        f"SELECT v.*, a.accesses, a.last_accessed_at FROM ({visible}) v "
+        f"SELECT v.*, a.accesses, a.last_accessed_at{_basis_columns(basis)} FROM ({visible}) v "
         "LEFT JOIN access_counts a ON a.tenant = v.tenant AND a.memory_id = v.memory_id ORDER BY v.memory_id"
     )
 
 
-_VERIFY_SQL = {False: _verify_sql(False), True: _verify_sql(True)}  # rendered once: the exact path stays lean
+def _basis_columns(basis: bool) -> str:
+    return ", " + BASIS_COLUMNS if basis else ""
+
+
+# rendered once, by (subject given, receipt basis wanted): the exact path stays lean
+_VERIFY_SQL = {(s, b): _verify_sql(s, b) for s in (False, True) for b in (False, True)}
 
 
 def _known_sql(with_subject: bool) -> str:
@@ -65,22 +72,32 @@ def _known_sql(with_subject: bool) -> str:
     )
 
 
-_KNOWN_SQL = {False: _known_sql(False), True: _known_sql(True)}
+def _known_basis_sql(with_subject: bool) -> str:
+    """_known_sql with what the answer's receipt is made of (receipts.BASIS_COLUMNS)."""
+    return f"SELECT v.*{_basis_columns(True)} FROM ({_known_sql(with_subject)}) v ORDER BY v.memory_id"
+
+
+_KNOWN_SQL = {(s, b): (_known_basis_sql if b else _known_sql)(s) for s in (False, True) for b in (False, True)}
 
 
 async def verify(
-    pool: AsyncConnectionPool, q: RecallQuery, at: datetime, matches: list[Match]
+    pool: AsyncConnectionPool, q: RecallQuery, at: datetime, matches: list[Match], basis: Basis | None = None
 ) -> list[tuple[dict[str, Any], Match]]:
     """(row, match) for each candidate fact that holds at `at` and passes the filters; one per fact, in
-    memory_id order. Several versions of one fact: the best-fused match speaks for it."""
+    memory_id order. Several versions of one fact: the best-fused match speaks for it. `basis`: the same statement
+    also reads what the answer's receipt is made of, into it (a receipt then costs recall no read of its own)."""
     by_memory: dict[str, Match] = {}
     for m in matches:
         prev = by_memory.get(m.memory_id)
         if prev is None or m.fused > prev.fused:
             by_memory[m.memory_id] = m
     params = {"tenant": q.tenant, "mids": sorted(by_memory), "at": at, "subject": q.subject, "known_at": q.known_at}
-    query = (_VERIFY_SQL if q.known_at is None else _KNOWN_SQL)[bool(q.subject)]
+    query = (_VERIFY_SQL if q.known_at is None else _KNOWN_SQL)[bool(q.subject), basis is not None]
+    if basis is not None:
+        params |= basis.params()
     async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(query, params)
         rows = await cur.fetchall()
+    if basis is not None:
+        basis.take(rows)
     return [(row, by_memory[row["memory_id"]]) for row in rows if q.filters.accepts(row)]
