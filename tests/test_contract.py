@@ -597,8 +597,8 @@ def test_to_wire_of_an_event_built_without_validation_is_model_dumps() -> None:
     assert "changed" not in event.entities
 
 
-class _NoEquality:
-    """A value that refuses to be compared (as an array does)."""
+class _NoEquality(dict):
+    """A JSON object that refuses to be compared (as an array does)."""
 
     def __eq__(self, other: object) -> bool:
         raise TypeError("not comparable")
