@@ -47,10 +47,13 @@ tests/test_client.py checks it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from types import MethodType
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 from urllib.parse import quote
 
 import httpx
@@ -87,6 +90,10 @@ __all__ = ["AsyncLedgerClient", "LedgerClient", "LedgerError"]
 STORES = ("postgres", "elasticsearch", "kafka")
 Time = datetime | str
 Filters = Mapping[str, str | Sequence[str]]
+P = ParamSpec("P")
+Answer = TypeVar("Answer", bound=BaseModel)
+Http = TypeVar("Http", httpx.Client, httpx.AsyncClient)
+Client = TypeVar("Client", bound="_Base[Any]")
 
 
 class LedgerError(Exception):
@@ -120,13 +127,47 @@ class LedgerError(Exception):
 
 
 @dataclass(frozen=True)
-class _Call:
+class _Call(Generic[Answer]):
     method: str
     path: str
-    model: type[BaseModel]
+    model: type[Answer]
     params: dict[str, Any] | None = None
     body: dict[str, Any] | None = None
     answers: tuple[int, ...] = (200,)  # statuses whose body is `model` (health: 503 too)
+
+
+class _Route(Generic[P, Answer]):
+    """A route's method, written once as the call it asks for: `_sending_routes` gives each client class a method
+    of its name, signature and docstring that sends that call (the async client's awaits it)."""
+
+    def __init__(self, ask: Callable[Concatenate[Any, P], _Call[Answer]]) -> None:
+        self.ask = ask
+
+    # What a type checker (an IDE) sees on a client: the method returning the answer (awaitable on the async one).
+    @overload
+    def __get__(self, client: None, owner: type | None = None) -> _Route[P, Answer]: ...
+    @overload
+    def __get__(self, client: AsyncLedgerClient, owner: type | None = None) -> Callable[P, Awaitable[Answer]]: ...
+    @overload
+    def __get__(self, client: LedgerClient, owner: type | None = None) -> Callable[P, Answer]: ...
+    def __get__(self, client: Any, owner: type | None = None) -> Any:
+        return self if client is None else MethodType(self.ask, client)  # a client's own method shadows this
+
+    def method(self, asynchronous: bool) -> Callable[..., Any]:
+        ask = self.ask
+
+        def sent(client: Any, /, *args: Any, **kwargs: Any) -> Any:
+            return client._send(ask(client, *args, **kwargs))
+
+        async def awaited(client: Any, /, *args: Any, **kwargs: Any) -> Any:
+            return await client._send(ask(client, *args, **kwargs))
+
+        method: Any = functools.update_wrapper(awaited if asynchronous else sent, ask)
+        # annotations are text here (postponed): the method answers the X of the call's `_Call[X]`
+        answer = ask.__annotations__["return"].removeprefix("_Call[").removesuffix("]")
+        method.__annotations__ = {**ask.__annotations__, "return": answer}
+        method.__signature__ = inspect.signature(ask).replace(return_annotation=answer)
+        return method
 
 
 def _segment(text: str) -> str:
@@ -149,117 +190,6 @@ def _times(**values: Time | None) -> dict[str, str]:
     return {k: _time(v) for k, v in values.items() if v is not None}
 
 
-def _recall(
-    tenant: str | None,
-    query: str,
-    subject: str | None,
-    top_k: int | None,
-    as_of: Time | None,
-    mode: str | None,
-    filters: Filters | None,
-    after: str | None = None,
-) -> _Call:
-    body = _given(
-        tenant=tenant, query=query, subject=subject, top_k=top_k, mode=mode, after=after, **_times(as_of=as_of)
-    )
-    if filters is not None:
-        body["filters"] = {k: (v if isinstance(v, str) else list(v)) for k, v in filters.items()}
-    return _Call("POST", "/v1/recall", RecallResponse, body=body)
-
-
-def _context(
-    tenant: str | None,
-    subject: str,
-    question: str | None,
-    budget_tokens: int | None,
-    include_history: bool | None,
-    as_of: Time | None,
-    top_k: int | None,
-    mode: str | None,
-    after: str | None = None,
-) -> _Call:
-    body = _given(
-        tenant=tenant,
-        subject=subject,
-        question=question,
-        budget_tokens=budget_tokens,
-        include_history=include_history,
-        top_k=top_k,
-        mode=mode,
-        after=after,
-        **_times(as_of=as_of),
-    )
-    return _Call("POST", "/v1/context", ContextResponse, body={**body, "format": "json"})  # .text: the text form
-
-
-def _facts(
-    tenant: str | None, subject: str, as_of: Time | None, known_at: Time | None, after: str | None = None
-) -> _Call:
-    params = _given(tenant=tenant, after=after, **_times(as_of=as_of, known_at=known_at))
-    return _Call("GET", f"/v1/subjects/{_segment(subject)}/facts", FactsResponse, params=params)
-
-
-def _history(tenant: str | None, memory_id: str, after: str | None = None) -> _Call:
-    params = _given(tenant=tenant, after=after)
-    return _Call("GET", f"/v1/facts/{_segment(memory_id)}/history", HistoryResponse, params=params)
-
-
-def _events(
-    tenant: str | None,
-    subject: str,
-    from_: Time | None,
-    to: Time | None,
-    limit: int | None,
-    after: str | None = None,
-) -> _Call:
-    params = {**_given(tenant=tenant, limit=limit, after=after), **_times(**{"from": from_, "to": to})}
-    return _Call("GET", f"/v1/subjects/{_segment(subject)}/events", EventsResponse, params=params)
-
-
-def _event_status(tenant: str | None, event_id: str) -> _Call:
-    return _Call("GET", f"/v1/events/{_segment(event_id)}", EventStatus, params=_given(tenant=tenant))
-
-
-def _stats(tenant: str | None) -> _Call:
-    return _Call("GET", "/v1/stats", StatsResponse, params=_given(tenant=tenant))
-
-
-def _consistency(tenant: str | None) -> _Call:
-    return _Call("GET", "/v1/stats/consistency", ConsistencyResponse, params=_given(tenant=tenant))
-
-
-def _subjects(tenant: str | None, prefix: str | None, limit: int | None) -> _Call:
-    return _Call("GET", "/v1/subjects", SubjectsResponse, params=_given(tenant=tenant, prefix=prefix, limit=limit))
-
-
-def _erasures(tenant: str | None, subject: str | None, limit: int | None) -> _Call:
-    return _Call("GET", "/v1/erasures", ErasuresResponse, params=_given(tenant=tenant, subject=subject, limit=limit))
-
-
-def _erasure(tenant: str | None, erasure_id: str) -> _Call:
-    return _Call("GET", f"/v1/erasures/{_segment(erasure_id)}", ErasureRecord, params=_given(tenant=tenant))
-
-
-def _dead_letters(tenant: str | None, state: str | None, after: str | None, limit: int | None) -> _Call:
-    params = _given(tenant=tenant, state=state, after=after, limit=limit)
-    return _Call("GET", "/v1/dead-letters", DeadLettersResponse, params=params)
-
-
-def _dead_letter(tenant: str | None, partition: int, offset: int) -> _Call:
-    path = f"/v1/dead-letters/{_segment(str(partition))}/{_segment(str(offset))}"
-    return _Call("GET", path, DeadLetterRecord, params=_given(tenant=tenant))
-
-
-def _redrive(tenant: str | None, partition: int, offset: int, event: Mapping[str, Any]) -> _Call:
-    body = _given(tenant=tenant, partition=partition, offset=offset, event=dict(event))
-    return _Call("POST", "/v1/dead-letters/redrive", DeadLetterAction, body=body)
-
-
-def _discard(tenant: str | None, partition: int, offset: int, reason: str) -> _Call:
-    body = _given(tenant=tenant, partition=partition, offset=offset, reason=reason)
-    return _Call("POST", "/v1/dead-letters/discard", DeadLetterAction, body=body)
-
-
 def _json_of(value: Mapping[str, Any] | BaseModel) -> dict[str, Any]:
     """A receipt or an answer as the server sent it: a response model of this client gives back its JSON (every
     field it came with), so the signature and the digests hold over it."""
@@ -268,31 +198,10 @@ def _json_of(value: Mapping[str, Any] | BaseModel) -> dict[str, Any]:
     return dict(value)
 
 
-def _verify_receipt(
-    tenant: str | None, receipt: Mapping[str, Any] | BaseModel, answer: Mapping[str, Any] | BaseModel | None
-) -> _Call:
-    sent = _json_of(receipt)
-    body = _given(tenant=tenant or sent.get("tenant"), receipt=sent)
-    if answer is not None:
-        body["answer"] = _json_of(answer)  # its receipt, consistency and trace are no part of its digest
-    return _Call("POST", "/v1/receipts/verify", ReceiptVerification, body=body)
-
-
-def _replay_receipt(tenant: str | None, receipt: Mapping[str, Any] | BaseModel, request: Mapping[str, Any]) -> _Call:
-    sent = _json_of(receipt)
-    body = _given(tenant=tenant or sent.get("tenant"), receipt=sent, request=dict(request))
-    return _Call("POST", "/v1/receipts/replay", ReceiptReplay, body=body)
-
-
-_HEALTH = _Call("GET", "/v1/health", HealthResponse, answers=(200, 503))
-_EVENT_SCHEMA = _Call("GET", "/v1/schema/event", EventSchemaDocument)
-_TENANTS = _Call("GET", "/v1/tenants", TenantsResponse)
-
-
 # -- what each answer means: one reading, for either client --------------------------------------------------------
 
 
-def _result(call: _Call, response: httpx.Response) -> Any:
+def _result(call: _Call[Answer], response: httpx.Response) -> Answer:
     if response.status_code in call.answers:
         try:
             return call.model.model_validate_json(response.content)
@@ -320,31 +229,35 @@ def _unreachable(url: str, exc: httpx.TransportError) -> LedgerError:
     return LedgerError(None, [ErrorItem(code=code, field=None, message=message)])
 
 
-@dataclass(frozen=True)
-class _Config:
-    url: str
-    headers: dict[str, str]
-    timeout: float
+class _Base(Generic[Http]):
+    """Either client: its configuration, and every route's method once (each client sends the calls its way)."""
 
+    _new_http: Callable[[], Http]
 
-def _config(url: str | None, api_key: str | None, timeout: float | None, settings: ClientSettings | None) -> _Config:
-    if url is None or api_key is None or timeout is None:
-        s = settings or ClientSettings()
-        url = url or s.url
-        api_key = api_key if api_key is not None else s.api_key
-        timeout = timeout if timeout is not None else s.timeout_s
-    return _Config(url.rstrip("/"), {"X-API-Key": api_key} if api_key else {}, timeout)
-
-
-class _Base:
-    def __init__(self, config: _Config, tenant: str | None) -> None:
-        self.url, self.tenant, self.timeout = config.url, tenant, config.timeout
-        self._headers = config.headers
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        api_key: str | None = None,
+        tenant: str | None = None,
+        timeout: float | None = None,
+        settings: ClientSettings | None = None,
+        http: Http | None = None,
+    ) -> None:
+        if url is None or api_key is None or timeout is None:
+            s = settings or ClientSettings()
+            url = url or s.url
+            api_key = api_key if api_key is not None else s.api_key
+            timeout = timeout if timeout is not None else s.timeout_s
+        self.url, self.tenant, self.timeout = url.rstrip("/"), tenant, timeout
+        self._headers = {"X-API-Key": api_key} if api_key else {}
+        self._owned = http is None
+        self._http: Http = http if http is not None else self._new_http()
 
     def _tenant(self, tenant: str | None) -> str | None:
         return tenant if tenant is not None else self.tenant
 
-    def _request(self, call: _Call) -> dict[str, Any]:
+    def _request(self, call: _Call[Any]) -> dict[str, Any]:
         return {
             "method": call.method,
             "url": self.url + call.path,
@@ -357,31 +270,7 @@ class _Base:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r}, tenant={self.tenant!r})"
 
-
-class LedgerClient(_Base):
-    """The sync client; a context manager (closes its httpx client, unless it was lent one)."""
-
-    def __init__(
-        self,
-        url: str | None = None,
-        *,
-        api_key: str | None = None,
-        tenant: str | None = None,
-        timeout: float | None = None,
-        settings: ClientSettings | None = None,
-        http: httpx.Client | None = None,
-    ) -> None:
-        super().__init__(_config(url, api_key, timeout, settings), tenant)
-        self._owned = http is None
-        self._http = http if http is not None else httpx.Client()
-
-    def _send(self, call: _Call) -> Any:
-        try:
-            response = self._http.request(**self._request(call))
-        except httpx.TransportError as exc:
-            raise _unreachable(self.url, exc) from exc
-        return _result(call, response)
-
+    @_Route
     def recall(
         self,
         query: str,
@@ -393,10 +282,22 @@ class LedgerClient(_Base):
         mode: str | None = None,
         filters: Filters | None = None,
         after: str | None = None,
-    ) -> RecallResponse:
+    ) -> _Call[RecallResponse]:
         """POST /v1/recall: exact cues first, then keywords and vectors; each hit says which stage found it and why."""
-        return self._send(_recall(self._tenant(tenant), query, subject, top_k, as_of, mode, filters, after))
+        body = _given(
+            tenant=self._tenant(tenant),
+            query=query,
+            subject=subject,
+            top_k=top_k,
+            mode=mode,
+            after=after,
+            **_times(as_of=as_of),
+        )
+        if filters is not None:
+            body["filters"] = {k: (v if isinstance(v, str) else list(v)) for k, v in filters.items()}
+        return _Call("POST", "/v1/recall", RecallResponse, body=body)
 
+    @_Route
     def context(
         self,
         subject: str,
@@ -409,12 +310,22 @@ class LedgerClient(_Base):
         top_k: int | None = None,
         mode: str | None = None,
         after: str | None = None,
-    ) -> ContextResponse:
+    ) -> _Call[ContextResponse]:
         """POST /v1/context: the prompt-ready block for a subject (and a question); `.text` is what to paste."""
-        return self._send(
-            _context(self._tenant(tenant), subject, question, budget_tokens, include_history, as_of, top_k, mode, after)
+        body = _given(
+            tenant=self._tenant(tenant),
+            subject=subject,
+            question=question,
+            budget_tokens=budget_tokens,
+            include_history=include_history,
+            top_k=top_k,
+            mode=mode,
+            after=after,
+            **_times(as_of=as_of),
         )
+        return _Call("POST", "/v1/context", ContextResponse, body={**body, "format": "json"})  # .text: the text form
 
+    @_Route
     def facts(
         self,
         subject: str,
@@ -423,14 +334,18 @@ class LedgerClient(_Base):
         as_of: Time | None = None,
         known_at: Time | None = None,
         after: str | None = None,
-    ) -> FactsResponse:
+    ) -> _Call[FactsResponse]:
         """GET /v1/subjects/{subject}/facts: the facts holding at valid time `as_of` (now), as known at `known_at`."""
-        return self._send(_facts(self._tenant(tenant), subject, as_of, known_at, after))
+        params = _given(tenant=self._tenant(tenant), after=after, **_times(as_of=as_of, known_at=known_at))
+        return _Call("GET", f"/v1/subjects/{_segment(subject)}/facts", FactsResponse, params=params)
 
-    def history(self, memory_id: str, *, tenant: str | None = None, after: str | None = None) -> HistoryResponse:
+    @_Route
+    def history(self, memory_id: str, *, tenant: str | None = None, after: str | None = None) -> _Call[HistoryResponse]:
         """GET /v1/facts/{memory_id}/history: the fact's version chain, oldest first."""
-        return self._send(_history(self._tenant(tenant), memory_id, after))
+        params = _given(tenant=self._tenant(tenant), after=after)
+        return _Call("GET", f"/v1/facts/{_segment(memory_id)}/history", HistoryResponse, params=params)
 
+    @_Route
     def events(
         self,
         subject: str,
@@ -440,51 +355,68 @@ class LedgerClient(_Base):
         to: Time | None = None,
         limit: int | None = None,
         after: str | None = None,
-    ) -> EventsResponse:
+    ) -> _Call[EventsResponse]:
         """GET /v1/subjects/{subject}/events: the audit replay, in ledger order, each event with its effect."""
-        return self._send(_events(self._tenant(tenant), subject, from_, to, limit, after))
+        params = {
+            **_given(tenant=self._tenant(tenant), limit=limit, after=after),
+            **_times(**{"from": from_, "to": to}),
+        }
+        return _Call("GET", f"/v1/subjects/{_segment(subject)}/events", EventsResponse, params=params)
 
-    def event_status(self, event_id: str, *, tenant: str | None = None) -> EventStatus:
+    @_Route
+    def event_status(self, event_id: str, *, tenant: str | None = None) -> _Call[EventStatus]:
         """GET /v1/events/{event_id}: what became of an event (pending, applied, duplicate, dead_lettered, unknown)."""
-        return self._send(_event_status(self._tenant(tenant), event_id))
+        return _Call("GET", f"/v1/events/{_segment(event_id)}", EventStatus, params=_given(tenant=self._tenant(tenant)))
 
-    def stats(self, *, tenant: str | None = None) -> StatsResponse:
+    @_Route
+    def stats(self, *, tenant: str | None = None) -> _Call[StatsResponse]:
         """GET /v1/stats: invariant counters (0 when healthy), lag per partition, dead letters, search orphans."""
-        return self._send(_stats(self._tenant(tenant)))
+        return _Call("GET", "/v1/stats", StatsResponse, params=_given(tenant=self._tenant(tenant)))
 
-    def health(self) -> HealthResponse:
+    @_Route
+    def health(self) -> _Call[HealthResponse]:
         """GET /v1/health: every part's state; `status` is `degraded` (not an exception) while a store is down."""
-        return self._send(_HEALTH)
+        return _Call("GET", "/v1/health", HealthResponse, answers=(200, 503))
 
-    def consistency(self, *, tenant: str | None = None) -> ConsistencyResponse:
+    @_Route
+    def consistency(self, *, tenant: str | None = None) -> _Call[ConsistencyResponse]:
         """GET /v1/stats/consistency: the tenant's projections recounted against the ledger (a scan: 429 when
         another is running for the tenant)."""
-        return self._send(_consistency(self._tenant(tenant)))
+        return _Call("GET", "/v1/stats/consistency", ConsistencyResponse, params=_given(tenant=self._tenant(tenant)))
 
-    def tenants(self) -> TenantsResponse:
+    @_Route
+    def tenants(self) -> _Call[TenantsResponse]:
         """GET /v1/tenants: the tenants this API key may use."""
-        return self._send(_TENANTS)
+        return _Call("GET", "/v1/tenants", TenantsResponse)
 
+    @_Route
     def subjects(
         self, prefix: str | None = None, *, tenant: str | None = None, limit: int | None = None
-    ) -> SubjectsResponse:
+    ) -> _Call[SubjectsResponse]:
         """GET /v1/subjects: the tenant's subjects starting with `prefix`, in code point order; `.more` when cut."""
-        return self._send(_subjects(self._tenant(tenant), prefix, limit))
+        params = _given(tenant=self._tenant(tenant), prefix=prefix, limit=limit)
+        return _Call("GET", "/v1/subjects", SubjectsResponse, params=params)
 
+    @_Route
     def erasures(
         self, *, tenant: str | None = None, subject: str | None = None, limit: int | None = None
-    ) -> ErasuresResponse:
+    ) -> _Call[ErasuresResponse]:
         """GET /v1/erasures: the tenant's erasure records, newest first (of one subject with `subject`)."""
-        return self._send(_erasures(self._tenant(tenant), subject, limit))
+        params = _given(tenant=self._tenant(tenant), subject=subject, limit=limit)
+        return _Call("GET", "/v1/erasures", ErasuresResponse, params=params)
 
-    def erasure(self, erasure_id: str, *, tenant: str | None = None) -> ErasureRecord:
+    @_Route
+    def erasure(self, erasure_id: str, *, tenant: str | None = None) -> _Call[ErasureRecord]:
         """GET /v1/erasures/{erasure_id}: one erasure record (a 404 until the worker has applied it)."""
-        return self._send(_erasure(self._tenant(tenant), erasure_id))
+        path = f"/v1/erasures/{_segment(erasure_id)}"
+        return _Call("GET", path, ErasureRecord, params=_given(tenant=self._tenant(tenant)))
 
-    def event_schema(self) -> EventSchemaDocument:
+    @_Route
+    def event_schema(self) -> _Call[EventSchemaDocument]:
         """GET /v1/schema/event: the event contract's JSON Schema (`.model_dump(by_alias=True)`: the document)."""
-        return self._send(_EVENT_SCHEMA)
+        return _Call("GET", "/v1/schema/event", EventSchemaDocument)
 
+    @_Route
     def dead_letters(
         self,
         *,
@@ -492,48 +424,89 @@ class LedgerClient(_Base):
         state: str | None = None,
         after: str | None = None,
         limit: int | None = None,
-    ) -> DeadLettersResponse:
+    ) -> _Call[DeadLettersResponse]:
         """GET /v1/dead-letters: the records the worker refused, in ledger order, each with its reason and state
         (`open`, `redriven`, `discarded`; `state=` keeps one); `.next` is the `after=` of the next page."""
-        return self._send(_dead_letters(self._tenant(tenant), state, after, limit))
+        params = _given(tenant=self._tenant(tenant), state=state, after=after, limit=limit)
+        return _Call("GET", "/v1/dead-letters", DeadLettersResponse, params=params)
 
-    def dead_letter(self, partition: int, offset: int, *, tenant: str | None = None) -> DeadLetterRecord:
+    @_Route
+    def dead_letter(self, partition: int, offset: int, *, tenant: str | None = None) -> _Call[DeadLetterRecord]:
         """GET /v1/dead-letters/{partition}/{offset}: one dead letter and its record's fields, as far as they decode."""
-        return self._send(_dead_letter(self._tenant(tenant), partition, offset))
+        path = f"/v1/dead-letters/{_segment(str(partition))}/{_segment(str(offset))}"
+        return _Call("GET", path, DeadLetterRecord, params=_given(tenant=self._tenant(tenant)))
 
+    @_Route
     def redrive_dead_letter(
         self, partition: int, offset: int, event: Mapping[str, Any], *, tenant: str | None = None
-    ) -> DeadLetterAction:
+    ) -> _Call[DeadLetterAction]:
         """POST /v1/dead-letters/redrive: publish the corrected `event` (its tenant defaults to the call's) linked to
         the letter, which reads `redriven` once the worker applied it; a letter resolved already is a 409
         `dead_letter_resolved`."""
-        return self._send(_redrive(self._tenant(tenant), partition, offset, event))
+        body = _given(tenant=self._tenant(tenant), partition=partition, offset=offset, event=dict(event))
+        return _Call("POST", "/v1/dead-letters/redrive", DeadLetterAction, body=body)
 
+    @_Route
     def discard_dead_letter(
         self, partition: int, offset: int, reason: str, *, tenant: str | None = None
-    ) -> DeadLetterAction:
+    ) -> _Call[DeadLetterAction]:
         """POST /v1/dead-letters/discard: close the letter without a correction (a `deadletter.discarded` event with
         the reason; nothing is deleted); it reads `discarded` once the worker applied it."""
-        return self._send(_discard(self._tenant(tenant), partition, offset, reason))
+        body = _given(tenant=self._tenant(tenant), partition=partition, offset=offset, reason=reason)
+        return _Call("POST", "/v1/dead-letters/discard", DeadLetterAction, body=body)
 
+    @_Route
     def verify_receipt(
         self,
         receipt: Mapping[str, Any] | BaseModel,
         *,
         answer: Mapping[str, Any] | BaseModel | None = None,
         tenant: str | None = None,
-    ) -> ReceiptVerification:
+    ) -> _Call[ReceiptVerification]:
         """POST /v1/receipts/verify: the receipt's signature, and each cited version held in the ledger where the
         receipt says (or erased since); with `answer` (the response it came with), that its digest holds. The tenant
         defaults to the client's, else the receipt's."""
-        return self._send(_verify_receipt(self._tenant(tenant), receipt, answer))
+        sent = _json_of(receipt)
+        body = _given(tenant=self._tenant(tenant) or sent.get("tenant"), receipt=sent)
+        if answer is not None:
+            body["answer"] = _json_of(answer)  # its receipt, consistency and trace are no part of its digest
+        return _Call("POST", "/v1/receipts/verify", ReceiptVerification, body=body)
 
+    @_Route
     def replay_receipt(
         self, receipt: Mapping[str, Any] | BaseModel, request: Mapping[str, Any], *, tenant: str | None = None
-    ) -> ReceiptReplay:
+    ) -> _Call[ReceiptReplay]:
         """POST /v1/receipts/replay: the answer re-derived as known at the receipt's positions, and whether it is the
         same; `request` holds the read's parameters as sent (facts: subject, as_of, known_at; recall: its body)."""
-        return self._send(_replay_receipt(self._tenant(tenant), receipt, request))
+        sent = _json_of(receipt)
+        body = _given(tenant=self._tenant(tenant) or sent.get("tenant"), receipt=sent, request=dict(request))
+        return _Call("POST", "/v1/receipts/replay", ReceiptReplay, body=body)
+
+
+def _sending_routes(cls: type[Client]) -> type[Client]:
+    """Each of _Base's routes as a method of `cls` (its own: `vars(cls)` lists it) that sends the call with
+    `cls._send`, awaited where that is a coroutine function."""
+    asynchronous = inspect.iscoroutinefunction(cls._send)  # type: ignore[attr-defined]
+    for name, route in vars(_Base).items():
+        if isinstance(route, _Route):
+            method = route.method(asynchronous)
+            method.__qualname__ = f"{cls.__name__}.{name}"
+            setattr(cls, name, method)
+    return cls
+
+
+@_sending_routes
+class LedgerClient(_Base[httpx.Client]):
+    """The sync client; a context manager (closes its httpx client, unless it was lent one)."""
+
+    _new_http = httpx.Client
+
+    def _send(self, call: _Call[Answer]) -> Answer:
+        try:
+            response = self._http.request(**self._request(call))
+        except httpx.TransportError as exc:
+            raise _unreachable(self.url, exc) from exc
+        return _result(call, response)
 
     def close(self) -> None:
         if self._owned:
@@ -546,182 +519,18 @@ class LedgerClient(_Base):
         self.close()
 
 
-class AsyncLedgerClient(_Base):
+@_sending_routes
+class AsyncLedgerClient(_Base[httpx.AsyncClient]):
     """The async client: LedgerClient's methods as coroutines; an async context manager."""
 
-    def __init__(
-        self,
-        url: str | None = None,
-        *,
-        api_key: str | None = None,
-        tenant: str | None = None,
-        timeout: float | None = None,
-        settings: ClientSettings | None = None,
-        http: httpx.AsyncClient | None = None,
-    ) -> None:
-        super().__init__(_config(url, api_key, timeout, settings), tenant)
-        self._owned = http is None
-        self._http = http if http is not None else httpx.AsyncClient()
+    _new_http = httpx.AsyncClient
 
-    async def _send(self, call: _Call) -> Any:
+    async def _send(self, call: _Call[Answer]) -> Answer:
         try:
             response = await self._http.request(**self._request(call))
         except httpx.TransportError as exc:
             raise _unreachable(self.url, exc) from exc
         return _result(call, response)
-
-    async def recall(
-        self,
-        query: str,
-        *,
-        tenant: str | None = None,
-        subject: str | None = None,
-        top_k: int | None = None,
-        as_of: Time | None = None,
-        mode: str | None = None,
-        filters: Filters | None = None,
-        after: str | None = None,
-    ) -> RecallResponse:
-        """POST /v1/recall: exact cues first, then keywords and vectors; each hit says which stage found it and why."""
-        return await self._send(_recall(self._tenant(tenant), query, subject, top_k, as_of, mode, filters, after))
-
-    async def context(
-        self,
-        subject: str,
-        question: str | None = None,
-        *,
-        tenant: str | None = None,
-        budget_tokens: int | None = None,
-        include_history: bool | None = None,
-        as_of: Time | None = None,
-        top_k: int | None = None,
-        mode: str | None = None,
-        after: str | None = None,
-    ) -> ContextResponse:
-        """POST /v1/context: the prompt-ready block for a subject (and a question); `.text` is what to paste."""
-        return await self._send(
-            _context(self._tenant(tenant), subject, question, budget_tokens, include_history, as_of, top_k, mode, after)
-        )
-
-    async def facts(
-        self,
-        subject: str,
-        *,
-        tenant: str | None = None,
-        as_of: Time | None = None,
-        known_at: Time | None = None,
-        after: str | None = None,
-    ) -> FactsResponse:
-        """GET /v1/subjects/{subject}/facts: the facts holding at valid time `as_of` (now), as known at `known_at`."""
-        return await self._send(_facts(self._tenant(tenant), subject, as_of, known_at, after))
-
-    async def history(self, memory_id: str, *, tenant: str | None = None, after: str | None = None) -> HistoryResponse:
-        """GET /v1/facts/{memory_id}/history: the fact's version chain, oldest first."""
-        return await self._send(_history(self._tenant(tenant), memory_id, after))
-
-    async def events(
-        self,
-        subject: str,
-        *,
-        tenant: str | None = None,
-        from_: Time | None = None,
-        to: Time | None = None,
-        limit: int | None = None,
-        after: str | None = None,
-    ) -> EventsResponse:
-        """GET /v1/subjects/{subject}/events: the audit replay, in ledger order, each event with its effect."""
-        return await self._send(_events(self._tenant(tenant), subject, from_, to, limit, after))
-
-    async def event_status(self, event_id: str, *, tenant: str | None = None) -> EventStatus:
-        """GET /v1/events/{event_id}: what became of an event (pending, applied, duplicate, dead_lettered, unknown)."""
-        return await self._send(_event_status(self._tenant(tenant), event_id))
-
-    async def stats(self, *, tenant: str | None = None) -> StatsResponse:
-        """GET /v1/stats: invariant counters (0 when healthy), lag per partition, dead letters, search orphans."""
-        return await self._send(_stats(self._tenant(tenant)))
-
-    async def health(self) -> HealthResponse:
-        """GET /v1/health: every part's state; `status` is `degraded` (not an exception) while a store is down."""
-        return await self._send(_HEALTH)
-
-    async def consistency(self, *, tenant: str | None = None) -> ConsistencyResponse:
-        """GET /v1/stats/consistency: the tenant's projections recounted against the ledger (a scan: 429 when
-        another is running for the tenant)."""
-        return await self._send(_consistency(self._tenant(tenant)))
-
-    async def tenants(self) -> TenantsResponse:
-        """GET /v1/tenants: the tenants this API key may use."""
-        return await self._send(_TENANTS)
-
-    async def subjects(
-        self, prefix: str | None = None, *, tenant: str | None = None, limit: int | None = None
-    ) -> SubjectsResponse:
-        """GET /v1/subjects: the tenant's subjects starting with `prefix`, in code point order; `.more` when cut."""
-        return await self._send(_subjects(self._tenant(tenant), prefix, limit))
-
-    async def erasures(
-        self, *, tenant: str | None = None, subject: str | None = None, limit: int | None = None
-    ) -> ErasuresResponse:
-        """GET /v1/erasures: the tenant's erasure records, newest first (of one subject with `subject`)."""
-        return await self._send(_erasures(self._tenant(tenant), subject, limit))
-
-    async def erasure(self, erasure_id: str, *, tenant: str | None = None) -> ErasureRecord:
-        """GET /v1/erasures/{erasure_id}: one erasure record (a 404 until the worker has applied it)."""
-        return await self._send(_erasure(self._tenant(tenant), erasure_id))
-
-    async def event_schema(self) -> EventSchemaDocument:
-        """GET /v1/schema/event: the event contract's JSON Schema (`.model_dump(by_alias=True)`: the document)."""
-        return await self._send(_EVENT_SCHEMA)
-
-    async def dead_letters(
-        self,
-        *,
-        tenant: str | None = None,
-        state: str | None = None,
-        after: str | None = None,
-        limit: int | None = None,
-    ) -> DeadLettersResponse:
-        """GET /v1/dead-letters: the records the worker refused, in ledger order, each with its reason and state
-        (`open`, `redriven`, `discarded`; `state=` keeps one); `.next` is the `after=` of the next page."""
-        return await self._send(_dead_letters(self._tenant(tenant), state, after, limit))
-
-    async def dead_letter(self, partition: int, offset: int, *, tenant: str | None = None) -> DeadLetterRecord:
-        """GET /v1/dead-letters/{partition}/{offset}: one dead letter and its record's fields, as far as they decode."""
-        return await self._send(_dead_letter(self._tenant(tenant), partition, offset))
-
-    async def redrive_dead_letter(
-        self, partition: int, offset: int, event: Mapping[str, Any], *, tenant: str | None = None
-    ) -> DeadLetterAction:
-        """POST /v1/dead-letters/redrive: publish the corrected `event` (its tenant defaults to the call's) linked to
-        the letter, which reads `redriven` once the worker applied it; a letter resolved already is a 409
-        `dead_letter_resolved`."""
-        return await self._send(_redrive(self._tenant(tenant), partition, offset, event))
-
-    async def discard_dead_letter(
-        self, partition: int, offset: int, reason: str, *, tenant: str | None = None
-    ) -> DeadLetterAction:
-        """POST /v1/dead-letters/discard: close the letter without a correction (a `deadletter.discarded` event with
-        the reason; nothing is deleted); it reads `discarded` once the worker applied it."""
-        return await self._send(_discard(self._tenant(tenant), partition, offset, reason))
-
-    async def verify_receipt(
-        self,
-        receipt: Mapping[str, Any] | BaseModel,
-        *,
-        answer: Mapping[str, Any] | BaseModel | None = None,
-        tenant: str | None = None,
-    ) -> ReceiptVerification:
-        """POST /v1/receipts/verify: the receipt's signature, and each cited version held in the ledger where the
-        receipt says (or erased since); with `answer` (the response it came with), that its digest holds. The tenant
-        defaults to the client's, else the receipt's."""
-        return await self._send(_verify_receipt(self._tenant(tenant), receipt, answer))
-
-    async def replay_receipt(
-        self, receipt: Mapping[str, Any] | BaseModel, request: Mapping[str, Any], *, tenant: str | None = None
-    ) -> ReceiptReplay:
-        """POST /v1/receipts/replay: the answer re-derived as known at the receipt's positions, and whether it is the
-        same; `request` holds the read's parameters as sent (facts: subject, as_of, known_at; recall: its body)."""
-        return await self._send(_replay_receipt(self._tenant(tenant), receipt, request))
 
     async def aclose(self) -> None:
         if self._owned:

@@ -40,6 +40,7 @@ __all__ = [
     "RecallBody",
     "ReceiptBody",
     "ReplayBody",
+    "TenantRequest",
     "inline_refs",
 ]
 
@@ -92,6 +93,14 @@ def _not_blank(v: str | None) -> str | None:
     return v
 
 
+class TenantRequest(BaseModel):
+    """A request about one tenant's memory: its tenant first, and a field it does not know refused (naming it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
+
+
 class Filters(BaseModel):
     """Each filter takes one value or a list (any of them matches)."""
 
@@ -123,12 +132,9 @@ class Filters(BaseModel):
         return RecallFilters(**{name: _as_tuple(getattr(self, name)) for name in RecallFilters.__dataclass_fields__})
 
 
-class RecallBody(BaseModel):
+class RecallBody(TenantRequest):
     """`POST /v1/recall`; the MCP `recall` tool (without the times) and `recall_at` (`RecallAtBody`)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
     subject: Storable | None = Field(
         default=None,
         description="only this subject's memories, e.g. user:42. Pass it whenever the question is about one "
@@ -179,42 +185,33 @@ class RecallAtBody(RecallBody):
     as_of: Time = Field(description="valid time: RFC 3339 with seconds and an offset")
 
 
-class FactsParams(BaseModel):
+class FactsParams(TenantRequest):
     """`GET /v1/subjects/{subject}/facts` as one model (the MCP `facts` tool)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
     subject: Storable = Field(description="the subject whose facts are listed, e.g. user:42", **SUBJECT)
     as_of: Time | None = Field(default=None, description="valid time (default now)")
     known_at: Time | None = Field(default=None, description="only what was observed by this transaction time")
     after: After = None
 
 
-class HistoryParams(BaseModel):
+class HistoryParams(TenantRequest):
     """`GET /v1/facts/{memory_id}/history` as one model (the MCP `fact_history` tool)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
     memory_id: Storable = Field(
         description="the fact's memory_id (as remember, recall and facts answer it)", **MEMORY_ID
     )
     after: After = None
 
 
-class EventStatusParams(BaseModel):
+class EventStatusParams(TenantRequest):
     """`GET /v1/events/{event_id}` as one model (the MCP `event_status` tool)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
     event_id: Storable = Field(
         description="the event_id of an event you published (remember, forget, or any producer)", **EVENT_ID
     )
 
 
-class ForgetParams(BaseModel):
+class ForgetParams(TenantRequest):
     """The MCP `forget` tool: retract a fact (`key`, optionally one `target_version`), one version or an episode
     (`target_version` alone: an episode has no key), or erase the subject.
 
@@ -224,9 +221,6 @@ class ForgetParams(BaseModel):
     is missing or too many).
     """
 
-    model_config = ConfigDict(extra="forbid")
-
-    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
     subject: Storable = Field(description="what the memory is about, e.g. user:42", **SUBJECT)
     key: Storable | None = Field(
         default=None,
@@ -255,12 +249,9 @@ class ForgetParams(BaseModel):
 ContextFormat = Literal["text", "json"]
 
 
-class ContextBody(BaseModel):
+class ContextBody(TenantRequest):
     """`POST /v1/context` and the MCP `context` tool: a prompt-ready memory block (api.context)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
     subject: Storable = Field(description="the subject the block is about, e.g. user:42", **SUBJECT)
     question: Storable | None = Field(
         default=None, min_length=1, max_length=2000, description="recall hits for it are listed first"
@@ -278,12 +269,11 @@ class ContextBody(BaseModel):
     _question_not_blank = field_validator("question")(_not_blank)
 
 
-class EventsParams(BaseModel):
+class EventsParams(TenantRequest):
     """`GET /v1/subjects/{subject}/events` as one model (a replayed receipt's request)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
-    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
     subject: Storable = Field(description="the subject whose events are listed", **SUBJECT)
     from_: Time | None = Field(default=None, alias="from", description="observed_at >= from (RFC 3339)")
     to: Time | None = Field(default=None, description="observed_at < to (RFC 3339)")
@@ -315,31 +305,25 @@ def _a_receipt(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
-class ReceiptBody(BaseModel):
-    """`POST /v1/receipts/verify` and the MCP `verify_receipt` tool."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
+class _ReceiptRequest(TenantRequest):
     receipt: dict[str, Any] = Field(description="a receipt as an answer gave it (its `receipt`), unchanged")
-    answer: dict[str, Any] | None = Field(
-        default=None, description="optionally the answer it came with: its digest is checked against the receipt's"
-    )
 
     _receipt_shape = field_validator("receipt")(_a_receipt)
 
 
-class ReplayBody(BaseModel):
+class ReceiptBody(_ReceiptRequest):
+    """`POST /v1/receipts/verify` and the MCP `verify_receipt` tool."""
+
+    answer: dict[str, Any] | None = Field(
+        default=None, description="optionally the answer it came with: its digest is checked against the receipt's"
+    )
+
+
+class ReplayBody(_ReceiptRequest):
     """`POST /v1/receipts/replay` and the MCP `replay_receipt` tool."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
-    receipt: dict[str, Any] = Field(description="a receipt as an answer gave it (its `receipt`), unchanged")
     request: dict[str, Any] = Field(
         description="the parameters of the read the receipt came from, as sent (recall's or context's body; "
         "facts: subject, as_of, known_at; history: memory_id; events: subject, from, to, limit); tenant may be left "
         "out. The receipt holds only their digest"
     )
-
-    _receipt_shape = field_validator("receipt")(_a_receipt)

@@ -142,7 +142,7 @@ class Resources:
             )
             await pool.open(wait=False)
             stack.push_async_callback(pool.close)
-            es = async_es_client(settings.es_url, request_timeout=settings.es_request_timeout_s)
+            es = async_es_client(settings, request_timeout=settings.es_request_timeout_s)
             stack.push_async_callback(es.close)
             keys = api_key_source(settings)  # None without a KEK; a wrong KEK fails here, at start
             producer = LedgerProducer(  # connects on first publish; seals with `keys` when encryption is on

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -70,12 +71,14 @@ def conversations_command(
     chosen = [m for m in modes.split(",") if m]
     total = sum(len(cv.questions(d)) for d in convs.values())
 
-    def run(base: str, key: str) -> dict:
+    def run(base: str, key: str, settle: Callable[[], dict] | None = None) -> dict:
         with httpx.Client(base_url=base, headers={"X-API-Key": key}, timeout=120) as client:
             info: dict = {}
             if ingest:
                 info["turns"] = cv.ingest(client, convs)
                 info["searchable_after_s"] = round(cv.wait_searchable(client, convs), 1)
+                if settle is not None:  # the private index, merged: equal turns, equal BM25 statistics
+                    info["merged"] = settle()
             with Progress() as bar:
                 task = bar.add_task("questions", total=total)
                 result = cv.score(client, convs, k=k, modes=chosen, progress=lambda n: bar.advance(task, n))
@@ -95,7 +98,7 @@ def conversations_command(
         try:
             with Services(s, s.log_dir / f"conversations-{stamp}") as svc:
                 svc.start("worker", "indexer", "embedder", "api")
-                result = run(svc.url, "conv-key")
+                result = run(svc.url, "conv-key", settle=lambda: cv.settle(s))
         finally:
             drop_private(s)
     for row in cv.table_rows(result):

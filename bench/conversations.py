@@ -43,6 +43,7 @@ __all__ = [
     "load",
     "questions",
     "score",
+    "settle",
     "table_rows",
     "tenant",
     "turns",
@@ -126,6 +127,23 @@ def wait_searchable(client: httpx.Client, convs: dict[str, dict], timeout: float
         if time.monotonic() - t0 > timeout:
             raise TimeoutError(f"the dev set was not searchable after {timeout:.0f}s")
         time.sleep(0.5)
+
+
+def settle(settings: Any) -> dict[str, int]:
+    """Merge the private index into one segment, which drops the deleted copies of rewritten documents (every turn
+    is written twice: without its vectors, then with them). BM25's statistics count those copies until a merge
+    drops them, and how many are left depends on when the index happened to merge: without this two runs of equal
+    turns score the keyword stage differently. The index's documents before: {"docs", "deleted"}."""
+    from projections.search.client import es_client
+
+    es = es_client(settings, request_timeout=300)
+    try:
+        docs = es.indices.stats(index=settings.es_index, metric="docs")["_all"]["primaries"]["docs"]
+        es.indices.forcemerge(index=settings.es_index, max_num_segments=1)
+        es.indices.refresh(index=settings.es_index)
+    finally:
+        es.close()
+    return {"docs": docs["count"], "deleted": docs["deleted"]}
 
 
 TOKEN = re.compile(r"[a-z0-9]+")

@@ -37,10 +37,8 @@ TODAY = {
     "embed_model": "BAAI/bge-small-zh-v1.5",
     "embed_model_en": "BAAI/bge-small-en-v1.5-int8",
     "embed_threads": 1,
-    "embed_batch_size": 64,
     "embedder_batch_size": 64,
     "embed_cross_language": True,
-    "embed_sort_by_length": False,
 }
 ZH8 = "BAAI/bge-small-zh-v1.5-int8"
 MINILM8 = "sentence-transformers/all-MiniLM-L6-v2-int8"
@@ -61,25 +59,10 @@ CANDIDATES: dict[str, Candidate] = {
         Candidate("today-t2", {"embed_threads": 2}),
         Candidate("zh8", {"embed_model": ZH8}),
         Candidate("zh8-t2", {"embed_model": ZH8, "embed_threads": 2}),
-        Candidate("zh8-b16", {"embed_model": ZH8, "embed_batch_size": 16}),
-        Candidate("zh8-b32", {"embed_model": ZH8, "embed_batch_size": 32}),
-        Candidate("zh8-b128", {"embed_model": ZH8, "embed_batch_size": 128, "embedder_batch_size": 128}),
-        Candidate("zh8-b16-sorted", {"embed_model": ZH8, "embed_batch_size": 16, "embed_sort_by_length": True}),
-        Candidate(
-            "zh8-c256-b32-sorted",
-            {"embed_model": ZH8, "embed_batch_size": 32, "embedder_batch_size": 256, "embed_sort_by_length": True},
-        ),
         Candidate("zh8-statement", {"embed_model": ZH8}, text="statement"),
         Candidate("zh8-minilm8", {"embed_model": ZH8, "embed_model_en": MINILM8}),
         Candidate("zh8-no-cross", {"embed_model": ZH8, "embed_cross_language": False}),
         Candidate("today-statement", text="statement"),
-        Candidate("today-b16-sorted", {"embed_batch_size": 16, "embed_sort_by_length": True}),
-        Candidate("zh8-b8-sorted", {"embed_model": ZH8, "embed_batch_size": 8, "embed_sort_by_length": True}),
-        Candidate("zh8-b32-sorted", {"embed_model": ZH8, "embed_batch_size": 32, "embed_sort_by_length": True}),
-        Candidate(
-            "zh8-b16-sorted-t2",
-            {"embed_model": ZH8, "embed_batch_size": 16, "embed_sort_by_length": True, "embed_threads": 2},
-        ),
     )
 }
 

@@ -156,7 +156,7 @@ def _vector_poller(settings: Settings, st: _State, deadline: list[float]) -> Non
 
 def _doc_poller(settings: Settings, st: _State, deadline: list[float]) -> None:
     """When each probe's document is searchable: recall's `doc` lag minus this is the API's own share."""
-    with es_client(settings.es_url, request_timeout=10) as es:
+    with es_client(settings, request_timeout=10) as es:
         while not (st.done.is_set() and not st.pending("doc")) and time.perf_counter() < deadline[0]:
             pending = {version_id_for(PROBE_TENANT, p.event_id): p for p in st.pending("doc")}
             if pending:

@@ -74,7 +74,7 @@ def bench_pg_copy(s: Settings, rows: Sequence[dict]) -> dict:
 def bench_es_bulk(s: Settings, docs: Sequence[dict], vectors: Sequence[Sequence[float]]) -> dict:
     """helpers.bulk of documents with their dense vectors (cosine HNSW), refresh at the end."""
     index = f"bench-raw-{uuid.uuid4().hex[:8]}"
-    es = es_client(s.es_url, request_timeout=120)  # the serializers ours use: ES is measured, not json
+    es = es_client(s, request_timeout=120)  # the serializers ours use: ES is measured, not json
     es.indices.create(
         index=index,
         settings={"number_of_shards": 1, "number_of_replicas": 0},
@@ -109,7 +109,7 @@ def bench_es_bulk(s: Settings, docs: Sequence[dict], vectors: Sequence[Sequence[
 
 
 def bench_fastembed(s: Settings, texts: Sequence[str]) -> tuple[dict, list]:
-    """Embedding throughput of the configured model (batches of settings.embed_batch_size)."""
+    """Embedding throughput of the configured model (each text embedded alone, as the embedder does)."""
     embedder = load_embedder(s)
     embedder.embed(list(texts[:8]))  # warm up
     t0 = time.perf_counter()

@@ -40,7 +40,7 @@ async def _pools(s: Settings, step: int) -> list[dict[str, Any]]:
 
     convs = cv.load()
     qs = [(conv, qa) for conv, d in convs.items() for qa in cv.questions(d)][::step]
-    es = async_es_client(s.es_url, request_timeout=30)
+    es = async_es_client(s, request_timeout=30)
     pool = AsyncConnectionPool(s.pg_dsn, min_size=1, max_size=4, configure=configure_pool(s.pg_schema), open=False)
     await pool.open()
     engine = RecallEngine(s, es, pool)

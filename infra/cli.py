@@ -31,7 +31,7 @@ def _address(store: str, exc: BaseException) -> tuple[str, str]:
     if store == "kafka":
         return s.kafka_bootstrap, "LEDGER_KAFKA_BOOTSTRAP"
     if store == "elasticsearch":
-        return s.es_url, "LEDGER_ES_URL"
+        return s.es_address, "LEDGER_ES_URL"
     from psycopg.conninfo import conninfo_to_dict
 
     dsn = conninfo_to_dict(s.pg_dsn)
@@ -72,6 +72,9 @@ def store_problem(exc: BaseException) -> str | None:
             f"kafka at {address} refused the login ({type(refused).__name__}): check LEDGER_KAFKA_SASL_USERNAME, "
             "LEDGER_KAFKA_SASL_PASSWORD and LEDGER_KAFKA_SASL_MECHANISM"
         )
+    said_no = _refused(chain)
+    if said_no is not None:
+        return said_no
     for seen in chain:
         if isinstance(seen, PublishError) and seen.code == "unavailable":  # the SDK's word for a broker away
             store, reason = "kafka", "unavailable"
@@ -82,6 +85,41 @@ def store_problem(exc: BaseException) -> str | None:
             address, setting = _address(store, seen)
             start = "`ledger serve`" if store == "api" else "`python -m infra up`"
             return f"{store} at {address} is not reachable ({reason}): start it ({start}) or set {setting}"
+    return None
+
+
+def _refused(chain: list[BaseException]) -> str | None:
+    """PostgreSQL or Elasticsearch answered and said no (a login refused, a certificate the client does not trust):
+    settings to fix, not a store to start. None for anything else."""
+    import elastic_transport
+    import elasticsearch
+    import psycopg
+
+    for seen in chain:
+        text = str(seen)
+        if isinstance(seen, psycopg.OperationalError):
+            address, _ = _address("postgres", seen)
+            if "password authentication failed" in text or "no pg_hba.conf entry" in text:
+                return f"postgres at {address} refused the login: check the user, password and sslmode in LEDGER_PG_DSN"
+            if "certificate" in text:  # libpq's "certificate verify failed", "server certificate ... does not match"
+                return (
+                    f"postgres at {address}: its TLS certificate is not trusted (not signed by sslrootcert's CA, or "
+                    "not for this host name): check sslrootcert and the host in LEDGER_PG_DSN"
+                )
+        if isinstance(seen, elasticsearch.AuthenticationException):
+            address, _ = _address("elasticsearch", seen)
+            return f"elasticsearch at {address} refused the login (401): check the user and password in LEDGER_ES_URL"
+        if isinstance(seen, elastic_transport.TlsError):
+            address, _ = _address("elasticsearch", seen)
+            if "CERTIFICATE_REQUIRED" in repr(seen):  # the node asks every client for a certificate of its own
+                return (
+                    f"elasticsearch at {address} asks for a client certificate: set LEDGER_ES_CLIENT_CERT and "
+                    "LEDGER_ES_CLIENT_KEY"
+                )
+            return (
+                f"elasticsearch at {address}: its TLS certificate is not trusted (not signed by a CA of "
+                "LEDGER_ES_CA_CERTS, or not for this host name): check LEDGER_ES_CA_CERTS and LEDGER_ES_URL"
+            )
     return None
 
 

@@ -10,8 +10,8 @@ import os
 import pwd
 import shutil
 import subprocess
-import urllib.request
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from infra.maven import fetch_artifact
@@ -20,11 +20,13 @@ from infra.procs import (
     already_up,
     healthy_or_stopped,
     owned_pid,
+    port_open,
     run,
     service_dir,
     stop_owned,
 )
 from producers.settings import Settings
+from projections.search.client import es_client
 
 PART = "elasticsearch"
 MARKER = "org.elasticsearch"
@@ -93,9 +95,19 @@ def unpack(s: Settings) -> Path:
 
 
 def node_config(
-    *, cluster: str, node: str, host: str, http_port: int, transport: str, data: Path, logs: Path, discovery: list[str]
+    *,
+    cluster: str,
+    node: str,
+    host: str,
+    http_port: int,
+    transport: str,
+    data: Path,
+    logs: Path,
+    discovery: list[str],
+    security: Sequence[str] = ("xpack.security.enabled: false",),
 ) -> str:
-    """One node's elasticsearch.yml: the single node's and each cluster node's differ only by the arguments."""
+    """One node's elasticsearch.yml: the single node's and each cluster node's differ only by the arguments
+    (`security`: its `xpack.security.*` lines; off by default)."""
     return "\n".join(
         [
             f"cluster.name: {cluster}",
@@ -106,7 +118,7 @@ def node_config(
             f"transport.port: {transport}",
             f"path.data: {data}",
             f"path.logs: {logs}",
-            "xpack.security.enabled: false",
+            *security,
             "action.destructive_requires_name: false",
             "cluster.routing.allocation.disk.threshold_enabled: false",
             "",
@@ -153,9 +165,12 @@ def pid(s: Settings) -> int | None:
 
 
 def healthy(s: Settings) -> bool:
-    with urllib.request.urlopen(f"{s.es_urls[0]}/_cluster/health", timeout=3) as resp:
-        body = resp.read().decode()
-    return '"status":"green"' in body or '"status":"yellow"' in body
+    """The cluster answers green or yellow, asked as the ledger's clients ask (an external cluster's login and TLS);
+    its port first, so a node still starting is not a failed request (the client logs each)."""
+    if not port_open(*s.es_host_port):
+        return False
+    with es_client(s, request_timeout=3, max_retries=0) as es:
+        return es.cluster.health()["status"] in ("green", "yellow")
 
 
 def start(s: Settings, timeout: float = 180.0) -> None:
@@ -191,4 +206,4 @@ def stop(s: Settings) -> bool:
 
 def describe(s: Settings) -> dict[str, str]:
     p = _paths(s)
-    return {"address": s.es_url, "log": str(p["logs"] / "memory-ledger.log"), "data": str(p["data"])}
+    return {"address": s.es_address, "log": str(p["logs"] / "memory-ledger.log"), "data": str(p["data"])}

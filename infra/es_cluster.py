@@ -11,28 +11,66 @@ and removal are every local cluster's (`infra.local_cluster`).
 
     with EsCluster(settings, base_dir, [(h1, t1), (h2, t2), (h3, t3)]) as cluster:
         url = cluster.url  # "http://127.0.0.1:h1,http://127.0.0.1:h2,http://127.0.0.1:h3" (LEDGER_ES_URL)
+
+`security` (`EsSecurity`) turns security on, as a managed cluster has it: HTTPS and transport TLS with a certificate
+and key the caller made (PEM, copied into each node's configuration folder, where Elasticsearch reads them), the
+built-in `elastic` user's password (the keystore's `bootstrap.password`), and, if asked, a client certificate
+required of every HTTPS client. `cluster.client_settings(settings)` is what a client of the ledger needs to reach it.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import quote
 
 from elasticsearch import Elasticsearch
 
 from infra.elasticsearch import give_to, java_home, node_config, unpack
 from infra.local_cluster import LocalCluster
-from infra.procs import InfraError, owned_pid, spawn, wait_until
+from infra.procs import InfraError, owned_pid, run, spawn, wait_until
 from producers.settings import Settings
 from projections.search.client import es_client
 
-__all__ = ["EsCluster", "EsNode"]
+__all__ = ["EsCluster", "EsNode", "EsSecurity"]
 
 PART = "elasticsearch-cluster"
 LAUNCHER = "elasticsearch"  # in bin/elasticsearch's command line and in the CLI launcher JVM's it execs
+
+
+@dataclass(frozen=True)
+class EsSecurity:
+    """Security on: HTTPS and transport TLS with `cert` and `key` (PEM) signed by `ca`, the `elastic` user's
+    `password`; `client_auth` `required`: HTTPS clients must show a certificate signed by `ca` (the cluster's own
+    client shows `client_cert` and `client_key`)."""
+
+    cert: Path
+    key: Path
+    ca: Path
+    password: str
+    client_auth: Literal["none", "optional", "required"] = "none"
+    client_cert: Path | None = None
+    client_key: Path | None = None
+
+    def settings(self) -> list[str]:
+        """The nodes' `xpack.security.*` lines (the files as copied into each configuration folder, `certs/`)."""
+        lines = ["xpack.security.enabled: true"]
+        for layer in ("http", "transport"):
+            lines += [
+                f"xpack.security.{layer}.ssl.enabled: true",
+                f"xpack.security.{layer}.ssl.certificate: certs/{self.cert.name}",
+                f"xpack.security.{layer}.ssl.key: certs/{self.key.name}",
+                f"xpack.security.{layer}.ssl.certificate_authorities: [certs/{self.ca.name}]",
+            ]
+        return [
+            *lines,
+            f"xpack.security.http.ssl.client_authentication: {self.client_auth}",
+            "xpack.security.transport.ssl.verification_mode: certificate",  # the nodes' certificate names no node
+        ]
 
 
 @dataclass(frozen=True)
@@ -44,6 +82,7 @@ class EsNode:
     transport_port: int
     home: Path
     host: str = "127.0.0.1"
+    scheme: str = "http"
 
     @property
     def name(self) -> str:
@@ -51,7 +90,7 @@ class EsNode:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"{self.scheme}://{self.host}:{self.http_port}"
 
     @property
     def config_dir(self) -> Path:
@@ -89,13 +128,23 @@ class EsCluster(LocalCluster[EsNode]):
     """`len(ports)` nodes on `host`; `ports` is one (HTTP port, transport port) pair per node."""
 
     def __init__(
-        self, settings: Settings, base_dir: Path, ports: Sequence[tuple[int, int]], *, heap: str = "512m"
+        self,
+        settings: Settings,
+        base_dir: Path,
+        ports: Sequence[tuple[int, int]],
+        *,
+        heap: str = "512m",
+        security: EsSecurity | None = None,
     ) -> None:
         if len(ports) < 1:
             raise ValueError("a cluster needs at least one node")
         self.settings, self.base_dir, self.heap, self.part = settings, base_dir, heap, PART
+        self.security = security
         self.cluster_name = f"ledger-{base_dir.name}"
-        self.nodes = [EsNode(i, http, tp, base_dir / f"node-{i}") for i, (http, tp) in enumerate(ports, start=1)]
+        scheme = "https" if security else "http"
+        self.nodes = [
+            EsNode(i, http, tp, base_dir / f"node-{i}", scheme=scheme) for i, (http, tp) in enumerate(ports, start=1)
+        ]
 
     # -- addresses ---------------------------------------------------------------------------------
 
@@ -107,9 +156,24 @@ class EsCluster(LocalCluster[EsNode]):
     def by_name(self, name: str) -> EsNode:
         return next(n for n in self.nodes if n.name == name)
 
+    def client_settings(self, settings: Settings, password: str | None = None) -> Settings:
+        """`settings` on this cluster: its nodes and, with security, the `elastic` user with `password` (default:
+        its own) in the URLs, the CA and the client certificate."""
+        if self.security is None:
+            return settings.model_copy(update={"es_url": self.url})
+        sec = self.security
+        login = f"elastic:{quote(sec.password if password is None else password, safe='')}@"
+        update = {
+            "es_url": ",".join(f"{n.scheme}://{login}{n.host}:{n.http_port}" for n in self.nodes),
+            "es_ca_certs": sec.ca,
+            "es_client_cert": sec.client_cert,
+            "es_client_key": sec.client_key,
+        }
+        return settings.model_copy(update=update)
+
     def client(self, request_timeout: float = 10.0) -> Elasticsearch:
         """A client of every node (the product's own, `projections.search.client.es_client`)."""
-        return es_client(self.url, request_timeout=request_timeout)
+        return es_client(self.client_settings(self.settings), request_timeout=request_timeout)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -215,16 +279,35 @@ class EsCluster(LocalCluster[EsNode]):
                 data=n.data,
                 logs=n.logs,
                 discovery=discovery,
+                **({"security": self.security.settings()} if self.security else {}),
             )
         )
+        if self.security:
+            self._secure(n, home)
         options = n.config_dir / "jvm.options.d"
         options.mkdir(exist_ok=True)
         options.joinpath("heap.options").write_text(f"-Xms{self.heap}\n-Xmx{self.heap}\n{n.marker}\n")
         for d in (n.data, n.logs):
             d.mkdir(parents=True, exist_ok=True)
 
+    def _secure(self, n: EsNode, home: Path) -> None:
+        """The TLS files into the node's `certs/`, the `elastic` user's password into its keystore."""
+        assert self.security is not None
+        certs = n.config_dir / "certs"
+        certs.mkdir(exist_ok=True)
+        for path in (self.security.cert, self.security.key, self.security.ca):
+            shutil.copyfile(path, certs / path.name)
+        give_to(self.settings, n.config_dir)
+        keystore = [str(home / "bin" / "elasticsearch-keystore"), "add", "--force", "--stdin", "bootstrap.password"]
+        env = {**os.environ, **self._env(n)}
+        run(keystore, PART, n.stdout_log, env=env, input=self.security.password, user=self.settings.es_user)
+
+    def _env(self, n: EsNode) -> dict[str, str]:
+        """What bin/elasticsearch and its tools need beside our environment: the JDK and the node's configuration."""
+        return {"ES_JAVA_HOME": str(java_home(self.settings)), "ES_PATH_CONF": str(n.config_dir)}
+
     def _spawn(self, n: EsNode, home: Path) -> int:
         n.pid_file.unlink(missing_ok=True)
-        env = {"ES_JAVA_HOME": str(java_home(self.settings)), "ES_PATH_CONF": str(n.config_dir)}
+        env = self._env(n)
         cmd = [str(home / "bin" / "elasticsearch"), "-p", str(n.pid_file)]
         return spawn(cmd, n.stdout_log, n.launcher_pid_file, env, cwd=n.home, user=self.settings.es_user)

@@ -1,5 +1,6 @@
-"""What every multi-node server cluster infra runs on this machine shares (infra.kafka_cluster, infra.es_cluster):
-nodes found by their pid files, killed one at a time like a crash, stopped all at once, their folder removed.
+"""What every multi-node server cluster infra runs on this machine shares (infra.kafka_cluster, infra.es_cluster; and
+infra.pg_server's one server): nodes found by their pid files, killed one at a time like a crash, stopped all at once,
+their folder removed.
 
 A subclass names each node's ports (`addresses`), its processes (`processes`: the server first, then whatever
 started it and exits with it), its log (`log`), how all are configured and started (`launch_all`) and when the cluster

@@ -60,7 +60,7 @@ def drop_private(settings: Settings) -> None:
     """Drop what the private names hold: the search indices, the schema and its rebuild leftovers and key store
     (`<schema>_*`), the worker's faust directory and the topics (those best effort: a run that never created
     them, or a Kafka that is down, still ends)."""
-    es = es_client(settings.es_url, request_timeout=60)
+    es = es_client(settings, request_timeout=60)
     try:
         drop_indices(es, settings)
     finally:

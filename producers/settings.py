@@ -146,20 +146,43 @@ class ElasticsearchSettings(BaseModel):
     # copies of each shard beside its primary, in the indices the indexer and `ledger reindex` create (1 on a
     # cluster: a node can stop and every document is still searchable); an existing index keeps its own
     es_replicas: int = Field(default=0, ge=0)
+    # TLS of https:// nodes (every client: projections.search.client.es_client): the PEM file of the CA(s) that
+    # signed the nodes' certificates, for a cluster with a private CA (unset: the system's CAs); a client
+    # certificate and its key where the cluster asks for one. A user and password ride in LEDGER_ES_URL
+    es_ca_certs: Path | None = None
+    es_client_cert: Path | None = None
+    es_client_key: Path | None = None
+
+    @model_validator(mode="after")
+    def _es_tls(self) -> ElasticsearchSettings:
+        tls_files = (self.es_ca_certs, self.es_client_cert, self.es_client_key)
+        if any(f is not None for f in tls_files) and not all(u.startswith("https://") for u in self.es_urls):
+            raise ValueError(
+                "LEDGER_ES_CA_CERTS / LEDGER_ES_CLIENT_CERT / LEDGER_ES_CLIENT_KEY are set but a node of LEDGER_ES_URL "
+                "is not https://: TLS files need every node on https"
+            )
+        if self.es_client_key is not None and self.es_client_cert is None:
+            raise ValueError("LEDGER_ES_CLIENT_KEY needs LEDGER_ES_CLIENT_CERT (the client certificate)")
+        return self
 
     @property
     def es_urls(self) -> list[str]:
         """The node URLs of `es_url`."""
         return [u.strip() for u in self.es_url.split(",") if u.strip()] or [self.es_url]
 
+    @property
+    def es_address(self) -> str:
+        """`es_url` without any node's user and password: what a message or a status shows."""
+        nodes = (urlsplit(u) for u in self.es_urls)
+        return ",".join(p._replace(netloc=p.netloc.rpartition("@")[2]).geturl() for p in nodes)
+
 
 class EmbeddingSettings(BaseModel):
     """The embedding models (fastembed, loaded from disk) and how texts are batched through them."""
 
-    # the int8 zh model, 16 texts a call, sorted by length: the fastest candidate at equal quality (BENCHMARKS.md,
-    # "Embedding stage: candidates")
+    # the int8 zh model: the fastest candidate at equal quality (BENCHMARKS.md, "Embedding stage: candidates");
+    # each text is embedded alone (projections.embedding), so there is no batch to size
     embed_model: str = "BAAI/bge-small-zh-v1.5-int8"
-    embed_batch_size: int = 16  # texts per onnxruntime call
     # embeddings per language (projections.languages): Latin-script text by embed_model_en, the rest by embed_model
     # (the same name twice: one model); switching either is a `ledger reindex`. embed_threads: onnxruntime threads
     # per model (0: one per core); 1, as more only spin on a shared host (BENCHMARKS.md). embed_cross_language:
@@ -168,8 +191,6 @@ class EmbeddingSettings(BaseModel):
     embed_model_en: str = "BAAI/bge-small-en-v1.5-int8"
     embed_threads: int = 1
     embed_cross_language: bool = True
-    # a batch is padded to its longest text, so texts of like length batched together cost less
-    embed_sort_by_length: bool = True
     semantic_offset_en: float | None = None
 
 

@@ -26,24 +26,22 @@ _cache: dict[tuple[str, str], Embedder] = {}
 
 
 class Embedder:
-    """A loaded model: `embed(texts) -> (n, dim)` float32 array, rows of unit length."""
+    """A loaded model: `embed(texts) -> (n, dim)` float32 array, rows of unit length, each row its text's alone."""
 
-    def __init__(self, spec: ModelSpec, model, batch_size: int, sort_by_length: bool = False) -> None:
-        self.spec, self._model, self.batch_size = spec, model, batch_size
-        self.sort_by_length = sort_by_length
+    def __init__(self, spec: ModelSpec, model) -> None:
+        self.spec, self._model = spec, model
         self.dim = spec.dim
         self.name = spec.name
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        texts = list(texts)
-        # a batch is padded to its longest text, so texts of like length batched together cost less
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i])) if self.sort_by_length else None
-        given = [texts[i] for i in order] if order else texts
-        vecs = np.asarray(list(self._model.embed(given, batch_size=self.batch_size)), dtype=np.float32)
-        if order:
-            vecs[order] = vecs.copy()
+        # One text per onnxruntime call, so a text's vector is a function of the text alone: the int8 models
+        # quantize activations with one scale over the whole call (other texts and padding included), which moved
+        # a text's vector with its batch (cosine down to 0.991) and so the index and recall with how the
+        # embedder's claims fell. Unpadded, one text a call costs no more CPU than sorted batches of 16
+        # (BENCHMARKS.md, "Dev set: each pair scored alone, and what the rerank costs", Determinism).
+        vecs = np.asarray(list(self._model.embed(list(texts), batch_size=1)), dtype=np.float32)
         norms = np.linalg.norm(vecs, axis=1, keepdims=True)
         return vecs / np.where(norms == 0, 1, norms)
 
@@ -98,7 +96,7 @@ def load_embedder(settings: Settings | None = None, threads: int | None = None, 
     with _lock:
         if key not in _cache:
             spec = model_spec(name)
-            _cache[key] = Embedder(spec, _load(spec, folder, threads), s.embed_batch_size, s.embed_sort_by_length)
+            _cache[key] = Embedder(spec, _load(spec, folder, threads))
         return _cache[key]
 
 

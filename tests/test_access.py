@@ -142,25 +142,29 @@ def test_the_access_signal_grows_with_frequency_and_recency_and_stays_small():
 
 
 @pytest.mark.unit
-def test_ties_a_stage_cannot_break_go_by_access_and_keep_the_index_order_otherwise():
+def test_ties_a_stage_cannot_break_go_by_access_then_by_version_id_never_the_index_order():
     stage = object()
     cands = [
         Candidate("va", "a", 3.0),
+        Candidate("vd", "d", 2.0),  # the index's order of a tie is its storage's: not version order
         Candidate("vb", "b", 2.0),
         Candidate("vc", "c", 2.0),
-        Candidate("vd", "d", 2.0),
         Candidate("ve", "e", 1.0),
-        Candidate("vf", "f"),  # exact candidates have no score: never a tie
-        Candidate("vg", "g"),
+        Candidate("vg", "g"),  # exact candidates have no score: never a tie, never moved
+        Candidate("vf", "f"),
     ]
     found = [(stage, cands)]
     assert tied_memory_ids(found) == ["b", "c", "d"]
     assert tied_memory_ids([(stage, [cands[0], cands[1], cands[4], cands[5], cands[6]])]) == []
-    assert order_ties(found, {}) == found  # nothing served: the index's order, exactly
-    assert order_ties(found, {"a": 0.9, "e": 0.9}) == found  # no tie among them: nothing moves
-    ordered = order_ties(found, {"d": 0.5, "c": 0.2})
-    assert [c.memory_id for c in ordered[0][1]] == ["a", "d", "c", "b", "e", "f", "g"]
-    assert [c.memory_id for c in cands] == ["a", "b", "c", "d", "e", "f", "g"]  # the input is left as it was
+
+    def order(signals):
+        return [c.memory_id for c in order_ties(found, signals)[0][1]]
+
+    assert order({}) == ["a", "b", "c", "d", "e", "g", "f"]  # nothing served: version order, whatever the index's
+    assert order({"a": 0.9, "e": 0.9}) == ["a", "b", "c", "d", "e", "g", "f"]  # no tie among them: no effect
+    assert order({"d": 0.5, "c": 0.2}) == ["a", "d", "c", "b", "e", "g", "f"]
+    assert order({"c": 0.2}) == ["a", "c", "b", "d", "e", "g", "f"]
+    assert [c.memory_id for c in cands] == ["a", "d", "b", "c", "e", "g", "f"]  # the input is left as it was
 
 
 @pytest.mark.unit

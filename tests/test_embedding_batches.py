@@ -1,18 +1,19 @@
-"""Length-sorted embedding batches (`embed_sort_by_length`): faster, and every vector still its own text's.
+"""A text's vector is its own: the same, bit for bit, embedded alone and in any batch of other texts.
 
-Against the real model files (installed as `python -m infra up model` does). fp32 bge-small-zh is used because its
-vectors do not depend on the other texts of a batch (with attention masks, padding changes nothing but rounding);
-the int8 models quantize activations per batch, so theirs move a little with any batching.
+Against the real model files (installed as `python -m infra up model` does), for the configured default and English
+models, both int8: they quantize activations with one scale per onnxruntime call, so texts embedded together used
+to get vectors that depended on each other (cosine down to 0.991 against alone), and the index's vectors, the
+semantic stage's list and the dev set's numbers with how the embedder's claims happened to fall.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from infra.model import install_model
-from projections.embedding import Embedder, load_embedder
+from projections.embedding import load_embedder
 
-ZH = "BAAI/bge-small-zh-v1.5"
 TEXTS = [
     "Caroline: I went to a LGBTQ support group yesterday and it was so powerful, and the people there were kind. "
     "[shares a photo: a group of people sitting in a circle in a community room]",
@@ -23,18 +24,26 @@ TEXTS = [
     ";)",
     "Dave uses Neovim as his editor",
 ]
+OTHERS = [
+    "Jon: I lost my job as a banker yesterday, so I'm going to start my own dance studio. " * 4,
+    "Gina: Thanks, Jon! Appreciate your support!",
+]
 
 
-def test_sorted_batches_keep_each_text_its_own_vector(settings):
-    s = settings.model_copy(update={"embed_model": ZH})
-    install_model(s, ZH)
-    base = load_embedder(s)
-    alone = np.stack([base.embed([t])[0] for t in TEXTS])  # one text per call: no padding at all
-    plain = Embedder(base.spec, base._model, batch_size=3, sort_by_length=False).embed(TEXTS)
-    ordered = Embedder(base.spec, base._model, batch_size=3, sort_by_length=True).embed(TEXTS)
-    assert ordered.shape == (len(TEXTS), base.dim)
-    cos_sorted = (ordered * alone).sum(axis=1)
-    assert cos_sorted.min() > 0.9999, cos_sorted  # a row given back to the wrong text would score far lower
-    assert (plain * alone).sum(axis=1).min() > 0.9999
-    assert float(ordered[0] @ alone[1]) < 0.95  # the texts really differ: the check above can fail
-    assert Embedder(base.spec, base._model, 3, sort_by_length=True).embed([]).shape == (0, base.dim)
+@pytest.mark.parametrize("slot", ["embed_model", "embed_model_en"])
+def test_a_texts_vector_is_the_same_alone_and_in_any_batch(settings, slot):
+    name = getattr(settings, slot)
+    install_model(settings, name)
+    emb = load_embedder(settings, model=name)
+    alone = np.stack([emb.embed([t])[0] for t in TEXTS])
+    assert alone.shape == (len(TEXTS), emb.dim)
+    assert float(alone[0] @ alone[1]) < 0.95  # the texts really differ: a row given back to another text would fail
+    batches = {
+        "all together": emb.embed(TEXTS),
+        "reversed": emb.embed(TEXTS[::-1])[::-1],
+        "beside longer texts": emb.embed(OTHERS + TEXTS)[len(OTHERS) :],
+    }
+    for what, vecs in batches.items():
+        assert np.array_equal(vecs, alone), (what, float(np.abs(vecs - alone).max()))
+    assert np.array_equal(emb.embed(TEXTS), batches["all together"])  # and the same call twice gives the same
+    assert emb.embed([]).shape == (0, emb.dim)

@@ -16,24 +16,17 @@ own broker, so it runs with the others.
 from __future__ import annotations
 
 import contextlib
-import datetime
-import ipaddress
 import logging
 import secrets
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import certifi
 import faust
 import kafka.errors as Errors
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from pydantic import SecretStr, ValidationError
 
@@ -48,39 +41,13 @@ from producers.topics import end_offsets, probe
 from stream_processors.app import broker_credentials
 from tests.conftest import unique
 from tests.support import Worker, cleanup, pg, wait_for
+from tests.support.tls import make_pki
 from tests.test_cli_settings_errors import run, user_env
 
 ADMIN_PASSWORD = "adm-" + secrets.token_hex(8)
 PASSWORD = "pw-" + secrets.token_hex(12)  # unique: found in a text only if the text leaked it
 WRONG = "wrong-" + secrets.token_hex(12)
 TENANT = "acme"
-
-
-def _pki(folder: Path) -> tuple[Path, Path]:
-    """A CA of its own and a broker certificate it signed for 127.0.0.1: (the broker's key and chain, the CA), PEM."""
-    folder.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.UTC)
-    valid = {"not_valid_before": now - datetime.timedelta(minutes=5), "not_valid_after": now + datetime.timedelta(1)}
-
-    def signed(subject: x509.Name, key: ec.EllipticCurvePrivateKey, ca: bool) -> x509.CertificateBuilder:
-        builder = x509.CertificateBuilder(subject_name=subject, issuer_name=ca_name, public_key=key.public_key())
-        builder = builder.serial_number(x509.random_serial_number()).not_valid_before(valid["not_valid_before"])
-        return builder.not_valid_after(valid["not_valid_after"]).add_extension(
-            x509.BasicConstraints(ca=ca, path_length=None), critical=True
-        )
-
-    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"ledger test CA {folder.name}")])
-    ca = signed(ca_name, ca_key, True).sign(ca_key, hashes.SHA256())
-    san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")])
-    broker_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    cert = signed(broker_name, key, False).add_extension(san, critical=False).sign(ca_key, hashes.SHA256())
-    pem = serialization.Encoding.PEM
-    keystore, ca_file = folder / "broker.pem", folder / "ca.pem"
-    private = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    keystore.write_bytes(private + cert.public_bytes(pem) + ca.public_bytes(pem))
-    ca_file.write_bytes(ca.public_bytes(pem))
-    return keystore, ca_file
 
 
 @contextlib.contextmanager
@@ -90,8 +57,9 @@ def _broker(base_settings: Settings, tls: bool) -> Iterator[KafkaCluster]:
     ports = free_ports(2)
     base = base_settings.data_dir / "kafka-cluster" / unique("auth")
     users = {"admin": ADMIN_PASSWORD, "ledger": PASSWORD}
-    pki = _pki(base / "pki") if tls else None
-    with KafkaCluster(base_settings, base, [(ports[0], ports[1])], sasl_users=users, tls=pki) as broker:  # and remove
+    pki = make_pki(base / "pki") if tls else None
+    keys = (pki.keystore, pki.ca) if pki else None
+    with KafkaCluster(base_settings, base, [(ports[0], ports[1])], sasl_users=users, tls=keys) as broker:  # and remove
         yield broker
     with contextlib.suppress(OSError):
         base.parent.rmdir()  # .data/kafka-cluster/, when no other cluster is in it
@@ -203,7 +171,7 @@ def test_over_sasl_ssl_the_clients_and_the_worker_check_the_brokers_certificate(
             log = _worker_applies(settings)
             assert "Authenticated as ledger via PLAIN" in log and PASSWORD not in log
             assert probe(settings)
-            other_ca = settings.model_copy(update={"kafka_ssl_cafile": _pki(broker.base_dir / "other")[1]})
+            other_ca = settings.model_copy(update={"kafka_ssl_cafile": make_pki(broker.base_dir / "other").ca})
             t0 = time.monotonic()
             with pytest.raises(PublishError) as refused, LedgerProducer(other_ca, timeout_s=3) as producer:
                 producer.connect()

@@ -409,7 +409,7 @@ async def _read_with_the_answer(stack: Any) -> None:
                 as_of=answer["trace"]["as_of"],
                 ranked=True,
             )
-            volatile = ("issued_at", "known_at", "signature", "positions")
+            volatile = ("issued_at", "as_of", "known_at", "signature", "positions")  # "now" when asked
             assert {k: v for k, v in receipt.items() if k not in volatile} == {
                 k: v for k, v in own.items() if k not in volatile
             }, mode
@@ -421,3 +421,56 @@ async def _read_with_the_answer(stack: Any) -> None:
         known = RecallBody(tenant=TENANT, query="R1", mode="exact", known_at=receipt["known_at"])
         answer = await reads.recall(res, tenants, known, record=False)
         assert answer["hits"] and _verify(stack, answer["receipt"], answer).json()["valid"] is True
+
+
+def test_a_version_row_carries_what_its_receipt_cites(stack: Any) -> None:
+    """The class: a recall's receipt probing `events` and `chain_links` for every verified candidate. Every version
+    row carries its event's fingerprint and its record's chain link (written with the row), the verification
+    statements read no chain link of their own, and a row without them (written before the columns) still gets its
+    receipt, by a read of its own: the same receipt, verified."""
+    from projections.search.recall.verify import _KNOWN_SQL, _VERIFY_SQL
+
+    settings = stack.settings
+    with pg(settings) as conn:
+        rows = conn.execute(
+            "SELECT f.version_id, f.fingerprint IS NOT DISTINCT FROM e.fingerprint, "
+            "f.link IS NOT DISTINCT FROM l.link, l.link IS NOT NULL FROM fact_versions f "
+            "JOIN events e ON e.tenant = f.tenant AND e.event_id = f.event_id "
+            'LEFT JOIN chain_links l ON l.consumer = %s AND l.topic = %s AND l."partition" = e."partition" '
+            'AND l."offset" = e."offset"',
+            (settings.processor_group, settings.topic),
+        ).fetchall()
+    assert rows and all(fp and link and linked for _, fp, link, linked in rows), rows
+    for statement in (*_VERIFY_SQL.values(), *_KNOWN_SQL.values()):
+        assert "chain_links" not in statement, statement
+    asyncio.run(_without_the_columns(stack))
+
+
+async def _without_the_columns(stack: Any) -> None:
+    from api import reads
+    from api.requests import RecallBody
+
+    settings, tenants = stack.settings, frozenset(KEYS[KEY])
+    ask = RecallBody(tenant=TENANT, query="R1", mode="exact", top_k=10)
+    async with Resources.open(settings, warm_embedder=False) as res:
+        before = await reads.recall(res, tenants, ask, record=False)
+        with pg(settings) as conn:
+            conn.execute("UPDATE fact_versions SET fingerprint = NULL, link = NULL WHERE tenant = %s", (TENANT,))
+        try:
+            answer = await reads.recall(res, tenants, ask, record=False)
+        finally:
+            with pg(settings) as conn:  # put them back for the other tests
+                conn.execute(
+                    "UPDATE fact_versions f SET fingerprint = e.fingerprint, link = l.link FROM events e "
+                    'LEFT JOIN chain_links l ON l.consumer = %s AND l.topic = %s AND l."partition" = e."partition" '
+                    'AND l."offset" = e."offset" WHERE e.tenant = f.tenant AND e.event_id = f.event_id '
+                    "AND f.tenant = %s",
+                    (settings.processor_group, settings.topic, TENANT),
+                )
+    volatile = ("issued_at", "as_of", "known_at", "signature", "positions")  # "now" when asked
+    assert answer["hits"] and [h["event_id"] for h in answer["hits"]] == [h["event_id"] for h in before["hits"]]
+    assert {k: v for k, v in answer["receipt"].items() if k not in volatile} == {
+        k: v for k, v in before["receipt"].items() if k not in volatile
+    }
+    assert len(answer["receipt"]["cited"]) == len({h["event_id"] for h in answer["hits"]})
+    assert _verify(stack, answer["receipt"], answer).json()["valid"] is True

@@ -416,7 +416,9 @@ def projection_checksum(conn: psycopg.Connection, schema: str) -> str:
     with conn.transaction():
         conn.execute("SET LOCAL TimeZone TO 'UTC'")
         for table, key, exclude in (
-            ("fact_versions", ("version_id",), {"rev"}),  # a document revision, drawn anew by a replay
+            # a document revision, drawn anew by a replay; a receipt's copies of `events.fingerprint` (compared there)
+            # and of the chain's links (a rebuild chains from offset 0: links a schema older than the chain lacks)
+            ("fact_versions", ("version_id",), {"rev", "fingerprint", "link"}),
             ("events", ("tenant", "event_id"), {"recorded_at"}),  # event ids are unique per tenant only
             ("accesses", ("tenant", "access_id"), set()),  # the access topic's projection
             ("access_counts", ("tenant", "memory_id"), set()),

@@ -11,11 +11,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import orjson
 import psycopg
 
 from projections.postgres.idempotency import ID_HASH_SQL
 
 __all__ = [
+    "BASIS_COLUMNS",
+    "CITED_COLUMNS",
     "Basis",
     "CitedRow",
     "Erasure",
@@ -86,49 +89,60 @@ def _positions(stored: Mapping[str, Any]) -> dict[int, int]:
 
 # What a read that shows fact versions adds to its select list so that the receipt of its answer needs no read of
 # its own (Basis): the salt and the positions (uncorrelated: evaluated once per statement, in its snapshot, where the
-# projection advanced them in the transaction that wrote the rows) and, per row `v`, its event's `events` row and
-# chain link (a correlated subquery: two primary-key probes per row, for every row the statement reads, cited or
-# not). `%(consumer)s` and `%(topic)s` are the statement's parameters (Basis.params).
+# projection advanced them in the transaction that wrote the rows; as text, parsed once). What it cites of each row
+# is on the row itself (CITED_COLUMNS: the recorder writes them with it), so nothing is probed per row.
+# `%(consumer)s` and `%(topic)s` are the statement's parameters (Basis.params).
 BASIS_COLUMNS = """(SELECT value FROM meta WHERE name = 'erasure_salt') AS receipt_salt,
        (SELECT coalesce(jsonb_object_agg("partition", next_offset), '{}'::jsonb) FROM positions
-        WHERE consumer = %(consumer)s AND topic = %(topic)s) AS receipt_positions,
-       (SELECT jsonb_build_array(re."partition", re."offset", re.fingerprint, re.subject, re.memory_id,
-                                 encode(rl.link, 'hex'))
-        FROM events re LEFT JOIN chain_links rl ON rl.consumer = %(consumer)s AND rl.topic = %(topic)s
-          AND rl."partition" = re."partition" AND rl."offset" = re."offset"
-        WHERE re.tenant = v.tenant AND re.event_id = v.event_id) AS receipt_event"""
+        WHERE consumer = %(consumer)s AND topic = %(topic)s)::text AS receipt_positions"""
+# what a receipt cites of a fact_versions row `f` besides its own columns (event_id, memory_id, subject, partition,
+# offset): its event's fingerprint and its record's chain link (schema.sql)
+CITED_COLUMNS = "f.fingerprint AS receipt_fingerprint, f.link AS receipt_link"
 
 
 @dataclass(slots=True)
 class Basis:
     """What a receipt is made of (the salt, the positions, the cited events' rows and links), gathered by the reads
-    that made its answer (BASIS_COLUMNS in their statements), so that issuing it takes no connection and no statement.
+    that made its answer (BASIS_COLUMNS and CITED_COLUMNS in their statements), so that issuing it takes no
+    connection and no statement.
 
-    `found`: event_id -> its row, or None when the read saw no `events` row for it (not cited, as receipt_rows
-    would not). `positions`: the latest read's (positions only move forward), so every row read lies below them."""
+    `found`: event_id -> its row as a receipt cites it; a row without its citation (written before the columns) is
+    left out, so a receipt citing it reads it (`covers`). `positions`: the latest read's (positions only move
+    forward), so every row read lies below them."""
 
     consumer: str
     topic: str
     salt: bytes = b""
     positions: dict[int, int] | None = None
-    found: dict[str, CitedRow | None] = field(default_factory=dict)
+    found: dict[str, CitedRow] = field(default_factory=dict)
 
     def params(self) -> dict[str, str]:
         return {"consumer": self.consumer, "topic": self.topic}
 
     def take(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Pop the BASIS_COLUMNS off each row of a statement (dict rows with `event_id`), keeping what they hold."""
+        """Pop the BASIS_COLUMNS and CITED_COLUMNS off each row of a statement (dict rows of fact_versions columns),
+        keeping what they hold."""
+        if not rows:
+            return
+        first = rows[0]
+        self.salt = bytes.fromhex(first["receipt_salt"] or "")
+        before = self.positions or {}
+        stored = _positions(orjson.loads(first["receipt_positions"]))
+        self.positions = {q: max(n, before.get(q, 0)) for q, n in stored.items()}
         for row in rows:
-            salt, positions, cited = row.pop("receipt_salt"), row.pop("receipt_positions"), row.pop("receipt_event")
-            self.salt = bytes.fromhex(salt or "")
-            before = self.positions or {}
-            self.positions = {q: max(n, before.get(q, 0)) for q, n in _positions(positions).items()}
-            eid = row["event_id"]
-            if cited is None:
-                self.found[eid] = None
-            else:
-                p, o, fp, subject, mid, link = cited
-                self.found[eid] = CitedRow(eid, mid, p, o, fp, subject, None if link is None else bytes.fromhex(link))
+            del row["receipt_salt"], row["receipt_positions"]
+            fingerprint, link = row.pop("receipt_fingerprint"), row.pop("receipt_link")
+            if fingerprint is not None:
+                eid = row["event_id"]
+                self.found[eid] = CitedRow(
+                    eid,
+                    row["memory_id"],
+                    row["partition"],
+                    row["offset"],
+                    fingerprint,
+                    row["subject"],
+                    None if link is None else bytes(link),
+                )
 
     def covers(self, event_ids: Sequence[str]) -> bool:
         """Whether every one of `event_ids` was read here (a receipt of them needs no read of its own)."""

@@ -482,7 +482,8 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
                 [list(col) for col in zip(*[(*v.derived(), v.version_id) for v in updates], strict=True)],
             )
         if inserts:  # new version_ids only (their events were just logged as new): a plain INSERT
-            cur.execute(_INSERT_VERSIONS, (Jsonb([_ROW(v) for v in inserts]),))
+            rows = Jsonb([_ROW(v) for v in inserts])
+            cur.execute(_INSERT_VERSIONS, {"rows": rows, "consumer": self.consumer, "topic": self.topic})
             counts.update((v.tenant, VERSIONS) for v in inserts)
         touched = [*inserts, *updates]
         if touched:
@@ -634,9 +635,22 @@ _TYPED = {
         "(r->>{})::timestamptz",
     ),
 }  # the rest: text
-_INSERT_VERSIONS = sql.SQL("INSERT INTO fact_versions ({}) SELECT {} FROM jsonb_array_elements(%b) AS r").format(
+# and what a receipt cites of each (schema.sql: `fingerprint`, `link`), from its event's row and its record's link
+# written before it in this transaction: two scalar primary-key lookups in the same statement (a join to the batch made
+# the planner hash the whole tables), no round trip of their own
+_INSERT_VERSIONS = sql.SQL(
+    "INSERT INTO fact_versions ({}, fingerprint, link) SELECT {}, "
+    "(SELECT e.fingerprint FROM events e WHERE e.tenant = r->>{tenant} AND e.event_id = r->>{event_id}), "
+    "(SELECT l.link FROM chain_links l WHERE l.consumer = %(consumer)s AND l.topic = %(topic)s "
+    'AND l."partition" = (r->>{partition})::int AND l."offset" = (r->>{offset})::bigint) '
+    "FROM jsonb_array_elements(%(rows)b) AS r"
+).format(
     sql.SQL(", ").join(_Q),
     sql.SQL(", ").join(sql.SQL(_TYPED.get(c, "r->>{}").format(i)) for i, c in enumerate(VERSION_COLUMNS)),
+    tenant=sql.SQL(str(VERSION_COLUMNS.index("tenant"))),
+    event_id=sql.SQL(str(VERSION_COLUMNS.index("event_id"))),
+    partition=sql.SQL(str(VERSION_COLUMNS.index("partition"))),
+    offset=sql.SQL(str(VERSION_COLUMNS.index("offset"))),
 )
 # what Recorder._load_versions leaves out of a stored version (never read from it: see there), and its empty values
 UNREAD_COLUMNS = {"value": None, "content": "", "entities": (), "aliases": (), "tags": (), "source": {}}

@@ -68,8 +68,7 @@ def copy_erasure_salt(conn: psycopg.Connection, source: str, target: str) -> boo
     Only before `target` has erased anything; False if `source` has no salt (older layout, or none).
     """
     with conn.transaction():
-        exists = conn.execute("SELECT to_regclass(%s)", (sql.Identifier(source, "meta").as_string(conn),)).fetchone()
-        if exists is None or exists[0] is None:
+        if not _has(conn, source, "meta"):
             return False
         row = conn.execute(
             sql.SQL("SELECT value FROM {} WHERE name = 'erasure_salt'").format(sql.Identifier(source, "meta"))
@@ -120,31 +119,40 @@ def copy_idempotency(conn: psycopg.Connection, source: str, target: str) -> int:
     schemas have the same erasure salt), so an id whose sealed events a replay could no longer open (their keys
     were shredded) stays erased; how many rows. In the caller's transaction (`ledger rebuild`: under the switch's
     lock, after the replay, whose erasures already dropped the claims of erased ids on both sides)."""
-    copied = 0
-    if _has(conn, source, "event_claims"):
-        cur = conn.execute(
-            sql.SQL(
-                "INSERT INTO {t} (tenant, event_id, fingerprint, claimed_at) "
-                "SELECT tenant, event_id, fingerprint, claimed_at FROM {s} ON CONFLICT DO NOTHING"
-            ).format(t=sql.Identifier(target, "event_claims"), s=sql.Identifier(source, "event_claims"))
-        )
-        copied += cur.rowcount
-    if _has(conn, source, "erased_events") and _has(conn, source, "meta"):
-        cur = conn.execute(
-            sql.SQL(
-                "INSERT INTO {t} (tenant, id_hash, fp_hash) SELECT tenant, id_hash, {fp} FROM {s} "
-                "WHERE (SELECT value FROM {sm} WHERE name = 'erasure_salt') "
-                "= (SELECT value FROM {tm} WHERE name = 'erasure_salt') ON CONFLICT DO NOTHING"
-            ).format(
-                t=sql.Identifier(target, "erased_events"),
-                s=sql.Identifier(source, "erased_events"),
-                sm=sql.Identifier(source, "meta"),
-                tm=sql.Identifier(target, "meta"),
-                fp=sql.SQL("fp_hash" if _has_column(conn, source, "erased_events", "fp_hash") else "NULL::bytea"),
-            )
-        )
-        copied += cur.rowcount
+    copied = _copy_rows(conn, source, target, "event_claims", _COPY_CLAIMS)
+    if _has(conn, source, "meta"):  # where the two erasure salts are
+        fp = "fp_hash" if _has_column(conn, source, "erased_events", "fp_hash") else "NULL::bytea"
+        salts = {"sm": sql.Identifier(source, "meta"), "tm": sql.Identifier(target, "meta"), "fp": sql.SQL(fp)}
+        copied += _copy_rows(conn, source, target, "erased_events", _COPY_ERASED, **salts)
     return copied
+
+
+_COPY_CLAIMS = (
+    "INSERT INTO {t} (tenant, event_id, fingerprint, claimed_at) "
+    "SELECT tenant, event_id, fingerprint, claimed_at FROM {s} ON CONFLICT DO NOTHING"
+)
+_COPY_ERASED = (
+    "INSERT INTO {t} (tenant, id_hash, fp_hash) SELECT tenant, id_hash, {fp} FROM {s} "
+    "WHERE (SELECT value FROM {sm} WHERE name = 'erasure_salt') "
+    "= (SELECT value FROM {tm} WHERE name = 'erasure_salt') ON CONFLICT DO NOTHING"
+)
+_COPY_VECTORS = (
+    "INSERT INTO {t} (version_id, field, model, vec) SELECT v.version_id, v.field, v.model, v.vec FROM {s} v "
+    "JOIN {f} f ON f.version_id = v.version_id "
+    "WHERE NOT EXISTS (SELECT 1 FROM {t} w WHERE w.version_id = v.version_id AND w.field = v.field) "
+    "ON CONFLICT DO NOTHING"
+)
+
+
+def _copy_rows(
+    conn: psycopg.Connection, source: str, target: str, table: str, insert: str, **names: sql.Composable
+) -> int:
+    """Run `insert` (an INSERT INTO {t} ... FROM {s}) with {t} the `target` schema's `table` and {s} the `source`
+    schema's; how many rows it wrote (0 when `source` has no such table: an older layout)."""
+    if not _has(conn, source, table):
+        return 0
+    statement = sql.SQL(insert).format(t=sql.Identifier(target, table), s=sql.Identifier(source, table), **names)
+    return conn.execute(statement).rowcount
 
 
 def _has_column(conn: psycopg.Connection, schema: str, table: str, column: str) -> bool:
@@ -158,18 +166,5 @@ def _has_column(conn: psycopg.Connection, schema: str, table: str, column: str) 
 def copy_vectors(conn: psycopg.Connection, source: str, target: str) -> int:
     """Copy `source`'s stored vectors of the versions `target` has and lacks (a version's text comes from its event,
     so its vectors are the same), so a rebuild embeds nothing again; how many. In the caller's transaction."""
-    if not _has(conn, source, "version_vectors"):
-        return 0
-    cur = conn.execute(
-        sql.SQL(
-            "INSERT INTO {t} (version_id, field, model, vec) SELECT v.version_id, v.field, v.model, v.vec FROM {s} v "
-            "JOIN {f} f ON f.version_id = v.version_id "
-            "WHERE NOT EXISTS (SELECT 1 FROM {t} w WHERE w.version_id = v.version_id AND w.field = v.field) "
-            "ON CONFLICT DO NOTHING"
-        ).format(
-            t=sql.Identifier(target, "version_vectors"),
-            s=sql.Identifier(source, "version_vectors"),
-            f=sql.Identifier(target, "fact_versions"),
-        )
-    )
-    return cur.rowcount
+    fact_versions = sql.Identifier(target, "fact_versions")
+    return _copy_rows(conn, source, target, "version_vectors", _COPY_VECTORS, f=fact_versions)

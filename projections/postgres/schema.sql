@@ -412,3 +412,26 @@ BEGIN
         INSERT INTO meta (name, value) VALUES ('chain', 'began at ' || now());
     END IF;
 END $$;
+
+-- What a receipt (api.receipts) cites of a version, on its row: its event's fingerprint and its record's chain link,
+-- written by the recorder in the insert of the row (copies of `events.fingerprint` and `chain_links.link`), so that
+-- recall's verification reads them as columns of the rows it reads anyway instead of probing `events` and
+-- `chain_links` for every candidate. A NULL fingerprint: a row written without them (by a process of the step
+-- before, or a schema's own insert); its receipt reads the events row instead (projections.postgres.receipts.Basis).
+-- `link` NULL with a fingerprint: the record was taken before the chain began (as `chain_links` has no row for it).
+ALTER TABLE fact_versions ADD COLUMN IF NOT EXISTS fingerprint text;
+ALTER TABLE fact_versions ADD COLUMN IF NOT EXISTS link bytea;
+-- once, in a schema whose rows predate the columns: filled from `events` and the chain's links (only when a single
+-- consumer chains the schema, as the recorder does: else they stay NULL and their receipts read the events rows)
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM meta WHERE name = 'version_citations') THEN
+        IF (SELECT count(DISTINCT (consumer, topic)) FROM chain_heads) <= 1 THEN
+            UPDATE fact_versions f SET fingerprint = e.fingerprint, link = l.link
+                FROM events e LEFT JOIN chain_links l ON (l.consumer, l.topic) = (SELECT consumer, topic FROM chain_heads LIMIT 1)
+                    AND l."partition" = e."partition" AND l."offset" = e."offset"
+                WHERE e.tenant = f.tenant AND e.event_id = f.event_id AND f.fingerprint IS NULL;
+        END IF;
+        INSERT INTO meta (name, value) VALUES ('version_citations', 'filled at ' || now());
+    END IF;
+END $$;

@@ -4,7 +4,9 @@ The client's default serializers use the standard library's `json`: profiled in 
 indexer spent 40% of its CPU in `JSONEncoder.iterencode`, encoding the float lists of the documents' vectors for
 `_bulk`. elastic_transport ships an orjson serializer for `application/json` only; the NDJSON one (what `_bulk`
 sends) encodes each line with the base class's `json`, so it is given orjson here too. The compatibility-mode
-mimetypes follow their plain ones (the client maps them). Every process of ours builds its client here.
+mimetypes follow their plain ones (the client maps them). Every process of ours builds its client here, from its
+settings: the nodes of LEDGER_ES_URL (a user and password in it become the Authorization header) and the TLS files
+of LEDGER_ES_CA_CERTS / LEDGER_ES_CLIENT_CERT / LEDGER_ES_CLIENT_KEY (`es_tls`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import orjson
 from elasticsearch import AsyncElasticsearch, Elasticsearch
 from elasticsearch.serializer import NdjsonSerializer, OrjsonSerializer
 
-__all__ = ["SERIALIZERS", "OrjsonNdjsonSerializer", "async_es_client", "es_client", "nodes"]
+from producers.settings import ElasticsearchSettings
+
+__all__ = ["SERIALIZERS", "OrjsonNdjsonSerializer", "async_es_client", "es_client", "es_tls", "nodes"]
 
 
 class OrjsonNdjsonSerializer(NdjsonSerializer):
@@ -38,13 +42,34 @@ def nodes(url: str | Sequence[str]) -> list[str]:
     return [u.strip() for u in urls if u.strip()]
 
 
-def es_client(url: str | Sequence[str], request_timeout: float, **kw: Any) -> Elasticsearch:
-    """A synchronous client of `url`'s nodes (see `nodes`) with the orjson serializers. With several nodes the
-    client takes them in turn and sends a request that could not reach one to the next (a node it could not reach
-    rests a while): on a cluster with replicas a stopped node costs a retry, not an error."""
-    return Elasticsearch(nodes(url), request_timeout=request_timeout, serializers=SERIALIZERS, **kw)
+def es_tls(settings: ElasticsearchSettings) -> dict[str, str]:
+    """The client's TLS keywords from the settings: `ca_certs` (the nodes' certificates are checked against it; the
+    system's CAs when unset), `client_cert` and `client_key`. Empty for the default settings."""
+    s = settings
+    files = {"ca_certs": s.es_ca_certs, "client_cert": s.es_client_cert, "client_key": s.es_client_key}
+    return {name: str(path) for name, path in files.items() if path is not None}
 
 
-def async_es_client(url: str | Sequence[str], request_timeout: float, **kw: Any) -> AsyncElasticsearch:
-    """An asyncio client of `url`'s nodes with the orjson serializers (the API's)."""
-    return AsyncElasticsearch(nodes(url), request_timeout=request_timeout, serializers=SERIALIZERS, **kw)
+Target = ElasticsearchSettings | str | Sequence[str]
+
+
+def _connection(target: Target, kw: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """A settings object gives its nodes and its TLS files (`kw` wins); a URL or URLs give the nodes only."""
+    if isinstance(target, ElasticsearchSettings):
+        return nodes(target.es_url), {**es_tls(target), **kw}
+    return nodes(target), kw
+
+
+def es_client(target: Target, request_timeout: float, **kw: Any) -> Elasticsearch:
+    """A synchronous client of `target`'s nodes (the settings' `es_url` and TLS files, or URLs: see `nodes`) with
+    the orjson serializers. With several nodes the client takes them in turn and sends a request that could not
+    reach one to the next (a node it could not reach rests a while): on a cluster with replicas a stopped node costs
+    a retry, not an error."""
+    hosts, options = _connection(target, kw)
+    return Elasticsearch(hosts, request_timeout=request_timeout, serializers=SERIALIZERS, **options)
+
+
+def async_es_client(target: Target, request_timeout: float, **kw: Any) -> AsyncElasticsearch:
+    """An asyncio client of `target`'s nodes with the orjson serializers (the API's)."""
+    hosts, options = _connection(target, kw)
+    return AsyncElasticsearch(hosts, request_timeout=request_timeout, serializers=SERIALIZERS, **options)

@@ -11,9 +11,9 @@ and, inside the batch, the episodes claimed with it. A candidate is a duplicate 
 Measured on the conversational dev set (788 turns of two LoCoMo conversations, bge-small-en-v1.5 int8): no
 pair of distinct turns of one conversation reaches cosine 0.95 with Jaccard 0.8 (the closest, "Gina: Thanks,
 Jon! Appreciate your support!" / "Jon: Thanks, Gina! Your support's really been awesome.", has 0.936 / 0.5 and
-another subject), while a re-import of the same turns embedded in other batches has cosine >= 0.9896 with its
-original (the int8 model quantizes per batch) and Jaccard 1. The same subject is required: two speakers saying
-"Thanks!" are two episodes.
+another subject), while a re-import of the same turns has cosine 1 with its original (each text is embedded
+alone: projections.embedding) and Jaccard 1; the 0.95 leaves room for a changed model. The same subject is
+required: two speakers saying "Thanks!" are two episodes.
 
 A linked episode's `episode_links` row names its group: the group of the episode it repeats (or that episode,
 when it has none), so a group is named by its first episode. The document carries it as `episode_group`;

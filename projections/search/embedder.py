@@ -185,7 +185,7 @@ def run_embedder(
     if settings.embedder_nice:  # the semantic stage yields the CPU to the projection and the documents (settings)
         os.nice(settings.embedder_nice)
     embedders = Embedders(settings, load_embedder(settings))
-    es = es_client(settings.es_url, request_timeout=30)
+    es = es_client(settings, request_timeout=30)
     metrics.register(families=metrics.EMBEDDER_FAMILIES)
     serve_metrics(settings.embedder_metrics_port, settings.metrics_host, setting="LEDGER_EMBEDDER_METRICS_PORT")
     cache: dict[str, Vectors] = {}

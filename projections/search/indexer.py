@@ -258,7 +258,7 @@ def run_indexer(
     """
     poll_seconds = settings.indexer_poll_s if poll_seconds is None else poll_seconds
     batch_size = settings.indexer_batch_size if batch_size is None else batch_size
-    es = es_client(settings.es_url, request_timeout=30)
+    es = es_client(settings, request_timeout=30)
     total, t0 = 0, time.monotonic()
     metrics.register()
     serve_metrics(settings.indexer_metrics_port, settings.metrics_host, setting="LEDGER_INDEXER_METRICS_PORT")

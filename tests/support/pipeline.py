@@ -79,7 +79,7 @@ def drain_search(settings: Settings, timeout: float, check: Callable[[], object]
                 return False  # the worker has not created the schema yet
 
         wait_for(drained, timeout, 0.2, "the search outbox and the embed queue to drain")
-    es = es_client(settings.es_url, request_timeout=30)  # every node of a cluster's
+    es = es_client(settings, request_timeout=30)  # every node of a cluster's
     try:
         es.indices.refresh(index=settings.es_index, ignore_unavailable=True)  # none before the first document
     finally:

@@ -96,7 +96,7 @@ def private_store(settings: Settings) -> Iterator[tuple[psycopg.Connection, Elas
     with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
         create_schema(admin, settings.pg_schema)
     conn = connect(settings.pg_dsn, settings.pg_schema, autocommit=True)
-    es = es_client(settings.es_url, request_timeout=30)
+    es = es_client(settings, request_timeout=30)
     try:
         yield conn, es
     finally:

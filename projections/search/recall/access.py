@@ -5,12 +5,12 @@ Two ways the access aggregates (`access_counts`, projected from the access topic
 - the prior of every verified hit (scoring.prior / scoring.access_signal), read by the verification;
 - here, before fusion: where a stage scored two or more candidates exactly alike (the same BM25, the same
   cosine: a keyword or semantic stage cannot tell them apart), the index lists them in an order of its own
-  storage, and that order decides their fused ranks. Such a run of ties is put in order of the facts' access
-  signal, highest first, the index's order kept among equals (a stable sort).
+  storage (Lucene's document order: which segment a document's last write landed in), and that order would
+  decide their fused ranks. Such a run of ties is put in order of the facts' access signal, highest first, then
+  of version id, so equal lists in equal states give equal rankings whatever the index's segments.
 
-Ties without accesses keep the index's order, and a query without ties asks nothing: with no accesses recorded,
-recall answers exactly what it answered before access tracking. The access signal is read from PostgreSQL only
-when a fused list holds a tie (one small query by primary key).
+A query without ties asks nothing, and the access signal is read from PostgreSQL only when a fused list holds a tie
+(one small query by primary key); as known at an earlier time the signal is left out and ties go by version id.
 """
 
 from __future__ import annotations
@@ -54,12 +54,12 @@ def tied_memory_ids(found: Found) -> list[str]:
 
 def order_ties(found: Found, signals: dict[str, float]) -> list[tuple[Stage[Any], list[Candidate]]]:
     """Each stage's list with every run of ties in order of `signals` (memory_id -> access signal), highest
-    first; among equal signals (a fact never served: 0) the index's order stays."""
+    first; among equal signals (a fact never served: 0) by version id, not the index's storage order."""
     out = []
     for stage, cands in found:
         cands = list(cands)
         for a, b in _runs(cands):
-            cands[a:b] = sorted(cands[a:b], key=lambda c: -signals.get(c.memory_id, 0.0))
+            cands[a:b] = sorted(cands[a:b], key=lambda c: (-signals.get(c.memory_id, 0.0), c.version_id))
         out.append((stage, cands))
     return out
 

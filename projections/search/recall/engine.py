@@ -285,10 +285,12 @@ class RecallEngine:
                     ctx.trace.list_candidates(stage.name, found[-1][1])
         if tier.fused:
             with ctx.trace.timed("fusion"):
-                # ties a stage cannot break go by access (recall.access); not as known at an earlier time, when the
-                # accesses recorded since would decide (verify leaves them out of the prior then too)
-                if ctx.query.known_at is None and (tied := tied_memory_ids(found)):
-                    found = order_ties(found, await access_signals(self.pool, ctx.query.tenant, tied, ctx.at))
+                # ties a stage cannot break go by access, then version id (recall.access); not by access as known
+                # at an earlier time, when the accesses recorded since would decide (verify leaves them out then too)
+                if tied := tied_memory_ids(found):
+                    at_now = ctx.query.known_at is None
+                    signals = await access_signals(self.pool, ctx.query.tenant, tied, ctx.at) if at_now else {}
+                    found = order_ties(found, signals)
                 matches = rrf(found, ctx)
         elif found:
             matches = single(found)

@@ -17,7 +17,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from projections.postgres.queries import OVERRIDE, episode_holds_sql, visible_sql
-from projections.postgres.receipts import BASIS_COLUMNS, Basis
+from projections.postgres.receipts import BASIS_COLUMNS, CITED_COLUMNS, Basis
 from projections.search.documents import ROW_COLUMNS
 from projections.search.recall.model import Match, RecallQuery
 
@@ -27,11 +27,11 @@ __all__ = ["verify"]
 def _verify_sql(with_subject: bool, basis: bool) -> str:
     """The candidates' facts, each as the one version visible at %(at)s (override first, then latest), with the
     fact's access aggregate (`accesses`, `last_accessed_at`: NULL when never served) for the prior; `basis`: with
-    what the answer's receipt is made of (receipts.BASIS_COLUMNS)."""
+    what the answer's receipt is made of (receipts.BASIS_COLUMNS, CITED_COLUMNS)."""
     where = "f.tenant = %(tenant)s AND f.memory_id = ANY(%(mids)s)" + (
         " AND f.subject = %(subject)s" if with_subject else ""
     )
-    visible = visible_sql(ROW_COLUMNS, sql.SQL(where), "at").as_string()
+    visible = visible_sql(_columns(basis), sql.SQL(where), "at").as_string()
     return (
         f"SELECT v.*, a.accesses, a.last_accessed_at{_basis_columns(basis)} FROM ({visible}) v "
         "LEFT JOIN access_counts a ON a.tenant = v.tenant AND a.memory_id = v.memory_id ORDER BY v.memory_id"
@@ -42,11 +42,16 @@ def _basis_columns(basis: bool) -> str:
     return ", " + BASIS_COLUMNS if basis else ""
 
 
+def _columns(basis: bool) -> sql.Composable:
+    """ROW_COLUMNS, and with `basis` what a receipt cites of each row (receipts.CITED_COLUMNS: columns of `f`)."""
+    return sql.SQL(", ").join([ROW_COLUMNS, sql.SQL(CITED_COLUMNS)]) if basis else ROW_COLUMNS
+
+
 # rendered once, by (subject given, receipt basis wanted): the exact path stays lean
 _VERIFY_SQL = {(s, b): _verify_sql(s, b) for s in (False, True) for b in (False, True)}
 
 
-def _known_sql(with_subject: bool) -> str:
+def _known_sql(with_subject: bool, basis: bool = False) -> str:
     """As known at %(known_at)s: of each candidate's fact, the latest version logged by then that began by %(at)s,
     whatever ended it since. It only keeps the fact a candidate: the caller re-folds the fact as known then
     (api.reads, queries.current_facts with known_at), which shows the version that held then or drops the hit. An
@@ -67,14 +72,14 @@ def _known_sql(with_subject: bool) -> str:
             "FROM fact_versions f WHERE " + where + " ORDER BY f.memory_id, " + OVERRIDE + " DESC, f.valid_from DESC, "
             "f.observed_at DESC, f.version_id DESC"
         )
-        .format(cols=ROW_COLUMNS)
+        .format(cols=_columns(basis))
         .as_string()
     )
 
 
 def _known_basis_sql(with_subject: bool) -> str:
-    """_known_sql with what the answer's receipt is made of (receipts.BASIS_COLUMNS)."""
-    return f"SELECT v.*{_basis_columns(True)} FROM ({_known_sql(with_subject)}) v ORDER BY v.memory_id"
+    """_known_sql with what the answer's receipt is made of (receipts.BASIS_COLUMNS, CITED_COLUMNS)."""
+    return f"SELECT v.*{_basis_columns(True)} FROM ({_known_sql(with_subject, True)}) v ORDER BY v.memory_id"
 
 
 _KNOWN_SQL = {(s, b): (_known_basis_sql if b else _known_sql)(s) for s in (False, True) for b in (False, True)}
