@@ -55,6 +55,13 @@ def run(path: tuple[str, ...], env: dict[str, str], stdin: str = "") -> subproce
     return subprocess.run(argv, env=env, cwd=REPO_ROOT, input=stdin, capture_output=True, text=True, timeout=90)
 
 
+def infra_status(part: str, settings: Settings) -> subprocess.CompletedProcess[str]:
+    """`python -m infra status PART` as an operator runs it against external stores (infra starts none of them)."""
+    env = user_env(**settings.as_env(managed=["model"]))
+    cmd = [sys.executable, "-m", "infra", "status", part]
+    return subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+
+
 def check_one_line(path: tuple[str, ...], proc: subprocess.CompletedProcess[str], variable: str) -> None:
     name = " ".join(path)
     assert "Traceback" not in proc.stderr + proc.stdout, f"ledger {name}:\n{proc.stderr[-3000:]}"

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +33,7 @@ from tests.conftest import unique
 from tests.support import RecorderWriter, drain_all, private_store
 from tests.support.events import asserted
 from tests.support.tls import Pki, make_pki
-from tests.test_cli_settings_errors import run, user_env
+from tests.test_cli_settings_errors import infra_status, run, user_env
 
 PASSWORD = "es-" + secrets.token_hex(12)  # unique: found in a text only if the text leaked it
 WRONG = "wrong-" + secrets.token_hex(12)
@@ -86,13 +84,7 @@ def test_https_with_the_password_the_ca_and_a_client_certificate_indexes_and_sea
         assert proc.returncode == 0 and "1 documents" in proc.stdout, proc.stderr[-2000:]
         assert PASSWORD not in proc.stdout + proc.stderr
     # the operator's check of an external cluster logs in as the clients do, and shows the address without the login
-    status = subprocess.run(
-        [sys.executable, "-m", "infra", "status", "elasticsearch"],
-        env=user_env(**settings.as_env(managed=["model"])),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    status = infra_status("elasticsearch", settings)
     assert status.returncode == 0 and "healthy" in status.stdout, status.stdout + status.stderr
     assert settings.es_address in status.stdout and PASSWORD not in status.stdout + status.stderr
 

@@ -14,8 +14,6 @@ The shared PostgreSQL is not used: the server is this module's own, stopped and 
 from __future__ import annotations
 
 import secrets
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -32,7 +30,7 @@ from tests.conftest import unique
 from tests.support.events import asserted
 from tests.support.tls import Pki, make_pki
 from tests.support.writer import RecorderWriter
-from tests.test_cli_settings_errors import run, user_env
+from tests.test_cli_settings_errors import infra_status, run, user_env
 
 PASSWORD = "pg-" + secrets.token_hex(12)  # unique: found in a text only if the text leaked it
 WRONG = "wrong-" + secrets.token_hex(12)
@@ -84,13 +82,7 @@ def test_verify_full_with_the_ca_and_the_password_connects_over_tls(
         rows = conn.execute("SELECT subject, key FROM fact_versions").fetchall()
     assert rows == [("user:1", "profile.city")]
     # the operator's check of an external PostgreSQL connects with the same DSN
-    status = subprocess.run(
-        [sys.executable, "-m", "infra", "status", "postgres"],
-        env=user_env(**settings.as_env(managed=["model"])),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    status = infra_status("postgres", settings)
     assert status.returncode == 0 and "healthy" in status.stdout, status.stdout + status.stderr
     assert PASSWORD not in status.stdout + status.stderr
 
