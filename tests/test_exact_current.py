@@ -213,3 +213,28 @@ def test_postgresql_answers_every_exact_ask_as_the_index_does(base_settings: Set
             return compared
 
         assert asyncio.run(compare()) > 200  # most asks find something: not a comparison of empty lists
+
+
+def test_the_ids_index_keeps_no_pending_list(base_settings: Settings) -> None:
+    """A GIN index's fast-update list is scanned whole by every lookup until a vacuum merges it: under steady ingest
+    exact asks slowed as the ledger grew. The index is made without it, and an index made before loses it."""
+    import psycopg
+
+    from projections.postgres.schema import create_schema
+    from tests.support import cleanup
+
+    settings = base_settings.private(unique("gin"))
+    options = (
+        "SELECT c.reloptions FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = 'fact_versions_ids'"
+    )
+    try:
+        with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
+            create_schema(admin, settings.pg_schema)
+            assert "fastupdate=off" in admin.execute(options, (settings.pg_schema,)).fetchone()[0]
+            admin.execute(f'ALTER INDEX "{settings.pg_schema}".fact_versions_ids RESET (fastupdate)')  # as made before
+            assert admin.execute(options, (settings.pg_schema,)).fetchone()[0] is None
+            create_schema(admin, settings.pg_schema)
+            assert "fastupdate=off" in admin.execute(options, (settings.pg_schema,)).fetchone()[0]
+    finally:
+        cleanup(settings)
