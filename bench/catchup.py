@@ -21,6 +21,7 @@ from psycopg import sql
 from producers.kafka_producer import kafka_connection
 from producers.settings import Settings
 from producers.topics import end_offsets
+from projections.postgres.counts import EMBED, OUTBOX, VERSIONS
 from projections.postgres.positions import stored_positions
 
 __all__ = ["Progress", "Probe", "wait_caught_up"]
@@ -115,18 +116,21 @@ class Probe:
         }
 
     def progress(self, ends: dict[int, int] | None = None) -> Progress:
+        """Read from the writers' own counters (projections.postgres.counts, kept in their transactions, exact): a
+        count(*) of the tables every 0.2 s would scan them, a cost that grows with the ledger being measured."""
         schema = self.s.pg_schema
-        outbox = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "search_outbox"))
+        counted = sql.SQL("SELECT coalesce(sum(n), 0) FROM {} WHERE name = %s").format(sql.Identifier(schema, "counts"))
+        first = sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} WHERE priority = 0 LIMIT 1) q").format(
+            sql.Identifier(schema, "search_outbox")
+        )
         return Progress(
             ends=ends if ends is not None else self.end_offsets(),
             positions=self.positions(),
-            outbox=self._scalar(outbox),
-            outbox_first=self._scalar(outbox + sql.SQL(" WHERE priority = 0")),
-            versions=self._scalar(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "fact_versions"))),
+            outbox=self._scalar(counted, (OUTBOX,)),
+            outbox_first=self._scalar(first),  # 0 or 1: whether a new or changed version's document waits
+            versions=self._scalar(counted, (VERSIONS,)),
             es_docs=self.es_docs(),
-            embed_pending=self._scalar(
-                sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "embed_queue"))
-            ),
+            embed_pending=self._scalar(counted, (EMBED,)),
         )
 
 

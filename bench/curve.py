@@ -8,8 +8,9 @@ the dataset's mix (a single generate() call would assert each subject once befor
 
 - ingest rate per stage over the segment, from its first publish: produced (SDK, acks=all), visible in PostgreSQL,
   exact/keyword-queryable (one document per version), vectors stored (every version embedded);
-- CPU per item of each process (user + system, /proc): worker per event, indexer per document, embedder per
-  version embedded, API per recall request;
+- CPU per item of each process (user + system, /proc): worker per event (until PostgreSQL caught up), indexer per
+  document (until every document was written; the vectors' rewrites after that apart), embedder per version
+  embedded, API per recall request;
 - recall latency over HTTP per mode (bench.latency, like `python -m bench run`);
 - bytes on disk: PostgreSQL (pg_total_relation_size of the schema's tables, the work queues apart) and
   Elasticsearch (primary store, its _stats) per fact version; the mean encoded event (what Kafka stores per event
@@ -256,10 +257,21 @@ def _checkpoints(
 
                 publish_events(s, chunk, producer=producer, on_chunk=on_chunk)
             publish_s = time.perf_counter() - t0
+            # each process's CPU when its own stage caught up: the time it then idles while a later stage (the
+            # embedder, minutes) catches up is not a cost of the items it handled
+            cpu_done: dict[str, dict[str, float]] = {}
+
+            def progress(p: Any, cpu_done: dict[str, dict[str, float]] = cpu_done) -> None:
+                show(p)
+                if "worker" not in cpu_done and p.pg_done:
+                    cpu_done["worker"] = _cpu(svc)
+                if "indexer" not in cpu_done and p.documents_done:
+                    cpu_done["indexer"] = _cpu(svc)
+
             pg_s, es_s, vec_s = wait_caught_up(
                 probe,
                 timeout=timeout,
-                on_progress=show,
+                on_progress=progress,
                 alive=svc.check_alive,
                 interval=0.2,
                 semantic=embedding,
@@ -270,6 +282,9 @@ def _checkpoints(
             n, docs = size - prev, after.es_docs - before.es_docs
             embedded = _with_vectors(after) - _with_vectors(before)
             cpu = {name: cpu1[name] - cpu0.get(name, cpu1[name]) for name in cpu1}
+            for name, at in cpu_done.items():
+                cpu[name] = at[name] - cpu0.get(name, at[name])
+            idle_s = {name: round(cpu1[name] - at[name], 2) for name, at in cpu_done.items()}
             point: dict[str, Any] = {
                 "events": size,
                 "segment_events": n,
@@ -291,6 +306,7 @@ def _checkpoints(
                     **({"vectors_versions_per_s": round(embedded / (publish_s + vec_s), 1)} if embedding else {}),
                 },
                 "cpu_s": {name: round(v, 2) for name, v in cpu.items()},
+                "cpu_s_after_caught_up": idle_s,  # the worker's and indexer's, while later stages caught up
                 "cpu_per_item_us": {
                     "worker_per_event": round(cpu["worker"] / n * 1e6, 1),
                     "indexer_per_document": round(cpu["indexer"] / max(docs, 1) * 1e6, 1),
