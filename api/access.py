@@ -2,22 +2,10 @@
 
     res.access.served(tenant, caller_of(tenants), hits)          # after the response body is built
 
-`AccessRecorder.served` is all a request pays: it appends one tuple (tenant, caller, request id, time, the hits'
-(memory_id, version_id, stage)) to a bounded in-memory queue, a few microseconds. A daemon thread wakes every
-`access_flush_s`, turns what is queued into `AccessEvent`s (producers.contract) and hands them to its own
-kafka-python producer for `Settings.access_topic` (never the ledger topic), batched and asynchronous. The
-worker's access agent projects them (stream_processors.access), and recall's prior reads the aggregates.
-
-Accesses are observations, not memories, so recording them is best effort and never fails or slows a recall:
-a full queue, a broker or topic that does not answer (the producer cannot connect, a send blocks past its bound,
-a delivery fails) drops the accesses concerned and counts them (`dropped`, `ledger_access_dropped_total` by
-reason); what the broker acknowledged is `recorded` (`ledger_access_recorded_total`). Delivery is at least once:
-the access id (contract.access_id_for) makes a redelivered record one access in the projection.
-
-Who asked: `caller_id(key)` is a fingerprint of the API key (never the key itself), carried on the tenants the
-key may use (`CallerTenants`, built by api.deps.tenants_for_key for the HTTP API and the MCP server alike).
-The serving is named by the request id (api.request_id binds it for every request; a caller's X-Request-ID is
-kept), so a retried request with the same id records its accesses once.
+A request only appends to a bounded queue; a thread hands the accesses to the access topic (never the ledger's).
+Accesses are observations, not memories: recording is best effort and never fails or slows a read (what cannot be
+sent is dropped and counted), and the access id makes a redelivery one access. The caller is a fingerprint of the
+API key, never the key itself.
 """
 
 from __future__ import annotations

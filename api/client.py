@@ -5,44 +5,11 @@
     with LedgerClient("http://127.0.0.1:8000", api_key="dev-key", tenant="demo") as ledger:
         for hit in ledger.recall("P1 的后端服务地址是什么").hits:
             print(hit.value, hit.match.stage, hit.source)
-        profile = ledger.facts("project:P1", as_of="2026-01-01T00:00:00Z")
-        chain = ledger.history(profile.facts[0].memory_id)
 
-Beside the producer SDK (producers.sdk, which writes to Kafka), this reads what the projections
-hold: recall, the prompt-ready context block, a subject's facts (as of a valid time, as known at a
-transaction time), a fact's history, a subject's events in ledger order (audit replay), stats and the
-consistency recount, health, the event schema, the key's tenants, a tenant's subjects by prefix, its erasure
-records, and what became of an event by its id (`event_status`: for a producer that writes to Kafka itself, the
-way to learn whether its event was applied or dead-lettered); it verifies and replays the receipts every answer
-carries; and it serves an operator's dead letters: list them, open one, re-drive it with a corrected event or
-discard it with a reason (the client's only writes; each is an event through the API's door, so nothing is
-deleted). Publishing and erasing are the SDK's; the data-key routes are the key provider's (producers.keys).
-`AsyncLedgerClient` has the same methods as coroutines.
-
-Results are the API's own response models (api.schemas: `RecallResponse`, `FactsResponse`, ...),
-never a second definition of a shape; they keep fields this client does not know (the models
-allow extra fields), so a newer server never breaks an older client.
-
-Validation is the server's: an argument left as None is not sent (the server's default applies)
-and a bad one (a naive datetime, `top_k=0`, no tenant at all) comes back as the API's 422 naming
-the field. Every failure raises one exception type, `LedgerError`: `.status` (None when the API
-did not answer), `.detail` (the API's `{"detail": [{code, field, message}]}` items), `.code`,
-`.field`, `.message` of the first item, and `.store` (postgres, elasticsearch or kafka) for a 503
-`store_unavailable`. `health()` is the exception: a 503 there is an answer (`status: degraded`).
-
-Read-your-writes: every read takes `after=`, the `consistency_token` a write answered (the SDK's `.token`,
-`POST /v1/events`, MCP remember): the API answers once it has that write, waiting up to 2 s, else a `LedgerError`
-503 `not_yet` (retry). The answer's `consistency` (recall: `trace.consistency`) says which positions it reflects.
-
-Configuration: whatever is not given as an argument comes from `settings`, the client's own
-(`producers.settings.ClientSettings`: `LEDGER_CLIENT_URL`, default http://127.0.0.1:8000,
-`LEDGER_CLIENT_API_KEY`, `LEDGER_CLIENT_TIMEOUT_S`), never the server's: a client must work on a machine
-where the server's settings would not load (no LEDGER_DEVELOPMENT, no database). With url, api_key and
-timeout all given nothing is read. `http=` lends the client an httpx client of yours (proxies, TLS,
-event hooks); it is then yours to close.
-
-Import cost: httpx, pydantic and our pure modules only (no FastAPI, no store client);
-tests/test_client.py checks it.
+It reads what the projections hold (publishing and erasing are the SDK's, producers.sdk). Results are the API's
+own response models (api.schemas), which keep unknown fields, so a newer server never breaks an older client.
+Validation is the server's; every failure raises `LedgerError`. Settings are the client's own (ClientSettings),
+never the server's, so a client works where the server's would not load. docs/client.md.
 """
 
 from __future__ import annotations

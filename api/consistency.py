@@ -1,25 +1,10 @@
 """Read-your-writes: a read given a write's consistency token (`after`) answers once what it reads has it.
 
-Every write door answers `consistency_token` (producers.consistency: the ledger positions it wrote). A read given
-it as `after` first waits, polling PostgreSQL cheaply on the event loop (never a thread held), until the stage it
-reads from has reached those positions, then answers and says so (`consistency`: the token, the positions the
-projection was at, the stage, the wait). Past `AFTER_WAIT_S` it answers 503 `not_yet` naming `after`, with the
-positions reached: never an answer that may miss the write, never a request that hangs on a stopped worker.
-
-The stages (what each read needs):
-- `projection` (facts, history, the audit replay, a context block without a question): the projector's stored
-  positions reach the token (they are committed with the rows: projections.postgres.positions).
-- `documents` (recall in every mode but semantic, a context block's question): and then none of the tenant's
-  search outbox rows of new or changed versions up to the newest id seen once the positions were reached is left
-  (the indexer deletes a row in the transaction that wrote its document), and the index was refreshed since (so
-  the documents are searchable).
-- `vectors` (recall in semantic mode, which finds nothing without them): and then none of the tenant's embed queue
-  rows up to the newest id seen after that, nor the outbox rows the embedders queued for them (their vectors
-  written into the documents), is left. The other modes find a document by its cues and words (exact, keyword)
-  as soon as it is written; waiting for its vector too would add the embedding's time (seconds under load) to
-  every read-your-writes recall for what the fused semantic list adds to it.
-Only the reader's tenant's rows are looked at, and the positions are global offsets of the ledger topic: a token
-tells nothing about another tenant, and another tenant's backlog does not hold the read.
+A read polls PostgreSQL cheaply on the event loop until the stage it reads from has the token's positions, then
+says which positions it reflects; past `AFTER_WAIT_S` it answers 503 `not_yet`, so it never misses the write nor
+hangs on a stopped worker. Stages: `projection` (stored positions), `documents` (also the tenant's outbox drained
+and the index refreshed) and `vectors` (also the embed queue, for semantic recall only, as waiting for vectors
+would add the embedding's time to every other read). Only the reader's tenant's rows are looked at.
 """
 
 from __future__ import annotations

@@ -2,40 +2,11 @@
 
     build_context(body, facts=..., hits=..., versions=..., at=..., count=...) -> ContextBlock(text, doc)
 
-Input: the subject's facts holding at `at` (queries.current_facts), the recall hits for the question in
-recall's order (api.reads.recall), every version of the subject when history is asked
-(queries.subject_versions), and a token counter (api.tokens: the embedding model's tokenizer).
-
-Lines, in this order (the budget keeps the first that fit, and says how many it left out):
-1. the facts recall matched for the question, in recall's order (`matched`: rank and stage);
-2. the subject's other facts in force: importance first, then key, scope, valid_from, memory_id;
-3. with `include_history`, the versions not in force at `at` (valid from no later than `at`): per fact,
-   newest first; each says why (superseded, retracted, ended, or shadowed by an override in force).
-Each line: status (`current`, `override` = a temporary value in force over the long-term one, `history`),
-the key and value (an episode: its content), the valid time, the source (type, service, ref), the version.
-
-Text form: one line per record between two delimiter lines carrying a tag (8 hex digits of sha256 over the
-lines between them), under a header that labels everything as reference data, not instructions. Every
-string that comes from a memory (value, key, scope, subject, source, content) is written as a JSON
-literal, and inside it `<`, `>`, control, format and separator characters (U+2028, bidi overrides,
-zero-width and tag characters, ...) are \\u-escaped: no memory can put a line break or a delimiter into
-the block, or hide text in invisible characters. The JSON form is the same selection, structured, with
-the text beside it.
-
-Bounded: the block holds at most `budget_tokens` tokens and `budget_tokens` x CHARS_PER_TOKEN characters. A
-value (or an episode's content) longer than the characters left is cut there and marked `...(cut: the value has N
-characters)`; the lines are counted in order and counting stops once no line can fit any more (fewer tokens
-left than any line has, no characters left) or once the lines that did not fit add up to the block's character
-limit (the rest are left out and counted). So the work is proportional to the budget, never to the subject's
-size, and reads.context runs it in a worker thread (api.limits.CONTEXT_SLOTS), off the event loop.
-
-Frame: the delimiters and the full header (preamble, subject and tenant, legend), or, when that frame alone would
-not fit the budget, a compact header (one short preamble line, nothing the caller sent), whose frame takes at most
-60 tokens whatever the subject, tenant or number of lines: every budget from 64 holds a block.
-
-Deterministic: no clock is read (`at` is only written when the caller passed `as_of`), every order is
-explicit, scores are left out (they are floats of a model and ranking already used them), JSON keys are
-sorted: the same rows and question give the same bytes.
+Lines: the facts recall matched, then the subject's other facts in force, then (with `include_history`) the rest.
+Every string from a memory is a JSON literal with `<`, `>` and invisible characters escaped, between tagged
+delimiters, so no memory can break a line, close the block or hide text. Counting stops once nothing more fits, so
+the work follows the budget, not the subject's size; no clock is read and every order is explicit, so the same rows
+give the same bytes. docs/mcp.md describes the block.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The dead-letter workflow as functions, shared by the HTTP routes (api.routes.dead_letters) and the MCP tools.
 
-A dead letter is a ledger record the worker refused (`dead_letters`, at its partition and offset, with the reason
-code, field and message). An operator lists a tenant's letters, opens one (the record's fields as far as they
-decode; a sealed record's personal fields only when this API holds the key-encryption key and the data key still
-exists), and resolves it with an event through the one publish door (api.writes.publish_one), so nothing leaves the
-log and every action is on the ledger:
-
-- re-drive: the corrected event, carrying `dead_letter: {partition, offset}`; applied like any event, and the
-  projection records the letter `redriven` by it in the same transaction (the audit replay shows the field);
-- discard: a `deadletter.discarded` event with the reason, under the subject the record names (else
-  `dead-letters`), with the id `deadletter:<partition>:<offset>` so a retry is a duplicate, not a second event.
-
-Tenancy: only letters whose record names the tenant are read or resolved; a record naming no tenant belongs to no
-tenant and is listed to nobody here (it stays in the table, the DLQ topic and the worker's log and metrics). The
-door's answer is `pending` like any write; the letter reads `redriven`/`discarded` once the worker applied it.
+An operator lists a tenant's letters, opens one, and resolves it with an event through the one publish door
+(re-drive: the corrected event; discard: `deadletter.discarded` with an id derived from the letter, so a retry is
+a duplicate), so nothing leaves the log and every action is on the ledger. Only letters whose record names the
+tenant are read or resolved; the door answers `pending` until the worker applies the resolution.
 """
 
 from __future__ import annotations

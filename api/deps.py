@@ -1,16 +1,10 @@
 """Dependencies every route declares: settings, resources, the caller's tenants, request strings that can be stored.
 
-Resources: `PoolDep`, `EsDep`, `ProducerDep`, `RecallDep` (or all of them, `ResourcesDep`) hand a
-route the parts of the app's one `api.resources.Resources`, opened by the lifespan; a route never
-creates or caches a resource. A new resource is an attribute of `Resources` plus an alias here.
-Each dependency costs FastAPI ~30 us per request (measured with 0.165), so the hot routes (recall,
-facts, history) declare one resource alias beside `TenantsDep`, and the dependencies here read the
-app state from the request rather than from another dependency.
-
-Tenancy: the caller presents an API key (`X-API-Key` header or `Authorization: Bearer`), both
-declared as OpenAPI security schemes (`ApiKeyAuth`, `BearerAuth`); `settings.api_keys` binds each
-key to the tenants it may use. A request naming any other tenant gets 403, whatever else it says.
-The schemes do not raise themselves (`auto_error=False`), so a 401 comes in the one error shape.
+Routes get the parts of the app's one `Resources` (`PoolDep`, `EsDep`, `ResourcesDep`) and never create or cache
+one. Each dependency costs FastAPI time on every request, so the hot routes declare one resource alias beside
+`TenantsDep` and these read the app state from the request. The API key comes as `X-API-Key` or a bearer token,
+binding the tenants a request may name (403 for any other); the schemes do not raise themselves, so a 401 comes
+in the one error shape.
 """
 
 from __future__ import annotations
@@ -29,9 +23,7 @@ from api.access import CallerTenants, caller_id
 from api.errors import ApiError
 from api.resources import Resources
 from producers.contract import InvalidEvent, Rfc3339, check_storable
-from producers.sdk import LedgerProducer
 from producers.settings import Settings
-from projections.search.recall import RecallEngine
 
 API_KEY_HEADER = "X-API-Key"
 api_key_scheme = APIKeyHeader(
@@ -66,18 +58,8 @@ async def get_es(request: Request) -> AsyncElasticsearch:
     return (await get_resources(request)).es
 
 
-async def get_producer(request: Request) -> LedgerProducer:
-    return (await get_resources(request)).producer
-
-
-async def get_recall(request: Request) -> RecallEngine:
-    return (await get_resources(request)).recall
-
-
 PoolDep = Annotated[AsyncConnectionPool, Depends(get_pool)]
 EsDep = Annotated[AsyncElasticsearch, Depends(get_es)]
-ProducerDep = Annotated[LedgerProducer, Depends(get_producer)]
-RecallDep = Annotated[RecallEngine, Depends(get_recall)]
 
 
 AUTHORIZATION_HEADER = "Authorization"
@@ -88,7 +70,7 @@ def _unauthorized(message: str, header: str = API_KEY_HEADER) -> ApiError:
 
 
 async def caller_tenants(
-    request: Request,  # not SettingsDep: each dependency costs FastAPI ~30 us per request, on every route
+    request: Request,  # not SettingsDep: each dependency costs FastAPI time per request, on every route
     x_api_key: Annotated[str | None, Security(api_key_scheme)] = None,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)] = None,
 ) -> frozenset[str]:

@@ -2,21 +2,9 @@
 
     {"detail": [{"code": "missing_field", "field": "events.0.tenant", "message": "Field required"}]}
 
-`code` is one of `ERROR_CODES`, the one vocabulary of every route and MCP tool (pydantic's error
-types are mapped to it by `producers.contract.error_code`, the door's own mapping; the README's
-table is tested against it). `message` and `field` are bounded (`MAX_MESSAGE_CHARS`,
-`MAX_FIELD_CHARS`), whatever the caller sent. `field` is a dotted path into the request
-(`events.2.tenant`, `as_of`, `subject`), the header the caller authenticated with (`X-API-Key` or
-`Authorization`), `body` for a body that is not JSON (or not sent as JSON), and null when no
-single field is at fault (a store that is down, an unknown route). Routes raise `ApiError`;
-the handlers below also normalize FastAPI/Starlette `HTTPException` (string or dict detail),
-request validation, store failures (503 naming the store) and anything unexpected (500), so a
-client needs one parser for every error.
-
-Store failures: a PostgreSQL, Elasticsearch or Kafka failure in any route is a prompt 503
-`store_unavailable` whose message starts with the store's name (`postgres: ...`): retrying later
-is safe. The waits are bounded by settings (`pg_pool_timeout_s`, `api_kafka_timeout_s`, the ES
-request timeout), so no request hangs on a dead store.
+`code` is one of `ERROR_CODES` (the README's table is tested against it); `message` and `field` are bounded
+whatever the caller sent. The handlers normalize every failure (HTTPException, validation, store failures as a
+prompt 503 naming the store, anything unexpected as 500), so a client needs one parser for every error.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The API's Prometheus metrics (docs/metrics.md): HTTP requests by route template, and `GET /metrics`.
 
-`install(app, settings)` adds `HttpMetrics` (a plain ASGI middleware) and the exposition route at
-`settings.api_metrics_path` ("" installs neither). The route needs no API key, like /v1/health: Prometheus
-scrapes without credentials, and no label holds tenant data. A request is labelled with its method, the
-*template* of the route that answered (`/v1/subjects/{subject}/facts`, never the raw path: one series per route,
-not per subject) and its status; a path no route matches is `unmatched`. The recall stages' histogram
-(projections.search.recall.metrics) and any other family the API process imports are served too.
-
-`ledger serve --workers N` (N > 1) runs uvicorn's processes in prometheus-client's multiprocess mode
-(`prepare_multiprocess`): each process writes its samples to files in one directory and a scrape, answered by any
-of them, adds them all up. Then `process_*` and `python_*` are not served, and a family of gauges must say how to
-combine processes (`multiprocess_mode`). Starting uvicorn by hand with several workers without
-PROMETHEUS_MULTIPROC_DIR gives each scrape one process's numbers.
-
-Cost per request: two clock reads, one dict lookup and a counter add plus a histogram observation (about 3 us).
+`install(app, settings)` adds `HttpMetrics` (a plain ASGI middleware, cheap per request) and the exposition route,
+which needs no API key as no label holds tenant data. Requests are labelled by route template, never the raw path,
+so there is one series per route, not per subject. With several uvicorn workers (`prepare_multiprocess`) samples
+go through prometheus-client's multiprocess files, so any process's scrape adds them all up.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """The read side of the API as functions: facts, the audit replay, history, recall and the context block.
 
-Each function takes the process's `api.resources.Resources`, the tenants the caller's API key may use
-(api.deps.tenants_for_key) and validated parameters (api.requests), checks the tenant first, and returns
-the body the HTTP route answers, typed with its shape (projections.shapes; raising `api.errors.ApiError` for
-a refusal; a store failure propagates and becomes the 503 naming it). The routes (api.routes.subjects, facts,
-recall, context) and the MCP tools (api.mcp) call these, so both front ends serve the same answers from the same
-code.
-
-Recall "as known at" (`known_at`): recall runs as of the valid time, then each hit is re-read as the ledger
-knew it at `known_at` (`current_facts(..., known_at)`: the subject's chain re-folded from what was observed
-by then). A hit whose fact had no version holding at that valid time by then is left out; every hit shows its
-version as known then (its status and end, and, if that version was another, `match.verified.replaced_by`; the
-explanation never names a version logged after `known_at`). The engine runs as known then too
-(`RecallQuery.known_at`): its candidates are the versions logged by then that began by the valid time, however
-they ended since (a fact retracted or superseded later is still found), and the episodes grouped with a hit and
-its context turns follow the same pair of times.
-
-Read-your-writes (`after`, a write's consistency token): each function first waits until what it reads has that
-write (api.consistency: the projection for facts, the audit replay, history and a context block; the search index
-too for recall and a context block's question), or answers 503 `not_yet`; the answer then says which positions it
-reflects (`consistency`; recall's in its trace).
+Each takes the process's Resources, the tenants the caller's key may use and validated parameters, checks the
+tenant first and returns the route's body (or raises `ApiError`); the HTTP routes and the MCP tools both call
+these, so both front ends serve the same answers from the same code. Recall "as known at" re-reads each hit as the
+ledger knew it at `known_at`; `after` waits for a write first (api.consistency).
 """
 
 from __future__ import annotations

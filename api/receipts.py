@@ -1,21 +1,8 @@
 """Receipts: every answer of recall, context, facts, history and the audit replay says what it reflects, signed.
 
-A receipt (`projections.shapes.Receipt`) holds the ledger positions the projection had applied when the answer was
-read, the answer's valid and transaction times, each event behind what it shows (version id, memory id, partition,
-offset, the ledger chain's link of that record, a keyed digest of the event's content and subject), what ranked a
-recall (models and settings), a digest of the request's parameters (keyed) and of the answer (plain sha256 of its
-canonical JSON, so its holder can check it), and an Ed25519 signature over all of that with the ledger's chain
-signing key (producers.keys.signing, `LEDGER_CHAIN_KEY_FILE`). Ids and digests only: the keyed digests are HMACs
-under the schema's erasure salt (never shown; a rebuild keeps it), because a plain hash of a value or a subject id
-can be found by guessing.
-
-`verify` (`POST /v1/receipts/verify`) checks the signature (and that this ledger trusts its key: the configured
-key's public half or `LEDGER_CHAIN_TRUSTED_KEYS`) and each cited event: held at its place with that content digest
-and link, or erased since (then when and where its erasure is in the ledger, and nothing else). `replay`
-(`POST /v1/receipts/replay`) re-derives the answer from the request's parameters (checked against the receipt's
-digest of them): facts, a fact's history and the audit replay from the events logged below the receipt's positions
-(queries' `below`), recall as of its valid time and as known at its transaction time (the ranked part compared only
-when the same models and settings rank it), and says whether it is the same answer.
+A receipt cites ids and digests only; the digests of content and subjects are HMACs under the schema's erasure
+salt, because a plain hash of a value or a subject id can be found by guessing. `verify` checks a receipt's
+signature and cited events; `replay` re-derives its answer. docs/INTERNALS.md, "Receipts".
 """
 
 from __future__ import annotations

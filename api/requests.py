@@ -1,14 +1,8 @@
 """Request models: what the routes' bodies and the MCP tools' arguments may hold, validated once.
 
-The HTTP routes validate their bodies with these models (FastAPI), and the MCP server (api.mcp)
-validates each tool's arguments with the same ones, so a bad argument is refused by the same rule
-with the same code and field either way (api.errors.validation_items). The GET routes declare their
-parameters in their signatures; the models of their parameters here (`FactsParams`, `HistoryParams`)
-use the same validators and limits (`TENANT`, `SUBJECT`, `Storable`, `Time`), for the MCP tools.
-
-Time fields are the contract's strict RFC 3339 (`api.deps.Time`): a Unix number is refused.
-`after` (api.consistency.After) is a write's consistency token: the read answers once it has that write; a value
-that is not a token is refused (422 naming `after`).
+The HTTP routes and the MCP tools validate with the same models, so a bad argument is refused by the same rule
+with the same code and field either way. The GET routes' parameters have models here too (`FactsParams`,
+`HistoryParams`), with the same validators, for the MCP tools. Times are strict RFC 3339; `after` must be a token.
 """
 
 from __future__ import annotations
@@ -292,7 +286,7 @@ def _receipt_shape() -> TypeAdapter[Any]:
 
 def _a_receipt(value: dict[str, Any]) -> dict[str, Any]:
     # its fields and types (errors name receipt.<field>); its signature: as sent. Validated as the shape's TypedDict,
-    # not as the response model: a receipt of 10,000 cited events builds no 10,000 models (~5x faster), since the
+    # not as the response model: a receipt of 10,000 cited events builds no 10,000 models, since the
     # request is validated on the event loop
     _receipt_shape().validate_python(value)
     if len(value["cited"]) > MAX_CITED:

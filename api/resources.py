@@ -3,36 +3,10 @@
     async with Resources.open(settings) as res:
         res.pool, res.es, res.producer, res.recall, res.access, res.kafka_probe, res.door_check
 
-The FastAPI lifespan (api.main) is the only place the API opens them; routes receive the parts
-through the typed dependencies of api.deps (`PoolDep`, `EsDep`, `ProducerDep`, `RecallDep`,
-`ResourcesDep`) and never create or cache a resource themselves. Nothing here knows about
-FastAPI: another front end in the same process (an MCP server, a metrics exporter) opens
-`Resources` once around its own serving loop and reads the same attributes, or is handed the
-API's (`app.state.resources`) to share its pool and clients.
-
-A new resource is one attribute here: created in `open`, released in the `finally` of `open`
-(in reverse order of creation), and, if routes need it, one alias in api.deps.
-
-What each part is, and why it is opened the way it is:
-- `pool`: psycopg AsyncConnectionPool, autocommit, every connection's search_path on the
-  projection schema. Opened without waiting, so a server that is down fails requests (a prompt
-  503, the pool wait bounded by `pg_pool_timeout_s`) instead of the start-up.
-- `es`: AsyncElasticsearch, each request bounded by `es_request_timeout_s`.
-- `producer`: the SDK's LedgerProducer, waits bounded by `api_kafka_timeout_s`. It connects on
-  the first publish (the SDK is lazy), so an app whose broker is down starts and serves reads;
-  closing it delivers what is buffered.
-- `recall`: the process's one RecallEngine (vocabulary cache, embedder). Its embedding model is
-  loaded in the background from `open` (`embedder_warmup`), so the first semantic query does not
-  pay for it; the engine starts its erasure LISTEN connection on the first recall, and `open`
-  closes that connection.
-- `kafka_probe`: the broker's last answer to /v1/health, reused for a second (`ProbeCache`).
-- `door_check`: the publish door's back-off after PostgreSQL failed its idempotency lookup.
-- `offsets`: one KafkaConsumer for /v1/stats' end offsets (`EndOffsetReader`): a new one per request
-  cost ~120 ms of a bootstrap and metadata round trip, a kept one ~1 ms. Created on first use.
-- `keys`: the key store's data keys, cached: the producer seals with them when encryption is on, and
-  `POST /v1/keys` hands them to producers without database credentials. None when no KEK is configured.
-- `access`: the AccessRecorder (api.access): `served(...)` queues what a recall served; its thread sends the
-  accesses to the access topic in batches, and drops (counted) whatever the broker does not take.
+Only the FastAPI lifespan (api.main) opens them, and routes reach them through api.deps, so no route creates or
+caches a resource. Nothing here knows FastAPI: another front end (the MCP server) opens its own or shares the app's.
+Stores are connected lazily, so a server that is down fails requests promptly instead of the start-up.
+A new resource is one attribute: created in `open`, released in reverse order, and aliased in api.deps if needed.
 """
 
 from __future__ import annotations
@@ -69,9 +43,8 @@ log = logging.getLogger(__name__)
 class ProbeCache:
     """A blocking yes/no check's last answer, reused for `ttl` seconds, with at most one check in flight.
 
-    The Kafka probe builds a kafka-python admin client: 10-130 ms idle and several hundred under
-    CPU load, which made /v1/health slow exactly when an operator needs it. A 1 s old answer is
-    still news: an outage shows within a second. The check runs in a worker thread.
+    The Kafka probe builds a kafka-python admin client, which is slowest under CPU load, exactly when an operator
+    asks /v1/health. A 1 s old answer is still news: an outage shows within a second. The check runs in a thread.
     """
 
     def __init__(self, ttl: float = 1.0) -> None:

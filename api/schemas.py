@@ -1,20 +1,10 @@
 """Response models: what each route's 2xx body holds, for /docs, /openapi.json, the MCP tools' output schemas and the
 read client's results; generated from the shapes the code builds (projections.shapes), one model per shape.
 
-A shape is written once, as the TypedDict its builder is typed with (projections.shapes says why TypedDicts);
-`model(shape)` makes its pydantic model with the same name, docstring, fields in order, descriptions and defaults.
-A key that may be absent is an optional field, a key that is a Python keyword (`from`) is the field `from_` with that
-alias, a shape inside it is that shape's model, and a shape that extends another extends its model. The routes
-answer the dicts as they are (FastAPI does not validate a returned Response), so these models document the bodies
-(`response_model=` / `responses=` in the route decorators) at no cost per request. Models allow extra fields
-(`Body`), except the error shapes: a client must ignore fields it does not know.
-
-Error bodies (4xx, 5xx) are `ErrorBody`, the one error shape (raised by api.errors). `EventSchemaDocument` is the
-one model written here: its body is a checked-in file (producers.event_schema), which no code builds.
-
-Light on purpose: this module imports pydantic and our pure modules only (no FastAPI, no store client), because
-the read client (api.client) types its results with these models; tests/test_client.py fails if importing it
-loads a server library.
+`model(shape)` makes a shape's pydantic model (same name, docstring, fields, descriptions). The routes answer the
+dicts as they are, so these models document the bodies at no cost per request. `EventSchemaDocument` is the one
+model written here, as its body is a checked-in file. Pydantic and pure modules only, because the read client
+imports this (tests/test_client.py checks it loads no server library).
 """
 
 from __future__ import annotations

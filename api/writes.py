@@ -1,18 +1,9 @@
 """The write side of the API as functions: the publish door (`POST /v1/events`) and erasure (`DELETE /v1/subjects/..`).
 
-Each function takes the process's `api.resources.Resources`, the tenants the caller's API key may use
-(api.deps.tenants_for_key) and validated parameters, and returns the body the HTTP route answers
-(raising `api.errors.ApiError` for a refusal). The routes (api.routes.events, api.routes.erasure) and
-the MCP tools (api.mcp: remember, forget, event_status) call these, so both front ends run the same door:
-the contract's validation, the idempotency claim by (tenant, event_id) in PostgreSQL (shared by every
-API process and the MCP server), conflicts, tenancy. `event_status` tells what became of an event by its id.
-
-`publish_events` is documented in api.routes.events (statuses, per-event results, idempotency).
-`publish_one` is the same door for one event, its refusal raised as an ApiError whose field is
-relative to the event (`value.notes.2`, not `events.0.value.notes.2`).
-
-Every write answers `consistency_token` (producers.consistency): the ledger positions of what it wrote (a retry of
-an applied event: where it was applied). A read given it as `after` answers once it has the write (api.consistency).
+The HTTP routes and the MCP tools call these, so both front ends run the same door: the contract's validation,
+the idempotency claim by (tenant, event_id) in PostgreSQL shared by every process, conflicts and tenancy.
+`publish_one` is the door for one event, its refusal's field relative to the event. Every write answers a
+`consistency_token` a read can wait for (api.consistency).
 """
 
 from __future__ import annotations
@@ -61,14 +52,14 @@ MAX_EVENTS_PER_CALL = 1000
 DOOR_CHECK_BACKOFF_S = 5.0  # after PostgreSQL failed the lookup, publish without it for this long
 
 
-def _refused(index: int, raw: Any, error: dict[str, Any]) -> dict[str, Any]:
+def _refused(raw: Any, error: dict[str, Any]) -> dict[str, Any]:
     event_id = raw.get("event_id") if isinstance(raw, dict) else None
     return {"event_id": event_id if isinstance(event_id, str) else None, "accepted": False, "error": error}
 
 
 def _invalid(index: int, raw: Any, exc: InvalidEvent) -> dict[str, Any]:
     field = f"events.{index}.{exc.field}" if exc.field else f"events.{index}"
-    return _refused(index, raw, {"code": exc.code, "field": field, "message": exc.message})
+    return _refused(raw, {"code": exc.code, "field": field, "message": exc.message})
 
 
 def _accepted(event: MemoryEvent, partition: int | None, offset: int | None, **flags: bool) -> dict[str, Any]:
@@ -216,7 +207,7 @@ async def publish_events(res: Resources, tenants: frozenset[str], events: list[A
                         unsent.append(event)
                 elif isinstance(outcome, PublishError):
                     broker_failure = outcome
-                    results[i] = _refused(i, events[i], {**outcome.as_dict(), "field": f"events.{i}"})
+                    results[i] = _refused(events[i], {**outcome.as_dict(), "field": f"events.{i}"})
                     results[i]["event_id"] = event.event_id
                 else:
                     results[i] = _accepted(event, outcome.partition, outcome.offset)

@@ -1,21 +1,13 @@
 """A multi-node Elasticsearch cluster on this machine, for tests of the ledger against real shard replication.
 
-The stack's default stays one node (`infra.elasticsearch`, which this never stops or reconfigures); this module runs
-N nodes from the same unpacked integ-test zip (`infra.elasticsearch.unpack`) as the same service user, each with
-its own configuration folder (a copy of the zip's, with its own `elasticsearch.yml` from
-`infra.elasticsearch.node_config` and its own heap), data, logs and ports, all master-eligible data nodes. Every
-port and folder is a parameter: nothing here uses the single node's, and the cluster's name is its folder's, so
-it can never join another. `base_dir` must be reachable by the service user (`infra.procs.service_dir`). Nodes
-can be killed with SIGKILL and started again one at a time (`kill`, `start_node`); waiting for the start, stopping
-and removal are every local cluster's (`infra.local_cluster`).
+N master-eligible data nodes from the stack's unpacked zip, each with its own configuration, data, logs and ports;
+the cluster is named after its folder, so it never joins the stack's node or another cluster. `base_dir` must be
+reachable by the service user (infra.procs.service_dir). Nodes can be killed and restarted one at a time (`kill`,
+`start_node`). `security` (`EsSecurity`) turns on HTTPS, transport TLS and the `elastic` user's password, as a
+managed cluster has them; `cluster.client_settings(settings)` is what a client needs.
 
     with EsCluster(settings, base_dir, [(h1, t1), (h2, t2), (h3, t3)]) as cluster:
         url = cluster.url  # "http://127.0.0.1:h1,http://127.0.0.1:h2,http://127.0.0.1:h3" (LEDGER_ES_URL)
-
-`security` (`EsSecurity`) turns security on, as a managed cluster has it: HTTPS and transport TLS with a certificate
-and key the caller made (PEM, copied into each node's configuration folder, where Elasticsearch reads them), the
-built-in `elastic` user's password (the keystore's `bootstrap.password`), and, if asked, a client certificate
-required of every HTTPS client. `cluster.client_settings(settings)` is what a client of the ledger needs to reach it.
 """
 
 from __future__ import annotations

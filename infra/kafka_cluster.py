@@ -1,21 +1,12 @@
 """A multi-broker KRaft Kafka cluster on this machine, for tests of the ledger against real replication.
 
-The stack's default stays one broker (`infra.kafka`); this module runs N nodes from the same jars
-(`infra.kafka.install`) and the same server.properties (`infra.kafka.server_properties`), each node
-broker and controller in one process (combined mode, N voters), the internal topics replicated N
-times with `min.insync.replicas` as given. Every port and folder is a parameter: nothing here uses
-the stack's data folder (the caller picks free ports), and the pid files and logs live under `base_dir`
-(`<node>/server.log` the broker's log, `<node>/stdout.log` its console), so a cluster never touches
-another one. Nodes can be killed with SIGKILL and started again one at a time (`kill`, `start_node`).
+N combined broker/controller nodes from the stack's jars and server.properties; every port and folder is a
+parameter, so a cluster never touches the stack's broker or another cluster. Nodes can be killed and restarted one
+at a time (`kill`, `start_node`). `sasl_users` and `tls` make the clients' listener ask for credentials and TLS,
+as a managed Kafka does; `cluster.client_settings(settings, user)` is what a client needs to reach it.
 
     with KafkaCluster(settings, base_dir, [(p1, c1), (p2, c2), (p3, c3)]) as cluster:
         bootstrap = cluster.bootstrap  # "127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3"
-
-`sasl_users` ({user: password}) makes the clients' listener ask for a SASL PLAIN login, as a managed Kafka asks
-for credentials (its first user is the brokers' own, and the cluster's admin client's); `tls` (a PEM file with the
-brokers' key and certificate chain, and the CA's certificate) makes it speak TLS: SASL_SSL with both, SSL or
-SASL_PLAINTEXT with one. The controllers still talk PLAINTEXT on loopback. `cluster.client_settings(settings, user)`
-is what a client of the ledger needs to reach it (`producers.kafka_producer.kafka_connection` of those settings).
 """
 
 from __future__ import annotations

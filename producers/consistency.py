@@ -1,18 +1,9 @@
 """Consistency tokens: where a write landed on the ledger, as one opaque string a read can wait for.
 
-A token encodes {partition: next offset} of the ledger topic: for every partition a write touched, the offset
-after its last record there. A read given it (`after=`) answers once the projection's stored positions
-(projections.postgres.positions, committed with the rows) are at least those numbers in every partition named.
-Positions are global offsets of the one ledger topic: a token says nothing about any tenant's data.
-
-    token_of([(partition, offset), ...]) -> str | None     # what a write answers (None: it wrote nothing)
-    merge_tokens(a, b, ...) -> str | None                  # the later of each partition (a session's last writes)
-    decode_token(text) -> {partition: next_offset}         # ValueError for anything not made by encode_token
-    encode_token({partition: next_offset}) -> str
-
-The spelling is `v1.` + unpadded base64url of `p:o,p:o` (partitions ascending). Only the canonical spelling
-is accepted, so a token is compared and cached as text, and a caller cannot smuggle anything through it.
-Pure: the SDK, the API and the read client use it.
+A token is {partition: next offset} of the ledger topic after the write's records; a read given it answers once
+the stored positions reach it. Only the canonical spelling (`v1.` + base64url of `p:o,...`) is accepted, so a
+token compares and caches as text and nothing can be smuggled through it; positions are global offsets, so it says
+nothing about any tenant's data. Pure: the SDK, the API and the read client use it.
 """
 
 from __future__ import annotations

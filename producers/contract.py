@@ -1,10 +1,8 @@
 """The memory event contract, defined once and imported everywhere.
 
-Every producer builds events with :class:`MemoryEvent`; every processor turns
-raw Kafka bytes into one with :func:`decode`, which either returns a valid event
-or raises :class:`InvalidEvent` carrying a reason code, the field at fault and a
-human message (what the dead-letter topic records). No other module parses
-event JSON.
+Producers build events with :class:`MemoryEvent`; processors turn raw Kafka bytes into one with :func:`decode`,
+which raises :class:`InvalidEvent` (reason code, field, message: what the dead-letter topic records). No other
+module parses event JSON.
 """
 
 from __future__ import annotations
@@ -243,7 +241,7 @@ def _check_json(value: Any, path: str, depth: int = 0) -> None:
 
 
 def _json_ok(value: Any, depth: int = 0) -> bool:
-    """True only if `_check_json` would accept `value`: its fast path (it was a fifth of decoding).
+    """True only if `_check_json` would accept `value`: its fast path, as the full check is costly on the decode path.
 
     Exact JSON types only and no paths built; anything else answers False, and `_check_json` (the authority, which
     names the path of what it refuses) then judges the value.
@@ -532,7 +530,7 @@ class MemoryEvent(BaseModel):
         data = self.model_dump(mode="python", exclude_none=False)
         out: dict[str, Any] = {}
         last: tuple[datetime | None, str] = (None, "")  # valid_from is most often observed_at itself: spelled once
-        for k, v in data.items():  # one pass (three passes took 4x model_dump itself)
+        for k, v in data.items():  # one pass: each extra pass costs more than model_dump itself
             if type(v) in _AS_IS:  # most fields: checked first, by exact type (a StrEnum is not a str here)
                 out[k] = v
             elif v is None:

@@ -1,21 +1,9 @@
 """The event contract as a JSON Schema (draft 2020-12), for producers in other languages.
 
-Services in Java, Go or Node publish straight to Kafka; they validate their events against this
-schema. It is generated from the one model, `producers.contract.MemoryEvent` (`model_json_schema`),
-never written by hand: this module adds the `$id`, the title, one example event, the contract's
-own RFC 3339 pattern on the time fields, `null` where the contract reads an explicit null as "not
-given", and, as descriptions, what the contract's validators check that JSON Schema cannot say
-(text PostgreSQL cannot store, integer range, nesting depth, the encoded size, the year range
-after the offset, the clock-skew window, the rules between fields). Every number in those
-descriptions is the contract's constant or the settings' default, read here.
-
-    ledger schema            # print it
-    ledger schema --write    # regenerate the checked-in file
-    ledger schema --check    # exit 1 if the checked-in file differs from the model
-
-Checked in at producers/schemas/memory-event.schema.json (package data), served at
-GET /v1/schema/event (api.routes.schema); tests/test_event_schema.py fails when the file drifts
-from the model, and checks that valid events validate and which malformed records it refuses.
+Generated from the one model, `producers.contract.MemoryEvent`, never written by hand; descriptions add what the
+contract's validators check that JSON Schema cannot say, with the numbers read from the contract and the settings.
+`ledger schema [--write | --check]` prints, regenerates or checks the checked-in file
+(producers/schemas/memory-event.schema.json, served at GET /v1/schema/event).
 """
 
 from __future__ import annotations
@@ -52,7 +40,6 @@ DRAFT = "https://json-schema.org/draft/2020-12/schema"
 
 _TIME_PATTERN = contract._RFC3339.pattern  # the contract's own format regex (private there)
 _TIMES = ("observed_at", "valid_from", "valid_to")
-_LISTS = ("entities", "aliases", "tags")
 _TEXT = "no U+0000 (NUL) and no lone surrogate, which PostgreSQL cannot store"
 _TEXT_NOTE = " No U+0000 (NUL) and no lone surrogate, which PostgreSQL cannot store."
 _TIME = (

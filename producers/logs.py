@@ -1,22 +1,9 @@
 """One logging configuration for every process: `configure_logging(settings, process)`.
 
-Every entry point (`ledger serve`, `ledger worker`, `ledger indexer`, `ledger rebuild`, `ledger reindex`, the MCP
-server) calls it once at start-up, so each process writes the same lines to stderr: text for a person
-(`LEDGER_LOG_FORMAT=text`, the default) or one JSON object per line for a log pipeline (`json`), at
-`LEDGER_LOG_LEVEL`. Third-party loggers (uvicorn, faust, aiokafka, kafka-python, elastic_transport) propagate to
-the same root handler; uvicorn is handed `logging_config(...)` (a `logging.config.dictConfig` dict) so that each
-of its worker processes configures itself the same way.
-
-Ids travel with the code that is running, never inside the message text: `log_context(request_id=..., ...)`
-binds them in a contextvar for the duration of a block (an HTTP request, a worker batch; `asyncio.to_thread`
-and new tasks copy it), and `ContextFilter` copies them onto every record the handler writes. A record's own
-`extra={...}` wins over the context (a dead-letter line names its record's partition and offset inside a batch).
-
-A JSON line: `{"ts", "level", "logger", "process", "pid", "message", <ids>, <extra fields>, "exception"}`, with
-`ts` RFC 3339 UTC (milliseconds) and `exception` the formatted traceback. Any message is one valid line: orjson
-escapes quotes, newlines and NUL; lone surrogates and other text orjson refuses are spelled out with
-backslashes; values JSON has no type for are written as strings; U+2028, U+2029 and U+0085 are escaped so that
-line-splitting tools see one line.
+Every entry point calls it once, so each process (and each uvicorn worker, through `logging_config`) writes the
+same lines to stderr: text for a person or one JSON object per line for a pipeline. Ids are bound with
+`log_context` and copied onto records by `ContextFilter`, never written into message text. Any message is one
+valid JSON line, whatever characters it holds. docs/INTERNALS.md, "Logs".
 """
 
 from __future__ import annotations

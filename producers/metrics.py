@@ -1,17 +1,11 @@
 """Prometheus metrics, the part every layer shares: family constructors and the exporter (docs/metrics.md).
 
-A family is a module-level object in the metrics module of the layer that counts it (api/metrics.py,
-stream_processors/metrics.py, projections/search/metrics.py, or beside the code, like api/access.py), registered in
-prometheus-client's default registry when its module is imported. Whatever serves a process's metrics (the API's
-`GET /metrics`, the worker's and the indexer's `serve`) serves every family that process imported, so adding one
-is one line:
+A family is a module-level object in the metrics module of the layer that counts it, registered when imported,
+so whatever serves a process's metrics serves every family it imported and adding one is one line:
 
     READS = counter("access_reads_total", "Facts read through the API, by kind of read", ("kind",))
 
-Names get the `ledger_` prefix here and follow Prometheus' conventions: base units in the name (`_seconds`,
-`_bytes`), counters end in `_total`, a histogram for anything timed. Label values must come from a small set
-the code knows (a route template, a stage, a reason code, a partition): never a tenant, subject, key, API key or
-raw path, which would make one series per user. Observing costs about a microsecond (a lock and an add).
+Label values come from a small set the code knows, never a tenant, subject or key, which would make a series per user.
 """
 
 from __future__ import annotations

@@ -4,7 +4,6 @@ Usage::
 
     from producers.settings import get_settings
     from producers.sdk import LedgerProducer, PublishError
-    from producers.contract import InvalidEvent
 
     with LedgerProducer(get_settings()) as ledger:
         r = ledger.assert_fact(
@@ -12,32 +11,14 @@ Usage::
             entities=["P1"], aliases=["backend port"], source={"type": "explicit", "ref": "msg-17"},
         )
         print(r.event_id, r.partition, r.offset, r.token)  # token: pass as `after` to a read to see this write
-        ledger.retract("acme", "project:P1", "project.port", reason="service retired")
-        results = ledger.publish_many([{"type": "memory.asserted", "tenant": "acme", ...}, ...])
 
-Guarantees: acks=all, an idempotent producer with retries, Kafka key `tenant|subject` (one subject
-stays in one partition, in the order it was sent), the contract's orjson encoding. The event_id is
-chosen here (generated when absent) and is the idempotency key: to retry a publish whose outcome is
-unknown, publish *the same event* again; the projections count one event per event_id.
+Guarantees: acks=all, an idempotent producer, Kafka key `tenant|subject` (a subject's events stay in order). The
+event_id is the idempotency key: to retry a publish of unknown outcome, publish the same event again.
 
-Errors: an invalid event raises `contract.InvalidEvent` before anything is sent (in a batch, before
-*any* of the batch is sent); a broker that refuses, times out or cannot be reached raises
-`PublishError(event_id, reason, code)`. `send_many` never raises for a broker failure and returns
-one outcome per event instead, for callers (HTTP, CLI) that report per event; with
-`report_invalid=True` it reports invalid events the same way and sends the others.
-
-Everything the worker would refuse is refused here first: the contract's rules, the encoded size
-(`encode` raises `too_large`), an `observed_at` more than `settings.max_future_skew_s` in the
-future (`clock_skew`), and an event_id re-used for different content. The producer remembers
-the fingerprint of the last `remember_ids` (tenant, event_id) pairs it sent: publishing a known
-id with the same content is a retry (sent again, applied once), with different content it raises
-`EventIdConflict` (an InvalidEvent, code `event_id_conflict`, field `event_id`). The memory is
-per process; the worker also dead-letters a conflicting record it sees (code `event_id_conflict`),
-so a conflict is reported, never silently dropped. The API's doors (POST /v1/events, MCP) claim each id
-in PostgreSQL before publishing, which this SDK cannot (it has no database access): an id published
-here and, at once, with other content through the API is caught by the worker only. A publisher learns
-an event's fate by its id from `GET /v1/events/{event_id}?tenant=` (`api.client.LedgerClient.event_status`):
-pending, applied, duplicate (erased), dead_lettered with the reason, or unknown (not reached yet).
+Everything the worker would refuse is refused here first, before any of a batch is sent (`contract.InvalidEvent`:
+the contract, the size, clock skew, an event_id this process re-used for other content); a broker failure raises
+`PublishError`, or is one outcome per event from `send_many`. Without database access the SDK cannot claim ids as
+the API's doors do: a publisher learns an event's fate from `LedgerClient.event_status`.
 """
 
 from __future__ import annotations
@@ -159,8 +140,8 @@ def _encoded(event: EventLike, max_future_skew: timedelta | None = None) -> tupl
 class _KeyPartitioner(DefaultPartitioner):
     """kafka-python's default partitioner (murmur2 of the key, as the Java client and every other producer of the
     topic: one subject stays in one partition whoever writes it), with each key's hash remembered. A service writes
-    the same subjects again and again, and murmur2 in pure Python, with the partitions sorted and listed twice per
-    call, was a tenth of kafka-python's own time per record."""
+    the same subjects again and again, and murmur2 in pure Python (the partitions sorted and listed twice per call)
+    is a large share of kafka-python's time per record."""
 
     def __init__(self, remember: int = 65_536) -> None:
         self._hash = functools.lru_cache(maxsize=remember)(murmur2)
@@ -303,8 +284,8 @@ class LedgerProducer:
             return self._sent.get((tenant, event_id))
 
     def _prepare(self, event: EventLike) -> tuple[MemoryEvent, bytes, str]:
-        """The event validated once, its record value and its fingerprint, both from one `to_wire()` (building the
-        wire costs half as much as validating: the SDK used to build it twice)."""
+        """The event validated once, its record value and its fingerprint, both from one `to_wire()`: building the
+        wire costs half as much as validating, so it is built once."""
         valid, wire, value = _encoded(event, self.max_future_skew)
         return valid, value, wire_fingerprint(wire)
 

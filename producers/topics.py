@@ -102,8 +102,8 @@ def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[TopicS
 class EndOffsetReader:
     """`end_offsets` with one KafkaConsumer kept open between calls (for the API's /v1/stats).
 
-    A new consumer per call costs a bootstrap and a metadata round trip (~120 ms here) against ~1 ms for a
-    reused one. KafkaConsumer is not thread-safe, so calls are serialised by a lock; after a failure the
+    A new consumer per call costs a bootstrap and a metadata round trip, far more than a reused one.
+    KafkaConsumer is not thread-safe, so calls are serialised by a lock; after a failure the
     consumer is closed and the next call starts a fresh one (a broker that came back is found again).
     """
 

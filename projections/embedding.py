@@ -38,8 +38,8 @@ class Embedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         # One text per onnxruntime call, so a text's vector is a function of the text alone: the int8 models
         # quantize activations with one scale over the whole call (other texts and padding included), which moved
-        # a text's vector with its batch (cosine down to 0.991) and so the index and recall with how the
-        # embedder's claims fell. Unpadded, one text a call costs no more CPU than sorted batches of 16
+        # a text's vector with its batch, and so the index and recall with how the embedder's claims fell.
+        # Unpadded, one text a call costs no more CPU than sorted batches of 16
         # (BENCHMARKS.md, "Dev set: each pair scored alone, and what the rerank costs", Determinism).
         vecs = np.asarray(list(self._model.embed(list(texts), batch_size=1)), dtype=np.float32)
         norms = np.linalg.norm(vecs, axis=1, keepdims=True)

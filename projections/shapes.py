@@ -1,22 +1,9 @@
 """The shape of every JSON object the API answers, defined once, as the TypedDict its builder is typed with.
 
-The read paths build their answers as plain dicts, which the routes serialize with orjson (api.routes._json) and
-the MCP tools hand on as they are: no validation per request, because the read paths are hot (BENCHMARKS.md,
-"Response shapes": validating an answer into pydantic models and serializing those costs far more). A TypedDict
-costs nothing at runtime, so each shape is one here and the functions that build it are typed with it (the
-projections' rows in projections.postgres.queries, recall's answer in projections.search.recall, the envelopes in
-api.reads, api.context, api.dead_letters and the routes). api.schemas generates from each one the pydantic model
-that documents it (/openapi.json, the MCP tools' output schemas) and types the read client's results: same name,
-docstring, fields, descriptions.
-
-Here, at the projections' layer, so that every builder can name its shape (the API imports the projections, never
-the reverse). Pure: typing, pydantic's `Field`, our pure modules (the read client imports this through api.schemas).
-
-How a key reads: `key: T` is always there; `NotRequired[...]` may be absent (its model's field defaults to None,
-or to the default its `Field` names); `Annotated[T, doc("...")]` describes it in the documents. A
-shape allows more keys than it names (`additionalProperties: true`: a client ignores keys it does not know, so
-adding one never breaks it), except the error shapes (`CLOSED`). Times are `Timestamp`s. tests/test_api_schema.py
-checks that real answers validate against the models and the OpenAPI document and carry no key a shape lacks.
+Answers stay plain dicts serialized by orjson, because validating hot read paths into models costs far more
+(BENCHMARKS.md, "Response shapes"); api.schemas generates each shape's pydantic model for /openapi.json, the MCP
+output schemas and the read client. It lives at the projections' layer so every builder can name its shape.
+`NotRequired` keys may be absent; shapes allow extra keys except the error shapes (`CLOSED`).
 """
 
 from typing import Annotated, Any, Literal, NotRequired

@@ -1,36 +1,10 @@
 """The pure core of the fact projection: events in, version-row changes out (fact_versions rows).
 
-No I/O here. A fact's chain is a *function of the set of its events*: `fold` recomputes every
-derived column (status, superseded_by/at, effective valid_to, version number, confirmations)
-from the assertions and the retractions/confirmations of one `memory_id`. So the order in which
-events arrive never matters (a late event with an older valid_from lands in its place as
-history), a replay from offset 0 gives the same rows, and `apply`/`plan` only have to diff the
-recomputed chain against the stored one. `route` is the one dispatch on the event type.
-
-A version's id is `version_id_for(tenant, event_id)` (tenant-scoped); `Version.event_id` keeps
-the id its producer chose.
-
-Policies:
-- `state`, `event`, and `preference` without valid_to: one lane (the main lane) ordered by
-  (valid_from, observed_at, version_id); each version is superseded by the next one
-  (superseded_at = its valid_from); the last one is active.
-- `preference` with a bounded valid_to: a temporary override; it never supersedes nor is
-  superseded, and readers prefer it inside its window (`visible_at`).
-- `episodic`: its own memory_id per event, so its chain is one version. A retraction naming an episode's version
-  (`target_version`) ends that episode: the recorder files it under the episode's memory_id (`additions`'
-  `resolved`) when the episode is of the retraction's tenant and subject and was logged before it (same subject:
-  same partition, so a replay resolves it alike); otherwise it stays with its own (subject, key, scope) and has
-  no effect.
-- `memory.retracted` at valid time t ends one version: valid_to = t, status `retracted`.
-  Untargeted, it ends the version *visible* at t: the override in force at t if there is one
-  (the latest, as `visible_at` picks; the long-term value stays and is visible again after t),
-  else the main-lane version covering t. Targeted (`Mark.target` = a version_id), it ends exactly
-  that version if it is in force at t (main lane or override), and otherwise has no effect.
-  Retractions are applied in (valid_from, observed_at, event_id) order, so two untargeted ones at
-  the same t end the override and then the long-term version.
-- `memory.confirmed` at time t counts on the main-lane version covering t.
-
-`effects` says what each event of a fact does in that chain (the audit replay), from the same fold.
+A fact's chain is a function of the set of its events: `fold` recomputes every derived column from the events of
+one `memory_id`, so arrival order never matters, a replay gives the same rows, and `apply`/`plan` only diff the
+recomputed chain against the stored one. `route` is the one dispatch on the event type. The policies (main lane,
+overrides, episodes, retractions of the version visible at their time, applied in (valid_from, observed_at,
+event_id) order, confirmations) are in README.md, "Versions are a function of the set of a fact's events".
 """
 
 from __future__ import annotations
@@ -113,7 +87,7 @@ class Version:
         return (self.valid_from, self.observed_at, self.version_id)
 
     def derived(self) -> tuple[Any, ...]:
-        return _DERIVED_OF(self)  # one C call (the generator was 3% of the worker, asked per fold)
+        return _DERIVED_OF(self)  # one C call: asked per fold, a generator costs the worker
 
 
 # the fields a version takes from its event (all but DERIVED, which are its last fields, in their order)

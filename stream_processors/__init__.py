@@ -2,7 +2,8 @@
 
 - `app`, `worker`, `__main__`, `cli`: the faust app, running it (`ledger worker`), and `ledger rebuild`'s command.
 - `agents`: ledger records -> the recorder; `access`: access records -> the access projector; `dlq`: dead letters.
-- `rebuild`: replay the topics into a fresh schema, then switch. `metrics`: the worker's metrics.
+- `rebuild`: replay the topics into a fresh schema, then switch. `verify`: `ledger verify`. `metrics`: the worker's
+  metrics.
 
 Elasticsearch is fed from PostgreSQL's outbox by projections.search (`ledger indexer`, `ledger embedder`).
 """

@@ -1,19 +1,10 @@
 """The projector's agents: a topic's records in batches -> one PostgreSQL transaction per batch.
 
-Both topics of the worker run the same way, through one `BatchRunner` and one `attach_projection`: the ledger's
-(`attach`: projections.postgres.recorder.Recorder, dead letters to the DLQ topic, the worker's metrics) and the
-access topic's (stream_processors.access: projections.postgres.access_projector.AccessProjector). The agent only
-collects (topic, partition, offset, key, value, timestamp) of each message; decoding (the projection's `decoder`)
-and the write (its `apply_batch`) run in a worker thread so the event loop keeps serving the consumer. After every
-rebalance the consumer seeks each topic's partitions to the positions PostgreSQL stores (`LedgerApp.stored_positions`,
-chained across the agents).
-
-Two kinds of failure. A poison record (PostgreSQL refuses its data, a constraint, a deterministic
-error of the pure core: `positioned.is_permanent`) is found by the projection, dead-lettered as
-`unstorable`, and the rest of the batch applied: one record never stops a partition. A transient
-failure (PostgreSQL away or shutting down, a deadlock, a lock or statement timeout, the DLQ topic
-not answering) is retried with backoff until the batch commits: giving up would let the stream
-move past records that were never applied.
+The ledger's and the access topic's agents run through one `BatchRunner` and `attach_projection`; decoding and
+writing run in a worker thread so the event loop keeps serving the consumer, and every rebalance seeks to the
+positions PostgreSQL stores. A poison record is dead-lettered as `unstorable`, so one record never stops a
+partition; a transient failure is retried until the batch commits, as giving up would let the stream move past
+records never applied.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """The dead-letter sink: copy refused ledger records to `settings.dlq_topic` with their reason.
 
-Three kinds of record arrive here, told apart by `code`: a record the contract refuses (its
-InvalidEvent code: `bad_json`, `too_large`, `unstorable_text`, ...), a valid event PostgreSQL or
-the pure core can never store (`unstorable`: the database's message, e.g. a constraint or a data
-exception, with the column as `field` when PostgreSQL names one), and a same-tenant re-use of
-an event_id for other content (`event_id_conflict`, field `event_id`; the original is kept).
-
-Record format (one JSON object, orjson): `{"code", "field", "message", "topic", "partition",
-"offset", "timestamp_ms", "key_b64", "raw_b64", "raw_bytes", "raw_truncated"}`. The original
-bytes are base64 in `raw_b64` (cut at MAX_RAW_IN_DLQ so the envelope fits the topic's
-max.message.bytes; the full bytes stay in `dead_letters.raw` and in the ledger at their offset).
-The Kafka key is the original key. Headers repeat the reason for tools that only read headers.
-Delivery is at-least-once (sent and acknowledged before the batch's PostgreSQL commit); the
-`dead_letters` table counts each (topic, partition, offset) exactly once.
+A record arrives here refused by the contract, unstorable by PostgreSQL (`unstorable`), or re-using an event_id for
+other content (`event_id_conflict`); `code` tells which. The original bytes are cut at MAX_RAW_IN_DLQ so the
+envelope fits the topic (the full bytes stay in `dead_letters.raw` and the ledger); headers repeat the reason for
+tools that read only headers. At least once: sent before the batch's commit. Format: docs/INTERNALS.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,15 @@
 """`ledger rebuild`: replay the ledger from offset 0 into a fresh schema, then switch over.
 
-1. Create `<schema>_rebuild_<ts>` and replay every partition of `settings.topic` up to the end
-   offsets seen at the start, with the same projection the workers run (`Recorder.for_settings`,
-   decoded by its `decoder`: the same rows), under the workers' consumer name (so they continue
-   from the rebuilt positions after the switch).
-2. Switch, in one transaction: lock the live `positions` table (a worker's next batch waits on
-   it, and resolves the name again once the rename commits), catch the rebuild up to the live
-   positions, compute both checksums, carry the live schema's signed checkpoints of the ledger chain over
-   (projections.postgres.chain: the replay chains every record again, to the same heads), rename live ->
-   `<schema>_old_<ts>` and rebuild -> live.
+1. Replay every partition into `<schema>_rebuild_<ts>` up to the end offsets seen at the start, with the workers'
+   own projection and consumer name, so the rows are the same and the workers continue from the rebuilt positions.
+2. Switch in one transaction: lock the live `positions` (a worker's next batch waits), catch up to the live
+   positions, compute both checksums, carry over what a replay cannot recreate (signed chain checkpoints, the
+   erasure salt and the `erased_events` of shredded keys, the doors' `event_claims`), then rename live ->
+   `<schema>_old_<ts>` and rebuild -> live. The access topic is replayed and caught up the same way.
 
-The access topic is replayed the same way after the ledger, into the access tables, and caught up
-to the live access positions under the same lock (the access agent's batches lock `positions` too).
-
-The dead-letter topic is not written again (the records already went there once); the
-dead_letters table is rebuilt (poison records and event_id conflicts included). The rebuild
-takes the live schema's erasure salt, so `erased_events` comes out row for row the same (it is
-not part of the checksum); at the switch it also takes the live `erased_events` rows it lacks (the
-ids of sealed events whose keys an erasure shredded: the replay cannot open them) and the doors'
-claims of event ids (`event_claims`), so an id published through a door and not applied yet keeps
-its one content. Every version gets a
-search_outbox row, so the search projection re-indexes after a rebuild: the rebuilt schema's document
-revisions start past the live one's, so its documents win, and the live schema's stored vectors are
-copied over, so nothing is embedded again.
-
-A live schema of an older layout (event ids not yet scoped by tenant, no fingerprints) is migrated
-this way: the rebuild has the current layout, and its checksum differs from the old one's only
-because the layouts do.
+The DLQ topic is not written again, but `dead_letters` is rebuilt. Every version gets an outbox row, with document
+revisions past the live schema's and its stored vectors copied, so search re-indexes without embedding again.
+An older live layout is migrated this way: its checksum then differs only because the layouts do.
 """
 
 from __future__ import annotations

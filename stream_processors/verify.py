@@ -1,23 +1,8 @@
 """`ledger verify`: the ledger topic re-read from its first offset, against the chain, its checkpoints and the rows.
 
-What is checked, all in one read-only snapshot of the projection (`REPEATABLE READ`), with the records read by a
-plain kafka-python consumer (no group), partition by partition, up to the stored position:
-
-1. Checkpoints (projections.postgres.chain): each signature verifies under the public key stored with it, and that
-   key is trusted (the configured signing key's public half, `LEDGER_CHAIN_TRUSTED_KEYS`) when any is configured.
-2. The chain: recomputed from the log (`chain.link`), it must give at each attested offset (the stored head, each
-   valid checkpoint) the attested link and count; the head is the last record below the stored position (every
-   record the positions say was taken is chained) and the log still holds every offset attested.
-3. The projection against the log: every record below the stored position is accounted for, as the recorder would
-   have it: a valid event has its `events` row at its partition/offset, whose columns (fingerprint and payload
-   included) are those the record gives, or is a duplicate of an applied or erased (tenant, event_id), or was
-   dead-lettered; an invalid one has its `dead_letters` row, whose bytes are the record's; a sealed record whose data
-   key an erasure destroyed is accounted for by the erasure. An `events` or `dead_letters` row at a position the log
-   does not hold is a divergence too. Sealed records are opened with the key store as the worker opens them (the
-   KEK configured); without it they are checked on their clear fields only (counted as `sealed_unopened`).
-
-Every divergence names its partition and offset (a chain mismatch also the last offset known good: the change lies
-after it); the first in (partition, offset) order is the report's `first_divergence`.
+It checks the checkpoints' signatures, the chain recomputed from the log, and that every record below the stored
+position is accounted for in the projection, all in one read-only snapshot so the rows and positions agree. Every
+divergence names its partition and offset. What each check means: docs/INTERNALS.md, "The ledger chain".
 """
 
 from __future__ import annotations

@@ -9,7 +9,11 @@ erasure during an embedding stores nothing. The processes killed mid-stream are 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import numpy as np
 import psycopg
@@ -19,6 +23,7 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from producers.contract import EventType, MemoryEvent
+from producers.settings import REPO_ROOT
 from projections.embedding import Embedders, load_embedder
 from projections.languages import vector_plan
 from projections.search.documents import embedding_text_for
@@ -271,3 +276,21 @@ def test_vectors_pack_to_float32_and_back():
     v = [0.5, -0.25, 1.0, 0.0, 1e-7]
     assert unpack(pack(v)) == pytest.approx(v, rel=1e-6)
     assert len(pack([0.0] * 384)) == 384 * 4
+
+
+@pytest.mark.unit
+def test_a_search_stage_started_in_its_own_session_lowers_that_session_too():
+    """A nice value ranks a process only within its session's autogroup, where a service started by infra.procs is
+    alone: the stage lowers its autogroup too, or the kernel weighs it as much as the worker's session."""
+    code = (
+        "import os; from projections.search.drain import lower_priority; lower_priority(7); "
+        "print(os.getpriority(os.PRIO_PROCESS, 0)); print(open('/proc/self/autogroup').read().strip())"
+    )
+    if not Path("/proc/self/autogroup").exists():
+        pytest.skip("no autogroups on this kernel")
+    started = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True, start_new_session=True
+    )
+    nice, autogroup = started.stdout.splitlines()
+    assert int(nice) == min(os.getpriority(os.PRIO_PROCESS, 0) + 7, 19)
+    assert autogroup.endswith("nice 7"), autogroup

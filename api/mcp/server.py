@@ -1,20 +1,10 @@
 """The MCP server: `build_server(settings, stdio_key=...)` (an SDK `MCPServer` with the ledger's tools) and
 `http_app(settings)` (its stateless Streamable HTTP app, bearer-authenticated, plus `GET /health`).
 
-The server's lifespan opens the process's own `api.resources.Resources` (pool, Elasticsearch client,
-producer, recall engine with its embedder warming in the background) and closes it on shutdown; every tool
-call is handed that object. Over HTTP the lifespan runs once for the app (stateless requests share it).
-
-Over HTTP the endpoint answers in the API's one error shape where the SDK would not: a request without a known
-bearer (none, an unknown key, or a header that is not `Bearer <key>`) is a 401 naming `Authorization` with the
-HTTP API's bare `WWW-Authenticate: Bearer` challenge, never the SDK's OAuth one (`error="invalid_token"`), which
-tells an MCP client its OAuth token went bad and to log in again: this server has no authorization server, the
-API key is the token. A `GET /mcp` (the stream for server-initiated messages, which a stateless server never
-sends: it would stay open forever), like any method but POST, is a 405 naming POST.
-
-Tools are registered as the SDK's `Tool` with an input and an output schema of our own (the request and
-response models', see api.mcp.tools) and an argument model that hands the raw arguments to that request model,
-so validation is the HTTP API's and never the SDK's re-typing of a function signature.
+The lifespan opens the process's own Resources once; every tool call is handed them. Over HTTP an unknown bearer
+is the API's 401 with a bare `Bearer` challenge, not the SDK's OAuth `invalid_token`, which would tell a client to
+log in again to an authorization server this server does not have; `GET /mcp` is a 405, as a stateless server's
+stream would stay open forever. Tools carry our own schemas, so validation is the HTTP API's, not the SDK's.
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
 """The ledger's MCP tools: each is one request model of api.requests (or the event contract) and one call of
-api.reads / api.writes, the functions the HTTP routes call.
+api.reads / api.writes, the functions the HTTP routes call, so both front ends give the same answers.
 
-| tool | runs | like |
-|---|---|---|
-| remember | api.writes.publish_one (a memory.asserted through the publish door) | POST /v1/events |
-| recall | api.reads.recall (valid time now) | POST /v1/recall |
-| recall_at | api.reads.recall with as_of (and known_at) | POST /v1/recall |
-| facts | api.reads.subject_facts | GET /v1/subjects/{s}/facts |
-| fact_history | api.reads.history | GET /v1/facts/{id}/history |
-| forget | api.writes.forget: a memory.retracted of what exists, or erasure | POST /v1/events, DELETE |
-| context | api.reads.context | POST /v1/context |
-| event_status | api.writes.event_status (what became of an event, by its id) | GET /v1/events/{event_id} |
-| verify_receipt, replay_receipt | api.receipts.verify / replay (an answer's receipt) | POST /v1/receipts/.. |
-| dead_letters, dead_letter | api.dead_letters.list_letters / open_letter (operator keys) | GET /v1/dead-letters.. |
-| redrive_dead_letter, discard_dead_letter | api.dead_letters: an event through the door (operator keys) | POST .. |
-
-A tool's input schema is its model's JSON schema (references inlined), with `tenant` optional (api.mcp.auth);
-its arguments are validated by that model, so a bad one is a tool error whose text is the API's one error
-shape plus the status the route would answer: `{"status": 422, "detail": [{"code", "field", "message"}]}`.
-A result is the route's body, as structured content and as its JSON text (the context tool's text is the
-block itself); each tool declares it as its output schema, the route's response model (api.schemas) with
-references inlined, so a client can check what it gets. Nothing a caller sends crashes the server: an unexpected
-failure is a 500-shaped tool error, logged; a store that is down is the 503 naming it (api.errors.store_failure).
-
-Read-your-writes by default: remember and forget answer a `consistency_token` (api.writes), and the session
-remembers the last ones (`SessionTokens`, per caller key and tenant); every read tool then waits for them (as
-its `after`, merged with an `after` given), so a recall right after a remember answers with it, or with the
-503 `not_yet` the HTTP route would answer (api.consistency), never without it. Over stdio the process is the
-session; the Streamable HTTP server is stateless, so there the caller's key (and tenant) is the session.
+A tool's input and output schemas are its model's and its route's response model's (references inlined); a bad
+argument or a failure is a tool error shaped like the API's (`{"status", "detail"}`), never a crash. Reads wait
+for the session's last write (`SessionTokens`), so a recall right after a remember answers with it. The tools and
+the routes they mirror: docs/mcp.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """`POST /v1/context`: a prompt-ready memory block for a subject and an optional question, within a token budget.
 
-Body `api.requests.ContextBody`: `{tenant, subject, question?, budget_tokens=1000, format="text"|"json",
-include_history=false, as_of?, top_k=5, mode="auto"}`. The block holds the subject's facts in force,
-the recall hits for the question first, and (asked) the versions no longer in force, each line with
-its value, source, valid time and status; api.context says how it is laid out, escaped and cut.
-
-`format=text` answers the block itself (`text/plain; charset=utf-8`), ready to paste into a system
-prompt; `format=json` answers `api.schemas.ContextResponse`: the same lines, structured, the token
-count, what was left out, and the text. The budget counts the text with the embedding model's own
-tokenizer (api.tokens). Same state, same request: the same bytes (pass `as_of` to pin the valid time).
-A body without `format` is answered as the `Accept` header prefers (`application/json` over `text/plain`:
-json), text otherwise; a `format` in the body always wins.
-
-Its receipt (api.receipts) is `receipt` in `format=json`, and the header `X-Receipt` of the text (base64url of its
-JSON; the receipt is of the json form, whose `text` the text is).
-
-`after` (a write's consistency token): the block is built once the projection (and, for the question, the search
-index) has that write (api.consistency), else 503 `not_yet`; which positions it reflects is `consistency` in
-`format=json`, and the header `X-Consistency-Reflects` of the text.
-
-Errors as everywhere (api.errors): 422 naming the field (every `budget_tokens` of 64..32000 holds a block:
-api.context), 401/403 for the key and tenant, 503 naming a store that is down. The MCP `context` tool calls
-the same `api.reads.context`, which builds one block of a tenant at a time, in a worker thread (api.limits):
-the work is bounded by the budget and never holds the event loop.
+`format=text` answers the block itself, ready to paste into a system prompt, with its receipt and consistency in
+headers (`X-Receipt`, `X-Consistency-Reflects`), as the body is only the block; `format=json` answers the same
+lines structured. A body without `format` follows the `Accept` header. The block is built by api.reads.context
+(api.context lays it out), shared with the MCP `context` tool.
 """
 
 from __future__ import annotations

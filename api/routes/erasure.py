@@ -1,19 +1,8 @@
 """`DELETE /v1/subjects/{subject}?tenant=`: erase a subject (right to be forgotten).
 
-Publishes one `subject.erased` event through the SDK (`LedgerProducer.erase_subject`) and answers
-202 with where the ledger stored it, `effect: "pending"` and the `status_url` that tells when it was
-applied (api.writes.effect_pending): the purge itself is done by the projections when they apply
-that event (PostgreSQL drops the subject's versions and events but the erasure tombstone; the
-search indexer deletes the subject's documents), so a rebuild from the log erases it again.
-
-The subject is the rest of the path, `/` included, exactly as the GET routes read it: `a/b` and
-`a%2Fb` both erase the subject `a/b`; `a%252Fb` erases the subject literally named `a%2Fb`.
-
-The answer's `consistency_token`, given to a read as `after`, makes it answer once the erasure is applied.
-
-Idempotent: erasing twice publishes two tombstones and purges nothing more. 401 without a known
-API key, 403 for a tenant the key may not use, 422 naming the field for an unstorable subject or
-reason, 503 `store_unavailable` naming kafka (nothing published) if the broker failed.
+Publishes one `subject.erased` event and answers 202 `pending`: the projections purge when they apply it, so a
+rebuild from the log erases the subject again. The subject is the rest of the path, `/` included, as the GET
+routes read it. Erasing twice publishes two tombstones and purges nothing more.
 """
 
 from __future__ import annotations

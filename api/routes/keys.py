@@ -1,16 +1,9 @@
 """Data keys for producers without database credentials, and the erasure records.
 
-`POST /v1/keys` {tenant, subjects}: each subject's current data key (created on first use), base64, for a
-producer that seals events itself (`LEDGER_KEY_ENDPOINT`, producers.keys.provider.RemoteKeys). A key for a tenant
-is as sensitive as reading that tenant's memories, which the same API key may already do; responses are
-`Cache-Control: no-store`. `POST /v1/keys/retire` {tenant, subject, erasure_id}: called by a producer just before
-it publishes that erasure, so the events it publishes afterwards get a new key. Both answer 409
-`encryption_unavailable` when this API has no key-encryption key configured.
-
-`GET /v1/erasures?tenant=[&subject=]` lists the tenant's erasure records (newest first); `GET
-/v1/erasures/{erasure_id}?tenant=` reads one (404 until the worker has applied it). A record holds no personal data:
-the subject as its tenant's keyed digest (only one who knows the subject finds its records, by asking with it: the
-digest is computed here), counts per store, the destroyed keys' ids and fingerprints, the ledger offsets covered.
+`POST /v1/keys` hands a producer that seals events itself its subjects' data keys: as sensitive as reading the
+tenant's memories, which the same API key may already do, and answered `Cache-Control: no-store`. A producer calls
+`POST /v1/keys/retire` just before publishing an erasure, so its later events get a new key. Erasure records
+(`GET /v1/erasures`) hold no personal data: the subject only as its tenant's keyed digest.
 """
 
 from __future__ import annotations

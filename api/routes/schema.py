@@ -1,15 +1,8 @@
 """`GET /v1/schema/event`: the event contract as a JSON Schema, for producers in other languages (no API key).
 
-The body is the checked-in file producers/schemas/memory-event.schema.json, byte for byte (what
-`ledger schema --write` generates from producers.contract.MemoryEvent; tests/test_event_schema.py
-fails when it drifts from the model), as `application/json` like every other answer (its top-level
-keywords: api.schemas.EventSchemaDocument).
-
-Unauthenticated, like /v1/health: it is a public contract, not tenant data. The same document is in
-the repository and the package, and /openapi.json (also served without a key) already embeds the
-event's schema in POST /v1/events; a Java, Go or Node producer writes to Kafka and holds no API key,
-and its build should be able to fetch the contract it validates against. It reads no request field
-and touches no store, so it can fail only with a server error.
+The body is the checked-in producers/schemas/memory-event.schema.json, byte for byte. Unauthenticated, like
+/v1/health: it is a public contract, not tenant data, and a producer in another language writes to Kafka with no
+API key, yet its build should be able to fetch the contract it validates against.
 """
 
 from __future__ import annotations

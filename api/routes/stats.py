@@ -1,22 +1,10 @@
 """`GET /v1/stats?tenant=`: counters and bounded checks, in milliseconds; `GET /v1/stats/consistency?tenant=`: the full
 check, which scans everything and says what it scanned and how long it took.
 
-/v1/stats: the counts are counters the writers keep in their own transactions and the invariants are bounded
-index lookups (projections.postgres.counts says which is what); `search` compares PostgreSQL's version counter
-with an Elasticsearch `count` of the tenant's documents; lag = the topic's end offset (Kafka, via kafka-python)
-minus the position stored in PostgreSQL for the projector's consumer group. `dlq_count` counts the dead letters
-whose record names this tenant (a record whose tenant cannot be read is counted under none). The three stores are
-asked in parallel and `took_ms` says how long each took. The body is assembled from one dict per part
-(`_postgres_part` and the others below): a new part is one more function and one more `**part` in the body.
-
-/v1/stats/consistency: every invariant scanned over whole chains and each counter against a recount, in one
-PostgreSQL snapshot (projections.postgres.stats.recount_check), then every version id in PostgreSQL against every
-document id in the index (the orphans, meaningful once the outbox is drained). Seconds at 100k facts, so bounded
-(api.limits.CONSISTENCY_SLOTS): one scan of a tenant at a time and two in all per API process; another call
-meanwhile is answered at once with 429 `busy` and `Retry-After`.
-
-Every number needs its stores: if one fails the answer is a prompt 503 naming it (`store_unavailable`), never a
-partial body whose zeros would read as "healthy". `/v1/health` says which parts are up.
+/v1/stats reads counters the writers keep in their own transactions and bounded index lookups, asking the three
+stores in parallel; a new part is one more `_..._part` function. The full check takes seconds at scale, so
+api.limits bounds it and a call meanwhile gets 429 `busy`. A store that fails is a 503 naming it, never a partial
+body whose zeros would read as "healthy".
 """
 
 from __future__ import annotations

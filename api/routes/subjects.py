@@ -1,15 +1,8 @@
 """`GET /v1/subjects/{subject}/facts` (profile, as of valid time, as known at) and `.../events` (audit replay).
 
-`as_of`, `known_at`, `from`, `to` are strict RFC 3339 times (seconds, at most 6 fractional digits,
-an offset, in range once the offset is applied: `producers.contract.Rfc3339`); anything else, a
-Unix number included, is 422 naming the parameter. A subject may contain `/` (send it as is or as
-`%2F`); a NUL anywhere is 422 `unstorable_text`. Every time in the answers (the facts' times and
-`as_of`) is spelled by `producers.contract.rfc3339`: UTC, microseconds, `Z`, whatever offset the
-request used.
-
-The answers are `api.reads.subject_facts` and `api.reads.subject_log` (shared with the MCP `facts` tool).
-`after` (a write's consistency token): answer once the projection has that write (api.consistency), else 503
-`not_yet` naming `after`; the answer's `consistency` says which positions it reflects.
+Times are strict RFC 3339 (a Unix number is 422 naming the parameter) and every time answered is spelled by
+`producers.contract.rfc3339`, whatever offset the request used. A subject may contain `/`. The answers are
+`api.reads.subject_facts` and `subject_log`, shared with the MCP `facts` tool.
 """
 
 from __future__ import annotations

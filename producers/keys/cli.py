@@ -1,15 +1,8 @@
 """`ledger keys new-kek | status | rotate`: the operator's side of the key-encryption keys.
 
-- `new-kek` prints a fresh base64 KEK on stdout (with `--id NAME`, the JSON ring form), how to configure it on
-  stderr: `ledger keys new-kek > kek.txt` keeps only the key.
-- `status` prints the configured KEK ids and the active one (never key bytes), what the key store holds (live
-  data keys per KEK id, retired, destroyed, erasure records), then checks the KEKs against the store
-  (`check_store`): exit 1 with its message when they do not fit, as a worker would refuse to start.
-- `rotate` rewraps every live data key under the active KEK (`store.rotate`; the log is not touched), then
-  names the configured KEK ids that wrap no live key any more: those may leave the configuration.
-
-Errors are one line on stderr and a non-zero exit (1: the KEKs or their configuration; 2: the store failed, or
-the settings do not load; 3: the store is unreachable), never a traceback. Only typer is imported at module level, so
+`status` checks the KEKs against the key store as a worker would at start; `rotate` rewraps every live data key
+under the active KEK without touching the log. Errors are one line on stderr and a non-zero exit (1: the KEKs,
+2: the store or the settings, 3: the store unreachable). Only typer is imported at module level, so
 `ledger --help` stays fast.
 """
 

@@ -1,21 +1,9 @@
 """The sealed envelope: an event whose personal fields travel encrypted with its subject's data key.
 
-What is personal (`PERSONAL`, `PERSONAL_SOURCE`): what the event *says* about the subject: `content`, `value`,
-`entities`, `aliases`, `tags`, `reason`, and who reported it (`source.ref`, `source.actor`). What stays clear is what
-routing, ordering and idempotency need and what carries no statement about the person: `event_id`, `type`, `tenant`,
-`subject` (the Kafka key is `tenant|subject` anyway: use opaque subject ids), the fact `key` and `scope` (names,
-not values), `kind`, `source.type`, `source.service`, `confidence`, `importance`, the times, `target_version`,
-`schema_version`. An erasure (`subject.erased`) is never sealed: it must stay readable after its own key is gone
-(its `reason` is clear text: say why without personal data).
-
-A sealed record is the clear fields plus::
-
-    "sealed": {"v": 1, "alg": "A256GCM", "kid": "<data key id>", "nonce": "<base64, 12 bytes>", "ct": "<base64>"}
-
-`ct` is AES-256-GCM over the JSON object of the personal fields, with a fresh random 96-bit nonce per record
-(a data key seals one subject's events: far below the 2^32 records per key where random nonces stop being safe),
-and the clear fields (sorted-key JSON) plus the key id as associated data: changing any clear field, or moving the
-ciphertext to another record, fails authentication. Pure functions: no key store, no I/O.
+Personal (`PERSONAL`, `PERSONAL_SOURCE`) is what an event says about its subject and who reported it; what routing,
+ordering and idempotency need stays clear. An erasure is never sealed: it must stay readable after its key is gone.
+The clear fields and the key id are the AES-256-GCM associated data, so changing a clear field or moving the
+ciphertext to another record fails authentication. Pure functions, no I/O. docs/encryption.md.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
   `recorder` (ledger records -> rows) and `access_projector` (access records; `accesses`: their shared rules).
 - `idempotency`, `positions`, `counts`, `erasures`: event ids, consumer positions, `/v1/stats` counters, and the
   erasure records.
-- `queries`, `stats`, `subject_search`: the API's reads.
+- `chain`: the ledger chain and its signed checkpoints.
+- `queries`, `stats`, `subject_search`, `dead_letters`, `receipts`: the API's reads.
 
 jsonb goes through orjson (faster than the stdlib json), set once for every psycopg connection of the process.
 """

@@ -1,20 +1,9 @@
 """The access topic's positioned projection: access records -> `accesses` and `access_counts`.
 
-A `PositionedProjection` (projections.postgres.positioned: the position rows of (consumer, access topic) locked,
-records below them skipped, rows and positions in one transaction, deadlocks retried, a poison record bisected
-out and dead-lettered as `unstorable`), the same live (stream_processors.access) and in `ledger rebuild`. On top of
-that every access has its id (`AccessEvent.access_id`, a digest of the serving), the primary key of `accesses`: a
-record delivered twice at another offset (a producer retry) is a no-op as well. `access_counts` (per tenant and
-memory_id: how many accesses, the last one) only grows by the rows that were new, so it is a function of
-`accesses` and a replay from offset 0 gives the same numbers. In the same transaction it adds to `/v1/stats`'
-access counters (projections.postgres.counts) the new accesses of active facts and the active facts served for
-the first time (projections.postgres.accesses.served_deltas), on its own shard (`access_shard` of its lowest
-partition).
-
-An access of an erased version is dropped (`erased`; projections.postgres.accesses explains why both orders of
-an erasure and an access give the same tables). An invalid record (not an AccessEvent) is written to
-`dead_letters` once (topic = the access topic) and the batch goes on. Accesses are not re-published to the
-ledger's dead-letter topic (no `dlq_sink`): they are the service's own records, and the table says what went wrong.
+A PositionedProjection, the same live and in `ledger rebuild`. Each access's id is the primary key of `accesses`,
+so a record delivered twice at another offset is a no-op too, and `access_counts` grows only by new rows: a replay
+gives the same numbers. An access of an erased version is dropped (projections.postgres.accesses). Invalid records
+go to `dead_letters` only, not the ledger's DLQ topic: they are the service's own records.
 """
 
 from __future__ import annotations

@@ -1,30 +1,9 @@
 """The access tables' rules that both writers share: the per-fact lock, and what an erasure does to accesses.
 
-Two writers touch the access projection (`accesses`, `access_counts`, `erased_versions`, schema.sql): the access
-projector (projections.postgres.access_projector), which adds accesses, and the ledger's Recorder, whose
-`subject.erased` removes the accesses of the subject's versions. They run in different transactions of different
-consumers, so both take `lock_access_facts` on the facts they touch (sorted, so they never deadlock), and each
-sees what the other committed:
-
-- the erasure came first: its versions are in `erased_versions` (salted hashes), and the projector drops an
-  access of one of them (`erased_version_ids`) instead of counting it;
-- the access came first: the erasure deletes it (`erase_accesses`) and recomputes the fact's aggregate.
-
-Either order gives the same tables, which is what makes a rebuild from offset 0 (both topics replayed in any
-interleaving) equal to the live projection.
-
-The counters of `/v1/stats` `access` (projections.postgres.counts: `facts_active`, `facts_active_served`,
-`accesses_active`) follow the same lock. A fact is *active* while one of its versions has status `active`. The
-recorder computes which facts a batch makes active or inactive (`active_transitions`, pure: the stored chain
-against the planned one) and, holding those facts' access locks, adjusts all three by the facts' `access_counts`
-rows (`transition_deltas`); the access projector, holding the locks of the facts it serves, adds the new accesses
-of active facts and counts a fact as served when its first accesses arrive (`served_deltas`); an erasure
-subtracts the subject's active facts before it purges them. Whoever takes a fact's lock second sees what the
-first committed, so the counters come out the same in either order, on redelivery (no new rows, no deltas) and
-in a rebuild (the same code over the same records).
-
-Memory and version ids are digests and the caller is a fingerprint, so nothing personal is kept; even so an
-erased subject leaves no access row and no aggregate behind.
+The access projector adds accesses and the Recorder's `subject.erased` removes them, in different transactions,
+so both take `lock_access_facts` (sorted, so they never deadlock): whichever comes second sees what the first
+committed, and either order, a redelivery or a rebuild gives the same tables and `/v1/stats` counters. An erased
+subject leaves no access row and no aggregate behind.
 """
 
 from __future__ import annotations

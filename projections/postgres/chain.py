@@ -1,19 +1,10 @@
 """The ledger chain: every record the projection takes, hashed into one chain per partition, and signed checkpoints.
 
-Each record the ledger's projection takes (valid or dead-lettered alike, in log order per partition) extends its
-partition's chain: `link(previous, partition, offset, key, value)` is sha256 over the previous link, the position and
-the record's key and value bytes exactly as they stand in the log: the sealed bytes when encryption is on, so no
-personal data enters the chain and an erasure, which destroys a data key and leaves the log as it is, never breaks
-it. A partition's first link hashes `GENESIS`. The head (the last link, the offset it covers, how many records the
-chain holds, the offset it began at) is written in the batch's transaction with the positions
-(projections.postgres.positioned), so the head covers exactly what the positions say was taken; a replay through
-the same projection (`ledger rebuild`) computes the same links.
-
-Checkpoints, signed with the worker's Ed25519 key (producers.keys.signing) in the same transaction: every
-`chain_checkpoint_records`-th link of a partition (wherever batches end, so a replay signs the same ones), a chain's
-first head, and a head that grew `chain_checkpoint_s` seconds after the last checkpoint (an idle partition's by the
-worker's timer, `sign_idle_heads`). Each stores the public key, so `ledger verify` (stream_processors.verify) checks
-it without a secret.
+Links hash each record's key and value bytes as they stand in the log (sealed when encryption is on), so no
+personal data enters the chain and an erasure, which leaves the log as it is, never breaks it. Heads and signed
+checkpoints are written in the batch's transaction with the positions, so a head covers exactly what was taken,
+and checkpoints fall at fixed link counts so a replay (`ledger rebuild`) signs the same ones. Each checkpoint
+stores its public key, so `ledger verify` needs no secret. docs/INTERNALS.md, "The ledger chain".
 """
 
 from __future__ import annotations
@@ -23,7 +14,6 @@ import logging
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -120,7 +110,6 @@ class Checkpoint:
     key_id: str
     public_key: bytes
     signature: bytes
-    signed_at: datetime | None = None
 
 
 def checkpoint_valid(topic: str, cp: Checkpoint) -> bool:
@@ -291,13 +280,12 @@ def read_starts(conn: psycopg.Connection | psycopg.Cursor, consumer: str, topic:
 def read_checkpoints(conn: psycopg.Connection | psycopg.Cursor, consumer: str, topic: str) -> list[Checkpoint]:
     """Every stored checkpoint of (consumer, topic), by partition, chain and count."""
     rows = conn.execute(
-        'SELECT "partition", head, "offset", count, first_offset, key_id, public_key, signature, signed_at '
+        'SELECT "partition", head, "offset", count, first_offset, key_id, public_key, signature '
         'FROM chain_checkpoints WHERE consumer = %s AND topic = %s ORDER BY "partition", first_offset, count',
         (consumer, topic),
     ).fetchall()
     return [
-        Checkpoint(Head(p, bytes(h), o, c, f), kid, bytes(pub), bytes(sig), at)
-        for p, h, o, c, f, kid, pub, sig, at in rows
+        Checkpoint(Head(p, bytes(h), o, c, f), kid, bytes(pub), bytes(sig)) for p, h, o, c, f, kid, pub, sig in rows
     ]
 
 

@@ -1,16 +1,8 @@
 """Connections bound to the projection's schema: where every session-wide `search_path` is set.
 
-(DDL sets its own with `SET LOCAL` for one transaction: schema.create_schema, producers.keys.store.)
-
-Every table of the projection lives in one schema (`Settings.pg_schema`); queries name tables
-without a schema and rely on `search_path = <schema>, public`. The schema is always quoted with
-`psycopg.sql.Identifier`, never formatted into the SQL text.
-
-- `search_path(schema)`: the `SET search_path` statement.
-- `use_schema(conn, schema)` / `use_schema_async(conn, schema)`: set it on an open connection and
-  commit, so a later rollback cannot undo it.
-- `connect(dsn, schema)` / `connect_async(dsn, schema)`: a new connection with it set.
-- `configure_pool(schema)`: the `configure` callback of a psycopg_pool pool (the API's).
+Queries name tables without a schema and rely on `search_path = <schema>, public`, so one code serves any private
+schema; the schema is always quoted with `psycopg.sql.Identifier`, never formatted into SQL text. `use_schema`
+commits, so a later rollback cannot undo it. (DDL sets its own with `SET LOCAL`.)
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
 """Idempotency keys: one content per (tenant, event_id), whichever door publishes it, and an event's fate by its id.
 
-An event id is its producer's idempotency key, scoped by tenant: (tenant, event_id). Before a door (an API
-process's `POST /v1/events`, MCP `remember`) publishes, it calls `claim_events` with each event's
-`MemoryEvent.fingerprint`; one statement, atomic per id, answers each:
-
-- `new`: nobody had the id; it is now claimed with this fingerprint (publish it);
-- `claimed`: claimed before with the same fingerprint, not applied yet (a retry in flight: publishing it again is
-  harmless, the worker applies an id once);
-- `applied`: the event with the same fingerprint is applied (a retry: answer with its partition/offset);
-- `erased`: the id belonged to a subject that was erased since, with the same content, or erased before its
-  content was recorded (a retry has no effect);
-- `conflict`: the id is applied, claimed or erased with another fingerprint (refuse; the worker would
-  dead-letter it as `event_id_conflict`).
-
-The claim (`event_claims`) is what makes two doors agree: two processes racing on one id with two contents both
-upsert the same row, and the second reads the first's fingerprint. It holds ids and fingerprints only; an erasure
-deletes the claims of the subject's events (the recorder), and `erased_events` answers for them from then on:
-`sha256(salt || event_id)` and `sha256(salt || fingerprint || event_id)` (the salt is random per schema, in
-`meta`, never shown), so the ids and fingerprints leave with the erased subject and only digests under that salt
-stay. A claim outlives a failed publish (the record may have been written: the same event is the retry); only
-events the producer refused before sending are released (`release_claims`).
-
-`event_fate` reads what is known about one id for `GET /v1/events/{event_id}`. Only the tenant's own ids are ever
-looked at: nothing here can tell one tenant about another's.
+Before a door publishes, `claim_events` claims each id with its `MemoryEvent.fingerprint` in one atomic statement
+(new, claimed, applied, erased or conflict): two doors racing on one id with two contents upsert the same row, so
+the second sees the first's fingerprint. Claims hold ids and fingerprints only, and an erasure leaves only salted
+digests (`erased_events`). A claim outlives a failed publish, as the record may have been written; only events
+refused before sending are released. `event_fate` only ever reads the tenant's own ids.
 """
 
 from __future__ import annotations
@@ -41,6 +23,8 @@ ID_HASH_SQL = f"sha256({_SALT} || convert_to({{}}, 'UTF8'))"
 # the erased event's fingerprint, bound to its id (fingerprints have a fixed length: the concatenation is unambiguous)
 FP_HASH_SQL = f"sha256({_SALT} || convert_to({{fp}} || {{id}}, 'UTF8'))"
 
+# new: publish it; claimed (in flight), applied, erased: the same content seen before, so this is a retry;
+# conflict: another fingerprint holds the id (refused; the worker would dead-letter it as `event_id_conflict`)
 ClaimState = Literal["new", "claimed", "applied", "erased", "conflict"]
 
 

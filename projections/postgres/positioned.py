@@ -1,32 +1,11 @@
 """A positioned projection: a topic's records applied to PostgreSQL exactly once, whatever the projection writes.
 
-The ledger's projection (projections.postgres.recorder.Recorder) and the access topic's
-(projections.postgres.access_projector.AccessProjector) are both this base plus two things of their own:
-`decoder(settings)` (raw Kafka record -> a record whose `event` or `error` is set) and `apply(cur, records,
-result, shard)` (the valid records' rows). Everything else is here, once, the same live and in `ledger rebuild`:
-
-Exactly-once effect: a batch's rows and the positions (consumer, topic, partition -> next_offset) commit
-together. The position rows are locked first (FOR UPDATE, in partition order: a schema switch by `ledger
-rebuild` makes that first statement wait), records below the stored position are skipped (redelivery after a
-crash, or another worker that already applied them during a rebalance), the rows written, the positions
-advanced, the counters' changes (projections.postgres.counts) added on the shard of the batch's lowest partition,
-whose position row this transaction holds locked.
-
-The chain: a `chained` projection (the ledger's) hashes every record it takes, before `prepare`, into its
-partition's chain in the same transaction, and signs checkpoints of the heads (projections.postgres.chain).
-
-Dead letters: an invalid record is written to `dead_letters` (once per topic/partition/offset) in the same
-transaction, counted under the tenant it names (`dead_letters/<topic>`), handed to `dlq_sink` (if any) just
-before the commit, so the DLQ topic gets it at least once and the table counts it exactly once, and logged after
-the commit (one line each, by the projection's module logger).
-
-Poison records: a failure that will happen again on every attempt (`is_permanent`: PostgreSQL refuses the data,
-a constraint, a deterministic error of the pure core) is not retried. The batch is bisected, each half applied
-in its own transaction with its positions (a half keeps ledger order per partition), until the single failing
-record is found; it is dead-lettered with code `unstorable` (the database's message) and the records after it
-are applied. Deadlocks and serialization failures are retried here; other transient failures (connection, DLQ
-topic down) propagate to the caller, which retries the whole batch: the halves that already committed are below
-the stored positions and are skipped.
+The ledger's Recorder and the AccessProjector are this base plus their `decoder` and `apply`; everything else is
+here once, the same live and in `ledger rebuild`. A batch's rows and positions commit together, after the position
+rows are locked and records below them skipped, so a redelivery has no effect. Invalid records are dead-lettered in
+the same transaction (the DLQ topic gets them at least once, the table exactly once). A record that fails on every
+attempt is bisected out and dead-lettered as `unstorable`, so it never stalls the partition; deadlocks are retried
+here, other transient failures by the caller. docs/INTERNALS.md, "PostgreSQL" (Writers).
 """
 
 from __future__ import annotations

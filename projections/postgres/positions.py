@@ -1,20 +1,9 @@
 """The stored positions: partition -> next_offset of one (consumer, topic), read in one way.
 
-The recorder commits each batch's rows and its positions in one transaction, so these numbers are
-exactly what PostgreSQL holds of the ledger. "Caught up" means they reach the topic's end offsets
-(`producers.topics.end_offsets`): the API's lag, a rebuild's switch-over, the benchmark's and the
-tests' waits all read them here.
-
-- `stored_positions(conn, consumer, topic, schema=...)` / `stored_positions_async(conn, consumer, topic)`:
-  on a connection (or cursor) whose search_path is the projection schema, or naming the schema.
-- `read_positions(settings)`: on a connection of its own; {} while the schema has no positions yet.
-- `wait_for_positions(settings, targets, timeout)`: poll until every partition reaches its target.
-- `reached_async(conn, consumer, topic, targets)`: whether the stored positions reach a read's consistency token
-  (producers.consistency), and the positions read; `search_mark_async` / `search_pending_async`: what the search
-  stages still hold of one tenant's rows up to a mark (api.consistency waits on them).
-- `lock_positions(cur, consumer, topic, partitions)` / `advance_positions(cur, consumer, topic, ends)`: the
-  writer's side, inside its batch transaction (projections.postgres.positioned: the ledger's and the access
-  topic's projections).
+The projections commit each batch's rows and positions in one transaction, so these numbers are exactly what
+PostgreSQL holds of a topic; "caught up" means they reach the topic's end offsets. Readers (the API's lag and
+read-your-writes waits, a rebuild's switch-over, tests) and the writers' `lock_positions` / `advance_positions`
+all go through here.
 """
 
 from __future__ import annotations

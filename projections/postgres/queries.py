@@ -475,12 +475,10 @@ async def access_summary(conn: psycopg.AsyncConnection, tenant: str, *, top: int
     valid_from still to come, does not make it inactive). All three are counters (projections.postgres.counts,
     kept by the recorder and the access projector in their transactions), so this is a few index lookups.
 
-    Why not "facts with a version that holds now" (valid time), as before: that set depends on the clock, so no
-    writer can keep a counter of it, and counting it scans every version of the tenant (86 ms at 100k versions in
-    bench/results/stats-20261201T141115Z.md; 133 ms p50 in process against 2 ms for this, on a busier machine, in
-    stats-20261201T152041Z.md). A walk of access_counts with an index probe per served fact (option (b) of issue
-    12) took 135 ms there for the numerator alone (9.5k served facts), and the denominator would still be the
-    scan. `active` is stored with the row and changes only when an event changes the chain.
+    Not "facts with a version that holds now" (valid time): that set depends on the clock, so no writer can keep a
+    counter of it, and counting it scans every version of the tenant, as does a walk of access_counts per served
+    fact (bench/results/stats-20261201T152041Z.md). `active` is stored with the row and changes only when an event
+    changes the chain.
 
     `most_served`: the `top` facts by accesses (then the latest access, then memory_id), active or not, with their
     subject and key: the first rows of the index access_counts_most, one probe of fact_versions each.

@@ -1,28 +1,10 @@
 """The ledger's positioned projection: a batch of ledger records -> events, fact versions, outbox rows.
 
-A `PositionedProjection` (projections.postgres.positioned): the batch's rows and the positions (consumer, topic,
-partition -> next_offset) commit in one transaction, records below the stored positions are skipped, deadlocks
-retried, a poison record bisected out and dead-lettered as `unstorable`, invalid records dead-lettered once and
-handed to `dlq_sink` just before the commit. What is the ledger's own: `decoder` (producers.records.decode_record
-within the reader's clock-skew window), `prepare` (sealed records opened) and `apply` (below). Each fact is
-recomputed under `pg_advisory_xact_lock(hashtextextended(memory_id, 0))` (a plain SELECT ... FOR
-UPDATE races when two writers create a fact's first version).
-
-Idempotency is keyed by (tenant, event_id) (`events` primary key): another tenant's event with
-the same id is an independent event. Same tenant and id with the same `MemoryEvent.fingerprint`
-is a duplicate (no effect); with another fingerprint it is a conflict: dead-lettered with code
-`event_id_conflict` (field `event_id`), never applied, never silently dropped. Dispatch on the
-event type is `projections.versions.route` (exhaustive).
-
-Erasure (`subject.erased`): the subject's versions, events and pending search upserts are purged;
-the ids of its events (and their fingerprints) are kept as salted hashes in `erased_events` first,
-so a re-sent pre-erasure event has no effect (`erased_replays`), other content under an erased id is
-a conflict (`event_id_conflict`), and new events about the subject apply. The doors' claims of the
-purged ids (`event_claims`) go with them.
-`pg_notify('memory_ledger_erasure', {schema, tenant, subject})` runs in the same transaction,
-so API processes drop cached vocabulary when it commits.
-
-The underscore methods take the batch's cursor, so several writes share its one transaction.
+Built on `PositionedProjection` (rows and positions in one transaction); this module adds the ledger's `decoder`,
+`prepare` (sealed records opened) and `apply`. Each fact is recomputed under an advisory lock on its memory_id,
+because SELECT ... FOR UPDATE races when two writers create a fact's first version. Idempotency, conflicts and
+erasure: README.md and docs/INTERNALS.md ("PostgreSQL"). The underscore methods take the batch's cursor, to share
+its one transaction.
 """
 
 from __future__ import annotations
@@ -79,7 +61,6 @@ __all__ = [
 ERASURE_CHANNEL = "memory_ledger_erasure"  # LISTEN for {schema, tenant, subject} after each erasure commits
 OUTBOX_CHANNEL = "memory_ledger_outbox"  # LISTEN for <schema> after a commit that gave the indexers work
 _NO_FACT = (Route.ERASURE, Route.RESOLUTION)  # routes whose events are logged under no fact (memory_id NULL)
-MARK_TYPES = (EventType.RETRACTED.value, EventType.CONFIRMED.value)
 VERSION_COLUMNS = (
     "version_id event_id memory_id tenant subject key scope kind value content entities aliases tags source confidence "
     "importance observed_at valid_from asserted_valid_to partition offset valid_to status superseded_by "
@@ -109,7 +90,6 @@ class BatchResult(PositionedResult):
     # already known with the same fingerprint
     conflicts: int = 0  # same (tenant, event_id), another fingerprint: dead-lettered as event_id_conflict
     erased_replays: int = 0  # re-sent events of an erased subject: no effect, not stored
-    versions_written: int = 0
 
 
 # deterministic failures of the pure core (projections.versions) on the records it is folding
@@ -365,7 +345,6 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         # /v1/stats' access counters: facts this batch makes active or inactive (projections.postgres.accesses)
         result.counts.update(transition_deltas(cur, active_transitions(versions, inserts, updates)))
         self._write_versions(cur, inserts, updates, result.counts)
-        result.versions_written += len(inserts) + len(updates)
 
     def _resolve_dead_letters(self, cur: psycopg.Cursor, records: list[Incoming]) -> None:
         """Record what the newly logged `records` (events naming a `dead_letter`) did to their letters.
@@ -443,8 +422,8 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         """The stored chains of `facts`, with the columns the fold and the writers read (`CHAIN_COLUMNS`).
 
         The content columns (`UNREAD_COLUMNS`) are left empty: a stored version is only ever refolded, counted
-        active or not, and written back by the UPDATE of its derived columns (every chain of a batch was
-        read whole, a fifth of the worker's time and growing with the chains).
+        active or not, and written back by the UPDATE of its derived columns: reading whole chains would cost
+        time that grows with the chains.
         """
         cur.execute(_LOAD_CHAINS, (facts,))
         out: dict[str, list[Version]] = defaultdict(list)
@@ -602,7 +581,7 @@ def _route(record: Incoming) -> Route:
 
 
 def version_to_row(v: Version) -> tuple:
-    values = list(_ROW(v))  # every column in one C call (the getattr loop was 2% of a rebuild)
+    values = list(_ROW(v))  # every column in one C call, cheaper than a getattr loop
     for i in _JSON:
         values[i] = Jsonb(values[i])
     for i in _LISTS:
@@ -610,7 +589,7 @@ def version_to_row(v: Version) -> tuple:
     return tuple(values)
 
 
-# VERSION_COLUMNS is Version's field order (asserted at import): a row is built positionally, ~2x the keyword way
+# VERSION_COLUMNS is Version's field order (asserted at import): a row is built positionally, faster than by keyword
 if tuple(VERSION_COLUMNS) != tuple(f.name for f in dataclasses.fields(Version)):
     raise AssertionError("VERSION_COLUMNS must list Version's fields in their order")
 _LISTS = tuple(VERSION_COLUMNS.index(n) for n in ("entities", "aliases", "tags"))

@@ -1,12 +1,9 @@
 """Elasticsearch clients that encode JSON with orjson, requests and bulk bodies alike.
 
-The client's default serializers use the standard library's `json`: profiled in the 100k bench, the
-indexer spent 40% of its CPU in `JSONEncoder.iterencode`, encoding the float lists of the documents' vectors for
-`_bulk`. elastic_transport ships an orjson serializer for `application/json` only; the NDJSON one (what `_bulk`
-sends) encodes each line with the base class's `json`, so it is given orjson here too. The compatibility-mode
-mimetypes follow their plain ones (the client maps them). Every process of ours builds its client here, from its
-settings: the nodes of LEDGER_ES_URL (a user and password in it become the Authorization header) and the TLS files
-of LEDGER_ES_CA_CERTS / LEDGER_ES_CLIENT_CERT / LEDGER_ES_CLIENT_KEY (`es_tls`).
+The client's default serializers use the standard library's `json`, which dominated the indexer's CPU encoding
+vectors for `_bulk` (BENCHMARKS.md); elastic_transport's orjson serializer covers `application/json` only, so the
+NDJSON one gets orjson here too. Every process builds its client here, from LEDGER_ES_URL (a user and password in it
+become the Authorization header) and the TLS files of LEDGER_ES_CA_CERTS / _CLIENT_CERT / _CLIENT_KEY (`es_tls`).
 """
 
 from __future__ import annotations

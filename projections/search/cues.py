@@ -1,11 +1,8 @@
 """Cue extraction by rules (the first step of recall): pure functions, no I/O.
 
-A query is cut into *units* (a latin/digit word, or one Han character) after NFKC +
-casefold, and every contiguous run of units is looked up in the tenant's vocabulary
-(known entity ids, key aliases) and in fixed word lists (time words, event types).
-The write side (the indexer) uses the same `normalize_*`, `canonical` and
-`event_types_in` functions, so a cue found in a query equals the value stored in the
-index, byte for byte.
+A query is cut into units (a latin/digit word, or one Han character) and every run of units is looked up in the
+tenant's vocabulary and fixed word lists. The indexer uses the same `normalize_*`, `canonical` and
+`event_types_in`, so a cue found in a query equals the value stored in the index, byte for byte.
 """
 
 from __future__ import annotations

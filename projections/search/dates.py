@@ -1,18 +1,9 @@
 """Calendar dates a question names ("in June", "on 13 October 2023", "2023年5月", "2023-05-08"): a preference cue.
 
-Relative time words ("last week", "上个月") name a range anchored at now and narrow events and episodes to it
-(projections.search.cues.TimeRange). A calendar date is different: a question about a conversation names the day
-or month things happened ("What did Melanie paint in July 2023?"), and the turn that answers it was said on that
-day or in the days after ("we painted it last Saturday"). So a date is a preference, not a filter: recall ranks
-the events and episodes of the named day, month or year first (projections.search.recall.prefer.time_preference)
-and keeps the others. A month without a year ("in June") names that month in any year.
-
-What counts as a date, English: a month name with a day and/or a year ("October 13, 2023", "13 October 2023",
-"1 February, 2023", "May 23", "July 2023"), a month name after in/on/during/since/until/before/after/of ("in
-June"; "may" alone is the verb unless a day or year is beside it), a year after in/during/of/since ("in 2023");
-ISO ("2023-05-08", "2023-05"); Chinese: "2023年5月8日", "2023年5月", "5月8日" / "5月8号", "2023年", "5月" / "5月份"
-("3个月", three months, is no date). Impossible dates ("February 30") are no cue. Pure and linear: regexes over the
-normalized text, at most MAX_DATES cues.
+Unlike relative time words (cues.TimeRange), a named date is a preference, not a filter: the turn that answers
+"What did Melanie paint in July 2023?" may have been said in the days after. English month names with a day or
+year (or after in/on/..., as "may" alone is the verb), ISO and Chinese forms count; impossible dates do not. Pure
+and linear: regexes over the normalized text, at most MAX_DATES cues.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """The one "drain forever" loop of the search projection's workers (`ledger indexer`, `ledger embedder`).
 
-Each round binds a batch id to the log lines (producers.logs), runs one batch (`once(conn)`: its own transaction
-on the loop's autocommit connection) and, every `metrics_refresh_s`, reads the queue gauges. A full batch goes on
-at once; anything less waits for work: a NOTIFY on one of the worker's channels, sent by the transaction that gave
-it work and delivered when that commits (the recorder's new outbox rows and erasures wake the indexers, an
-indexer's queued vectors the embedders, an embedder's stored vectors the indexers again), so a new version is
-picked up within milliseconds of its commit. The poll interval is only the longest wait: the fallback for a
-notification lost while the connection was down (every (re)connection drains first anyway) and for work no commit
-announces (rows a failed batch left, the end of a reindex). Channels are shared by every schema on the server: a
-notification names its schema, and others' do not wake this worker.
-
-Errors back off (doubling from 0.5 s up to `indexer_max_backoff_s`) and never end the loop; a broken connection
-is replaced, and its LISTENs with it.
+A full batch goes on at once; anything less waits for a NOTIFY sent by the transaction that gave it work, so new
+work is picked up within moments of its commit. The poll interval only bounds the wait, as a fallback for a
+notification lost while disconnected and for work no commit announces. Notifications name their schema, so others'
+do not wake this worker. Errors back off up to `indexer_max_backoff_s` and never end the loop.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -32,9 +25,36 @@ from projections.postgres.connection import search_path
 from projections.postgres.recorder import ERASURE_CHANNEL, OUTBOX_CHANNEL
 from projections.search import metrics
 
-__all__ = ["EMBED_CHANNEL", "ERASURE_CHANNEL", "OUTBOX_CHANNEL", "drain_forever", "notify", "wait_for_work"]
+__all__ = [
+    "EMBED_CHANNEL",
+    "ERASURE_CHANNEL",
+    "OUTBOX_CHANNEL",
+    "drain_forever",
+    "lower_priority",
+    "notify",
+    "wait_for_work",
+]
 
 EMBED_CHANNEL = "memory_ledger_embed"  # an indexer queued versions for vectors in schema <payload> (embedders wake)
+
+
+def lower_priority(nice: int) -> None:
+    """Lower this process's CPU priority by `nice` (0: leave it), at its start: the threads it starts later inherit it.
+
+    With the kernel's autogroups (sched_autogroup_enabled, the default of many distributions) a nice value only
+    ranks a process among those of its own session, and a service started in a session of its own (infra.procs)
+    is alone there: so a session leader also lowers its session's autogroup, the weight the kernel sets against the
+    worker's and the servers' sessions. A process sharing its session (a shell's job) lowers only itself."""
+    if not nice:
+        return
+    os.nice(nice)
+    if os.getsid(0) != os.getpid():
+        return
+    try:
+        with open("/proc/self/autogroup", "w") as autogroup:
+            autogroup.write(str(nice))
+    except OSError:  # no autogroups (not Linux, switched off) or refused: the nice value alone
+        pass
 
 
 def notify(conn: psycopg.Connection, channel: str) -> None:

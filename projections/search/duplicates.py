@@ -1,24 +1,10 @@
 """Near-duplicate episodes: an episode that repeats one already stored is linked to it, never deleted.
 
-When the embedder stores an episode's vectors it looks for the same thing said before: the nearest episodes of
-the same tenant and subject by its own language's vector (an Elasticsearch kNN search, one `msearch` per batch)
-and, inside the batch, the episodes claimed with it. A candidate is a duplicate when both measures agree:
-
-- cosine similarity of the two vectors >= COSINE_MIN (0.95), and
-- token-set Jaccard similarity of the two texts >= TEXT_MIN (0.8): words and digits lowercased, Han characters
-  one by one.
-
-Measured on the conversational dev set (788 turns of two LoCoMo conversations, bge-small-en-v1.5 int8): no
-pair of distinct turns of one conversation reaches cosine 0.95 with Jaccard 0.8 (the closest, "Gina: Thanks,
-Jon! Appreciate your support!" / "Jon: Thanks, Gina! Your support's really been awesome.", has 0.936 / 0.5 and
-another subject), while a re-import of the same turns has cosine 1 with its original (each text is embedded
-alone: projections.embedding) and Jaccard 1; the 0.95 leaves room for a changed model. The same subject is
-required: two speakers saying "Thanks!" are two episodes.
-
-A linked episode's `episode_links` row names its group: the group of the episode it repeats (or that episode,
-when it has none), so a group is named by its first episode. The document carries it as `episode_group`;
-recall keeps the best hit per group and lists the others in its explanation; `/v1/stats` counts the groups.
-Two copies embedded at the same moment by two embedders do not see each other (neither is searchable yet).
+When the embedder stores an episode's vectors it compares it with the nearest episodes of the same tenant and
+subject (kNN, and the others of its batch): a duplicate needs both cosine >= COSINE_MIN and token-set Jaccard >=
+TEXT_MIN, so a turn merely close in meaning or in words stays an episode of its own; the same subject is
+required, as two speakers saying "Thanks!" are two episodes. A group is named by its first episode; recall keeps
+the best hit per group. Two copies embedded at the same moment by two embedders do not see each other.
 """
 
 from __future__ import annotations

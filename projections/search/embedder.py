@@ -1,27 +1,15 @@
 """The embedding stage (`ledger embedder`): vectors for the documents the indexers wrote without them.
 
-An indexer writes a version's document at once (exact and keyword recall see it) and queues the version in
-`embed_queue` when a configured model's vector of it is not stored. Any number of embedders drain that queue:
-
-1. claim a batch (`FOR UPDATE SKIP LOCKED`, in the transaction that finishes it: a process killed mid-batch
-   releases its rows and another takes them) and read the versions' texts and stored vectors;
-2. embed what is missing, by each text's language's model (projections.embedding.Embedders), with the
-   transaction open (the claim is a few row locks; nothing else waits on them);
-3. lock the versions' rows (`FOR NO KEY UPDATE SKIP LOCKED`: a row the projection is changing right now is
-   left in the queue for the next round, never waited on, so no deadlock), store the vectors and draw each
-   version a new document revision (projections.search.vectors), queue an outbox row per version so an indexer
-   writes the document again with its vectors, delete the finished queue rows and adjust the counters.
-
-A version erased or gone meanwhile is dropped from the queue with nothing stored (its row is gone; a concurrent
-erasure waits for the row lock and then deletes the vectors with the version). The text of a version never
-changes, so a vector computed once is valid for every later state of its version: a superseded version keeps its
-status when its vector lands, because the document is always rebuilt from the row's current state.
+Any number of embedders drain `embed_queue`: claim a batch (SKIP LOCKED, so a killed process releases it), embed
+what is missing, then lock the versions' rows with SKIP LOCKED, so a row the projection is changing is left for
+the next round instead of deadlocking, store the vectors and queue the versions for an indexer again. A version's
+text never changes, so a vector computed once is valid for every later state; the document is always rebuilt from
+the row's current state.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -42,7 +30,7 @@ from projections.search import metrics
 from projections.search.claims import finish
 from projections.search.client import es_client
 from projections.search.documents import embedding_text_for
-from projections.search.drain import EMBED_CHANNEL, OUTBOX_CHANNEL, drain_forever, notify
+from projections.search.drain import EMBED_CHANNEL, OUTBOX_CHANNEL, drain_forever, lower_priority, notify
 from projections.search.duplicates import Link, find_links, store_links
 from projections.search.vectors import VECTOR_COLUMNS, Vectors, lacking, store_vectors
 
@@ -59,7 +47,6 @@ class EmbedStats:
     gone: int = 0  # versions no longer in PostgreSQL (erased)
     deferred: int = 0  # versions whose rows were locked by the projection: left queued for the next round
     texts: int = 0
-    linked: int = 0  # episodes linked to a near-duplicate group
 
 
 def _set_path(conn: psycopg.Connection, settings: Settings) -> None:
@@ -110,7 +97,7 @@ def complete(
     finish(conn, settings)  # the closing statements, serialized with every other indexer's and embedder's
     with conn.cursor() as cur:
         mine = set(locked)
-        stats.linked = store_links(cur, [x for x in links if x.version_id in mine])
+        store_links(cur, [x for x in links if x.version_id in mine])
         stored = store_vectors(cur, [(vid, made[vid]) for vid in locked])
         queued = cur.execute(
             "INSERT INTO search_outbox (version_id, tenant, subject, op, priority) "  # after new versions' rows
@@ -182,8 +169,7 @@ def run_embedder(
     indexers' queued versions; `poll_seconds` is the longest wait for a notification (LEDGER_EMBEDDER_POLL_S)."""
     poll_seconds = settings.embedder_poll_s if poll_seconds is None else poll_seconds
     batch_size = batch_size or settings.embedder_batch_size
-    if settings.embedder_nice:  # the semantic stage yields the CPU to the projection and the documents (settings)
-        os.nice(settings.embedder_nice)
+    lower_priority(settings.embedder_nice)  # the semantic stage yields the CPU to the projection and the documents
     embedders = Embedders(settings, load_embedder(settings))
     es = es_client(settings, request_timeout=30)
     metrics.register(families=metrics.EMBEDDER_FAMILIES)

@@ -1,18 +1,9 @@
 """The search indexer: drains `search_outbox` into Elasticsearch (`ledger indexer`), any number at once.
 
-The PostgreSQL projection writes an outbox row in the same transaction as every version it inserts or changes
-(and an embedder one when it stored a version's vectors). An indexer claims a batch of rows (`FOR UPDATE SKIP
-LOCKED`, projections.search.claims), reads the *current* rows of those versions with their stored vectors in one
-statement, bulk-writes the documents and deletes exactly those outbox rows in the same transaction: a crash
-anywhere rolls the claim back and another indexer (or this one, restarted) redoes it.
-
-Two-phase: no embedding happens here. A version becomes a document (cues, text, dates, status) in the
-first batch that sees it; a version whose configured vectors are not stored yet goes to `embed_queue`, the
-embedders' work (projections.search.embedder), whose stored vectors bring it back here. Each document is written
-with its version's revision as an external version (`external_gte`): whichever of several indexers writes last,
-Elasticsearch keeps the newest state, so a late vector never revives a superseded version and a vector never
-lands on another version's document (it is read with its own row). While Elasticsearch is down the loop backs
-off and the outbox grows; PostgreSQL is never blocked.
+A batch is claimed, written and its outbox rows deleted in one transaction, so a crash anywhere leaves it for
+another indexer. No embedding happens here: a version lacking vectors goes to `embed_queue` (the embedders') and
+comes back when they are stored. Documents carry their version's revision as an external version, so whichever
+indexer writes last, Elasticsearch keeps the newest state. docs/INTERNALS.md, "Elasticsearch".
 """
 
 from __future__ import annotations
@@ -54,8 +45,6 @@ log = logging.getLogger("ledger.indexer")
 # A batch holds one kind of row (schema.sql, `priority`): new or changed versions' documents (0), claimed first
 # (what exact and keyword recall wait for), or, when none waits, the embedders' vector rewrites
 # (1), at most `indexer_rewrite_batch_size` of them, so a new document waits behind one small rewrite batch at most.
-# Measured in the bench's steady load before this (one batch of both kinds, up to 500): a new entity's document
-# was searchable p50 2.4 s after its publish, 1.7 s after PostgreSQL had it.
 _CLAIM = "SELECT id, version_id, tenant, subject, op, created_at FROM search_outbox WHERE {} FOR UPDATE SKIP LOCKED"
 CLAIM_FIRST = _CLAIM.format("priority = 0 ORDER BY id LIMIT %s")
 CLAIM_REWRITES = _CLAIM.format("priority > 0 ORDER BY priority, id LIMIT %s")
@@ -280,9 +269,8 @@ def run_indexer(
             )
         total += n
         if 0 < n < stats.limit:
-            # caught up: make this small batch searchable now instead of at the next 1 s refresh (a bulk
-            # catch-up leaves refreshing to the index's own interval; measured in the 100k bench, a refresh
-            # after every full batch of new documents cut the documents' rate from 352 to 290 events/s)
+            # caught up: make this small batch searchable now instead of at the index's next refresh; a bulk
+            # catch-up leaves refreshing to the index's interval, as a refresh per full batch slows it
             es.indices.refresh(index=settings.es_index)
         if n:
             log.info("indexer: %d rows (%d total, %.0f rows/s)", n, total, total / (time.monotonic() - t0))

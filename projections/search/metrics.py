@@ -28,7 +28,6 @@ __all__ = [
     "record_drain_error",
     "record_embed",
     "record_embed_error",
-    "refresh_outbox",
     "refresh_queues",
     "register",
 ]
@@ -111,7 +110,6 @@ QUEUE_AGE = gauge(
     **_UNREGISTERED,
 )
 EMBEDDER_FAMILIES = (EMBED_SECONDS, EMBEDDED, EMBED_VERSIONS, EMBED_BATCH_SECONDS, EMBED_ERRORS, QUEUE_DEPTH, QUEUE_AGE)
-FAMILIES = INDEXER_FAMILIES + EMBEDDER_FAMILIES
 
 _OPS = {op: DOCUMENTS.labels(op) for op in ("index", "update", "delete", "stale")}
 for _store in ("elasticsearch", "postgres", "other"):
@@ -180,6 +178,3 @@ def refresh_queues(conn: psycopg.Connection) -> None:
     VECTORS_PENDING.set(embed)
     QUEUE_DEPTH.set(embed)
     QUEUE_AGE.set(float(oldest or 0.0))
-
-
-refresh_outbox = refresh_queues  # the indexer's name for it before two-phase indexing

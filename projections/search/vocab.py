@@ -1,24 +1,10 @@
 """A tenant's cue vocabulary (entity ids, subjects, key aliases) read from PostgreSQL, kept up to date incrementally.
 
-A full load scans the tenant's versions (~0.5 s at 83k versions), so it happens once per process and tenant (and
-after an erasure). After that, the vocabulary follows the indexer: the indexer appends each version it
-made searchable to `vocab_log` (a sequence per row) in the transaction that completes its batch, and every recall
-reads the tenant's newest sequence (one index probe); when it is past the cached watermark, only the versions
-after it are read and merged (`Vocabulary.merged`). So a new entity, subject or alias is a cue for the first
-recall after its document is indexed, in every API process, and no TTL decides it. A recall whose first question
-goes to PostgreSQL anyway (the exact stage's, recall.current) reads that sequence in the same statement
-(`NEWEST_SQL`) instead of a round trip of its own: it takes its cues from the cached vocabulary (`cached`), hands
-the sequence it read to `current`, and asks again with new cues if anything was logged since. A watermark the log
-no longer reaches (pruned, or a rebuilt schema whose sequence restarted) means a full reload. Sequence order is
-commit order because every indexer appends under the per-schema lock of projections.search.claims.finish; without
-it, a row committed after a higher sequence would be skipped.
-
-Erasure removes, and the log only adds: a cached vocabulary would keep naming the erased subject and its
-key aliases in recall's `cues`. The recorder runs `pg_notify('memory_ledger_erasure', {schema,
-tenant, subject})` in the erasure's transaction; `ErasureListener` keeps one LISTEN connection per
-process and drops that (schema, tenant) entry when the notification arrives (milliseconds after the
-commit), so the next recall reloads. Notifications sent while the connection was down are lost, so
-every (re)connection drops the whole cache.
+A full load scans the tenant's versions, so it happens once per process and tenant; after that the indexer appends
+what it made searchable to `vocab_log`, and a recall reads only what is past its cached watermark, so a new entity
+is a cue for the first recall after its document is indexed, with no TTL. Appends happen under the per-schema lock
+of claims.finish, so sequence order is commit order. Erasure removes what the log only adds: the recorder's
+`memory_ledger_erasure` notification drops the tenant's entry (`ErasureListener`), and a reconnection drops all.
 """
 
 from __future__ import annotations

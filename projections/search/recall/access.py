@@ -1,16 +1,8 @@
 """Access tracking in recall: the order of candidates a stage scores exactly alike.
 
-Two ways the access aggregates (`access_counts`, projected from the access topic) reach the ranking:
-
-- the prior of every verified hit (scoring.prior / scoring.access_signal), read by the verification;
-- here, before fusion: where a stage scored two or more candidates exactly alike (the same BM25, the same
-  cosine: a keyword or semantic stage cannot tell them apart), the index lists them in an order of its own
-  storage (Lucene's document order: which segment a document's last write landed in), and that order would
-  decide their fused ranks. Such a run of ties is put in order of the facts' access signal, highest first, then
-  of version id, so equal lists in equal states give equal rankings whatever the index's segments.
-
-A query without ties asks nothing, and the access signal is read from PostgreSQL only when a fused list holds a tie
-(one small query by primary key); as known at an earlier time the signal is left out and ties go by version id.
+The index lists tied candidates in its own storage order (Lucene's segments), which would decide their fused ranks;
+a run of ties is put in order of the facts' access signal, then version id, so equal states give equal rankings.
+The signal is read (one small query) only when a list holds a tie; as known at an earlier time ties go by version id.
 """
 
 from __future__ import annotations

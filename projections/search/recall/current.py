@@ -1,22 +1,11 @@
 """The exact stage's question about entity ids, asked of PostgreSQL's current state instead of the search index.
 
-A fact about a never-seen entity is in PostgreSQL when the projection commits it, and in the index only once an
-indexer has written its document and the index refreshed: asked here, it is found exactly as soon as PostgreSQL
-has it. Measured on the same asks, this was also faster than the index's exact search (docs/INTERNALS.md, "Exact
-answers from PostgreSQL"), so every exact ask that names ids comes here (recall.stages.ExactStage).
-
-The same question means the same answer the index would give once it has the documents: a row is selected by the
-fields the indexer's document holds (projections.search.documents.build_doc) under the rules of the index's exact
-search (recall.index.ElasticIndex.exact_body): the tenant; in force at `at` (or, as known at `known_at`, logged by
-then and begun by `at`); the subject and the caller's filters; the time cue for events and episodes; about one of
-the entity ids (its normalized entities, or its subject's ids); with one of the keys or event types if any are
-asked; newest first. SQL narrows the rows by the ids (an index: schema.sql, `fact_ids`), the tenant, time and
-subject; the document's own functions decide.
-Verification then re-reads each candidate as for any other stage: an erased subject's rows are gone with it, a
-retracted version no longer holds.
-
-`exact_current_marked` also reads the tenant's newest vocab_log sequence in the same statement: a recall whose cues
-came from a cached vocabulary learns there whether it was current, without a round trip of its own (search.vocab).
+A fact about a never-seen entity is in PostgreSQL as soon as the projection commits it, before any indexer writes
+its document, and the same ask is also faster here (docs/INTERNALS.md, "Exact answers from PostgreSQL"). Rows are
+selected by the rules of the index's exact search (recall.index.ElasticIndex.exact_body), so the answer is the one
+the index would give; verification then re-reads each candidate as for any other stage.
+`exact_current_marked` also reads the tenant's newest vocab_log sequence, so a cached vocabulary learns whether it
+was current without a round trip of its own.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The recall engine: cues -> the mode's tiers of stages -> fusion -> verification -> scoring -> hits.
 
-Independent of FastAPI: `RecallEngine(settings, es, pool).recall(RecallQuery(...))` returns the response dict of
-`POST /v1/recall`. Deterministic first: the exact tier (cues that pin an answer down) before the fuzzy one
-(keyword and semantic, fused), and in `auto` the fuzzy tier only when the exact one verified nothing.
-
-A tier is what its stages found, fused (or, for one stage of definite answers, as found), verified in
-PostgreSQL (verify.py) and scored in the tier's band (scoring.py), so no hit of a later tier ranks above one of
-an earlier tier. Which tiers a mode runs is the table MODE_TIERS; a new stage goes into a tier there.
+Independent of FastAPI: `RecallEngine(settings, es, pool).recall(RecallQuery(...))` returns the body of
+`POST /v1/recall`. Deterministic first: each tier is verified and scored in its own band, so no hit of a later
+tier (fuzzy) ranks above one of an earlier tier (exact); which tiers a mode runs is the table MODE_TIERS.
 """
 
 from __future__ import annotations
@@ -45,9 +41,9 @@ from projections.search.vocab import VocabularyCache
 
 __all__ = ["MODE_TIERS", "RecallEngine", "Tier"]
 
-# Queries longer than this have their cues extracted in a worker thread: extraction is linear (~5 us a unit), so a
-# 2,000-character query costs up to ~10 ms of CPU that must not stall the event loop; a short one (~0.1 ms) stays
-# inline, where a thread hand-off would cost the exact path more than the work itself.
+# Queries longer than this have their cues extracted in a worker thread: extraction is linear in the query, so a long
+# one costs milliseconds of CPU that must not stall the event loop; a short one stays inline, where a thread
+# hand-off would cost the exact path more than the work itself.
 INLINE_CUES_CHARS = 256
 
 
@@ -157,8 +153,8 @@ class RecallEngine:
                     loop = asyncio.get_running_loop()
                     self._embedder = await loop.run_in_executor(EMBED_EXECUTOR, load_embedder, self.settings)
                     # The process is in its steady state now (modules, clients, the model): move what lives to
-                    # the permanent generation, so a full collection (stop-the-world, ~75 ms with all of it in
-                    # view, seen as 100+ ms health answers) scans only what requests create.
+                    # the permanent generation, so a full collection (stop-the-world, long enough to delay health
+                    # answers with all of it in view) scans only what requests create.
                     gc.freeze()
         return self._embedder
 

@@ -1,23 +1,11 @@
 """Fusing the lists of a tier's stages: the semantic acceptance cut-offs, then reciprocal rank fusion.
 
-Semantic cut-offs on cosine similarity (bge-small-zh-v1.5, raw query, no instruction prefix), measured with
-`python -m projections.search.calibrate` (24 bilingual facts, 48 related, 40 unrelated questions; the numbers
-are in that module's docstring). Unrelated questions reach 0.625 at most, related ones have a median of 0.66 and
-10% of them lie under 0.57: no single cut-off separates them. A semantic hit is therefore accepted when
- - its cosine >= SEMANTIC_MIN on its own, or
- - it is distinct: cosine >= SEMANTIC_DISTINCT and at least SEMANTIC_GAP above the mean of the next nine
-   (an unrelated question scores flat across the facts: gap <= 0.161 measured; a related one stands out), or
- - a known entity of the question narrowed the search to its facts, or the hit is of the event type the question
-   names (both deterministic cues): >= SEMANTIC_NARROWED (measured for entities: the right
-   fact 0.49..0.87, 19 of 21 at >= 0.55; the best fact of an unanswerable question about the entity reaches 0.621:
-   2 of 7 slip through, the price of finding a Chinese question about an English fact, e.g. "Alice 早上喜欢喝什么"
-   -> "Alice prefers green tea in the morning" at 0.552), or
- - BM25 also matched it (lexical support): >= SEMANTIC_SUPPORTED.
-
-Then each list that is left votes 1 / (RRF_K + rank) for its documents; the sum is normalized so that 1.0 is
-first in two lists (keyword and semantic). A document found by one stage keeps that stage's name, by more:
-`hybrid`. A new stage of a fused tier joins the vote as it is; if its list needs an acceptance rule too, the
-stage's `accept` applies it (as the semantic stage applies `accept_semantic`).
+No single cosine cut-off separates related from unrelated questions (measured by `python -m
+projections.search.calibrate`, numbers in its docstring), so a semantic hit is accepted when it scores
+SEMANTIC_MIN alone, reaches SEMANTIC_DISTINCT and stands SEMANTIC_GAP above the mean of the next nine (unrelated
+questions score flat), was narrowed by a deterministic cue (SEMANTIC_NARROWED), or BM25 also matched it
+(SEMANTIC_SUPPORTED). The lists left then vote 1 / (RRF_K + rank), normalized so 1.0 is first in two lists; a hit
+found by several stages is `hybrid`.
 """
 
 from __future__ import annotations

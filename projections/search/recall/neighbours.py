@@ -1,20 +1,9 @@
 """Neighbouring turns as the context of an episode hit: what was said just before and just after it.
 
-A question about a conversation is often answered by a turn whose meaning sits in the turns around it ("Yes, last
-Tuesday" answers the turn before it). Asked (`context_turns` = n, 1-5), each episodic hit shown carries up to n
-turns before it and n after it, in time order, as `context`, and its explanation says how they were chosen
-(`match.context`). Facts (states, preferences, events) get none: they stand alone.
-
-Which turns are neighbours. The event contract has no session id, so a session is read from what every episode
-has: the same tenant, the same `source.service` (the chat or import that told them, NULL matching NULL), and an
-observation time within `recall_context_window_s` of the hit (default 30 minutes: a turn of the same
-conversation, not yesterday's). Within those, the n nearest before and after by (observed_at, version_id), any
-speaker (the other side of the conversation is the context), each as the ledger holds it at the recall's valid
-time (a retracted or erased turn is never shown; one observed after `as_of` is not there yet) and, with `known_at`,
-as it knew it then (`queries.episode_holds_sql`: a turn logged after `known_at` is not there; one retracted after it
-still is), the answer's one pair of times for every part of it. One query for all
-hits (a LATERAL pair per hit over the partial index `fact_versions_episode_time`), only when asked: the exact path
-and an unasked recall pay nothing.
+A turn's meaning often sits in the turns around it ("Yes, last Tuesday"). The event contract has no session id, so
+a session is read from what every episode has: same tenant and `source.service`, observed within
+`recall_context_window_s` of the hit; each turn as the ledger holds it at the recall's times. One query for all
+hits, run only when a recall asks for `context_turns`: facts get none, and an unasked recall pays nothing.
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
 """Preferences of recall: what a question names moves hits up without dropping the others.
 
-Three rules, all pure:
-
-- Subject (speaker) preference, for episodes. A known entity in the question (a subject id such as `caroline` of
-  `person:caroline`, or an entity the documents list) narrows the fuzzy stages to documents about it.
-  For the kinds in OPEN_KINDS (episodes) another speaker's turn may hold the answer ("Melanie: you told me you
-  went to the support group, Caroline"), so each fuzzy stage also asks a second search: those episodes about none
-  of the named entities (model.Scope.others), listed after its own list and ranked apart in the fusion
-  (fusion.rrf: they push no candidate of the first search down, so what the narrowed search found ranks as it
-  did), and judged by the semantic cut-offs of an un-narrowed search. A hit from it has its strength in the tier
-  multiplied by `Settings.subject_preference` (SUBJECT_FACTOR by default), and so does its rerank key
-  (recall.rerank). The named subject's episodes carry the reason in their explanation (`match.preferred`:
-  "subject cue 'caroline'"), the others the factor (`scores.preference`). A question that names nobody is
-  not moved by it.
-- Scope preference, for facts. A fact (subject, key) can hold a version in several scopes ('' the default, `test`,
-  `prod`, ...), each its own memory. Among the hits of one fact, those of a scope the question names
-  (cues.Cues.scopes: the tenant's scope names and their synonyms, "测试环境" -> `test`) come first, then the
-  default scope's, then the rest, in their order before; they trade places and scores (as the rerank stage's hits
-  do), so the score still orders the response and no other hit moves. A hit that lands first of its fact this
-  way says why (`match.preferred`: "scope cue 'test'" or "default scope"). Only within one band: a fuzzy hit never
-  takes an exact hit's place.
-- Date preference, for episodes and events. A calendar date the question names (cues.Cues.dates: "in June", "on
-  13 October 2023", "2023年5月"; projections.search.dates) prefers the episodes and events observed or valid on it
-  or in the TOLD_WITHIN_DAYS days after it (a thing is told after it happened): the others keep
-  `Settings.time_preference` (TIME_FACTOR) of their strength, like an episode of another speaker, and the ones
-  on the date say so (`match.preferred`: "date cue 'in june'"). Facts (states, preferences) are never moved by it.
+Three pure rules, each a preference rather than a filter, so a hit the question does not name still ranks, lower:
+subject (episodes about none of the named entities keep `subject_preference` of their strength), scope (within one
+fact, the named scope's version, then the default scope's, trade places first) and date (episodes and events not
+observed or valid on a named date or within `dates.TOLD_WITHIN_DAYS` after it, as things are told after they
+happen, keep `time_preference`). None moves a hit out of its band. docs/INTERNALS.md, "Preferences".
 """
 
 from __future__ import annotations

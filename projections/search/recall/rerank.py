@@ -1,36 +1,10 @@
 """The rerank stage: an offline cross-encoder reorders the first fuzzy hits of the pool, never above an exact one.
 
-After the tiers are verified and scored, the hits are in their fused order: the fuzzy tier's pool, what the
-keyword and semantic stages found (each `recall_pool` deep, stages.py) fused before any cut. This stage takes the
-first `rerank_candidates` fuzzy hits (keyword / semantic / hybrid: the fuzzy tier's band, below every exact hit),
-scores each (question, content) pair with the cross-encoder (projections.reranker), and reorders them by
-`rerank_key`: `weight * sigmoid(ce) + (1 - weight) * strength`, where strength is the hit's score within its band
-(fused rank and prior), ties by the order before (scores are rounded to 4 places). A pair is scored alone by default
-(`rerank_batch_size` 1): the int8 model quantizes a batch's activations together and pads it to its longest pair, so
-a pair scored beside others got another logit (by up to 0.4 on the dev set's turns) and the same hits changed order
-with the pool's depth or the deadline; alone, a pair's score is its own, and no padding is computed (BENCHMARKS.md,
-"Dev set: the candidate pool and the rerank curve"). The reordered hits take the scores the same positions had
-before (the multiset of scores is unchanged), so score still orders the response, every exact hit still ranks
-above them, and the fuzzy hits past the candidates stay where they were, below them.
-
-Bounded twice: by the candidate count, and by a deadline (`rerank_budget_ms`, from the stage's start, the wait for
-the model's thread included). Pairs are scored head first (the fused order) in batches of `rerank_batch_size`; a
-batch starts only if its projected end (the mean time per pair so far) is within the budget, and the stage stops
-waiting at the deadline whatever the thread is doing (it stops after its batch). Never late: what was scored by the
-deadline is what counts. If every candidate was scored, they are reordered (`reranked: true`); if only the first
-batches were, those trade places among themselves and the rest keep their fused places below them (`reranked:
-"partial"`, `stopped: "budget"`: on a busy host the head of the pool is where a cross-encoder pays most); if fewer
-than two were, the answer is the fused order (`reranked: false`). A question the exact tier answered (auto) has no
-fuzzy hits: no cross-encoder score is computed (`rerank.computed` false). The model is English (ms-marco): a
-question that is not English text (projections.languages.text_slot) is not reranked (`stopped: "language"`;
-measured: reranking the structured-fact eval's Chinese paraphrases cost 0.13 of paraphrase stability), and a fuzzy
-hit that is not English keeps its place (`not_english` counts them) while the English ones trade places around it.
-Not loaded yet (the API loads it in the background, api.resources): the stage is skipped (`stopped: "loading"`),
-never waited for.
-
-Each hit it reordered carries `scores.rerank` (the cross-encoder's logit) and `scores.rank_before_rerank` (its
-position among the fuzzy hits before, from 1) in its explanation. Timed as `cross_encoder` (the model alone; the
-reordering is part of `rerank`).
+The first `rerank_candidates` fuzzy hits are scored head first, one pair a call by default (the int8 model
+quantizes a batch together, so a pair's score must not depend on its neighbours), under the `rerank_budget_ms`
+deadline: what is scored by then trades places and scores, the rest keeps its fused place, so the answer is never
+late. The model is English: other questions are not reranked, and non-English hits keep their places. A model
+still loading is skipped, never waited for. docs/INTERNALS.md, "Rerank".
 """
 
 from __future__ import annotations
@@ -56,8 +30,8 @@ __all__ = ["Reranker", "ScoredBatch", "reorder", "rerank_key", "score_within"]
 
 FUZZY_STAGES = frozenset({"keyword", "semantic", "hybrid"})
 # The cross-encoder's own thread, at the normal priority (not the embedders' lowered one, recall.workers): its work
-# is bounded by the budget, and at nice 10 on a busy host a pair took ~2x as long (~36-47 ms against ~18 ms), so the
-# budget bought half the pairs. One thread: concurrent reranks queue, and the wait counts against their budgets.
+# is bounded by the budget, and at a lowered priority on a busy host each pair takes longer, so the budget buys fewer
+# pairs. One thread: concurrent reranks queue, and the wait counts against their budgets.
 RERANK_EXECUTOR = ThreadPoolExecutor(1, thread_name_prefix="recall-rerank")
 
 
@@ -105,8 +79,8 @@ def score_within(
 ) -> ScoredBatch:
     """Score `texts` in batches while the budget lasts: a batch starts only if its projected time fits.
 
-    The projection is the mean time per text so far (the slowest one measured worse: one preempted batch on a
-    busy host stopped the stage for good); the first batch always runs unless the budget was spent before it
+    The projection is the mean time per text so far (not the slowest: one preempted batch on a busy host would
+    stop the stage for good); the first batch always runs unless the budget was spent before it
     could start: `start` (the clock when the stage began, default now) counts the wait for the thread. The loop
     may so overrun the budget by about one batch; the caller stops waiting at the deadline and sets `cancelled`,
     and no batch starts after that. Runs in a worker thread (onnxruntime releases the GIL). `out`: the list the

@@ -1,21 +1,9 @@
 """Scoring a verified hit: its tier's band, its strength in the tier, the prior; and which cues it carries.
 
-score = floor + 0.9 * strength + 0.09 * prior, with strength in [0, 1] and prior in [0, 1 + MAX_ACCESS_WEIGHT]: a
-hit scores in [floor, floor + 0.999], so a tier with a higher floor always ranks above one with a lower floor (an
-exact hit above every fuzzy one, however often that one was served). The exact tier's floor is 1 and its strength is
-how much of the question a hit covers (`overlap`); the fuzzy tier's floor is 0 and its strength is the fused rank.
-Ties break on (score desc, valid_from desc, access signal desc, memory_id asc).
-
-The prior: valid-time recency, importance and confidence (weights 0.4, 0.3, 0.3: [0, 1]), plus `access_weight` *
-the access signal: how often the fact was served (log-scaled, full at ACCESS_SATURATION accesses) and how
-lately (half-life ACCESS_HALF_LIFE_DAYS), half each, read from `access_counts` by the verification. The weight is
-`Settings.access_prior_weight`, at most MAX_ACCESS_WEIGHT (+0.009 on a score), by default 0: measured on the
-conversational dev set with recording on, any weight from 0.01 to 0.1 cost 0.009-0.011 of MRR@10 (any@10, frac@10
-unchanged), because it decides exact score ties that valid-time order decided before (bench/results/access-*.md).
-Whatever the weight, the signal orders what the other signals leave exactly equal: the final tie-break after
-valid_from here, and the candidates a fused stage scores exactly alike (recall.access.order_ties). A fact never
-served has a signal of exactly 0: with no accesses recorded recall answers what it answered before access
-tracking. Deterministic for a given state: the aggregates are a function of the access log, ages are taken at `at`.
+score = floor + 0.9 * strength + 0.09 * prior stays within [floor, floor + 0.999], so a tier with a higher floor
+(exact: 1) always ranks above a lower one (fuzzy: 0), however often a hit was served. The access signal's weight in
+the prior is 0 by default, as every weight tried cost MRR on the dev set (bench/results/access-*.md): it only breaks
+ties, and a fact never served has a signal of 0. Deterministic for a given state: ages are taken at `at`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The threads recall's CPU-heavy work runs in, off the event loop.
 
-ONE cue worker: extraction is pure Python and holds the GIL, and every extra thread contending for it delays the
-loop once more (12 concurrent hostile queries: loop lag 164 ms with the default executor, ~40 ms with one worker).
-Embeddings release the GIL (onnxruntime): two workers let a short query pass a long one; the model is loaded by
-one of them, so onnxruntime's own threads inherit the lower priority.
+ONE cue worker: extraction is pure Python and holds the GIL, and each extra thread contending for it delays the
+loop more. Embeddings release the GIL (onnxruntime): two workers let a short query pass a long one; the model is
+loaded by one of them, so onnxruntime's own threads inherit the lower priority.
 """
 
 from __future__ import annotations
