@@ -50,3 +50,13 @@ def test_private_copies_are_checked_too() -> None:
     assert base.private("t_abc").pg_schema == "t_abc"
     with pytest.raises(UnsafeSettings):
         base.private('t"; --')
+
+
+def test_every_setting_has_its_row_in_the_readme() -> None:
+    """The README's settings table names every variable a process reads: a setting nobody can find is one nobody
+    sets right."""
+    from producers.settings import REPO_ROOT
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    missing = [f"LEDGER_{name.upper()}" for name in Settings.model_fields if f"`LEDGER_{name.upper()}`" not in readme]
+    assert not missing, f"settings without a README row: {missing}"
