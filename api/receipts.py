@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import orjson
 import rfc8785
@@ -291,22 +291,24 @@ def basis(settings: Settings) -> rows.Basis:
     return rows.Basis(settings.processor_group, settings.topic)
 
 
+_T = TypeVar("_T")
 _INLINE_BYTES = 64 * 1024  # an answer up to this size is digested on the event loop (a thread hop costs more)
 
 
 async def _digests(answer: Answer, body: Mapping[str, Any]) -> dict[str, Any]:
-    """The answer's digest and its parts' digests. A subject's whole profile can be megabytes, whose canonical JSON
-    and two sha256 take tens of milliseconds: those are taken in a worker thread, so the event loop keeps serving
-    other tenants meanwhile."""
+    """The answer's digest and its parts' digests (`_off_the_loop`)."""
+    return await _off_the_loop(body, lambda: _digest_and_parts(answer, body))
 
-    def both() -> dict[str, Any]:
-        return _digest_and_parts(answer, body)
 
+async def _off_the_loop(body: Any, digest: Callable[[], _T]) -> _T:
+    """digest(), a digest of `body`. A subject's whole profile can be megabytes, whose canonical JSON and sha256
+    take tens of milliseconds: a large body's are taken in a worker thread, so the event loop keeps serving other
+    tenants meanwhile."""
     try:
         small = len(orjson.dumps(body)) <= _INLINE_BYTES
     except TypeError:  # what orjson cannot write, canonical() writes its own way: judged there, in the thread
         small = False
-    return both() if small else await run_in_threadpool(both)
+    return digest() if small else await run_in_threadpool(digest)
 
 
 def _cite(salt: bytes, tenant: str, row: rows.CitedRow) -> shapes.ReceiptCited:
@@ -408,7 +410,8 @@ async def verify(res: Resources, tenants: frozenset[str], body: ReceiptBody) -> 
         "erased": sum(c["state"] == "erased" for c in checks),
     }
     if body.answer is not None:
-        out["answer"] = answer_digest(body.answer) == receipt["answer_digest"]
+        supplied = body.answer
+        out["answer"] = await _off_the_loop(supplied, lambda: answer_digest(supplied)) == receipt["answer_digest"]
         out["valid"] = out["valid"] and out["answer"]
     return out
 
@@ -514,7 +517,8 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
         differ = _differ(receipt.get("ranking"), ranking(settings))
         ask = params.model_copy(update={"as_of": as_of, "known_at": known_at, "after": None})
         again = await reads.recall(res, tenants, ask, receipt=False, record=False, below=below)
-    now = answer_parts(answer, again)
+    digests = await _digests(answer, again)  # a replayed profile can be as large as the answer it replays
+    now = digests["parts"]
     parts: list[shapes.ReplayPart] = []
     for name, then in receipt["parts"].items():
         if name == "ranked" and differ:
@@ -522,7 +526,7 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
         elif name in now:
             same = now[name] == then
             parts.append({"part": name, "same": same, "detail": "the same" if same else "differs"})
-    digest = answer_digest(again)
+    digest = digests["answer_digest"]
     return {
         "answer": answer,
         "same": bool(parts) and all(p["same"] is True for p in parts),

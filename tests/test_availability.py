@@ -229,8 +229,8 @@ ATTACKS: dict[tuple[str, str], Callable[[dict[str, Any]], Request]] = {
         "/v1/dead-letters/discard",
         {"json": TOOL_ATTACKS["discard_dead_letter"](s), "headers": HA},
     ),
-    # a receipt citing as many events as one may (its signature no longer holds: every check is still made), and
-    # the replay of the largest audit replay's receipt
+    # a receipt citing as many events as one may (its signature no longer holds: every check is still made) with
+    # the largest answer to digest, and the replay of the largest audit replay's receipt
     ("POST", "/v1/receipts/verify"): lambda s: (
         "POST",
         "/v1/receipts/verify",
@@ -291,7 +291,7 @@ TOOL_ATTACKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
         },
     },
     "discard_dead_letter": lambda s: {"tenant": ATTACKER, "partition": 0, "offset": 2**63 - 1, "reason": "r" * 1024},
-    "verify_receipt": lambda s: {"tenant": ATTACKER, "receipt": s["longest_receipt"]},
+    "verify_receipt": lambda s: {"tenant": ATTACKER, "receipt": s["longest_receipt"], "answer": s["events_answer"]},
     "replay_receipt": lambda s: {
         "tenant": ATTACKER,
         "receipt": s["events_receipt"],
@@ -425,6 +425,7 @@ def stack(base_settings: Settings) -> Iterator[dict[str, Any]]:
                 headers=HA,
                 timeout=60,
             ).json()
+            shared["events_answer"] = events  # the largest answer a receipt is checked against
             shared["events_receipt"] = events["receipt"]
             shared["longest_receipt"] = _longest_receipt(events["receipt"])
             # the largest batch, applied and indexed before any measurement: the attack then measures what the door
