@@ -55,7 +55,9 @@ def run(
     raw_es: int = typer.Option(10_000, help="documents for the raw Elasticsearch bulk benchmark"),
     lag_seconds: float = typer.Option(30.0, help="duration of the steady load for the lag probes"),
     eval_sample: int = typer.Option(200, help="memories sampled for self-retrieval"),
-    skip: str = typer.Option("", help="comma-separated steps to skip: raw, publish, recall, eval, lag, audit, rebuild"),
+    skip: str = typer.Option(
+        "", help="comma-separated steps to skip: raw, publish, recall, eval, lag, audit, rebuild, ryw"
+    ),
     keep: bool = typer.Option(False, help="keep the private topic/schema/index afterwards"),
     profile: bool = typer.Option(
         False, help="py-spy the indexer/worker while ingesting and the API under exact recall"
@@ -68,7 +70,7 @@ def run(
     ),
 ) -> None:
     """Generate the dataset and measure raw components, the ledger end to end, recall, lag, audit and rebuild."""
-    require_extras("matplotlib")
+    require_extras("matplotlib", "mcp")
     if profile:
         from bench.profile import py_spy_path
 

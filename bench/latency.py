@@ -69,6 +69,7 @@ def recall_latency(
             for q in queries[:warmup]:
                 client.post("/v1/recall", content=orjson.dumps({"tenant": tenant, "query": q, "mode": mode}))
             ms: list[float] = []
+            server: list[float] = []  # a request's stage times summed: the server's own time (sections do not nest)
             stages: dict[str, list[float]] = defaultdict(list)
             hits = empty = 0
             for q in queries:
@@ -81,10 +82,13 @@ def recall_latency(
                 res = orjson.loads(r.content)
                 hits += bool(res["hits"])
                 empty += not res["hits"]
-                for name, v in (res.get("trace", {}).get("stages_ms") or {}).items():
+                took = res.get("trace", {}).get("stages_ms") or {}
+                for name, v in took.items():
                     stages[name].append(v)
+                server.append(sum(took.values()))
             out[mode] = {
                 **percentiles(ms),
+                "server_ms": percentiles(server),
                 "with_hits": hits,
                 "empty": empty,
                 "server_stage_median_ms": {k: round(statistics.median(v), 3) for k, v in sorted(stages.items())},

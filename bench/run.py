@@ -15,7 +15,8 @@ Order (each step on private names, so other users of the servers are not disturb
  6. produce -> queryable lag at half the measured ingest rate (bench.lag);
  7. audit replay of a subject with 1k events;
  8. full rebuild from offset 0 (stream_processors.rebuild), services stopped;
- 9. results JSON + BENCHMARKS.md + plot (bench.report), clean-up.
+ 9. read-your-writes: write/read pairs over HTTP and MCP (bench.ryw, its own private services);
+10. results JSON + BENCHMARKS.md + plot (bench.report), clean-up.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from bench.dataset import ATTRIBUTES, generate
 from bench.lag import LOAD_TENANT, PROBE_TENANT, measure_lag, probe_seed_events
 from bench.latency import audit_latency, recall_latency, recall_queries
 from bench.loader import publish_events
-from bench.machine import code_version, load_average, machine_info
+from bench.machine import code_version, cpu_seconds, load_average, machine_info
 from bench.profile import Recording
 from bench.services import Services, drop_private, free_port, unique_name
 from producers.contract import encode, from_dict, rfc3339
@@ -70,7 +71,8 @@ class RunConfig:
     eval_sample: int = 200
     keep: bool = False  # keep topic/schema/index afterwards (for `python -m bench eval` against them)
     out_dir: Path = RESULTS
-    skip: tuple[str, ...] = ()  # steps to skip: raw, publish, lag, audit, rebuild, eval
+    skip: tuple[str, ...] = ()  # steps to skip: raw, publish, recall, eval, lag, audit, rebuild, ryw
+    ryw_pairs: int = 1000  # write/read pairs per door of the read-your-writes step (bench.ryw)
     publish_rounds: int = 3  # alternating raw-produce / SDK-publish rounds of the publish comparison (bench.publish)
     catchup_timeout: float = 3600.0
     profile: bool = False  # py-spy the indexer and worker during the last ingest phase, the API under exact recall
@@ -305,10 +307,18 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
             bar.update(t_vec, completed=with_vectors, total=total, rate=f"{with_vectors / el:,.0f} versions/s")
 
         published, published_s = [0], [0.0]
+        worker_pid = svc.procs["worker"].pid
+        worker_cpu_s = 0.0  # the worker's CPU over each phase, until PostgreSQL holds it (not its idle wait after)
         for end, point in phases:
             chunk = events[start:end]
 
             t_phase = time.perf_counter()
+            cpu_from, cpu_at_pg = cpu_seconds(worker_pid), []
+
+            def shown(p: Any, cpu_at_pg: list[float] = cpu_at_pg) -> None:
+                if not cpu_at_pg and p.pg_done:
+                    cpu_at_pg.append(cpu_seconds(worker_pid))
+                show(p)
 
             def on_chunk(n: int, t_phase: float = t_phase) -> None:
                 published[0] += n
@@ -327,11 +337,12 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
             pg_s, es_s, _ = wait_caught_up(
                 probe,
                 timeout=cfg.catchup_timeout,
-                on_progress=show,
+                on_progress=shown,
                 alive=svc.check_alive,
                 interval=0.1,
                 semantic=False,
             )
+            worker_cpu_s += (cpu_at_pg[0] if cpu_at_pg else cpu_seconds(worker_pid)) - cpu_from
             prog = probe.progress()
             phase = {
                 "events": len(chunk),
@@ -376,6 +387,7 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
         "embed_backlog_when_es_done": with_vectors_at_es.embed_pending,
         "semantic_tail_s": round(vec_s or 0.0, 3),
         "es_to_pg_ratio": round(pg_total / es_total, 3),  # target >= 0.5
+        "worker_cpu_us_per_event": round(worker_cpu_s / n * 1e6, 1),
         "fact_versions": e2e_phases[-1]["fact_versions_total"],
     }
     raw = res.get("raw")
@@ -395,7 +407,8 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
     console.print(
         f"  end to end: {e2e['events_per_s']:,.0f} events/s exact/keyword-queryable "
         f"(PG alone {e2e['pg_events_per_s']:,.0f}/s, ratio {e2e['es_to_pg_ratio']}; with vectors "
-        f"{e2e['semantic_events_per_s']:,.0f}/s); PG to raw Kafka {e2e.get('pg_to_raw_kafka_ratio')}"
+        f"{e2e['semantic_events_per_s']:,.0f}/s); PG to raw Kafka {e2e.get('pg_to_raw_kafka_ratio')}; "
+        f"worker CPU {e2e['worker_cpu_us_per_event']} µs/event"
     )
     last = res["recall_latency"][-1]["events"] if res["recall_latency"] else 0
     if last != n and "recall" not in cfg.skip:
@@ -469,3 +482,14 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
             f"{res['rebuild']['checksum_equal']}"
         )
     probe.close()
+
+    if "ryw" not in cfg.skip:  # its own private services: after the rebuild, which stops this run's
+        from bench.ryw import run_ryw
+
+        with console.status(f"read-your-writes: {cfg.ryw_pairs} pairs over HTTP and over MCP"):
+            ryw = run_ryw(pairs=cfg.ryw_pairs, chains=10, stamp=time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+        res["ryw"] = {door: {k: v for k, v in r.items() if k != "pair_ms_all"} for door, r in ryw["doors"].items()}
+        for door, r in res["ryw"].items():
+            console.print(
+                f"  read-your-writes {door}: {r['misses']} misses of {r['pairs']}, pair p99 {r['pair_ms']['p99_ms']} ms"
+            )
