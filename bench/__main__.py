@@ -54,6 +54,9 @@ def run(
     raw_embed: int = typer.Option(4000, help="texts for the raw fastembed benchmark"),
     raw_es: int = typer.Option(10_000, help="documents for the raw Elasticsearch bulk benchmark"),
     lag_seconds: float = typer.Option(30.0, help="duration of the steady load for the lag probes"),
+    lag_rate: float | None = typer.Option(
+        None, help="events/s of the lag step's steady load (default: half the measured end-to-end rate)"
+    ),
     eval_sample: int = typer.Option(200, help="memories sampled for self-retrieval"),
     skip: str = typer.Option(
         "", help="comma-separated steps to skip: raw, publish, recall, eval, lag, audit, rebuild, ryw"
@@ -90,6 +93,7 @@ def run(
         raw_embed=raw_embed,
         raw_es=raw_es,
         lag_seconds=lag_seconds,
+        lag_rate=lag_rate,
         eval_sample=eval_sample,
         skip=tuple(x.strip() for x in skip.split(",") if x.strip()),
         keep=keep,
