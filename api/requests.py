@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, 
 
 from api.consistency import After
 from api.deps import Storable, Time, storable
-from producers.contract import Kind, SourceType
+from producers.contract import MAX_VALUE_DEPTH, Kind, SourceType
 from projections.search.recall import Mode, RecallFilters
 from projections.search.recall.neighbours import MAX_CONTEXT_TURNS
 
@@ -305,12 +305,37 @@ class _ReceiptRequest(TenantRequest):
     _receipt_shape = field_validator("receipt")(_a_receipt)
 
 
+# an answer's own levels around the event values it shows (each nested at most MAX_VALUE_DEPTH): deeper, it is no
+# answer of this service, and its canonical JSON would pass the serializer's depth limit
+ANSWER_MAX_DEPTH = MAX_VALUE_DEPTH + 16
+
+
+def _within_depth(value: Any, limit: int) -> bool:
+    """Whether `value` (JSON as parsed) is nested at most `limit` levels: iteratively, so no depth breaks it."""
+    todo = [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict | list):
+            if depth >= limit:
+                return False
+            todo.extend((x, depth + 1) for x in (item.values() if isinstance(item, dict) else item))
+    return True
+
+
+def _an_answer(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    if value is not None and not _within_depth(value, ANSWER_MAX_DEPTH):
+        raise ValueError(f"is nested deeper than {ANSWER_MAX_DEPTH} levels: no answer of this service is")
+    return value
+
+
 class ReceiptBody(_ReceiptRequest):
     """`POST /v1/receipts/verify` and the MCP `verify_receipt` tool."""
 
     answer: dict[str, Any] | None = Field(
         default=None, description="optionally the answer it came with: its digest is checked against the receipt's"
     )
+
+    _answer_depth = field_validator("answer")(_an_answer)
 
 
 class ReplayBody(_ReceiptRequest):

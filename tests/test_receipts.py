@@ -208,6 +208,18 @@ def test_hostile_receipts_are_refused_naming_the_field(stack: Any) -> None:
         assert r.status_code == 422 or r.json()["valid"] is False
     r = _verify(stack, {**receipt, "cited": [c] * 10_001})
     assert r.status_code == 422, r.text[:300]
+    # nested past what an answer or a receipt can be, and past the serializer's own limit (254): refused or judged,
+    # never a server error
+    deep: dict[str, Any] = {}
+    for _ in range(300):
+        deep = {"d": deep}
+    r = _verify(stack, receipt, {"facts": [deep]})
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "answer", r.text[:300]
+    assert _verify(stack, receipt, {"facts": [{"value": {"d": {}}}]}).json()["valid"] is False  # shallow: judged
+    for field in ("ranking", "request", "as_of", "cited"):
+        r = _verify(stack, {**receipt, field: deep})
+        assert r.status_code in (200, 422), (field, r.text[:300])
+        assert r.status_code == 422 or r.json()["valid"] is False
 
 
 def _replay(pipe: Any, receipt: dict[str, Any], request: dict[str, Any], headers: dict[str, str] = H) -> Any:
