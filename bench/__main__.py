@@ -55,7 +55,7 @@ def run(
     raw_es: int = typer.Option(10_000, help="documents for the raw Elasticsearch bulk benchmark"),
     lag_seconds: float = typer.Option(30.0, help="duration of the steady load for the lag probes"),
     lag_rate: float | None = typer.Option(
-        None, help="events/s of the lag step's steady load (default: half the measured end-to-end rate)"
+        None, min=1.0, help="events/s of the lag step's steady load (default: half the measured end-to-end rate)"
     ),
     eval_sample: int = typer.Option(200, help="memories sampled for self-retrieval"),
     skip: str = typer.Option(

@@ -18,13 +18,14 @@ from elasticsearch import Elasticsearch, NotFoundError
 from kafka import KafkaConsumer
 from psycopg import sql
 
+from bench.machine import cpu_seconds
 from producers.kafka_producer import kafka_connection
 from producers.settings import Settings
 from producers.topics import end_offsets
 from projections.postgres.counts import EMBED, OUTBOX, VERSIONS
 from projections.postgres.positions import stored_positions
 
-__all__ = ["Progress", "Probe", "wait_caught_up"]
+__all__ = ["CaughtUpCpu", "Progress", "Probe", "wait_caught_up"]
 
 
 @dataclass
@@ -132,6 +133,28 @@ class Probe:
             es_docs=self.es_docs(),
             embed_pending=self._scalar(counted, (EMBED,)),
         )
+
+
+class CaughtUpCpu:
+    """Each process's CPU seconds from now until its own stage caught up (the worker: PostgreSQL holds everything;
+    the indexer: every document is written), read by calling it with each Progress: the time a process then idles
+    while a later stage (the embedder, minutes) catches up is not a cost of the items it handled."""
+
+    STAGES = {"worker": "pg_done", "indexer": "documents_done"}
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = {name: pid for name, pid in pids.items() if name in self.STAGES}
+        self.start = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self.at: dict[str, float] = {}  # name -> its CPU seconds when its stage caught up
+
+    def __call__(self, p: Progress) -> None:
+        for name, pid in self.pids.items():
+            if name not in self.at and getattr(p, self.STAGES[name]):
+                self.at[name] = cpu_seconds(pid)
+
+    def used(self, name: str) -> float:
+        """CPU seconds until its stage caught up (until now, if it has not)."""
+        return self.at.get(name, cpu_seconds(self.pids[name])) - self.start[name]
 
 
 def wait_caught_up(

@@ -206,7 +206,7 @@ def _checkpoints(
     timeout: float,
 ) -> None:
     """Publish segment after segment; at each checkpoint record into res["points"] (the module docstring)."""
-    from bench.catchup import wait_caught_up
+    from bench.catchup import CaughtUpCpu, wait_caught_up
     from bench.latency import recall_queries
     from bench.loader import publish_events
     from bench.machine import load_average
@@ -257,16 +257,11 @@ def _checkpoints(
 
                 publish_events(s, chunk, producer=producer, on_chunk=on_chunk)
             publish_s = time.perf_counter() - t0
-            # each process's CPU when its own stage caught up: the time it then idles while a later stage (the
-            # embedder, minutes) catches up is not a cost of the items it handled
-            cpu_done: dict[str, dict[str, float]] = {}
+            caught = CaughtUpCpu({name: proc.pid for name, proc in svc.procs.items()})
 
-            def progress(p: Any, cpu_done: dict[str, dict[str, float]] = cpu_done) -> None:
+            def progress(p: Any, caught: CaughtUpCpu = caught) -> None:
                 show(p)
-                if "worker" not in cpu_done and p.pg_done:
-                    cpu_done["worker"] = _cpu(svc)
-                if "indexer" not in cpu_done and p.documents_done:
-                    cpu_done["indexer"] = _cpu(svc)
+                caught(p)
 
             pg_s, es_s, vec_s = wait_caught_up(
                 probe,
@@ -282,9 +277,9 @@ def _checkpoints(
             n, docs = size - prev, after.es_docs - before.es_docs
             embedded = _with_vectors(after) - _with_vectors(before)
             cpu = {name: cpu1[name] - cpu0.get(name, cpu1[name]) for name in cpu1}
-            for name, at in cpu_done.items():
-                cpu[name] = at[name] - cpu0.get(name, at[name])
-            idle_s = {name: round(cpu1[name] - at[name], 2) for name, at in cpu_done.items()}
+            for name, at in caught.at.items():
+                cpu[name] = at - cpu0.get(name, at)
+            idle_s = {name: round(cpu1[name] - at, 2) for name, at in caught.at.items()}
             point: dict[str, Any] = {
                 "events": size,
                 "segment_events": n,

@@ -12,7 +12,7 @@ Order (each step on private names, so other users of the servers are not disturb
     (stored positions = end offsets) and Elasticsearch (outbox drained, one doc per version)
     hold it; recall latency per stage over HTTP at each point;
  5. quality (bench.eval: L2 storage, L3 retrieval);
- 6. produce -> queryable lag at half the measured ingest rate (bench.lag);
+ 6. produce -> queryable lag at half the measured ingest rate, or `lag_rate` (bench.lag);
  7. audit replay of a subject with 1k events;
  8. full rebuild from offset 0 (stream_processors.rebuild), services stopped;
  9. read-your-writes: write/read pairs over HTTP and MCP (bench.ryw, its own private services);
@@ -36,12 +36,12 @@ import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench.catchup import Probe, wait_caught_up
+from bench.catchup import CaughtUpCpu, Probe, wait_caught_up
 from bench.dataset import ATTRIBUTES, generate
 from bench.lag import LOAD_TENANT, PROBE_TENANT, measure_lag, probe_seed_events
 from bench.latency import audit_latency, recall_latency, recall_queries
 from bench.loader import publish_events
-from bench.machine import code_version, cpu_seconds, load_average, machine_info
+from bench.machine import code_version, load_average, machine_info
 from bench.profile import Recording
 from bench.services import Services, drop_private, free_port, unique_name
 from producers.contract import encode, from_dict, rfc3339
@@ -308,17 +308,15 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
             bar.update(t_vec, completed=with_vectors, total=total, rate=f"{with_vectors / el:,.0f} versions/s")
 
         published, published_s = [0], [0.0]
-        worker_pid = svc.procs["worker"].pid
         worker_cpu_s = 0.0  # the worker's CPU over each phase, until PostgreSQL holds it (not its idle wait after)
         for end, point in phases:
             chunk = events[start:end]
 
             t_phase = time.perf_counter()
-            cpu_from, cpu_at_pg = cpu_seconds(worker_pid), []
+            caught = CaughtUpCpu({"worker": svc.procs["worker"].pid})
 
-            def shown(p: Any, cpu_at_pg: list[float] = cpu_at_pg) -> None:
-                if not cpu_at_pg and p.pg_done:
-                    cpu_at_pg.append(cpu_seconds(worker_pid))
+            def shown(p: Any, caught: CaughtUpCpu = caught) -> None:
+                caught(p)
                 show(p)
 
             def on_chunk(n: int, t_phase: float = t_phase) -> None:
@@ -343,7 +341,7 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
                 interval=0.1,
                 semantic=False,
             )
-            worker_cpu_s += (cpu_at_pg[0] if cpu_at_pg else cpu_seconds(worker_pid)) - cpu_from
+            worker_cpu_s += caught.used("worker")
             prog = probe.progress()
             phase = {
                 "events": len(chunk),
@@ -442,7 +440,7 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
         with console.status("lag: seeding probe facts"):
             publish_events(s, probe_seed_events())
             wait_caught_up(probe, timeout=300, alive=svc.check_alive)
-        rate = cfg.lag_rate or e2e["events_per_s"] / 2
+        rate = e2e["events_per_s"] / 2 if cfg.lag_rate is None else cfg.lag_rate
         with console.status(f"lag: steady load at {rate:,.0f} events/s for {cfg.lag_seconds:.0f}s"):
             res["lag"] = measure_lag(s, svc.url, API_KEY, rate, duration=cfg.lag_seconds, probe_rate=cfg.probe_rate)
             res["lag"]["rate_given"] = cfg.lag_rate is not None  # not half the end-to-end rate: the report says so
