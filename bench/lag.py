@@ -9,16 +9,23 @@ fixed rate, probe events. Each probe is timed from just before it is sent until:
     recall sees the version once an indexer rewrote its document with them, one outbox batch later).
 Two kinds of probes: `update` (a new value of a fact whose entity the tenant already knows,
 the common case) and `new` (a fact about an entity never seen before).
+`measure_lag_apart` runs all of it as a client process of its own at a lower CPU priority: on a host shared
+with the stack, the load and the pollers then take what the stack leaves, as clients on other machines would.
+A starved poller can only make a lag look longer (it notes a probe when it gets to look).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import random
+import sys
+import tempfile
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,16 +35,18 @@ from psycopg import sql
 
 from bench.dataset import ATTRIBUTES, generate
 from bench.latency import percentiles
+from infra.procs import launch
 from producers.contract import rfc3339, version_id_for
 from producers.sdk import LedgerProducer
-from producers.settings import Settings
+from producers.settings import REPO_ROOT, Settings, get_settings
 from projections.search.client import es_client
 
-__all__ = ["measure_lag", "probe_seed_events"]
+__all__ = ["CLIENT_NICE", "measure_lag", "measure_lag_apart", "probe_seed_events"]
 
 PORT = next(a for a in ATTRIBUTES if a.key == "project.port")
 PROBE_TENANT = "bench-probe"
 LOAD_TENANT = "bench-load"
+CLIENT_NICE = 10  # the load generator's priority in measure_lag_apart, as the embedder's (Settings.embedder_nice)
 
 
 def _probe_event(entity: str, r: random.Random) -> dict[str, Any]:
@@ -221,3 +230,40 @@ def measure_lag(
             "never_seen_vector": sum(p.vector is None for p in ps),
         }
     return out
+
+
+def measure_lag_apart(
+    settings: Settings,
+    url: str,
+    api_key: str,
+    rate: float,
+    *,
+    duration: float = 30.0,
+    probe_rate: float = 2.0,
+    log_dir: Path,
+    nice: int = CLIENT_NICE,
+) -> dict[str, Any]:
+    """`measure_lag` in a process of its own session at `nice` (its autogroup too: infra.procs.launch), with
+    `settings` passed as its environment; the child's result, or RuntimeError naming its log."""
+    with tempfile.TemporaryDirectory(prefix="bench-lag-") as tmp:
+        out = Path(tmp) / "lag.json"
+        cmd = [sys.executable, "-m", "bench.lag", url, str(rate), str(duration), str(probe_rate), str(out)]
+        env = {**settings.child_environ(), "BENCH_LAG_API_KEY": api_key}
+        log = log_dir / "lag-client.log"
+        proc = launch(cmd, log, env, REPO_ROOT, nice=nice)
+        if proc.wait() != 0 or not out.exists():
+            raise RuntimeError(f"the lag client exited {proc.returncode} (log: {log})")
+        return orjson.loads(out.read_bytes())
+
+
+if __name__ == "__main__":  # measure_lag_apart's child: url rate duration probe_rate out
+    url, rate, duration, probe_rate, out = sys.argv[1:6]
+    result = measure_lag(
+        get_settings(),
+        url,
+        os.environ["BENCH_LAG_API_KEY"],
+        float(rate),
+        duration=float(duration),
+        probe_rate=float(probe_rate),
+    )
+    Path(out).write_bytes(orjson.dumps(result))

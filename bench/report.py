@@ -37,6 +37,18 @@ def _verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("met" if ok else "**missed**")
 
 
+def _lag_client(r: dict[str, Any]) -> str:
+    """Where the lag step's load and pollers ran: a client process apart at a lower priority, or (older runs)
+    inside the bench's own process."""
+    nice = (r.get("lag") or {}).get("client_nice")
+    if nice is None:
+        return ""
+    return (
+        f" The load and the pollers run as a client process of their own at nice {nice}, its autogroup too "
+        "(`bench.lag.measure_lag_apart`): on a host shared with the stack they take what it leaves."
+    )
+
+
 def _lag_rate(lag: dict[str, Any]) -> str:
     return "a rate given to the run" if lag.get("rate_given") else "half the measured end-to-end rate"
 
@@ -432,7 +444,7 @@ def write_report(path: Path, md_path: Path = REPO_ROOT / "BENCHMARKS.md") -> Pat
         "keep-alive), per `mode` (exact, keyword, semantic), 20 warm-up requests each.",
         "- Lag: background events of another tenant at half the measured end-to-end rate; probe events (`update`: a "
         "new value of a known entity's fact; `new`: a never-seen entity) timed from just before publishing until "
-        "their version row is in PostgreSQL, and until an exact-mode recall returns that version.",
+        "their version row is in PostgreSQL, and until an exact-mode recall returns that version." + _lag_client(r),
         "- Quality: `python -m bench eval` (`bench/eval.py`), see its docstring for each metric's definition.",
         "",
     ]

@@ -38,7 +38,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from bench.catchup import CaughtUpCpu, Probe, wait_caught_up
 from bench.dataset import ATTRIBUTES, generate
-from bench.lag import LOAD_TENANT, PROBE_TENANT, measure_lag, probe_seed_events
+from bench.lag import CLIENT_NICE, LOAD_TENANT, PROBE_TENANT, measure_lag_apart, probe_seed_events
 from bench.latency import audit_latency, recall_latency, recall_queries
 from bench.loader import publish_events
 from bench.machine import code_version, load_average, machine_info
@@ -442,8 +442,11 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
             wait_caught_up(probe, timeout=300, alive=svc.check_alive)
         rate = e2e["events_per_s"] / 2 if cfg.lag_rate is None else cfg.lag_rate
         with console.status(f"lag: steady load at {rate:,.0f} events/s for {cfg.lag_seconds:.0f}s"):
-            res["lag"] = measure_lag(s, svc.url, API_KEY, rate, duration=cfg.lag_seconds, probe_rate=cfg.probe_rate)
+            res["lag"] = measure_lag_apart(
+                s, svc.url, API_KEY, rate, duration=cfg.lag_seconds, probe_rate=cfg.probe_rate, log_dir=svc.log_dir
+            )
             res["lag"]["rate_given"] = cfg.lag_rate is not None  # not half the end-to-end rate: the report says so
+            res["lag"]["client_nice"] = CLIENT_NICE
             wait_caught_up(probe, timeout=cfg.catchup_timeout, alive=svc.check_alive)
         a = res["lag"]["all"]
         console.print(

@@ -19,6 +19,7 @@ from infra.procs import (
     InfraError,
     already_up,
     healthy_or_stopped,
+    launch,
     owned_pid,
     port_open,
     run,
@@ -180,22 +181,23 @@ def start(s: Settings, timeout: float = 180.0) -> None:
     install(s)
     p["pid"].unlink(missing_ok=True)
     env = {"ES_JAVA_HOME": str(java_home(s)), "ES_PATH_CONF": str(p["home"] / "config")}
-    p["log"].parent.mkdir(parents=True, exist_ok=True)
-    with p["log"].open("ab") as out:
-        # -d daemonizes after the node started; the pid file holds the server JVM's pid
-        proc = subprocess.run(
-            [str(p["home"] / "bin" / "elasticsearch"), "-d", "-p", str(p["pid"])],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **env},
-            cwd=p["home"],
-            user=s.es_user,
-            timeout=timeout,
-        )
-    if proc.returncode != 0:
+    # -d daemonizes after the node started; the pid file holds the server JVM's pid. A session of its own, as every
+    # server here: with the kernel's autogroups its CPU weight is then its own, not shared with whatever ran `up`
+    launcher = launch(
+        [str(p["home"] / "bin" / "elasticsearch"), "-d", "-p", str(p["pid"])],
+        p["log"],
+        {**os.environ, **env},
+        p["home"],
+        user=s.es_user,
+    )
+    try:
+        returncode = launcher.wait(timeout)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        returncode = launcher.wait()
+    if returncode != 0:
         stop(s)
-        raise InfraError(PART, f"bin/elasticsearch -d exited {proc.returncode}", p["log"])
+        raise InfraError(PART, f"bin/elasticsearch -d exited {returncode}", p["log"])
     log = p["logs"] / "memory-ledger.log"
     healthy_or_stopped(lambda: healthy(s), PART, timeout, log, lambda: pid(s) is not None, lambda: stop(s))
 

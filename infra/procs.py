@@ -14,9 +14,12 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import psutil
+
+from projections.search.drain import lower_autogroup
 
 
 class InfraError(RuntimeError):
@@ -89,13 +92,16 @@ def launch(
     *,
     new_session: bool = True,
     user: str | None = None,
+    nice: int = 0,
 ) -> subprocess.Popen:
     """Start `cmd` with its output appended to `log` and no stdin: the one launcher of infra, the benchmarks and
-    the tests. `env` is the child's whole environment (None: ours). `new_session`: its own process group, so a
-    Ctrl-C of the caller does not reach it and `terminate(group=True)` ends whatever it started too."""
+    the tests. `env` is the child's whole environment (None: ours). `new_session`: its own session and process
+    group, so a Ctrl-C of the caller does not reach it and `terminate(group=True)` ends whatever it started too.
+    `nice`: the child starts at that lower CPU priority, and with `new_session` its session's autogroup too
+    (drain.lower_priority says why both)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             list(cmd),
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -104,7 +110,11 @@ def launch(
             cwd=cwd,
             start_new_session=new_session,
             user=user,
+            preexec_fn=partial(os.nice, nice) if nice else None,  # before exec: every thread it starts inherits it
         )
+        if nice and new_session:
+            lower_autogroup(proc.pid, nice)  # from here: the child may have changed its user
+        return proc
 
 
 def terminate(proc: subprocess.Popen, timeout: float, *, group: bool = False) -> None:

@@ -4,9 +4,11 @@ tests (tests.support.processes), on throwaway `python -c` children (no server)."
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -59,6 +61,40 @@ def test_a_launched_child_gets_exactly_its_env_its_log_and_its_own_group(tmp_pat
         assert proc.returncode is not None and _gone(grandchild)  # the whole group ended
     finally:
         terminate(proc, 1, group=True)
+
+
+# its CPU priority, what its threads start with, and its session's autogroup
+NICE = """
+import os, threading
+print("nice", os.getpriority(os.PRIO_PROCESS, 0), flush=True)
+t = threading.Thread(target=lambda: print("thread", os.getpriority(os.PRIO_PROCESS, 0), flush=True))
+t.start(); t.join()
+print(open("/proc/self/autogroup").read().strip(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("other_user", [False, True], ids=["as-us", "as-another-user"])
+def test_a_child_launched_at_a_lower_priority_starts_there_with_its_threads_and_its_session(tmp_path, other_user):
+    """The nice value is set before exec (a JVM's threads inherit it) and its session's autogroup too, also for a
+    child that changed its user (the local Elasticsearch): that child cannot set its own autogroup."""
+    if not os.path.exists("/proc/self/autogroup"):
+        pytest.skip("no autogroups on this kernel")
+    user, python = None, sys.executable
+    if other_user:
+        if os.geteuid() != 0:
+            pytest.skip("starting a child as another user needs root")
+        # the system's python, which any user may run (ours may live under root's home): the code needs no package
+        user, python = "nobody", shutil.which("python3", path="/usr/bin:/bin")
+        if python is None:
+            pytest.skip("no system python3 for another user to run")
+    log = tmp_path / "nice.log"
+    proc = launch([python, "-c", NICE], log, dict(os.environ), Path("/"), user=user, nice=7)
+    assert proc.wait(20) == 0, log.read_text()
+    text = log.read_text()
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert f"nice {min(mine + 7, 19)}" in text and f"thread {min(mine + 7, 19)}" in text, text
+    assert "nice 7" in text.splitlines()[-1], text  # the autogroup line
+    assert "/autogroup-" in text and open("/proc/self/autogroup").read() not in text  # not ours
 
 
 def test_in_the_callers_group_only_the_child_is_signalled(tmp_path):

@@ -30,6 +30,7 @@ __all__ = [
     "ERASURE_CHANNEL",
     "OUTBOX_CHANNEL",
     "drain_forever",
+    "lower_autogroup",
     "lower_priority",
     "notify",
     "wait_for_work",
@@ -48,10 +49,15 @@ def lower_priority(nice: int) -> None:
     if not nice:
         return
     os.nice(nice)
-    if os.getsid(0) != os.getpid():
-        return
+    if os.getsid(0) == os.getpid():
+        lower_autogroup("self", nice)
+
+
+def lower_autogroup(pid: int | str, nice: int) -> None:
+    """Set the nice value of the autogroup of `pid`'s session ("self": ours). A process that changed its user
+    cannot (its /proc files are root's then), so a launcher that switches users sets it from outside."""
     try:
-        with open("/proc/self/autogroup", "w") as autogroup:
+        with open(f"/proc/{pid}/autogroup", "w") as autogroup:
             autogroup.write(str(nice))
     except OSError:  # no autogroups (not Linux, switched off) or refused: the nice value alone
         pass

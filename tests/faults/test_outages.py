@@ -16,6 +16,7 @@ Servers are stopped and started through infra's own functions, and always starte
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ import pytest
 from elasticsearch import Elasticsearch
 from fastapi.testclient import TestClient
 
+import infra.elasticsearch
 from producers.contract import EventType, MemoryEvent
 from producers.sdk import LedgerProducer, PublishError, PublishResult
 from producers.settings import Settings
@@ -205,6 +207,8 @@ def test_elasticsearch_down_postgres_keeps_up_and_the_index_catches_up(stack: St
     t0 = time.monotonic()
     wait_health(stack, None)
     TALLY.timings_s["es_health_ok_after_restart"] = round(time.monotonic() - t0, 1)
+    node = infra.elasticsearch.pid(stack.settings)  # restarted by infra, in a session of its own, not the caller's
+    assert node is not None and os.getsid(node) != os.getsid(0)
     check_index_caught_up(stack, timeout=120)
     TALLY.timings_s["es_index_caught_up_after_restart"] = round(time.monotonic() - t0, 1)
     check_nothing_lost(stack)
