@@ -35,7 +35,7 @@ from psycopg import sql
 
 from bench.dataset import ATTRIBUTES, generate
 from bench.latency import percentiles
-from infra.procs import launch
+from infra.procs import launch, terminate
 from producers.contract import rfc3339, version_id_for
 from producers.sdk import LedgerProducer
 from producers.settings import REPO_ROOT, Settings, get_settings
@@ -251,8 +251,12 @@ def measure_lag_apart(
         env = {**settings.child_environ(), "BENCH_LAG_API_KEY": api_key}
         log = log_dir / "lag-client.log"
         proc = launch(cmd, log, env, REPO_ROOT, nice=nice)
-        if proc.wait() != 0 or not out.exists():
-            raise RuntimeError(f"the lag client exited {proc.returncode} (log: {log})")
+        try:
+            returncode = proc.wait()
+        finally:  # interrupted: the client, in a session of its own, would load the stack on without us
+            terminate(proc, 5, group=True)
+        if returncode != 0 or not out.exists():
+            raise RuntimeError(f"the lag client exited {returncode} (log: {log})")
         return orjson.loads(out.read_bytes())
 
 
