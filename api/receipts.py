@@ -25,7 +25,17 @@ from starlette.concurrency import run_in_threadpool
 from api import reads
 from api.deps import check_tenant
 from api.errors import ApiError
-from api.requests import ContextBody, EventsParams, FactsParams, HistoryParams, RecallBody, ReceiptBody, ReplayBody
+from api.requests import (
+    ANSWER_MAX_DEPTH,
+    ContextBody,
+    EventsParams,
+    FactsParams,
+    HistoryParams,
+    RecallBody,
+    ReceiptBody,
+    ReplayBody,
+    within_depth,
+)
 from api.resources import Resources
 from producers.consistency import decode_token, encode_token
 from producers.contract import parse_rfc3339, rfc3339, version_id_for
@@ -411,7 +421,14 @@ async def verify(res: Resources, tenants: frozenset[str], body: ReceiptBody) -> 
     }
     if body.answer is not None:
         supplied = body.answer
-        out["answer"] = await _off_the_loop(supplied, lambda: answer_digest(supplied)) == receipt["answer_digest"]
+
+        def judged() -> str | None:  # the depth with the digest: both walk the whole answer
+            return answer_digest(supplied) if within_depth(supplied, ANSWER_MAX_DEPTH) else None
+
+        if (digest := await _off_the_loop(supplied, judged)) is None:
+            message = f"is nested deeper than {ANSWER_MAX_DEPTH} levels: no answer of this service is"
+            raise ApiError(422, "invalid_value", message, "answer")
+        out["answer"] = digest == receipt["answer_digest"]
         out["valid"] = out["valid"] and out["answer"]
     return out
 
