@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from fastapi.routing import APIRoute
 
-from api.routes._json import parse_json_body
+from api.main import create_app
+from api.routes._json import OrjsonBodyRoute, parse_json_body
+from producers.settings import Settings
 
 TRICKY = [
     b"10000000000000000000000000000",  # past 64 bits: orjson alone reads a float
@@ -31,6 +36,15 @@ TRICKY = [
     b"[1,]",
     b"\xff",
     b'{"events": [1]} trailing',
+    # long digit runs: integers where a number starts (after spaces, a minus sign), fractions, exponents, strings
+    b"[ -12345678901234567890123]",
+    b'{"n":\n\t-12345678901234567890}',
+    b"[" + b" " * 100 + b"123456789012345678901]",  # more spaces than the scan looks back over
+    b"[1e0000000000000000000005, 0.12345678901234567890123, 12345678901234567890.5]",
+    b'{"digest": "ad449f7cd828749658489367506451ba5eb45187e4c8c3816e"}',  # a run inside a hex digest
+    b'{"s": "x: 12345678901234567890123", "n": 123456789012345678901234}',
+    b'{"s": "12345678901234567890123", "n": 1}',
+    b'["' + b"1234567890123456789 " * 20_000 + b'", 99999999999999999999]',  # more runs in strings than are judged
 ]
 
 
@@ -70,7 +84,29 @@ def _value(rng: random.Random, depth: int = 0) -> object:
     return {f"k{i}": _value(rng, depth + 1) for i in range(rng.randrange(4))}
 
 
-def test_random_documents_read_as_the_standard_parser_reads_them() -> None:
+@pytest.mark.parametrize(
+    "layout", [{}, {"separators": (",", ":")}, {"indent": 2}], ids=["spaced", "compact", "indented"]
+)
+def test_random_documents_read_as_the_standard_parser_reads_them(layout: dict[str, object]) -> None:
     rng = random.Random(7)
     for _ in range(2000):
-        _same(json.dumps(_value(rng)).encode())
+        _same(json.dumps(_value(rng), **layout).encode())  # type: ignore[arg-type]
+
+
+def _api_routes(routes: list[Any]) -> Iterator[APIRoute]:
+    for route in routes:
+        if isinstance(route, APIRoute):
+            yield route
+        inner = getattr(route, "original_router", None)  # an included router (FastAPI includes them lazily)
+        if inner is not None:
+            yield from _api_routes(inner.routes)
+
+
+def test_every_route_that_takes_a_body_parses_it_with_the_fast_parser(base_settings: Settings) -> None:
+    """A class test: a new route with a body on a router without the route class would parse megabytes with the
+    standard parser, on the event loop."""
+    taking = {
+        (sorted(r.methods)[0], r.path): type(r) for r in _api_routes(create_app(base_settings).routes) if r.body_field
+    }
+    assert ("POST", "/receipts/verify") in taking and ("POST", "/events") in taking, sorted(taking)
+    assert {k: v for k, v in taking.items() if not issubclass(v, OrjsonBodyRoute)} == {}

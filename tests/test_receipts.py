@@ -202,6 +202,15 @@ def test_hostile_receipts_are_refused_naming_the_field(stack: Any) -> None:
     ):
         r = _verify(stack, {**receipt, "cited": [{**c, **bad}]})
         assert r.status_code == 422 and r.json()["detail"][0]["field"].startswith("receipt"), (bad, r.text)
+    # each cited field given each JSON type it is not (a number in a string, a whole float, true): refused naming it
+    nullable = {"memory_id", "link"}
+    for name, held in c.items():
+        for value in ("7", 7, 1.0, 2.5, True, None, [], {}):
+            if type(value) is type(held) or (value is None and name in nullable):
+                continue
+            r = _verify(stack, {**receipt, "cited": [{**c, name: value}]})
+            assert r.status_code == 422, (name, value, r.text[:300])
+            assert r.json()["detail"][0]["field"] == f"receipt.cited.0.{name}", (name, value, r.text[:300])
     for bad in ({"positions": "not a token"}, {"public_key": "!!"}, {"signature": "\u0000"}):
         r = _verify(stack, {**receipt, **bad})
         assert r.status_code in (200, 422), (bad, r.text)

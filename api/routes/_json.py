@@ -14,22 +14,42 @@ from typing import Any
 import orjson
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
 
 
 def json_response(body: Any, status_code: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
 
 
-# orjson reads an integer past 64 bits as a float (silently another number): a body with a run of 19 or more
-# digits anywhere (in a string too: rare, and only slower) is read by the standard parser. Found by mapping every
-# digit to "0" and everything else to " " (bytes.translate runs in C, far faster than a regular expression)
+# orjson reads an integer past 64 bits as a float (silently another number): a body with such an integer is read by
+# the standard parser. Runs of 19 or more digits are found by mapping every digit to "0" and everything else to " "
+# (bytes.translate runs in C, far faster than a regular expression); a run is an integer where a number may start
+# (after "[", ":" or ",", spaces and a minus sign): inside a string (a hex digest often holds one) it is not
 _DIGITS_AS_ZEROS = bytes(ord("0") if chr(i).isdigit() and i < 128 else ord(" ") for i in range(256))
 _LONG_RUN = b"0" * 19
+_NUMBER_AFTER = frozenset(b"[:,")
+_RUNS_JUDGED = 10_000  # past this many runs in strings, the standard parser reads the body (slower, never wrong)
+_INLINE_BYTES = 256 * 1024  # a larger body is parsed in a worker thread (below)
+
+
+def _may_hold_a_long_integer(body: bytes) -> bool:
+    zeros = body.translate(_DIGITS_AS_ZEROS)
+    start = zeros.find(_LONG_RUN)
+    for _ in range(_RUNS_JUDGED):
+        if start == -1:
+            return False
+        # what precedes the run; 64 bytes of it are all spaces (or the body's start): judged a number, to be safe
+        before = body[max(0, start - 64) : start].rstrip(b"-").rstrip(b" \t\r\n")
+        if not before or before[-1] in _NUMBER_AFTER:
+            return True
+        end = zeros.find(b" ", start)
+        start = -1 if end == -1 else zeros.find(_LONG_RUN, end)
+    return True
 
 
 def parse_json_body(body: bytes) -> Any:
     """The body as the standard `json.loads` reads it, by orjson where that gives the same value."""
-    if _LONG_RUN not in body.translate(_DIGITS_AS_ZEROS):
+    if not _may_hold_a_long_integer(body):
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -39,14 +59,18 @@ def parse_json_body(body: bytes) -> Any:
 
 class _OrjsonRequest(Request):
     async def json(self) -> Any:
+        # a large body in a worker thread: its scan and its parse are each one call into C that holds the GIL, and
+        # between them (and in the scan's loop) the event loop gets its turn to serve others
         if not hasattr(self, "_json"):
-            self._json = parse_json_body(await self.body())
+            body = await self.body()
+            large = len(body) > _INLINE_BYTES
+            self._json = await run_in_threadpool(parse_json_body, body) if large else parse_json_body(body)
         return self._json
 
 
 class OrjsonBodyRoute(APIRoute):
-    """A route whose JSON body is parsed by orjson: FastAPI parses the body on the event loop, and the
-    standard parser takes several times as long on a large POST /v1/events body."""
+    """The route class of every router whose routes take a body: FastAPI parses the body on the event loop with
+    the standard parser, which takes several times as long as orjson on a body of megabytes."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()

@@ -16,10 +16,10 @@ from fastapi import APIRouter, Request, Response
 from api import reads
 from api.deps import ResourcesDep, TenantsDep
 from api.requests import ContextBody
-from api.routes._json import json_response
+from api.routes._json import OrjsonBodyRoute, json_response
 from api.schemas import ContextResponse
 
-router = APIRouter(tags=["context"])
+router = APIRouter(tags=["context"], route_class=OrjsonBodyRoute)
 
 TEXT = "text/plain; charset=utf-8"
 

@@ -17,11 +17,11 @@ from api import dead_letters
 from api.deps import ResourcesDep, TenantQuery, TenantsDep
 from api.errors import ErrorBody
 from api.requests import inline_refs
-from api.routes._json import json_response
+from api.routes._json import OrjsonBodyRoute, json_response
 from api.schemas import DeadLetterAction, DeadLetterRecord, DeadLettersResponse
 from producers.contract import MemoryEvent
 
-router = APIRouter(tags=["dead-letters"])
+router = APIRouter(tags=["dead-letters"], route_class=OrjsonBodyRoute)
 
 Partition = Annotated[int, Path(ge=0, le=2**31 - 1, description="the dead letter's partition of the ledger topic")]
 Offset = Annotated[int, Path(ge=0, le=2**63 - 1, description="the dead letter's offset in that partition")]

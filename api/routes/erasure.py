@@ -14,10 +14,10 @@ from fastapi import APIRouter, Path, Query, Response
 from api import writes
 from api.deps import ResourcesDep, Storable, TenantQuery, TenantsDep
 from api.requests import SUBJECT
-from api.routes._json import json_response
+from api.routes._json import OrjsonBodyRoute, json_response
 from api.schemas import ErasureResponse
 
-router = APIRouter(tags=["erasure"])
+router = APIRouter(tags=["erasure"], route_class=OrjsonBodyRoute)
 
 
 @router.delete(

@@ -18,14 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.deps import PoolDep, ResourcesDep, SettingsDep, Storable, TenantQuery, TenantsDep, check_tenant
 from api.errors import ApiError
 from api.requests import SUBJECT, TENANT
-from api.routes._json import json_response
+from api.routes._json import OrjsonBodyRoute, json_response
 from api.schemas import ErasureRecord, ErasuresResponse, KeysResponse, RetireResponse
 from producers.keys.kek import KekError
 from producers.keys.store import settings_keks
 from projections import shapes
 from projections.postgres.erasures import erasure_record, list_erasures
 
-router = APIRouter(tags=["encryption"])
+router = APIRouter(tags=["encryption"], route_class=OrjsonBodyRoute)
 
 MAX_SUBJECTS = 500
 

@@ -18,12 +18,12 @@ from fastapi import APIRouter, Response
 from api import reads
 from api.deps import ResourcesDep, TenantsDep
 from api.requests import Filters, RecallBody
-from api.routes._json import json_response
+from api.routes._json import OrjsonBodyRoute, json_response
 from api.schemas import RecallResponse
 
 __all__ = ["Filters", "RecallBody", "router"]  # the request models live in api.requests (shared with api.mcp)
 
-router = APIRouter(tags=["recall"])
+router = APIRouter(tags=["recall"], route_class=OrjsonBodyRoute)
 
 
 @router.post("/recall", response_model=RecallResponse)

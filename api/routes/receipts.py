@@ -16,10 +16,10 @@ from fastapi import APIRouter, Response
 from api import receipts
 from api.deps import ResourcesDep, TenantsDep
 from api.requests import ReceiptBody, ReplayBody
-from api.routes._json import json_response
+from api.routes._json import OrjsonBodyRoute, json_response
 from api.schemas import ReceiptReplay, ReceiptVerification
 
-router = APIRouter(prefix="/receipts", tags=["receipts"])
+router = APIRouter(prefix="/receipts", tags=["receipts"], route_class=OrjsonBodyRoute)
 
 
 @router.post("/verify", response_model=ReceiptVerification)
