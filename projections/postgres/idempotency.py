@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+import orjson
 import psycopg
 
 __all__ = ["FP_HASH_SQL", "ID_HASH_SQL", "Claim", "Fate", "claim_events", "erased_sql", "event_fate", "release_claims"]
@@ -56,10 +57,13 @@ def erased_sql(with_fingerprints: bool) -> str:
 
 # one statement: what is applied or erased under each id, and the claim of the others (inserted, or the existing
 # row read back under its lock: ON CONFLICT DO UPDATE returns the committed claim of a concurrent door, which a
-# snapshot read would miss); claims are taken in (tenant, event_id) order so two requests never deadlock
+# snapshot read would miss); claims are taken in (tenant, event_id) order so two requests never deadlock. The ids
+# come as one jsonb array of [tenant, event_id, fingerprint] written by orjson: psycopg would dump three lists of
+# 1,000 element by element in Python, on the API's event loop
 _CLAIM = f"""
 WITH given AS (
-    SELECT * FROM unnest(%(t)s::text[], %(id)s::text[], %(fp)s::text[]) WITH ORDINALITY AS g(t, id, fp, n)
+    SELECT r->>0 AS t, r->>1 AS id, r->>2 AS fp, n
+    FROM jsonb_array_elements(%(given)s::jsonb) WITH ORDINALITY AS j(r, n)
 ), applied AS (
     SELECT g.t, g.id, e.fingerprint, e."partition", e."offset" FROM given g
     JOIN events e ON e.tenant = g.t AND e.event_id = g.id
@@ -92,8 +96,7 @@ async def claim_events(conn: psycopg.AsyncConnection, events: list[tuple[str, st
     """
     if not events:
         return []
-    tenants, ids, fps = (list(col) for col in zip(*events, strict=True))
-    cur = await conn.execute(_CLAIM, {"t": tenants, "id": ids, "fp": fps})
+    cur = await conn.execute(_CLAIM, {"given": orjson.dumps(events).decode()})
     out: list[Claim] = []
     for given, applied_fp, p, o, erased_same, claimed_fp, fresh in await cur.fetchall():
         if applied_fp is not None:
