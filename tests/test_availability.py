@@ -448,7 +448,9 @@ def stack(base_settings: Settings) -> Iterator[dict[str, Any]]:
             assert r.status_code == 200, r.text[:300]
             pipe.settle(180)
             with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-                pool.submit(time.sleep, 0).result(timeout=120)  # the attacker process is up before any measurement
+                # the attacker process is up and has imported what it runs (seconds of CPU on the server's cores)
+                # before any measurement: an attack that sends nothing
+                pool.submit(attack, api.url, [], 0, 1, 0).result(timeout=120)
                 yield {"settings": settings, "pipe": pipe, "api": api, "mcp": mcp, "shared": shared, "pool": pool}
 
 
