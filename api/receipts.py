@@ -44,7 +44,7 @@ from producers.settings import EmbeddingSettings, RecallSettings, Settings
 from projections import shapes
 from projections.postgres import receipts as rows
 
-__all__ = ["answer_digest", "basis", "canonical", "issue", "replay", "request_fields", "verify"]
+__all__ = ["NotCanonical", "answer_digest", "basis", "canonical", "issue", "replay", "request_fields", "verify"]
 
 log = logging.getLogger(__name__)
 
@@ -109,15 +109,25 @@ def _jcs(value: Any) -> bytes:
     return orjson.dumps(value)
 
 
+class NotCanonical(ValueError):
+    """A value no canonical JSON holds, so no answer or receipt of this service: a lone surrogate (RFC 8785 takes
+    I-JSON, which has none; the standard parser reads the escape), an integer outside 64 bits, nesting past the
+    serializer's limit."""
+
+
 def canonical(value: Any) -> bytes:
     """RFC 8785 (JCS) canonical JSON, what the digests and the signature are over, so a client in any language can
     rebuild the bytes from the JSON it received (a JavaScript client re-serializing `400.0` writes `400`). orjson writes
     those bytes once whole floats are integers (`_plain`); the rare rest is written out by `_jcs`. Integers past 2**53
-    are written exactly (RFC 8785 has no digits for them: JavaScript cannot hold them)."""
+    are written exactly (RFC 8785 has no digits for them: JavaScript cannot hold them); NotCanonical for what none
+    holds (a client's JSON can)."""
     try:
-        return orjson.dumps(_plain(value), option=orjson.OPT_SORT_KEYS)
-    except _NotPlain:
-        return _jcs(value)
+        try:
+            return orjson.dumps(_plain(value), option=orjson.OPT_SORT_KEYS)
+        except _NotPlain:
+            return _jcs(value)
+    except (orjson.JSONEncodeError, rfc8785.CanonicalizationError, UnicodeEncodeError, RecursionError) as exc:
+        raise NotCanonical(f"holds a value no canonical JSON has ({exc})") from None
 
 
 def answer_digest(answer: Mapping[str, Any]) -> str:
@@ -374,7 +384,11 @@ def signature_state(
         sig = base64.b64decode(str(signature), validate=True)
     except ValueError:
         return "invalid"
-    if not signature_valid(public, sig, _SIGNED + canonical(body)):
+    try:
+        signed = _SIGNED + canonical(body)
+    except NotCanonical:  # what no receipt holds was never signed
+        return "invalid"
+    if not signature_valid(public, sig, signed):
         return "invalid"
     return "valid" if public in _trusted(settings) else "untrusted"
 
@@ -425,7 +439,11 @@ async def verify(res: Resources, tenants: frozenset[str], body: ReceiptBody) -> 
         def judged() -> str | None:  # the depth with the digest: both walk the whole answer
             return answer_digest(supplied) if within_depth(supplied, ANSWER_MAX_DEPTH) else None
 
-        if (digest := await _off_the_loop(supplied, judged)) is None:
+        try:
+            digest = await _off_the_loop(supplied, judged)
+        except NotCanonical as exc:
+            raise ApiError(422, "invalid_value", f"{exc}: no answer of this service does", "answer") from None
+        if digest is None:
             message = f"is nested deeper than {ANSWER_MAX_DEPTH} levels: no answer of this service is"
             raise ApiError(422, "invalid_value", message, "answer")
         out["answer"] = digest == receipt["answer_digest"]
@@ -510,7 +528,11 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
         ) from None
     async with res.pool.connection() as conn:
         salt, _ = await rows.receipt_state(conn, settings.processor_group, settings.topic)
-    if _keyed(salt, _REQUEST, request_fields(answer, params)) != receipt["request"]:
+    try:
+        same_request = _keyed(salt, _REQUEST, request_fields(answer, params)) == receipt["request"]
+    except NotCanonical:  # what no request of this service holds was never asked
+        same_request = False
+    if not same_request:
         raise ApiError(422, "invalid_value", "these are not the parameters the receipt was made for", "request")
     below = _positions(receipt)
     as_of = None if receipt["as_of"] is None else parse_rfc3339(receipt["as_of"])

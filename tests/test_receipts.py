@@ -9,7 +9,8 @@ version erased since verifies as "erased at ..." and shows nothing of it; anothe
 to a key of both tenants, 403 to a key of the other only), over HTTP and the MCP tools alike; a replay with other
 parameters than the receipt's is refused naming `request`; a chain link changed in PostgreSQL fails the receipt that
 cites it and `ledger verify` names its place; a recall's receipt is read with its answer (no pool checkout of its
-own) and is the receipt its own read would make.
+own) and is the receipt its own read would make; a value no canonical JSON holds, in any field of a receipt or in a
+supplied answer, is judged or refused, never a server error.
 """
 
 from __future__ import annotations
@@ -229,6 +230,60 @@ def test_hostile_receipts_are_refused_naming_the_field(stack: Any) -> None:
         r = _verify(stack, {**receipt, field: deep})
         assert r.status_code in (200, 422), (field, r.text[:300])
         assert r.status_code == 422 or r.json()["valid"] is False
+
+
+# what a client's JSON may hold and no canonical JSON does (RFC 8785 takes I-JSON): the standard parser reads each
+_NOT_CANONICAL = (b"NaN", b"-Infinity", b"1e400", b'"\\ud800"', b"123456789012345678901234567890")
+_HOSTILE = "__hostile__"
+
+
+def _raw(pipe: Any, path: str, body: dict[str, Any], literal: bytes, key: bool = False) -> Any:
+    """`body` posted with the string `_HOSTILE` (as a value, or as a key with `key`) written as `literal`."""
+    mark = orjson.dumps(_HOSTILE)
+    raw = orjson.dumps(body).replace(mark + b":", b'"\\udc00":') if key else orjson.dumps(body)
+    return pipe.client.post(path, content=raw.replace(mark, literal), headers={**H, "content-type": "application/json"})
+
+
+def test_values_no_canonical_json_holds_are_judged_never_a_server_error(stack: Any) -> None:
+    """Each field of a receipt given each value no canonical JSON holds (NaN, an infinity, a lone surrogate, an
+    integer outside 64 bits; and a lone surrogate as a key): verify answers that it does not hold (or refuses it),
+    replay refuses it; a supplied answer holding one is refused naming `answer`. Before, each was a 500."""
+    recall = _recall(stack)
+    receipt, answer = recall["receipt"], {k: v for k, v in recall.items() if k != "receipt"}
+    request = {"tenant": TENANT, "subject": SUBJECT, "query": "R1 backend port"}
+    assert receipt["cited"] and receipt["ranking"], receipt
+
+    def with_hostile(path: tuple, name: Any, value: Any) -> dict[str, Any]:
+        bad = copy.deepcopy(receipt)
+        holder = bad
+        for step in path:
+            holder = holder[step]
+        holder[name] = value
+        return bad
+
+    # each field's value; a key of each object, and a value added under it
+    cases = [(p, with_hostile(p[:-1], p[-1], _HOSTILE), False) for p, _ in _leaves(receipt) if p[-1] != "signature"]
+    for path in [(), ("cited", 0), ("parts",), ("ranking",), ("ranking", "settings"), ("ranking", "models")]:
+        cases.append(((*path, "a key"), with_hostile(path, _HOSTILE, 1), True))
+        cases.append(((*path, "extra"), with_hostile(path, "extra", _HOSTILE), False))
+    for where, bad, key in cases:
+        for literal in _NOT_CANONICAL:
+            r = _raw(stack, "/v1/receipts/verify", {"tenant": TENANT, "receipt": bad}, literal, key)
+            assert r.status_code in (200, 404, 422), (where, literal, r.text[:300])  # 404: its tenant's name
+            assert r.status_code != 200 or r.json()["valid"] is False, (where, literal, r.text[:300])
+            body = {"tenant": TENANT, "receipt": bad, "request": request}
+            r = _raw(stack, "/v1/receipts/replay", body, literal, key)
+            assert r.status_code in (404, 422), (where, literal, r.text[:300])
+    for literal in _NOT_CANONICAL:
+        for key in (False, True):
+            extra = {_HOSTILE: 1} if key else {"extra": _HOSTILE}
+            supplied = {**answer, "hits": [{**answer["hits"][0], **extra}]}
+            r = _raw(
+                stack, "/v1/receipts/verify", {"tenant": TENANT, "receipt": receipt, "answer": supplied}, literal, key
+            )
+            assert r.status_code == 422, (literal, key, r.text[:300])
+            assert r.json()["detail"][0]["field"] == "answer", (literal, key, r.text[:300])
+    assert _verify(stack, receipt, answer).json()["valid"] is True  # the same answer, as JSON holds it
 
 
 def _replay(pipe: Any, receipt: dict[str, Any], request: dict[str, Any], headers: dict[str, str] = H) -> Any:
