@@ -3,7 +3,8 @@
 - every error status (401, 403, 404, 405, 422, 500, 503) has the one shape
   `{"detail": [{"code", "field", "message"}]}`, documented in the OpenAPI spec;
 - a store that is down (a real client pointed at a dead loopback port) is a prompt 503
-  naming it on every route; bad inputs that were 500 or 503 are 4xx naming the field;
+  naming it on every route; bad inputs that were 500 or 503 are 4xx naming the field; every field of every
+  route's body given what only the standard parser reads (NaN, a lone surrogate, a long integer) is never a 500;
 - what the worker would dead-letter (size, depth) is refused by POST /v1/events first;
 - nothing is silently changed (non-finite numbers, Unix or sloppy times, future clocks),
   and explicit nulls for defaulted fields mean "absent";
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import base64
+import copy
 import os
 import threading
 import time
@@ -24,6 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import uvicorn
 from fastapi import FastAPI, HTTPException
@@ -33,6 +36,7 @@ from pydantic import SecretStr
 from api.errors import ErrorBody, install_error_handlers
 from api.main import create_app
 from producers.contract import MAX_EVENT_BYTES, decode
+from producers.keys.signing import new_signing_key
 from producers.settings import Settings
 from tests.conftest import unique
 from tests.support import Pipeline, end_offsets, pipeline, read_topic, wait_for, wire
@@ -70,11 +74,15 @@ def assert_error(resp, status: int, code: str | None = None, field: str | None |
 
 
 @pytest.fixture(scope="module")
-def trust_settings(base_settings: Settings) -> Iterator[Settings]:
+def trust_settings(base_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     """Private topic, schema (created, empty) and index; keys bound to one tenant each; a KEK, so that the key
-    routes reach their store."""
+    routes reach their store; a chain key, so that receipts are signed (and a receipt's check reads all of it)."""
     kek = SecretStr(base64.b64encode(os.urandom(32)).decode())
-    with private_ledger(base_settings.private(unique("trust"), api_keys=KEYS, kek=kek)) as settings:
+    key_file = tmp_path_factory.mktemp("trust") / "chain-key"
+    key_file.write_bytes(new_signing_key())
+    key_file.chmod(0o600)
+    private = base_settings.private(unique("trust"), api_keys=KEYS, kek=kek, chain_key_file=key_file)
+    with private_ledger(private) as settings:
         yield settings
 
 
@@ -245,9 +253,10 @@ def _routes(tenant: str, receipt: dict[str, Any]) -> dict[Route, list[tuple[str,
 
 @pytest.fixture(scope="module")
 def receipt(client: TestClient) -> dict[str, Any]:
-    """A receipt of tenant A, as a facts answer gives it (for the receipt routes)."""
+    """A receipt of tenant A, as a facts answer gives it (for the receipt routes), signed."""
     r = client.get("/v1/subjects/user:1/facts", params={"tenant": A}, headers=HA)
     assert r.status_code == 200, r.text
+    assert r.json()["receipt"]["signature"] is not None, r.text
     return r.json()["receipt"]
 
 
@@ -403,6 +412,64 @@ def _nested(depth: int) -> Any:
     for _ in range(depth):
         value = [value]
     return value
+
+
+# what a client's JSON may spell that orjson refuses and the standard parser reads (NaN, an infinity, a lone
+# surrogate, an integer outside 64 bits), and what no store holds (NUL)
+_ONLY_THE_STANDARD_PARSER_READS = (b"NaN", b"-Infinity", b"1e400", b'"\\ud800"', b"9" * 30, b'"\\u0000"')
+_MARK = "__hostile__"
+
+
+def _places(value: Any, path: tuple = ()) -> Iterator[tuple[tuple, bool]]:
+    """(path, is_object) of every value in `value`: each leaf, and each object (given a key of its own)."""
+    if isinstance(value, dict):
+        yield path, True
+        for k, v in value.items():
+            yield from _places(v, (*path, k))
+    elif isinstance(value, list) and value:
+        yield from _places(value[0], (*path, 0))
+    else:
+        yield path, False
+
+
+def _marked(body: Any, path: tuple, is_object: bool) -> bytes:
+    """`body` as JSON with `_MARK` in its place: the leaf at `path`, or a key added to the object there."""
+    body = copy.deepcopy(body)
+    holder = body
+    for step in path[: None if is_object else -1]:
+        holder = holder[step]
+    if is_object:
+        holder[_MARK] = 1
+        return orjson.dumps(body).replace(orjson.dumps(_MARK) + b":", b'"\\udc00":')
+    holder[path[-1]] = _MARK
+    return orjson.dumps(body)
+
+
+def test_class8_any_body_field_given_what_only_the_standard_parser_reads_is_4xx_never_500(
+    client: TestClient, receipt: dict[str, Any]
+) -> None:
+    """Every field of every JSON body (each leaf at any depth, and a lone-surrogate key in each object), given each
+    value a client's JSON may spell that no store or canonical JSON holds: a 4xx in the one shape, or an answer,
+    never a server error (a receipt's canonical JSON raised on a lone surrogate or a long integer)."""
+    tried = 0
+    for (method, _), requests in _routes(A, receipt).items():
+        for url, kw in requests:
+            if "json" not in kw:
+                continue
+            for path, is_object in _places(kw["json"]):
+                raw = _marked(kw["json"], path, is_object)
+                for literal in _ONLY_THE_STANDARD_PARSER_READS if not is_object else (b"1",):
+                    content = raw.replace(orjson.dumps(_MARK), literal)
+                    headers = {**HA, "content-type": "application/json"}
+                    r = client.request(method, url, content=content, headers=headers)
+                    tried += 1
+                    where = (url, path, literal)
+                    assert r.status_code < 500, (where, r.text[:300])
+                    if r.status_code >= 400:
+                        assert_error(r, r.status_code)
+                    elif url == "/v1/events":  # accepted: what it held was storable (never one of these)
+                        raise AssertionError((where, r.text[:300]))
+    assert tried > 300, tried
 
 
 # -- accepted, then dead-lettered ---------------------------------------------------------------

@@ -18,7 +18,18 @@ from starlette.concurrency import run_in_threadpool
 
 
 def json_response(body: Any, status_code: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status_code, media_type="application/json")
+    try:
+        content = orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        # an answer that echoes what a client sent and orjson will not write (a lone surrogate the standard parser
+        # read from its escape, in a refused event's id): the standard encoder escapes it as the client spelled it
+        content = json.dumps(body, default=_as_json, separators=(",", ":")).encode()
+    return Response(content, status_code=status_code, media_type="application/json")
+
+
+def _as_json(value: Any) -> Any:
+    """What orjson writes of a value the standard encoder does not know (a time, a dataclass), as JSON data."""
+    return orjson.loads(orjson.dumps(value))
 
 
 # orjson reads an integer past 64 bits as a float (silently another number): a body with such an integer is read by
