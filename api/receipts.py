@@ -179,7 +179,19 @@ _ROWS = {"facts": "facts", "history": "versions", "events": "events", "context":
 
 
 def _keyed(salt: bytes, tag: bytes, value: Any) -> str:
-    return hmac.digest(salt, tag + canonical(value), "sha256").hex()
+    return _keyed_bytes(salt, tag, canonical(value))
+
+
+@functools.lru_cache(maxsize=64)
+def _keyed_start(salt: bytes, tag: bytes) -> hmac.HMAC:
+    """The HMAC under `salt` with `tag` taken in: each digest copies it (a third cheaper than keying anew)."""
+    return hmac.new(salt, tag, "sha256")
+
+
+def _keyed_bytes(salt: bytes, tag: bytes, data: bytes) -> str:
+    keyed = _keyed_start(salt, tag).copy()
+    keyed.update(data)
+    return keyed.hexdigest()
 
 
 def request_fields(answer: str, params: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
@@ -269,11 +281,12 @@ async def issue(
             salt, positions, found = await rows.receipt_rows(
                 conn, settings.processor_group, settings.topic, tenant, ids
             )
-    cited: list[shapes.ReceiptCited] = []
-    for eid in ids:
-        row = found.get(eid)
-        if row is not None:
-            cited.append(_cite(salt, tenant, row))
+
+    def cite_all() -> list[shapes.ReceiptCited]:
+        return [_cite(salt, tenant, row) for eid in ids if (row := found.get(eid)) is not None]
+
+    # a digest and two HMACs a cited event: a long answer's (an audit replay of thousands) in a worker thread
+    cited = await run_in_threadpool(cite_all) if len(ids) > _INLINE_CITED else cite_all()
     signer = _signer(settings.chain_key_file)
     ranks, ranks_plain = _ranked(settings) if ranked else (None, None)
     receipt: dict[str, Any] = {
@@ -313,6 +326,7 @@ def basis(settings: Settings) -> rows.Basis:
 
 _T = TypeVar("_T")
 _INLINE_BYTES = 64 * 1024  # an answer up to this size is digested on the event loop (a thread hop costs more)
+_INLINE_CITED = 100  # cited events cited or checked on the event loop (~15 µs each); more in a worker thread
 
 
 async def _digests(answer: Answer, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -345,7 +359,7 @@ def _cite(salt: bytes, tenant: str, row: rows.CitedRow) -> shapes.ReceiptCited:
 
 def _keyed_plain(salt: bytes, tag: bytes, value: list[str | int]) -> str:
     """_keyed of a list of strings and integers, whose canonical JSON is orjson's bytes as they are (no float)."""
-    return hmac.digest(salt, tag + orjson.dumps(value), "sha256").hex()  # one C call: half of hmac.new's time
+    return _keyed_bytes(salt, tag, orjson.dumps(value))
 
 
 # -- checking a receipt --------------------------------------------------------------------------------------
@@ -406,7 +420,7 @@ async def verify(res: Resources, tenants: frozenset[str], body: ReceiptBody) -> 
     _own(tenants, tenant, receipt)
     cited: list[dict[str, Any]] = receipt["cited"]
     # the canonical JSON of a long receipt takes tens of milliseconds: in a worker thread, off the event loop
-    long = len(cited) > 100
+    long = len(cited) > _INLINE_CITED
     signature = (
         await run_in_threadpool(signature_state, settings, receipt) if long else signature_state(settings, receipt)
     )
@@ -473,16 +487,8 @@ def _check(
         owner, row = found
         if owner != tenant or version_id_for(tenant, row.event_id) != vid:
             return state("differs", "the ledger holds another event at that place")
-        wrong = [
-            name
-            for name, ok in (
-                ("digest", _cite(salt, tenant, row)["digest"] == c["digest"]),
-                ("link", (row.link.hex() if row.link is not None else None) == c["link"]),
-                ("memory_id", row.memory_id == c["memory_id"]),
-                ("subject", _cite(salt, tenant, row)["subject"] == c["subject"]),
-            )
-            if not ok
-        ]
+        cite = _cite(salt, tenant, row)  # what a receipt cites of this row today
+        wrong = [name for name in ("digest", "link", "memory_id", "subject") if cite[name] != c[name]]
         if wrong:
             return state("differs", "the ledger holds this event with another " + ", ".join(wrong))
         return state("held", f"in the ledger at partition {place[0]} offset {place[1]}")

@@ -4,6 +4,7 @@ untouched receipt fail verification. Checked against the rfc8785 library on gene
 
 from __future__ import annotations
 
+import hmac
 import json
 import random
 import string
@@ -84,3 +85,6 @@ def test_the_digests_taken_in_one_walk_are_the_canonical_ones():
             assert _digest_and_parts(kind, body) == want, body
         cited = [_text(r), _text(r), "f" * 64, r.randint(0, 2**31), r.randint(0, 2**62)]
         assert _keyed_plain(b"salt", _EVENT, cited) == _keyed(b"salt", _EVENT, cited)
+        # each HMAC copies one keyed start per salt and tag: the same as keying anew, whatever came before
+        salt = r.randbytes(r.choice([16, 32, 64, 65, 100]))
+        assert _keyed(salt, _EVENT, cited) == hmac.digest(salt, _EVENT + canonical(cited), "sha256").hex()
