@@ -11,11 +11,13 @@ event does now (`projections.versions.effects`).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -185,16 +187,19 @@ async def _subject_chains(
     if below is not None:
         known = known + _BELOW
     args = {"tenant": tenant, "subject": subject, "known_at": known_at, "below": _below_json(below)}
+    return _chains(*await _subject_chain_rows(conn, known, args))
+
+
+async def _subject_chain_rows(
+    conn: psycopg.AsyncConnection, known: sql.Composable, args: Mapping[str, Any]
+) -> tuple[list[tuple], list[tuple]]:
     cur = await conn.execute(
         sql.SQL("SELECT {} FROM fact_versions WHERE tenant = %(tenant)s AND subject = %(subject)s{}").format(
             _COLS, known
         ),
         args,
     )
-    versions: dict[str, list[Version]] = defaultdict(list)
-    for r in await cur.fetchall():
-        v = row_to_version(r)
-        versions[v.memory_id].append(v)
+    version_rows = await cur.fetchall()
     cur = await conn.execute(
         sql.SQL(
             "SELECT memory_id, event_id, type, valid_from, observed_at, target_version FROM events "
@@ -203,8 +208,18 @@ async def _subject_chains(
         ).format(known),
         args,
     )
+    return version_rows, await cur.fetchall()
+
+
+def _chains(
+    version_rows: list[tuple], mark_rows: list[tuple]
+) -> tuple[dict[str, list[Version]], dict[str, list[Mark]]]:
+    versions: dict[str, list[Version]] = defaultdict(list)
+    for r in version_rows:
+        v = row_to_version(r)
+        versions[v.memory_id].append(v)
     marks: dict[str, list[Mark]] = defaultdict(list)
-    for mid, eid, typ, vf, obs, target in await cur.fetchall():
+    for mid, eid, typ, vf, obs, target in mark_rows:
         marks[mid].append(Mark(eid, typ, vf, obs, target))
     return versions, marks
 
@@ -307,8 +322,21 @@ async def subject_events(
             },
         )
         rows = await cur.fetchall()
-        by_fact, marks = await _subject_chains(conn, tenant, subject, below=below) if rows else ({}, {})
-    done = _effects(by_fact, marks)
+        known = sql.SQL("") if below is None else _BELOW
+        args = {"tenant": tenant, "subject": subject, "below": _below_json(below)}
+        chain_rows = await _subject_chain_rows(conn, known, args) if rows else ([], [])
+    # the chains' fold and the page's rows: thousands of events take hundreds of milliseconds of CPU, in a worker
+    # thread so that the event loop serves other requests meanwhile (the rows' decoding by psycopg stays on it)
+    if len(rows) + len(chain_rows[0]) > _INLINE_ROWS:
+        return await asyncio.to_thread(_ledger_events, rows, chain_rows)
+    return _ledger_events(rows, chain_rows)
+
+
+_INLINE_ROWS = 200  # an audit replay's rows up to this many are shaped on the event loop (a thread hop costs more)
+
+
+def _ledger_events(rows: list[tuple], chain_rows: tuple[list[tuple], list[tuple]]) -> list[shapes.LedgerEvent]:
+    done = _effects(*_chains(*chain_rows))
     out: list[shapes.LedgerEvent] = []
     for eid, typ, kind, mid, key, scope, part, off, obs, vf, vt, target, payload in rows:
         out.append(
