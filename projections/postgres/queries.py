@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import defaultdict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -156,14 +156,41 @@ async def current_facts(
     and/or `below` (partition -> next offset: a receipt's positions) only from the events observed by then and
     logged below those positions, re-folded."""
     if known_at is not None or below is not None:
-        rows = await _as_known_at(conn, tenant, subject, as_of, known_at, below)
-        if below is None:
-            return [version_dict(v) for v in rows]
-    else:
-        cur = await conn.execute(_CURRENT_FACTS, {"tenant": tenant, "subject": subject, "t": as_of})
-        rows = [row_to_version(r) for r in await cur.fetchall()]
-    rows.sort(key=lambda v: (v.key or "", v.scope, v.valid_from, v.memory_id))
-    return [version_dict(v) for v in rows]
+        async with _one_snapshot(conn):
+            chain_rows = await _subject_chain_rows(
+                conn, _known(known_at, below), _chain_args(tenant, subject, known_at, below)
+            )
+        return await _shaped(len(chain_rows[0]), _known_facts, chain_rows, as_of, below is not None)
+    cur = await conn.execute(_CURRENT_FACTS, {"tenant": tenant, "subject": subject, "t": as_of})
+    rows = await cur.fetchall()
+    return await _shaped(len(rows), lambda: _listed([row_to_version(r) for r in rows]))
+
+
+def _known_facts(
+    chain_rows: tuple[list[tuple], list[tuple]], as_of: datetime, listed: bool
+) -> list[shapes.FactVersion]:
+    """The facts holding at `as_of`, re-folded from the chains' rows (`listed`: in the listing's order)."""
+    by_fact, marks = _chains(*chain_rows)
+    folded = [v for mid, versions in by_fact.items() for v in fold(versions, marks.get(mid, []))]
+    held = visible_at(folded, as_of)
+    return _listed(held) if listed else [version_dict(v) for v in held]
+
+
+def _listed(versions: list[Version]) -> list[shapes.FactVersion]:
+    """Facts as the API lists them: by key, scope, valid time and id."""
+    versions.sort(key=lambda v: (v.key or "", v.scope, v.valid_from, v.memory_id))
+    return [version_dict(v) for v in versions]
+
+
+_INLINE_ROWS = 200  # rows up to this many are shaped on the event loop (a thread hop costs more)
+_T = TypeVar("_T")
+
+
+async def _shaped(rows: int, shape: Callable[..., _T], *args: Any) -> _T:
+    """shape(*args), what a read makes of its `rows` rows. A subject's thousands of rows (the fold of its chains, each
+    row's versions and times) take hundreds of milliseconds of CPU: in a worker thread, so that the event loop
+    serves other requests meanwhile (psycopg's decoding of the rows stays on it)."""
+    return await asyncio.to_thread(shape, *args) if rows > _INLINE_ROWS else shape(*args)
 
 
 # an event (or version row) logged below the positions `below` names (jsonb {"partition": next_offset})
@@ -183,11 +210,19 @@ async def _subject_chains(
 ) -> tuple[dict[str, list[Version]], dict[str, list[Mark]]]:
     """The subject's versions and marks (retractions, confirmations) per memory_id, observed by `known_at` and
     logged below `below` if given."""
+    args = _chain_args(tenant, subject, known_at, below)
+    return _chains(*await _subject_chain_rows(conn, _known(known_at, below), args))
+
+
+def _known(known_at: datetime | None, below: Mapping[int, int] | None) -> sql.Composable:
     known = sql.SQL("") if known_at is None else sql.SQL(" AND observed_at <= %(known_at)s")
-    if below is not None:
-        known = known + _BELOW
-    args = {"tenant": tenant, "subject": subject, "known_at": known_at, "below": _below_json(below)}
-    return _chains(*await _subject_chain_rows(conn, known, args))
+    return known if below is None else known + _BELOW
+
+
+def _chain_args(
+    tenant: str, subject: str, known_at: datetime | None, below: Mapping[int, int] | None
+) -> dict[str, Any]:
+    return {"tenant": tenant, "subject": subject, "known_at": known_at, "below": _below_json(below)}
 
 
 async def _subject_chain_rows(
@@ -224,20 +259,6 @@ def _chains(
     return versions, marks
 
 
-async def _as_known_at(
-    conn: psycopg.AsyncConnection,
-    tenant: str,
-    subject: str,
-    as_of: datetime,
-    known_at: datetime | None,
-    below: Mapping[int, int] | None = None,
-) -> list[Version]:
-    async with _one_snapshot(conn):
-        by_fact, marks = await _subject_chains(conn, tenant, subject, known_at, below)
-    folded = [v for mid, versions in by_fact.items() for v in fold(versions, marks.get(mid, []))]
-    return visible_at(folded, as_of)
-
-
 async def fact_history(
     conn: psycopg.AsyncConnection, tenant: str, memory_id: str, below: Mapping[int, int] | None = None
 ) -> list[shapes.FactVersion]:
@@ -249,7 +270,8 @@ async def fact_history(
         sql.SQL("SELECT {} FROM fact_versions WHERE tenant = %s AND memory_id = %s ORDER BY version").format(_COLS),
         (tenant, memory_id),
     )
-    return [version_dict(row_to_version(r)) for r in await cur.fetchall()]
+    rows = await cur.fetchall()
+    return await _shaped(len(rows), lambda: [version_dict(row_to_version(r)) for r in rows])
 
 
 async def _history_below(
@@ -322,17 +344,9 @@ async def subject_events(
             },
         )
         rows = await cur.fetchall()
-        known = sql.SQL("") if below is None else _BELOW
-        args = {"tenant": tenant, "subject": subject, "below": _below_json(below)}
-        chain_rows = await _subject_chain_rows(conn, known, args) if rows else ([], [])
-    # the chains' fold and the page's rows: thousands of events take hundreds of milliseconds of CPU, in a worker
-    # thread so that the event loop serves other requests meanwhile (the rows' decoding by psycopg stays on it)
-    if len(rows) + len(chain_rows[0]) > _INLINE_ROWS:
-        return await asyncio.to_thread(_ledger_events, rows, chain_rows)
-    return _ledger_events(rows, chain_rows)
-
-
-_INLINE_ROWS = 200  # an audit replay's rows up to this many are shaped on the event loop (a thread hop costs more)
+        args = _chain_args(tenant, subject, None, below)
+        chain_rows = await _subject_chain_rows(conn, _known(None, below), args) if rows else ([], [])
+    return await _shaped(len(rows) + len(chain_rows[0]), _ledger_events, rows, chain_rows)
 
 
 def _ledger_events(rows: list[tuple], chain_rows: tuple[list[tuple], list[tuple]]) -> list[shapes.LedgerEvent]:
