@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import base64
-import copy
 import os
 import threading
 import time
@@ -39,7 +38,7 @@ from producers.contract import MAX_EVENT_BYTES, decode
 from producers.keys.signing import new_signing_key
 from producers.settings import Settings
 from tests.conftest import unique
-from tests.support import Pipeline, end_offsets, pipeline, read_topic, wait_for, wire
+from tests.support import Pipeline, end_offsets, pipeline, read_topic, wait_for, wire, with_value_at
 from tests.support.routes import app_routes
 from tests.support.stores import private_ledger
 
@@ -434,15 +433,10 @@ def _places(value: Any, path: tuple = ()) -> Iterator[tuple[tuple, bool]]:
 
 def _marked(body: Any, path: tuple, is_object: bool) -> bytes:
     """`body` as JSON with `_MARK` in its place: the leaf at `path`, or a key added to the object there."""
-    body = copy.deepcopy(body)
-    holder = body
-    for step in path[: None if is_object else -1]:
-        holder = holder[step]
     if is_object:
-        holder[_MARK] = 1
-        return orjson.dumps(body).replace(orjson.dumps(_MARK) + b":", b'"\\udc00":')
-    holder[path[-1]] = _MARK
-    return orjson.dumps(body)
+        marked = orjson.dumps(with_value_at(body, (*path, _MARK), 1))
+        return marked.replace(orjson.dumps(_MARK) + b":", b'"\\udc00":')
+    return orjson.dumps(with_value_at(body, path, _MARK))
 
 
 def test_class8_any_body_field_given_what_only_the_standard_parser_reads_is_4xx_never_500(

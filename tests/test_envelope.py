@@ -44,7 +44,7 @@ from producers.keys.envelope import (
 )
 from producers.keys.store import KeyState, subject_digest
 from producers.records import Incoming, decode_record, open_record
-from tests.support.events import changed
+from tests.support.events import changed, with_value_at
 
 pytestmark = pytest.mark.unit
 
@@ -174,13 +174,7 @@ def _paths(sealed: dict[str, Any]) -> list[str]:
 
 
 def _set(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
-    data = copy.deepcopy(data)
-    *parents, last = path.split(".")
-    node = data
-    for p in parents:
-        node = node[p]
-    node[last] = value
-    return data
+    return with_value_at(data, path.split("."), value)
 
 
 def _get(data: dict[str, Any], path: str) -> Any:

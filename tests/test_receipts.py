@@ -31,7 +31,7 @@ from producers.keys.signing import new_signing_key
 from producers.settings import Settings
 from stream_processors.verify import verify
 from tests.conftest import unique
-from tests.support import changed, pg, pipeline
+from tests.support import changed, pg, pipeline, with_value_at
 
 TENANT, OTHER = "rcpt", "rcpt-other"
 KEY, OTHER_KEY = "k-rcpt", "k-rcpt-other"  # KEY may use both tenants, OTHER_KEY only the other
@@ -154,12 +154,7 @@ def test_a_receipt_with_any_field_changed_does_not_verify(stack: Any) -> None:
         receipt = answers[name]["receipt"]
         assert _verify(stack, receipt).json()["valid"] is True
         for path, value in _leaves(receipt):
-            bad = copy.deepcopy(receipt)
-            holder = bad
-            for step in path[:-1]:
-                holder = holder[step]
-            holder[path[-1]] = changed(value)
-            r = _verify(stack, bad)
+            r = _verify(stack, with_value_at(receipt, path, changed(value)))
             where = ".".join(map(str, path))
             if r.status_code == 200:
                 assert r.json()["valid"] is False, (name, where)
@@ -253,19 +248,11 @@ def test_values_no_canonical_json_holds_are_judged_never_a_server_error(stack: A
     request = {"tenant": TENANT, "subject": SUBJECT, "query": "R1 backend port"}
     assert receipt["cited"] and receipt["ranking"], receipt
 
-    def with_hostile(path: tuple, name: Any, value: Any) -> dict[str, Any]:
-        bad = copy.deepcopy(receipt)
-        holder = bad
-        for step in path:
-            holder = holder[step]
-        holder[name] = value
-        return bad
-
     # each field's value; a key of each object, and a value added under it
-    cases = [(p, with_hostile(p[:-1], p[-1], _HOSTILE), False) for p, _ in _leaves(receipt) if p[-1] != "signature"]
+    cases = [(p, with_value_at(receipt, p, _HOSTILE), False) for p, _ in _leaves(receipt) if p[-1] != "signature"]
     for path in [(), ("cited", 0), ("parts",), ("ranking",), ("ranking", "settings"), ("ranking", "models")]:
-        cases.append(((*path, "a key"), with_hostile(path, _HOSTILE, 1), True))
-        cases.append(((*path, "extra"), with_hostile(path, "extra", _HOSTILE), False))
+        cases.append(((*path, "a key"), with_value_at(receipt, (*path, _HOSTILE), 1), True))
+        cases.append(((*path, "extra"), with_value_at(receipt, (*path, "extra"), _HOSTILE), False))
     for where, bad, key in cases:
         for literal in _NOT_CANONICAL:
             r = _raw(stack, "/v1/receipts/verify", {"tenant": TENANT, "receipt": bad}, literal, key)

@@ -14,7 +14,8 @@ this package only adds what a test needs around them.
 - writer: `RecorderWriter` (events straight through the PostgreSQL recorder, no Kafka) and `drain_all`
   (the indexer's drain and the embedder's pass until both queues are empty), for search and recall tests.
 - events: factories `asserted`, `facts`, `marked`, `erased`, `episode`, `wire`, times `at(day)` after `T0`;
-  `changed(leaf)`: a JSON leaf with one thing changed (the tamper tests).
+  `changed(leaf)`: a JSON leaf with one thing changed (the tamper tests); `with_value_at(data, path, value)`: a
+  copy with one value set.
 - pipeline: `pipeline(settings, seed=..., indexer=..., app=...)`, the whole ledger for one module;
   `drain_search(settings, timeout)`: every applied version searchable.
 - docs (import it directly): the documents' bash and python blocks run as a reader runs them, and the rules a
@@ -29,7 +30,19 @@ this package only adds what a test needs around them.
   tests whose cases must cover each route.
 """
 
-from tests.support.events import T0, TENANT, asserted, at, changed, episode, erased, facts, marked, wire
+from tests.support.events import (
+    T0,
+    TENANT,
+    asserted,
+    at,
+    changed,
+    episode,
+    erased,
+    facts,
+    marked,
+    wire,
+    with_value_at,
+)
 from tests.support.kafka import dlq_envelopes, drop_topics, end_offsets, publish, publish_raw, read_topic
 from tests.support.pipeline import Pipeline, pipeline
 from tests.support.processes import Embedder, Indexer, Process, Worker
@@ -82,4 +95,5 @@ __all__ = [
     "wait_caught_up",
     "wait_for",
     "wire",
+    "with_value_at",
 ]

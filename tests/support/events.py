@@ -12,11 +12,13 @@ contract field as a keyword (event_id, kind, valid_to, entities, ...).
 - `erased(subject)`: subject.erased.
 - `wire(subject, ...)`: the JSON of one event as an HTTP client posts it (no event_id unless given;
   a field given as `...` is left out).
+- `changed(leaf)` and `with_value_at(data, path, value)`: the tamper and hostile-input tests' one change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -92,6 +94,16 @@ def wire(subject: str = "user:1", *, tenant: str = TENANT, **over: Any) -> dict[
         "content": f"{subject} prefers window seats",
     }
     return {k: v for k, v in {**base, **over}.items() if v is not ...}
+
+
+def with_value_at(data: Any, path: Sequence[Any], value: Any) -> Any:
+    """A deep copy of `data` with `value` at `path` (keys and list indexes; a new key is added)."""
+    data = copy.deepcopy(data)
+    holder = data
+    for step in path[:-1]:
+        holder = holder[step]
+    holder[path[-1]] = value
+    return data
 
 
 def changed(value: Any) -> Any:
