@@ -485,9 +485,9 @@ def _check(
     found = held.get(place)
     if found is not None:
         owner, row = found
-        if owner != tenant or version_id_for(tenant, row.event_id) != vid:
+        cite = _cite(salt, tenant, row) if owner == tenant else None  # what a receipt cites of this row today
+        if cite is None or cite["version_id"] != vid:
             return state("differs", "the ledger holds another event at that place")
-        cite = _cite(salt, tenant, row)  # what a receipt cites of this row today
         wrong = [name for name in ("digest", "link", "memory_id", "subject") if cite[name] != c[name]]
         if wrong:
             return state("differs", "the ledger holds this event with another " + ", ".join(wrong))
