@@ -6,3 +6,9 @@
 - `eval`, `conversations` (with `data/`): retrieval quality; `agent`, `access`, `crypto`, `embedding`, `stats`,
   `workers`: one question each.
 """
+
+import os
+
+# every benchmark, `python -m bench X` and `python -m bench.X` alike, runs on the development stack: the package
+# runs before any of its modules reads the settings (producers.settings refuses the development key otherwise)
+os.environ.setdefault("LEDGER_DEVELOPMENT", "1")

@@ -7,10 +7,6 @@
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("LEDGER_DEVELOPMENT", "1")  # the benchmarks run on the development stack (producers.settings)
-
 from pathlib import Path
 
 import typer

@@ -15,10 +15,6 @@ Writes bench/results/access-<UTC>.json (and prints it). The target: recording ad
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("LEDGER_DEVELOPMENT", "1")  # the benchmarks run on the development stack
-
 import statistics
 import time
 from pathlib import Path

@@ -238,7 +238,4 @@ def main(
 
 
 if __name__ == "__main__":
-    import os
-
-    os.environ.setdefault("LEDGER_DEVELOPMENT", "1")  # the benchmarks run on the development stack
     typer.run(main)

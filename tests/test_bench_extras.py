@@ -3,6 +3,7 @@ once, never a traceback after minutes of measuring."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -40,3 +41,12 @@ def test_each_command_that_plots_checks_before_any_work(command: list[str]) -> N
     r = subprocess.run([sys.executable, "-c", code, *command], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr and "matplotlib" in r.stderr, r.stderr
+
+
+def test_every_benchmark_module_runs_on_the_development_stack_from_a_new_users_shell() -> None:
+    """`python -m bench.replay` as BENCHMARKS.md writes it, from a shell without LEDGER_DEVELOPMENT: the package, not
+    each module, allows the development key, so no runnable module of it refuses its settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
+    code = "import bench.replay; from producers.settings import get_settings; print(get_settings().development)"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr[-2000:]
