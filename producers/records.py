@@ -28,7 +28,7 @@ from producers.keys.envelope import MAX_SEALED_BYTES, Envelope, open_envelope, p
 __all__ = ["DeadLetter", "Incoming", "decode_record", "open_record"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, as projections.versions.Version: built once a record, never assigned to
 class Incoming:
     """One Kafka record, decoded by the event contract: exactly one of event/error/envelope is set, or `erased`.
 

@@ -49,9 +49,11 @@ DERIVED = ("valid_to", "status", "superseded_by", "superseded_at", "version", "c
 _DERIVED_OF = operator.attrgetter(*DERIVED)  # a tuple of them, in this order
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Version:
-    """One fact_versions row."""
+    """One fact_versions row. Never assigned to once built (fold builds a new one when its derived columns change),
+    yet not `frozen`: a frozen dataclass sets each of its 28 fields through object.__setattr__, ~10x a plain
+    __init__, and the projector builds several a record."""
 
     version_id: str  # version_id_for(tenant, event_id): unique across tenants
     event_id: str  # the assertion's event id, as its producer chose it
@@ -320,7 +322,7 @@ def _fold(versions: Iterable[Version], marks: Iterable[Mark]) -> _Folded:
             len(confirms),
             max(confirms) if confirms else None,
         )
-        # a version whose derived columns stay as they are is kept, not copied (it is frozen): most of a long
+        # a version whose derived columns stay as they are is kept, not copied (never assigned to): most of a long
         # chain, at every batch that touches the fact; a changed one is built positionally (the derived columns
         # are its last fields), which costs half of dataclasses.replace's keywords
         out.append(v if v.derived() == derived else Version(*_SOURCED_OF(v), *derived))
