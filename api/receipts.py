@@ -298,14 +298,22 @@ async def issue(
         "as_of": rfc3339(as_of) if isinstance(as_of, datetime) else as_of,
         "known_at": rfc3339(known_at or issued),
         "request": _keyed(salt, _REQUEST, dict(request)),
-        **await _digests(answer, body),
+        **await _digests(answer, body, many=len(ids) > _INLINE_CITED),
         "cited": cited,
         "ranking": ranks,
         "key_id": None if signer is None else signer.key_id,
         "public_key": None if signer is None else base64.b64encode(signer.public).decode(),
     }
-    sig = None if signer is None else base64.b64encode(signer.sign(_SIGNED + _signed_bytes(receipt, ranks_plain)))
-    return receipt | {"signature": None if sig is None else sig.decode()}  # type: ignore[return-value]  # a dict
+    if signer is None:
+        return receipt | {"signature": None}  # type: ignore[return-value]  # a dict
+    sig = await _sign(signer, _SIGNED + _signed_bytes(receipt, ranks_plain))
+    return receipt | {"signature": base64.b64encode(sig).decode()}  # type: ignore[return-value]  # a dict
+
+
+async def _sign(signer: ChainSigner, message: bytes) -> bytes:
+    """Ed25519 hashes the whole message, a long answer's receipt megabytes of it: in a worker thread past
+    _INLINE_BYTES (`cryptography` lets go of the GIL meanwhile, so the event loop runs)."""
+    return await run_in_threadpool(signer.sign, message) if len(message) > _INLINE_BYTES else signer.sign(message)
 
 
 def _signed_bytes(receipt: dict[str, Any], ranking_plain: Any) -> bytes:
@@ -329,15 +337,18 @@ _INLINE_BYTES = 64 * 1024  # an answer up to this size is digested on the event 
 _INLINE_CITED = 100  # cited events cited or checked on the event loop (~15 µs each); more in a worker thread
 
 
-async def _digests(answer: Answer, body: Mapping[str, Any]) -> dict[str, Any]:
+async def _digests(answer: Answer, body: Mapping[str, Any], *, many: bool = False) -> dict[str, Any]:
     """The answer's digest and its parts' digests (`_off_the_loop`)."""
-    return await _off_the_loop(body, lambda: _digest_and_parts(answer, body))
+    return await _off_the_loop(body, lambda: _digest_and_parts(answer, body), many=many)
 
 
-async def _off_the_loop(body: Any, digest: Callable[[], _T]) -> _T:
+async def _off_the_loop(body: Any, digest: Callable[[], _T], *, many: bool = False) -> _T:
     """digest(), a digest of `body`. A subject's whole profile can be megabytes, whose canonical JSON and sha256
     take tens of milliseconds: a large body's are taken in a worker thread, so the event loop keeps serving other
-    tenants meanwhile."""
+    tenants meanwhile. `many`: the body shows more than _INLINE_CITED events, so it goes to the thread unmeasured
+    (the measuring dump of an audit replay's megabytes holds the event loop itself)."""
+    if many:
+        return await run_in_threadpool(digest)
     try:
         small = len(orjson.dumps(body)) <= _INLINE_BYTES
     except TypeError:  # what orjson cannot write, canonical() writes its own way: judged there, in the thread

@@ -530,6 +530,73 @@ def test_the_largest_call_of_an_mcp_tool_does_not_stall_another_tenant(stack: di
     mcp.check()
 
 
+# -- many small rows: the other largest answer ---------------------------------------------------------------------
+
+MANY, LONG_CHAIN = "user:many", "user:long-chain"  # 10,000 small facts; one fact of 5,000 small versions
+MANY_FACTS, CHAIN_VERSIONS = 10_000, 5_000
+
+
+@pytest.fixture(scope="module")
+def many(base_settings: Settings) -> Iterator[dict[str, Any]]:
+    """The attacker's subjects of many small rows beside the victim's subject, projected into PostgreSQL (what these
+    reads read; no index needed), and an API over them. Apart from `stack`: its subjects are few large values."""
+    settings = base_settings.private(unique("availmany"), api_keys=KEYS)
+    seed = [asserted(MANY, f"k{i:05d}", f"v{i}", 0, tenant=ATTACKER, content=f"small {i}") for i in range(MANY_FACTS)]
+    seed += [asserted(LONG_CHAIN, "k", f"v{i}", i / 1000, tenant=ATTACKER) for i in range(CHAIN_VERSIONS)]
+    seed += [asserted(VICTIM_SUBJECT, f"pref.k{i}", f"v{i}", 0, tenant=VICTIM) for i in range(3)]
+    with pipeline(settings, seed=seed, indexer=False, timeout=240), ApiServer(settings) as api:
+        [chain] = httpx.get(
+            f"{api.url}/v1/subjects/{LONG_CHAIN}/facts", params={"tenant": ATTACKER}, headers=HA, timeout=60
+        ).json()["facts"]
+        with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+            pool.submit(attack, api.url, [], 0, 1, 0).result(timeout=120)  # imported before any measurement
+            yield {"api": api, "pool": pool, "chain_memory_id": chain["memory_id"]}
+
+
+MANY_ROWS_ATTACKS: dict[str, Callable[[dict[str, Any]], Request]] = {
+    "facts": lambda m: ("GET", f"/v1/subjects/{MANY}/facts", {"params": {"tenant": ATTACKER}, "headers": HA}),
+    "facts as known": lambda m: (
+        "GET",
+        f"/v1/subjects/{MANY}/facts",
+        {"params": {"tenant": ATTACKER, "known_at": "2100-01-01T00:00:00Z"}, "headers": HA},
+    ),
+    "events": lambda m: (
+        "GET",
+        f"/v1/subjects/{MANY}/events",
+        {"params": {"tenant": ATTACKER, "limit": 10_000}, "headers": HA},
+    ),
+    "history": lambda m: (
+        "GET",
+        f"/v1/facts/{m['chain_memory_id']}/history",
+        {"params": {"tenant": ATTACKER}, "headers": HA},
+    ),
+}
+
+
+@pytest.mark.parametrize("read", sorted(MANY_ROWS_ATTACKS))
+def test_a_subject_of_many_small_rows_does_not_stall_another_tenant(many: dict[str, Any], read: str) -> None:
+    """The largest answers in rows rather than bytes (10,000 facts, a page of 10,000 events, a chain of 5,000
+    versions, each with its receipt): the rows are converted a chunk at a time and shaped, cited and signed in
+    worker threads, so the event loop is never held for long and another tenant's small read waits as it does
+    beside the largest values."""
+    api = many["api"]
+    method, path, kwargs = MANY_ROWS_ATTACKS[read](many)
+    shown = httpx.request(method, f"{api.url}{path}", timeout=120, **kwargs)
+    assert shown.status_code == 200, shown.text[:300]
+    answer = shown.json()
+    rows = answer.get("facts") or answer.get("events") or answer.get("versions")
+    assert len(rows) == {"history": CHAIN_VERSIONS, "events": 10_000}.get(read, MANY_FACTS), len(rows)  # a page
+    assert len(answer["receipt"]["cited"]) == len(rows)
+    with httpx.Client(base_url=api.url, headers={"X-API-Key": "k-victim"}, timeout=60) as client:
+
+        def victim() -> None:
+            r = client.get(f"/v1/subjects/{VICTIM_SUBJECT}/facts", params={"tenant": VICTIM})
+            assert r.status_code == 200 and len(r.json()["facts"]) == 3, r.text[:300]
+
+        _judge(lambda: _measure(many["pool"], api.url, [(method, path, kwargs)], victim, CONCURRENCY), read)
+    api.check()
+
+
 def test_a_burst_of_consistency_scans_runs_one_per_tenant_and_refuses_the_rest_at_once(stack: dict[str, Any]) -> None:
     """40 scans of one tenant at once: one runs, the others are refused at once with 429 `busy` in the one error
     shape with Retry-After; meanwhile another tenant's scan still runs (a tenant holds one of the slots at most)."""

@@ -51,6 +51,7 @@ __all__ = [
     "access_summary",
     "invariant_counts",
     "projection_checksum",
+    "shaped",
     "subject_events",
     "subject_versions",
     "version_dict",
@@ -160,10 +161,10 @@ async def current_facts(
             chain_rows = await _subject_chain_rows(
                 conn, _known(known_at, below), _chain_args(tenant, subject, known_at, below)
             )
-        return await _shaped(len(chain_rows[0]), _known_facts, chain_rows, as_of, below is not None)
+        return await shaped(len(chain_rows[0]), _known_facts, chain_rows, as_of, below is not None)
     cur = await conn.execute(_CURRENT_FACTS, {"tenant": tenant, "subject": subject, "t": as_of})
-    rows = await cur.fetchall()
-    return await _shaped(len(rows), lambda: _listed([row_to_version(r) for r in rows]))
+    rows = await _rows(cur)
+    return await shaped(len(rows), lambda: _listed([row_to_version(r) for r in rows]))
 
 
 def _known_facts(
@@ -186,10 +187,23 @@ _INLINE_ROWS = 200  # rows up to this many are shaped on the event loop (a threa
 _T = TypeVar("_T")
 
 
-async def _shaped(rows: int, shape: Callable[..., _T], *args: Any) -> _T:
+async def _rows(cur: psycopg.AsyncCursor[Any]) -> list[Any]:
+    """All of `cur`'s rows. psycopg converts a row (its times, its jsonb) when it is fetched, on the event loop: a
+    subject's thousands of rows took a hundred milliseconds and more at once, so they are fetched _INLINE_ROWS at a
+    time, other requests served between two of them."""
+    rows: list[Any] = []
+    while chunk := await cur.fetchmany(_INLINE_ROWS):
+        rows += chunk
+        if len(chunk) < _INLINE_ROWS:
+            break
+        await asyncio.sleep(0)
+    return rows
+
+
+async def shaped(rows: int, shape: Callable[..., _T], *args: Any) -> _T:
     """shape(*args), what a read makes of its `rows` rows. A subject's thousands of rows (the fold of its chains, each
     row's versions and times) take hundreds of milliseconds of CPU: in a worker thread, so that the event loop
-    serves other requests meanwhile (psycopg's decoding of the rows stays on it)."""
+    serves other requests meanwhile (psycopg's conversion of the rows stays on it, in chunks: `_rows`)."""
     return await asyncio.to_thread(shape, *args) if rows > _INLINE_ROWS else shape(*args)
 
 
@@ -234,7 +248,7 @@ async def _subject_chain_rows(
         ),
         args,
     )
-    version_rows = await cur.fetchall()
+    version_rows = await _rows(cur)
     cur = await conn.execute(
         sql.SQL(
             "SELECT memory_id, event_id, type, valid_from, observed_at, target_version FROM events "
@@ -243,7 +257,7 @@ async def _subject_chain_rows(
         ).format(known),
         args,
     )
-    return version_rows, await cur.fetchall()
+    return version_rows, await _rows(cur)
 
 
 def _chains(
@@ -270,8 +284,8 @@ async def fact_history(
         sql.SQL("SELECT {} FROM fact_versions WHERE tenant = %s AND memory_id = %s ORDER BY version").format(_COLS),
         (tenant, memory_id),
     )
-    rows = await cur.fetchall()
-    return await _shaped(len(rows), lambda: [version_dict(row_to_version(r)) for r in rows])
+    rows = await _rows(cur)
+    return await shaped(len(rows), lambda: [version_dict(row_to_version(r)) for r in rows])
 
 
 async def _history_below(
@@ -285,7 +299,7 @@ async def _history_below(
             ),
             args,
         )
-        versions = [row_to_version(r) for r in await cur.fetchall()]
+        version_rows = await _rows(cur)
         cur = await conn.execute(
             sql.SQL(
                 "SELECT event_id, type, valid_from, observed_at, target_version FROM events "
@@ -294,8 +308,14 @@ async def _history_below(
             ).format(_BELOW),
             args,
         )
-        marks = [Mark(eid, typ, vf, obs, target) for eid, typ, vf, obs, target in await cur.fetchall()]
-    return [version_dict(v) for v in fold(versions, marks)]
+        mark_rows = await _rows(cur)
+
+    def refolded() -> list[shapes.FactVersion]:
+        versions = [row_to_version(r) for r in version_rows]
+        marks = [Mark(eid, typ, vf, obs, target) for eid, typ, vf, obs, target in mark_rows]
+        return [version_dict(v) for v in fold(versions, marks)]
+
+    return await shaped(len(version_rows) + len(mark_rows), refolded)
 
 
 async def subject_versions(conn: psycopg.AsyncConnection, tenant: str, subject: str) -> list[shapes.FactVersion]:
@@ -307,7 +327,8 @@ async def subject_versions(conn: psycopg.AsyncConnection, tenant: str, subject: 
         ),
         (tenant, subject),
     )
-    return [version_dict(row_to_version(r)) for r in await cur.fetchall()]
+    rows = await _rows(cur)
+    return await shaped(len(rows), lambda: [version_dict(row_to_version(r)) for r in rows])
 
 
 async def subject_events(
@@ -343,10 +364,10 @@ async def subject_events(
                 "below": _below_json(below),
             },
         )
-        rows = await cur.fetchall()
+        rows = await _rows(cur)
         args = _chain_args(tenant, subject, None, below)
         chain_rows = await _subject_chain_rows(conn, _known(None, below), args) if rows else ([], [])
-    return await _shaped(len(rows) + len(chain_rows[0]), _ledger_events, rows, chain_rows)
+    return await shaped(len(rows) + len(chain_rows[0]), _ledger_events, rows, chain_rows)
 
 
 def _ledger_events(rows: list[tuple], chain_rows: tuple[list[tuple], list[tuple]]) -> list[shapes.LedgerEvent]:
@@ -527,9 +548,9 @@ async def access_summary(conn: psycopg.AsyncConnection, tenant: str, *, top: int
     """
     async with _one_snapshot(conn):
         cur = await conn.execute(_ACCESS_COUNTERS, {"tenant": tenant, "names": list(ACCESS_COUNTERS)})
-        counted = {name: int(n) for name, n in await cur.fetchall()}
+        counted = {name: int(n) for name, n in await _rows(cur)}
         cur = await conn.execute(_MOST_SERVED, {"tenant": tenant, "top": top})
-        most = await cur.fetchall()
+        most = await _rows(cur)
     active, served = counted.get(FACTS_ACTIVE, 0), counted.get(FACTS_ACTIVE_SERVED, 0)
     return {
         "active_facts": active,

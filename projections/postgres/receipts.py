@@ -15,6 +15,7 @@ import orjson
 import psycopg
 
 from projections.postgres.idempotency import ID_HASH_SQL
+from projections.postgres.queries import shaped
 
 __all__ = [
     "BASIS_COLUMNS",
@@ -54,16 +55,18 @@ async def receipt_state(conn: psycopg.AsyncConnection, consumer: str, topic: str
     return salt, positions
 
 
-# one statement, one round trip: what a receipt is made of (recall's latency pays for it on every answer)
+# one statement, one round trip: what a receipt is made of (recall's latency pays for it on every answer). The ids go
+# in, and the cited rows come out, as one JSON text: psycopg would dump and load an audit replay's ten thousand of
+# them element by element in Python, on the event loop
 _RECEIPT = """
 SELECT (SELECT value FROM meta WHERE name = 'erasure_salt'),
        (SELECT coalesce(jsonb_object_agg("partition", next_offset), '{}'::jsonb) FROM positions
         WHERE consumer = %(consumer)s AND topic = %(topic)s),
        (SELECT coalesce(jsonb_agg(jsonb_build_array(e.event_id, e.memory_id, e."partition", e."offset", e.fingerprint,
-                                                    e.subject, encode(l.link, 'hex'))), '[]'::jsonb)
+                                                    e.subject, encode(l.link, 'hex'))), '[]'::jsonb)::text
         FROM events e LEFT JOIN chain_links l ON l.consumer = %(consumer)s AND l.topic = %(topic)s
           AND l."partition" = e."partition" AND l."offset" = e."offset"
-        WHERE e.tenant = %(tenant)s AND e.event_id = ANY(%(ids)s))"""
+        WHERE e.tenant = %(tenant)s AND e.event_id = ANY(ARRAY(SELECT jsonb_array_elements_text(%(ids)s::jsonb))))"""
 
 
 async def receipt_rows(
@@ -71,15 +74,18 @@ async def receipt_rows(
 ) -> tuple[bytes, dict[int, int], dict[str, CitedRow]]:
     """The erasure salt, the stored positions, and event_id -> its `events` row and link for the tenant's events
     among `event_ids`: in one statement (indexed reads)."""
-    args = {"consumer": consumer, "topic": topic, "tenant": tenant, "ids": list(event_ids)}
+    args = {"consumer": consumer, "topic": topic, "tenant": tenant, "ids": orjson.dumps(list(event_ids)).decode()}
     cur = await conn.execute(_RECEIPT, args)
     row = await cur.fetchone()
     assert row is not None
     salt, positions, cited = row
-    found = {
-        eid: CitedRow(eid, mid, p, o, fp, subject, None if link is None else bytes.fromhex(link))
-        for eid, mid, p, o, fp, subject, link in cited
-    }
+    found = await shaped(
+        len(event_ids),  # an audit replay's thousands: in a worker thread (queries.shaped)
+        lambda: {
+            eid: CitedRow(eid, mid, p, o, fp, subject, None if link is None else bytes.fromhex(link))
+            for eid, mid, p, o, fp, subject, link in orjson.loads(cited)
+        },
+    )
     return bytes.fromhex(salt or ""), _positions(positions), found
 
 
