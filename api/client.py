@@ -300,16 +300,33 @@ class _Base(Generic[Http]):
         tenant: str | None = None,
         as_of: Time | None = None,
         known_at: Time | None = None,
+        offset: int | None = None,
+        limit: int | None = None,
         after: str | None = None,
     ) -> _Call[FactsResponse]:
-        """GET /v1/subjects/{subject}/facts: the facts holding at valid time `as_of` (now), as known at `known_at`."""
-        params = _given(tenant=self._tenant(tenant), after=after, **_times(as_of=as_of, known_at=known_at))
+        """GET /v1/subjects/{subject}/facts: the facts holding at valid time `as_of` (now), as known at `known_at`;
+        a page of them with `offset`/`limit` (the answer's `page`)."""
+        params = _given(
+            tenant=self._tenant(tenant),
+            offset=offset,
+            limit=limit,
+            after=after,
+            **_times(as_of=as_of, known_at=known_at),
+        )
         return _Call("GET", f"/v1/subjects/{_segment(subject)}/facts", FactsResponse, params=params)
 
     @_Route
-    def history(self, memory_id: str, *, tenant: str | None = None, after: str | None = None) -> _Call[HistoryResponse]:
-        """GET /v1/facts/{memory_id}/history: the fact's version chain, oldest first."""
-        params = _given(tenant=self._tenant(tenant), after=after)
+    def history(
+        self,
+        memory_id: str,
+        *,
+        tenant: str | None = None,
+        offset: int | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> _Call[HistoryResponse]:
+        """GET /v1/facts/{memory_id}/history: the fact's version chain, oldest first (a page with `offset`/`limit`)."""
+        params = _given(tenant=self._tenant(tenant), offset=offset, limit=limit, after=after)
         return _Call("GET", f"/v1/facts/{_segment(memory_id)}/history", HistoryResponse, params=params)
 
     @_Route

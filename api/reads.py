@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -43,20 +43,38 @@ async def subject_facts(
     known_at: datetime | None = None,
     after: str | None = None,
     *,
+    offset: int = 0,
+    limit: int | None = None,
     below: dict[int, int] | None = None,
     receipt: bool = True,
 ) -> shapes.FactsResponse:
     """The subject's facts at valid time `as_of` (default now), optionally only from events observed by `known_at`
-    (and logged below the positions `below`: a receipt's replay)."""
+    (and logged below the positions `below`: a receipt's replay); `offset`/`limit`: one page of them (_page)."""
     check_tenant(tenant, tenants)
     seen = await _after(res, tenant, after, "projection")
     t = as_of or datetime.now(UTC)
     async with res.pool.connection() as conn:
         rows = await current_facts(conn, tenant, subject, t, known_at, below)
-    out = shapes.FactsResponse(tenant=tenant, subject=subject, as_of=rfc3339(t), facts=rows) | seen
-    asked = {"subject": subject, "as_of": as_of, "known_at": known_at}
+    rows, page = _page(rows, offset, limit)
+    out = shapes.FactsResponse(tenant=tenant, subject=subject, as_of=rfc3339(t), facts=rows) | page | seen
+    asked = {"subject": subject, "as_of": as_of, "known_at": known_at, "offset": offset, "limit": limit}
     await _sign(res, receipt, "facts", tenant, out, asked, [r["event_id"] for r in rows], as_of=t, known_at=known_at)
     return out
+
+
+_Item = TypeVar("_Item")
+
+
+def _page(items: list[_Item], offset: int, limit: int | None) -> tuple[list[_Item], dict[str, shapes.Page]]:
+    """`items[offset:offset + limit]` and `{"page": ...}` saying so, or all of them and `{}` when no page was asked.
+    The whole list is read and cut here, in its order: a page is as deterministic as the list (a receipt's replay
+    re-derives the same page), and what a page bounds is the answer's size on its way out, which is what holds a
+    front end's event loop (the MCP SDK walks its whole answer)."""
+    if offset == 0 and limit is None:
+        return items, {}
+    end = len(items) if limit is None else offset + limit
+    page = shapes.Page(offset=offset, limit=limit, total=len(items), next_offset=end if end < len(items) else None)
+    return items[offset:end], {"page": page}
 
 
 async def _sign(
@@ -115,20 +133,24 @@ async def history(
     memory_id: str,
     after: str | None = None,
     *,
+    offset: int = 0,
+    limit: int | None = None,
     below: dict[int, int] | None = None,
     receipt: bool = True,
 ) -> shapes.HistoryResponse:
     """A fact's version chain, oldest first; 404 naming memory_id if the tenant has no such fact (re-folded from
-    the events logged below the positions `below`: a receipt's replay)."""
+    the events logged below the positions `below`: a receipt's replay); `offset`/`limit`: one page of it (_page)."""
     check_tenant(tenant, tenants)
     seen = await _after(res, tenant, after, "projection")
     async with res.pool.connection() as conn:
         versions = await fact_history(conn, tenant, memory_id, below)
     if not versions:
         raise ApiError(404, "not_found", f"no fact {memory_id!r} in tenant {tenant!r}", "memory_id")
-    out = shapes.HistoryResponse(memory_id=memory_id, tenant=tenant, versions=versions) | seen
+    versions, page = _page(versions, offset, limit)
+    out = shapes.HistoryResponse(memory_id=memory_id, tenant=tenant, versions=versions) | page | seen
     ids = [v["event_id"] for v in versions]
-    await _sign(res, receipt, "history", tenant, out, {"memory_id": memory_id}, ids, as_of=None)
+    asked = {"memory_id": memory_id, "offset": offset, "limit": limit}
+    await _sign(res, receipt, "history", tenant, out, asked, ids, as_of=None)
     return out
 
 

@@ -194,13 +194,17 @@ def _keyed_bytes(salt: bytes, tag: bytes, data: bytes) -> str:
     return keyed.hexdigest()
 
 
+# a list asked whole (no page: offset 0, no limit) is spelled without them, as receipts of such answers always were
+_WHOLE_LIST = (("offset", 0), ("limit", None))
+
+
 def request_fields(answer: str, params: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
     """The parameters that define an answer, in one spelling (times as RFC 3339 UTC), without tenant, after and
     receipt."""
     values = params.model_dump(by_alias=True) if isinstance(params, BaseModel) else dict(params)
     out: dict[str, Any] = {}
     for k, v in values.items():
-        if k in ("tenant", "after", "receipt"):
+        if k in ("tenant", "after", "receipt") or (k, v) in _WHOLE_LIST:
             continue
         out[k] = rfc3339(v) if isinstance(v, datetime) else v.model_dump() if isinstance(v, BaseModel) else v
     return {"answer": answer, **out}
@@ -550,7 +554,15 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
     except NotCanonical:  # what no request of this service holds was never asked
         same_request = False
     if not same_request:
-        raise ApiError(422, "invalid_value", "these are not the parameters the receipt was made for", "request")
+        raise ApiError(
+            422,
+            "invalid_value",
+            "these are not the parameters the receipt was made for (a page's offset and limit are parameters too, "
+            "as the answer's page names them)"
+            if answer in ("facts", "history")
+            else "these are not the parameters the receipt was made for",
+            "request",
+        )
     below = _positions(receipt)
     as_of = None if receipt["as_of"] is None else parse_rfc3339(receipt["as_of"])
     known_at = parse_rfc3339(receipt["known_at"])
@@ -558,11 +570,22 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
     if answer == "facts":
         assert isinstance(params, FactsParams) and as_of is not None
         again: dict[str, Any] = await reads.subject_facts(
-            res, tenants, tenant, params.subject, as_of, params.known_at, below=below, receipt=False
+            res,
+            tenants,
+            tenant,
+            params.subject,
+            as_of,
+            params.known_at,
+            offset=params.offset,
+            limit=params.limit,
+            below=below,
+            receipt=False,
         )
     elif answer == "history":
         assert isinstance(params, HistoryParams)
-        again = await reads.history(res, tenants, tenant, params.memory_id, below=below, receipt=False)
+        again = await reads.history(
+            res, tenants, tenant, params.memory_id, offset=params.offset, limit=params.limit, below=below, receipt=False
+        )
     elif answer == "events":
         assert isinstance(params, EventsParams)
         again = await reads.subject_log(

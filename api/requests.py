@@ -20,15 +20,19 @@ from projections.search.recall.neighbours import MAX_CONTEXT_TURNS
 
 __all__ = [
     "EVENT_ID",
+    "LIMIT",
     "MEMORY_ID",
+    "OFFSET",
     "SUBJECT",
     "TENANT",
     "ContextBody",
     "EventStatusParams",
     "EventsParams",
+    "FactsPage",
     "FactsParams",
     "Filters",
     "ForgetParams",
+    "HistoryPage",
     "HistoryParams",
     "RecallAtBody",
     "RecallBody",
@@ -43,6 +47,14 @@ TENANT = {"min_length": 1, "max_length": 128}
 SUBJECT = {"min_length": 1, "max_length": 256}
 MEMORY_ID = {"min_length": 1, "max_length": 256}
 EVENT_ID = {"min_length": 1, "max_length": 128}  # the contract's event_id
+# a page of a listing (facts, a fact's history): where it starts and at most how many items it holds
+OFFSET = {"ge": 0, "le": 1_000_000_000}
+LIMIT = {"ge": 1, "le": 10_000}
+# the MCP tools' pages are smaller: the SDK walks a tool's whole answer with pydantic on the event loop (tens of
+# microseconds per item), so a page of a thousand facts holds the loop for tens of milliseconds, not a second
+MCP_LIMIT = {"ge": 1, "le": 1_000}
+MCP_DEFAULT_LIMIT = 100
+OFFSET_NOTE = "skip this many items of the whole list: a page's start (the previous page's page.next_offset)"
 
 _Values = str | list[str] | None
 
@@ -185,7 +197,17 @@ class FactsParams(TenantRequest):
     subject: Storable = Field(description="the subject whose facts are listed, e.g. user:42", **SUBJECT)
     as_of: Time | None = Field(default=None, description="valid time (default now)")
     known_at: Time | None = Field(default=None, description="only what was observed by this transaction time")
+    offset: int = Field(default=0, description=OFFSET_NOTE, **OFFSET)
+    limit: int | None = Field(default=None, description="at most this many facts (default: every one)", **LIMIT)
     after: After = None
+
+
+class FactsPage(FactsParams):
+    """The MCP `facts` tool: FactsParams with a page bounded by default (MCP_LIMIT)."""
+
+    limit: int = Field(  # type: ignore[assignment]
+        default=MCP_DEFAULT_LIMIT, description="at most this many facts (page on with offset)", **MCP_LIMIT
+    )
 
 
 class HistoryParams(TenantRequest):
@@ -194,7 +216,17 @@ class HistoryParams(TenantRequest):
     memory_id: Storable = Field(
         description="the fact's memory_id (as remember, recall and facts answer it)", **MEMORY_ID
     )
+    offset: int = Field(default=0, description=OFFSET_NOTE, **OFFSET)
+    limit: int | None = Field(default=None, description="at most this many versions (default: every one)", **LIMIT)
     after: After = None
+
+
+class HistoryPage(HistoryParams):
+    """The MCP `fact_history` tool: HistoryParams with a page bounded by default (MCP_LIMIT)."""
+
+    limit: int = Field(  # type: ignore[assignment]
+        default=MCP_DEFAULT_LIMIT, description="at most this many versions (page on with offset)", **MCP_LIMIT
+    )
 
 
 class EventStatusParams(TenantRequest):
@@ -340,6 +372,7 @@ class ReplayBody(_ReceiptRequest):
 
     request: dict[str, Any] = Field(
         description="the parameters of the read the receipt came from, as sent (recall's or context's body; "
-        "facts: subject, as_of, known_at; history: memory_id; events: subject, from, to, limit); tenant may be left "
-        "out. The receipt holds only their digest"
+        "facts: subject, as_of, known_at, offset, limit; history: memory_id, offset, limit; events: subject, from, "
+        "to, limit); tenant may be left out. A page's offset and limit are parameters too, as the answer's `page` "
+        "names them (the MCP tools answer pages of 100 unless told). The receipt holds only their digest"
     )

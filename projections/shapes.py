@@ -265,6 +265,7 @@ class ReceiptReplay(TypedDict):
     replayed: Annotated[dict[str, Any], doc("the re-derived answer (as the read answers it, without a receipt)")]
 
 
+_PAGE = "given offset or limit: which part of the whole list this answer holds"
 _RECEIPT = "what the answer reflects, signed (api.receipts; POST /v1/receipts/verify checks it)"
 
 
@@ -336,11 +337,22 @@ class FactVersion(TypedDict):
     offset: Annotated[int, doc(_OFFSET)]
 
 
+class Page(TypedDict):
+    """Which part of a listing an answer holds, when `offset` or `limit` was asked: the listing is read whole and
+    in its order, then cut, so a page of a receipt's replay is the same page."""
+
+    offset: Annotated[int, doc("where the page starts in the whole listing (0: its first item)")]
+    limit: Annotated[int | None, doc("at most this many items (null: no bound)")]
+    total: Annotated[int, doc("how many items the whole listing holds")]
+    next_offset: Annotated[int | None, doc("the offset of the next page; null: this page is the last")]
+
+
 class FactsResponse(TypedDict):
     tenant: Annotated[str, doc(_TENANT)]
     subject: Annotated[str, doc(_SUBJECT)]
     as_of: Annotated[Timestamp, doc("the valid time the facts hold at (the request's as_of, or now)")]
     facts: Annotated[list[FactVersion], doc("the versions in force at as_of, one per fact and episode")]
+    page: NotRequired[Annotated[Page, doc(_PAGE)]]
     consistency: NotRequired[Annotated[Consistency | None, doc(_CONSISTENCY)]]
     receipt: NotRequired[Annotated[Receipt | None, doc(_RECEIPT)]]
 
@@ -349,6 +361,7 @@ class HistoryResponse(TypedDict):
     memory_id: Annotated[str, doc(_MEMORY_ID)]
     tenant: Annotated[str, doc(_TENANT)]
     versions: Annotated[list[FactVersion], doc("oldest first")]
+    page: NotRequired[Annotated[Page, doc(_PAGE)]]
     consistency: NotRequired[Annotated[Consistency | None, doc(_CONSISTENCY)]]
     receipt: NotRequired[Annotated[Receipt | None, doc(_RECEIPT)]]
 

@@ -272,9 +272,9 @@ TOOL_ATTACKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
         "explain": True,
         "context_turns": 5,
     },
-    "facts": lambda s: {"tenant": ATTACKER, "subject": BIG},
+    "facts": lambda s: {"tenant": ATTACKER, "subject": BIG, "limit": 1_000},
     "event_status": lambda s: {"tenant": ATTACKER, "event_id": "e" * 128},
-    "fact_history": lambda s: {"tenant": ATTACKER, "memory_id": s["big_memory_id"]},
+    "fact_history": lambda s: {"tenant": ATTACKER, "memory_id": s["big_memory_id"], "limit": 1_000},
     "forget": lambda s: {"tenant": ATTACKER, "subject": ERASE_MCP, "erase_subject": True, "reason": "r" * 1024},
     "context": lambda s: LARGEST_CONTEXT,
     "dead_letters": lambda s: {"tenant": ATTACKER, "limit": 500},
@@ -539,18 +539,23 @@ MANY_FACTS, CHAIN_VERSIONS = 10_000, 5_000
 @pytest.fixture(scope="module")
 def many(base_settings: Settings) -> Iterator[dict[str, Any]]:
     """The attacker's subjects of many small rows beside the victim's subject, projected into PostgreSQL (what these
-    reads read; no index needed), and an API over them. Apart from `stack`: its subjects are few large values."""
+    reads read; no index needed), and an API and an MCP server over them. Apart from `stack`: its subjects are few
+    large values."""
     settings = base_settings.private(unique("availmany"), api_keys=KEYS)
     seed = [asserted(MANY, f"k{i:05d}", f"v{i}", 0, tenant=ATTACKER, content=f"small {i}") for i in range(MANY_FACTS)]
     seed += [asserted(LONG_CHAIN, "k", f"v{i}", i / 1000, tenant=ATTACKER) for i in range(CHAIN_VERSIONS)]
     seed += [asserted(VICTIM_SUBJECT, f"pref.k{i}", f"v{i}", 0, tenant=VICTIM) for i in range(3)]
-    with pipeline(settings, seed=seed, indexer=False, timeout=240), ApiServer(settings) as api:
+    with (
+        pipeline(settings, seed=seed, indexer=False, timeout=240),
+        ApiServer(settings) as api,
+        McpHttpServer(settings) as mcp,
+    ):
         [chain] = httpx.get(
             f"{api.url}/v1/subjects/{LONG_CHAIN}/facts", params={"tenant": ATTACKER}, headers=HA, timeout=60
         ).json()["facts"]
         with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
             pool.submit(attack, api.url, [], 0, 1, 0).result(timeout=120)  # imported before any measurement
-            yield {"api": api, "pool": pool, "chain_memory_id": chain["memory_id"]}
+            yield {"api": api, "mcp": mcp, "pool": pool, "chain_memory_id": chain["memory_id"]}
 
 
 MANY_ROWS_ATTACKS: dict[str, Callable[[dict[str, Any]], Request]] = {
@@ -595,6 +600,49 @@ def test_a_subject_of_many_small_rows_does_not_stall_another_tenant(many: dict[s
 
         _judge(lambda: _measure(many["pool"], api.url, [(method, path, kwargs)], victim, CONCURRENCY), read)
     api.check()
+
+
+# the MCP tools' largest page of the same subjects (api.requests.MCP_LIMIT): the SDK walks a tool's answer with
+# pydantic on the event loop, so the page is what bounds the walk
+MCP_PAGE = 1_000
+MANY_ROWS_TOOLS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "facts": lambda m: {"tenant": ATTACKER, "subject": MANY, "limit": MCP_PAGE},
+    "fact_history": lambda m: {"tenant": ATTACKER, "memory_id": m["chain_memory_id"], "limit": MCP_PAGE},
+}
+
+
+@pytest.mark.parametrize("tool", sorted(MANY_ROWS_TOOLS))
+def test_the_largest_page_of_an_mcp_tool_over_many_rows_does_not_stall_another_tenant(
+    many: dict[str, Any], tool: str
+) -> None:
+    """The same subjects through the MCP tools, a page of 1,000 (their largest) from offset 5: the answer holds the
+    page, its receipt cites the page, and another tenant's small MCP read waits no longer than beside any other."""
+    mcp = many["mcp"]
+    arguments = {**MANY_ROWS_TOOLS[tool](many), "offset": 5}
+    headers = {**MCP_HEADERS, "Authorization": "Bearer k-attacker"}
+    shown = httpx.post(f"{mcp.base}/mcp", json=_mcp_call(tool, arguments), headers=headers, timeout=120)
+    result = shown.json()["result"]
+    assert not result.get("isError"), str(result)[:300]
+    answer = result["structuredContent"]
+    rows = answer.get("facts") or answer.get("versions")
+    total = CHAIN_VERSIONS if tool == "fact_history" else MANY_FACTS
+    assert len(rows) == MCP_PAGE and answer["page"] == {
+        "offset": 5,
+        "limit": MCP_PAGE,
+        "total": total,
+        "next_offset": 5 + MCP_PAGE,
+    }, answer["page"]
+    assert len(answer["receipt"]["cited"]) == MCP_PAGE
+    attacker = ("POST", "/mcp", {"json": _mcp_call(tool, arguments), "headers": headers})
+    victim_headers = {**MCP_HEADERS, "Authorization": "Bearer k-victim"}
+    with httpx.Client(base_url=mcp.base, headers=victim_headers, timeout=60) as client:
+
+        def victim() -> None:
+            r = client.post("/mcp", json=_mcp_call("facts", {"tenant": VICTIM, "subject": VICTIM_SUBJECT}))
+            assert r.status_code == 200 and '"pref.k2"' in r.text.replace('\\"', '"'), r.text[:300]
+
+        _judge(lambda: _measure(many["pool"], mcp.base, [attacker], victim, CONCURRENCY), f"MCP {tool}")
+    mcp.check()
 
 
 def test_a_burst_of_consistency_scans_runs_one_per_tenant_and_refuses_the_rest_at_once(stack: dict[str, Any]) -> None:

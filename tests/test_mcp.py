@@ -188,7 +188,9 @@ def test_each_tool_runs_the_code_the_http_routes_run(stack: dict[str, Any], tran
 
             error, facts, _ = await call(client, "facts", {"subject": subject})
             assert not error and {f["key"] for f in facts["facts"]} == {"pref.seat", None}
-            params = {"tenant": "acme", "as_of": facts["as_of"]}
+            # the tool answers a page (100 unless told): the route asked for the same page answers the same
+            assert facts["page"] == {"offset": 0, "limit": 100, "total": 2, "next_offset": None}, facts["page"]
+            params = {"tenant": "acme", "as_of": facts["as_of"], "limit": 100}
             # the session waited for its own remember (api.mcp.tools.SessionTokens): said so, the rest alike
             assert facts.pop("consistency")["stage"] == "projection"
             routed = _api(stack, "GET", f"/v1/subjects/{subject}/facts", params=params).json()
@@ -199,7 +201,7 @@ def test_each_tool_runs_the_code_the_http_routes_run(stack: dict[str, Any], tran
             assert not error and [v["value"] for v in chain["versions"]] == ["window"]
             url = f"/v1/facts/{first['memory_id']}/history"
             assert chain.pop("consistency")["stage"] == "projection"
-            routed = _api(stack, "GET", url, params={"tenant": "acme"}).json()
+            routed = _api(stack, "GET", url, params={"tenant": "acme", "limit": 100}).json()
             assert routed.pop("receipt")["answer_digest"] == chain.pop("receipt")["answer_digest"]
             assert routed == chain
 

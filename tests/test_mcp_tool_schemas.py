@@ -57,7 +57,13 @@ def calls(subject: str) -> list[tuple[str, Args]]:
         ("recall_at", lambda _: {"query": "seat", "as_of": datetime.now(UTC).isoformat(), "subject": subject}),
         ("facts", lambda _: {"subject": subject}),
         ("verify_receipt", lambda done: {"receipt": done["facts"]["receipt"]}),
-        ("replay_receipt", lambda done: {"receipt": done["facts"]["receipt"], "request": {"subject": subject}}),
+        (
+            "replay_receipt",  # the tool's page (limit 100 unless told) is a parameter of the answer, as it names it
+            lambda done: {
+                "receipt": done["facts"]["receipt"],
+                "request": {"subject": subject, "limit": done["facts"]["page"]["limit"]},
+            },
+        ),
         ("fact_history", lambda done: {"memory_id": done["remember"]["memory_id"]}),
         ("context", lambda _: {"subject": subject, "question": "which seat?", "format": "json"}),
         ("context", lambda _: {"subject": subject, "question": "which seat?"}),

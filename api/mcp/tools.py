@@ -27,9 +27,9 @@ from api.errors import ApiError, error_body, store_failure, validation_items
 from api.requests import (
     ContextBody,
     EventStatusParams,
-    FactsParams,
+    FactsPage,
     ForgetParams,
-    HistoryParams,
+    HistoryPage,
     RecallAtBody,
     RecallBody,
     ReceiptBody,
@@ -194,8 +194,8 @@ def _remember_event(arguments: dict[str, Any]) -> dict[str, Any]:
 
 _RECALL = _schema(RecallBody, drop=("as_of", "known_at"))
 _RECALL_AT = _schema(RecallAtBody)
-_FACTS = _schema(FactsParams)
-_HISTORY = _schema(HistoryParams)
+_FACTS = _schema(FactsPage)
+_HISTORY = _schema(HistoryPage)
 _FORGET = _schema(ForgetParams)
 _CONTEXT = _schema(ContextBody)
 _EVENT_STATUS = _schema(EventStatusParams)
@@ -303,14 +303,16 @@ async def _recall(res: Resources, tenants: frozenset[str], body: RecallBody) -> 
     return await reads.recall(res, tenants, _waiting(tenants, body))
 
 
-async def _facts(res: Resources, tenants: frozenset[str], p: FactsParams) -> dict[str, Any]:
+async def _facts(res: Resources, tenants: frozenset[str], p: FactsPage) -> dict[str, Any]:
     p = _waiting(tenants, p)
-    return await reads.subject_facts(res, tenants, p.tenant, p.subject, p.as_of, p.known_at, p.after)
+    return await reads.subject_facts(
+        res, tenants, p.tenant, p.subject, p.as_of, p.known_at, p.after, offset=p.offset, limit=p.limit
+    )
 
 
-async def _history(res: Resources, tenants: frozenset[str], p: HistoryParams) -> dict[str, Any]:
+async def _history(res: Resources, tenants: frozenset[str], p: HistoryPage) -> dict[str, Any]:
     p = _waiting(tenants, p)
-    return await reads.history(res, tenants, p.tenant, p.memory_id, p.after)
+    return await reads.history(res, tenants, p.tenant, p.memory_id, p.after, offset=p.offset, limit=p.limit)
 
 
 async def _forget(res: Resources, tenants: frozenset[str], p: ForgetParams) -> dict[str, Any]:
@@ -399,20 +401,22 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "facts",
         "Facts of a subject",
-        "List a subject's facts in force now (or at as_of, optionally as known at known_at): its profile.",
+        "List a subject's facts in force now (or at as_of, optionally as known at known_at): its profile, a page "
+        "at a time (limit, default 100; page.next_offset is the next page's offset).",
         _FACTS,
         _hints(read_only=True),
-        _model(FactsParams, _FACTS),
+        _model(FactsPage, _FACTS),
         _facts,
         _output(FactsResponse),
     ),
     ToolSpec(
         "fact_history",
         "History of a fact",
-        "Show every version of one fact (by memory_id), oldest first, with when each held and what replaced it.",
+        "Show every version of one fact (by memory_id), oldest first, with when each held and what replaced it, a "
+        "page at a time (limit, default 100; page.next_offset is the next page's offset).",
         _HISTORY,
         _hints(read_only=True),
-        _model(HistoryParams, _HISTORY),
+        _model(HistoryPage, _HISTORY),
         _history,
         _output(HistoryResponse),
     ),

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Path, Query, Response
 
 from api import reads
 from api.consistency import AfterQuery
 from api.deps import ResourcesDep, Storable, TenantQuery, TenantsDep
-from api.requests import MEMORY_ID
+from api.requests import LIMIT, MEMORY_ID, OFFSET, OFFSET_NOTE
 from api.routes._json import json_response
 from api.schemas import HistoryResponse
 
@@ -27,6 +27,8 @@ async def history(
     memory_id: Annotated[Storable, Path(**MEMORY_ID)],
     tenant: TenantQuery,
     tenants: TenantsDep,
+    offset: Annotated[int, Query(description=OFFSET_NOTE, **OFFSET)] = 0,
+    limit: Annotated[int | None, Query(description="at most this many versions (default: every one)", **LIMIT)] = None,
     after: AfterQuery = None,
 ) -> Response:
-    return json_response(await reads.history(res, tenants, tenant, memory_id, after))
+    return json_response(await reads.history(res, tenants, tenant, memory_id, after, offset=offset, limit=limit))

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Query, Response
 from api import reads
 from api.consistency import AfterQuery
 from api.deps import ResourcesDep, Storable, TenantQuery, TenantsDep, Time
-from api.requests import SUBJECT
+from api.requests import LIMIT, OFFSET, OFFSET_NOTE, SUBJECT
 from api.routes._json import json_response
 from api.schemas import EventsResponse, FactsResponse
 
@@ -32,10 +32,16 @@ async def facts(
     tenants: TenantsDep,
     as_of: OptionalTime = None,
     known_at: OptionalTime = None,
+    offset: Annotated[int, Query(description=OFFSET_NOTE, **OFFSET)] = 0,
+    limit: Annotated[int | None, Query(description="at most this many facts (default: every one)", **LIMIT)] = None,
     after: AfterQuery = None,
 ) -> Response:
-    """The subject's facts at valid time `as_of` (default now), optionally only from events observed by `known_at`."""
-    return json_response(await reads.subject_facts(res, tenants, tenant, subject, as_of, known_at, after))
+    """The subject's facts at valid time `as_of` (default now), optionally only from events observed by `known_at`;
+    a page of them with `offset`/`limit` (the answer's `page` says where it lies)."""
+    answer = await reads.subject_facts(
+        res, tenants, tenant, subject, as_of, known_at, after, offset=offset, limit=limit
+    )
+    return json_response(answer)
 
 
 @router.get("/{subject:path}/events", response_model=EventsResponse)
