@@ -108,7 +108,7 @@ class Resources:
                 settings.pg_dsn,
                 min_size=1,
                 max_size=settings.pg_pool_size,
-                configure=configure_pool(settings.pg_schema),
+                configure=configure_pool(settings.pg_schema, generic_plans=True),  # its reads are keyed lookups
                 open=False,
                 timeout=settings.pg_pool_timeout_s,  # a dead server is a prompt 503, not a 30 s wait
                 kwargs={"autocommit": True, "connect_timeout": max(2, settings.pg_connect_timeout_s)},
