@@ -54,12 +54,11 @@ async def connect_async(dsn: str, schema: str, **kwargs: Any) -> psycopg.AsyncCo
     return conn
 
 
-# A read's statements are keyed lookups (a tenant and its subject, memory ids, event ids) whose best plan is the
-# same index walk whatever the values. psycopg prepares a statement run often; PostgreSQL then plans it anew on each
-# execution as long as its generic plan's estimate looks dearer than the custom ones (an `= ANY(array)` of unknown
-# length is costed as ten items against the one or two sent), and recall's verification spent ~0.3 ms of each call
-# planning a statement that runs in ~0.1. `generic_plans` takes the cached generic plan (an index walk, as `EXPLAIN`
-# shows for each) on a read pool's connections.
+# The API's reads are keyed by tenant and subject, memory ids or event ids, with no pattern match. psycopg prepares a
+# statement run often; PostgreSQL then plans it anew on each execution as long as its generic plan's estimate looks
+# dearer than the custom ones (an `= ANY(array)` of unknown length is costed as ten items against the one or two
+# sent), and recall's verification spent ~0.3 ms of each call planning a statement that runs in ~0.1. Its generic
+# plan is an index walk (EXPLAIN); `generic_plans` takes the cached generic plan on a read pool's connections.
 GENERIC_PLANS = sql.SQL("SET plan_cache_mode TO force_generic_plan")
 
 
