@@ -314,31 +314,31 @@ ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS tenant text;
 ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS event_id text;
 CREATE INDEX IF NOT EXISTS dead_letters_event ON dead_letters (tenant, event_id) WHERE event_id IS NOT NULL;
 
--- The ids each version is about, normalized as recall's cues are (projections.search.cues: normalize_entity of its
--- entities, subject_ids of its subject): recall's exact stage finds a version by them in PostgreSQL before the
--- search index has its document (projections.search.recall.current). Measured: a GIN lookup of one id among
--- 200,000 rows runs in 0.06 ms; without it, normalizing a tenant's rows per question took 76 ms at 4,000 versions.
-CREATE OR REPLACE FUNCTION fact_ids(subject text, entities text[]) RETURNS text[]
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT array_agg(DISTINCT x) FROM (
-        SELECT lower(btrim(normalize(e, NFKC))) FROM unnest(entities) e
-        UNION ALL SELECT n FROM (SELECT lower(btrim(normalize(subject, NFKC))) AS n) s
-        UNION ALL SELECT btrim(substr(n, strpos(n, ':') + 1)) FROM (SELECT lower(btrim(normalize(subject, NFKC))) AS n) s
-    ) ids(x)
-$$;
+-- What each version is about, normalized as recall's cues are (projections.search.cues: normalize_entity of its
+-- entities, subject_ids of its subject), for recall's exact stage to find it in PostgreSQL before the search index
+-- has its document (projections.search.recall.current): each id as `length:id`, and, when the version has a key,
+-- each id with it as `length:id:key` (the length makes either spelling unambiguous whatever id and key hold). An
+-- ask naming keys looks up the pairs, so it reads the versions of those keys, not every version of a heavy entity.
 -- Without the fast-update pending list: under steady ingest every lookup scanned the list (up to 4 MB) before the
--- index (docs/INTERNALS.md, "Exact answers from PostgreSQL"). An index made before is altered once; its list is
--- merged then.
-CREATE INDEX IF NOT EXISTS fact_versions_ids ON fact_versions USING gin (fact_ids(subject, entities))
+-- index. The index over the bare ids it replaces is dropped (docs/INTERNALS.md, "Exact answers from PostgreSQL").
+CREATE OR REPLACE FUNCTION fact_about(subject text, entities text[], key text) RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    WITH ids(x) AS (
+        SELECT DISTINCT x FROM (
+            SELECT lower(btrim(normalize(e, NFKC))) FROM unnest(entities) e
+            UNION ALL SELECT n FROM (SELECT lower(btrim(normalize(subject, NFKC))) AS n) s
+            UNION ALL SELECT btrim(substr(n, strpos(n, ':') + 1)) FROM (SELECT lower(btrim(normalize(subject, NFKC))) AS n) s
+        ) named(x)
+    )
+    SELECT array_agg(y) FROM (
+        SELECT length(x) || ':' || x FROM ids
+        UNION ALL SELECT length(x) || ':' || x || ':' || key FROM ids WHERE key IS NOT NULL
+    ) entries(y)
+$$;
+CREATE INDEX IF NOT EXISTS fact_versions_about ON fact_versions USING gin (fact_about(subject, entities, key))
     WITH (fastupdate = off);
-DO $$
-BEGIN
-    IF NOT 'fastupdate=off' = ANY(coalesce((SELECT reloptions FROM pg_class WHERE oid = 'fact_versions_ids'::regclass),
-                                           '{}')) THEN
-        ALTER INDEX fact_versions_ids SET (fastupdate = off);
-        PERFORM gin_clean_pending_list('fact_versions_ids'::regclass);
-    END IF;
-END $$;
+DROP INDEX IF EXISTS fact_versions_ids;
+DROP FUNCTION IF EXISTS fact_ids(text, text[]);
 
 -- What became of a dead letter (the dead-letter workflow, api/reads.py and api/writes.py): one row per letter and
 -- tenant, written by the recorder in the transaction of the event that resolves it (an event carrying

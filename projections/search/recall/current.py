@@ -23,8 +23,9 @@ from projections.search.vocab import NEWEST_SQL
 
 __all__ = ["exact_current", "exact_current_marked"]
 
-# the ids a version is about (schema.sql's fact_ids, GIN-indexed): normalized as the cues are, in SQL
-_ABOUT = "fact_ids(f.subject, f.entities) && %(ids)s::text[]"
+# what a version is about (schema.sql's fact_about, GIN-indexed): its ids normalized as the cues are, in SQL, and with
+# keys the (id, key) pairs, so an ask for one key of an entity with thousands of facts reads that key's versions
+_ABOUT = "fact_about(f.subject, f.entities, f.key) && %(about)s::text[]"
 _COLUMNS = (
     "f.version_id, f.memory_id, f.subject, f.entities, f.key, f.scope, f.kind, f.content, f.aliases, f.tags, "
     "f.source, f.valid_from, f.observed_at"
@@ -50,8 +51,10 @@ def _query(
     scope: Scope, keys: Sequence[str], event_types: Sequence[str], size: int, columns: str = _COLUMNS
 ) -> tuple[str, dict[str, Any]]:
     """The SQL of the ask and its parameters. Event types are read from the text (cues.event_types_in), so with
-    them the key is not a filter of its own and every row about the ids comes back; otherwise the first `size`."""
-    params: dict[str, Any] = {"tenant": scope.tenant, "at": scope.at, "ids": list(scope.entities), "size": size}
+    them the key is not a filter of its own and every row about the ids comes back; otherwise the first `size` of
+    the rows about the ids (with keys: about an id with one of the keys)."""
+    about = _about(scope.entities, () if event_types else keys)
+    params: dict[str, Any] = {"tenant": scope.tenant, "at": scope.at, "about": about, "size": size}
     where = ["f.tenant = %(tenant)s", _ABOUT]
     if scope.known_at is not None:
         where.append(_KNOWN)
@@ -67,11 +70,16 @@ def _query(
     if scope.time is not None:
         where.append(_TIME)
         params.update(start=scope.time.start, end=scope.time.end)
-    if keys and not event_types:
-        where.append("f.key = ANY(%(keys)s)")
-        params["keys"] = list(keys)
     limit = "" if event_types else " LIMIT %(size)s"
     return f"SELECT {columns} FROM fact_versions f WHERE {' AND '.join(where)}{_ORDER}{limit}", params
+
+
+def _about(ids: Sequence[str], keys: Sequence[str] = ()) -> list[str]:
+    """The entries of schema.sql's fact_about to look up: `length:id`, or with keys `length:id:key` for every pair
+    (lengths in code points, as PostgreSQL counts characters)."""
+    if keys:
+        return [f"{len(i)}:{i}:{k}" for i in ids for k in keys]
+    return [f"{len(i)}:{i}" for i in ids]
 
 
 def _selected(row: dict[str, Any], scope: Scope, keys: Sequence[str], event_types: Sequence[str]) -> bool:
