@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -28,7 +28,14 @@ from api.resources import Resources
 from api.tokens import token_counter
 from producers.contract import parse_rfc3339, rfc3339
 from projections import shapes
-from projections.postgres.queries import current_facts, fact_history, subject_events, subject_versions
+from projections.postgres.queries import (
+    current_facts,
+    fact_history,
+    facts_page,
+    history_page,
+    subject_events,
+    subject_versions,
+)
 from projections.search.recall import RecallFilters, RecallQuery
 
 __all__ = ["context", "history", "recall", "subject_facts", "subject_log"]
@@ -54,27 +61,24 @@ async def subject_facts(
     seen = await _after(res, tenant, after, "projection")
     t = as_of or datetime.now(UTC)
     async with res.pool.connection() as conn:
-        rows = await current_facts(conn, tenant, subject, t, known_at, below)
-    rows, page = _page(rows, offset, limit)
+        if offset == 0 and limit is None:
+            rows, page = await current_facts(conn, tenant, subject, t, known_at, below), {}
+        else:
+            rows, total = await facts_page(conn, tenant, subject, t, offset, limit, known_at, below)
+            page = _page(offset, limit, total)
     out = shapes.FactsResponse(tenant=tenant, subject=subject, as_of=rfc3339(t), facts=rows) | page | seen
     asked = {"subject": subject, "as_of": as_of, "known_at": known_at, "offset": offset, "limit": limit}
     await _sign(res, receipt, "facts", tenant, out, asked, [r["event_id"] for r in rows], as_of=t, known_at=known_at)
     return out
 
 
-_Item = TypeVar("_Item")
-
-
-def _page(items: list[_Item], offset: int, limit: int | None) -> tuple[list[_Item], dict[str, shapes.Page]]:
-    """`items[offset:offset + limit]` and `{"page": ...}` saying so, or all of them and `{}` when no page was asked.
-    The whole list is read and cut here, in its order: a page is as deterministic as the list (a receipt's replay
-    re-derives the same page), and what a page bounds is the answer's size on its way out, which is what holds a
-    front end's event loop (the MCP SDK walks its whole answer)."""
-    if offset == 0 and limit is None:
-        return items, {}
-    end = len(items) if limit is None else offset + limit
-    page = shapes.Page(offset=offset, limit=limit, total=len(items), next_offset=end if end < len(items) else None)
-    return items[offset:end], {"page": page}
+def _page(offset: int, limit: int | None, total: int) -> dict[str, shapes.Page]:
+    """`{"page": ...}`: which part of the list of `total` an answer holds. A page is cut in the list's order
+    (projections.postgres.queries.facts_page, history_page), as deterministic as the list (a receipt's replay
+    re-derives the same page), and it bounds what is read as well as the answer's size on its way out, which is
+    what holds a front end's event loop (the MCP SDK walks its whole answer)."""
+    end = total if limit is None else offset + limit
+    return {"page": shapes.Page(offset=offset, limit=limit, total=total, next_offset=end if end < total else None)}
 
 
 async def _sign(
@@ -143,10 +147,14 @@ async def history(
     check_tenant(tenant, tenants)
     seen = await _after(res, tenant, after, "projection")
     async with res.pool.connection() as conn:
-        versions = await fact_history(conn, tenant, memory_id, below)
-    if not versions:
+        if offset == 0 and limit is None:
+            versions = await fact_history(conn, tenant, memory_id, below)
+            total, page = len(versions), {}
+        else:
+            versions, total = await history_page(conn, tenant, memory_id, offset, limit, below)
+            page = _page(offset, limit, total)
+    if not total:
         raise ApiError(404, "not_found", f"no fact {memory_id!r} in tenant {tenant!r}", "memory_id")
-    versions, page = _page(versions, offset, limit)
     out = shapes.HistoryResponse(memory_id=memory_id, tenant=tenant, versions=versions) | page | seen
     ids = [v["event_id"] for v in versions]
     asked = {"memory_id": memory_id, "offset": offset, "limit": limit}

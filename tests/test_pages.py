@@ -1,11 +1,11 @@
 """Pages of a listing: a subject's facts and a fact's history, `offset` and `limit` over HTTP and the MCP tools.
 
 On the real servers (a private ledger, the worker, the app in process): the pages walked by `page.next_offset` are
-the whole list cut in its order, now and as known at a time (the re-folded path); a page out of the list is empty
-and says how long the list is; another tenant's facts of the same subject are never counted; a page's receipt cites
-the page alone and replays only with the page it names; bounds are a 422 naming the field at both doors, where the
-MCP tools answer pages of 100 unless told and of 1,000 at most. Pure: a list asked whole is spelled in a receipt's
-request as it always was.
+the whole list cut in its order, now (cut by PostgreSQL: every page of keys of 1 to 4 bytes a character is checked)
+and as known at a time (the re-folded path); a page out of the list is empty and says how long the list is; another
+tenant's facts of the same subject are never counted; a page's receipt cites the page alone and replays only with
+the page it names; bounds are a 422 naming the field at both doors, where the MCP tools answer pages of 100 unless
+told and of 1,000 at most. Pure: a list asked whole is spelled in a receipt's request as it always was.
 """
 
 from __future__ import annotations
@@ -42,9 +42,22 @@ def stack(base_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> 
     seed = [asserted(SUBJECT, f"k{i:03d}", i, 0, tenant=TENANT) for i in range(FACTS)]
     seed += [asserted(CHAIN, "k", f"v{i}", i, tenant=TENANT) for i in range(VERSIONS)]
     seed += [asserted(SUBJECT, f"theirs{i}", i, 0, tenant=OTHER) for i in range(3)]  # same subject, other tenant
+    seed += _in_order_seed()
     settings = base_settings.private(unique("pages"), api_keys=KEYS, chain_key_file=key_file)
     with pipeline(settings, seed=seed, indexer=False, app=True) as pipe:
         yield pipe
+
+
+# keys whose UTF-8 bytes take 1 to 4 per character, upper before lower case, one key in two scopes, and episodes
+# without a key, two of them at one time: every tie-break of the listing's order
+ORDERED, ORDER_KEYS = "user:paged-order", ["b", "B", "a", "é", "ｚ", "😀", "中", "z", "a b", "a"]
+
+
+def _in_order_seed() -> list[Any]:
+    seed = [asserted(ORDERED, k, i, 0, tenant=TENANT, scope="s9" if i == 9 else "") for i, k in enumerate(ORDER_KEYS)]
+    for i, day in enumerate((2, 1, 1)):
+        seed.append(asserted(ORDERED, None, None, day, tenant=TENANT, kind="episodic", content=f"episode {i}"))
+    return seed
 
 
 def _get(stack: Any, path: str, **params: Any) -> Any:
@@ -92,6 +105,19 @@ def test_the_pages_of_a_subjects_facts_are_the_whole_list_cut_in_its_order(stack
     assert tail["facts"] == whole["facts"][100:] and tail["page"]["next_offset"] is None
 
 
+def test_every_page_cut_by_postgresql_is_the_whole_list_cut_in_its_order(stack: Any) -> None:
+    """A page of the current facts is cut in SQL, the whole list sorted in Python: the same order for any key."""
+    path = f"/v1/subjects/{ORDERED}/facts"
+    whole = _get(stack, path).json()["facts"]
+    assert len(whole) == len(ORDER_KEYS) + 3 and whole[0]["key"] is None  # the episodes have no key: first
+    n = len(whole)
+    for offset in range(n + 2):
+        for limit in range(1, n + 2):
+            body = _get(stack, path, offset=offset, limit=limit).json()
+            assert body["facts"] == whole[offset : offset + limit], (offset, limit)
+            assert body["page"]["total"] == n
+
+
 def test_the_pages_of_a_facts_history_are_its_versions_oldest_first(stack: Any) -> None:
     [fact] = _get(stack, f"/v1/subjects/{CHAIN}/facts").json()["facts"]
     path = f"/v1/facts/{fact['memory_id']}/history"
@@ -99,6 +125,11 @@ def test_the_pages_of_a_facts_history_are_its_versions_oldest_first(stack: Any) 
     assert [v["value"] for v in whole] == [f"v{i}" for i in range(VERSIONS)]
     walked, pages = _walk(stack, path, "versions", 3)
     assert walked == whole and [p["offset"] for p in pages] == [0, 3, 6]
+    beyond = _get(stack, path, offset=100, limit=5)  # a page past the end of a fact that exists: not a 404
+    assert beyond.status_code == 200 and beyond.json()["versions"] == []
+    assert beyond.json()["page"] == {"offset": 100, "limit": 5, "total": VERSIONS, "next_offset": None}
+    missing = _get(stack, "/v1/facts/no-such-fact/history", offset=3, limit=5)
+    assert missing.status_code == 404 and "memory_id" in missing.text
 
 
 def test_the_read_client_asks_for_a_page(stack: Any) -> None:

@@ -44,9 +44,11 @@ __all__ = [
     "EFFECTIVE_TO",
     "OVERRIDE",
     "current_facts",
+    "facts_page",
     "episode_holds_sql",
     "event_effect",
     "fact_history",
+    "history_page",
     "holds_at_sql",
     "access_summary",
     "invariant_counts",
@@ -59,6 +61,7 @@ __all__ = [
 ]
 
 _COLS = sql.SQL(", ").join(sql.Identifier(c) for c in VERSION_COLUMNS)
+_F_COLS = sql.SQL(", ").join(sql.Identifier("f", c) for c in VERSION_COLUMNS)
 
 # --- "which version holds at t", in SQL ------------------------------------------------------------------------
 # The rule is projections.versions.holds_at / visible_at; the search index's filter is
@@ -142,7 +145,10 @@ def version_dict(v: Version) -> shapes.FactVersion:
     }
 
 
-_CURRENT_FACTS = visible_sql(_COLS, sql.SQL("f.tenant = %(tenant)s AND f.subject = %(subject)s"))
+_SUBJECT = sql.SQL("f.tenant = %(tenant)s AND f.subject = %(subject)s")
+_CURRENT_FACTS = visible_sql(_COLS, _SUBJECT)
+# what a page of them is cut by: the version and the columns of _LISTED_ORDER
+_CURRENT_ORDERED = visible_sql(sql.SQL("f.version_id, f.memory_id, f.key, f.scope, f.valid_from"), _SUBJECT)
 
 
 async def current_facts(
@@ -165,6 +171,58 @@ async def current_facts(
     cur = await conn.execute(_CURRENT_FACTS, {"tenant": tenant, "subject": subject, "t": as_of})
     rows = await _rows(cur)
     return await shaped(len(rows), lambda: _listed([row_to_version(r) for r in rows]))
+
+
+# _listed's order in SQL: the "C" collation compares UTF-8 bytes, which order as Python compares code points
+_LISTED_ORDER = sql.SQL('coalesce(v.key, \'\') COLLATE "C", v.scope COLLATE "C", v.valid_from, v.memory_id COLLATE "C"')
+
+
+async def facts_page(
+    conn: psycopg.AsyncConnection,
+    tenant: str,
+    subject: str,
+    as_of: datetime,
+    offset: int,
+    limit: int | None,
+    known_at: datetime | None = None,
+    below: Mapping[int, int] | None = None,
+) -> tuple[list[shapes.FactVersion], int]:
+    """`current_facts(...)[offset:offset + limit]` and how many facts there are in all. The current facts are cut
+    in SQL, so a page of a subject's thousands reads and converts only its own rows; as known at a time (or below
+    a receipt's positions) the re-fold needs every row, and the list it gives is cut here."""
+    if known_at is not None or below is not None:
+        listed = await current_facts(conn, tenant, subject, as_of, known_at, below)
+        return listed[offset : None if limit is None else offset + limit], len(listed)
+    rows, total = await _page_rows(
+        conn, _CURRENT_ORDERED, _LISTED_ORDER, {"tenant": tenant, "subject": subject, "t": as_of}, offset, limit
+    )
+    return await shaped(len(rows), lambda: [version_dict(row_to_version(r)) for r in rows]), total
+
+
+async def _page_rows(
+    conn: psycopg.AsyncConnection,
+    ordered: sql.Composable,
+    order: sql.Composable,
+    params: dict[str, Any],
+    offset: int,
+    limit: int | None,
+) -> tuple[list[Any], int]:
+    """The fact_versions rows (_COLS) of the page `offset` to `offset + limit` of `ordered` (as `v`: the versions'
+    ids and the columns `order` names), and how many rows `ordered` has; a page past the end counts them by a
+    statement of its own. The whole list is sorted and counted by its narrow columns, and only the page's rows
+    are read whole: sorting thousands of whole rows spilled to disk."""
+    paged = sql.SQL(
+        "SELECT {columns}, v.total FROM (SELECT v.*, count(*) OVER () AS total FROM ({ordered}) v ORDER BY {order} "
+        "OFFSET %(offset)s LIMIT %(limit)s) v JOIN fact_versions f ON f.version_id = v.version_id ORDER BY {order}"
+    ).format(columns=_F_COLS, ordered=ordered, order=order)
+    cur = await conn.execute(paged, {**params, "offset": offset, "limit": limit})
+    rows = await _rows(cur)
+    if rows:
+        return [r[:-1] for r in rows], rows[0][-1]
+    if offset == 0:
+        return [], 0
+    cur = await conn.execute(sql.SQL("SELECT count(*) FROM ({}) v").format(ordered), params)
+    return [], (await cur.fetchone())[0]
 
 
 def _known_facts(
@@ -273,6 +331,11 @@ def _chains(
     return versions, marks
 
 
+_CHAIN = sql.SQL("FROM fact_versions f WHERE f.tenant = %(tenant)s AND f.memory_id = %(memory_id)s")
+_HISTORY = sql.SQL("SELECT {} {}").format(_COLS, _CHAIN)
+_HISTORY_ORDERED = sql.SQL("SELECT f.version_id, f.version {}").format(_CHAIN)  # a page of it is cut by version
+
+
 async def fact_history(
     conn: psycopg.AsyncConnection, tenant: str, memory_id: str, below: Mapping[int, int] | None = None
 ) -> list[shapes.FactVersion]:
@@ -281,11 +344,29 @@ async def fact_history(
     if below is not None:
         return await _history_below(conn, tenant, memory_id, below)
     cur = await conn.execute(
-        sql.SQL("SELECT {} FROM fact_versions WHERE tenant = %s AND memory_id = %s ORDER BY version").format(_COLS),
-        (tenant, memory_id),
+        sql.SQL("{} ORDER BY version").format(_HISTORY), {"tenant": tenant, "memory_id": memory_id}
     )
     rows = await _rows(cur)
     return await shaped(len(rows), lambda: [version_dict(row_to_version(r)) for r in rows])
+
+
+async def history_page(
+    conn: psycopg.AsyncConnection,
+    tenant: str,
+    memory_id: str,
+    offset: int,
+    limit: int | None,
+    below: Mapping[int, int] | None = None,
+) -> tuple[list[shapes.FactVersion], int]:
+    """`fact_history(...)[offset:offset + limit]` and how many versions there are in all (0: no such fact), cut
+    in SQL as facts_page cuts the current facts (below a receipt's positions: the re-folded chain, cut here)."""
+    if below is not None:
+        versions = await fact_history(conn, tenant, memory_id, below)
+        return versions[offset : None if limit is None else offset + limit], len(versions)
+    rows, total = await _page_rows(
+        conn, _HISTORY_ORDERED, sql.SQL("v.version"), {"tenant": tenant, "memory_id": memory_id}, offset, limit
+    )
+    return await shaped(len(rows), lambda: [version_dict(row_to_version(r)) for r in rows]), total
 
 
 async def _history_below(
