@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from datetime import UTC, datetime
 
 import pytest
@@ -237,6 +238,43 @@ def test_a_sequence_read_before_another_recall_caught_up_reloads_nothing(base_se
                 await pool.close()
 
         assert asyncio.run(scenario()) == [(1, 1, True), (1, 1, True), (2, 1, True)]
+
+
+def test_a_load_that_finished_in_the_same_turn_is_not_waited_on_again(base_settings):
+    """A recall that reads a newer sequence in the turn of the loop in which an older load finished (its
+    done-callback not run yet) starts a load of its own: it used to take the finished one for the load in flight and
+    loop on it without yielding, so that callback never ran and the API's event loop spun for good."""
+    settings = base_settings.private(unique("vocab"))
+    with private_store(settings) as (conn, _es):
+        key = (settings.pg_schema, TENANT)
+
+        async def scenario() -> bool:
+            pool = async_pool(settings)
+            await pool.open()
+            try:
+                cache = VocabularyCache()
+                log_indexed(conn, [(TENANT, "v-1")])
+                first = await cache.get(pool, *key)
+                log_indexed(conn, [(TENANT, "v-2")])
+
+                async def finished() -> Vocabulary:
+                    return first
+
+                stale = asyncio.get_running_loop().create_task(finished())
+                await stale
+                cache._loading[key] = stale  # finished, still listed: its done-callback is not attached here
+                await cache.get(pool, *key)
+                newest = conn.execute("SELECT max(seq) FROM vocab_log WHERE tenant = %s", (TENANT,)).fetchone()[0]
+                return cache.watermark(*key) == newest
+            finally:
+                await pool.close()
+
+        answers: list[bool] = []
+        thread = threading.Thread(target=lambda: answers.append(asyncio.run(scenario())), daemon=True)
+        thread.start()
+        thread.join(60)  # a spinning loop never returns (nor lets a timeout inside it fire)
+        assert not thread.is_alive(), "VocabularyCache.get spins on a finished load"
+        assert answers == [True]
 
 
 @pytest.mark.unit

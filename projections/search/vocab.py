@@ -288,9 +288,13 @@ class VocabularyCache:
     def _start(
         self, pool: AsyncConnectionPool, key: tuple[str, str], newest: int = 0, delta_from: int | None = None
     ) -> asyncio.Task[Vocabulary]:
-        """The one load of `key` in flight, started if none is: up to `newest`, a delta after `delta_from` or whole."""
+        """The one load of `key` in flight, started if none is: up to `newest`, a delta after `delta_from` or whole.
+
+        A finished load still listed (its done-callback not run yet: it finished in this turn of the loop) is not in
+        flight: handing it back would let `get` loop on it without ever yielding to the loop, which runs that
+        callback, so the process would spin there for good."""
         task = self._loading.get(key)
-        if task is None:
+        if task is None or task.done():
             generation = self._generation.get(key, 0)  # an invalidation from here on voids the result
             task = asyncio.get_running_loop().create_task(self._refresh(pool, key, newest, delta_from, generation))
             self._loading[key] = task
