@@ -194,7 +194,6 @@ class WorkerSettings(BaseModel):
 
     processor_group: str = "memory-ledger-projector"
     processor_batch_size: int = 500
-    processor_batch_seconds: float = 0.2
     indexer_batch_size: int = 500  # outbox rows per batch
     indexer_rewrite_batch_size: int = Field(default=100, ge=1)  # rows per batch of vector rewrites (indexer.py)
     # the longest wait for work: a NOTIFY of the commit that gave it wakes a worker at once (projections.search.drain)

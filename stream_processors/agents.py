@@ -26,7 +26,7 @@ from projections.postgres.chain import Checkpoints, sign_idle_heads
 from projections.postgres.positioned import DlqSink, PositionedProjection, connect
 from projections.postgres.positions import stored_positions
 from projections.postgres.recorder import BatchResult, Recorder
-from stream_processors.app import LedgerApp, RawSchema
+from stream_processors.app import LedgerApp, RawSchema, take_ready
 from stream_processors.dlq import DlqProducer
 from stream_processors.metrics import DeadLetterGauge, LagGauge, record_batch, record_retry
 
@@ -154,7 +154,7 @@ def attach_projection(
     app.stored_positions = stored
 
     async def project(stream) -> None:
-        async for events in stream.take_events(batch_size, within=settings.processor_batch_seconds):
+        async for events in take_ready(stream, batch_size):
             batch_ids = bind_ids(batch_id=new_id())  # on every line of this batch, its thread's too (to_thread)
             raw = [
                 (

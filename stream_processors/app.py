@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Set
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Set
 from typing import Any
 
 import faust
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
-from faust.types import TP, Message
+from faust.types import TP, EventT, Message, StreamT
 
 from producers.kafka_producer import kafka_connection
 from producers.settings import Settings
 
-__all__ = ["LedgerApp", "PositionedConsumer", "RawSchema", "broker_credentials", "broker_url", "make_app"]
+__all__ = ["LedgerApp", "PositionedConsumer", "RawSchema", "broker_credentials", "broker_url", "make_app", "take_ready"]
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,80 @@ class PositionedConsumer(AIOKafkaConsumer):
             log.info("seeked to PostgreSQL positions %s", {tp.partition: o for tp, o in sorted(stored.items())})
             committed.update(stored)
         return committed
+
+
+SETTLE_TURNS = 2  # loop turns in a row without a new record that end a batch's gathering (take_ready)
+IDLE_CHECK_S = 1.0  # an idle take_ready looks again this often, as the drain loop's fetch does (getmany)
+
+
+async def take_ready(stream: StreamT, max_: int) -> AsyncGenerator[list[EventT], None]:
+    """faust's `Stream.take_events` (faust-streaming 0.15) with natural batching: a batch is what has arrived by
+    the time the one before it is applied, never held back to fill.
+
+    faust's `take_events` yields when `max_` records are buffered or `within` seconds have passed, so at a low rate
+    every record waited for the window (half of it on average) before PostgreSQL saw it. Here a batch is cut as
+    soon as the records already fetched are buffered: the first record wakes the loop, which lets the consumer
+    hand over the rest of its fetch (until `SETTLE_TURNS` loop turns add nothing) and yields. Under a backlog the
+    buffer fills to `max_` as before (the records wait in faust's queue while a batch is applied); at a low rate a
+    record waits for one batch at most, not for a window. Acks as faust's: each record once its batch was consumed.
+    """
+    events: list[EventT] = []
+    arrived, full, consumed = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    consuming: asyncio.Future[None] | None = None
+
+    async def add_to_buffer(value: Any) -> Any:
+        nonlocal consuming
+        try:
+            if consuming is not None:  # a batch is being applied: nothing joins it
+                try:
+                    await consuming
+                finally:
+                    consuming = None
+            event = stream.current_event
+            if event is None:
+                raise RuntimeError("take_ready found current_event None")
+            events.append(event)
+            arrived.set()
+            if len(events) >= max_:
+                full.set()
+                consumed.clear()
+                await stream.wait(consumed)  # a batch holds `max_` records at most
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - as faust's take: the stream crashes, the agent with it
+            log.exception("adding to the batch failed: %r", exc)
+            await stream.crash(exc)
+        return value
+
+    acks_before = stream.enable_acks
+    stream.enable_acks = False  # acked here, once a batch is consumed
+    stream.add_processor(add_to_buffer)
+    stream._enable_passive(aiter(stream.channel))
+    try:
+        while not stream.should_stop:
+            await stream.wait_for_stopped(arrived, timeout=IDLE_CHECK_S)
+            if not events:
+                continue
+            quiet, size = 0, len(events)
+            while quiet < SETTLE_TURNS and not full.is_set() and not stream.should_stop:
+                await asyncio.sleep(0)
+                quiet, size = (quiet + 1, size) if len(events) == size else (0, len(events))
+            consuming = asyncio.get_running_loop().create_future()
+            try:
+                yield list(events)
+            finally:
+                done = list(events)
+                events.clear()
+                arrived.clear()
+                for event in done:
+                    await stream.ack(event)
+                if not consuming.done():
+                    consuming.set_result(None)
+                full.clear()
+                consumed.set()
+    finally:
+        stream.enable_acks = acks_before
+        stream._processors.remove(add_to_buffer)
 
 
 class LedgerApp(faust.App):

@@ -8,6 +8,7 @@ under it.
 from __future__ import annotations
 
 import base64
+import re
 import threading
 import uuid
 from collections import Counter
@@ -50,6 +51,7 @@ from tests.support import (
     publish_raw,
     wait_for,
 )
+from tests.support.processes import frozen
 
 HEADERS = {"X-API-Key": "dev-key"}
 COLS = ", ".join(f'"{c}"' for c in VERSION_COLUMNS)  # every fact_versions column, in row_to_version's order
@@ -345,6 +347,45 @@ def test_kafka_commits_ahead_of_postgres_do_not_skip_events(pipe: Pipeline):
     pipe.worker = Worker(settings).start()
     pipe.caught_up(60)
     _expect_consistent(settings, events, tag)
+
+
+def _batch_sizes(log: str) -> list[int]:
+    """The records of each ledger batch a worker's log reports, in order."""
+    return [int(n) for n in re.findall(r"\] stream_processors\.agents: batch: (\d+) records", log)]
+
+
+def test_a_backlog_is_applied_in_full_batches(pipe: Pipeline):
+    """A batch is what arrived while the one before it was applied: records waiting behind a stopped worker fill
+    batches to the batch size (200 here), they are not cut into a batch per fetch or per record."""
+    pipe.caught_up()
+    tag = f"backlog{uuid.uuid4().hex[:6]}"
+    events = [asserted(f"{tag}:{i}", "port", i, 0) for i in range(1000)]
+    seen = len(pipe.worker.log())
+    with frozen(pipe.worker):
+        publish(pipe.settings, events)
+    pipe.caught_up(120)
+    logged = lambda: _batch_sizes(pipe.worker.log()[seen:])  # noqa: E731 - a batch's line follows its commit
+    wait_for(lambda: sum(logged()) >= len(events), timeout=30, what="the batches' log lines")
+    sizes = logged()
+    assert sum(sizes) == len(events), sizes
+    assert len(sizes) <= 8 and max(sizes) == 200, sizes  # 5 full batches; a few more where a fetch ended
+
+
+def test_a_record_is_not_held_back_for_the_next_one(pipe: Pipeline):
+    """A lone record is applied in a batch of its own, not held until another arrives or a batch fills: two
+    records published seconds apart to an idle worker are two batches, the first applied before the second exists."""
+    pipe.caught_up()
+    tag = f"lone{uuid.uuid4().hex[:6]}"
+    seen = len(pipe.worker.log())
+    logged = lambda: _batch_sizes(pipe.worker.log()[seen:])  # noqa: E731 - a batch's line follows its commit
+    publish(pipe.settings, [asserted(f"{tag}:a", "port", 1, 0)])
+    pipe.caught_up(60)
+    wait_for(lambda: logged(), timeout=30, what="the first batch's log line")
+    first = logged()
+    publish(pipe.settings, [asserted(f"{tag}:b", "port", 2, 0)])
+    pipe.caught_up(60)
+    wait_for(lambda: len(logged()) > 1, timeout=30, what="the second batch's log line")
+    assert first == [1] and logged() == [1, 1]
 
 
 def test_two_workers_share_the_partitions(pipe: Pipeline):

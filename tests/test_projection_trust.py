@@ -111,7 +111,7 @@ def test_failures_are_sorted_into_retry_and_dead_letter():
 
 
 def test_poison_records_are_dead_lettered_and_the_batch_goes_on(base_settings: Settings):
-    settings = base_settings.private(unique("poison"), processor_batch_size=500, processor_batch_seconds=1.0)
+    settings = base_settings.private(unique("poison"), processor_batch_size=500)
     s = f"user:{uuid.uuid4().hex[:8]}"
     key = kafka_key(TENANT, s)  # one key: every record in one partition, in this order
     with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
