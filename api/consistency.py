@@ -1,15 +1,18 @@
 """Read-your-writes: a read given a write's consistency token (`after`) answers once what it reads has it.
 
-A read polls PostgreSQL cheaply on the event loop until the stage it reads from has the token's positions, then
-says which positions it reflects; past `AFTER_WAIT_S` it answers 503 `not_yet`, so it never misses the write nor
-hangs on a stopped worker. Stages: `projection` (stored positions), `documents` (also the tenant's outbox drained
-and the index refreshed) and `vectors` (also the embed queue, for semantic recall only, as waiting for vectors
-would add the embedding's time to every other read). Only the reader's tenant's rows are looked at.
+A read looks in PostgreSQL cheaply on the event loop until the stage it reads from has the token's positions:
+again at each commit the projection or an indexer announces (the recall engine's `CommitListener`), and at a
+backing-off poll if none is heard. It then says which positions it reflects; past `AFTER_WAIT_S` it answers 503
+`not_yet`, so it never misses the write nor hangs on a stopped worker. Stages: `projection` (stored positions),
+`documents` (also the tenant's outbox drained and the index refreshed) and `vectors` (also the embed queue, for
+semantic recall only, as waiting for vectors would add the embedding's time to every other read). Only the reader's
+tenant's rows are looked at.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import weakref
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -93,7 +96,10 @@ async def wait_after(res: Resources, tenant: str, after: str, stage: Stage) -> s
     deadline, delay = started + AFTER_WAIT_S, _POLL_FIRST_S
     phases, phase, mark = _PHASES[stage], -1, 0  # phase -1: the projection's positions
     stored: dict[int, int] = {}
+    # the recall engine's listener (idempotent: started by the first recall otherwise)
+    listener = res.recall.vocab.listen(settings.pg_dsn, settings.pg_schema)
     while True:
+        changed = listener.changed()  # taken before looking: a commit heard meanwhile is not missed
         async with res.pool.connection() as conn:
             while phase < len(phases):
                 if phase < 0:
@@ -109,7 +115,8 @@ async def wait_after(res: Resources, tenant: str, after: str, stage: Stage) -> s
             break
         if time.monotonic() + delay > deadline:
             raise _not_yet(stage, phase, targets, stored)
-        await asyncio.sleep(delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), delay)
         delay = min(delay * 2, _POLL_MAX_S)
     if phases:  # the documents are written; searchable once the index is refreshed after that
         await _refreshed(res, time.monotonic())

@@ -30,6 +30,8 @@ from api.client import LedgerClient, LedgerError
 from producers.consistency import decode_token, encode_token, merge_tokens, token_of
 from producers.sdk import LedgerProducer
 from producers.settings import Settings
+from projections.search.drain import INDEXED_CHANNEL, OUTBOX_CHANNEL
+from projections.search.vocab import CommitListener
 from tests.conftest import unique
 from tests.support import TENANT, asserted, pipeline
 from tests.support.processes import frozen
@@ -381,3 +383,29 @@ def test_a_token_that_is_not_one_is_422_naming_after_at_every_door(stack: dict[s
                     assert failed and out["status"] == 422 and out["detail"][0]["field"] == "after", (name, out)
 
     asyncio.run(mcp())
+
+
+@pytest.mark.parametrize("channel", [OUTBOX_CHANNEL, INDEXED_CHANNEL], ids=["projection", "documents"])
+def test_each_stage_a_read_waits_for_announces_its_commits(stack: dict[str, Any], channel: str):
+    """A read waiting for a write looks again when the stage it waits for commits, not only at its next poll: the
+    projection's commit of a write is heard on OUTBOX_CHANNEL, the indexer's of its document on INDEXED_CHANNEL,
+    each by a listener of this ledger's schema alone (CommitListener, as api.consistency uses it)."""
+    settings, pipe = stack["settings"], stack["pipe"]
+
+    async def heard() -> bool:
+        listener = CommitListener(settings.pg_dsn, lambda *_: None, progress=(channel,), schema=settings.pg_schema)
+        listener.start()
+        try:
+            while not listener.listening:
+                await asyncio.sleep(0.02)
+            changed = listener.changed()
+            await asyncio.sleep(1.0)  # nothing of this schema commits meanwhile: the event stays clear
+            assert not changed.is_set()
+            await asyncio.to_thread(pipe.publish, [asserted(f"user:heard-{uuid.uuid4().hex[:6]}", "pref.drink", "tea")])
+            await asyncio.wait_for(changed.wait(), 60)
+            return True
+        finally:
+            await listener.aclose()
+
+    pipe.settle()
+    assert asyncio.run(heard())

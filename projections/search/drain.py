@@ -27,6 +27,7 @@ from projections.search import metrics
 
 __all__ = [
     "EMBED_CHANNEL",
+    "INDEXED_CHANNEL",
     "ERASURE_CHANNEL",
     "OUTBOX_CHANNEL",
     "drain_forever",
@@ -36,6 +37,7 @@ __all__ = [
     "wait_for_work",
 ]
 
+INDEXED_CHANNEL = "memory_ledger_indexed"  # an indexer wrote documents in schema <payload> (waiting reads wake)
 EMBED_CHANNEL = "memory_ledger_embed"  # an indexer queued versions for vectors in schema <payload> (embedders wake)
 
 

@@ -31,7 +31,14 @@ from projections.search import metrics
 from projections.search.claims import finish, reindex_key, writing
 from projections.search.client import es_client
 from projections.search.documents import build_doc, rows_sql
-from projections.search.drain import EMBED_CHANNEL, ERASURE_CHANNEL, OUTBOX_CHANNEL, drain_forever, notify
+from projections.search.drain import (
+    EMBED_CHANNEL,
+    ERASURE_CHANNEL,
+    INDEXED_CHANNEL,
+    OUTBOX_CHANNEL,
+    drain_forever,
+    notify,
+)
 from projections.search.duplicates import GROUP_COLUMN
 from projections.search.ids import doc_ids, tenant_query
 from projections.search.mapping import ensure_index
@@ -219,6 +226,8 @@ def _drain(
     deltas: Counter = Counter()
     for (tenant,) in gone:  # /v1/stats' counters, in the same transaction (projections.postgres.counts)
         deltas[(tenant, OUTBOX)] -= 1
+    if gone:
+        notify(conn, INDEXED_CHANNEL)  # reads waiting for these documents (api.consistency) wake when this commits
     queued = queue_for_vectors(conn, unembedded)
     if queued:
         notify(conn, EMBED_CHANNEL)  # the embedders wake when this commits

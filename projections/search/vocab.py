@@ -4,7 +4,8 @@ A full load scans the tenant's versions, so it happens once per process and tena
 what it made searchable to `vocab_log`, and a recall reads only what is past its cached watermark, so a new entity
 is a cue for the first recall after its document is indexed, with no TTL. Appends happen under the per-schema lock
 of claims.finish, so sequence order is commit order. Erasure removes what the log only adds: the recorder's
-`memory_ledger_erasure` notification drops the tenant's entry (`ErasureListener`), and a reconnection drops all.
+`memory_ledger_erasure` notification drops the tenant's entry (`CommitListener`), and a reconnection drops all. The
+same connection hears the commits of the projection and the indexers, which wake the reads waiting for a write.
 """
 
 from __future__ import annotations
@@ -21,18 +22,17 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from projections.search.cues import Vocabulary
+from projections.search.drain import ERASURE_CHANNEL, INDEXED_CHANNEL, OUTBOX_CHANNEL
 
 __all__ = [
     "ERASURE_CHANNEL",
     "NEWEST_SQL",
     "VOCAB_LOG_KEEP",
-    "ErasureListener",
+    "CommitListener",
     "VocabularyCache",
     "load_vocabulary",
     "log_indexed",
 ]
-
-ERASURE_CHANNEL = "memory_ledger_erasure"  # the recorder's pg_notify channel: {schema, tenant, subject}
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,10 @@ async def load_vocabulary(conn: AsyncConnection, tenant: str) -> Vocabulary:
     return Vocabulary.build(entities=entities, subjects=subjects, key_aliases=key_aliases, scopes=scopes)
 
 
-class ErasureListener:
-    """One LISTEN connection that calls `on_erasure(schema, tenant)` for each erasure notification.
+class CommitListener:
+    """One LISTEN connection that calls `on_erasure(schema, tenant)` for each erasure notification, and sets the
+    event `changed()` gave at each commit the projection or an indexer announces (`progress` channels), so a read
+    waiting for a write looks again at once instead of at its next poll (api.consistency).
 
     Reconnects with exponential backoff (`min_backoff` .. `max_backoff` seconds) when the connection
     drops, and calls `on_connect()` after every successful LISTEN (what was sent meanwhile is lost).
@@ -117,8 +119,12 @@ class ErasureListener:
         min_backoff: float = 0.1,
         max_backoff: float = 5.0,
         heartbeat: float = 30.0,
+        progress: tuple[str, ...] = (OUTBOX_CHANNEL, INDEXED_CHANNEL),
+        schema: str | None = None,
     ) -> None:
-        self.dsn, self.on_erasure, self.on_connect = dsn, on_erasure, on_connect
+        self.dsn, self.on_erasure, self.on_connect, self.progress = dsn, on_erasure, on_connect, progress
+        self.schema = schema  # whose progress wakes (its notifications' payload); None: every schema's
+        self._changed = asyncio.Event()
         self.min_backoff, self.max_backoff, self.heartbeat = min_backoff, max_backoff, heartbeat
         self.notifications = 0  # received since start (for tests and the trace)
         self.connections = 0  # successful LISTENs since start
@@ -133,7 +139,16 @@ class ErasureListener:
         """Start (or restart, on another event loop) the listening task; idempotent."""
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done() or self._task.get_loop() is not loop:
-            self._task = loop.create_task(self._run(), name="erasure-listener")
+            self._changed = asyncio.Event()  # an asyncio.Event belongs to the loop that first waited on it
+            self._task = loop.create_task(self._run(), name="commit-listener")
+
+    def changed(self) -> asyncio.Event:
+        """The event the next progress notification sets: take it before looking, then wait on it."""
+        return self._changed
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     async def aclose(self) -> None:
         task, self._task = self._task, None
@@ -158,14 +173,19 @@ class ErasureListener:
         async with await AsyncConnection.connect(
             self.dsn, autocommit=True, keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3
         ) as conn:
-            await conn.execute(f"LISTEN {ERASURE_CHANNEL}")
+            for channel in (ERASURE_CHANNEL, *self.progress):
+                await conn.execute(f"LISTEN {channel}")
             self.backend_pid = conn.info.backend_pid
             self.connections += 1
             self.on_connect()
+            self._wake()  # what committed while it was down was not heard
             try:
                 while True:
                     async for note in conn.notifies(timeout=self.heartbeat):
-                        self._handle(note.payload)
+                        if note.channel == ERASURE_CHANNEL:
+                            self._handle(note.payload)
+                        elif self.schema is None or note.payload == self.schema:
+                            self._wake()
                     await conn.execute("SELECT 1")  # quiet for `heartbeat` s: is the connection still there?
             finally:
                 self.backend_pid = None
@@ -181,7 +201,7 @@ class ErasureListener:
             except Exception as exc:  # noqa: BLE001 - a dropped or refused connection: try again, more slowly each time
                 if time.monotonic() - started > 10 * self.max_backoff:
                     backoff = self.min_backoff  # it had been up for a while: this is a new outage
-                log.warning("erasure listener down (%s: %s); reconnecting in %.1f s", type(exc).__name__, exc, backoff)
+                log.warning("commit listener down (%s: %s); reconnecting in %.1f s", type(exc).__name__, exc, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.max_backoff)
 
@@ -203,7 +223,7 @@ class VocabularyCache:
         self.invalidations = 0
         self.full_loads = 0  # for tests and the bench: how often a tenant was read whole
         self.delta_loads = 0
-        self.listener: ErasureListener | None = None
+        self.listener: CommitListener | None = None
         self._logged: set[str] = set()  # schemas whose vocab_log was read: NEWEST_SQL runs there
 
     def invalidate(self, schema: str | None = None, tenant: str | None = None) -> None:
@@ -220,11 +240,11 @@ class VocabularyCache:
             self._generation[k] = self._generation.get(k, 0) + 1
             del self._loading[k]
 
-    def listen(self, dsn: str) -> ErasureListener:
+    def listen(self, dsn: str, schema: str | None = None) -> CommitListener:
         """Drop a tenant's entry as soon as an erasure of one of its subjects commits (one LISTEN connection
-        per cache, started on the running loop; idempotent)."""
+        per cache, started on the running loop; idempotent); its progress events follow `schema`'s commits."""
         if self.listener is None:
-            self.listener = ErasureListener(dsn, self.invalidate, on_connect=self.invalidate)
+            self.listener = CommitListener(dsn, self.invalidate, on_connect=self.invalidate, schema=schema)
         self.listener.start()
         return self.listener
 

@@ -238,7 +238,8 @@ class RecallEngine:
         When the first stage to run is the exact one asking PostgreSQL, the cached vocabulary is used as it is and
         that stage reads the tenant's newest vocab_log sequence with its rows (`vocab_unchecked`; `_checked` decides
         after it ran); otherwise the vocabulary is brought up to the log here, before any stage sees a cue."""
-        self.vocab.listen(self.settings.pg_dsn)  # an erasure drops the cached vocabulary at once (idempotent)
+        # an erasure drops the cached vocabulary at once (idempotent)
+        self.vocab.listen(self.settings.pg_dsn, self.settings.pg_schema)
         schema, tenant = self.settings.pg_schema, q.tenant
         ctx = None
         if (cached := self.vocab.cached(schema, tenant)) is not None and MODE_TIERS[q.mode][0].stages == (EXACT,):
