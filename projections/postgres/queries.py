@@ -196,7 +196,7 @@ async def facts_page(
     rows, total = await _page_rows(
         conn, _CURRENT_ORDERED, _LISTED_ORDER, {"tenant": tenant, "subject": subject, "t": as_of}, offset, limit
     )
-    return await shaped(len(rows), lambda: [version_dict(row_to_version(r)) for r in rows]), total
+    return await _versions(rows), total
 
 
 async def _page_rows(
@@ -233,6 +233,11 @@ def _known_facts(
     folded = [v for mid, versions in by_fact.items() for v in fold(versions, marks.get(mid, []))]
     held = visible_at(folded, as_of)
     return _listed(held) if listed else [version_dict(v) for v in held]
+
+
+async def _versions(rows: list[Any]) -> list[shapes.FactVersion]:
+    """fact_versions rows (_COLS) as the API shows them, in their order."""
+    return await shaped(len(rows), lambda: [version_dict(row_to_version(r)) for r in rows])
 
 
 def _listed(versions: list[Version]) -> list[shapes.FactVersion]:
@@ -347,7 +352,7 @@ async def fact_history(
         sql.SQL("{} ORDER BY version").format(_HISTORY), {"tenant": tenant, "memory_id": memory_id}
     )
     rows = await _rows(cur)
-    return await shaped(len(rows), lambda: [version_dict(row_to_version(r)) for r in rows])
+    return await _versions(rows)
 
 
 async def history_page(
@@ -366,7 +371,7 @@ async def history_page(
     rows, total = await _page_rows(
         conn, _HISTORY_ORDERED, sql.SQL("v.version"), {"tenant": tenant, "memory_id": memory_id}, offset, limit
     )
-    return await shaped(len(rows), lambda: [version_dict(row_to_version(r)) for r in rows]), total
+    return await _versions(rows), total
 
 
 async def _history_below(
@@ -409,7 +414,7 @@ async def subject_versions(conn: psycopg.AsyncConnection, tenant: str, subject: 
         (tenant, subject),
     )
     rows = await _rows(cur)
-    return await shaped(len(rows), lambda: [version_dict(row_to_version(r)) for r in rows])
+    return await _versions(rows)
 
 
 async def subject_events(
