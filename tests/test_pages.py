@@ -106,10 +106,13 @@ def test_the_pages_of_a_subjects_facts_are_the_whole_list_cut_in_its_order(stack
 
 
 def test_every_page_cut_by_postgresql_is_the_whole_list_cut_in_its_order(stack: Any) -> None:
-    """A page of the current facts is cut in SQL, the whole list sorted in Python: the same order for any key."""
+    """The current facts are listed in SQL's order, whole or a page; the facts as known at a time are re-folded and
+    sorted in Python (`_listed`): both orders are the same for any key, and every page is the whole list cut."""
     path = f"/v1/subjects/{ORDERED}/facts"
     whole = _get(stack, path).json()["facts"]
     assert len(whole) == len(ORDER_KEYS) + 3 and whole[0]["key"] is None  # the episodes have no key: first
+    in_python = _get(stack, path, known_at="2100-01-01T00:00:00Z").json()["facts"]  # every event known by then
+    assert [f["memory_id"] for f in in_python] == [f["memory_id"] for f in whole]
     n = len(whole)
     for offset in range(n + 2):
         for limit in range(1, n + 2):

@@ -146,7 +146,6 @@ def version_dict(v: Version) -> shapes.FactVersion:
 
 
 _SUBJECT = sql.SQL("f.tenant = %(tenant)s AND f.subject = %(subject)s")
-_CURRENT_FACTS = visible_sql(_COLS, _SUBJECT)
 # what a page of them is cut by: the version and the columns of _LISTED_ORDER
 _CURRENT_ORDERED = visible_sql(sql.SQL("f.version_id, f.memory_id, f.key, f.scope, f.valid_from"), _SUBJECT)
 
@@ -168,9 +167,10 @@ async def current_facts(
                 conn, _known(known_at, below), _chain_args(tenant, subject, known_at, below)
             )
         return await shaped(len(chain_rows[0]), _known_facts, chain_rows, as_of, below is not None)
-    cur = await conn.execute(_CURRENT_FACTS, {"tenant": tenant, "subject": subject, "t": as_of})
-    rows = await _rows(cur)
-    return await shaped(len(rows), lambda: _listed([row_to_version(r) for r in rows]))
+    rows, _ = await _page_rows(
+        conn, _CURRENT_ORDERED, _LISTED_ORDER, {"tenant": tenant, "subject": subject, "t": as_of}, 0, None
+    )  # the whole list is the page without a limit: one order for both, PostgreSQL's
+    return await _versions(rows)
 
 
 # _listed's order in SQL: the "C" collation compares UTF-8 bytes, which order as Python compares code points
