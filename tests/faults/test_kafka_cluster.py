@@ -145,7 +145,15 @@ def test_broker_killed_and_restarted_during_ingest_loses_nothing_and_doubles_not
     layout = cluster.partitions(topics)
     assert len(layout) == 3 * settings.topic_partitions, layout
     assert all(len(p.replicas) == BROKERS and len(p.isr) == BROKERS for p in layout), layout
-    assert {t: cluster.topic_config(t, "min.insync.replicas") for t in topics} == dict.fromkeys(topics, str(MIN_ISR))
+    # the broker asked may not have replayed a just-created topic's config yet: it reports none until it has
+    configs: dict[str, str | None] = {}
+
+    def reported() -> bool:
+        configs.update({t: cluster.topic_config(t, "min.insync.replicas") for t in topics})
+        return None not in configs.values()
+
+    wait_for(reported, 30, 0.2, "every topic's min.insync.replicas to be reported")
+    assert configs == dict.fromkeys(topics, str(MIN_ISR))
 
     events = workload(N_EVENTS)
     publisher = Publisher(settings, events)
