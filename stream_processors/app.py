@@ -5,7 +5,8 @@ leader topic, no web server. PostgreSQL is the state, so the consumer position l
 `PositionedConsumer` makes every seek "to the committed offset" go to the positions stored in
 PostgreSQL instead (faust calls it after each rebalance), so what faust may have committed to
 Kafka ahead of a PostgreSQL commit never matters. Its drain loop hands each fetched batch over under one race
-against a rebalance instead of one per record (`PositionedConsumer._drain_messages`).
+against a rebalance instead of one per record (`PositionedConsumer._drain_messages`). The agents take natural
+batches (`take_ready`): what arrived while the batch before was applied, never held back to fill.
 """
 
 from __future__ import annotations
