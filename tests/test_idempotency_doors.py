@@ -90,7 +90,11 @@ def _id() -> str:
 async def _http(url: str, event: dict[str, Any], key: str = "key-a") -> dict[str, Any]:
     """POST /v1/events with one event: {accepted, duplicate, code, field} of its result."""
     async with httpx.AsyncClient(headers={"X-API-Key": key}, timeout=60) as http:
-        r = await http.post(url + "/v1/events", json={"events": [event]})
+        return _outcome(await http.post(url + "/v1/events", json={"events": [event]}))
+
+
+def _outcome(r: httpx.Response) -> dict[str, Any]:
+    """{accepted, duplicate, code, field} of the one event a POST /v1/events carried."""
     assert r.status_code in (200, 422), r.text
     [res] = r.json()["results"]
     assert r.json()["idempotency_checked"] is True, r.text
