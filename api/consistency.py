@@ -96,8 +96,7 @@ async def wait_after(res: Resources, tenant: str, after: str, stage: Stage) -> s
     deadline, delay = started + AFTER_WAIT_S, _POLL_FIRST_S
     phases, phase, mark = _PHASES[stage], -1, 0  # phase -1: the projection's positions
     stored: dict[int, int] = {}
-    # the recall engine's listener (idempotent: started by the first recall otherwise)
-    listener = res.recall.vocab.listen(settings.pg_dsn, settings.pg_schema)
+    listener = res.recall.commits()
     while True:
         changed = listener.changed()  # taken before looking: a commit heard meanwhile is not missed
         async with res.pool.connection() as conn:

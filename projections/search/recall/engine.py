@@ -37,7 +37,7 @@ from projections.search.recall.stages import ExactStage, KeywordStage, RecallCon
 from projections.search.recall.trace import Observer, Trace
 from projections.search.recall.verify import verify
 from projections.search.recall.workers import CUES_EXECUTOR, EMBED_EXECUTOR
-from projections.search.vocab import VocabularyCache
+from projections.search.vocab import CommitListener, VocabularyCache
 
 __all__ = ["MODE_TIERS", "RecallEngine", "Tier"]
 
@@ -232,14 +232,18 @@ class RecallEngine:
             kept = [c for c in found if c["version_id"] in known]
             trace.listed[stage] = [{**c, "rank": i + 1} for i, c in enumerate(kept)]
 
+    def commits(self) -> CommitListener:
+        """The process's one listener of the schema's commits (erasures, the projection's and the indexers'
+        progress), started on the running loop; idempotent."""
+        return self.vocab.listen(self.settings.pg_dsn, self.settings.pg_schema)
+
     async def _context(self, q: RecallQuery, now: datetime, at: datetime, trace: Trace) -> RecallContext:
         """The stages' context, with the cues of a vocabulary that holds every version indexed before the call.
 
         When the first stage to run is the exact one asking PostgreSQL, the cached vocabulary is used as it is and
         that stage reads the tenant's newest vocab_log sequence with its rows (`vocab_unchecked`; `_checked` decides
         after it ran); otherwise the vocabulary is brought up to the log here, before any stage sees a cue."""
-        # an erasure drops the cached vocabulary at once (idempotent)
-        self.vocab.listen(self.settings.pg_dsn, self.settings.pg_schema)
+        self.commits()  # an erasure drops the cached vocabulary at once
         schema, tenant = self.settings.pg_schema, q.tenant
         ctx = None
         if (cached := self.vocab.cached(schema, tenant)) is not None and MODE_TIERS[q.mode][0].stages == (EXACT,):
