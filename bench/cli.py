@@ -101,7 +101,7 @@ def conversations_command(
                 result = run(svc.url, "conv-key", settle=lambda: cv.settle(s))
         finally:
             drop_private(s)
-    for row in cv.table_rows(result):
+    for row in [*cv.table_rows(result), "", *cv.stage_rows(result)]:
         typer.echo(row)
     if record:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

@@ -204,6 +204,7 @@ def score(
     sums: dict[tuple[str, Any], list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0])
     pools: dict[tuple[str, Any], list[float]] = collections.defaultdict(lambda: [0.0, 0.0])  # any@50, any@100
     lat: dict[str, list[float]] = collections.defaultdict(list)
+    stage_ms: dict[str, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
 
     def add(system: str, cat: int, m: tuple[float, float, float]) -> None:
         for key in ((system, CATEGORIES[cat]), (system, "all")):
@@ -225,6 +226,10 @@ def score(
                 r = client.post("/v1/recall", json=body)
                 lat[mode].append((time.perf_counter() - t0) * 1000)
                 hits = r.json().get("hits", []) if r.status_code == 200 else []
+                trace = r.json().get("trace", {}) if r.status_code == 200 else {}
+                for stage, ms in {**trace.get("stages_ms", {}), "total": trace.get("total_ms")}.items():
+                    if ms is not None:
+                        stage_ms[mode][stage].append(ms)
                 add(
                     f"ledger:{mode}", qa["category"], metrics([(h.get("source") or {}).get("ref") for h in hits], ev, k)
                 )
@@ -245,7 +250,12 @@ def score(
             p50, p100 = pools[(system, cat)]
             systems[system][cat].update(pool50=round(p50 / n, 3), pool100=round(p100 / n, 3))
     latency = {m: {"p50_ms": _pct(ls, 0.5), "p95_ms": _pct(ls, 0.95)} for m, ls in lat.items()}
-    return {"k": k, "systems": dict(systems), "latency": latency}
+    # where the server's time went, per mode: each stage's p50 / p95 over the questions that ran it
+    stages = {
+        m: {st: {"n": len(xs), "p50_ms": _pct(xs, 0.5), "p95_ms": _pct(xs, 0.95)} for st, xs in by.items()}
+        for m, by in stage_ms.items()
+    }
+    return {"k": k, "systems": dict(systems), "latency": latency, "stages": stages}
 
 
 def table_rows(result: dict[str, Any]) -> list[str]:
@@ -274,6 +284,18 @@ def table_rows(result: dict[str, Any]) -> list[str]:
     return rows
 
 
+def stage_rows(result: dict[str, Any]) -> list[str]:
+    """Markdown rows: per mode, each server stage's p50 / p95 ms (the trace's `stages_ms`, `total` its whole)."""
+    stages = result.get("stages", {})
+    if not stages:
+        return []
+    rows = ["| mode | server stage | questions | p50 ms | p95 ms |", "|---|---|---|---|---|"]
+    for mode, by in stages.items():
+        for stage, v in sorted(by.items(), key=lambda kv: (kv[0] == "total", -(kv[1]["p50_ms"] or 0))):
+            rows.append(f"| {mode} | {stage} | {v['n']} | {v['p50_ms']} | {v['p95_ms']} |")
+    return rows
+
+
 SECTION = "## Conversational recall on the dev set"
 
 
@@ -291,6 +313,8 @@ def write_section(md: Path, path: Path, result: dict[str, Any]) -> None:
         *table_rows(result),
         "",
     ]
+    if stages := stage_rows(result):
+        lines += ["Where the server's time went (each answer's `trace.stages_ms`):", "", *stages, ""]
     block = "\n".join(lines)
     if SECTION in text:
         start = text.index(SECTION)
