@@ -180,7 +180,7 @@ def main(
         "model": s.rerank_model,
         "max_tokens": s.rerank_max_tokens,
         "batch": s.rerank_batch_size,
-        "threads": s.rerank_threads,
+        "threads": 1,  # the pairs are timed one after the other on this thread: the CPU a depth costs
         "questions": len(rows),
     }
     base.with_suffix(".json").write_bytes(

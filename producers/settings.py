@@ -249,7 +249,8 @@ class RecallSettings(BaseModel):
     # 1: each pair alone, so its score does not depend on the pairs beside it (the int8 model quantizes a batch
     # together) and no padding is computed; larger batches cost more CPU here, not less (recall.rerank)
     rerank_batch_size: int = Field(default=1, ge=1, le=64)
-    rerank_threads: int = Field(default=1, ge=1, le=16)  # onnxruntime intra-op threads of the cross-encoder
+    # threads scoring pairs at once, each pair on one core (the stage's own threads; onnxruntime runs on them)
+    rerank_threads: int = Field(default=2, ge=1, le=16)
     rerank_weight: float = Field(default=1.0, ge=0.0, le=1.0)  # the CE's share of the order (1: by CE score alone)
     rerank_max_tokens: int = Field(default=128, ge=16, le=512)  # a (question, text) pair is truncated to this
     # recall's subject preference (projections.search.recall.prefer): an episode about none of the subjects

