@@ -1,19 +1,23 @@
 """`ledger demo`: publish a few bilingual facts over HTTP, update one, and show recall explaining itself.
 
-Talks to a running service only through its HTTP API (`python -m infra up --service`),
-exactly as a client service would.
+Talks to a running service only through its HTTP API (`python -m infra up --service`), exactly as a client service
+would: each read carries the consistency token of the writes before it, so it answers once they are readable
+(on a stack just started the search index may take seconds to catch up), and a `not_yet` is retried.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 import httpx
 import orjson
 from rich.console import Console
 from rich.table import Table
 
+from producers.consistency import merge_tokens
+from producers.retry import retry
 from producers.settings import get_settings
 
 console = Console(width=160)
@@ -73,61 +77,71 @@ def _event(tenant: str, fact: dict, **extra) -> dict:
     }
 
 
-def _wait_for(client: httpx.Client, tenant: str, subject: str, key: str, value, timeout: float = 60.0) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        resp = client.get(f"/v1/subjects/{subject}/facts", params={"tenant": tenant})
-        if resp.status_code == 200 and any(f["key"] == key and f["value"] == value for f in resp.json()["facts"]):
-            return time.monotonic() - t0
-        time.sleep(0.1)
-    raise TimeoutError(f"{subject} {key}={value!r} not visible after {timeout}s")
+class _NotYet(Exception):
+    """The service has not caught up with the token yet (503 `not_yet`): the same read, asked again, will answer."""
 
 
-def _wait_indexed(client: httpx.Client, tenant: str, query: str, value, timeout: float = 60.0) -> float:
-    """Poll until the search index answers `query` exactly with `value` (the outbox drained and refreshed)."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        body = client.post("/v1/recall", json={"tenant": tenant, "query": query, "mode": "exact"}).json()
-        if any(h["value"] == value for h in body.get("hits", [])):
-            return time.monotonic() - t0
-        time.sleep(0.1)
-    raise TimeoutError(f"the search index did not answer {query!r} with {value!r} after {timeout}s")
+def _read(client: httpx.Client, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
+    """The answer of a read carrying `after`, asked again while the service says `not_yet` (each ask waits a bounded
+    time on the server; a stack just started may need several)."""
+
+    def once() -> dict[str, Any]:
+        resp = client.request(method, url, **kwargs)
+        if resp.status_code == 503 and any(d.get("code") == "not_yet" for d in resp.json().get("detail", [])):
+            raise _NotYet(resp.text)
+        resp.raise_for_status()
+        return resp.json()
+
+    return retry(once, attempts=20, retry_on=(_NotYet,), step_s=0.1)
 
 
-def run(base_url: str | None = None, api_key: str = "dev-key", tenant: str | None = None) -> None:
+def _publish(client: httpx.Client, events: list[dict]) -> dict[str, Any]:
+    resp = client.post("/v1/events", json={"events": events})
+    resp.raise_for_status()
+    return resp.json()
+
+
+def run(base_url: str | None = None, api_key: str = "dev-key", tenant: str | None = None) -> dict[str, list[Any]]:
+    """Run the demo against the service at `base_url`; each question's hit values (what it printed)."""
     s = get_settings()
     tenant = tenant or "demo"
     url = base_url or f"http://{s.api_host}:{s.api_port}"
+    answers: dict[str, list[Any]] = {}
     with httpx.Client(base_url=url, headers={"X-API-Key": api_key}, timeout=30) as client:
         console.rule("[bold]1. publish four facts (Chinese and English)")
-        resp = client.post("/v1/events", json={"events": [_event(tenant, f) for f in FACTS]})
-        resp.raise_for_status()
-        for r in resp.json()["results"]:
+        t0 = time.monotonic()
+        wrote = _publish(client, [_event(tenant, f) for f in FACTS])
+        for r in wrote["results"]:
             console.print(f"  accepted={r['accepted']} partition={r.get('partition')} offset={r.get('offset')}")
-        lag = _wait_for(client, tenant, "project:P1", "project.port", 8080)
-        console.print(f"  visible in PostgreSQL after {lag * 1000:.0f} ms")
+        facts_of_p1 = {"tenant": tenant, "after": wrote["consistency_token"]}
+        _read(client, "GET", "/v1/subjects/project:P1/facts", params=facts_of_p1)
+        console.print(f"  visible in PostgreSQL {(time.monotonic() - t0) * 1000:.0f} ms after the publish")
 
         console.rule("[bold]2. the port of P1 changes: 8080 -> 9090")
         update = _event(tenant, {**FACTS[0], "value": 9090, "content": "项目 P1 的后端服务端口改为 9090"})
-        client.post("/v1/events", json={"events": [update]}).raise_for_status()
-        _wait_for(client, tenant, "project:P1", "project.port", 9090)
-        facts = client.get("/v1/subjects/project:P1/facts", params={"tenant": tenant}).json()["facts"]
-        memory_id = next(f["memory_id"] for f in facts if f["key"] == "project.port")
+        token = merge_tokens(wrote["consistency_token"], _publish(client, [update])["consistency_token"])
+        facts = _read(client, "GET", "/v1/subjects/project:P1/facts", params={"tenant": tenant, "after": token})
+        visible = time.monotonic()
+        # keyword recall needs the documents indexed: the same token, read by a stage that waits for the index
+        ask = {"tenant": tenant, "query": "P1 port", "mode": "keyword", "after": token}
+        _read(client, "POST", "/v1/recall", json=ask)
+        searchable = (time.monotonic() - visible) * 1000
+        memory_id = next(f["memory_id"] for f in facts["facts"] if f["key"] == "project.port")
         history = client.get(f"/v1/facts/{memory_id}/history", params={"tenant": tenant}).json()["versions"]
         table = Table("version", "value", "status", "valid_from", "superseded_by")
         for v in history:
             table.add_row(str(v["version"]), str(v["value"]), v["status"], v["valid_from"], str(v["superseded_by"]))
         console.print(table)
-        lag = _wait_indexed(client, tenant, "P1 port", 9090)
-        console.print(f"  the update is searchable {lag * 1000:.0f} ms after it was visible in PostgreSQL")
+        console.print(f"  the update is searchable {searchable:.0f} ms after it was visible in PostgreSQL")
 
         console.rule("[bold]3. recall: deterministic first, each hit says why")
         for q in QUESTIONS:
-            body = client.post("/v1/recall", json={"tenant": tenant, "query": q, "top_k": 3}).json()
+            body = _read(client, "POST", "/v1/recall", json={"tenant": tenant, "query": q, "top_k": 3, "after": token})
             console.print(f"[bold cyan]Q:[/] {q}")
             console.print(f"   cues: {orjson.dumps(body.get('cues')).decode()}")
             trace = body.get("trace", {})
             console.print(f"   trace: {orjson.dumps(trace).decode()}")
+            answers[q] = [h["value"] for h in body.get("hits", [])]
             if not body.get("hits"):
                 console.print("   [yellow]no memory answers this[/] (an empty answer, never a made-up one)")
             for h in body.get("hits", []):
@@ -138,3 +152,4 @@ def run(base_url: str | None = None, api_key: str = "dev-key", tenant: str | Non
                 )
         console.rule("[bold]done")
         console.print(f"The service keeps running at {url} (API key {api_key!r}); `make down` stops everything.")
+    return answers
