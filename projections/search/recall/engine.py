@@ -276,14 +276,19 @@ class RecallEngine:
 
     async def _run(self, tier: Tier, ctx: RecallContext) -> list[Match] | None:
         """The tier's stages, each timed by its name, and their lists fused; None: the tier did not run."""
-        found: list[tuple[Stage[Any], list[Candidate]]] = []
-        for stage in tier.stages:
-            ask = stage.ask(ctx)
-            if ask is not None:
-                with ctx.trace.timed(stage.name):
-                    found.append((stage, await stage.run(ctx, ask)))
-                if ctx.query.explain:
-                    ctx.trace.list_candidates(stage.name, found[-1][1])
+        asked = [(stage, ask) for stage in tier.stages if (ask := stage.ask(ctx)) is not None]
+
+        async def timed(stage: Stage[Any], ask: Any) -> list[Candidate]:
+            with ctx.trace.timed(stage.name):
+                return await stage.run(ctx, ask)
+
+        # a tier's stages at once: each asks the index on its own (an ask is pure), their lists kept in tier order
+        # (gather, not a TaskGroup: a store failure stays itself, the 503 naming it)
+        lists = await asyncio.gather(*(timed(stage, ask) for stage, ask in asked))
+        found: list[tuple[Stage[Any], list[Candidate]]] = list(zip((s for s, _ in asked), lists, strict=True))
+        if ctx.query.explain:
+            for stage, candidates in found:
+                ctx.trace.list_candidates(stage.name, candidates)
         if tier.fused:
             with ctx.trace.timed("fusion"):
                 # ties a stage cannot break go by access, then version id (recall.access); not by access as known

@@ -182,10 +182,10 @@ class KeywordStage(Stage[TextAsk]):
 
     async def run(self, ctx: RecallContext, ask: TextAsk) -> list[Candidate]:
         size = _fuzzy_size(ctx)
-        found = await ctx.index.keyword(ask.scope, ask.text, size)
-        if ask.scope.open_kinds:  # the episodes about none of the named entities, after them (recall.prefer)
-            found += await ctx.index.keyword(ask.scope.others(), ask.text, size)
-        return found
+        scopes = (ask.scope, ask.scope.others()) if ask.scope.open_kinds else (ask.scope,)
+        # the episodes about none of the named entities after them (recall.prefer); both asked at once
+        lists = await asyncio.gather(*(ctx.index.keyword(scope, ask.text, size) for scope in scopes))
+        return [c for found in lists for c in found]
 
 
 class SemanticStage(Stage[TextAsk]):
@@ -234,8 +234,11 @@ class SemanticStage(Stage[TextAsk]):
             ctx.trace.embedding_models.append(emb.name)
             offset = _offset(ctx, emb)
             scopes = (ask.scope, ask.scope.others()) if ask.scope.open_kinds else (ask.scope,)
-            for scope, into in zip(scopes, (lists, others), strict=False):
-                found = await ctx.index.nearest(scope, vec.tolist(), size, vector_field, model, without)
+            query = vec.tolist()
+            each = await asyncio.gather(
+                *(ctx.index.nearest(scope, query, size, vector_field, model, without) for scope in scopes)
+            )  # both asked at once, taken in scope order
+            for found, into in zip(each, (lists, others), strict=False):
                 for c in found:
                     ctx.semantic_models.setdefault(c.version_id, (emb.name, offset))
                 into.append((found, offset))

@@ -4,12 +4,16 @@ Each section reports its own time in milliseconds under `stages_ms[name]`, not c
 (the semantic stage's `embed` is reported on its own, `semantic` is the search alone). An `observe(stage, ms)`
 callback, if given, sees every section as it ends (the hook for metrics).
 
-The steps of one request run one after another (no two sections of one trace are open side by side but nested).
+Sections may run side by side (a tier's stages are asked at once): which section is open is kept per asyncio task
+(a context variable), and a section nests only in one its own task opened, so time spent in tasks that run beside
+a section is never taken off its own.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from contextvars import ContextVar, Token
 from datetime import datetime
 from time import perf_counter
 from types import TracebackType
@@ -29,15 +33,24 @@ def iso(t: datetime | None) -> str | None:
     return None if t is None else rfc3339(t)
 
 
+def _task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop: a section timed in plain code
+        return None
+
+
 class _Section:
-    __slots__ = ("trace", "name", "t0", "nested", "outer")
+    __slots__ = ("trace", "name", "t0", "nested", "outer", "token", "task")
 
     def __init__(self, trace: Trace, name: str) -> None:
         self.trace, self.name, self.nested = trace, name, 0.0
 
     def __enter__(self) -> _Section:
-        trace = self.trace
-        self.outer, trace._open = trace._open, self
+        outer, self.task = _OPEN.get(), _task()
+        # a task started inside a section sees it open, but runs beside it: its sections nest in their own task only
+        self.outer = outer if outer is not None and outer.trace is self.trace and outer.task is self.task else None
+        self.token: Token[_Section | None] = _OPEN.set(self)
         self.t0 = perf_counter()
         return self
 
@@ -46,7 +59,7 @@ class _Section:
     ) -> None:
         elapsed = perf_counter() - self.t0
         trace, outer = self.trace, self.outer
-        trace._open = outer
+        _OPEN.reset(self.token)
         if outer is not None:
             outer.nested += elapsed
         if exc_type is None:
@@ -54,6 +67,10 @@ class _Section:
             trace.stages[self.name] = ms
             if trace.observe is not None:
                 trace.observe(self.name, ms)
+
+
+# the section open in this task (asyncio copies the context into each task it starts)
+_OPEN: ContextVar[_Section | None] = ContextVar("recall_trace_open", default=None)
 
 
 class Trace:
@@ -68,7 +85,6 @@ class Trace:
         "embedding_models",
         "rerank",
         "observe",
-        "_open",
         "_t0",
     )
 
@@ -82,7 +98,6 @@ class Trace:
         self.embedding_models: list[str] = []  # the models the semantic stage embedded the query with
         self.rerank: dict[str, Any] | None = None  # the rerank stage's account (recall.rerank), if it ran
         self.observe = observe
-        self._open: _Section | None = None
 
     def list_candidates(self, stage: str, found: list[Any]) -> None:
         """Keep what `stage` found (explain only): version and memory ids and the stage's own score, best first."""
