@@ -205,6 +205,7 @@ def score(
     pools: dict[tuple[str, Any], list[float]] = collections.defaultdict(lambda: [0.0, 0.0])  # any@50, any@100
     lat: dict[str, list[float]] = collections.defaultdict(list)
     stage_ms: dict[str, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+    stopped: collections.Counter[str] = collections.Counter()  # answers whose rerank the budget cut short
 
     def add(system: str, cat: int, m: tuple[float, float, float]) -> None:
         for key in ((system, CATEGORIES[cat]), (system, "all")):
@@ -230,6 +231,7 @@ def score(
                 for stage, ms in {**trace.get("stages_ms", {}), "total": trace.get("total_ms")}.items():
                     if ms is not None:
                         stage_ms[mode][stage].append(ms)
+                stopped[mode] += (trace.get("rerank") or {}).get("stopped") == "budget"  # a reason runs differ
                 add(
                     f"ledger:{mode}", qa["category"], metrics([(h.get("source") or {}).get("ref") for h in hits], ev, k)
                 )
@@ -255,7 +257,8 @@ def score(
         m: {st: {"n": len(xs), "p50_ms": _pct(xs, 0.5), "p95_ms": _pct(xs, 0.95)} for st, xs in by.items()}
         for m, by in stage_ms.items()
     }
-    return {"k": k, "systems": dict(systems), "latency": latency, "stages": stages}
+    budget = {m: stopped[m] for m in modes}
+    return {"k": k, "systems": dict(systems), "latency": latency, "stages": stages, "rerank_budget_stops": budget}
 
 
 def table_rows(result: dict[str, Any]) -> list[str]:
@@ -293,6 +296,9 @@ def stage_rows(result: dict[str, Any]) -> list[str]:
     for mode, by in stages.items():
         for stage, v in sorted(by.items(), key=lambda kv: (kv[0] == "total", -(kv[1]["p50_ms"] or 0))):
             rows.append(f"| {mode} | {stage} | {v['n']} | {v['p50_ms']} | {v['p95_ms']} |")
+        stops = result.get("rerank_budget_stops", {}).get(mode)
+        if stops is not None:
+            rows.append(f"| {mode} | rerank cut short by its budget | {stops} | | |")
     return rows
 
 
