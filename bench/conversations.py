@@ -325,7 +325,7 @@ def write_section(md: Path, path: Path, result: dict[str, Any]) -> None:
     if SECTION in text:
         start = text.index(SECTION)
         nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + block + (text[nxt + 1 :] if nxt != -1 else "")
+        text = text[:start] + block + ("\n" + text[nxt + 1 :] if nxt != -1 else "")  # a blank line before the next
     else:
         text = text.rstrip("\n") + "\n\n" + block
     md.write_text(text)
