@@ -78,7 +78,10 @@ def matched(row: dict[str, Any], cues: Cues) -> tuple[dict[str, Any], float]:
     found = {
         "entities": [e for e in cues.known_entities if canonical(e) in ids],
         "keys": [row["key"]] if row["key"] in cues.keys else [],
-        "event_types": sorted(set(cues.event_types) & set(event_types_in(row["content"] or ""))),
+        # read only when the query names an event type: the content's units again, for most queries in vain
+        "event_types": sorted(set(cues.event_types) & set(event_types_in(row["content"] or "")))
+        if cues.event_types
+        else [],
     }
     if cues.time is not None:
         found["time"] = cues.time.words
