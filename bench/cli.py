@@ -57,9 +57,16 @@ def conversations_command(
     k: int = typer.Option(10, help="hits per question"),
     ingest: bool = typer.Option(True, help="publish the turns first (--no-ingest: they are in the service)"),
     record: bool = typer.Option(True, help="write bench/results/conversations-<UTC>.json and BENCHMARKS.md's table"),
+    access_recording: bool = typer.Option(
+        False, help="the private API records what it serves (off: every question asks the same ledger)"
+    ),
 ) -> None:
     """Conversational recall on the dev set: any/frac/MRR@k per category and mode, p50/p95 latency,
-    beside a plain BM25 over the same turns; on private services (worker, indexer, embedder, API) unless --url."""
+    beside a plain BM25 over the same turns; on private services (worker, indexer, embedder, API) unless --url.
+
+    The private API records no accesses unless asked: each question is a probe of the same ledger, and an access
+    recorded for one answer would reorder the ties of the later ones, by how much of it the worker had projected
+    when they were asked, so two runs would differ."""
     import httpx
     import orjson
     from rich.progress import Progress
@@ -94,11 +101,12 @@ def conversations_command(
             unique_name(f"conv_{stamp.lower()}"),
             api_port=free_port(),
             api_keys={"conv-key": [cv.tenant(c) for c in convs]},
+            access_recording=access_recording,
         )
         try:
             with Services(s, s.log_dir / f"conversations-{stamp}") as svc:
                 svc.start("worker", "indexer", "embedder", "api")
-                result = run(svc.url, "conv-key", settle=lambda: cv.settle(s))
+                result = {"access_recording": access_recording, **run(svc.url, "conv-key", settle=lambda: cv.settle(s))}
         finally:
             drop_private(s)
     for row in [*cv.table_rows(result), "", *cv.stage_rows(result)]:

@@ -305,6 +305,15 @@ def stage_rows(result: dict[str, Any]) -> list[str]:
 SECTION = "## Conversational recall on the dev set"
 
 
+def _recording_note(recording: bool | None) -> str:
+    """What the section says of access recording (None: a running service, whose setting the bench cannot see)."""
+    if recording is None:
+        return ""
+    if recording:
+        return " The API recorded what it served (earlier answers may reorder later ties)."
+    return " The API recorded no accesses: every question asked the same ledger."
+
+
 def write_section(md: Path, path: Path, result: dict[str, Any]) -> None:
     """Replace (or append) this benchmark's section of BENCHMARKS.md, below bench/report.py's keep marker."""
     text = md.read_text() if md.exists() else ""
@@ -314,7 +323,8 @@ def write_section(md: Path, path: Path, result: dict[str, Any]) -> None:
         f"`python -m bench conversations` ({path.name}; bench/conversations.py: the shared harness's protocol, "
         f"k={result['k']}, {result.get('turns', '?')} turns, searchable by every stage "
         f"{result.get('searchable_after_s', '?')} s after the last publish). Latency is the client's, over HTTP, "
-        "one question at a time, on this 2-core machine shared with other work.",
+        "one question at a time, on this 2-core machine shared with other work."
+        + _recording_note(result.get("access_recording")),
         "",
         *table_rows(result),
         "",
