@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from projections.search.cues import Cues, canonical, event_types_in, key_phrases, subject_ids, units
@@ -30,6 +31,7 @@ __all__ = [
     "prior",
     "score",
     "scored",
+    "text_units",
 ]
 
 BAND = 1.0  # the width of a band: tiers' floors differ by at least this much
@@ -37,6 +39,28 @@ MAX_ACCESS_WEIGHT = 0.1  # the largest share of the prior the access signal may 
 ACCESS_SATURATION = 100  # accesses at which the frequency half of the signal is full (log scale below)
 ACCESS_HALF_LIFE_DAYS = 7.0  # recency of the last access
 assert 0.9 + 0.09 * (1 + MAX_ACCESS_WEIGHT) < BAND  # the strongest fuzzy hit stays below the weakest exact one
+
+# Texts whose units a process keeps: a version's text never changes, and successive recalls over one tenant verify
+# many of the same versions, whose units would otherwise be read again on every call. Short texts only (a short
+# turn's entry is a few KB), so the cache stays a few MB and a long text cannot fill it.
+TEXT_UNITS_CACHED, CACHED_TEXT_CHARS = 2048, 1000
+
+
+def text_units(text: str) -> frozenset[str]:
+    """The distinct units of a hit's text (content, aliases and key phrases)."""
+    return _kept_units(text) if len(text) <= CACHED_TEXT_CHARS else frozenset(units(text))
+
+
+@lru_cache(maxsize=TEXT_UNITS_CACHED)
+def _kept_units(text: str) -> frozenset[str]:
+    return frozenset(units(text))
+
+
+@lru_cache(maxsize=TEXT_UNITS_CACHED)
+def _canonical(text: str) -> str:
+    return canonical(text)
+
+
 Strength = Callable[[Match, float], float]  # (the match, its overlap) -> its strength in its tier, in [0, 1]
 
 
@@ -71,10 +95,10 @@ def prior(row: dict[str, Any], at: datetime, access: float = 0.0, weight: float 
 
 def matched(row: dict[str, Any], cues: Cues) -> tuple[dict[str, Any], float]:
     """Which cues this row carries, and how much of the query's content it covers (0..1)."""
-    ids = {canonical(e) for e in row["entities"] or []} | {canonical(s) for s in subject_ids(row["subject"])}
-    text_units = set(units(" ".join([row["content"] or "", *(row["aliases"] or []), *key_phrases(row["key"])])))
+    ids = {_canonical(e) for e in row["entities"] or []} | {_canonical(s) for s in subject_ids(row["subject"])}
+    has = text_units(" ".join([row["content"] or "", *(row["aliases"] or []), *key_phrases(row["key"])]))
     counts = cues.unit_counts  # a long query repeats units: count each distinct one once per hit
-    overlap = sum(n for u, n in counts.items() if u in text_units) / len(cues.content_units) if counts else 0.0
+    overlap = sum(n for u, n in counts.items() if u in has) / len(cues.content_units) if counts else 0.0
     found = {
         "entities": [e for e in cues.known_entities if canonical(e) in ids],
         "keys": [row["key"]] if row["key"] in cues.keys else [],
