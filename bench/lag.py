@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 import httpx
 import orjson
 import psycopg
+from elasticsearch import NotFoundError
 from psycopg import sql
 
 from bench.dataset import ATTRIBUTES, generate
@@ -91,6 +93,7 @@ class _State:
     probes: list[_Probe] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: threading.Event = field(default_factory=threading.Event)
+    failed: list[str] = field(default_factory=list)  # a poller that died: its probes' lag would read as never seen
 
     def pending(self, attr: str) -> list[_Probe]:
         with self.lock:
@@ -169,9 +172,11 @@ def _doc_poller(settings: Settings, st: _State, deadline: list[float]) -> None:
         while not (st.done.is_set() and not st.pending("doc")) and time.perf_counter() < deadline[0]:
             pending = {version_id_for(PROBE_TENANT, p.event_id): p for p in st.pending("doc")}
             if pending:
-                res = es.search(
-                    index=settings.es_index, query={"ids": {"values": list(pending)}}, size=len(pending), source=False
-                )
+                try:
+                    ids = {"ids": {"values": list(pending)}}
+                    res = es.search(index=settings.es_index, query=ids, size=len(pending), source=False)
+                except NotFoundError:  # the indexer has not created the index yet: nothing is searchable
+                    res = {"hits": {"hits": []}}
                 t = time.perf_counter()
                 for h in res["hits"]["hits"]:
                     pending[h["_id"]].doc = t
@@ -192,6 +197,15 @@ def _recall_poller(url: str, api_key: str, st: _State, deadline: list[float]) ->
             time.sleep(0.02)  # a poll round every ~20 ms: fine enough, without starving the indexer of CPU
 
 
+def _guarded(st: _State, poll: Callable[..., None], *args: Any) -> None:
+    """Run one poller; if it dies, say so in `st` (the measurement then fails instead of reporting fewer probes)."""
+    try:
+        poll(*args)
+    except Exception as exc:
+        st.failed.append(f"{poll.__name__}: {type(exc).__name__}: {exc}")
+        raise
+
+
 def measure_lag(
     settings: Settings, url: str, api_key: str, rate: float, *, duration: float = 30.0, probe_rate: float = 2.0
 ) -> dict[str, Any]:
@@ -199,18 +213,21 @@ def measure_lag(
     st = _State()
     pub: dict[str, Any] = {}
     deadline = [time.perf_counter() + duration + 120]
-    threads = [
-        threading.Thread(target=_pg_poller, args=(settings, st, deadline), daemon=True),
-        threading.Thread(target=_doc_poller, args=(settings, st, deadline), daemon=True),
-        threading.Thread(target=_recall_poller, args=(url, api_key, st, deadline), daemon=True),
-        threading.Thread(target=_vector_poller, args=(settings, st, deadline), daemon=True),
+    pollers: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
+        (_pg_poller, (settings, st, deadline)),
+        (_doc_poller, (settings, st, deadline)),
+        (_recall_poller, (url, api_key, st, deadline)),
+        (_vector_poller, (settings, st, deadline)),
     ]
+    threads = [threading.Thread(target=_guarded, args=(st, fn, *args), daemon=True) for fn, args in pollers]
     for t in threads:
         t.start()
     _publisher(settings, rate, duration, probe_rate, st, pub)
     st.done.set()
     for t in threads:
         t.join(timeout=130)
+    if st.failed:
+        raise RuntimeError(f"a lag poller died: {'; '.join(st.failed)}")
     out: dict[str, Any] = {
         "target_rate_per_s": round(rate, 1),
         "achieved_rate_per_s": round((pub["load_events"] + pub["probes"]) / pub["seconds"], 1),
