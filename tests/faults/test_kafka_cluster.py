@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from infra.kafka_cluster import KafkaCluster
+from infra.kafka_cluster import KafkaCluster, PartitionState
 from infra.private import free_ports
 from producers.contract import MemoryEvent
 from producers.sdk import LedgerProducer, PublishError, PublishResult
@@ -142,8 +142,15 @@ def test_broker_killed_and_restarted_during_ingest_loses_nothing_and_doubles_not
 
     # the product's own topic creation, on settings alone: RF 3, min.insync.replicas 2
     ensure_topics(settings)
-    layout = cluster.partitions(topics)
-    assert len(layout) == 3 * settings.topic_partitions, layout
+    # the broker asked may not have the just-created topics' metadata yet (it describes none of them until it has),
+    # and a new partition's followers join its ISR a moment after its leader
+    layout: list[PartitionState] = []
+
+    def described() -> bool:
+        layout[:] = cluster.partitions(topics)
+        return len(layout) == 3 * settings.topic_partitions and all(len(p.isr) == BROKERS for p in layout)
+
+    wait_for(described, 30, 0.2, "every partition of the new topics described with its replicas in sync")
     assert all(len(p.replicas) == BROKERS and len(p.isr) == BROKERS for p in layout), layout
     # the broker asked may not have replayed a just-created topic's config yet: it reports none until it has
     configs: dict[str, str | None] = {}
