@@ -100,7 +100,7 @@ def matched(row: dict[str, Any], cues: Cues) -> tuple[dict[str, Any], float]:
     counts = cues.unit_counts  # a long query repeats units: count each distinct one once per hit
     overlap = sum(n for u, n in counts.items() if u in has) / len(cues.content_units) if counts else 0.0
     found = {
-        "entities": [e for e in cues.known_entities if canonical(e) in ids],
+        "entities": [e for e in cues.known_entities if _canonical(e) in ids],
         "keys": [row["key"]] if row["key"] in cues.keys else [],
         # read only when the query names an event type: the content's units again, for most queries in vain
         "event_types": sorted(set(cues.event_types) & set(event_types_in(row["content"] or "")))
