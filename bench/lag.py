@@ -136,18 +136,19 @@ def _publisher(settings: Settings, rate: float, duration: float, probe_rate: flo
 
 
 def _pg_poller(settings: Settings, st: _State, deadline: list[float]) -> None:
+    """When each probe's version row is in PostgreSQL, asked by its primary key (an ask by event id would scan the
+    table every 5 ms, and the measurement would load the server it measures)."""
     with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        q = sql.SQL("SELECT event_id FROM {} WHERE event_id = ANY(%s)").format(
+        q = sql.SQL("SELECT version_id FROM {} WHERE version_id = ANY(%s)").format(
             sql.Identifier(settings.pg_schema, "fact_versions")
         )
         while not (st.done.is_set() and not st.pending("pg")) and time.perf_counter() < deadline[0]:
-            pending = st.pending("pg")
+            pending = {version_id_for(PROBE_TENANT, p.event_id): p for p in st.pending("pg")}
             if pending:
-                seen = {row[0] for row in conn.execute(q, ([p.event_id for p in pending],))}
+                seen = {row[0] for row in conn.execute(q, (list(pending),))}
                 t = time.perf_counter()
-                for p in pending:
-                    if p.event_id in seen:
-                        p.pg = t
+                for vid in seen:
+                    pending[vid].pg = t
             time.sleep(0.005)
 
 

@@ -7,6 +7,10 @@
   for the few statements that delete the claimed rows, adjust the shared counters (shard -1) and append to
   vocab_log. So counter rows are never locked in two orders (no deadlock), and vocab_log's sequence numbers are
   drawn in commit order, which the API's vocabulary watermark needs (projections.search.vocab).
+- `delete_claimed`: a batch's finished rows leave their queue by a join from the array of their keys, which
+  probes the queue's unique index whatever its statistics say (a queue swings between empty and thousands of rows
+  between two analyses, and on such statistics `key = ANY(array)` can be planned as a scan of the whole table or of
+  another index).
 - `writing`: an indexer writes to the index under the reindex lock in shared mode (`pg_try_advisory_xact_lock_
   shared`); `ledger reindex` takes it exclusively, so no batch lands in the old index after the reindex read
   its rows; the indexers' batches wait (skip) until the alias has switched.
@@ -14,11 +18,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import psycopg
 
 from producers.settings import Settings
 
-__all__ = ["finish", "reindex_key", "release_reindex", "take_reindex", "writing"]
+__all__ = ["DELETE_CLAIMED", "delete_claimed", "finish", "reindex_key", "release_reindex", "take_reindex", "writing"]
+
+# per queue: its finished rows by their unique key, each row's tenant returned (the counters' deltas)
+DELETE_CLAIMED = {
+    "search_outbox": "DELETE FROM search_outbox q USING unnest(%s::bigint[]) AS d(k) WHERE q.id = d.k "
+    "RETURNING q.tenant",
+    "embed_queue": "DELETE FROM embed_queue q USING unnest(%s::text[]) AS d(k) WHERE q.version_id = d.k "
+    "RETURNING q.tenant",
+}
 
 
 def _key(settings: Settings, name: str) -> str:
@@ -48,3 +62,9 @@ def release_reindex(conn: psycopg.Connection, settings: Settings) -> None:
 def finish(conn: psycopg.Connection, settings: Settings) -> None:
     """In the caller's transaction, before its closing statements: serialize them with every other batch's."""
     conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_key(settings, "search_finish"),))
+
+
+def delete_claimed(conn: psycopg.Connection | psycopg.Cursor, queue: str, keys: Sequence[int | str]) -> list[str]:
+    """Delete `queue`'s rows with these keys (search_outbox: ids, embed_queue: version ids); each deleted row's
+    tenant."""
+    return [tenant for (tenant,) in conn.execute(DELETE_CLAIMED[queue], (list(keys),)).fetchall()]

@@ -27,7 +27,7 @@ from projections.embedding import Embedder, Embedders, load_embedder
 from projections.postgres.connection import search_path
 from projections.postgres.counts import EMBED, INDEXER_SHARD, OUTBOX, add_counts
 from projections.search import metrics
-from projections.search.claims import finish
+from projections.search.claims import delete_claimed, finish
 from projections.search.client import es_client
 from projections.search.documents import embedding_text_for
 from projections.search.drain import EMBED_CHANNEL, OUTBOX_CHANNEL, drain_forever, lower_priority, notify
@@ -108,13 +108,11 @@ def complete(
         if queued:
             notify(conn, OUTBOX_CHANNEL)  # the indexers wake when this commits, to write the vectors
         finished = [c["version_id"] for c in gone + ready] + stored
-        removed = cur.execute(
-            "DELETE FROM embed_queue WHERE version_id = ANY(%s) RETURNING tenant", (finished,)
-        ).fetchall()
+        removed = delete_claimed(cur, "embed_queue", finished)
     deltas: Counter = Counter()
     for (tenant,) in queued:
         deltas[(tenant, OUTBOX)] += 1
-    for (tenant,) in removed:
+    for tenant in removed:
         deltas[(tenant, EMBED)] -= 1
     add_counts(conn, deltas, shard=INDEXER_SHARD)
     stats.stored, stats.complete, stats.gone = len(stored), len(ready), len(gone)

@@ -28,7 +28,7 @@ from projections.models import model_spec
 from projections.postgres.connection import search_path
 from projections.postgres.counts import INDEXER_SHARD, OUTBOX, add_counts
 from projections.search import metrics
-from projections.search.claims import finish, reindex_key, writing
+from projections.search.claims import delete_claimed, finish, reindex_key, writing
 from projections.search.client import es_client
 from projections.search.documents import build_doc, rows_sql
 from projections.search.drain import (
@@ -222,9 +222,9 @@ def _drain(
             since[vid] = min(since.get(vid, created), created)
     unembedded = [(v, rows[v]["tenant"], since[v]) for v in sorted(since) if lacking(settings, rows[v])]
     finish(conn, settings)  # the closing statements, serialized with every other indexer's and embedder's
-    gone = conn.execute("DELETE FROM search_outbox WHERE id = ANY(%s) RETURNING tenant", (done,)).fetchall()
+    gone = delete_claimed(conn, "search_outbox", done)
     deltas: Counter = Counter()
-    for (tenant,) in gone:  # /v1/stats' counters, in the same transaction (projections.postgres.counts)
+    for tenant in gone:  # /v1/stats' counters, in the same transaction (projections.postgres.counts)
         deltas[(tenant, OUTBOX)] -= 1
     if gone:
         notify(conn, INDEXED_CHANNEL)  # reads waiting for these documents (api.consistency) wake when this commits
