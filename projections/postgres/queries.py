@@ -163,8 +163,8 @@ async def current_facts(
     logged below those positions, re-folded."""
     if known_at is not None or below is not None:
         async with _one_snapshot(conn):
-            chain_rows = await _subject_chain_rows(
-                conn, _known(known_at, below), _chain_args(tenant, subject, known_at, below)
+            chain_rows = await _chain_rows(
+                conn, "subject", _known(known_at, below), _chain_args(tenant, subject, known_at, below)
             )
         return await shaped(len(chain_rows[0]), _known_facts, chain_rows, as_of, below is not None)
     rows, _ = await _page_rows(
@@ -288,7 +288,7 @@ async def _subject_chains(
     """The subject's versions and marks (retractions, confirmations) per memory_id, observed by `known_at` and
     logged below `below` if given."""
     args = _chain_args(tenant, subject, known_at, below)
-    return _chains(*await _subject_chain_rows(conn, _known(known_at, below), args))
+    return _chains(*await _chain_rows(conn, "subject", _known(known_at, below), args))
 
 
 def _known(known_at: datetime | None, below: Mapping[int, int] | None) -> sql.Composable:
@@ -302,22 +302,24 @@ def _chain_args(
     return {"tenant": tenant, "subject": subject, "known_at": known_at, "below": _below_json(below)}
 
 
-async def _subject_chain_rows(
-    conn: psycopg.AsyncConnection, known: sql.Composable, args: Mapping[str, Any]
+_CHAIN_OF = {"subject": sql.SQL("subject = %(subject)s"), "memory_id": sql.SQL("memory_id = %(memory_id)s")}
+
+
+async def _chain_rows(
+    conn: psycopg.AsyncConnection, of: str, known: sql.Composable, args: Mapping[str, Any]
 ) -> tuple[list[tuple], list[tuple]]:
+    """The version rows and the marks' event rows (memory_id first) of one subject's facts or of one fact (`of`:
+    "subject" or "memory_id", named in `args` with the tenant), both filtered by `known`."""
+    of_sql = _CHAIN_OF[of]
     cur = await conn.execute(
-        sql.SQL("SELECT {} FROM fact_versions WHERE tenant = %(tenant)s AND subject = %(subject)s{}").format(
-            _COLS, known
-        ),
-        args,
+        sql.SQL("SELECT {} FROM fact_versions WHERE tenant = %(tenant)s AND {}{}").format(_COLS, of_sql, known), args
     )
     version_rows = await _rows(cur)
     cur = await conn.execute(
         sql.SQL(
             "SELECT memory_id, event_id, type, valid_from, observed_at, target_version FROM events "
-            "WHERE tenant = %(tenant)s AND subject = %(subject)s "
-            "AND type IN ('memory.retracted', 'memory.confirmed'){}"
-        ).format(known),
+            "WHERE tenant = %(tenant)s AND {} AND type IN ('memory.retracted', 'memory.confirmed'){}"
+        ).format(of_sql, known),
         args,
     )
     return version_rows, await _rows(cur)
@@ -379,26 +381,11 @@ async def _history_below(
 ) -> list[shapes.FactVersion]:
     args = {"tenant": tenant, "memory_id": memory_id, "below": _below_json(below)}
     async with _one_snapshot(conn):
-        cur = await conn.execute(
-            sql.SQL("SELECT {} FROM fact_versions WHERE tenant = %(tenant)s AND memory_id = %(memory_id)s{}").format(
-                _COLS, _BELOW
-            ),
-            args,
-        )
-        version_rows = await _rows(cur)
-        cur = await conn.execute(
-            sql.SQL(
-                "SELECT event_id, type, valid_from, observed_at, target_version FROM events "
-                "WHERE tenant = %(tenant)s AND memory_id = %(memory_id)s "
-                "AND type IN ('memory.retracted', 'memory.confirmed'){}"
-            ).format(_BELOW),
-            args,
-        )
-        mark_rows = await _rows(cur)
+        version_rows, mark_rows = await _chain_rows(conn, "memory_id", _BELOW, args)
 
     def refolded() -> list[shapes.FactVersion]:
         versions = [row_to_version(r) for r in version_rows]
-        marks = [Mark(eid, typ, vf, obs, target) for eid, typ, vf, obs, target in mark_rows]
+        marks = [Mark(eid, typ, vf, obs, target) for _, eid, typ, vf, obs, target in mark_rows]
         return [version_dict(v) for v in fold(versions, marks)]
 
     return await shaped(len(version_rows) + len(mark_rows), refolded)
@@ -452,7 +439,7 @@ async def subject_events(
         )
         rows = await _rows(cur)
         args = _chain_args(tenant, subject, None, below)
-        chain_rows = await _subject_chain_rows(conn, _known(None, below), args) if rows else ([], [])
+        chain_rows = await _chain_rows(conn, "subject", _known(None, below), args) if rows else ([], [])
     return await shaped(len(rows) + len(chain_rows[0]), _ledger_events, rows, chain_rows)
 
 
