@@ -7,10 +7,8 @@
   for the few statements that delete the claimed rows, adjust the shared counters (shard -1) and append to
   vocab_log. So counter rows are never locked in two orders (no deadlock), and vocab_log's sequence numbers are
   drawn in commit order, which the API's vocabulary watermark needs (projections.search.vocab).
-- `delete_claimed`: a batch's finished rows leave their queue by a join from the array of their keys, which
-  probes the queue's unique index whatever its statistics say (a queue swings between empty and thousands of rows
-  between two analyses, and on such statistics `key = ANY(array)` can be planned as a scan of the whole table or of
-  another index).
+- `delete_claimed`: a batch's finished rows leave their queue by their keys, in one statement for both queues; the
+  drain loop's connection plans it at each call (projections.search.drain), as a queue's size swings.
 - `writing`: an indexer writes to the index under the reindex lock in shared mode (`pg_try_advisory_xact_lock_
   shared`); `ledger reindex` takes it exclusively, so no batch lands in the old index after the reindex read
   its rows; the indexers' batches wait (skip) until the alias has switched.
@@ -28,10 +26,8 @@ __all__ = ["DELETE_CLAIMED", "delete_claimed", "finish", "reindex_key", "release
 
 # per queue: its finished rows by their unique key, each row's tenant returned (the counters' deltas)
 DELETE_CLAIMED = {
-    "search_outbox": "DELETE FROM search_outbox q USING unnest(%s::bigint[]) AS d(k) WHERE q.id = d.k "
-    "RETURNING q.tenant",
-    "embed_queue": "DELETE FROM embed_queue q USING unnest(%s::text[]) AS d(k) WHERE q.version_id = d.k "
-    "RETURNING q.tenant",
+    "search_outbox": "DELETE FROM search_outbox WHERE id = ANY(%s) RETURNING tenant",
+    "embed_queue": "DELETE FROM embed_queue WHERE version_id = ANY(%s) RETURNING tenant",
 }
 
 

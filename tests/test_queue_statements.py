@@ -1,0 +1,109 @@
+"""The work queues (the indexers' outbox, the embedders' queue) on the real PostgreSQL, in a private schema.
+
+- A batch's finished rows leave by their keys (projections.search.claims.delete_claimed): exactly those rows, each
+  row's tenant returned once for the counters, a key no longer queued deleting nothing.
+- A queue's size swings from a few rows to thousands between two batches, and a plan PostgreSQL cached while it
+  was small keeps scanning it whole once it has grown; the drain loop's connection therefore prepares no statement
+  (each is planned at its call, on the table as it is then).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from producers.settings import Settings
+from projections.postgres.schema import create_schema, drop_schema
+from projections.search.claims import DELETE_CLAIMED, delete_claimed
+from projections.search.drain import drain_forever
+from projections.search.indexer import CLAIM_FIRST
+from tests.support.stores import pg
+
+# each queue's rows as its writers insert them, and the key its finished rows are deleted by
+FILL = {
+    "search_outbox": "INSERT INTO search_outbox (version_id, tenant, subject, op, priority) "
+    "SELECT 'v' || g, 't' || (g % 3), 's', 'upsert', g % 2 FROM generate_series(1, %s) g",
+    "embed_queue": "INSERT INTO embed_queue (version_id, tenant, since) "
+    "SELECT 'v' || g, 't' || (g % 3), now() FROM generate_series(1, %s) g",
+}
+KEY = {"search_outbox": "id", "embed_queue": "version_id"}
+
+
+@pytest.fixture
+def conn(settings: Settings) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
+        create_schema(admin, settings.pg_schema)
+    c = pg(settings)
+    try:
+        yield c
+    finally:
+        c.close()
+        with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
+            drop_schema(admin, settings.pg_schema)
+
+
+@pytest.mark.parametrize("queue", sorted(DELETE_CLAIMED))
+def test_delete_claimed_removes_exactly_the_given_rows(conn: psycopg.Connection, queue: str) -> None:
+    conn.execute(FILL[queue].replace("%s", "30"))
+    rows = conn.execute(f"SELECT {KEY[queue]}, tenant FROM {queue} ORDER BY id").fetchall()
+    chosen = rows[3:12]
+    absent = [10**9] if queue == "search_outbox" else ["v-never-queued"]
+    twice = [chosen[0][0]]  # a key given twice deletes its row once: the counters move once
+    gone = delete_claimed(conn, queue, [k for k, _ in chosen] + absent + twice)
+    assert sorted(gone) == sorted(t for _, t in chosen)  # each row's tenant once; a key not queued deletes nothing
+    left = conn.execute(f"SELECT {KEY[queue]} FROM {queue} ORDER BY id").fetchall()
+    assert [k for (k,) in left] == [k for k, _ in rows[:3] + rows[12:]]
+    assert delete_claimed(conn, queue, []) == []
+
+
+def _plan(conn: psycopg.Connection, statement: str) -> str:
+    return "\n".join(r for (r,) in conn.execute(f"EXPLAIN {statement}"))
+
+
+def test_a_plan_cached_while_the_queue_was_small_scans_it_whole_once_it_has_grown(conn: psycopg.Connection) -> None:
+    """Why the drain loop prepares nothing: PostgreSQL's own behaviour, which these statements must not meet."""
+    conn.execute(FILL["search_outbox"].replace("%s", "5"))
+    conn.execute("ANALYZE search_outbox")
+    conn.execute(f"PREPARE finished(bigint[]) AS {DELETE_CLAIMED['search_outbox'].replace('%s', '$1')}")
+    for _ in range(6):  # after five custom plans PostgreSQL keeps the generic one, made on five rows
+        _plan(conn, "EXECUTE finished('{1,2,3}')")
+    # a backlog, mostly drained since: the table's pages hold it, its statistics still say five rows
+    conn.execute(FILL["search_outbox"].replace("%s", "100000"))
+    conn.execute("DELETE FROM search_outbox WHERE id <= 95000")
+    newest = conn.execute("SELECT id FROM search_outbox ORDER BY id DESC LIMIT 300").fetchall()
+    keys = "{" + ",".join(str(k) for (k,) in newest) + "}"
+    cached = _plan(conn, f"EXECUTE finished('{keys}')")
+    planned_now = _plan(conn, DELETE_CLAIMED["search_outbox"].replace("%s", f"'{keys}'::bigint[]"))
+    assert "Seq Scan on search_outbox" in cached, cached
+    assert "search_outbox_pkey" in planned_now and "Seq Scan" not in planned_now, planned_now
+
+
+def test_the_drain_loops_connection_prepares_no_statement(settings: Settings, conn: psycopg.Connection) -> None:
+    conn.execute(FILL["search_outbox"].replace("%s", "200"))
+    conn.execute(FILL["embed_queue"].replace("%s", "200"))
+    prepared: list[int] = []
+
+    def once(loop_conn: psycopg.Connection) -> bool:
+        for _ in range(8):  # a connection that prepares does it at a statement's fifth call (psycopg's default)
+            with loop_conn.transaction():
+                claimed = loop_conn.execute(CLAIM_FIRST, (10,)).fetchall()
+                delete_claimed(loop_conn, "search_outbox", [row[0] for row in claimed])
+                versions = [v for (v,) in loop_conn.execute("SELECT version_id FROM embed_queue ORDER BY id LIMIT 10")]
+                delete_claimed(loop_conn, "embed_queue", versions)
+        prepared.append(loop_conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0])
+        return False
+
+    drain_forever(
+        settings,
+        once,
+        channels=(),
+        poll_seconds=0,
+        log=logging.getLogger("test"),
+        record_error=lambda store: pytest.fail(f"a round failed ({store})"),
+        stop=lambda: bool(prepared),
+    )
+    assert prepared == [0]
+    assert conn.execute("SELECT count(*) FROM search_outbox").fetchone()[0] == 200 - 80  # the rounds did their work
