@@ -591,11 +591,12 @@ def projection_checksum(conn: psycopg.Connection, schema: str) -> str:
 _ACCESS_COUNTERS = """
 SELECT name, coalesce(sum(n), 0) FROM counts WHERE tenant = %(tenant)s AND name = ANY(%(names)s) GROUP BY name
 """
+# any version of a fact names its subject, key and scope (its memory_id is their digest): the first one found
 _MOST_SERVED = """
 SELECT a.memory_id, v.subject, v.key, v.scope, a.accesses, a.last_accessed_at
 FROM access_counts a
 JOIN LATERAL (SELECT f.subject, f.key, f.scope FROM fact_versions f WHERE f.memory_id = a.memory_id
-              AND f.tenant = a.tenant ORDER BY f.version DESC LIMIT 1) v ON true
+              AND f.tenant = a.tenant LIMIT 1) v ON true
 WHERE a.tenant = %(tenant)s
 ORDER BY a.accesses DESC, a.last_accessed_at DESC, a.memory_id
 LIMIT %(top)s

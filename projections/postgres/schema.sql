@@ -79,7 +79,18 @@ CREATE TABLE IF NOT EXISTS fact_versions (
 -- invariant 1: at most one active, open-ended, non-superseded version per fact
 CREATE UNIQUE INDEX IF NOT EXISTS fact_versions_one_current ON fact_versions (memory_id)
     WHERE status = 'active' AND valid_to IS NULL AND superseded_by IS NULL;
-CREATE INDEX IF NOT EXISTS fact_versions_memory ON fact_versions (memory_id, version);
+-- a fact's chain by memory_id alone, its order (version) sorted per ask: a renumbering (a late version lands before
+-- others), a confirmation or a new revision then changes no indexed column, and with the page's free room below the
+-- update stays on its page (HOT) and writes no index entry
+CREATE INDEX IF NOT EXISTS fact_versions_chain ON fact_versions (memory_id);
+DROP INDEX IF EXISTS fact_versions_memory;
+DO $$
+BEGIN
+    IF NOT coalesce((SELECT 'fillfactor=90' = ANY (reloptions) FROM pg_class WHERE oid = 'fact_versions'::regclass),
+                    false) THEN
+        ALTER TABLE fact_versions SET (fillfactor = 90);
+    END IF;
+END $$;
 CREATE INDEX IF NOT EXISTS fact_versions_subject ON fact_versions (tenant, subject, memory_id);
 
 CREATE TABLE IF NOT EXISTS search_outbox (
