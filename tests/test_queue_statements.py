@@ -4,19 +4,25 @@
   row's tenant returned once for the counters, a key no longer queued deleting nothing.
 - A queue's size swings from a few rows to thousands between two batches, and a plan PostgreSQL cached while it
   was small keeps scanning it whole once it has grown; the drain loop's connection therefore prepares no statement
-  (each is planned at its call, on the table as it is then).
+  (each is planned at its call, on the table as it is then), and the API's reads of the queues (read-your-writes
+  waits, /v1/stats) are planned at each call on its connections, which otherwise keep generic plans.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 
 import psycopg
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
 from producers.settings import Settings
+from projections.postgres.connection import configure_pool
+from projections.postgres.positions import search_mark_async, search_pending_async
 from projections.postgres.schema import create_schema, drop_schema
+from projections.postgres.stats import stats_counts
 from projections.search.claims import DELETE_CLAIMED, delete_claimed
 from projections.search.drain import drain_forever
 from projections.search.indexer import CLAIM_FIRST
@@ -107,3 +113,35 @@ def test_the_drain_loops_connection_prepares_no_statement(settings: Settings, co
     )
     assert prepared == [0]
     assert conn.execute("SELECT count(*) FROM search_outbox").fetchone()[0] == 200 - 80  # the rounds did their work
+
+
+def test_the_apis_reads_of_a_queue_are_planned_at_each_call(settings: Settings, conn: psycopg.Connection) -> None:
+    conn.execute(FILL["search_outbox"].replace("%s", "50"))
+    conn.execute(FILL["embed_queue"].replace("%s", "50"))
+
+    async def ask() -> list[str]:
+        pool = AsyncConnectionPool(  # the API's pool: its connections keep the generic plan of what they prepare
+            settings.pg_dsn,
+            min_size=1,
+            max_size=1,
+            configure=configure_pool(settings.pg_schema, generic_plans=True),
+            open=False,
+            kwargs={"autocommit": True},
+        )
+        await pool.open()
+        try:
+            async with pool.connection() as c:
+                for _ in range(8):  # psycopg prepares a statement at its fifth call
+                    assert await search_mark_async(c, "search_outbox") > 0
+                    await search_mark_async(c, "embed_queue")
+                    assert await search_pending_async(c, "search_outbox", "t1", 10**9, new_only=True)
+                    assert await search_pending_async(c, "embed_queue", "t1", 10**9)
+                    lag = (await stats_counts(c, "t1", settings.topic))["search_lag"]
+                    assert lag["documents_lag_s"] is not None and lag["vectors_lag_s"] is not None  # the oldest rows
+                cur = await c.execute("SELECT statement FROM pg_prepared_statements")
+                return [r[0] for r in await cur.fetchall()]
+        finally:
+            await pool.close()
+
+    prepared = asyncio.run(ask())
+    assert not [q for q in prepared if "search_outbox" in q or "embed_queue" in q], prepared

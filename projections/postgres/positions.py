@@ -17,6 +17,7 @@ from psycopg import sql
 from producers.settings import Settings
 
 __all__ = [
+    "QUEUE_READ_PREPARED",
     "advance_positions",
     "lock_positions",
     "reached_async",
@@ -61,12 +62,17 @@ async def reached_async(
 # one that queued the version's outbox row again. Ids grow, so "none of the tenant's rows up to the mark taken
 # after X committed is left" means X went through that stage.
 _SEARCH_QUEUES = {"search_outbox", "embed_queue"}
+# A queue's size swings from a few rows to thousands between two reads, and a plan cached at one size (the API's
+# connections keep generic plans) is wrong at the other: a read of a queue is planned at each call.
+QUEUE_READ_PREPARED = False
 
 
 async def search_mark_async(conn: psycopg.AsyncConnection, queue: str) -> int:
     """The newest id of `queue` (search_outbox or embed_queue), 0 when empty."""
     assert queue in _SEARCH_QUEUES
-    cur = await conn.execute(sql.SQL("SELECT coalesce(max(id), 0) FROM {}").format(sql.Identifier(queue)))
+    cur = await conn.execute(
+        sql.SQL("SELECT coalesce(max(id), 0) FROM {}").format(sql.Identifier(queue)), prepare=QUEUE_READ_PREPARED
+    )
     row = await cur.fetchone()
     return int(row[0]) if row else 0
 
@@ -81,7 +87,7 @@ async def search_pending_async(
     query = sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE tenant = %s AND id <= %s{})").format(
         sql.Identifier(queue), sql.SQL(" AND priority = 0" if new_only else "")
     )
-    cur = await conn.execute(query, (tenant, upto))
+    cur = await conn.execute(query, (tenant, upto), prepare=QUEUE_READ_PREPARED)
     row = await cur.fetchone()
     return bool(row and row[0])
 

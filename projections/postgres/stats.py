@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 
 from projections.postgres.counts import ACCESS_COUNTERS, EMBED, EVENTS, OUTBOX, VERSIONS, dead_letters_name
+from projections.postgres.positions import QUEUE_READ_PREPARED
 from projections.postgres.queries import invariant_counts
 
 __all__ = ["INVARIANT_CAP", "SUSPECT", "recount_check", "stats_counts"]
@@ -63,7 +64,8 @@ SELECT count(*) FROM (SELECT memory_id FROM fact_versions
 
 async def stats_counts(conn: psycopg.AsyncConnection, tenant: str, topic: str) -> dict[str, Any]:
     """The PostgreSQL numbers of /v1/stats for `tenant` (its dead letters of `topic`): counters and bounded checks."""
-    cur = await conn.execute(_STATS, {"tenant": tenant, "dead": dead_letters_name(topic), "cap": INVARIANT_CAP + 1})
+    args = {"tenant": tenant, "dead": dead_letters_name(topic), "cap": INVARIANT_CAP + 1}
+    cur = await conn.execute(_STATS, args, prepare=QUEUE_READ_PREPARED)  # it reads the queues' oldest rows
     row = await cur.fetchone()
     assert row is not None
     events, versions, dead, outbox, vectors, outbox_age, vectors_age, groups, dups = row[:9]
