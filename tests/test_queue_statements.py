@@ -21,12 +21,11 @@ from psycopg_pool import AsyncConnectionPool
 from producers.settings import Settings
 from projections.postgres.connection import configure_pool
 from projections.postgres.positions import search_mark_async, search_pending_async
-from projections.postgres.schema import create_schema, drop_schema
 from projections.postgres.stats import stats_counts
 from projections.search.claims import DELETE_CLAIMED, delete_claimed
 from projections.search.drain import drain_forever
 from projections.search.indexer import CLAIM_FIRST
-from tests.support.stores import pg
+from tests.support.stores import private_schema
 
 # each queue's rows as its writers insert them, and the key its finished rows are deleted by
 FILL = {
@@ -40,15 +39,8 @@ KEY = {"search_outbox": "id", "embed_queue": "version_id"}
 
 @pytest.fixture
 def conn(settings: Settings) -> Iterator[psycopg.Connection]:
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
-        create_schema(admin, settings.pg_schema)
-    c = pg(settings)
-    try:
+    with private_schema(settings) as c:
         yield c
-    finally:
-        c.close()
-        with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
-            drop_schema(admin, settings.pg_schema)
 
 
 @pytest.mark.parametrize("queue", sorted(DELETE_CLAIMED))

@@ -16,23 +16,15 @@ from psycopg import sql
 
 from producers.settings import Settings
 from projections.postgres.recorder import VERSION_COLUMNS, version_to_row
-from projections.postgres.schema import create_schema, drop_schema
 from projections.versions import additions, plan
 from tests.support.events import asserted
-from tests.support.stores import pg
+from tests.support.stores import private_schema
 
 
 @pytest.fixture
 def conn(settings: Settings) -> Iterator[psycopg.Connection]:
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
-        create_schema(admin, settings.pg_schema)
-    c = pg(settings)
-    try:
+    with private_schema(settings) as c:
         yield c
-    finally:
-        c.close()
-        with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
-            drop_schema(admin, settings.pg_schema)
 
 
 def _stored_chain(conn: psycopg.Connection) -> list[str]:

@@ -6,6 +6,7 @@
   (`projections.postgres.positions`) against the topic's end offsets (`producers.topics`).
 - `outbox_count(conn)`: rows waiting in the search outbox.
 - `private_store(settings)`: a fresh schema (the projection's own DDL) and an ES client, cleaned up after.
+- `private_schema(settings)`: a fresh schema and `pg(settings)` on it, for tests of PostgreSQL alone; dropped after.
 - `cleanup(settings)`: drop everything a test's private names hold (schemas, indices, topics, faust dir).
 - `private_ledger(settings)`: the private topics and an empty projection schema (what an app needs to start and
   answer, without a worker), cleaned up after.
@@ -36,6 +37,7 @@ __all__ = [
     "pg",
     "positions",
     "private_ledger",
+    "private_schema",
     "private_store",
     "wait_caught_up",
 ]
@@ -106,6 +108,20 @@ def private_store(settings: Settings) -> Iterator[tuple[psycopg.Connection, Elas
         with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
             drop_schema(admin, settings.pg_schema)
             drop_schema(admin, settings.keys_schema)  # the key store a recorder created beside it
+
+
+@contextmanager
+def private_schema(settings: Settings) -> Iterator[psycopg.Connection]:
+    """A fresh schema (the projection's own DDL) and an autocommit connection on it (`pg`); dropped after."""
+    with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
+        create_schema(admin, settings.pg_schema)
+    conn = pg(settings)
+    try:
+        yield conn
+    finally:
+        conn.close()
+        with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
+            drop_schema(admin, settings.pg_schema)
 
 
 def cleanup(settings: Settings) -> None:
