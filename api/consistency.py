@@ -113,6 +113,7 @@ async def wait_after(res: Resources, tenant: str, after: str, stage: Stage) -> s
         if phase >= len(phases):
             break
         if time.monotonic() + delay > deadline:
+            await _check_within_log(res, after, targets)
             raise _not_yet(stage, phase, targets, stored)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(changed.wait(), delay)
@@ -125,6 +126,28 @@ async def wait_after(res: Resources, tenant: str, after: str, stage: Stage) -> s
         "stage": stage,
         "waited_ms": round((time.monotonic() - started) * 1000, 1),
     }
+
+
+_LOG_END_WAIT_S = 1.0  # how long a read that timed out asks the broker for the log's end (else: not_yet, as before)
+
+
+async def _check_within_log(res: Resources, after: str, targets: dict[int, int]) -> None:
+    """422 naming `after` for a token past the ledger topic's end (a partition it does not have, an offset not
+    written yet): no write answered it, so waiting again could never help. Asked only of a read about to answer
+    `not_yet`, and only as long as `_LOG_END_WAIT_S`: a broker that cannot say leaves the answer `not_yet`."""
+    try:
+        ends = await asyncio.wait_for(asyncio.to_thread(res.offsets.read), _LOG_END_WAIT_S)
+    except Exception:  # noqa: BLE001 - no answer from the broker: the token may be good, so not_yet stands
+        return
+    beyond = {p: o for p, o in targets.items() if p not in ends or o > ends[p]}
+    if beyond and ends:
+        raise ApiError(
+            422,
+            "invalid_value",
+            f"names {_spelled(beyond)} (partition:next_offset), past the end of the ledger topic "
+            f"({_spelled(ends)}): no write of this ledger answered it",
+            "after",
+        )
 
 
 def _spelled(positions: dict[int, int]) -> str:

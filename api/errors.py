@@ -77,10 +77,16 @@ ERROR_CODES: dict[str, str] = {
     "unknown_type": "an event `type` that is not one of the contract's (`EventType`)",
     "invalid_time": "not a strict RFC 3339 time (seconds and an offset; never a Unix number)",
     "invalid_range": "`to` before `from`",
-    "unstorable_text": "U+0000 or a lone surrogate, which PostgreSQL cannot store",
+    "unstorable_text": (
+        "U+0000 or a lone surrogate, which PostgreSQL cannot store; in a path or query, a percent-escape that is not "
+        "UTF-8"
+    ),
     "number_out_of_range": "an integer outside signed 64 bits, NaN or an infinity",
     "too_deep": "`value` nested deeper than 32 levels",
-    "too_large": "an event over 262,144 bytes encoded (or a body over the server's limit)",
+    "too_large": (
+        "an event over 262,144 bytes encoded, or (413) a request body over the server's limit "
+        "(`LEDGER_API_MAX_BODY_BYTES`)"
+    ),
     "not_an_object": "an event that is not a JSON object",
     "unsupported_schema": "a `schema_version` newer than this contract",
     "clock_skew": "`observed_at` too far in the future",

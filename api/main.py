@@ -20,6 +20,7 @@ from api.console import install_console
 from api.docs_ui import install_docs
 from api.errors import install_error_handlers
 from api.metrics import install as install_metrics
+from api.request_guard import install as install_request_guard
 from api.request_id import install as install_request_id
 from api.resources import Resources
 from api.routes import api_router
@@ -83,6 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     install_error_handlers(app)
+    install_request_guard(app, settings)  # body size, and path and query as UTF-8, before any route reads them
     install_request_id(app)  # X-Request-ID on the response and on every log line of the request
     app.include_router(api_router, prefix="/v1")
     install_docs(app)

@@ -66,7 +66,9 @@ MODE_NOTE = (
     "only; keyword: full-text (BM25) search only; semantic: embedding similarity only; hybrid: the exact cues "
     "first, then keyword and semantic search fused, always"
 )
-_ONE_OR_MORE = "one value or a list (any of them matches)"
+MAX_FILTER_VALUES = 1_000  # values of one filter
+MAX_FILTER_CHARS = 256  # a filter value's length: the longest key, scope or tag the contract stores
+_ONE_OR_MORE = f"one value or a list of at most {MAX_FILTER_VALUES} (any of them matches)"
 
 
 def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
@@ -121,8 +123,13 @@ class Filters(BaseModel):
     @field_validator("kind", "key", "scope", "tags", "source_type")
     @classmethod
     def _storable(cls, v: _Values) -> _Values:
-        for text in _as_tuple(v):  # a NUL could not be compared by PostgreSQL: 422 naming the filter
+        values = _as_tuple(v)
+        if len(values) > MAX_FILTER_VALUES:  # past Elasticsearch's terms limit a search fails: 422, never a 500
+            raise ValueError(f"at most {MAX_FILTER_VALUES} values, got {len(values)}")
+        for text in values:  # a NUL could not be compared by PostgreSQL: 422 naming the filter
             storable(text)
+            if len(text) > MAX_FILTER_CHARS:  # longer than any stored key, scope or tag: it could match nothing
+                raise ValueError(f"a value is at most {MAX_FILTER_CHARS} characters, got {len(text)}")
         return v
 
     @field_validator("kind", "source_type")
@@ -151,7 +158,7 @@ class RecallBody(TenantRequest):
     query: Storable = Field(
         min_length=1, max_length=2000, description="the question or the words to look for, in natural language"
     )
-    top_k: int = Field(default=5, ge=1, le=100, description="at most this many hits, best first")
+    top_k: int = Field(default=5, ge=1, le=100, strict=True, description="at most this many hits, best first")
     as_of: Time | None = Field(default=None, description="valid time: RFC 3339 with seconds and an offset")
     known_at: Time | None = Field(
         default=None,
@@ -163,14 +170,18 @@ class RecallBody(TenantRequest):
         default=None, description="only memories matching every filter given (kind, key, scope, tags, source_type)"
     )
     explain: bool = Field(
-        default=False, description="list each stage's candidates (ids, stage score, best first; up to 20) in the trace"
+        default=False,
+        strict=True,
+        description="list each stage's candidates (ids, stage score, best first; up to 20) in the trace",
     )
     rerank: bool | None = Field(
         default=None,
+        strict=True,
         description="rerank the first keyword/semantic hits with the cross-encoder (null: as the server is set up)",
     )
     context_turns: int = Field(
         default=0,
+        strict=True,
         ge=0,
         le=MAX_CONTEXT_TURNS,
         description="with each episode hit, this many neighbouring turns on each side (same tenant and source "
@@ -179,6 +190,7 @@ class RecallBody(TenantRequest):
     after: After = None
     receipt: bool = Field(
         default=True,
+        strict=True,
         description="false: answer without a receipt (what the answer reflects, signed)",
     )
 
@@ -283,12 +295,18 @@ class ContextBody(TenantRequest):
         default=None, min_length=1, max_length=2000, description="recall hits for it are listed first"
     )
     budget_tokens: int = Field(
-        default=1000, ge=64, le=32_000, description="the whole block, counted with the embedding model's tokenizer"
+        default=1000,
+        strict=True,
+        ge=64,
+        le=32_000,
+        description="the whole block, counted with the embedding model's tokenizer",
     )
     format: ContextFormat = Field(default="text", description="text: the block to paste; json: the same, structured")
-    include_history: bool = Field(default=False, description="also superseded, retracted and shadowed versions")
+    include_history: bool = Field(
+        default=False, strict=True, description="also superseded, retracted and shadowed versions"
+    )
     as_of: Time | None = Field(default=None, description="valid time (default now; pass it for reproducible blocks)")
-    top_k: int = Field(default=5, ge=1, le=50, description="recall hits for the question")
+    top_k: int = Field(default=5, ge=1, le=50, strict=True, description="recall hits for the question")
     mode: Mode = Field(default="auto", description=f"for the question's recall: {MODE_NOTE}")
     after: After = None
 

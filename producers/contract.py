@@ -386,8 +386,9 @@ class MemoryEvent(BaseModel):
     aliases: list[str] = Field(default_factory=list, max_length=64)
     tags: list[str] = Field(default_factory=list, max_length=64)
     source: Source = Field(default_factory=Source)
-    confidence: float | None = Field(default=None, ge=0.0, le=1.0)
-    importance: float = Field(default=0.5, ge=0.0, le=1.0)
+    # strict: a number, never text or true/false read as one ("0.5" and true are `wrong_type`)
+    confidence: float | None = Field(default=None, ge=0.0, le=1.0, strict=True)
+    importance: float = Field(default=0.5, ge=0.0, le=1.0, strict=True)
     observed_at: datetime = Field(default_factory=now)
     valid_from: datetime | None = None
     valid_to: datetime | None = None
@@ -454,8 +455,15 @@ class MemoryEvent(BaseModel):
             raise ValueError("target_version is only for memory.retracted")
         if self.type is EventType.DISCARDED and (self.dead_letter is None or self.reason is None):
             raise ValueError("deadletter.discarded names its dead_letter and a reason")
-        if self.dead_letter is not None and self.type is EventType.ERASED:
-            raise ValueError("dead_letter is not for subject.erased (an erasure corrects no record)")
+        if self.type is EventType.ERASED:
+            if self.dead_letter is not None:
+                raise ValueError("dead_letter is not for subject.erased (an erasure corrects no record)")
+            given = _carried_by_erasure(self)
+            if given is not None:
+                raise ValueError(
+                    f"{given} is not for subject.erased: an erasure is never sealed (it must stay readable once the "
+                    "subject's key is destroyed), so it carries nothing about the subject but its id and a reason"
+                )
         if self.source.type is SourceType.EXPLICIT:
             if self.confidence is not None and self.confidence != 1.0:
                 raise ValueError("an explicit source carries confidence 1.0")
@@ -547,6 +555,17 @@ class MemoryEvent(BaseModel):
             else:
                 out[k] = v
         return out
+
+
+def _carried_by_erasure(event: MemoryEvent) -> str | None:
+    """The first field an erasure may not carry that `event` gives: what the subject said, or who said it."""
+    for name in ("key", "scope", "content", "value", "entities", "aliases", "tags"):
+        if getattr(event, name) not in (None, "", []):
+            return name
+    for name in ("ref", "actor"):
+        if getattr(event.source, name) is not None:
+            return f"source.{name}"
+    return None
 
 
 _AS_IS = frozenset({str, int, float, bool, list})  # _dumped_wire writes these as they are
@@ -641,7 +660,9 @@ def from_error(exc: ValidationError) -> InvalidEvent:
     if field is None:  # a cross-field rule: its message starts with the field it is about
         first = msg.split(" ", 1)[0]
         field = (
-            "confidence" if msg.startswith("an explicit") else (first if first in MemoryEvent.model_fields else None)
+            "confidence"
+            if msg.startswith("an explicit")
+            else (first if first.split(".", 1)[0] in MemoryEvent.model_fields else None)
         )
         if code == "invalid_value" and "required" in msg:
             code = "missing_field"

@@ -272,6 +272,8 @@ class ApiSettings(BaseModel):
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     api_kafka_timeout_s: float = 5.0  # the API's bound on a broker wait (connect, delivery): then 503 naming kafka
+    # the largest request body the API reads (api.request_guard): past it 413 `too_large`, before the key is checked
+    api_max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     # the MCP server (`ledger mcp`, api.mcp): where its Streamable HTTP transport binds (callers send
     # an API key of api_keys as a bearer token); a stdio server acts with mcp_api_key (or `--api-key`)
     mcp_host: str = "127.0.0.1"

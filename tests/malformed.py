@@ -87,6 +87,8 @@ def malformed_corpus(tenant: str, subject: str, seed: int = 5) -> list[tuple[byt
         (mutate(observed_at="0001-01-01T00:00:00+01:00"), "invalid_time"),  # before year 1 in UTC
         (mutate(observed_at="2099-01-01T00:00:00Z"), "clock_skew"),  # far ahead of the record timestamp
         (mutate(target_version="v1"), "invalid_value"),  # only a retraction targets a version
+        # an erasure is never sealed: content or a value on one would stay in clear text for good
+        (mutate(type="subject.erased", key=_DROP), "invalid_value"),
         (b'{"type": "memory.asserted", "content": "' + b"x" * (MAX_EVENT_BYTES + 10) + b'"}', "too_large"),
     ]
     return corpus

@@ -70,6 +70,34 @@ def test_retract_and_confirm_need_a_key_erasure_does_not(etype: str) -> None:
     assert erased.type is EventType.ERASED
 
 
+# an erasure is never sealed (it must stay readable once the subject's key is destroyed): each of these would put
+# what the subject said, or who said it, in clear text in the ledger for good
+_NOT_ON_AN_ERASURE = [
+    ({"key": "contact.email"}, "key"),
+    ({"scope": "home"}, "scope"),
+    ({"content": "Ann's address is ann@example.com"}, "content"),
+    ({"value": "ann@example.com"}, "value"),
+    ({"value": 0}, "value"),
+    ({"value": {"mail": "ann@example.com"}}, "value"),
+    ({"entities": ["Ann"]}, "entities"),
+    ({"aliases": ["ann"]}, "aliases"),
+    ({"tags": ["gdpr"]}, "tags"),
+    ({"source": {"type": "explicit", "ref": "ticket of ann@example.com"}}, "source.ref"),
+    ({"source": {"type": "explicit", "actor": "ann"}}, "source.actor"),
+]
+
+
+@pytest.mark.parametrize(("over", "field"), _NOT_ON_AN_ERASURE)
+def test_an_erasure_carries_nothing_about_its_subject_but_its_id_and_a_reason(over: dict, field: str) -> None:
+    erasure = {"type": "subject.erased", "tenant": "acme", "subject": "user:1", "reason": "gdpr"}
+    err = _refused({**erasure, **over})
+    assert (err.code, err.field) == ("invalid_value", field)
+    assert "never sealed" in err.message
+    # the same with the null a client writes for "not given", and the fields an erasure does take
+    kept = from_dict({**erasure, "content": None, "value": None, "source": {"type": "explicit", "service": "crm"}})
+    assert (kept.type, kept.reason, kept.content, kept.value) == (EventType.ERASED, "gdpr", None, None)
+
+
 @pytest.mark.parametrize(
     ("over", "code", "field"),
     [

@@ -64,6 +64,8 @@ def test_an_explicit_null_for_any_defaulted_field_is_the_field_left_out(kind: st
     assert {"schema_version", "event_id", "scope", "kind", "observed_at"} <= set(defaulted)  # read from the model
     varying = {name for name in defaulted if _minted_anew(name)}
     full = {"type": kind, "tenant": "acme", "subject": "project:P1", "key": "k", "content": "c", "value": 1}
+    if kind == "subject.erased":  # an erasure carries nothing about its subject (contract: never sealed)
+        full = {k: v for k, v in full.items() if k not in ("key", "content", "value")}
     wrong = []
     for name in defaulted:
         left_out = {k: v for k, v in full.items() if k != name}
@@ -197,3 +199,124 @@ def test_the_mcp_server_refuses_a_missing_or_unknown_bearer_in_the_one_shape(mcp
             item = _only_item(resp, 401)
             assert (item["code"], item["field"]) == ("unauthorized", "Authorization"), (headers, item)
             assert resp.headers["www-authenticate"].startswith("Bearer")
+
+
+# -- what no door may take in, whatever its route -------------------------------------------------------------
+
+
+def test_an_erasure_carrying_what_its_subject_said_is_refused_and_nothing_is_published(client: TestClient) -> None:
+    """An erasure is never sealed: content or a value on it would stay in the ledger in clear text for good."""
+    subject = f"user:{uuid.uuid4().hex[:8]}"
+    for extra, field in (({"content": "ann@example.com"}, "content"), ({"value": "ann"}, "value")):
+        event = {"type": "subject.erased", "tenant": TENANT, "subject": subject, "reason": "gdpr", **extra}
+        item = _only_item(client.post("/v1/events", json={"events": [event]}, headers=KEY), 422)
+        assert (item["code"], item["field"]) == ("invalid_value", f"events.0.{field}"), item
+        assert "never sealed" in item["message"]
+    events = client.get(f"/v1/subjects/{subject}/events", params={"tenant": TENANT}, headers=KEY)
+    assert events.status_code == 200 and events.json()["events"] == [], events.text
+
+
+def test_a_percent_escape_that_is_not_utf8_is_refused_naming_the_parameter(client: TestClient) -> None:
+    """Read as U+FFFD it would be stored or looked up as other text: every path and query parameter refuses it."""
+    with_params = [(m, p, op) for m, p, op in _operations(client) if op.get("parameters")]
+    assert len(with_params) >= 10, with_params
+    checked = 0
+    for method, path, op in with_params:
+        spec_path = next(p for p, item in client.get("/openapi.json").json()["paths"].items() if op in item.values())
+        for param in op["parameters"]:
+            name = param["name"]
+            for bad in ("%ED%A0%80", "%FF", "ok%C3"):
+                if param["in"] == "path":
+                    url = spec_path
+                    for other in op["parameters"]:
+                        if other["in"] == "path":
+                            value = f"x{bad}" if other["name"] == name else "x"
+                            url = url.replace("{" + other["name"] + "}", value)
+                elif param["in"] == "query":
+                    url = f"{path}?{name}=x{bad}"
+                else:
+                    continue
+                item = _only_item(client.request(method, url, headers=KEY), 422)
+                assert (item["code"], item["field"]) == ("unstorable_text", name), (method, url, item)
+                checked += 1
+    assert checked >= 30, checked
+    # a parameter's name that is not UTF-8, and U+FFFD itself sent as UTF-8 (a character like any other)
+    item = _only_item(client.get("/v1/subjects?tenant=edges&%FF=1", headers=KEY), 422)
+    assert (item["code"], item["field"]) == ("unstorable_text", "query")
+    assert client.get("/v1/subjects/x%EF%BF%BD/facts", params={"tenant": TENANT}, headers=KEY).status_code == 200
+
+
+def test_a_body_over_the_limit_is_413_before_the_key_is_checked(edge_settings: Settings) -> None:
+    limit = 4096
+    with TestClient(create_app(edge_settings.model_copy(update={"api_max_body_bytes": limit}))) as small:
+        bodies = [(m, p) for m, p, op in _operations(small) if op.get("requestBody")]
+        assert len(bodies) >= 5, bodies
+        big = orjson.dumps({"tenant": TENANT, "pad": "x" * limit})
+
+        def chunked():  # no Content-Length: counted as it arrives
+            yield big[:1000]
+            yield big[1000:]
+
+        for method, path in bodies:
+            for headers in ({}, KEY):  # no key, or a good one: the size is judged first
+                for content in (big, chunked()):
+                    sent = {**headers, "Content-Type": "application/json"}
+                    item = _only_item(small.request(method, path, content=content, headers=sent), 413)
+                    assert (item["code"], item["field"]) == ("too_large", "body"), (method, path, item)
+                    assert f"{limit:,} bytes" in item["message"]
+        # at the limit it is read as before: refused for its key, or answered
+        fits = orjson.dumps({"tenant": TENANT, "query": "q" * 100})
+        assert small.post("/v1/recall", content=fits, headers={"Content-Type": "application/json"}).status_code == 401
+        ok = small.post("/v1/recall", content=fits, headers={**KEY, "Content-Type": "application/json"})
+        assert ok.status_code == 200, ok.text
+
+
+def test_recall_filters_past_their_bounds_are_422_naming_the_filter(client: TestClient) -> None:
+    """Past Elasticsearch's own limits a search fails: the door refuses first, naming the filter."""
+    from api.requests import MAX_FILTER_CHARS, MAX_FILTER_VALUES
+
+    for name in ("key", "scope", "tags"):
+        for values in (
+            [f"v{i}" for i in range(MAX_FILTER_VALUES + 1)],
+            ["a" * (MAX_FILTER_CHARS + 1)],
+            "a" * 40_000,
+        ):
+            body = {"tenant": TENANT, "query": "anything", "filters": {name: values}}
+            item = _only_item(client.post("/v1/recall", json=body, headers=KEY), 422)
+            assert (item["code"], item["field"]) == ("invalid_value", f"filters.{name}"), (name, item)
+        at_bound = [f"v{i}".ljust(MAX_FILTER_CHARS, "x") for i in range(MAX_FILTER_VALUES)]
+        body = {"tenant": TENANT, "query": "anything", "filters": {name: at_bound}}
+        assert client.post("/v1/recall", json=body, headers=KEY).status_code == 200
+
+
+def test_a_token_past_the_end_of_the_log_is_422_not_a_retry(client: TestClient) -> None:
+    """No write answered it, so `not_yet` ("retry the same read") would have a client retry for ever."""
+    from producers.consistency import encode_token
+
+    for positions in ({99: 1}, {0: 2**62}):
+        after = encode_token(positions)
+        for url in (f"/v1/subjects/x/facts?tenant={TENANT}&after={after}",):
+            item = _only_item(client.get(url, headers=KEY), 422)
+            assert (item["code"], item["field"]) == ("invalid_value", "after"), (positions, item)
+            assert "past the end of the ledger topic" in item["message"]
+        body = {"tenant": TENANT, "query": "anything", "after": after}
+        item = _only_item(client.post("/v1/recall", json=body, headers=KEY), 422)
+        assert (item["code"], item["field"]) == ("invalid_value", "after"), (positions, item)
+
+
+def test_numbers_and_booleans_sent_as_text_are_wrong_type(client: TestClient) -> None:
+    event = {"type": "memory.asserted", "tenant": TENANT, "subject": "user:1", "key": "k", "content": "c"}
+    for over, field in (
+        ({"confidence": "0.5"}, "confidence"),
+        ({"importance": "0.3"}, "importance"),
+        ({"importance": True}, "importance"),
+    ):
+        item = _only_item(client.post("/v1/events", json={"events": [{**event, **over}]}, headers=KEY), 422)
+        assert (item["code"], item["field"]) == ("wrong_type", f"events.0.{field}"), (over, item)
+    recall = {"tenant": TENANT, "query": "anything"}
+    for over, field in (({"top_k": "5"}, "top_k"), ({"top_k": True}, "top_k"), ({"explain": "yes"}, "explain")):
+        item = _only_item(client.post("/v1/recall", json={**recall, **over}, headers=KEY), 422)
+        assert (item["code"], item["field"]) == ("wrong_type", field), (over, item)
+    context = {"tenant": TENANT, "subject": "user:1"}
+    item = _only_item(client.post("/v1/context", json={**context, "budget_tokens": "500"}, headers=KEY), 422)
+    assert (item["code"], item["field"]) == ("wrong_type", "budget_tokens"), item

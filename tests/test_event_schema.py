@@ -194,6 +194,7 @@ DOOR_ONLY = {
     "invalid_time: observed_at='0001-01-01T00:00:00+01:00'",  # before year 1 once in UTC
     "clock_skew: observed_at='2099-01-01T00:00:00Z'",  # judged against the record's broker timestamp
     "invalid_value: target_version='v1'",  # only a retraction targets a version
+    "invalid_value: -key type='subject.erased'",  # an erasure carries no content or value (it is never sealed)
 }
 
 

@@ -103,6 +103,8 @@ def _record(r: random.Random, i: int) -> bytes:
         "entities": ["Ann"],
         "observed_at": "2026-05-31T23:59:00Z",
     }
+    if event["type"] == "subject.erased":  # an erasure carries nothing about its subject but its id
+        event = {k: v for k, v in event.items() if k not in ("key", "value", "content", "entities")}
     for _ in range(r.randrange(0, 3)):  # the hostile value put anywhere else too
         event[r.choice(["content", "subject", "key", "entities", "importance", "scope", "source", "tags"])] = (
             _hostile(r) if r.random() < 0.8 else [_hostile(r)]
@@ -214,6 +216,8 @@ def _python_event(r: random.Random, i: int) -> dict[str, Any]:
         "source": {"type": r.choice(["inferred", "explicit"]), "service": "svc"},
         "observed_at": "2026-05-31T23:59:00Z",
     }
+    if event["type"] == "subject.erased":  # an erasure carries nothing about its subject but its id
+        event = {k: v for k, v in event.items() if k not in ("key", "value", "content", "entities")}
     for _ in range(r.randrange(0, 3)):  # anywhere else too (never a bare None for the id and the time: "not given")
         field = r.choice(_FIELDS_TO_SPOIL)
         value = _adversarial(r)

@@ -1,0 +1,150 @@
+"""What every HTTP request is checked for before any route reads it: its size, and its path and query as UTF-8.
+
+- A body over `api_max_body_bytes` is refused with 413 `too_large` (at once when its Content-Length says so, else
+  as soon as more has arrived), before the key is checked: a caller without a key cannot make the process hold an
+  unbounded body.
+- A percent-escape that is not UTF-8 in the path or the query (`%ED%A0%80`, `%FF`) is refused with 422
+  `unstorable_text` naming the parameter. The server would otherwise read it as U+FFFD and store or look up that
+  other text.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote_to_bytes
+
+import orjson
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.errors import error_body
+from producers.settings import Settings
+
+__all__ = ["RequestGuard", "install", "undecodable_parameter"]
+
+
+def _escaped(raw: bytes) -> bool:
+    """Whether `raw` may hold bytes that are not UTF-8 (a percent-escape, or a byte past ASCII sent as it is)."""
+    return b"%" in raw or not raw.isascii()
+
+
+def _not_utf8(raw: bytes) -> bool:
+    try:
+        unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def undecodable_parameter(app: ASGIApp, scope: Scope) -> str | None:
+    """The name of the first path or query parameter of `scope` whose percent-escapes are not UTF-8 ("path" for a
+    path segment no route names, "query" for a query parameter's name); None: all are UTF-8."""
+    raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
+    segments = raw_path.split(b"?", 1)[0].split(b"/")
+    bad = [i for i, segment in enumerate(segments) if _escaped(segment) and _not_utf8(segment)]
+    if bad:
+        return _path_parameter(app, scope, bad[0]) or "path"
+    query: bytes = scope.get("query_string", b"")
+    if not _escaped(query):
+        return None
+    for pair in query.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        if _not_utf8(name.replace(b"+", b" ")):
+            return "query"
+        if _not_utf8(value.replace(b"+", b" ")):
+            return unquote_to_bytes(name.replace(b"+", b" ")).decode()
+    return None
+
+
+def _path_parameter(app: ASGIApp, scope: Scope, index: int) -> str | None:
+    """The parameter that the path template matching `scope` (of the app's OpenAPI paths) names at segment
+    `index`, if any."""
+    path = scope["path"]
+    for template, pattern in _templates(app):
+        if pattern.fullmatch(path):
+            parts = template.split("/")
+            if index < len(parts) and parts[index].startswith("{") and parts[index].endswith("}"):
+                return parts[index][1:-1]
+            return None
+    return None
+
+
+def _templates(app: ASGIApp) -> list[tuple[str, re.Pattern[str]]]:
+    """The app's path templates (its OpenAPI paths, which FastAPI makes once), each with a pattern matching it."""
+    openapi = getattr(app, "openapi", None)
+    if openapi is None:
+        return []
+    out = []
+    for template in openapi().get("paths", {}):
+        parts = [re.escape(p) if not p.startswith("{") else "[^/]+" for p in template.split("/")]
+        out.append((template, re.compile("/".join(parts))))
+    return out
+
+
+class RequestGuard:
+    """The checks above, as an ASGI middleware around the app."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int, routes_of: ASGIApp | None = None) -> None:
+        self.app, self.max_body_bytes = app, max_body_bytes
+        self.routes_of = routes_of or app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        name = undecodable_parameter(self.routes_of, scope)
+        if name is not None:
+            message = "holds a percent-escape that is not UTF-8, so no text the ledger stores or looks up"
+            await _answer(send, 422, "unstorable_text", name, message)
+            return
+        limit = self.max_body_bytes
+        length = dict(scope.get("headers") or ()).get(b"content-length")
+        if length is not None:  # the server reads no byte past it: the declared length is the body's
+            if length.isdigit() and int(length) > limit:
+                await _answer(send, 413, "too_large", "body", _too_large_message(limit))
+                return
+            await self.app(scope, receive, send)
+            return
+        # no length (a chunked body): read it here, at most `limit` bytes, and hand it on whole
+        chunks, received = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left: the app hears it as it would have
+                await self.app(scope, _replay([message], receive), send)
+                return
+            received += len(message.get("body", b""))
+            if received > limit:
+                await _answer(send, 413, "too_large", "body", _too_large_message(limit))
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        whole: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay([whole], receive), send)
+
+
+def _replay(first: list[Message], receive: Receive) -> Receive:
+    """A receive that gives `first`, then whatever the server sends next (a disconnect)."""
+
+    async def replayed() -> Message:
+        return first.pop(0) if first else await receive()
+
+    return replayed
+
+
+def _too_large_message(limit: int) -> str:
+    return f"the body is over this server's limit of {limit:,} bytes (api_max_body_bytes): send less per request"
+
+
+async def _answer(send: Send, status: int, code: str, field: str, message: str) -> None:
+    body = orjson.dumps(error_body({"code": code, "field": field, "message": message}))
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 413:
+        headers.append((b"connection", b"close"))  # the rest of the body is not read
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def install(app: FastAPI, settings: Settings) -> None:
+    """Outermost of the app's own middlewares but the request id's, so a refusal still carries X-Request-ID."""
+    app.add_middleware(RequestGuard, max_body_bytes=settings.api_max_body_bytes, routes_of=app)
