@@ -116,6 +116,13 @@ def storable(value: str) -> str:
         raise PydanticCustomError(exc.code, exc.message) from None
 
 
+def not_blank(value: str) -> str:
+    """A path or query string that is not only white space (a write's contract refuses such an id): else 422."""
+    if not value.strip():
+        raise ValueError("must not be blank")
+    return value
+
+
 # a path or query string: 422 `unstorable_text` naming the parameter, never a 500 from the database
 Storable = Annotated[str, AfterValidator(storable)]
 

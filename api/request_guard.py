@@ -37,13 +37,12 @@ def _not_utf8(raw: bytes) -> bool:
 
 
 def undecodable_parameter(app: ASGIApp, scope: Scope) -> str | None:
-    """The name of the first path or query parameter of `scope` whose percent-escapes are not UTF-8 ("path" for a
-    path segment no route names, "query" for a query parameter's name); None: all are UTF-8."""
+    """The name of the first path or query parameter of `scope` whose percent-escapes are not UTF-8 ("path" for
+    a path no route template names, "query" for a query parameter's name); None: all are UTF-8."""
     raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
-    segments = raw_path.split(b"?", 1)[0].split(b"/")
-    bad = [i for i, segment in enumerate(segments) if _escaped(segment) and _not_utf8(segment)]
-    if bad:
-        return _path_parameter(app, scope, bad[0]) or "path"
+    raw_path = raw_path.split(b"?", 1)[0]
+    if _escaped(raw_path) and _not_utf8(raw_path):
+        return _path_parameter(app, raw_path) or "path"
     query: bytes = scope.get("query_string", b"")
     if not _escaped(query):
         return None
@@ -56,29 +55,32 @@ def undecodable_parameter(app: ASGIApp, scope: Scope) -> str | None:
     return None
 
 
-def _path_parameter(app: ASGIApp, scope: Scope, index: int) -> str | None:
-    """The parameter that the path template matching `scope` (of the app's OpenAPI paths) names at segment
-    `index`, if any."""
-    path = scope["path"]
-    for template, pattern in _templates(app):
-        if pattern.fullmatch(path):
-            parts = template.split("/")
-            if index < len(parts) and parts[index].startswith("{") and parts[index].endswith("}"):
-                return parts[index][1:-1]
+def _path_parameter(app: ASGIApp, raw_path: bytes) -> str | None:
+    """The parameter of the app's path templates (its OpenAPI paths) whose part of `raw_path`, as sent (a subject
+    may hold `/` or `%2F`), is not UTF-8."""
+    sent = raw_path.decode("latin-1")
+    for pattern in _templates(app):
+        match = pattern.fullmatch(sent)
+        if match is not None:
+            for name, part in match.groupdict().items():
+                if _not_utf8(part.encode("latin-1")):
+                    return name
             return None
     return None
 
 
-def _templates(app: ASGIApp) -> list[tuple[str, re.Pattern[str]]]:
-    """The app's path templates (its OpenAPI paths, which FastAPI makes once), each with a pattern matching it."""
+def _templates(app: ASGIApp) -> list[re.Pattern[str]]:
+    """The app's path templates (its OpenAPI paths, which FastAPI makes once) as patterns whose groups are their
+    parameters, each taking one segment or more (FastAPI's `path` parameters take `/`)."""
     openapi = getattr(app, "openapi", None)
     if openapi is None:
         return []
     out = []
     for template in openapi().get("paths", {}):
-        parts = [re.escape(p) if not p.startswith("{") else "[^/]+" for p in template.split("/")]
-        out.append((template, re.compile("/".join(parts))))
-    return out
+        parts = re.split(r"\{(\w+)\}", template)  # text, name, text, name, ..., text
+        body = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>.+?)" for i, p in enumerate(parts))
+        out.append((-sum(len(p) for p in parts[::2]), re.compile(body)))
+    return [pattern for _, pattern in sorted(out, key=lambda o: o[0])]  # the most literal text first
 
 
 class RequestGuard:

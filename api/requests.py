@@ -278,7 +278,11 @@ class ForgetParams(TenantRequest):
     erase_subject: bool = Field(
         default=False, description="true: erase everything about the subject, permanently (right to be forgotten)"
     )
-    reason: Storable | None = Field(default=None, max_length=1024, description="why, kept with the event")
+    reason: Storable | None = Field(
+        default=None,
+        max_length=1024,
+        description="why, kept with the event (on an erasure readable for good, never sealed: say why, never who)",
+    )
     event_id: Storable | None = Field(
         default=None, min_length=1, max_length=128, description="an id you choose for the retraction (optional)"
     )

@@ -240,6 +240,10 @@ def test_a_percent_escape_that_is_not_utf8_is_refused_naming_the_parameter(clien
                 assert (item["code"], item["field"]) == ("unstorable_text", name), (method, url, item)
                 checked += 1
     assert checked >= 30, checked
+    # a subject holding `/` or `%2F` is one parameter still
+    for path in ("/v1/subjects/a/b%FF/facts", "/v1/subjects/a%2Fb%FF/events", "/v1/subjects/%FF/c/events"):
+        item = _only_item(client.get(path, params={"tenant": TENANT}, headers=KEY), 422)
+        assert (item["code"], item["field"]) == ("unstorable_text", "subject"), (path, item)
     # a parameter's name that is not UTF-8, and U+FFFD itself sent as UTF-8 (a character like any other)
     item = _only_item(client.get("/v1/subjects?tenant=edges&%FF=1", headers=KEY), 422)
     assert (item["code"], item["field"]) == ("unstorable_text", "query")
@@ -320,3 +324,14 @@ def test_numbers_and_booleans_sent_as_text_are_wrong_type(client: TestClient) ->
     context = {"tenant": TENANT, "subject": "user:1"}
     item = _only_item(client.post("/v1/context", json={**context, "budget_tokens": "500"}, headers=KEY), 422)
     assert (item["code"], item["field"]) == ("wrong_type", "budget_tokens"), item
+
+
+def test_a_blank_subject_is_refused_on_every_subject_route_as_on_a_write(client: TestClient) -> None:
+    subject_routes = [(m, p, op) for m, p, op in _operations(client) if "/subjects/x" in p]
+    assert len(subject_routes) >= 3, subject_routes
+    for method, path, _op in subject_routes:
+        for blank in ("%20", "%20%20", "%09"):
+            resp = client.request(method, path.replace("/subjects/x", f"/subjects/{blank}"), params={"tenant": TENANT},
+                                  headers=KEY)  # fmt: skip
+            item = _only_item(resp, 422)
+            assert (item["code"], item["field"]) == ("invalid_value", "subject"), (method, path, item)

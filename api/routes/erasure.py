@@ -9,15 +9,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Query, Response
 
 from api import writes
 from api.deps import ResourcesDep, Storable, TenantQuery, TenantsDep
-from api.requests import SUBJECT
 from api.routes._json import OrjsonBodyRoute, json_response
+from api.routes.subjects import Subject
 from api.schemas import ErasureResponse
 
 router = APIRouter(tags=["erasure"], route_class=OrjsonBodyRoute)
+
+REASON_NOTE = "why, kept readable for good (an erasure is never sealed): say why, never who"
 
 
 @router.delete(
@@ -29,9 +31,9 @@ router = APIRouter(tags=["erasure"], route_class=OrjsonBodyRoute)
 async def erase_subject(
     res: ResourcesDep,
     tenants: TenantsDep,
-    subject: Annotated[Storable, Path(**SUBJECT, description="the subject (may contain /)")],
+    subject: Subject,
     tenant: TenantQuery,
-    reason: Annotated[Storable | None, Query(max_length=1024, description="why (kept on the tombstone)")] = None,
+    reason: Annotated[Storable | None, Query(max_length=1024, description=REASON_NOTE)] = None,
 ) -> Response:
     """Publish `subject.erased` for (tenant, subject); 202 with its event_id, partition and offset."""
     return json_response(await writes.erase_subject(res, tenants, tenant, subject, reason), 202)
