@@ -1,9 +1,11 @@
 """The dead-letter workflow as functions, shared by the HTTP routes (api.routes.dead_letters) and the MCP tools.
 
 An operator lists a tenant's letters, opens one, and resolves it with an event through the one publish door
-(re-drive: the corrected event; discard: `deadletter.discarded` with an id derived from the letter, so a retry is
-a duplicate), so nothing leaves the log and every action is on the ledger. Only letters whose record names the
-tenant are read or resolved; the door answers `pending` until the worker applies the resolution.
+(re-drive: the corrected event; discard: `deadletter.discarded`), so nothing leaves the log and every action is on
+the ledger. Only letters whose record names the tenant are read or resolved; the door answers `pending` until the
+worker applies the resolution. One resolution a letter: every resolution claims the letter's own id
+(`letter_id`) at the door, as its event id or beside the re-driven event's own, so a retry of the same resolution is
+a duplicate and any other, even one sent before the first is applied, is 409 `dead_letter_resolved`.
 """
 
 from __future__ import annotations
@@ -20,16 +22,18 @@ from api.errors import ApiError
 from api.requests import TENANT, TENANT_NOTE
 from api.resources import Resources
 from api.writes import publish_one
-from producers.contract import MAX_EVENT_BYTES, EventType, InvalidEvent, check_storable, load_record
+from producers.contract import MAX_EVENT_BYTES, EventType, InvalidEvent, check_storable, from_dict, load_record
 from producers.keys.envelope import MAX_SEALED_BYTES, Envelope, open_envelope, parse_envelope
 from producers.keys.store import KekError, key_states, settings_keks
 from producers.settings import Settings
 from projections import shapes
 from projections.postgres import connection
 from projections.postgres.dead_letters import State, dead_letter, list_dead_letters
+from projections.postgres.idempotency import claim_events
 
 __all__ = [
     "DISCARD_SUBJECT",
+    "letter_id",
     "DeadLetterParams",
     "DeadLettersParams",
     "DiscardParams",
@@ -208,11 +212,52 @@ async def redrive_dead_letter(
         raise ApiError(422, "invalid_value", "a re-drive is the corrected event: discard with /discard", "event.type")
     letter, _ = await _letter(res, tenant, partition, offset)
     _open(letter, partition, offset)
+    corrected = {**event, "tenant": tenant, "dead_letter": link}
+    if corrected.get("event_id") is None:  # the letter's own id: a retry is a duplicate, another re-drive a conflict
+        corrected["event_id"] = letter_id(partition, offset)
+    else:  # the re-driven event keeps its id (the producer's status of it resolves): the letter's id is claimed too
+        await _claim_letter(res, tenant, partition, offset, corrected)
     try:
-        result = await publish_one(res, tenants, {**event, "tenant": tenant, "dead_letter": link})
+        result = await publish_one(res, tenants, corrected)
     except ApiError as exc:  # the door names the field relative to the event
+        _resolved_meanwhile(exc, partition, offset, corrected["event_id"])
         raise ApiError(exc.status, exc.code, exc.message, _within("event", exc.field), headers=exc.headers) from None
     return {"dead_letter": link, **result}
+
+
+def letter_id(partition: int, offset: int) -> str:
+    """The event id every resolution of the letter at (partition, offset) claims at the door."""
+    return f"deadletter:{partition}:{offset}"
+
+
+async def _claim_letter(res: Resources, tenant: str, partition: int, offset: int, event: dict[str, Any]) -> None:
+    """Claim the letter's id for a re-drive under an id of its own, with the corrected event's fingerprint: the
+    same correction again passes (its own id then makes it a duplicate), any other resolution is refused. An event
+    the contract refuses claims nothing: the door names its field next."""
+    try:
+        fingerprint = from_dict(event).fingerprint
+    except InvalidEvent:
+        return
+    async with res.pool.connection() as conn:
+        (claim,) = await claim_events(conn, [(tenant, letter_id(partition, offset), fingerprint)])
+    if claim.state == "conflict" or claim.state == "erased":
+        raise _being_resolved(partition, offset)
+
+
+def _resolved_meanwhile(exc: ApiError, partition: int, offset: int, event_id: str) -> None:
+    """A conflict on the letter's own id is another resolution of the letter (applied, erased or in flight)."""
+    if exc.code == "event_id_conflict" and event_id == letter_id(partition, offset):
+        raise _being_resolved(partition, offset) from None
+
+
+def _being_resolved(partition: int, offset: int) -> ApiError:
+    return ApiError(
+        409,
+        "dead_letter_resolved",
+        f"the dead letter at partition {partition}, offset {offset} is resolved already, or being resolved, by "
+        f"another event (one resolution a letter; its status: event {letter_id(partition, offset)!r})",
+        "offset",
+    )
 
 
 async def discard_dead_letter(
@@ -226,13 +271,17 @@ async def discard_dead_letter(
     event = {
         "type": EventType.DISCARDED.value,
         "tenant": tenant,
-        "event_id": f"deadletter:{partition}:{offset}",
+        "event_id": letter_id(partition, offset),
         "subject": _claimed_subject(raw),
         "dead_letter": link,
         "reason": reason,
         "source": {"type": "system", "service": "dead-letters"},
     }
-    result = await publish_one(res, tenants, event)
+    try:
+        result = await publish_one(res, tenants, event)
+    except ApiError as exc:
+        _resolved_meanwhile(exc, partition, offset, event["event_id"])
+        raise
     return {"dead_letter": link, **result}
 
 

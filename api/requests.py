@@ -276,7 +276,9 @@ class ForgetParams(TenantRequest):
         "or recall)",
     )
     erase_subject: bool = Field(
-        default=False, description="true: erase everything about the subject, permanently (right to be forgotten)"
+        default=False,
+        strict=True,  # the destructive flag above all: "yes" or 1 is wrong_type, never an erasure
+        description="true: erase everything about the subject, permanently (right to be forgotten)",
     )
     reason: Storable | None = Field(
         default=None,
@@ -284,7 +286,10 @@ class ForgetParams(TenantRequest):
         description="why, kept with the event (on an erasure readable for good, never sealed: say why, never who)",
     )
     event_id: Storable | None = Field(
-        default=None, min_length=1, max_length=128, description="an id you choose for the retraction (optional)"
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="an id you choose for the retraction or the erasure (optional): a retry with it is a duplicate",
     )
 
 

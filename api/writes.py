@@ -323,7 +323,12 @@ async def event_status(res: Resources, tenants: frozenset[str], tenant: str, eve
 
 
 async def erase_subject(
-    res: Resources, tenants: frozenset[str], tenant: str, subject: str, reason: str | None = None
+    res: Resources,
+    tenants: frozenset[str],
+    tenant: str,
+    subject: str,
+    reason: str | None = None,
+    event_id: str | None = None,
 ) -> dict[str, Any]:
     """Publish `subject.erased` for (tenant, subject) (`DELETE /v1/subjects/{subject}`): its event_id and position.
 
@@ -331,6 +336,8 @@ async def erase_subject(
     `pending` until the worker has applied it."""
     check_tenant(tenant, tenants)
     event = {"type": EventType.ERASED.value, "tenant": tenant, "subject": subject, "reason": reason}
+    if event_id is not None:  # the caller's id: a retry of the same erasure is a duplicate
+        event["event_id"] = event_id
     result = await publish_one(res, tenants, event)
     return {
         "event_id": result["event_id"],
@@ -420,7 +427,8 @@ async def forget(res: Resources, tenants: frozenset[str], p: ForgetParams) -> di
         if p.key is not None or p.target_version is not None:
             field = "key" if p.key is not None else "target_version"
             raise ApiError(422, "invalid_value", f"{field} retracts one fact: leave it out to erase the subject", field)
-        return {"action": "erase", **await erase_subject(res, tenants, p.tenant, p.subject, p.reason)}
+        erased = await erase_subject(res, tenants, p.tenant, p.subject, p.reason, p.event_id)
+        return {"action": "erase", **erased}
     if p.key is None and p.target_version is None:
         message = "key (or target_version) is required to retract a fact or an episode (or set erase_subject)"
         raise ApiError(422, "missing_field", message, "key")

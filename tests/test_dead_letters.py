@@ -19,7 +19,6 @@ content conflict under an applied id through the SDK (sealed). Proved:
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import os
 from collections.abc import Iterator
@@ -27,13 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import httpx2
 import orjson
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
@@ -48,7 +44,7 @@ from projections.postgres.schema import create_schema, drop_schema
 from tests.conftest import unique
 from tests.support import Worker, pg, publish_raw, read_topic, wait_caught_up, wait_for, wire
 from tests.support.processes import frozen
-from tests.support.servers import McpHttpServer, free_port, tool_body
+from tests.support.servers import McpHttpServer, call_tool, free_port
 from tests.support.stores import private_ledger
 
 A, B = "dl-acme", "dl-globex"
@@ -128,15 +124,8 @@ def _states(settings: Settings, schema: str) -> list[tuple[Any, ...]]:
         ).fetchall()
 
 
-async def _tool(url: str, key: str, tool: str, arguments: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
-        async with Client(streamable_http_client(url, http_client=http)) as client:
-            r = await client.call_tool(tool, arguments)
-    return bool(r.is_error), tool_body(r)
-
-
 def tool(world: World, name: str, key: str = ADMIN, **arguments: Any) -> tuple[bool, dict[str, Any]]:
-    return asyncio.run(_tool(world.mcp, key, name, arguments))
+    return call_tool(world.mcp, key, name, arguments)
 
 
 # -- the contract's field and type (pure) --------------------------------------------------------------------------
@@ -331,3 +320,56 @@ def test_an_erasure_takes_the_resolutions_its_subjects_events_made(world: World)
     letters = world.letters()
     assert letters[world.conflict]["state"] == "open" and "resolution" not in letters[world.conflict], letters
     assert letters[world.malformed]["state"] == "redriven", letters
+
+
+def test_one_resolution_a_letter_even_before_the_worker_applies_the_first(world: World) -> None:
+    """While a resolution is in flight the letter still reads open, so the door's claim of the letter's own id is
+    what refuses the others: a retry is the same event, another re-drive or a discard is 409, and only the first
+    correction is in force once the worker applies the log."""
+    records = [
+        (f"dl-acme|user:{n}".encode(), orjson.dumps(wire(f"user:{n}", tenant=A, event_id=f"ev-race-{n}", content=...)))
+        for n in (21, 22)
+    ]
+    (p1, o1), (p2, o2) = publish_raw(world.settings, records)
+    wait_for(lambda: {(p1, o1), (p2, o2)} <= set(world.letters()), 90, what="the two letters listed")
+    key = {"X-API-Key": "key-a"}
+
+    def redrive(p: int, o: int, **event: Any) -> httpx.Response:
+        body = {"tenant": A, "partition": p, "offset": o, "event": event}
+        return world.http.post("/v1/dead-letters/redrive", json=body, headers=key)
+
+    def discard(p: int, o: int) -> httpx.Response:
+        body = {"tenant": A, "partition": p, "offset": o, "reason": "late"}
+        return world.http.post("/v1/dead-letters/discard", json=body, headers=key)
+
+    def resolved(r: httpx.Response) -> None:
+        assert r.status_code == 409 and r.json()["detail"][0]["code"] == "dead_letter_resolved", r.text
+
+    first = {"type": "memory.asserted", "subject": "user:21", "key": "pref.seat", "value": "first", "content": "f"}
+    own = {**first, "subject": "user:22", "event_id": "ev-race-own"}
+    with frozen(world.worker):  # every letter reads open meanwhile
+        # a re-drive without an id of its own takes the letter's: its retry is the same event (the worker applies
+        # an id once; in flight, the door publishes a retry again rather than guess)
+        a = redrive(p1, o1, **first)
+        assert a.status_code == 200 and a.json()["event_id"] == f"deadletter:{p1}:{o1}", a.text
+        again = redrive(p1, o1, **first)
+        assert again.status_code == 200 and again.json()["event_id"] == f"deadletter:{p1}:{o1}", again.text
+        resolved(redrive(p1, o1, **{**first, "value": "second"}))
+        resolved(redrive(p1, o1, **{**first, "value": "third", "event_id": "ev-race-third"}))
+        resolved(discard(p1, o1))
+        # a re-drive under its own id claims the letter's id beside it
+        b = redrive(p2, o2, **own)
+        assert b.status_code == 200 and b.json()["event_id"] == "ev-race-own", b.text
+        again = redrive(p2, o2, **own)
+        assert again.status_code == 200 and again.json()["event_id"] == "ev-race-own", again.text
+        resolved(redrive(p2, o2, **{**own, "value": "second"}))
+        resolved(redrive(p2, o2, **{**own, "event_id": "ev-race-other", "value": "other"}))
+        resolved(discard(p2, o2))
+    world.caught_up()
+    letters = world.letters()
+    assert letters[(p1, o1)]["state"] == "redriven", letters[(p1, o1)]
+    assert letters[(p1, o1)]["resolution"]["event_id"] == f"deadletter:{p1}:{o1}"
+    assert letters[(p2, o2)]["resolution"]["event_id"] == "ev-race-own", letters[(p2, o2)]
+    for subject in ("user:21", "user:22"):
+        facts = world.get(f"/v1/subjects/{subject}/facts", tenant=A)["facts"]
+        assert [(f["key"], f["value"]) for f in facts] == [("pref.seat", "first")], (subject, facts)

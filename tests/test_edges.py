@@ -335,3 +335,23 @@ def test_a_blank_subject_is_refused_on_every_subject_route_as_on_a_write(client:
                                   headers=KEY)  # fmt: skip
             item = _only_item(resp, 422)
             assert (item["code"], item["field"]) == ("invalid_value", "subject"), (method, path, item)
+
+
+def test_mcp_forget_erases_only_on_a_true_flag_and_keeps_the_callers_id(mcp_url: str) -> None:
+    """The destructive flag is a JSON boolean ("yes" or 1 erase nothing), and an erasure under the caller's id is
+    that id's event: a retry is a duplicate, and its status answers under it."""
+    from tests.support.servers import call_tool
+
+    subject, event_id = f"user:{uuid.uuid4().hex[:8]}", f"erase-{uuid.uuid4().hex[:8]}"
+    for flag in ("yes", 1, "on", "true"):
+        args = {"tenant": TENANT, "subject": subject, "erase_subject": flag}
+        failed, body = call_tool(mcp_url, "k-edges", "forget", args)
+        assert failed and body["detail"][0]["code"] == "wrong_type", (flag, body)
+        assert body["detail"][0]["field"] == "erase_subject", body
+    args = {"tenant": TENANT, "subject": subject, "erase_subject": True, "event_id": event_id}
+    failed, first = call_tool(mcp_url, "k-edges", "forget", args)
+    assert not failed and first["action"] == "erase" and first["event_id"] == event_id, first
+    failed, again = call_tool(mcp_url, "k-edges", "forget", args)
+    assert not failed and again["event_id"] == event_id, again
+    failed, status = call_tool(mcp_url, "k-edges", "event_status", {"tenant": TENANT, "event_id": event_id})
+    assert not failed and status["status"] in ("pending", "applied"), status

@@ -115,6 +115,24 @@ def mcp_stdio(settings: Settings, api_key: str | None, **extra_env: Any) -> Any:
     return StdioServerParameters(command=sys.executable, args=["-m", "infra.cli", "mcp"], env=env, cwd=REPO_ROOT)
 
 
+def call_tool(url: str, key: str, tool: str, arguments: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+    """One call of `tool` on the MCP server at `url` (Streamable HTTP, `key` as the bearer), in a session of its own:
+    (is_error, tool_body)."""
+    import asyncio
+
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def call() -> tuple[bool, dict[str, Any]]:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+            async with Client(streamable_http_client(url, http_client=http)) as client:
+                result = await client.call_tool(tool, arguments)
+        return bool(result.is_error), tool_body(result)
+
+    return asyncio.run(call())
+
+
 def tool_body(result: Any) -> dict[str, Any]:
     """What an MCP tool call answered: a result's structured content, or the error body a tool error's text carries
     (an error has no structured content: api.mcp.tools.error_result)."""
