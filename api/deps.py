@@ -91,6 +91,8 @@ def tenants_for_key(settings: Settings, key: str | None, header: str = API_KEY_H
     The one rule for every front end: the HTTP API (`caller_tenants`) and the MCP server (api.mcp.auth).
     """
     if not key:
+        if header not in (API_KEY_HEADER, AUTHORIZATION_HEADER):  # a process's own key (`ledger mcp` over stdio)
+            raise _unauthorized(f"missing API key: start the server with {header} (or --api-key)", header)
         raise _unauthorized("missing API key: send X-API-Key or Authorization: Bearer", header)
     tenants = settings.api_keys.get(key)
     if tenants is None:

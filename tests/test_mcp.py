@@ -381,6 +381,7 @@ def test_stdio_refuses_to_start_without_a_known_key(stack: dict[str, Any]) -> No
         [params.command, *params.args], env=params.env, cwd=params.cwd, capture_output=True, timeout=120, input=b""
     )
     assert done.returncode == 2 and b"unknown API key" in done.stderr, done.stderr[-2000:]
+    assert b"LEDGER_MCP_API_KEY" in done.stderr and b"X-API-Key" not in done.stderr  # no header: the process's key
     assert done.stdout == b""  # stdout is the protocol: nothing else is ever written there
 
 

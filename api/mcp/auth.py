@@ -19,11 +19,11 @@ from typing import Any
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
 
-from api.deps import tenants_for_key
+from api.deps import AUTHORIZATION_HEADER, tenants_for_key
 from api.errors import ApiError
 from producers.settings import Settings
 
-__all__ = ["KeyVerifier", "caller_tenants", "check_admin", "with_tenant"]
+__all__ = ["STDIO_KEY", "KeyVerifier", "caller_tenants", "check_admin", "with_tenant"]
 
 
 class KeyVerifier:
@@ -43,10 +43,15 @@ class KeyVerifier:
         return AccessToken(token=key, client_id=client_id, scopes=[])
 
 
+STDIO_KEY = "LEDGER_MCP_API_KEY"  # where a stdio server's key comes from (or `--api-key`): what a refusal names
+
+
 def caller_tenants(settings: Settings, stdio_key: str | None) -> frozenset[str]:
     """The tenants of this call's key: the bearer token of the HTTP request, else the stdio server's key."""
     token = get_access_token()
-    return tenants_for_key(settings, token.token if token is not None else stdio_key)
+    if token is not None:
+        return tenants_for_key(settings, token.token, AUTHORIZATION_HEADER)
+    return tenants_for_key(settings, stdio_key, STDIO_KEY)
 
 
 def check_admin(settings: Settings, stdio_key: str | None) -> None:

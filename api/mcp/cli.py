@@ -35,11 +35,12 @@ def mcp(
     if transport == "stdio":
         from api.deps import tenants_for_key
         from api.errors import ApiError
+        from api.mcp.auth import STDIO_KEY
         from api.mcp.server import build_server
 
         key = api_key or s.mcp_api_key
         try:
-            tenants_for_key(s, key)
+            tenants_for_key(s, key, STDIO_KEY)
         except ApiError as exc:
             print(
                 f"ledger mcp: {exc.message}: set LEDGER_MCP_API_KEY or --api-key to a key of LEDGER_API_KEYS",
