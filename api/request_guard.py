@@ -1,8 +1,8 @@
 """What every HTTP request is checked for before any route reads it: its size, and its path and query as UTF-8.
 
-- A body over the limit (the API's `api_max_body_bytes`; the MCP server's, its SDK's) is refused with 413
-  `too_large` (at once when its Content-Length says so, else as soon as more has arrived), before the key is
-  checked: a caller without a key cannot make the process hold an unbounded body.
+- A body over `api_max_body_bytes` is refused with 413 `too_large` (at once when its Content-Length says so, else
+  as soon as more has arrived), before the key is checked: a caller without a key cannot make the process hold an
+  unbounded body.
 - A percent-escape that is not UTF-8 in the path or the query (`%ED%A0%80`, `%FF`) is refused with 422
   `unstorable_text` naming the parameter. The server would otherwise read it as U+FFFD and store or look up that
   other text.

@@ -4,8 +4,7 @@
 The lifespan opens the process's own Resources once; every tool call is handed them. Over HTTP an unknown bearer
 is the API's 401 with a bare `Bearer` challenge, not the SDK's OAuth `invalid_token`, which would tell a client to
 log in again to an authorization server this server does not have; `GET /mcp` is a 405, as a stateless server's
-stream would stay open forever; a body over the SDK's size is the API's 413 (api.request_guard). Tools carry our
-own schemas, so validation is the HTTP API's, not the SDK's.
+stream would stay open forever. Tools carry our own schemas, so validation is the HTTP API's, not the SDK's.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
 from mcp.server.streamable_http import CONTENT_TYPE_JSON, MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
-from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 from mcp_types import CallToolResult, JSONRPCMessage, JSONRPCResponse
 from pydantic import ConfigDict
 from starlette.applications import Starlette
@@ -35,7 +33,6 @@ from api.deps import AUTHORIZATION_HEADER
 from api.errors import ApiError, error_body
 from api.mcp.auth import KeyVerifier, caller_tenants, check_admin, with_tenant
 from api.mcp.tools import TOOLS, ToolSpec, error_result, run_tool
-from api.request_guard import RequestGuard
 from api.resources import Resources
 from producers.settings import Settings
 
@@ -160,8 +157,8 @@ def http_app(settings: Settings) -> Starlette:
         streamable_http_path=MCP_PATH, stateless_http=True, json_response=True, host=settings.mcp_host
     )
     for route in app.routes:
-        if isinstance(route, Route) and route.path == MCP_PATH:  # the API's checks and shapes, at the SDK's size
-            route.app = RequestGuard(_in_one_shape(route.app), max_body_bytes=DEFAULT_MAX_REQUEST_BODY_SIZE)
+        if isinstance(route, Route) and route.path == MCP_PATH:
+            route.app = _in_one_shape(route.app)
     return app
 
 
