@@ -148,10 +148,15 @@ def spawn(
     user: str | None = None,
 ) -> int:
     """Start a long-running server detached from this process (`env` added to ours), output appended to log;
-    its pid goes to `pid_file`, so a later `infra down` finds it."""
+    its pid goes to `pid_file`, so a later `infra down` finds it. It returns once the child's command line reads
+    back: Popen returns when exec has begun, and /proc/<pid>/cmdline reads empty until the kernel has set up the new
+    program's arguments, so an `owned_pid` at once could disown a process that is ours."""
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     proc = launch(cmd, log, {**os.environ, **(env or {})}, cwd, user=user)
     pid_file.write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + 5.0
+    while not cmdline(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
     return proc.pid
 
 
