@@ -126,6 +126,9 @@ class Resources:
                 stack.callback(keys.close)
             recall = RecallEngine(settings, es, pool)
             stack.push_async_callback(recall.aclose)  # its LISTEN connection (erasure notifications)
+            if keys is not None:  # a subject's key retired or destroyed by any process: not sealed with here again
+                recall.vocab.also_forget.append(keys.forget_tenant)
+                recall.commits()
             access = AccessRecorder(settings).start()  # its flush thread; closing it flushes what is queued
             stack.callback(access.close)
             offsets = EndOffsetReader(settings, timeout_s=settings.api_kafka_timeout_s)  # connects on first read

@@ -356,17 +356,44 @@ class LedgerProducer:
         """Replace each clear record by its sealed one; without a data key, nothing of it is sent (unavailable)."""
         assert self.keys is not None
         events = {i: item[5] for i, item in enumerate(prepared) if not isinstance(item, InvalidEvent)}
-        for event in events.values():  # an erasure retires its subject's key first: later events get a new one
-            if event is not None and not sealable(event):
-                try:
-                    self.keys.retire(event.tenant, event.subject, event.event_id)
-                except Exception as exc:  # noqa: BLE001 - an erasure is never held back: the worker then shreds the live key
-                    log.warning("erasure %s: the subject's key was not retired (%s)", event.event_id, _reason(exc))
-        todo = {i: event for i, event in events.items() if event is not None and sealable(event)}
-        if not todo:
+        # In log order: the events before an erasure are sealed with the key it retires (and its worker destroys),
+        # the events after it with the new key the retirement makes the next ask hand out. Keys asked for after the
+        # retirement would seal the subject's erased past with a key that survives it; asked for before it, they
+        # would seal its new events with a key the erasure destroys, and the worker could not open them.
+        todo: dict[int, MemoryEvent] = {}
+        for i, event in events.items():
+            if event is None:
+                continue
+            if sealable(event):
+                todo[i] = event
+                continue
+            # the erased subject's key is asked for too: a subject without one gets one that this erasure retires,
+            # so its worker destroys that key and not the one the subject's next event is sealed with
+            self._seal_with_keys(prepared, todo, refused, report_invalid, also=(event.tenant, event.subject))
+            todo = {}
+            try:
+                self.keys.retire(event.tenant, event.subject, event.event_id)
+            except Exception as exc:  # noqa: BLE001 - an erasure is never held back: the worker then shreds the live key
+                log.warning("erasure %s: the subject's key was not retired (%s)", event.event_id, _reason(exc))
+        self._seal_with_keys(prepared, todo, refused, report_invalid)
+
+    def _seal_with_keys(
+        self,
+        prepared: list[_Ready | InvalidEvent],
+        todo: dict[int, MemoryEvent],
+        refused: dict[int, PublishError],
+        report_invalid: bool,
+        also: tuple[str, str] | None = None,
+    ) -> None:
+        """Seal the events `todo` (index in `prepared` -> event) with their subjects' keys as the key source hands
+        them out now (one ask, for the subject `also` too); without a data key, nothing of them is sent
+        (unavailable)."""
+        assert self.keys is not None
+        pairs = {(event.tenant, event.subject) for event in todo.values()} | ({also} if also else set())
+        if not pairs:
             return
         try:
-            keys = self.keys.sealing_keys({(event.tenant, event.subject) for event in todo.values()})
+            keys = self.keys.sealing_keys(pairs)
         except Exception as exc:  # noqa: BLE001 - the key service failed: reported per event, nothing sent clear
             for i, event in todo.items():
                 refused[i] = PublishError(event.event_id, f"no data key: {_reason(exc)}", "unavailable")

@@ -12,6 +12,8 @@ real servers.
 - Migration: clear records, then sealed ones, of one subject: both project, and its erasure record counts them
   apart (the clear ones stay readable in the log, and the record says so).
 - An erasure from a raw producer (which retired no key) still destroys the subject's live key.
+- Events around an erasure in one publish: those before it sealed with the key it destroys, those after with a new
+  one; a subject erased through one process is sealed anew by another at once (the erasure's notification).
 """
 
 from __future__ import annotations
@@ -278,6 +280,94 @@ def test_an_erasure_published_raw_destroys_the_subjects_live_key(on):
     )
     assert new_kid not in kids
     assert [f["key"] for f in _facts(client, subject)] == ["k.new"]
+
+
+def _kid_at(settings, result) -> str:
+    """The key id that sealed the record a publish result names."""
+    return next(
+        parse_envelope(orjson.loads(r.value)).key_id
+        for r in read_topic(settings)
+        if (r.partition, r.offset) == (result.partition, result.offset)
+    )
+
+
+def test_events_around_an_erasure_in_one_batch_are_sealed_with_the_key_it_destroys_and_a_new_one(on):
+    """One publish holds a subject's events before its erasure and after it (and a subject never seen, erased
+    first): the ones before are sealed with the key the erasure destroys (its past is shredded, in the log too),
+    the ones after with a key it leaves alone, and the producer's next event of the subject (its cache) applies."""
+    settings, client = on.settings, on.client
+    known, fresh = f"user:batch-erasure-{uuid.uuid4().hex[:8]}", f"user:erased-first-{uuid.uuid4().hex[:8]}"
+    with LedgerProducer(settings) as producer:
+        before, erasure, after, erasure2, fresh_after = producer.publish_many(
+            [
+                asserted(known, "k.before", 1, 1, tenant=TENANT, content="said before the erasure"),
+                erased(known, tenant=TENANT, reason="one batch"),
+                asserted(known, "k.after", 2, 2, tenant=TENANT, content="said after the erasure"),
+                erased(fresh, tenant=TENANT, reason="a subject without a key yet"),
+                asserted(fresh, "k.after", 3, 3, tenant=TENANT, content="the first thing it says"),
+            ]
+        )
+        on.settle()
+        next_one = producer.publish(asserted(known, "k.next", 4, 4, tenant=TENANT, content="said a moment later"))
+        on.settle()
+    assert erasure.event_id and erasure2.event_id
+    kid_before, kid_after, kid_next = _kid_at(settings, before), _kid_at(settings, after), _kid_at(settings, next_one)
+    states = _keys_of(settings, {kid_before, kid_after, kid_next, _kid_at(settings, fresh_after)})
+    assert states[kid_before].destroyed
+    assert kid_after != kid_before and not states[kid_after].destroyed
+    assert kid_next == kid_after
+    assert not states[_kid_at(settings, fresh_after)].destroyed
+    assert sorted(f["key"] for f in _facts(client, known)) == ["k.after", "k.next"]
+    assert [f["key"] for f in _facts(client, fresh)] == ["k.after"]
+
+
+def test_a_subject_erased_through_one_process_is_sealed_anew_by_another_at_once(on):
+    """Two processes with their own key caches (the app's, and the Resources an MCP server runs on): the first
+    erases a subject whose key the second holds; the erasure's notification makes the second drop it, so its next
+    event is sealed with a new key and applied, not sealed with the destroyed one and lost."""
+    from api.mcp.tools import TOOLS, run_tool
+    from api.resources import Resources
+
+    settings, client = on.settings, on.client
+    subject = f"user:two-doors-{uuid.uuid4().hex[:8]}"
+    remember = next(t for t in TOOLS if t.name == "remember")
+
+    async def scenario() -> tuple[dict, dict]:
+        async with Resources.open(settings, warm_embedder=False) as res:
+            assert res.keys is not None
+
+            async def say(key: str, value: str) -> dict:
+                args = {"event_id": uuid.uuid4().hex, "tenant": TENANT, "subject": subject, "key": key, "value": value}
+                result = await run_tool(remember, res, frozenset({TENANT}), {**args, "content": f"{key} is {value}"})
+                assert not result.is_error, result.content
+                return result.structured_content
+
+            first = await say("pref.color", "red")
+            assert (TENANT, subject) in res.keys._cache  # this process now holds the subject's key
+            await asyncio.to_thread(on.settle)
+            gone = await asyncio.to_thread(
+                client.delete, f"/v1/subjects/{subject}", params={"tenant": TENANT}, headers=HEADERS
+            )
+            assert gone.status_code == 202, gone.text
+            for _ in range(200):  # the notification reaches this process's listener
+                if (TENANT, subject) not in res.keys._cache:
+                    break
+                await asyncio.sleep(0.05)
+            assert (TENANT, subject) not in res.keys._cache
+            return first, await say("pref.color", "blue")
+
+    first, second = asyncio.run(scenario())
+    on.settle()
+    assert _kid_at_offset(settings, second) != _kid_at_offset(settings, first)
+    assert [(f["key"], f["value"]) for f in _facts(client, subject)] == [("pref.color", "blue")]
+
+
+def _kid_at_offset(settings, answer: dict) -> str:
+    return next(
+        parse_envelope(orjson.loads(r.value)).key_id
+        for r in read_topic(settings)
+        if (r.partition, r.offset) == (answer["partition"], answer["offset"])
+    )
 
 
 # -- migration: clear records first, sealed ones later ---------------------------------------------------------

@@ -5,8 +5,11 @@ each kept `key_cache_ttl_s`): a burst of events about one subject asks once. `Re
 `POST /v1/keys` with an API key (which tenants it may ask for is the API's rule, as for every route), so a
 service that publishes needs Kafka and an API key, never PostgreSQL credentials or the KEK.
 
-A cached key outlives its subject's erasure by at most the TTL: an event sealed with it after the erasure is
-applied is treated as erased (its key is gone), so keep the TTL short where subjects are erased and re-created.
+A process that publishes an erasure retires the subject's key at the source and in its own cache; the API and
+the MCP server also drop a tenant's cached keys when the key store or the projection notifies an erasure of one of
+its subjects (`forget_tenant`). Any other process's cached key outlives the erasure by at most the TTL: an event it
+seals with that key after the erasure is applied cannot be opened once the key is destroyed, so keep the TTL short
+where subjects are erased and re-created.
 """
 
 from __future__ import annotations
@@ -122,6 +125,13 @@ class CachedKeys:
         """Drop a subject's cached key: the next event asks for the subject's current key."""
         with self._lock:
             self._cache.pop((tenant, subject), None)
+
+    def forget_tenant(self, tenant: str | None) -> None:
+        """Drop the cached keys of `tenant` (None: all): one of its subjects is being erased, maybe by another
+        process, which cannot reach this cache but notifies (`producers.keys.store.ERASURE_CHANNEL`)."""
+        with self._lock:
+            for pair in [p for p in self._cache if tenant is None or p[0] == tenant]:
+                del self._cache[pair]
 
     def retire(self, tenant: str, subject: str, erasure_id: str) -> int:
         """Retire the subject's key at its source and here, before its erasure `erasure_id` is published."""

@@ -39,6 +39,7 @@ from producers.keys.kek import CHECK_PLAINTEXT, KekError, KeyEncryption, load_ke
 from producers.settings import Settings
 
 __all__ = [
+    "ERASURE_CHANNEL",
     "ErasureRecord",
     "KeyContext",
     "KeyState",
@@ -59,6 +60,10 @@ __all__ = [
     "subject_digests",
     "unsealed_warning",
 ]
+
+# LISTEN for {schema, tenant[, subject]}: a subject of the tenant is being erased (a producer retired its key) or was
+# (its erasure committed in the projection): caches of its keys or of what it said are out of date
+ERASURE_CHANNEL = "memory_ledger_erasure"
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +346,11 @@ def destroy_subject_keys(
 def retire_subject_key(
     conn: psycopg.Connection, digests: SubjectDigests, tenant: str, subject: str, erasure_id: str
 ) -> int:
-    """Stop handing out the subject's live key: `erasure_id` is about to be published (producers call this first)."""
+    """Stop handing out the subject's live key: `erasure_id` is about to be published (producers call this first).
+
+    Other processes may hold the key in their caches (`producers.keys.provider.CachedKeys`): the notification on
+    ERASURE_CHANNEL, delivered when this commits, makes those that listen (the API's and the MCP server's) drop it
+    at once, not when their cache's time runs out."""
     cur = conn.cursor()
     cur.execute(
         sql.SQL(
@@ -350,7 +359,12 @@ def retire_subject_key(
         ).format(_t(digests.schema, "data_keys")),
         (erasure_id, tenant, digests.lookup(cur, tenant, subject)),
     )
-    return cur.rowcount
+    retired = cur.rowcount
+    cur.execute(
+        "SELECT pg_notify(%s, json_build_object('schema', %s::text, 'tenant', %s::text)::text)",
+        (ERASURE_CHANNEL, digests.schema, tenant),
+    )
+    return retired
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from psycopg.types.json import Jsonb
 from producers.contract import EventType, InvalidEvent, MemoryEvent, wire_fingerprint
 from producers.keys.envelope import has_personal
 from producers.keys.store import (
+    ERASURE_CHANNEL,
     ErasureRecord,
     KeyContext,
     destroy_subject_keys,
@@ -58,7 +59,6 @@ __all__ = [
     "connect",  # the positioned projections' (projections.postgres.positioned)
 ]
 
-ERASURE_CHANNEL = "memory_ledger_erasure"  # LISTEN for {schema, tenant, subject} after each erasure commits
 OUTBOX_CHANNEL = "memory_ledger_outbox"  # LISTEN for <schema> after a commit that gave the indexers work
 _NO_FACT = (Route.ERASURE, Route.RESOLUTION)  # routes whose events are logged under no fact (memory_id NULL)
 VERSION_COLUMNS = (

@@ -224,12 +224,18 @@ class VocabularyCache:
         self.full_loads = 0  # for tests and the bench: how often a tenant was read whole
         self.delta_loads = 0
         self.listener: CommitListener | None = None
+        # called with the tenant (None: every tenant) whenever this cache forgets one: the erasure notifications
+        # this cache's listener hears outdate them as well
+        self.also_forget: list[Callable[[str | None], None]] = []
         self._logged: set[str] = set()  # schemas whose vocab_log was read: NEWEST_SQL runs there
 
     def invalidate(self, schema: str | None = None, tenant: str | None = None) -> None:
         """Forget the matching entries (None matches all), and the loads in flight for them: they may have
-        read the rows before the erasure committed, so their result is not cached either."""
+        read the rows before the erasure committed, so their result is not cached either. Then the process's other
+        caches of the tenant (`also_forget`: its data keys) forget it too."""
         self.invalidations += 1
+        for forget in self.also_forget:
+            forget(tenant)
 
         def match(k: tuple[str, str]) -> bool:
             return (schema is None or k[0] == schema) and (tenant is None or k[1] == tenant)
