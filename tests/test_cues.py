@@ -68,6 +68,24 @@ def test_longest_alias_wins_over_the_shorter_one_inside_it():
     assert cues.alias_matches == (("前 端 端 口", ("project.frontend_port",)),)
 
 
+@pytest.mark.parametrize(
+    ("key", "aliases", "question"),
+    [
+        ("reports.to", [], "how do I reset my password to the default?"),
+        ("friend.of", [], "what is the capital of France?"),
+        ("misc.it", ["the", "是"], "is it the one? 这是什么"),
+    ],
+)
+def test_a_key_or_alias_of_stop_words_only_is_never_a_cue(key, aliases, question):
+    """A key whose last segment is a stop word (`reports.to` reads `to`), or an alias made only of them, would be
+    found in nearly every question and answer it exactly with that fact."""
+    vocab = Vocabulary.build(entities=[], subjects=[], key_aliases=[(key, aliases)])
+    cues = extract(question, vocab, NOW)
+    assert cues.keys == () and cues.alias_matches == ()
+    full = key_phrases(key)[0]  # the key read whole still is one
+    assert extract(f"{question} {full}", vocab, NOW).keys == (key,)
+
+
 def test_id_shaped_tokens_are_entities_even_when_unknown():
     cues = extract("订单 OD99999 和 user:7 呢", VOCAB, NOW)
     assert set(cues.entities) == {"od99999", "user:7"}

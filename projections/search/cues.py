@@ -304,7 +304,8 @@ class Vocabulary:
         table: dict[str, set[str]] = {}
         for key, aliases in key_aliases:
             for phrase in [*key_phrases(key), *(canonical(a) for a in aliases)]:
-                if phrase:
+                # a phrase of stop words only (`to` of `reports.to`) is in nearly every question: never a cue
+                if phrase and not _STOP_UNITS.issuperset(phrase.split(" ")):
                     table.setdefault(phrase, set()).add(key)
         bags: dict[str, set[tuple[str, ...]]] = {}
         for phrase in table:
