@@ -369,6 +369,21 @@ def test_another_tenants_receipt_is_refused(stack: Any) -> None:
     assert _verify(stack, theirs, headers=H_OTHER).json()["valid"] is True
 
 
+def test_a_cited_place_of_another_tenants_event_reads_as_an_empty_one(stack: Any) -> None:
+    """A receipt of this tenant citing the place of another tenant's event learns nothing of it: the same state and
+    detail as a place where the ledger holds no event, while its own event's place still reads held."""
+    theirs = _get(stack, f"/v1/subjects/{SUBJECT}/facts", tenant=OTHER).json()["receipt"]
+    ours = _get(stack, f"/v1/subjects/{SUBJECT}/facts").json()["receipt"]
+    place = {k: theirs["cited"][0][k] for k in ("partition", "offset")}
+    forged = {**ours, "cited": [{**ours["cited"][0], **place}]}
+    r = _verify(stack, forged)
+    assert r.status_code == 200, r.text
+    (check,) = r.json()["cited"]
+    assert (check["state"], check["detail"]) == ("missing", "the ledger holds no such event at that place"), check
+    (own,) = _verify(stack, ours).json()["cited"]
+    assert own["state"] == "held", own
+
+
 def test_the_mcp_tools_verify_and_replay(stack: Any) -> None:
     asyncio.run(_mcp_tools(stack, _recall(stack)))
 
