@@ -461,8 +461,8 @@ class Additions:
 
 
 def fact_of(event: MemoryEvent, resolved: Mapping[tuple[str, str], str] | None = None) -> str:
-    """The memory_id whose chain `event` belongs to: its own, or for a retraction of an episode the episode's
-    (`resolved`: (tenant, event_id) -> memory_id, what the recorder found the retraction's target to be)."""
+    """The memory_id whose chain `event` belongs to: its own, or for a retraction the recorder resolved by its
+    target (an episode, or no key named) the target's (`resolved`: (tenant, event_id) -> memory_id)."""
     if resolved:
         return resolved.get((event.tenant, event.event_id), event.memory_id)
     return event.memory_id
@@ -473,9 +473,9 @@ def additions(
 ) -> Additions:
     """The one dispatch on the event type, shared by the recorder and `apply` (and so by the tests).
 
-    `events` are (event, partition, offset); `resolved` files the retractions of episodes under their episode
-    (`fact_of`). `subject.erased` adds nothing to a fact: the recorder purges the subject on its own, so meeting
-    one here is a caller's mistake (ValueError).
+    `events` are (event, partition, offset); `resolved` files the retractions resolved by their target under the
+    target's fact (`fact_of`). `subject.erased` adds nothing to a fact: the recorder purges the subject on its own,
+    so meeting one here is a caller's mistake (ValueError).
     """
     out = Additions()
     for event, partition, offset in events:

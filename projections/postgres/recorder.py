@@ -311,7 +311,7 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
     def _apply_events(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult) -> None:
         if not records:
             return
-        resolved = self._episode_targets(cur, records)
+        resolved = self._retraction_targets(cur, records)
         new = self._log_events(cur, records, result, resolved)
         result.applied += len(new)
         self._resolve_dead_letters(cur, [r for r in new if r.event is not None and r.event.dead_letter is not None])
@@ -378,9 +378,11 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
             ),
         )
 
-    def _episode_targets(self, cur: psycopg.Cursor, records: list[Incoming]) -> dict[tuple[str, str], str]:
-        """(tenant, event_id) of each retraction whose target_version is an episode of its tenant and subject logged
-        before it (stored, or earlier in this batch) -> that episode's memory_id (projections.versions.fact_of).
+    def _retraction_targets(self, cur: psycopg.Cursor, records: list[Incoming]) -> dict[tuple[str, str], str]:
+        """(tenant, event_id) of each retraction whose target_version is a version of its tenant and subject logged
+        before it (stored, or earlier in this batch) -> that version's memory_id (projections.versions.fact_of),
+        when the target is an episode (whose id is not its key's) or the retraction names no key (the contract
+        lets target_version alone say which fact it ends).
 
         "Before" is ledger order: a subject's events share a partition, so a replay resolves each retraction as the
         first run did, however the records are batched.
@@ -392,18 +394,19 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         ]
         if not wanted:
             return {}
-        logged: dict[str, tuple[str, str, str, tuple[int, int] | None]] = {}
+        logged: dict[str, tuple[str, str, str, bool, tuple[int, int] | None]] = {}
         cur.execute(
-            "SELECT version_id, tenant, subject, memory_id FROM fact_versions "
-            "WHERE version_id = ANY(%s) AND kind = 'episodic'",
+            "SELECT version_id, tenant, subject, memory_id, kind = 'episodic' FROM fact_versions "
+            "WHERE version_id = ANY(%s)",
             ([e.target_version for e in wanted],),
         )
-        for vid, tenant, subject, mid in cur.fetchall():
-            logged[vid] = (tenant, subject, mid, None)
+        for vid, tenant, subject, mid, episodic in cur.fetchall():
+            logged[vid] = (tenant, subject, mid, episodic, None)
         for r in records:
             e = r.event
-            if e is not None and e.type is EventType.ASSERTED and e.kind.value == "episodic":
-                logged.setdefault(e.version_id, (e.tenant, e.subject, e.memory_id, (r.partition, r.offset)))
+            if e is not None and e.type is EventType.ASSERTED:
+                episodic = e.kind.value == "episodic"
+                logged.setdefault(e.version_id, (e.tenant, e.subject, e.memory_id, episodic, (r.partition, r.offset)))
         out: dict[tuple[str, str], str] = {}
         for r in records:
             e = r.event
@@ -413,7 +416,8 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
             if (
                 found is not None
                 and found[:2] == (e.tenant, e.subject)
-                and (found[3] or (-1, -1)) < (r.partition, r.offset)
+                and (found[3] or e.key is None)
+                and (found[4] or (-1, -1)) < (r.partition, r.offset)
             ):
                 out[(e.tenant, e.event_id)] = found[2]
         return out
