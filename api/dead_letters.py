@@ -10,6 +10,7 @@ a duplicate and any other, even one sent before the first is applied, is 409 `de
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any, Literal
 
@@ -29,7 +30,7 @@ from producers.settings import Settings
 from projections import shapes
 from projections.postgres import connection
 from projections.postgres.dead_letters import State, dead_letter, list_dead_letters
-from projections.postgres.idempotency import claim_events
+from projections.postgres.idempotency import claim_events, release_claims
 
 __all__ = [
     "DISCARD_SUBJECT",
@@ -213,14 +214,17 @@ async def redrive_dead_letter(
     letter, _ = await _letter(res, tenant, partition, offset)
     _open(letter, partition, offset)
     corrected = {**event, "tenant": tenant, "dead_letter": link}
+    claimed: tuple[str, str, str] | None = None
     if corrected.get("event_id") is None:  # the letter's own id: a retry is a duplicate, another re-drive a conflict
         corrected["event_id"] = letter_id(partition, offset)
     else:  # the re-driven event keeps its id (the producer's status of it resolves): the letter's id is claimed too
-        await _claim_letter(res, tenant, partition, offset, corrected)
+        claimed = await _claim_letter(res, tenant, partition, offset, corrected)
     try:
-        result = await publish_one(res, tenants, corrected)
+        result = await publish_one(res, tenants, corrected, resolutions=True)
     except ApiError as exc:  # the door names the field relative to the event
         _resolved_meanwhile(exc, partition, offset, corrected["event_id"])
+        if exc.status == 422 and corrected["event_id"] != letter_id(partition, offset) and claimed is not None:
+            await _release_letter(res, claimed)  # refused before anything was published: the letter stays open
         raise ApiError(exc.status, exc.code, exc.message, _within("event", exc.field), headers=exc.headers) from None
     return {"dead_letter": link, **result}
 
@@ -230,18 +234,29 @@ def letter_id(partition: int, offset: int) -> str:
     return f"deadletter:{partition}:{offset}"
 
 
-async def _claim_letter(res: Resources, tenant: str, partition: int, offset: int, event: dict[str, Any]) -> None:
-    """Claim the letter's id for a re-drive under an id of its own, with the corrected event's fingerprint: the
-    same correction again passes (its own id then makes it a duplicate), any other resolution is refused. An event
-    the contract refuses claims nothing: the door names its field next."""
+async def _claim_letter(
+    res: Resources, tenant: str, partition: int, offset: int, event: dict[str, Any]
+) -> tuple[str, str, str] | None:
+    """Claim the letter's id for a re-drive under an id of its own, with a fingerprint of the corrected event and
+    that id: the same re-drive again passes (its own id then makes it a duplicate), any other resolution is refused,
+    even the same correction under another id (it would be applied twice). An event the contract refuses claims
+    nothing: the door names its field next. The claim made (tenant, id, fingerprint), to release on a refusal."""
     try:
-        fingerprint = from_dict(event).fingerprint
+        parsed = from_dict(event)
     except InvalidEvent:
-        return
+        return None
+    fingerprint = hashlib.sha256(f"{parsed.fingerprint}\n{parsed.event_id}".encode()).hexdigest()
+    claim_of = (tenant, letter_id(partition, offset), fingerprint)
     async with res.pool.connection() as conn:
-        (claim,) = await claim_events(conn, [(tenant, letter_id(partition, offset), fingerprint)])
+        (claim,) = await claim_events(conn, [claim_of])
     if claim.state == "conflict" or claim.state == "erased":
         raise _being_resolved(partition, offset)
+    return claim_of
+
+
+async def _release_letter(res: Resources, claim: tuple[str, str, str]) -> None:
+    async with res.pool.connection() as conn:
+        await release_claims(conn, [claim])
 
 
 def _resolved_meanwhile(exc: ApiError, partition: int, offset: int, event_id: str) -> None:
@@ -278,7 +293,7 @@ async def discard_dead_letter(
         "source": {"type": "system", "service": "dead-letters"},
     }
     try:
-        result = await publish_one(res, tenants, event)
+        result = await publish_one(res, tenants, event, resolutions=True)
     except ApiError as exc:
         _resolved_meanwhile(exc, partition, offset, event["event_id"])
         raise

@@ -62,13 +62,22 @@ def _invalid(index: int, raw: Any, exc: InvalidEvent) -> dict[str, Any]:
     return _refused(raw, {"code": exc.code, "field": field, "message": exc.message})
 
 
+def _memory_id_at_the_door(event: MemoryEvent) -> str | None:
+    """The fact an accepted event is about, as the door knows it: none for an erasure, nor for a retraction naming
+    its target_version (the worker files it under the target's fact when that is an episode or no key is named,
+    which only the projection knows)."""
+    if event.type is EventType.ERASED or (event.type is EventType.RETRACTED and event.target_version is not None):
+        return None
+    return event.memory_id
+
+
 def _accepted(event: MemoryEvent, partition: int | None, offset: int | None, **flags: bool) -> dict[str, Any]:
     return {
         "event_id": event.event_id,
         "accepted": True,
         "duplicate": flags.get("duplicate", False),
         **({"erased": True} if flags.get("erased") else {}),
-        "memory_id": event.memory_id if event.type is not EventType.ERASED else None,
+        "memory_id": _memory_id_at_the_door(event),
         "version_id": event.version_id if event.type is EventType.ASSERTED else None,
         "partition": partition,
         "offset": offset,
@@ -143,9 +152,19 @@ def _conflict(index: int, event: MemoryEvent, where: str) -> dict[str, Any]:
     }
 
 
-async def publish_events(res: Resources, tenants: frozenset[str], events: list[Any]) -> tuple[int, dict[str, Any]]:
+_RESOLVED_AT_ITS_DOOR = (
+    "names a dead letter: resolve it with POST /v1/dead-letters/redrive or /discard (or the MCP operator tools), "
+    "which check the letter is this tenant's and open, and let one action resolve it"
+)
+
+
+async def publish_events(
+    res: Resources, tenants: frozenset[str], events: list[Any], *, resolutions: bool = False
+) -> tuple[int, dict[str, Any]]:
     """(status, body) of `POST /v1/events` for these raw events: validate each, answer retries and conflicts from
-    what is stored, publish the new valid ones. 403 (raised) if any names a tenant the key may not use."""
+    what is stored, publish the new valid ones. 403 (raised) if any names a tenant the key may not use.
+    `resolutions`: the dead-letter workflow's call (api.dead_letters), which checked and claimed the letter an
+    event names; any other refuses an event naming one (422 on its `dead_letter`)."""
     settings = res.settings
     for i, raw in enumerate(events):  # tenancy first: one foreign tenant and nothing is published
         if isinstance(raw, dict) and isinstance(raw.get("tenant"), str):
@@ -163,6 +182,9 @@ async def publish_events(res: Resources, tenants: frozenset[str], events: list[A
                 event = from_dict(raw, now=now, max_future_skew=skew)
             except InvalidEvent as exc:
                 results[i] = _invalid(i, raw, exc)
+                continue
+            if event.dead_letter is not None and not resolutions:
+                results[i] = _invalid(i, raw, InvalidEvent("invalid_value", _RESOLVED_AT_ITS_DOOR, "dead_letter"))
                 continue
             key = (event.tenant, event.event_id)
             if key not in first:
@@ -251,11 +273,13 @@ def _relative(field: str | None) -> str | None:
     return field.removeprefix("events.0").removeprefix(".") or None
 
 
-async def publish_one(res: Resources, tenants: frozenset[str], event: dict[str, Any]) -> dict[str, Any]:
+async def publish_one(
+    res: Resources, tenants: frozenset[str], event: dict[str, Any], *, resolutions: bool = False
+) -> dict[str, Any]:
     """One event through the door of `publish_events`: its result (accepted, duplicate, ids, position), or the
     refusal raised as an ApiError (422 naming the event's field, 403 for the tenant, 503 naming kafka)."""
     try:
-        status, payload = await publish_events(res, tenants, [event])
+        status, payload = await publish_events(res, tenants, [event], resolutions=resolutions)
     except ApiError as exc:
         raise ApiError(exc.status, exc.code, exc.message, _relative(exc.field), headers=exc.headers) from None
     result = payload["results"][0]

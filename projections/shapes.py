@@ -276,7 +276,15 @@ class EventResult(TypedDict):
     accepted: Annotated[bool, doc("true: in the ledger (or there already); false: refused (see error)")]
     duplicate: NotRequired[Annotated[bool | None, doc("true: this (tenant, event_id) was already there")]]
     erased: NotRequired[Annotated[bool | None, doc("true: its subject was erased since; nothing published")]]
-    memory_id: NotRequired[Annotated[str | None, doc(_MEMORY_ID)]]
+    memory_id: NotRequired[
+        Annotated[
+            str | None,
+            doc(
+                f"{_MEMORY_ID}; null for an erasure, and for a retraction naming target_version (the worker "
+                "finds the target's fact: status_url says which once applied)"
+            ),
+        ]
+    ]
     version_id: NotRequired[Annotated[str | None, doc("the version a memory.asserted creates (tenant-scoped)")]]
     partition: NotRequired[Annotated[int | None, doc(_PARTITION)]]
     offset: NotRequired[Annotated[int | None, doc(_OFFSET)]]

@@ -99,6 +99,41 @@ def test_a_targeted_retraction_ends_exactly_its_version(stack) -> None:
     assert effects(client)[retraction] == {**effects(client)[retraction], "effect": "ended", "version_id": target}
 
 
+@pytest.mark.parametrize("kind", ["state", "preference"])
+def test_a_retraction_naming_only_its_target_version_ends_that_version(stack, kind) -> None:
+    """The contract lets target_version alone (no key) say which fact a retraction ends: it ends that version of a
+    fact of any kind, not only an episode's; with the key of another fact it still ends nothing."""
+    writer, client = stack
+    aisle = writer.write(**asserted("aisle", day(0), kind=kind))
+    target = version_id_for(TENANT, aisle)
+    other_key = writer.write(
+        type="memory.retracted", key="preference.meal", observed_at=day(1), valid_from=day(1), target_version=target
+    )
+    assert seat(client, day(2)) == "aisle"
+    retraction = writer.write(
+        type="memory.retracted", key=None, observed_at=day(3), valid_from=day(3), target_version=target
+    )
+    assert seat(client, day(2)) == "aisle" and seat(client, day(4)) is None
+    got = effects(client)
+    assert got[other_key]["effect"] == "no_effect", got[other_key]
+    assert got[retraction] == {**got[retraction], "effect": "ended", "version_id": target}
+    assert got[aisle]["effect"] == "retracted"
+
+
+def test_the_door_names_no_fact_for_a_retraction_it_cannot_place(stack) -> None:
+    """A retraction naming its target_version is filed by the worker under the target's fact (an episode's, or any
+    when no key is named): the door, which cannot know it, answers no memory_id rather than a wrong one."""
+    _, client = stack
+    base = {"type": "memory.retracted", "tenant": TENANT, "subject": SUBJECT}
+    targeted = {**base, "event_id": "r-target", "target_version": version_id_for(TENANT, "some-episode")}
+    keyed = {**base, "event_id": "r-key", "key": KEY}
+    r = client.post("/v1/events", json={"events": [targeted, keyed]}, headers=HEADERS)
+    assert r.status_code == 200, r.text
+    first, second = r.json()["results"]
+    assert first["accepted"] and first["memory_id"] is None, first
+    assert second["accepted"] and second["memory_id"] == from_dict(keyed).memory_id, second
+
+
 def test_the_audit_replay_says_what_each_event_did(stack) -> None:
     writer, client = stack
     first = writer.write(**asserted("aisle", day(0), kind="state"))

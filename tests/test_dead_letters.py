@@ -324,14 +324,15 @@ def test_an_erasure_takes_the_resolutions_its_subjects_events_made(world: World)
 
 def test_one_resolution_a_letter_even_before_the_worker_applies_the_first(world: World) -> None:
     """While a resolution is in flight the letter still reads open, so the door's claim of the letter's own id is
-    what refuses the others: a retry is the same event, another re-drive or a discard is 409, and only the first
-    correction is in force once the worker applies the log."""
+    what refuses the others: a retry is the same event, another re-drive (the same correction under another id too)
+    or a discard is 409, and only the first correction is in force once the worker applies the log. `POST
+    /v1/events` takes no event naming a letter, and a re-drive the door refuses leaves the letter open."""
     records = [
         (f"dl-acme|user:{n}".encode(), orjson.dumps(wire(f"user:{n}", tenant=A, event_id=f"ev-race-{n}", content=...)))
-        for n in (21, 22)
+        for n in (21, 22, 23)
     ]
-    (p1, o1), (p2, o2) = publish_raw(world.settings, records)
-    wait_for(lambda: {(p1, o1), (p2, o2)} <= set(world.letters()), 90, what="the two letters listed")
+    (p1, o1), (p2, o2), (p3, o3) = publish_raw(world.settings, records)
+    wait_for(lambda: {(p1, o1), (p2, o2), (p3, o3)} <= set(world.letters()), 90, what="the three letters listed")
     key = {"X-API-Key": "key-a"}
 
     def redrive(p: int, o: int, **event: Any) -> httpx.Response:
@@ -364,8 +365,20 @@ def test_one_resolution_a_letter_even_before_the_worker_applies_the_first(world:
         assert again.status_code == 200 and again.json()["event_id"] == "ev-race-own", again.text
         resolved(redrive(p2, o2, **{**own, "value": "second"}))
         resolved(redrive(p2, o2, **{**own, "event_id": "ev-race-other", "value": "other"}))
+        resolved(redrive(p2, o2, **{**own, "event_id": "ev-race-same"}))  # the same correction twice: no
         resolved(discard(p2, o2))
+        # the door of every other write takes no resolution: it would pass the letter's checks and claim
+        for p, o in ((p2, o2), (p3, o3), (0, 10**12)):
+            linked = {**own, "tenant": A, "event_id": f"ev-side-{p}-{o}", "dead_letter": {"partition": p, "offset": o}}
+            r = world.http.post("/v1/events", json={"events": [linked]}, headers=key)
+            (result,) = r.json()["results"]
+            assert not result["accepted"] and result["error"]["field"] == "events.0.dead_letter", r.text
+        # a re-drive the door refuses publishes nothing and leaves the letter open to another action
+        refused = redrive(p3, o3, **{**first, "subject": "user:23", "event_id": "ev-orig"})  # id taken by other content
+        assert refused.status_code == 422 and refused.json()["detail"][0]["field"] == "event.event_id", refused.text
+        assert discard(p3, o3).status_code == 200
     world.caught_up()
+    assert world.letters()[(p3, o3)]["state"] == "discarded"
     letters = world.letters()
     assert letters[(p1, o1)]["state"] == "redriven", letters[(p1, o1)]
     assert letters[(p1, o1)]["resolution"]["event_id"] == f"deadletter:{p1}:{o1}"
