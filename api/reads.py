@@ -123,8 +123,8 @@ async def subject_log(
         raise ApiError(422, "invalid_range", "to is before from", "to")
     seen = await _after(res, tenant, after, "projection")
     async with res.pool.connection() as conn:
-        rows = await subject_events(conn, tenant, subject, from_, to, limit, below)
-    out = shapes.EventsResponse(tenant=tenant, subject=subject, events=rows) | seen
+        rows, more = await subject_events(conn, tenant, subject, from_, to, limit, below)
+    out = shapes.EventsResponse(tenant=tenant, subject=subject, events=rows, more=more) | seen
     asked = {"subject": subject, "from": from_, "to": to, "limit": limit}
     await _sign(res, receipt, "events", tenant, out, asked, [r["event_id"] for r in rows], as_of=None)
     return out

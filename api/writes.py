@@ -363,6 +363,7 @@ async def erase_subject(
     if event_id is not None:  # the caller's id: a retry of the same erasure is a duplicate
         event["event_id"] = event_id
     result = await publish_one(res, tenants, event)
+    duplicate = bool(result.get("duplicate"))  # a retry of an applied erasure: nothing published again
     return {
         "event_id": result["event_id"],
         "type": "subject.erased",
@@ -370,7 +371,8 @@ async def erase_subject(
         "subject": subject,
         "partition": result["partition"],
         "offset": result["offset"],
-        **effect_pending(tenant, result["event_id"]),
+        **({"duplicate": True} if duplicate else {}),
+        **effect_pending(tenant, result["event_id"], duplicate=duplicate),
         "consistency_token": result["consistency_token"],
     }
 

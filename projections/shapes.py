@@ -336,7 +336,7 @@ class FactVersion(TypedDict):
     valid_from: Annotated[Timestamp, doc(_VALID_FROM)]
     valid_to: Annotated[Timestamp | None, doc(_VALID_TO)]
     override: Annotated[bool, doc("a temporary override (a preference with valid_to)")]
-    status: Annotated[str, doc("active, superseded or retracted")]
+    status: Annotated[str, doc("active, superseded or retracted (a fact of a facts answer holds at its as_of: active)")]
     superseded_by: Annotated[str | None, doc("the version that replaced this one (null: none did)")]
     superseded_at: Annotated[Timestamp | None, doc("when it was replaced (null: it was not)")]
     confirmed_count: Annotated[int, doc("memory.confirmed events that counted on this version")]
@@ -405,6 +405,9 @@ class EventsResponse(TypedDict):
     tenant: str
     subject: str
     events: list[LedgerEvent]
+    more: Annotated[
+        bool, doc("true: the subject has more events (within from/to) than `limit`; these are the first by position")
+    ]
     consistency: NotRequired[Annotated[Consistency | None, doc(_CONSISTENCY)]]
     receipt: NotRequired[Annotated[Receipt | None, doc(_RECEIPT)]]
 
@@ -850,6 +853,7 @@ class ErasureResponse(TypedDict):
     subject: Annotated[str, doc("the subject erased")]
     partition: Annotated[int, doc(_PARTITION)]
     offset: Annotated[int, doc(_OFFSET)]
+    duplicate: NotRequired[Annotated[bool | None, doc("true: a retry of this erasure, applied already; nothing sent")]]
     effect: Annotated[WriteEffect, doc(_WRITE_EFFECT)]
     status_url: Annotated[str, doc(_STATUS_URL)]
     consistency_token: NotRequired[Annotated[str | None, doc(_TOKEN)]]

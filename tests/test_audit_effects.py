@@ -134,6 +134,46 @@ def test_the_door_names_no_fact_for_a_retraction_it_cannot_place(stack) -> None:
     assert second["accepted"] and second["memory_id"] == from_dict(keyed).memory_id, second
 
 
+def test_a_fact_in_force_at_as_of_reads_active_whatever_its_chain_says_of_later(stack) -> None:
+    """A version superseded or retracted from a later valid time holds until then: a facts answer at a time before
+    says `active` (the chain's later fate is in superseded_at and valid_to), and after it the later value."""
+    writer, client = stack
+    writer.write(**asserted("aisle", day(0), kind="state"))
+    writer.write(**asserted("window", day(10), kind="state"))  # supersedes it from day 10 on
+
+    def facts(at: str) -> list[tuple]:
+        r = client.get(f"/v1/subjects/{SUBJECT}/facts", params={"tenant": TENANT, "as_of": at}, headers=HEADERS)
+        assert r.status_code == 200, r.text
+        return [(f["value"], f["status"], f["superseded_at"], f["valid_to"]) for f in r.json()["facts"]]
+
+    assert facts(day(5)) == [("aisle", "active", day(10), None)]
+    assert facts(day(11)) == [("window", "active", None, None)]
+    writer.write(type="memory.retracted", observed_at=day(12), valid_from=day(20))  # ends it from day 20 on
+    assert facts(day(15)) == [("window", "active", None, day(20))]
+    assert facts(day(21)) == []
+    r = client.get(
+        f"/v1/subjects/{SUBJECT}/facts", params={"tenant": TENANT, "as_of": day(15), "limit": 5}, headers=HEADERS
+    )
+    assert [f["status"] for f in r.json()["facts"]] == ["active"], r.text  # a page alike
+
+
+def test_the_audit_replay_says_when_it_shows_the_first_limit_events_only(stack) -> None:
+    writer, client = stack
+    ids = [writer.write(**asserted(f"v{n}", day(n), kind="state")) for n in range(4)]
+
+    def replay(**params) -> dict:
+        r = client.get(f"/v1/subjects/{SUBJECT}/events", params={"tenant": TENANT, **params}, headers=HEADERS)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    cut = replay(limit=2)
+    assert [e["event_id"] for e in cut["events"]] == ids[:2] and cut["more"] is True
+    for whole in (replay(limit=4), replay()):
+        assert [e["event_id"] for e in whole["events"]] == ids and whole["more"] is False
+    within = replay(limit=1, **{"from": day(3)})  # within from/to: more of those only
+    assert [e["event_id"] for e in within["events"]] == ids[3:] and within["more"] is False
+
+
 def test_the_audit_replay_says_what_each_event_did(stack) -> None:
     writer, client = stack
     first = writer.write(**asserted("aisle", day(0), kind="state"))

@@ -217,11 +217,15 @@ def test_each_tool_runs_the_code_the_http_routes_run(stack: dict[str, Any], tran
             await asyncio.to_thread(pipe.settle)
             error, facts, _ = await call(client, "facts", {"subject": subject})
             assert not error and [f["key"] for f in facts["facts"]] == [None]  # the episode stays
-            error, erased, _ = await call(client, "forget", {"subject": subject, "erase_subject": True})
+            erase = {"subject": subject, "erase_subject": True, "event_id": f"erase-{subject}"}
+            error, erased, _ = await call(client, "forget", erase)
             assert not error and erased["action"] == "erase" and erased["type"] == "subject.erased", erased
             await asyncio.to_thread(pipe.settle)
             error, facts, _ = await call(client, "facts", {"subject": subject})
             assert not error and facts["facts"] == []
+            error, again, _ = await call(client, "forget", erase)  # a retry, once it is applied: says so
+            assert not error and again["duplicate"] is True and again["effect"] == "applied", again
+            assert (again["partition"], again["offset"]) == (erased["partition"], erased["offset"]), again
 
     run(scenario())
 

@@ -166,11 +166,20 @@ async def current_facts(
             chain_rows = await _chain_rows(
                 conn, "subject", _known(known_at, below), _chain_args(tenant, subject, known_at, below)
             )
-        return await shaped(len(chain_rows[0]), _known_facts, chain_rows, as_of, below is not None)
+        return _in_force(await shaped(len(chain_rows[0]), _known_facts, chain_rows, as_of, below is not None))
     rows, _ = await _page_rows(
         conn, _CURRENT_ORDERED, _LISTED_ORDER, {"tenant": tenant, "subject": subject, "t": as_of}, 0, None
     )  # the whole list is the page without a limit: one order for both, PostgreSQL's
-    return await _versions(rows)
+    return _in_force(await _versions(rows))
+
+
+def _in_force(facts: list[shapes.FactVersion]) -> list[shapes.FactVersion]:
+    """Facts holding at the answer's as_of are `active` there, whatever their chain says of a later valid time (a
+    supersession or retraction from then on: `superseded_at` and `valid_to` say when), so a reader that keeps the
+    active ones keeps what holds."""
+    for fact in facts:
+        fact["status"] = "active"
+    return facts
 
 
 # _listed's order in SQL: the "C" collation compares UTF-8 bytes, which order as Python compares code points
@@ -196,7 +205,7 @@ async def facts_page(
     rows, total = await _page_rows(
         conn, _CURRENT_ORDERED, _LISTED_ORDER, {"tenant": tenant, "subject": subject, "t": as_of}, offset, limit
     )
-    return await _versions(rows), total
+    return _in_force(await _versions(rows)), total
 
 
 async def _page_rows(
@@ -412,8 +421,9 @@ async def subject_events(
     observed_to: datetime | None = None,
     limit: int = 10_000,
     below: Mapping[int, int] | None = None,
-) -> list[shapes.LedgerEvent]:
-    """The subject's events in ledger order (partition, offset), optionally within [from, to) of observed_at.
+) -> tuple[list[shapes.LedgerEvent], bool]:
+    """The subject's events in ledger order (partition, offset), optionally within [from, to) of observed_at, at
+    most `limit` of them, and whether there are more (the first `limit` are shown: never a silent cut).
 
     Each carries `effect`: what it does in the subject's current chains ({effect, version_id, detail},
     projections.versions.effects), computed over all the subject's events, not only the page shown. With `below`
@@ -433,14 +443,16 @@ async def subject_events(
                 "subject": subject,
                 "f": observed_from,
                 "t": observed_to,
-                "limit": limit,
+                "limit": limit + 1,
                 "below": _below_json(below),
             },
         )
         rows = await _rows(cur)
+        more = len(rows) > limit
+        rows = rows[:limit]
         args = _chain_args(tenant, subject, None, below)
         chain_rows = await _chain_rows(conn, "subject", _known(None, below), args) if rows else ([], [])
-    return await shaped(len(rows) + len(chain_rows[0]), _ledger_events, rows, chain_rows)
+    return await shaped(len(rows) + len(chain_rows[0]), _ledger_events, rows, chain_rows), more
 
 
 def _ledger_events(rows: list[tuple], chain_rows: tuple[list[tuple], list[tuple]]) -> list[shapes.LedgerEvent]:

@@ -38,7 +38,7 @@ def hit(s: Scored) -> shapes.RecallHit:
         "value": row["value"],
         "content": row["content"],
         "kind": row["kind"],
-        "status": row["status"],
+        "status": "active",  # a hit holds at the recall's as_of (verified), whatever its chain says of later
         "valid_from": iso(row["valid_from"]),
         "valid_to": iso(row["effective_to"]),
         "observed_at": iso(row["observed_at"]),
