@@ -13,7 +13,8 @@ real servers.
   apart (the clear ones stay readable in the log, and the record says so).
 - An erasure from a raw producer (which retired no key) still destroys the subject's live key.
 - Events around an erasure in one publish: those before it sealed with the key it destroys, those after with a new
-  one; a subject erased through one process is sealed anew by another at once (the erasure's notification).
+  one; a subject erased through one process is sealed anew by another at once (the erasure's notification); an
+  event a producer still sealed with the destroyed key is a dead letter `key_destroyed`, never lost unseen.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from producers.keys.store import KeyStore, key_states
 from producers.sdk import LedgerProducer
 from tests.conftest import unique
 from tests.support import asserted, dlq_envelopes, erased, marked, pg, pipeline, publish_raw, read_topic, wait_for
+from tests.support.processes import frozen
 
 API_KEY = "enc-paths-key"
 TENANT = "acme"
@@ -360,6 +362,34 @@ def test_a_subject_erased_through_one_process_is_sealed_anew_by_another_at_once(
     on.settle()
     assert _kid_at_offset(settings, second) != _kid_at_offset(settings, first)
     assert [(f["key"], f["value"]) for f in _facts(client, subject)] == [("pref.color", "blue")]
+
+
+@pytest.mark.parametrize("worker_frozen", [False, True], ids=["erasure-applied-first", "one-batch"])
+def test_an_event_sealed_with_a_key_its_erasure_destroyed_is_a_dead_letter_never_lost_unseen(on, worker_frozen):
+    """A producer that cannot hear erasures (an SDK with its own key cache) seals a subject's next event with the
+    key another process's erasure of it destroys: the worker cannot open it, and it is a dead letter
+    (`key_destroyed`, its status says so), whether the erasure was applied in an earlier batch or in the same one;
+    the producer's earlier events of the subject are its erased past (no dead letter)."""
+    settings, client = on.settings, on.client
+    subject = f"user:stale-key-{uuid.uuid4().hex[:8]}"
+    with LedgerProducer(settings) as stale, LedgerProducer(settings) as other:
+        before = stale.publish(asserted(subject, "k.before", 1, 1, tenant=TENANT, content="before"))
+        on.settle()
+        if worker_frozen:
+            with frozen(on.worker):
+                other.erase_subject(TENANT, subject, reason="by another process")
+                late = stale.publish(asserted(subject, "k.after", 2, 2, tenant=TENANT, content="after"))
+        else:
+            other.erase_subject(TENANT, subject, reason="by another process")
+            on.settle()
+            late = stale.publish(asserted(subject, "k.after", 2, 2, tenant=TENANT, content="after"))
+        on.settle()
+    assert _kid_at(settings, late) == _kid_at(settings, before)  # the stale cache's key
+    letters = _dead_letters(settings, [(before.partition, before.offset), (late.partition, late.offset)])
+    assert letters == {(late.partition, late.offset): ("key_destroyed", "sealed.kid")}, letters
+    status = client.get(f"/v1/events/{late.event_id}", params={"tenant": TENANT}, headers=HEADERS).json()
+    assert status["status"] == "dead_lettered" and status["reason"]["code"] == "key_destroyed", status
+    assert _facts(client, subject) == []
 
 
 def _kid_at_offset(settings, answer: dict) -> str:

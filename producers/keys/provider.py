@@ -8,8 +8,8 @@ service that publishes needs Kafka and an API key, never PostgreSQL credentials 
 A process that publishes an erasure retires the subject's key at the source and in its own cache; the API and
 the MCP server also drop a tenant's cached keys when the key store or the projection notifies an erasure of one of
 its subjects (`forget_tenant`). Any other process's cached key outlives the erasure by at most the TTL: an event it
-seals with that key after the erasure is applied cannot be opened once the key is destroyed, so keep the TTL short
-where subjects are erased and re-created.
+seals with that key after the erasure cannot be opened once the key is destroyed (the worker dead-letters it as
+`key_destroyed`), so keep the TTL short where subjects are erased and re-created.
 """
 
 from __future__ import annotations

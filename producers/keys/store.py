@@ -266,6 +266,8 @@ class KeyState:
     subject_digest: str
     key: bytes | None = field(repr=False)
     digest_key: bytes | None = field(default=None, repr=False, compare=False)  # its tenant's (SubjectDigests)
+    # (topic, partition, offset) of the erasure that destroyed it, as recorded then (None: live, or not recorded)
+    destroyed_by: tuple[str, int, int] | None = field(default=None, compare=False)
 
     @property
     def destroyed(self) -> bool:
@@ -295,17 +297,20 @@ def key_states(
     if not ids:
         return {}
     cur.execute(
-        sql.SQL("SELECT key_id, tenant, subject_digest, kek_id, wrapped FROM {} WHERE key_id = ANY(%s)").format(
-            _t(schema, "data_keys")
-        ),
+        sql.SQL(
+            'SELECT k.key_id, k.tenant, k.subject_digest, k.kek_id, k.wrapped, e.topic, e."partition", e."offset" '
+            "FROM {} k LEFT JOIN {} e ON k.wrapped IS NULL AND e.tenant = k.tenant AND e.erasure_id = k.erasure_id "
+            "WHERE k.key_id = ANY(%s)"
+        ).format(_t(schema, "data_keys"), _t(schema, "erasures")),
         (ids,),
     )
     out: dict[str, KeyState] = {}
     rows = cur.fetchall()
     owners = {t: digests.key(cur, t, create=False) for t in {row[1] for row in rows}}
-    for key_id, tenant, digest, kek_id, wrapped in rows:
+    for key_id, tenant, digest, kek_id, wrapped, e_topic, e_partition, e_offset in rows:
         if wrapped is None:
-            out[key_id] = KeyState(key_id, tenant, digest, None, owners[tenant])
+            by = (e_topic, e_partition, e_offset) if e_topic is not None else None
+            out[key_id] = KeyState(key_id, tenant, digest, None, owners[tenant], by)
             continue
         if keks is None:
             raise KekError(f"a sealed record needs data key {key_id!r} but no key-encryption key is configured")

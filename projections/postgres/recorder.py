@@ -149,26 +149,33 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
     def apply(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult, shard: int) -> None:
         """The valid records in ledger order; an erasure is a barrier: what came before it is applied first."""
         segment: list[Incoming] = []
-        destroyed: set[str] = set()  # keys an erasure earlier in this batch destroyed
+        destroyed: dict[str, int] = {}  # keys an erasure earlier in this batch destroyed -> the erasure's partition
+        late: list[Incoming] = []
         for r in records:
             if r.key_id is not None and r.key_id in destroyed:  # sealed with a key this batch shredded
-                result.erased_replays += 1
+                if destroyed[r.key_id] == r.partition:  # published after the erasure: as `_open` judges it
+                    late.append(_key_destroyed(r))
+                else:
+                    result.erased_replays += 1
                 continue
             if _route(r) is Route.ERASURE:
                 self._apply_events(cur, segment, result)
                 segment = []
-                destroyed |= self._erase(cur, r, result)
+                destroyed |= dict.fromkeys(self._erase(cur, r, result), r.partition)
             else:
                 segment.append(r)
         self._apply_events(cur, segment, result)
+        self.dead_letters(cur, late, result)
 
     def _open(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult) -> list[Incoming]:
         """Open the sealed records with their data keys (read in this transaction); drop the shredded ones.
 
         A record sealed with a key an erasure destroyed is its subject's erased past: counted as an erased replay,
-        never a dead letter. An unknown key, another subject's key or a ciphertext that does not open is a dead
-        letter (`unknown_key`, `key_mismatch`, `bad_ciphertext`). With encryption required, a clear record that
-        carries personal fields is one too (`not_encrypted`).
+        never a dead letter; but one published after that erasure (later in its partition) is an event a producer
+        sealed with a key it held past the erasure, which nobody can open now: a dead letter (`key_destroyed`),
+        so the accepted event is not lost unseen. An unknown key, another subject's key or a ciphertext that does
+        not open is a dead letter (`unknown_key`, `key_mismatch`, `bad_ciphertext`). With encryption required, a
+        clear record that carries personal fields is one too (`not_encrypted`).
         """
         sealed = [r for r in records if r.envelope is not None]
         required = self.keys is not None and self.keys.required
@@ -188,6 +195,8 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
                 state = states.get(r.key_id)  # type: ignore[arg-type]
                 if state is None:
                     r = open_record(r, None)
+                elif state.destroyed_by is not None and _after(r, state.destroyed_by):
+                    r = _key_destroyed(r)
                 else:
                     r = open_record(r, state.key, destroyed=state.destroyed, owner=state.owns)
                 if r.erased:
@@ -655,3 +664,17 @@ def row_to_version(row: Sequence) -> Version:
         data[i] = tuple(data[i] or ())
     data[_SOURCE] = data[_SOURCE] or {}
     return Version(*data)
+
+
+def _after(r: Incoming, erasure: tuple[str, int, int]) -> bool:
+    """Whether record `r` comes after the erasure at (topic, partition, offset) in the log."""
+    topic, partition, offset = erasure
+    return r.topic == topic and r.partition == partition and r.offset > offset
+
+
+def _key_destroyed(r: Incoming) -> Incoming:
+    message = (
+        "sealed with a data key that its subject's erasure, earlier in the log, destroyed: the producer held the key "
+        "past the erasure, and nobody can open these personal fields now. Publish the event again: it gets a new key"
+    )
+    return dataclasses.replace(r, envelope=None, event=None, error=InvalidEvent("key_destroyed", message, "sealed.kid"))
