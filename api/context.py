@@ -136,10 +136,18 @@ class _Line:
         fixed = sum(len(p) for p in parts) + len(" · ") * (len(parts) - 1) + len(label)
         shown, cut = literal(value, max(limit - fixed, 16))
         parts[1] = label + shown
-        return " · ".join(parts), cut
+        return " · ".join(parts), shown if cut else None
 
-    def doc(self, tokens: int, cut: bool) -> shapes.ContextLine:
+    def doc(self, tokens: int, shown: str | None) -> shapes.ContextLine:
+        """The line as JSON; `shown`: its value (an episode: its content) as the text shows it, when cut there. A
+        cut line's JSON holds that and no more, so the JSON form is bounded by the budget as the text is."""
         r = self.row
+        value, content = r.get("value"), r.get("content")
+        if shown is not None:
+            if r.get("key") is None:
+                value, content = None, shown
+            else:
+                value, content = shown, _clipped(content or "", len(shown))
         return {
             "status": self.status,
             "detail": self.detail,
@@ -150,14 +158,19 @@ class _Line:
             "key": r.get("key"),
             "scope": r.get("scope"),
             "kind": r.get("kind"),
-            "value": r.get("value"),
-            "content": r.get("content"),
+            "value": value,
+            "content": content,
             "source": r.get("source"),
             "valid_from": r.get("valid_from"),
             "valid_to": r.get("valid_to"),
             "tokens": tokens,
-            "cut": cut,
+            "cut": shown is not None,
         }
+
+
+def _clipped(text: str, limit: int) -> str:
+    """`text` as is, or its first `limit` characters marked as cut."""
+    return text if len(text) <= limit else f"{text[:limit]}...(cut: the text has {len(text)} characters)"
 
 
 @dataclass(frozen=True)
@@ -276,19 +289,20 @@ def build_context(
 
 def _choose(
     lines: list[_Line], count: Counter, *, tokens: int, chars: int, limit: int
-) -> list[tuple[int, str, int, bool]]:
-    """Greedy in priority order, within `tokens` and `chars`: (index, text, tokens, cut) of the lines kept.
+) -> list[tuple[int, str, int, str | None]]:
+    """Greedy in priority order, within `tokens` and `chars`: (index, text, tokens, cut) of the lines kept (`cut`:
+    the value as shown, when the line cut it).
 
     Each line is cut to the characters left. Short lines are counted in batches (one tokenizer call each; a line
     whose characters no longer fit after the batch's earlier choices is cut and counted again). A line with too
     many tokens is cut again, up to CUT_TRIES times, to the characters its own rate of characters per token lets
     fit. Counting stops once no line can fit (fewer than MIN_LINE_TOKENS tokens or no characters left) or once the
     lines that did not fit add up to `limit` characters, so at most a few times `limit` characters are counted."""
-    chosen: list[tuple[int, str, int, bool]] = []
+    chosen: list[tuple[int, str, int, str | None]] = []
     missed = 0
     i = 0
     while i < len(lines) and tokens >= MIN_LINE_TOKENS and chars > 0 and missed < limit:
-        batch: list[tuple[int, str, bool]] = []
+        batch: list[tuple[int, str, str | None]] = []
         size = 0
         while i < len(lines) and len(batch) < BATCH_LINES and size < chars:
             text, cut = lines[i].text(chars)

@@ -822,7 +822,13 @@ class ContextLine(TypedDict):
     valid_from: Annotated[Timestamp, doc(_VALID_FROM)]
     valid_to: Annotated[Timestamp | None, doc("the effective end (valid_to or superseded_at), null: open")]
     tokens: Annotated[int, doc("the tokens of its line in the text")]
-    cut: Annotated[bool, doc("its value (or content) is cut in the text, which says how long it is")]
+    cut: Annotated[
+        bool,
+        doc(
+            "its value (or content) is cut in the text, which says how long it is; then `value` (an episode: "
+            "`content`) is that cut text, and a fact's `content` is cut alike"
+        ),
+    ]
 
 
 class ContextResponse(TypedDict):

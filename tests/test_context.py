@@ -227,6 +227,10 @@ def test_a_huge_subject_costs_what_the_budget_costs_and_long_values_are_cut() ->
             block.doc["lines"], (t for t in block.text.split("\n") if t.startswith("- ")), strict=True
         ):
             assert line["cut"] == ("...(cut: the value has 80000 characters)" in text), text[-200:]
+            if line["cut"]:  # the JSON line holds what the text shows of it, no more
+                assert isinstance(line["value"], str) and line["value"] in text, line["value"][-80:]
+        # the JSON form is bounded by the budget as the text is (a few times its characters, not the subject's)
+        assert len(orjson.dumps(block.doc)) <= 3 * (budget * 4 + 2000), (budget, len(orjson.dumps(block.doc)))
     assert any(line["cut"] for line in block.doc["lines"])
 
 
