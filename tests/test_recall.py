@@ -383,6 +383,17 @@ def test_subject_and_filters_narrow_the_answer(world):
     assert hits[0]["key"] == "preference.seat"
 
 
+@pytest.mark.parametrize("mode", ["keyword", "auto"])
+def test_an_entity_named_in_a_question_about_a_given_subject_narrows_nothing_more(world, mode):
+    """With `subject` given, the subject is the scope: a known entity in the question (Alice, listed by another
+    subject's fact) must not narrow it to memories listing that entity, or the subject's own answer is never found.
+    Without a subject the entity still narrows: Bob's fact is not an answer about Alice."""
+    question = "which payments team works with Alice?"
+    hits = recall(world, question, subject="user:bob", mode=mode)["hits"]
+    assert [h["subject"] for h in hits][:1] == ["user:bob"], hits
+    assert "user:bob" not in [h["subject"] for h in recall(world, question, mode=mode)["hits"]]
+
+
 def test_hits_carry_the_whole_fact_and_an_explanation(world):
     res = recall(world, "P1 后端端口")
     hit = res["hits"][0]

@@ -78,9 +78,10 @@ class RecallContext:
         (answers about others are wrong answers); for episodes (OPEN_KINDS) what was said about or by the entity may
         be another speaker's turn, so each fuzzy stage also searches those about none of them (`Scope.others`, a
         list of its own, ranked apart and preferred less: recall.prefer); an id-shaped token nobody knows must at
-        least be in the text."""
+        least be in the text. A request's own `subject` is the scope already: an entity named in the question
+        narrows no further, or the subject's memories that mention it without listing it would never be found."""
         cues = self.cues
-        if cues.known_entities:
+        if cues.known_entities and self.query.subject is None:
             return self.scope.about(entities=cues.known_entities, open_kinds=OPEN_KINDS)
         if cues.unknown_entities:
             return self.scope.about(mentions=cues.unknown_entities)
