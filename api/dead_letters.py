@@ -11,10 +11,12 @@ a duplicate and any other, even one sent before the first is applied, is 409 `de
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from typing import Any, Literal
 
 import orjson
+import psycopg
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -46,6 +48,8 @@ __all__ = [
     "parse_after",
     "redrive_dead_letter",
 ]
+
+log = logging.getLogger(__name__)
 
 MAX_PAGE = 500
 DISCARD_SUBJECT = "dead-letters"  # a discard's subject when the record names none the contract takes
@@ -223,7 +227,7 @@ async def redrive_dead_letter(
         result = await publish_one(res, tenants, corrected, resolutions=True)
     except ApiError as exc:  # the door names the field relative to the event
         _resolved_meanwhile(exc, partition, offset, corrected["event_id"])
-        if exc.status == 422 and corrected["event_id"] != letter_id(partition, offset) and claimed is not None:
+        if exc.status == 422 and claimed is not None:
             await _release_letter(res, claimed)  # refused before anything was published: the letter stays open
         raise ApiError(exc.status, exc.code, exc.message, _within("event", exc.field), headers=exc.headers) from None
     return {"dead_letter": link, **result}
@@ -255,8 +259,12 @@ async def _claim_letter(
 
 
 async def _release_letter(res: Resources, claim: tuple[str, str, str]) -> None:
-    async with res.pool.connection() as conn:
-        await release_claims(conn, [claim])
+    """Release the letter's claim of a refused re-drive; PostgreSQL failing then keeps it (the refusal stands)."""
+    try:
+        async with res.pool.connection(timeout=res.settings.pg_door_check_timeout_s) as conn:
+            await release_claims(conn, [claim])
+    except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
+        log.warning("dead letter %s: a refused re-drive's claim was kept: %s: %s", claim[1], type(exc).__name__, exc)
 
 
 def _resolved_meanwhile(exc: ApiError, partition: int, offset: int, event_id: str) -> None:
