@@ -339,10 +339,12 @@ class _Base(Generic[Http]):
         to: Time | None = None,
         limit: int | None = None,
         after: str | None = None,
+        cursor: str | None = None,
     ) -> _Call[EventsResponse]:
-        """GET /v1/subjects/{subject}/events: the audit replay, in ledger order, each event with its effect."""
+        """GET /v1/subjects/{subject}/events: the audit replay, in ledger order, each event with its effect; `cursor`:
+        an answer's `next_cursor`, for the events after it."""
         params = {
-            **_given(tenant=self._tenant(tenant), limit=limit, after=after),
+            **_given(tenant=self._tenant(tenant), limit=limit, after=after, cursor=cursor),
             **_times(**{"from": from_, "to": to}),
         }
         return _Call("GET", f"/v1/subjects/{_segment(subject)}/events", EventsResponse, params=params)

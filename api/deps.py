@@ -9,6 +9,7 @@ in the one error shape.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -144,3 +145,30 @@ def _invalid_time(value: Any, handler: ValidatorFunctionWrapHandler) -> datetime
 
 # a request time (query parameter or body field): the contract's strict RFC 3339, refused as `invalid_time`
 Time = Annotated[Rfc3339, WrapValidator(_invalid_time)]
+
+
+_CURSOR = re.compile(r"([0-9]{1,10}):([0-9]{1,19})")  # ASCII digits: int() would also read other scripts' digits
+_MAX_PARTITION, _MAX_OFFSET = 2**31 - 1, 2**63 - 1  # Kafka's int32 partition and int64 offset
+CURSOR_NOTE = "continue an audit replay after the page whose next_cursor this is ('<partition>:<offset>')"
+
+
+def cursor_place(value: str) -> tuple[int, int]:
+    """The (partition, offset) an audit replay's `next_cursor` names, else ValueError (a 422 naming `cursor`)."""
+    found = _CURSOR.fullmatch(value)
+    if found is None:
+        raise ValueError("a cursor is '<partition>:<offset>', as an answer's next_cursor gives it")
+    place = int(found[1]), int(found[2])
+    if place[0] > _MAX_PARTITION or place[1] > _MAX_OFFSET:
+        raise ValueError("a cursor's partition or offset is past what Kafka holds")
+    return place
+
+
+def check_cursor(value: str | None) -> str | None:
+    if value is not None:
+        cursor_place(value)
+    return value
+
+
+# the route's query parameter and the request model's field (api.requests.EventsParams), one rule
+Cursor = Annotated[str | None, AfterValidator(check_cursor)]
+CursorQuery = Annotated[str | None, Query(max_length=32, description=CURSOR_NOTE), AfterValidator(check_cursor)]

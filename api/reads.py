@@ -20,7 +20,7 @@ from api import receipts
 from api.access import caller_of
 from api.consistency import Stage, recall_stage, wait_after
 from api.context import ContextBlock, build_context
-from api.deps import check_tenant
+from api.deps import check_tenant, cursor_place
 from api.errors import ApiError
 from api.limits import CONTEXT_SLOTS
 from api.requests import ContextBody, RecallBody
@@ -113,19 +113,25 @@ async def subject_log(
     limit: int = 10_000,
     after: str | None = None,
     *,
+    cursor: str | None = None,
     below: dict[int, int] | None = None,
     receipt: bool = True,
 ) -> shapes.EventsResponse:
     """The subject's events in ledger order (partition, offset), each with its partition, offset and effect (only
-    those logged below the positions `below`, with their effects then: a receipt's replay)."""
+    those logged below the positions `below`, with their effects then: a receipt's replay). A page ends at `limit`
+    events; its `next_cursor` (the last one's place) is where the next page starts, `cursor`: a position, not a
+    count, so the events logged or erased meanwhile move no page boundary."""
     check_tenant(tenant, tenants)
     if from_ is not None and to is not None and to < from_:
         raise ApiError(422, "invalid_range", "to is before from", "to")
     seen = await _after(res, tenant, after, "projection")
     async with res.pool.connection() as conn:
-        rows, more = await subject_events(conn, tenant, subject, from_, to, limit, below)
-    out = shapes.EventsResponse(tenant=tenant, subject=subject, events=rows, more=more) | seen
-    asked = {"subject": subject, "from": from_, "to": to, "limit": limit}
+        past = None if cursor is None else cursor_place(cursor)
+        rows, more = await subject_events(conn, tenant, subject, from_, to, limit, below, past)
+    next_cursor = f"{rows[-1]['partition']}:{rows[-1]['offset']}" if more else None
+    out = shapes.EventsResponse(tenant=tenant, subject=subject, events=rows, more=more, next_cursor=next_cursor)
+    out |= seen
+    asked = {"subject": subject, "from": from_, "to": to, "limit": limit, "cursor": cursor}
     await _sign(res, receipt, "events", tenant, out, asked, [r["event_id"] for r in rows], as_of=None)
     return out
 

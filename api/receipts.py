@@ -194,8 +194,9 @@ def _keyed_bytes(salt: bytes, tag: bytes, data: bytes) -> str:
     return keyed.hexdigest()
 
 
-# a list asked whole (no page: offset 0, no limit) is spelled without them, as receipts of such answers always were
-_WHOLE_LIST = (("offset", 0), ("limit", None))
+# a list asked whole (no page: offset 0, no limit; an audit replay from its start: no cursor) is spelled without
+# them, as receipts of such answers always were
+_WHOLE_LIST = (("offset", 0), ("limit", None), ("cursor", None))
 
 
 def request_fields(answer: str, params: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
@@ -590,7 +591,16 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
     elif answer == "events":
         assert isinstance(params, EventsParams)
         again = await reads.subject_log(
-            res, tenants, tenant, params.subject, params.from_, params.to, params.limit, below=below, receipt=False
+            res,
+            tenants,
+            tenant,
+            params.subject,
+            params.from_,
+            params.to,
+            params.limit,
+            cursor=params.cursor,
+            below=below,
+            receipt=False,
         )
     else:
         assert isinstance(params, RecallBody)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation, TypeAdapter, ValidationInfo, field_validator
 
 from api.consistency import After
-from api.deps import Storable, Time, storable
+from api.deps import CURSOR_NOTE, Cursor, Storable, Time, storable
 from producers.contract import MAX_VALUE_DEPTH, Kind, SourceType
 from projections.search.recall import Mode, RecallFilters
 from projections.search.recall.neighbours import MAX_CONTEXT_TURNS
@@ -331,6 +331,7 @@ class EventsParams(TenantRequest):
     from_: Time | None = Field(default=None, alias="from", description="observed_at >= from (RFC 3339)")
     to: Time | None = Field(default=None, description="observed_at < to (RFC 3339)")
     limit: int = Field(default=10_000, ge=1, le=10_000)
+    cursor: Cursor = Field(default=None, max_length=32, description=CURSOR_NOTE)
 
 
 MAX_CITED = 10_000  # the events of the largest audit replay page; a receipt citing more is not checked

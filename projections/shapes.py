@@ -408,6 +408,9 @@ class EventsResponse(TypedDict):
     more: Annotated[
         bool, doc("true: the subject has more events (within from/to) than `limit`; these are the first by position")
     ]
+    next_cursor: Annotated[
+        str | None, doc("with `more`: the `cursor` that asks for the events after these (null on the last page)")
+    ]
     consistency: NotRequired[Annotated[Consistency | None, doc(_CONSISTENCY)]]
     receipt: NotRequired[Annotated[Receipt | None, doc(_RECEIPT)]]
 

@@ -174,6 +174,87 @@ def test_the_audit_replay_says_when_it_shows_the_first_limit_events_only(stack) 
     assert [e["event_id"] for e in within["events"]] == ids[3:] and within["more"] is False
 
 
+def _replay(client: TestClient, **params) -> dict:
+    r = client.get(f"/v1/subjects/{SUBJECT}/events", params={"tenant": TENANT, **params}, headers=HEADERS)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _walk(client: TestClient, **params) -> tuple[list[str], list[dict]]:
+    """Every page of the audit replay by its next_cursor: the event ids in order, and the pages."""
+    pages = [_replay(client, **params)]
+    while pages[-1]["more"]:
+        assert pages[-1]["next_cursor"] is not None, pages[-1]
+        pages.append(_replay(client, **{**params, "cursor": pages[-1]["next_cursor"]}))
+        assert len(pages) < 50, "the cursor does not move"
+    assert pages[-1]["next_cursor"] is None
+    return [e["event_id"] for page in pages for e in page["events"]], pages
+
+
+def test_the_audit_replay_pages_by_its_cursor_through_every_event_once(stack) -> None:
+    writer, client = stack
+    ids = [writer.write(**asserted(f"v{n}", day(n), kind="state")) for n in range(5)]
+    # marks and another fact: an event's effect on a page is what the whole log says of it
+    ids.append(writer.write(type="memory.confirmed", observed_at=day(5), valid_from=day(5)))
+    ids.append(writer.write(**asserted("v6", day(6)), key="preference.meal"))
+    whole = _replay(client)
+    assert [e["event_id"] for e in whole["events"]] == ids and whole["next_cursor"] is None
+    for limit in (1, 2, 3, 6, 7, 10_000):
+        walked, pages = _walk(client, limit=limit)
+        assert walked == ids, limit
+        assert all(len(page["events"]) <= limit for page in pages)
+        assert [e for page in pages for e in page["events"]] == whole["events"], limit
+    walked, _ = _walk(client, limit=2, **{"from": day(2), "to": day(6)})  # within from/to, paged alike
+    assert walked == ids[2:6]
+    # a page boundary is a position: an event logged between two pages joins the end, and the next page starts
+    # where the last one ended, whatever was logged meanwhile
+    first = _replay(client, limit=3)
+    later = writer.write(**asserted("v7", day(7), kind="state"))
+    rest, _ = _walk(client, limit=3, cursor=first["next_cursor"])
+    assert [e["event_id"] for e in first["events"]] + rest == [*ids, later]
+    # a cursor past the last event: nothing more, said so
+    last = _replay(client)["events"][-1]
+    beyond = _replay(client, cursor=f"{last['partition']}:{last['offset']}")
+    assert beyond["events"] == [] and beyond["more"] is False and beyond["next_cursor"] is None
+
+
+def test_an_erasure_between_two_pages_leaves_the_cursor_valid(stack) -> None:
+    writer, client = stack
+    for n in range(5):
+        writer.write(**asserted(f"v{n}", day(n), kind="state"))
+    first = _replay(client, limit=2)
+    erased = writer.write(type="subject.erased", key=None, observed_at=day(6))
+    after = _replay(client, cursor=first["next_cursor"])
+    assert [e["event_id"] for e in after["events"]] == [erased] and after["more"] is False
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "",
+        "abc",
+        "1:",
+        ":1",
+        "-1:5",
+        "1:-5",
+        "1 :5",
+        "1:5 ",
+        "1:5:6",
+        "\u0663:5",  # an Arabic-Indic digit: int() reads it, a position has none
+        "0:1\x00",
+        "2147483648:0",  # past Kafka's int32 partitions
+        "0:9223372036854775808",  # past an int64 offset
+        "0:" + "9" * 20,
+        "0:" + "1" * 40,
+    ],
+)
+def test_a_cursor_that_is_no_position_is_refused_naming_it(stack, cursor: str) -> None:
+    _, client = stack
+    r = client.get(f"/v1/subjects/{SUBJECT}/events", params={"tenant": TENANT, "cursor": cursor}, headers=HEADERS)
+    assert r.status_code == 422, r.text
+    assert [d["field"] for d in r.json()["detail"]] == ["cursor"], r.text
+
+
 def test_the_audit_replay_says_what_each_event_did(stack) -> None:
     writer, client = stack
     first = writer.write(**asserted("aisle", day(0), kind="state"))

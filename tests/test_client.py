@@ -139,6 +139,8 @@ CALLS: list[tuple[str, str, tuple, dict[str, Any], type, Any]] = [
      lambda r: [v.value for v in r.versions] == [8080, 9090] and r.versions[0].status == "superseded"),
     ("events", "events", (SUBJECT,), {}, schemas.EventsResponse,
      lambda r: [e.type for e in r.events].count("memory.asserted") == 3 and len(r.events) == 4),
+    ("events page", "events", (SUBJECT,), {"limit": 3}, schemas.EventsResponse,
+     lambda r: len(r.events) == 3 and r.more and r.next_cursor == f"{r.events[-1].partition}:{r.events[-1].offset}"),
     ("events window", "events", (SUBJECT,), {"from_": at(1), "to": at(5.5), "limit": 10}, schemas.EventsResponse,
      lambda r: [e.event["value"] for e in r.events] == ["ada", 9090]),
     ("stats", "stats", (), {}, schemas.StatsResponse,
@@ -215,6 +217,7 @@ def test_a_422_names_the_field_and_carries_the_api_error_body(stack: Stack) -> N
             (lambda: c.facts(SUBJECT, as_of="yesterday"), "invalid_time", "as_of"),
             (lambda: c.facts(SUBJECT, as_of=datetime(2026, 3, 2)), "invalid_time", "as_of"),  # naive: no offset
             (lambda: c.events(SUBJECT, from_=1700000000), "invalid_time", "from"),
+            (lambda: c.events(SUBJECT, cursor="0:x"), "invalid_value", "cursor"),
             (lambda: c.recall("P1", top_k=0), "invalid_value", "top_k"),
             (lambda: c.context(SUBJECT, budget_tokens=10), "invalid_value", "budget_tokens"),
             (lambda: c.recall("P1", mode="psychic"), "unknown_value", "mode"),

@@ -277,6 +277,24 @@ def _replay(pipe: Any, receipt: dict[str, Any], request: dict[str, Any], headers
     return _post(pipe, "/v1/receipts/replay", {"tenant": TENANT, "receipt": receipt, "request": request}, headers)
 
 
+def test_an_audit_replay_page_by_cursor_replays_from_its_receipt(stack: Any) -> None:
+    subject = "project:R3"
+    stack.publish([_fact(subject, f"project.k{n}", n, f"r3-{n}") for n in range(5)])
+    stack.settle()
+    first = _get(stack, f"/v1/subjects/{subject}/events", limit=2).json()
+    asked = {"subject": subject, "limit": 2, "cursor": first["next_cursor"]}
+    page = _get(stack, f"/v1/subjects/{subject}/events", limit=2, cursor=first["next_cursor"]).json()
+    assert [e["event_id"] for e in page["events"]] == ["r3-2", "r3-3"] and page["more"] is True
+    stack.publish([_fact(subject, "project.k2", 20, "r3-5")])  # logged later, and changes r3-2's effect now
+    stack.settle()
+    r = _replay(stack, page["receipt"], asked)
+    assert r.status_code == 200, r.text
+    assert r.json()["same"] is True and r.json()["replayed"]["events"] == page["events"], r.json()["parts"]
+    for other in ({**asked, "cursor": None}, {**asked, "cursor": page["next_cursor"]}, {"subject": subject}):
+        r = _replay(stack, page["receipt"], other)  # another page's parameters: not what this receipt is of
+        assert r.status_code == 422 and r.json()["detail"][0]["field"] == "request", (other, r.text)
+
+
 def test_replay_of_a_recall_before_a_supersession_gives_the_first_answer(stack: Any) -> None:
     subject = "project:R2"
     asked = {"subject": subject, "query": "R2 backend port"}

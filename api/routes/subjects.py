@@ -14,7 +14,7 @@ from pydantic import AfterValidator
 
 from api import reads
 from api.consistency import AfterQuery
-from api.deps import ResourcesDep, Storable, TenantQuery, TenantsDep, Time, not_blank
+from api.deps import CursorQuery, ResourcesDep, Storable, TenantQuery, TenantsDep, Time, not_blank
 from api.requests import LIMIT, OFFSET, OFFSET_NOTE, SUBJECT
 from api.routes._json import json_response
 from api.schemas import EventsResponse, FactsResponse
@@ -56,6 +56,9 @@ async def events(
     to: Annotated[Time | None, Query(description="observed_at < to (RFC 3339)")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
     after: AfterQuery = None,
+    cursor: CursorQuery = None,
 ) -> Response:
-    """The subject's events in ledger order (partition, offset), each with its partition and offset."""
-    return json_response(await reads.subject_log(res, tenants, tenant, subject, from_, to, limit, after))
+    """The subject's events in ledger order (partition, offset), each with its partition and offset; with `more`,
+    `next_cursor` asks for the events after these."""
+    answer = await reads.subject_log(res, tenants, tenant, subject, from_, to, limit, after, cursor=cursor)
+    return json_response(answer)
