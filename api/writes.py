@@ -388,15 +388,8 @@ def effect_pending(tenant: str, event_id: str, *, duplicate: bool = False, erase
     return {"effect": "erased" if erased else "applied" if duplicate else "pending", "status_url": path}
 
 
-async def _forget_target(res: Resources, p: ForgetParams) -> tuple[dict[str, Any], str | None, str | None]:
-    """The retraction `forget` publishes, the memory_id of what it retracts (an episode's is its own, not the
-    retraction's), and a note when PostgreSQL could not be asked whether it exists (then no memory_id).
-
-    It names the fact (`key`, `scope`) or one version (`target_version`: of a fact, or an episode, which has no
-    key); one that the tenant's projection does not hold is refused, 404 naming the field, rather than published
-    to have no effect. Only the caller's tenant is looked at.
-    """
-    event: dict[str, Any] = {
+def _retraction(p: ForgetParams) -> dict[str, Any]:
+    return {
         "type": EventType.RETRACTED.value,
         "tenant": p.tenant,
         "subject": p.subject,
@@ -406,6 +399,24 @@ async def _forget_target(res: Resources, p: ForgetParams) -> tuple[dict[str, Any
         "reason": p.reason,
         "event_id": p.event_id,
     }
+
+
+async def _door_knows(res: Resources, tenant: str, event_id: str) -> bool:
+    """Whether a door already took `event_id` of `tenant` (claimed, applied, or applied and erased since)."""
+    async with res.pool.connection(timeout=res.settings.pg_door_check_timeout_s) as conn:
+        fate = await event_fate(conn, tenant, event_id, res.settings.topic)
+    return fate.applied is not None or fate.erased or fate.claimed_at is not None
+
+
+async def _forget_target(res: Resources, p: ForgetParams) -> tuple[dict[str, Any], str | None, str | None]:
+    """The retraction `forget` publishes, the memory_id of what it retracts (an episode's is its own, not the
+    retraction's), and a note when PostgreSQL could not be asked whether it exists (then no memory_id).
+
+    It names the fact (`key`, `scope`) or one version (`target_version`: of a fact, or an episode, which has no
+    key); one that the tenant's projection does not hold is refused, 404 naming the field, rather than published
+    to have no effect. Only the caller's tenant is looked at.
+    """
+    event = _retraction(p)
     try:
         async with res.pool.connection(timeout=res.settings.pg_door_check_timeout_s) as conn:
             if p.target_version is not None:
@@ -458,7 +469,16 @@ async def forget(res: Resources, tenants: frozenset[str], p: ForgetParams) -> di
     if p.key is None and p.target_version is None:
         message = "key (or target_version) is required to retract a fact or an episode (or set erase_subject)"
         raise ApiError(422, "missing_field", message, "key")
-    event, memory_id, unchecked = await _forget_target(res, p)
+    try:
+        event, memory_id, unchecked = await _forget_target(res, p)
+    except ApiError as exc:
+        # the same call again, its target erased (or otherwise gone) since the first took its id: the door answers
+        # it as the retry it is (duplicate; event_id_conflict for other content), not 404 as if never asked. A
+        # retraction named by target_version alone took its fact's key from the target, which an erasure leaves
+        # nothing of: its retry reads as other content
+        if exc.status != 404 or p.event_id is None or not await _door_knows(res, p.tenant, p.event_id):
+            raise
+        event, memory_id, unchecked = _retraction(p), None, None
     done = await publish_one(res, tenants, event)
     return {
         "action": "retract",

@@ -271,3 +271,41 @@ def test_a_resolved_retraction_is_filed_under_its_episode_and_ends_it() -> None:
     alone = additions([(HIKE_EP, 0, 0), (e, 0, 1)])
     assert sorted(alone.facts) == sorted([HIKE_EP.memory_id, e.memory_id])
     assert effects([], alone.marks[e.memory_id])[e.event_id]["effect"] == "no_effect"
+
+
+def test_a_forget_retried_after_its_subject_was_erased_is_answered_as_its_retry(stack) -> None:
+    """The same forget again (its event_id), once the subject is erased: the first call's retry, as the door answers
+    one (duplicate, effect erased), not 404 as if never asked; a new forget of it is refused, and the id with other
+    content is a conflict."""
+    pipe, subject = stack["pipe"], "user:rf"
+    fact = asserted(subject, "pref.seat", "window", 0, tenant=TENANT, content="rf prefers the window seat")
+    episode = asserted(
+        subject, None, None, 1, tenant=TENANT, kind="episodic", content="We took the ferry to the island.",
+        source=Source(type=SourceType.IMPORTED, service="chat"),
+    )  # fmt: skip
+    pipe.publish([fact, episode])
+    pipe.settle()
+    by_key = {"tenant": TENANT, "subject": subject, "key": "pref.seat", "event_id": "rf-forget-key"}
+    by_version = {
+        "tenant": TENANT,
+        "subject": subject,
+        "target_version": episode.version_id,
+        "event_id": "rf-forget-ep",
+    }
+    for args in (by_key, by_version):
+        status, body = _mcp(stack["mcp"], "forget", args)
+        assert status == 200 and body["effect"] == "pending", body
+    pipe.settle()
+    status, body = _mcp(stack["mcp"], "forget", {"tenant": TENANT, "subject": subject, "erase_subject": True})
+    assert status == 200, body
+    pipe.settle()
+    for args in (by_key, by_version):
+        status, body = _mcp(stack["mcp"], "forget", args)
+        assert status == 200 and body["duplicate"] is True and body["effect"] == "erased", (args, body)
+        assert body["event_id"] == args["event_id"], body
+    status, body = _mcp(stack["mcp"], "forget", {**by_key, "event_id": "rf-forget-new"})  # never asked: nothing there
+    assert status == 404 and body["detail"][0]["field"] == "key", body
+    status, body = _mcp(stack["mcp"], "forget", {**by_key, "key": "pref.meal"})  # the first id, other content
+    assert status == 422 and body["detail"][0]["code"] == "event_id_conflict", body
+    status, body = _mcp(stack["mcp"], "forget", {**by_key, "subject": "user:never", "event_id": "rf-other"})
+    assert status == 404, body  # an id no door took: the 404 stands
