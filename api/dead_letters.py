@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 from typing import Any, Literal
 
 import orjson
@@ -20,7 +19,7 @@ import psycopg
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import Storable, check_tenant
+from api.deps import MAX_OFFSET, MAX_PARTITION, Storable, check_tenant, cursor_place
 from api.errors import ApiError
 from api.requests import TENANT, TENANT_NOTE
 from api.resources import Resources
@@ -54,8 +53,6 @@ log = logging.getLogger(__name__)
 MAX_PAGE = 500
 DISCARD_SUBJECT = "dead-letters"  # a discard's subject when the record names none the contract takes
 MAX_RAW_TEXT = 4096  # characters of an undecodable record shown when opening it (its size is given too)
-_AFTER = re.compile(r"^(\d{1,10}):(\d{1,19})$")
-MAX_PARTITION, MAX_OFFSET = 2**31 - 1, 2**63 - 1
 
 
 class DeadLettersParams(BaseModel):
@@ -97,10 +94,10 @@ def parse_after(after: str | None, field: str = "after") -> tuple[int, int] | No
     """The page cursor `PARTITION:OFFSET` (the last letter of the previous page), or a 422 naming `field`."""
     if after is None:
         return None
-    m = _AFTER.match(after)
-    if m is None:
-        raise ApiError(422, "invalid_value", "must be PARTITION:OFFSET, the `next` of the previous page", field)
-    return int(m.group(1)), int(m.group(2))
+    try:
+        return cursor_place(after)
+    except ValueError as exc:
+        raise ApiError(422, "invalid_value", f"{exc} (its `next`)", field) from None
 
 
 async def list_letters(

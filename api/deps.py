@@ -148,18 +148,19 @@ Time = Annotated[Rfc3339, WrapValidator(_invalid_time)]
 
 
 _CURSOR = re.compile(r"([0-9]{1,10}):([0-9]{1,19})")  # ASCII digits: int() would also read other scripts' digits
-_MAX_PARTITION, _MAX_OFFSET = 2**31 - 1, 2**63 - 1  # Kafka's int32 partition and int64 offset
+MAX_PARTITION, MAX_OFFSET = 2**31 - 1, 2**63 - 1  # Kafka's int32 partition and int64 offset
 CURSOR_NOTE = "continue an audit replay after the page whose next_cursor this is ('<partition>:<offset>')"
 
 
 def cursor_place(value: str) -> tuple[int, int]:
-    """The (partition, offset) an audit replay's `next_cursor` names, else ValueError (a 422 naming `cursor`)."""
+    """The (partition, offset) a page cursor names (an audit replay's `next_cursor`, the dead letters' `next`),
+    else ValueError (a 422 naming the parameter)."""
     found = _CURSOR.fullmatch(value)
     if found is None:
-        raise ValueError("a cursor is '<partition>:<offset>', as an answer's next_cursor gives it")
+        raise ValueError("must be PARTITION:OFFSET in ASCII digits, as the previous page gave it")
     place = int(found[1]), int(found[2])
-    if place[0] > _MAX_PARTITION or place[1] > _MAX_OFFSET:
-        raise ValueError("a cursor's partition or offset is past what Kafka holds")
+    if place[0] > MAX_PARTITION or place[1] > MAX_OFFSET:
+        raise ValueError("names a partition or offset past what Kafka holds")
     return place
 
 

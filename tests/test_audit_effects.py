@@ -19,7 +19,7 @@ from api.main import create_app
 from producers.contract import from_dict, rfc3339, version_id_for
 from producers.settings import Settings
 from tests.conftest import unique
-from tests.support import RecorderWriter, private_store
+from tests.support import MALFORMED_CURSORS, RecorderWriter, private_store
 
 TENANT, SUBJECT, KEY = "audit", "user:1", "preference.seat"
 HEADERS = {"X-API-Key": "audit-key"}
@@ -228,26 +228,7 @@ def test_an_erasure_between_two_pages_leaves_the_cursor_valid(stack) -> None:
     assert [e["event_id"] for e in after["events"]] == [erased] and after["more"] is False
 
 
-@pytest.mark.parametrize(
-    "cursor",
-    [
-        "",
-        "abc",
-        "1:",
-        ":1",
-        "-1:5",
-        "1:-5",
-        "1 :5",
-        "1:5 ",
-        "1:5:6",
-        "\u0663:5",  # an Arabic-Indic digit: int() reads it, a position has none
-        "0:1\x00",
-        "2147483648:0",  # past Kafka's int32 partitions
-        "0:9223372036854775808",  # past an int64 offset
-        "0:" + "9" * 20,
-        "0:" + "1" * 40,
-    ],
-)
+@pytest.mark.parametrize("cursor", MALFORMED_CURSORS)
 def test_a_cursor_that_is_no_position_is_refused_naming_it(stack, cursor: str) -> None:
     _, client = stack
     r = client.get(f"/v1/subjects/{SUBJECT}/events", params={"tenant": TENANT, "cursor": cursor}, headers=HEADERS)

@@ -42,7 +42,7 @@ from producers.settings import Settings
 from projections.postgres.recorder import Recorder, connect
 from projections.postgres.schema import create_schema, drop_schema
 from tests.conftest import unique
-from tests.support import Worker, pg, publish_raw, read_topic, wait_caught_up, wait_for, wire
+from tests.support import MALFORMED_CURSORS, Worker, pg, publish_raw, read_topic, wait_caught_up, wait_for, wire
 from tests.support.processes import frozen
 from tests.support.servers import McpHttpServer, call_tool, free_port
 from tests.support.stores import private_ledger
@@ -180,8 +180,9 @@ def test_listed_with_reason_field_and_position_to_its_tenant_only(world: World) 
     assert [*page["dead_letters"], *rest["dead_letters"]] == sorted(
         letters.values(), key=lambda d: (d["partition"], d["offset"])
     )
-    r = world.http.get("/v1/dead-letters", params={"tenant": A, "after": "x"}, headers={"X-API-Key": "key-a"})
-    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "after", r.text
+    for cursor in MALFORMED_CURSORS:  # what names no place in the log: refused as the audit replay refuses it
+        r = world.http.get("/v1/dead-letters", params={"tenant": A, "after": cursor}, headers={"X-API-Key": "key-a"})
+        assert r.status_code == 422 and r.json()["detail"][0]["field"] == "after", (cursor, r.text)
 
 
 def test_opened_with_the_records_fields_sealed_ones_opened_here(world: World) -> None:

@@ -14,6 +14,7 @@ this package only adds what a test needs around them.
 - writer: `RecorderWriter` (events straight through the PostgreSQL recorder, no Kafka) and `drain_all`
   (the indexer's drain and the embedder's pass until both queues are empty), for search and recall tests.
 - events: factories `asserted`, `facts`, `marked`, `erased`, `episode`, `wire`, times `at(day)` after `T0`;
+  `MALFORMED_CURSORS`: page cursors that name no place in the log;
   `changed(leaf)`: a JSON leaf with one thing changed (the tamper tests); `with_value_at(data, path, value)`: a
   copy with one value set.
 - pipeline: `pipeline(settings, seed=..., indexer=..., app=...)`, the whole ledger for one module;
@@ -31,6 +32,7 @@ this package only adds what a test needs around them.
 """
 
 from tests.support.events import (
+    MALFORMED_CURSORS,
     T0,
     TENANT,
     asserted,
@@ -61,6 +63,7 @@ from tests.support.waiting import wait_for
 from tests.support.writer import RecorderWriter, drain_all
 
 __all__ = [
+    "MALFORMED_CURSORS",
     "T0",
     "TENANT",
     "Embedder",

@@ -24,10 +24,31 @@ from typing import Any
 
 from producers.contract import EventType, MemoryEvent, Source, SourceType
 
-__all__ = ["T0", "TENANT", "asserted", "at", "episode", "erased", "facts", "marked", "wire"]
+__all__ = ["MALFORMED_CURSORS", "T0", "TENANT", "asserted", "at", "episode", "erased", "facts", "marked", "wire"]
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 TENANT = "acme"
+
+
+# page cursors that name no place in the log ('<partition>:<offset>'): every route that pages by one refuses each
+MALFORMED_CURSORS = [
+    "",
+    "abc",
+    "1:",
+    ":1",
+    "-1:5",
+    "1:-5",
+    "1 :5",
+    "1:5 ",
+    "1:5\n",
+    "1:5:6",
+    "\u0663:5",  # an Arabic-Indic digit: int() reads it, a position has none
+    "0:1\x00",
+    "2147483648:0",  # past Kafka's int32 partitions
+    "0:9223372036854775808",  # past an int64 offset
+    "0:" + "9" * 20,
+    "0:" + "1" * 40,
+]
 
 
 def at(days: float) -> datetime:
