@@ -192,9 +192,13 @@ def _open(letter: shapes.DeadLetter, partition: int, offset: int) -> None:
             409,
             "dead_letter_resolved",
             f"the dead letter at partition {partition}, offset {offset} is {letter['state']} already "
-            f"(by event {r['event_id']!r} at partition {r['partition']}, offset {r['offset']})",
+            f"(by {_by(r['event_id'])} at partition {r['partition']}, offset {r['offset']})",
             "offset",
         )
+
+
+def _by(event_id: str | None) -> str:
+    return "an event whose subject was erased since" if event_id is None else f"event {event_id!r}"
 
 
 async def redrive_dead_letter(

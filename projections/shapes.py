@@ -979,7 +979,7 @@ class DeadLetterPosition(TypedDict):
 class DeadLetterResolution(TypedDict):
     """The event that resolved a dead letter (the first by ledger position, if several did)."""
 
-    event_id: Annotated[str, doc("the resolving event's id")]
+    event_id: Annotated[str | None, doc("the resolving event's id; null: its subject was erased since")]
     partition: Annotated[int, doc("where the resolving event is in the ledger")]
     offset: Annotated[int, doc("with partition: where it is")]
     reason: NotRequired[Annotated[str | None, doc("discarded: why (a re-drive: its own reason field, if any)")]]

@@ -35,7 +35,7 @@ from projections.postgres.chain import (
     read_starts,
 )
 from projections.postgres.idempotency import erased_sql
-from projections.postgres.positioned import connect
+from projections.postgres.positioned import claimed_subject, connect, letter_tenant
 from projections.postgres.positions import stored_positions
 from projections.postgres.recorder import BatchResult, Recorder
 from projections.versions import Route, route
@@ -487,9 +487,11 @@ def _check_projection(
     letters: dict[int, bytes | None],
 ) -> None:
     """Account for each record of one partition's batch (`rows` and `letters` lose the ones matched)."""
+    # each erased subject -> the offset of its erasure here: it took the letters of the records naming it before it
+    erasures = {(v["tenant"], v["subject"]): o for o, v in rows.items() if v["type"] == EventType.ERASED.value}
     unopened = {r.offset for r in decoded if r.envelope is not None and recorder.keys is None}
     openable = [r for r in decoded if r.offset not in unopened]
-    opened = {r.offset: r for r in recorder.prepare(cur, openable, BatchResult())}  # the shredded ones drop out
+    opened = {r.offset: r for r in recorder.open_sealed(cur, openable, BatchResult())[0]}  # shredded ones drop out
     unaccounted: list[tuple[int, str, str, str | None]] = []  # offset, tenant, event_id, fingerprint (None: unopened)
     for r in decoded:
         p, o = r.partition, r.offset
@@ -519,6 +521,8 @@ def _check_projection(
             if row is not None:
                 report.diverged(Divergence("projection", p, o, "an events row of a record whose data key is destroyed"))
             continue
+        if row is None and erasures.get((letter_tenant(x), claimed_subject(x)), -1) > o:
+            continue  # its subject erased since: the erasure took its row, or its letter (a refused record's)
         if x.event is None:
             report.diverged(
                 Divergence(

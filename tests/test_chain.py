@@ -484,6 +484,19 @@ def test_a_batch_bisected_around_poison_records_chains_every_record_once(base_se
         assert {3, 6, 9, 12, 15} <= set(counts), counts
         report = verify(settings)
         assert report.intact and report.dead_letters_checked == 2, report.as_json()
+        # the subject's erasure takes its letters with it (the records stay in the log): still intact, and a rebuild
+        # from offset 0 makes the same (no letter)
+        pipe.publish([erased("user:1")])
+        pipe.caught_up()
+        with pg(settings) as conn:
+            assert conn.execute("SELECT count(*) FROM dead_letters").fetchone()[0] == 0
+        report = verify(settings)
+        assert report.intact and report.dead_letters_checked == 0, report.as_json()
+        built = rebuild(settings, keep_old=False)
+        assert built.live_checksum == built.rebuilt_checksum
+        with pg(settings) as conn:
+            assert conn.execute("SELECT count(*) FROM dead_letters").fetchone()[0] == 0
+        assert verify(settings).intact
 
 
 def test_a_schema_from_before_the_chain_chains_from_where_it_stood_and_a_rebuild_from_offset_0(

@@ -39,6 +39,7 @@ from producers.keys.store import key_context
 from producers.records import decode_record
 from producers.sdk import LedgerProducer
 from producers.settings import Settings
+from projections.postgres.counts import dead_letters_name
 from projections.postgres.recorder import Recorder, connect
 from projections.postgres.schema import create_schema, drop_schema
 from tests.conftest import unique
@@ -287,6 +288,11 @@ def test_a_replay_of_the_log_in_any_order_changes_nothing(world: World) -> None:
     """Every record applied twice, partitions in reverse order, into a fresh schema: the same letters and states."""
     live = _states(world.settings, world.settings.pg_schema)
     assert {row[5] for row in live} == {"redriven", "discarded", None}, live
+    assert _replayed(world) == live
+
+
+def _replayed(world: World) -> list[tuple[Any, ...]]:
+    """The letters and states of the whole log applied twice, partitions in reverse order, into a fresh schema."""
     replay = world.settings.model_copy(
         update={"pg_schema": world.settings.pg_schema + "_replay", "key_schema": world.settings.keys_schema}
     )
@@ -306,21 +312,62 @@ def test_a_replay_of_the_log_in_any_order_changes_nothing(world: World) -> None:
                         if r.partition == partition
                     ]
                     recorder.apply_batch(batch)
-        assert _states(world.settings, replay.pg_schema) == live
+        return _states(world.settings, replay.pg_schema)
     finally:
         with psycopg.connect(replay.pg_dsn, autocommit=True) as admin:
             drop_schema(admin, replay.pg_schema)
 
 
-def test_an_erasure_takes_the_resolutions_its_subjects_events_made(world: World) -> None:
-    """Erasing the subject the discard was filed under purges that event; the letter reads open again, as a rebuild
-    (which never applies the shredded discard) has it. The re-drive of another subject stays."""
+def test_an_erasure_takes_its_subjects_letters_and_leaves_what_it_resolved_resolved(world: World) -> None:
+    """Erasing user:1 takes the letter of its own refused record (the sealed conflict, discarded) with the record's
+    claimed id, as a replay (which cannot open a record sealed with the destroyed key) never makes it; a letter of
+    another subject that a user:1 event resolved stays resolved, by an event whose id and reason went with user:1,
+    counted and refused as a resolved one. A replay of the log gives the same letters and states."""
+    letter = _letter_resolved_by_user_1(world)
+    assert world.letters()[world.conflict]["state"] == "discarded"
     r = world.http.delete("/v1/subjects/user:1", params={"tenant": A}, headers={"X-API-Key": "key-a"})
     assert r.status_code == 202, r.text
     world.caught_up()
     letters = world.letters()
-    assert letters[world.conflict]["state"] == "open" and "resolution" not in letters[world.conflict], letters
-    assert letters[world.malformed]["state"] == "redriven", letters
+    assert world.conflict not in letters, letters  # user:1's own letter: gone with it
+    after = letters[letter["position"]]
+    assert after["state"] == "redriven", letters
+    assert after["resolution"] == {**letter["resolution"], "event_id": None, "reason": None}, after
+    assert letters[world.malformed]["state"] == "redriven", letters  # a re-drive of user:2's: as it was
+    assert letter["position"] not in world.letters(state="open")
+    p, o = letter["position"]
+    body = {"tenant": A, "partition": p, "offset": o, "reason": "again"}
+    r = world.http.post("/v1/dead-letters/discard", json=body, headers={"X-API-Key": "key-a"})
+    assert r.status_code == 409 and "erased since" in r.json()["detail"][0]["message"], r.text
+    r = world.http.get(
+        f"/v1/dead-letters/{world.conflict[0]}/{world.conflict[1]}",
+        params={"tenant": A},
+        headers={"X-API-Key": "key-a"},
+    )
+    assert r.status_code == 404, r.text
+    with pg(world.settings) as conn:  # the tenant's dead-letter counter follows: a recount finds nothing off
+        counted = conn.execute(
+            "SELECT coalesce(sum(n), 0) FROM counts WHERE tenant = %s AND name = %s",
+            (A, dead_letters_name(world.settings.topic)),
+        ).fetchone()[0]
+        rows = conn.execute("SELECT count(*) FROM dead_letters WHERE tenant = %s", (A,)).fetchone()[0]
+    assert counted == rows, (counted, rows)
+    assert _replayed(world) == _states(world.settings, world.settings.pg_schema)
+
+
+def _letter_resolved_by_user_1(world: World) -> dict[str, Any]:
+    """A letter of user:3's refused record, re-driven as a user:1 event: its position and resolution."""
+    broken = wire("user:3", tenant=A, event_id="ev-u3-bad", value="x", content=...)
+    [(p, o)] = publish_raw(world.settings, [(b"dl-acme|user:3", orjson.dumps(broken))])
+    world.caught_up()
+    fixed = wire("user:1", tenant=A, event_id="ev-u1-fix", value="y")
+    body = {"tenant": A, "partition": p, "offset": o, "event": fixed}
+    r = world.http.post("/v1/dead-letters/redrive", json=body, headers={"X-API-Key": "key-a"})
+    assert r.status_code == 200, r.text
+    world.caught_up()
+    letter = world.letters()[(p, o)]
+    assert letter["state"] == "redriven" and letter["resolution"]["event_id"] == "ev-u1-fix", letter
+    return {**letter, "position": (p, o)}
 
 
 def test_one_resolution_a_letter_even_before_the_worker_applies_the_first(world: World) -> None:

@@ -21,7 +21,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from producers.contract import EventType, InvalidEvent, MemoryEvent, wire_fingerprint
+from producers.contract import DeadLetterRef, EventType, InvalidEvent, MemoryEvent, parse_rfc3339, wire_fingerprint
 from producers.keys.envelope import has_personal
 from producers.keys.store import (
     ERASURE_CHANNEL,
@@ -36,7 +36,7 @@ from producers.keys.store import (
 from producers.records import Incoming, decode_record, open_record
 from projections.postgres.accesses import active_transitions, erase_accesses, transition_deltas
 from projections.postgres.chain import Checkpoints
-from projections.postgres.counts import EVENTS, OUTBOX, VERSIONS
+from projections.postgres.counts import EVENTS, OUTBOX, VERSIONS, dead_letters_name
 from projections.postgres.idempotency import FP_HASH_SQL, ID_HASH_SQL, erased_sql
 from projections.postgres.positioned import (
     CoreRefused,
@@ -144,7 +144,9 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         return decode
 
     def prepare(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult) -> list[Incoming]:
-        return self._open(cur, records, result)
+        opened, erased = self.open_sealed(cur, records, result)
+        self._resolve_erased(cur, erased)
+        return opened
 
     def apply(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult, shard: int) -> None:
         """The valid records in ledger order; an erasure is a barrier: what came before it is applied first."""
@@ -153,10 +155,12 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         late: list[Incoming] = []
         for r in records:
             if r.key_id is not None and r.key_id in destroyed:  # sealed with a key this batch shredded
-                if destroyed[r.key_id] == r.partition:  # published after the erasure: as `_open` judges it
+                if destroyed[r.key_id] == r.partition:  # published after the erasure: as `open_sealed` judges it
                     late.append(_key_destroyed(r))
                 else:
                     result.erased_replays += 1
+                    if r.event is not None and r.event.dead_letter is not None:  # opened before its key went
+                        self._resolve_dead_letters(cur, [r], erased=True)
                 continue
             if _route(r) is Route.ERASURE:
                 self._apply_events(cur, segment, result)
@@ -167,8 +171,11 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         self._apply_events(cur, segment, result)
         self.dead_letters(cur, late, result)
 
-    def _open(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult) -> list[Incoming]:
-        """Open the sealed records with their data keys (read in this transaction); drop the shredded ones.
+    def open_sealed(
+        self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult
+    ) -> tuple[list[Incoming], list[Incoming]]:
+        """Open the sealed records with their data keys (read in this transaction); drop the shredded ones, which
+        come back apart, as read (their clear fields). Reads only: `ledger verify` opens the log with it.
 
         A record sealed with a key an erasure destroyed is its subject's erased past: counted as an erased replay,
         never a dead letter; but one published after that erasure (later in its partition) is an event a producer
@@ -180,7 +187,7 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         sealed = [r for r in records if r.envelope is not None]
         required = self.keys is not None and self.keys.required
         if not sealed and not required:
-            return records
+            return records, []
         states = {}
         if sealed:
             if self.keys is None:
@@ -190,8 +197,10 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
                 cur, self.keys.schema, self.keys.keks, kids, cache=self._unwrapped, digests=self.keys.digests
             )
         out: list[Incoming] = []
+        erased: list[Incoming] = []
         for r in records:
             if r.envelope is not None:
+                sealed_record = r
                 state = states.get(r.key_id)  # type: ignore[arg-type]
                 if state is None:
                     r = open_record(r, None)
@@ -201,6 +210,7 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
                     r = open_record(r, state.key, destroyed=state.destroyed, owner=state.owns)
                 if r.erased:
                     result.erased_replays += 1
+                    erased.append(sealed_record)  # its clear fields: what it resolved stays resolved
                     continue
             elif required and r.event is not None and r.event.type is not EventType.ERASED:
                 if has_personal(r.event.to_wire()):
@@ -211,7 +221,7 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
                     )
                     r = dataclasses.replace(r, event=None, error=error)
             out.append(r)
-        return out
+        return out, erased
 
     def _erased(self, cur: psycopg.Cursor, records: list[Incoming]) -> dict[int, bool]:
         """Index in `records` of each record whose id belonged to an erased subject -> whether it says what the
@@ -355,15 +365,50 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         result.counts.update(transition_deltas(cur, active_transitions(versions, inserts, updates)))
         self._write_versions(cur, inserts, updates, result.counts)
 
-    def _resolve_dead_letters(self, cur: psycopg.Cursor, records: list[Incoming]) -> None:
-        """Record what the newly logged `records` (events naming a `dead_letter`) did to their letters.
+    def _resolve_dead_letters(self, cur: psycopg.Cursor, records: list[Incoming], *, erased: bool = False) -> None:
+        """Record what the newly logged `records` (events naming a `dead_letter`) did to their letters (`erased`:
+        their subject's erasure took their ids and reasons, `_erase`)."""
+        rows = []
+        for r in records:
+            e = r.event
+            assert e is not None and e.dead_letter is not None
+            state = "discarded" if e.type is EventType.DISCARDED else "redriven"
+            event_id, reason = (None, None) if erased else (e.event_id, e.reason)
+            link = e.dead_letter
+            rows.append((link.partition, link.offset, e.tenant, state, event_id, r.partition, r.offset, reason))
+            rows[-1] += (e.observed_at,)
+        self._write_resolutions(cur, rows)
+
+    def _resolve_erased(self, cur: psycopg.Cursor, records: list[Incoming]) -> None:
+        """The resolutions still made by `records` sealed with a key their subject's erasure destroyed (a rebuild
+        reads such records; the live projection applied them before the erasure): from the clear fields (the
+        `dead_letter`, tenant, type and observed_at), without the event's id and reason, which the erasure took, as
+        the live projection keeps them after it (`_erase`). A clear part that does not say all of it resolves
+        nothing."""
+        rows = []
+        for r in records:
+            clear = r.envelope.clear if r.envelope is not None else {}
+            try:
+                link = DeadLetterRef.model_validate(clear["dead_letter"])
+                tenant, type_, at = clear["tenant"], EventType(clear["type"]), parse_rfc3339(clear["observed_at"])
+            except (KeyError, TypeError, ValueError):  # pydantic's ValidationError is a ValueError
+                continue
+            if type_ is EventType.ERASED or not isinstance(tenant, str):
+                continue
+            state = "discarded" if type_ is EventType.DISCARDED else "redriven"
+            rows.append((link.partition, link.offset, tenant, state, None, r.partition, r.offset, None, at))
+        self._write_resolutions(cur, rows)
+
+    def _write_resolutions(self, cur: psycopg.Cursor, rows: list[tuple]) -> None:
+        """(letter partition, letter offset, tenant, state, event_id, by partition, by offset, reason, resolved_at)
+        rows into `dead_letter_resolutions`.
 
         A re-drive (any event type) makes its letter `redriven`, `deadletter.discarded` makes it `discarded`. Of two
         resolutions of one letter and tenant the one first in ledger position stays, in whatever order they are
         applied (a rebuild applies partitions in any order), so the row is a function of the log."""
-        if not records:
+        if not rows:
             return
-        evs: list[MemoryEvent] = [r.event for r in records]  # type: ignore[misc]
+        cols = list(zip(*rows, strict=True))
         cur.execute(
             'INSERT INTO dead_letter_resolutions (topic, "partition", "offset", tenant, state, event_id, by_partition, '
             "by_offset, reason, resolved_at) SELECT %s, * FROM unnest(%b::int[], %b::bigint[], %b::text[], "
@@ -373,18 +418,7 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
             "reason = excluded.reason, resolved_at = excluded.resolved_at "
             "WHERE (excluded.by_partition, excluded.by_offset) "
             "< (dead_letter_resolutions.by_partition, dead_letter_resolutions.by_offset)",
-            (
-                self.topic,
-                [e.dead_letter.partition for e in evs],  # type: ignore[union-attr]
-                [e.dead_letter.offset for e in evs],  # type: ignore[union-attr]
-                [e.tenant for e in evs],
-                ["discarded" if e.type is EventType.DISCARDED else "redriven" for e in evs],
-                [e.event_id for e in evs],
-                [r.partition for r in records],
-                [r.offset for r in records],
-                [e.reason for e in evs],
-                [e.observed_at for e in evs],
-            ),
+            (self.topic, *(list(c) for c in cols)),
         )
 
     def _retraction_targets(self, cur: psycopg.Cursor, records: list[Incoming]) -> dict[tuple[str, str], str]:
@@ -488,9 +522,12 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
             cur.execute("SELECT pg_notify(%s, current_schema())", (OUTBOX_CHANNEL,))  # delivered on commit: once
 
     def _erase(self, cur: psycopg.Cursor, record: Incoming, result: BatchResult) -> set[str]:
-        """subject.erased: purge the subject's versions and events, keep only the erasure tombstones; the keys shredded.
+        """subject.erased: purge the subject's versions, events and dead letters, keep only the erasure tombstones;
+        the keys shredded.
 
-        The purged events' ids stay as salted hashes (erased_events) so that re-sending one has no effect. Then, in
+        The purged events' ids stay as salted hashes (erased_events) so that re-sending one has no effect; a letter
+        another subject's record left, that one of its events resolved, stays resolved without that event's id and
+        reason (`dead_letter_resolutions`: `_resolve_erased` makes the same row in a replay). Then, in
         the same transaction, the subject's data key is destroyed and the erasure record written: a
         worker killed anywhere in between rolls all of it back and its restart does all of it. A replay of an
         erasure already recorded (a rebuild) destroys nothing: the subject's key now may be a newer one.
@@ -524,9 +561,14 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
             (e.tenant, e.subject),
         )
         erase_accesses(cur, e.tenant, e.subject)  # its versions' accesses and aggregates, while the versions exist
-        cur.execute(  # the dead-letter resolutions its events made go with them, as a rebuild never makes them again
-            "DELETE FROM dead_letter_resolutions r USING events e WHERE e.tenant = %s AND e.subject = %s "
-            "AND r.tenant = e.tenant AND r.event_id = e.event_id",
+        cur.execute(  # the letters of records naming it go with it (a replay never makes them: it cannot open them)
+            "DELETE FROM dead_letters WHERE tenant = %s AND subject = %s RETURNING topic", (e.tenant, e.subject)
+        )
+        for (topic,) in cur.fetchall():
+            result.counts[(e.tenant, dead_letters_name(topic))] -= 1
+        cur.execute(  # a letter its events resolved stays resolved, by an event whose id and reason go with it
+            "UPDATE dead_letter_resolutions r SET event_id = NULL, reason = NULL FROM events e "
+            "WHERE e.tenant = %s AND e.subject = %s AND r.tenant = e.tenant AND r.event_id = e.event_id",
             (e.tenant, e.subject),
         )
         cur.execute("DELETE FROM fact_versions WHERE tenant = %s AND subject = %s", (e.tenant, e.subject))

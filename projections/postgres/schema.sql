@@ -358,7 +358,7 @@ DROP FUNCTION IF EXISTS fact_ids(text, text[]);
 -- position and the resolving event's tenant, not a reference to `dead_letters`: a rebuild may apply the resolution
 -- before the letter's own partition, and only a letter of the same tenant is resolved by it (the listing joins on
 -- both). Of several resolutions the one first in ledger position is kept, whatever the order they are applied in,
--- so a redelivery or a rebuild gives the same row. Nothing is deleted: the letter and both events stay.
+-- so a redelivery or a rebuild gives the same row. No row is deleted: the letter and its resolution stay.
 CREATE TABLE IF NOT EXISTS dead_letter_resolutions (
     topic          text NOT NULL,
     "partition"    integer NOT NULL,
@@ -372,6 +372,14 @@ CREATE TABLE IF NOT EXISTS dead_letter_resolutions (
     resolved_at    timestamptz NOT NULL,
     PRIMARY KEY (topic, "partition", "offset", tenant)
 );
+-- event_id and reason NULL: the resolving event's subject was erased since; the letter stays resolved (an action on
+-- it is refused as on any resolved letter), by an event whose id and reason went with its subject
+ALTER TABLE dead_letter_resolutions ALTER COLUMN event_id DROP NOT NULL;
+-- the subject a refused record names (its event's, or as its JSON claims it): the subject's erasure takes its
+-- letters, as a replay, which cannot open a record sealed with the destroyed key, never makes them (NULL: a letter
+-- recorded before the column, or a record that names none)
+ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS subject text;
+CREATE INDEX IF NOT EXISTS dead_letters_subject ON dead_letters (tenant, subject) WHERE subject IS NOT NULL;
 CREATE INDEX IF NOT EXISTS dead_letters_tenant ON dead_letters (tenant, "partition", "offset") WHERE tenant IS NOT NULL;
 
 -- The ledger chain (projections.postgres.chain, docs/INTERNALS.md "The chain"): per (consumer, topic, partition) the

@@ -1596,7 +1596,7 @@
         { dataset: { field: "resolution" } },
         r
           ? [
-              `by ${r.event_id} at `,
+              `by ${r.event_id ?? "an event whose subject was erased since"} at `,
               ledger(r.partition, r.offset),
               ", ",
               time(r.resolved_at),
@@ -1717,7 +1717,7 @@
         const r = d.resolution;
         $("letter-note").append(
           el("br"),
-          `${d.state} by event ${r.event_id} at `,
+          `${d.state} by ${r.event_id === null ? "an event whose subject was erased since" : `event ${r.event_id}`} at `,
           ledger(r.partition, r.offset),
           ", ",
           time(r.resolved_at),
