@@ -447,8 +447,8 @@ async def _forget_target(res: Resources, p: ForgetParams) -> tuple[dict[str, Any
         what = "an episode" if kind == "episodic" else f"a version of key {key!r} (scope {scope!r})"
         message = f"target_version {p.target_version!r} is {what}: leave key out, or name its own"
         raise ApiError(422, "invalid_value", message, "key")
-    if p.target_version is not None:  # the version says which fact it is (an episode's retraction has no key)
-        event |= {"key": key, "scope": scope}
+    # a version named alone stays so in the event: the worker finds its fact from it, so the same call again is the
+    # same event whether or not the target is still there to look at (a retry after its subject's erasure)
     return event, memory_id, None
 
 
@@ -473,9 +473,7 @@ async def forget(res: Resources, tenants: frozenset[str], p: ForgetParams) -> di
         event, memory_id, unchecked = await _forget_target(res, p)
     except ApiError as exc:
         # the same call again, its target erased (or otherwise gone) since the first took its id: the door answers
-        # it as the retry it is (duplicate; event_id_conflict for other content), not 404 as if never asked. A
-        # retraction named by target_version alone took its fact's key from the target, which an erasure leaves
-        # nothing of: its retry reads as other content
+        # it as the retry it is (duplicate; event_id_conflict for other content), not 404 as if never asked
         if exc.status != 404 or p.event_id is None or not await _door_knows(res, p.tenant, p.event_id):
             raise
         event, memory_id, unchecked = _retraction(p), None, None

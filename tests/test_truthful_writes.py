@@ -279,27 +279,28 @@ def test_a_forget_retried_after_its_subject_was_erased_is_answered_as_its_retry(
     content is a conflict."""
     pipe, subject = stack["pipe"], "user:rf"
     fact = asserted(subject, "pref.seat", "window", 0, tenant=TENANT, content="rf prefers the window seat")
+    meal = asserted(subject, "pref.meal", "fish", 0, tenant=TENANT, content="rf eats fish", scope="lunch")
     episode = asserted(
         subject, None, None, 1, tenant=TENANT, kind="episodic", content="We took the ferry to the island.",
-        source=Source(type=SourceType.IMPORTED, service="chat"),
+        scope="trip", source=Source(type=SourceType.IMPORTED, service="chat"),
     )  # fmt: skip
-    pipe.publish([fact, episode])
+    pipe.publish([fact, meal, episode])
     pipe.settle()
     by_key = {"tenant": TENANT, "subject": subject, "key": "pref.seat", "event_id": "rf-forget-key"}
-    by_version = {
-        "tenant": TENANT,
-        "subject": subject,
-        "target_version": episode.version_id,
-        "event_id": "rf-forget-ep",
-    }
-    for args in (by_key, by_version):
+    by_version = {"tenant": TENANT, "subject": subject, "target_version": episode.version_id, "event_id": "rf-ep"}
+    # a fact's version named alone (no key, no scope): the worker finds its fact from the version
+    by_fact_version = {"tenant": TENANT, "subject": subject, "target_version": meal.version_id, "event_id": "rf-v"}
+    for args in (by_key, by_version, by_fact_version):
         status, body = _mcp(stack["mcp"], "forget", args)
         assert status == 200 and body["effect"] == "pending", body
     pipe.settle()
+    audit = _audit(stack, subject)
+    assert audit[meal.event_id]["effect"]["effect"] == "retracted", audit[meal.event_id]
+    assert audit[episode.event_id]["effect"]["effect"] == "retracted", audit[episode.event_id]
     status, body = _mcp(stack["mcp"], "forget", {"tenant": TENANT, "subject": subject, "erase_subject": True})
     assert status == 200, body
     pipe.settle()
-    for args in (by_key, by_version):
+    for args in (by_key, by_version, by_fact_version):
         status, body = _mcp(stack["mcp"], "forget", args)
         assert status == 200 and body["duplicate"] is True and body["effect"] == "erased", (args, body)
         assert body["event_id"] == args["event_id"], body
