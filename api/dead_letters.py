@@ -65,7 +65,7 @@ class DeadLettersParams(BaseModel):
         None, description="only the letters in this state: open, redriven (re-driven) or discarded"
     )
     after: str | None = Field(None, max_length=32, description="PARTITION:OFFSET: the previous page's `next`")
-    limit: int = Field(100, ge=1, le=500, description="at most this many letters")
+    limit: int = Field(100, ge=1, le=500, strict=True, description="at most this many letters")
 
 
 class DeadLetterParams(BaseModel):
@@ -74,8 +74,10 @@ class DeadLetterParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tenant: Storable = Field(description=TENANT_NOTE, **TENANT)
-    partition: int = Field(ge=0, le=MAX_PARTITION, description="the dead letter's partition of the ledger topic")
-    offset: int = Field(ge=0, le=MAX_OFFSET, description="the dead letter's offset in that partition")
+    partition: int = Field(
+        ge=0, le=MAX_PARTITION, strict=True, description="the dead letter's partition of the ledger topic"
+    )
+    offset: int = Field(ge=0, le=MAX_OFFSET, strict=True, description="the dead letter's offset in that partition")
 
 
 class RedriveParams(DeadLetterParams):

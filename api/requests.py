@@ -209,8 +209,10 @@ class FactsParams(TenantRequest):
     subject: Storable = Field(description="the subject whose facts are listed, e.g. user:42", **SUBJECT)
     as_of: Time | None = Field(default=None, description="valid time (default now)")
     known_at: Time | None = Field(default=None, description="only what was observed by this transaction time")
-    offset: int = Field(default=0, description=OFFSET_NOTE, **OFFSET)
-    limit: int | None = Field(default=None, description="at most this many facts (default: every one)", **LIMIT)
+    offset: int = Field(default=0, strict=True, description=OFFSET_NOTE, **OFFSET)
+    limit: int | None = Field(
+        default=None, strict=True, description="at most this many facts (default: every one)", **LIMIT
+    )
     after: After = None
 
 
@@ -218,7 +220,7 @@ class FactsPage(FactsParams):
     """The MCP `facts` tool: FactsParams with a page bounded by default (MCP_LIMIT)."""
 
     limit: int = Field(  # type: ignore[assignment]
-        default=MCP_DEFAULT_LIMIT, description="at most this many facts (page on with offset)", **MCP_LIMIT
+        default=MCP_DEFAULT_LIMIT, strict=True, description="at most this many facts (page on with offset)", **MCP_LIMIT
     )
 
 
@@ -228,8 +230,10 @@ class HistoryParams(TenantRequest):
     memory_id: Storable = Field(
         description="the fact's memory_id (as remember, recall and facts answer it)", **MEMORY_ID
     )
-    offset: int = Field(default=0, description=OFFSET_NOTE, **OFFSET)
-    limit: int | None = Field(default=None, description="at most this many versions (default: every one)", **LIMIT)
+    offset: int = Field(default=0, strict=True, description=OFFSET_NOTE, **OFFSET)
+    limit: int | None = Field(
+        default=None, strict=True, description="at most this many versions (default: every one)", **LIMIT
+    )
     after: After = None
 
 
@@ -237,7 +241,10 @@ class HistoryPage(HistoryParams):
     """The MCP `fact_history` tool: HistoryParams with a page bounded by default (MCP_LIMIT)."""
 
     limit: int = Field(  # type: ignore[assignment]
-        default=MCP_DEFAULT_LIMIT, description="at most this many versions (page on with offset)", **MCP_LIMIT
+        default=MCP_DEFAULT_LIMIT,
+        strict=True,
+        description="at most this many versions (page on with offset)",
+        **MCP_LIMIT,
     )
 
 
@@ -330,7 +337,7 @@ class EventsParams(TenantRequest):
     subject: Storable = Field(description="the subject whose events are listed", **SUBJECT)
     from_: Time | None = Field(default=None, alias="from", description="observed_at >= from (RFC 3339)")
     to: Time | None = Field(default=None, description="observed_at < to (RFC 3339)")
-    limit: int = Field(default=10_000, ge=1, le=10_000)
+    limit: int = Field(default=10_000, ge=1, le=10_000, strict=True)
     cursor: Cursor = Field(default=None, max_length=32, description=CURSOR_NOTE)
 
 

@@ -27,7 +27,7 @@ from mcp.client.streamable_http import streamable_http_client
 from producers.settings import Settings
 from tests.conftest import unique
 from tests.support import pipeline, publish_raw
-from tests.support.servers import McpHttpServer
+from tests.support.servers import McpHttpServer, tool_body
 
 KEY = "k-acme"
 SUBJECT = f"user:{uuid.uuid4().hex[:8]}"
@@ -91,9 +91,11 @@ def _wire(subject: str, **over: Any) -> dict[str, Any]:
 
 def dead_letter_records(subject: str, n: int = 2) -> list[tuple[bytes, bytes]]:
     """n records of acme without content, as a producer that skips the contract writes them: the worker refuses
-    them, so they are open dead letters for the operator tools."""
-    key = f"acme|{subject}".encode()
-    return [(key, orjson.dumps(_wire(subject, event_id=f"dl-{subject}-{i}"))) for i in range(n)]
+    them, so they are open dead letters for the operator tools. They name a subject of their own: the plan erases
+    `subject`, and an erasure takes the letters of the records naming it."""
+    named = f"{subject}:letters"
+    key = f"acme|{named}".encode()
+    return [(key, orjson.dumps(_wire(named, event_id=f"dl-{subject}-{i}"))) for i in range(n)]
 
 
 def _letter(done: dict[str, Any], n: int) -> dict[str, Any]:
@@ -216,3 +218,37 @@ def test_every_tool_answers_what_its_output_schema_declares(stack: dict[str, Any
         return wrong
 
     assert asyncio.run(_session(stack["url"], work)) == []
+
+
+def _typed(prop: dict[str, Any]) -> set[str]:
+    """The JSON types a property takes, also when it is nullable (a type in one branch of anyOf)."""
+    types = prop.get("type")
+    found = set(types if isinstance(types, list) else [types] if types else [])
+    return found | {t for b in prop.get("anyOf", []) for t in ([b["type"]] if isinstance(b.get("type"), str) else [])}
+
+
+def test_every_number_and_flag_argument_refuses_text_and_the_other_kind(stack: dict[str, Any]) -> None:
+    """A tool's integer or boolean argument given as text, or as the other of the two, is `wrong_type` naming it,
+    whichever tool (a page's `limit: true` was read as 1, `offset: "1"` as 1): what the README promises of JSON."""
+    wrong = {"integer": ["1", True], "boolean": ["true", 1]}
+    cases = [
+        (tool.name, name, bad)
+        for tool in _tools(stack)
+        for name, prop in tool.input_schema.get("properties", {}).items()
+        for kind in sorted(_typed(prop) - {"null"})
+        if _typed(prop) - {"null"} == {kind} and kind in wrong  # a number or a flag, not any JSON (a memory's value)
+        for bad in wrong[kind]
+    ]
+    assert len({(t, n) for t, n, _ in cases}) >= 10, cases  # the tools have that many numbers and flags at least
+
+    async def work(client: Client) -> list[tuple[str, str, Any, Any]]:
+        refused = []
+        for tool, name, bad in cases:
+            result = await client.call_tool(tool, {name: bad})
+            body = tool_body(result) if result.is_error else {}
+            items = [(d.get("code"), d.get("field")) for d in body.get("detail", [])]
+            refused.append((tool, name, bad, ("wrong_type", name) in items or items))
+        return refused
+
+    outcome = asyncio.run(_session(stack["url"], work))
+    assert [o for o in outcome if o[3] is not True] == [], outcome
