@@ -249,7 +249,7 @@ def build_context(
         inner = header + texts
         left_out = len(lines) - len(texts)
         if left_out:
-            inner.append(f"({left_out} more lines left out by the token budget)")
+            inner.append(f"({left_out} more line{'s' if left_out != 1 else ''} left out by the token budget)")
         tag = hashlib.sha256("\n".join(inner).encode()).hexdigest()[:8]
         return "\n".join([f"<<<LEDGER MEMORY {tag}>>>", *inner, f"<<<END LEDGER MEMORY {tag}>>>"]) + "\n"
 

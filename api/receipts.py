@@ -562,6 +562,9 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
             "these are not the parameters the receipt was made for (a page's offset and limit are parameters too, "
             "as the answer's page names them)"
             if answer in ("facts", "history")
+            else "these are not the parameters the receipt was made for (a page's cursor and limit are parameters "
+            "too, as they were asked)"
+            if answer == "events"
             else "these are not the parameters the receipt was made for",
             "request",
         )

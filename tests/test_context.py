@@ -167,7 +167,8 @@ def test_the_budget_is_respected_by_the_real_tokenizer_and_left_out_lines_are_co
         block = _build(facts, budget_tokens=budget)
         assert _count(block.text) == block.doc["tokens"] <= budget, budget
         assert block.doc["left_out"] == 60 - len(block.doc["lines"]) > 0
-        assert f"({block.doc['left_out']} more lines left out by the token budget)" in block.text
+        n = block.doc["left_out"]
+        assert f"({n} more line{'s' if n != 1 else ''} left out by the token budget)" in block.text
         assert block.doc["lines"][0]["key"] == "k059"  # the most important fits first
 
 
