@@ -70,7 +70,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 # (tests/test_error_vocabulary.py compares them and checks that no route or tool answers another code).
 ERROR_CODES: dict[str, str] = {
     "missing_field": "a required field is missing (or null where a value is required)",
-    "unknown_field": "a field the request or event does not have",
+    "unknown_field": (
+        "a field the request or event does not have; a query parameter the route does not take (`asof` for `as_of`)"
+    ),
     "wrong_type": "a value of the wrong JSON type (text where a number goes, a number where a list goes)",
     "invalid_value": "a value the field does not allow: out of range, too long or short, blank, a rule between fields",
     "unknown_value": "not one of the field's choices (`kind`, `format`, `mode`, `source.type`)",

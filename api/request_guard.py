@@ -6,12 +6,16 @@
 - A percent-escape that is not UTF-8 in the path or the query (`%ED%A0%80`, `%FF`) is refused with 422
   `unstorable_text` naming the parameter. The server would otherwise read it as U+FFFD and store or look up that
   other text.
+- A query parameter the route does not take (`asof` for `as_of`) is refused with 422 `unknown_field` naming it, as
+  a body's unknown field is: ignored, it would answer another question than the one asked.
 """
 
 from __future__ import annotations
 
 import re
-from urllib.parse import unquote_to_bytes
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import parse_qsl, unquote_to_bytes
 
 import orjson
 from fastapi import FastAPI
@@ -20,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.errors import error_body
 from producers.settings import Settings
 
-__all__ = ["RequestGuard", "install", "undecodable_parameter"]
+__all__ = ["RequestGuard", "install", "undecodable_parameter", "unknown_query_parameter"]
 
 
 def _escaped(raw: bytes) -> bool:
@@ -70,17 +74,63 @@ def _path_parameter(app: ASGIApp, raw_path: bytes) -> str | None:
 
 
 def _templates(app: ASGIApp) -> list[re.Pattern[str]]:
-    """The app's path templates (its OpenAPI paths, which FastAPI makes once) as patterns whose groups are their
-    parameters, each taking one segment or more (FastAPI's `path` parameters take `/`)."""
+    """The app's path templates (its OpenAPI paths, which FastAPI makes once) as patterns (`_patterns`)."""
     openapi = getattr(app, "openapi", None)
     if openapi is None:
         return []
+    return [pattern for pattern, _ in _patterns(openapi().get("paths", {}))]
+
+
+def _patterns(templates: Iterable[str]) -> list[tuple[re.Pattern[str], str]]:
+    """Path templates as patterns whose groups are their parameters, each taking one segment or more (FastAPI's
+    `path` parameters take `/`), the most literal text first, each with its template."""
     out = []
-    for template in openapi().get("paths", {}):
+    for template in templates:
         parts = re.split(r"\{(\w+)\}", template)  # text, name, text, name, ..., text
         body = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>.+?)" for i, p in enumerate(parts))
-        out.append((-sum(len(p) for p in parts[::2]), re.compile(body)))
-    return [pattern for _, pattern in sorted(out, key=lambda o: o[0])]  # the most literal text first
+        out.append((-sum(len(p) for p in parts[::2]), re.compile(body), template))
+    return [(pattern, template) for _, pattern, template in sorted(out, key=lambda o: o[0])]
+
+
+def unknown_query_parameter(app: ASGIApp, scope: Scope, cache: dict[str, Any]) -> tuple[str, list[str]] | None:
+    """The first query parameter of `scope` that its route (by the app's OpenAPI operations) does not take, with the
+    ones it does; None when all are taken or no operation of the spec answers the path (the console, the docs).
+    `cache` keeps the operations' patterns and names (made once: the routes do not change once the app runs)."""
+    query: bytes = scope.get("query_string", b"")
+    if not query:
+        return None
+    if "operations" not in cache:
+        cache["operations"] = _operations(app)
+    method, path = scope["method"].lower(), scope["path"]
+    for pattern, by_method in cache["operations"]:
+        if pattern.fullmatch(path) is None:
+            continue
+        taken = by_method.get(method)
+        if not taken:  # no such operation, or one that reads no query (a health probe's cache-buster changes nothing)
+            return None
+        for name, _ in parse_qsl(query.decode("utf-8", "replace"), keep_blank_values=True):
+            if name not in taken:
+                return name, sorted(taken)
+        return None
+    return None
+
+
+def _operations(app: ASGIApp) -> list[tuple[re.Pattern[str], dict[str, set[str]]]]:
+    """(the path template's pattern, method -> the query parameters its operation takes), most literal first."""
+    openapi = getattr(app, "openapi", None)
+    if openapi is None:
+        return []
+    paths = openapi().get("paths", {})
+    out = []
+    for pattern, template in _patterns(paths):
+        ops = paths[template]
+        out.append(
+            (
+                pattern,
+                {m: {p["name"] for p in op.get("parameters", []) if p.get("in") == "query"} for m, op in ops.items()},
+            )
+        )
+    return out
 
 
 class RequestGuard:
@@ -89,6 +139,7 @@ class RequestGuard:
     def __init__(self, app: ASGIApp, max_body_bytes: int, routes_of: ASGIApp | None = None) -> None:
         self.app, self.max_body_bytes = app, max_body_bytes
         self.routes_of = routes_of or app
+        self._operations: dict[str, Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -98,6 +149,12 @@ class RequestGuard:
         if name is not None:
             message = "holds a percent-escape that is not UTF-8, so no text the ledger stores or looks up"
             await _answer(send, 422, "unstorable_text", name, message)
+            return
+        unknown = unknown_query_parameter(self.routes_of, scope, self._operations)
+        if unknown is not None:
+            name, taken = unknown
+            message = f"is not a parameter of this route, which takes: {', '.join(taken)}"
+            await _answer(send, 422, "unknown_field", name, message)
             return
         limit = self.max_body_bytes
         length = dict(scope.get("headers") or ()).get(b"content-length")

@@ -571,6 +571,28 @@ def live_server(app: FastAPI) -> Iterator[str]:
         thread.join(30)
 
 
+def test_class9_a_query_parameter_no_route_takes_is_refused_naming_it(client: TestClient) -> None:
+    """Every operation that reads a query, given one more parameter it does not take (a misspelled `as_of`, or one
+    another route takes): 422 `unknown_field` naming it, before any store is asked, as a body's unknown field is.
+    Ignored, it would answer another question than the one asked (`asof=` gave today's facts)."""
+    paths = client.app.openapi()["paths"]  # type: ignore[attr-defined]
+    asked = 0
+    for template, ops in paths.items():
+        path = template.replace("{", "").replace("}", "")  # any value of a path parameter: refused before routing
+        for method, op in ops.items():
+            taken = {p["name"] for p in op.get("parameters", []) if p["in"] == "query"}
+            if not taken:
+                continue
+            for extra in ("asof", "known_atx", "cursor" if "cursor" not in taken else "Tenant"):
+                r = client.request(method.upper(), path, params={"tenant": A, extra: "x"}, headers=HA)
+                item = assert_error(r, 422, "unknown_field", extra)
+                assert sorted(taken) == item["message"].split("takes: ")[1].split(", "), item
+                asked += 1
+    assert asked >= 3 * 10, asked  # every route that reads a query (twelve today)
+    r = client.get("/v1/health", params={"nocache": "1"})  # reads no query: a probe's cache-buster changes nothing
+    assert r.status_code in (200, 503), r.text
+
+
 def test_class10_delete_takes_subjects_with_slashes_as_get_reads_them(trust_settings: Settings) -> None:
     cases = [  # (path as sent on the wire, the subject it names)
         ("/v1/subjects/team/alpha", "team/alpha"),
