@@ -966,6 +966,10 @@ class ErasureRecord(TypedDict):
 class ErasuresResponse(TypedDict):
     tenant: str
     erasures: list[ErasureRecord]
+    more: Annotated[bool, doc("true: the tenant has more records than `limit`; these are the newest")]
+    next_cursor: Annotated[
+        str | None, doc("with `more`: the `cursor` that asks for the records after these (null on the last page)")
+    ]
 
 
 # -- /v1/dead-letters (api.dead_letters) ------------------------------------------------------------------------

@@ -122,8 +122,20 @@ def test_no_unkeyed_digest_of_an_erased_subject_is_exposed_and_the_subject_finds
     for tenant in TENANTS:
         listed = client.get("/v1/erasures", params={"tenant": tenant}, headers=headers)
         assert listed.status_code == 200, listed.text
-        assert len(listed.json()["erasures"]) == len(ERASED)
+        whole = listed.json()
+        assert len(whole["erasures"]) == len(ERASED) and whole["more"] is False and whole["next_cursor"] is None
         exposed.append(listed.content)
+        # a page at a time by next_cursor: the whole list, in its order, each record once
+        pages = [client.get("/v1/erasures", params={"tenant": tenant, "limit": 1}, headers=headers).json()]
+        while pages[-1]["more"]:
+            ask = {"tenant": tenant, "limit": 1, "cursor": pages[-1]["next_cursor"]}
+            pages.append(client.get("/v1/erasures", params=ask, headers=headers).json())
+            assert len(pages) <= len(ERASED), pages
+        assert [e for page in pages for e in page["erasures"]] == whole["erasures"]
+        exposed += [orjson.dumps(page) for page in pages]
+        for bad in ("x", "", "W10", "WyJ4IiwxXQ", pages[0]["next_cursor"] + "A", "bm90IGpzb24"):
+            r = client.get("/v1/erasures", params={"tenant": tenant, "cursor": bad}, headers=headers)
+            assert r.status_code == 422 and r.json()["detail"][0]["field"] == "cursor", (bad, r.text)
     exposed += _store_rows(settings)
     assert not [b for b in exposed if any(s.encode() in b for s in (*ERASED, KEPT))]  # no subject in clear
 

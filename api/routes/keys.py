@@ -9,8 +9,10 @@ tenant's memories, which the same API key may already do, and answered `Cache-Co
 from __future__ import annotations
 
 import base64
+from datetime import datetime
 from typing import Annotated
 
+import orjson
 from fastapi import APIRouter, Path, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,6 +22,7 @@ from api.errors import ApiError
 from api.requests import SUBJECT, TENANT
 from api.routes._json import OrjsonBodyRoute, json_response
 from api.schemas import ErasureRecord, ErasuresResponse, KeysResponse, RetireResponse
+from producers.contract import InvalidEvent, check_storable, parse_rfc3339
 from producers.keys.kek import KekError
 from producers.keys.store import settings_keks
 from projections import shapes
@@ -91,16 +94,41 @@ async def erasures(
     tenant: TenantQuery,
     subject: Annotated[Storable | None, Query(**SUBJECT, description="only this subject's erasures")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[
+        str | None, Query(max_length=512, description="the previous page's next_cursor: the records after it")
+    ] = None,
 ) -> Response:
-    """The tenant's erasure records, newest first (of one subject: its keyed digest is computed from `subject`)."""
+    """The tenant's erasure records, newest first (of one subject: its keyed digest is computed from `subject`); with
+    `more`, `next_cursor` asks for the records after these."""
     check_tenant(tenant, tenants)
+    past = _erasure_place(cursor)
     try:
         keks = settings_keks(settings) if subject is not None else None
         async with pool.connection() as conn:
-            items = await list_erasures(conn, settings.keys_schema, tenant, subject=subject, keks=keks, limit=limit)
+            items, more = await list_erasures(
+                conn, settings.keys_schema, tenant, subject=subject, keks=keks, limit=limit, past=past
+            )
     except KekError as exc:  # the tenant's digest key is wrapped by a KEK this API does not have
         raise ApiError(409, "encryption_unavailable", str(exc), "subject") from None
-    return json_response(shapes.ErasuresResponse(tenant=tenant, erasures=items))
+    last = items[-1] if more else None
+    next_cursor = None if last is None else _erasure_cursor(last["applied_at"], last["erasure_id"])
+    return json_response(shapes.ErasuresResponse(tenant=tenant, erasures=items, more=more, next_cursor=next_cursor))
+
+
+def _erasure_cursor(applied_at: str, erasure_id: str) -> str:
+    """Where a page of erasure records ended, opaque (an erasure id may hold any character): base64url JSON."""
+    return base64.urlsafe_b64encode(orjson.dumps([applied_at, erasure_id])).decode().rstrip("=")
+
+
+def _erasure_place(cursor: str | None) -> tuple[datetime, str] | None:
+    """The (applied_at, erasure_id) a `next_cursor` names, else 422 naming `cursor`."""
+    if cursor is None:
+        return None
+    try:
+        applied_at, erasure_id = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return parse_rfc3339(applied_at), check_storable(erasure_id, "cursor")
+    except (ValueError, TypeError, InvalidEvent, orjson.JSONDecodeError):
+        raise ApiError(422, "invalid_value", "is not a next_cursor this route gave", "cursor") from None
 
 
 @router.get("/erasures/{erasure_id:path}", response_model=ErasureRecord)

@@ -8,6 +8,7 @@ digests hold the unkeyed one, which a lookup still matches. Pages are ordered by
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -82,24 +83,31 @@ async def list_erasures(
     subject: str | None = None,
     keks: KeyEncryption | None = None,
     limit: int = 50,
-) -> list[shapes.ErasureRecord]:
-    """The tenant's erasure records, newest first (of one subject when `subject` is given).
+    past: tuple[datetime, str] | None = None,
+) -> tuple[list[shapes.ErasureRecord], bool]:
+    """The tenant's erasure records, newest first (of one subject when `subject` is given), at most `limit` of them
+    and whether there are more; `past`: only those after that (applied_at, erasure_id) in this order (where the
+    page before ended).
 
     `keks`: the KEKs that open the tenant's digest key when one wraps it (KekError if they do not).
     """
     if not await _exists(conn, schema):
-        return []
+        return [], False
     where = sql.SQL("tenant = %(t)s")
-    params: dict[str, Any] = {"t": tenant, "n": limit}
+    params: dict[str, Any] = {"t": tenant, "n": limit + 1}
     if subject is not None:
         where = sql.SQL("tenant = %(t)s AND subject_digest = ANY(%(d)s)")
         params["d"] = await _digests(conn, schema, tenant, subject, keks)
+    if past is not None:  # newest first, ties by id: the next page starts strictly past the last one shown
+        where += sql.SQL(" AND (applied_at < %(pt)s OR (applied_at = %(pt)s AND erasure_id > %(pid)s))")
+        params |= {"pt": past[0], "pid": past[1]}
     query = sql.SQL("SELECT {c} FROM {t} WHERE {w} ORDER BY applied_at DESC, erasure_id LIMIT %(n)s").format(
         c=sql.SQL(_COLUMNS), t=sql.Identifier(schema, "erasures"), w=where
     )
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(query, params)
-        return [_shape(r) for r in await cur.fetchall()]
+        rows = await cur.fetchall()
+    return [_shape(r) for r in rows[:limit]], len(rows) > limit
 
 
 async def erasure_record(
