@@ -113,11 +113,11 @@ async def list_letters(
     """The tenant's dead letters in ledger position order, at most `limit` (1..MAX_PAGE); `next` pages on."""
     check_tenant(tenant, tenants)
     cursor = parse_after(after)
-    async with res.pool.connection() as conn:
-        letters = await list_dead_letters(
-            conn, tenant, res.settings.topic, state=state, after=cursor, limit=min(limit, MAX_PAGE)
-        )
-    last = letters[-1] if len(letters) == limit else None
+    limit = min(limit, MAX_PAGE)
+    async with res.pool.connection() as conn:  # one more than the page: `next` only when something follows
+        letters = await list_dead_letters(conn, tenant, res.settings.topic, state=state, after=cursor, limit=limit + 1)
+    last = letters[limit - 1] if len(letters) > limit else None
+    letters = letters[:limit]
     return {
         "tenant": tenant,
         "state": state,

@@ -218,6 +218,29 @@ def test_the_audit_replay_pages_by_its_cursor_through_every_event_once(stack) ->
     assert beyond["events"] == [] and beyond["more"] is False and beyond["next_cursor"] is None
 
 
+def test_facts_pages_walked_with_the_first_pages_times_are_one_list_while_writes_land(stack) -> None:
+    """As the README says: a write between two pages shifts the rest, unless every page is asked with the first
+    page's `as_of` and its receipt's `known_at` (what is observed later stays out)."""
+    writer, client = stack
+    for n, key in enumerate(("k.a", "k.b", "k.c", "k.d")):
+        writer.write(**asserted(f"v{n}", day(n), kind="state"), key=key)
+
+    def page(offset: int, **times: str) -> dict:
+        params = {"tenant": TENANT, "offset": offset, "limit": 2, **times}
+        r = client.get(f"/v1/subjects/{SUBJECT}/facts", params=params, headers=HEADERS)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    first = page(0)
+    pinned = {"as_of": first["as_of"], "known_at": first["receipt"]["known_at"]}
+    later = rfc3339(datetime.now(UTC) + timedelta(seconds=5))
+    writer.write(type="memory.retracted", key="k.a", observed_at=later, valid_from=day(4))  # between the pages
+    walked = [f["key"] for f in first["facts"] + page(2, **pinned)["facts"]]
+    assert walked == ["k.a", "k.b", "k.c", "k.d"], walked
+    shifted = [f["key"] for f in first["facts"] + page(2)["facts"]]  # unpinned: the rest moved up by one
+    assert shifted == ["k.a", "k.b", "k.d"], shifted
+
+
 def test_an_erasure_between_two_pages_leaves_the_cursor_valid(stack) -> None:
     writer, client = stack
     for n in range(5):

@@ -181,6 +181,8 @@ def test_listed_with_reason_field_and_position_to_its_tenant_only(world: World) 
     assert [*page["dead_letters"], *rest["dead_letters"]] == sorted(
         letters.values(), key=lambda d: (d["partition"], d["offset"])
     )
+    assert len(letters) == 2 and rest["next"] is None, rest  # a full last page: nothing follows, no `next`
+    assert world.get("/v1/dead-letters", tenant=A, limit=2)["next"] is None
     for cursor in MALFORMED_CURSORS:  # what names no place in the log: refused as the audit replay refuses it
         r = world.http.get("/v1/dead-letters", params={"tenant": A, "after": cursor}, headers={"X-API-Key": "key-a"})
         assert r.status_code == 422 and r.json()["detail"][0]["field"] == "after", (cursor, r.text)
