@@ -357,6 +357,21 @@ def test_an_erasure_takes_its_subjects_letters_and_leaves_what_it_resolved_resol
     assert _replayed(world) == _states(world.settings, world.settings.pg_schema)
 
 
+def test_a_letter_refused_after_its_subjects_erasure_stays_whatever_the_batch(world: World) -> None:
+    """An erasure and a record refused after it, published together (one batch, as a worker takes them): the
+    erasure takes only what was logged before it; the later letter is news it did not cover."""
+    before = wire("user:late", tenant=A, event_id="ev-late-before", value="x", content=...)
+    erasure = {"type": "subject.erased", "tenant": A, "subject": "user:late", "event_id": "ev-late-erase"}
+    after = wire("user:late", tenant=A, event_id="ev-late-after", value="y", content=...)
+    key = b"dl-acme|user:late"
+    [first, _, last] = publish_raw(world.settings, [(key, orjson.dumps(e)) for e in (before, erasure, after)])
+    world.caught_up()
+    letters = world.letters()
+    assert first not in letters and last in letters, letters
+    assert world.get("/v1/events/ev-late-after", tenant=A)["status"] == "dead_lettered"
+    assert _replayed(world) == _states(world.settings, world.settings.pg_schema)
+
+
 def _letter_resolved_by_user_1(world: World) -> dict[str, Any]:
     """A letter of user:3's refused record, re-driven as a user:1 event: its position and resolution."""
     broken = wire("user:3", tenant=A, event_id="ev-u3-bad", value="x", content=...)

@@ -33,7 +33,7 @@ from producers.keys.store import (
     key_states,
     record_erasure,
 )
-from producers.records import Incoming, decode_record, open_record
+from producers.records import DeadLetter, Incoming, decode_record, open_record
 from projections.postgres.accesses import active_transitions, erase_accesses, transition_deltas
 from projections.postgres.chain import Checkpoints
 from projections.postgres.counts import EVENTS, OUTBOX, VERSIONS, dead_letters_name
@@ -44,7 +44,9 @@ from projections.postgres.positioned import (
     DlqSink,
     PositionedProjection,
     PositionedResult,
+    claimed_subject,
     connect,
+    letter_tenant,
 )
 from projections.versions import Mark, Route, Version, additions, fact_of, plan, route
 
@@ -142,6 +144,33 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
             return decode_record(topic, partition, offset, value, key=key, timestamp_ms=ts, max_future_skew=skew)
 
         return decode
+
+    def dead_letters(self, cur: psycopg.Cursor, invalid: list[Incoming], result: BatchResult) -> list[DeadLetter]:
+        """The base's dead letters, but for records whose subject an erasure logged after them in their partition
+        already took (`_erase`): a replay or a redelivery refusing them again counts them as erased replays."""
+        gone = self._erased_since(cur, invalid)
+        result.erased_replays += len(gone)
+        return super().dead_letters(cur, [r for i, r in enumerate(invalid) if i not in gone], result)
+
+    def _erased_since(self, cur: psycopg.Cursor, records: list[Incoming]) -> set[int]:
+        """Indexes of `records` naming a (tenant, subject) whose erasure is logged after them in their partition."""
+        named = [(i, letter_tenant(r), claimed_subject(r)) for i, r in enumerate(records)]
+        named = [(i, t, s) for i, t, s in named if t and s is not None]
+        if not named:
+            return set()
+        cur.execute(
+            "SELECT x.i FROM unnest(%s::int[], %s::text[], %s::text[], %s::int[], %s::bigint[]) AS x(i, t, s, p, o) "
+            'WHERE EXISTS (SELECT 1 FROM events e WHERE e.tenant = x.t AND e.subject = x.s AND e."partition" = x.p '
+            "AND e.\"offset\" > x.o AND e.type = 'subject.erased')",
+            (
+                [i for i, _, _ in named],
+                [t for _, t, _ in named],
+                [s for _, _, s in named],
+                [records[i].partition for i, _, _ in named],
+                [records[i].offset for i, _, _ in named],
+            ),
+        )
+        return {i for (i,) in cur.fetchall()}
 
     def prepare(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult) -> list[Incoming]:
         opened, erased = self.open_sealed(cur, records, result)
@@ -561,8 +590,11 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
             (e.tenant, e.subject),
         )
         erase_accesses(cur, e.tenant, e.subject)  # its versions' accesses and aggregates, while the versions exist
-        cur.execute(  # the letters of records naming it go with it (a replay never makes them: it cannot open them)
-            "DELETE FROM dead_letters WHERE tenant = %s AND subject = %s RETURNING topic", (e.tenant, e.subject)
+        cur.execute(  # the letters of records naming it logged before it in its partition go with it (a replay never
+            # makes them: it cannot open them); one refused after it is news the erasure did not cover
+            'DELETE FROM dead_letters WHERE tenant = %s AND subject = %s AND topic = %s AND "partition" = %s '
+            'AND "offset" < %s RETURNING topic',
+            (e.tenant, e.subject, record.topic, record.partition, record.offset),
         )
         for (topic,) in cur.fetchall():
             result.counts[(e.tenant, dead_letters_name(topic))] -= 1
