@@ -385,10 +385,16 @@ class _Base(Generic[Http]):
 
     @_Route
     def erasures(
-        self, *, tenant: str | None = None, subject: str | None = None, limit: int | None = None
+        self,
+        *,
+        tenant: str | None = None,
+        subject: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
     ) -> _Call[ErasuresResponse]:
-        """GET /v1/erasures: the tenant's erasure records, newest first (of one subject with `subject`)."""
-        params = _given(tenant=self._tenant(tenant), subject=subject, limit=limit)
+        """GET /v1/erasures: the tenant's erasure records, newest first (of one subject with `subject`); `cursor`: an
+        answer's `next_cursor`, for the records after it."""
+        params = _given(tenant=self._tenant(tenant), subject=subject, limit=limit, cursor=cursor)
         return _Call("GET", "/v1/erasures", ErasuresResponse, params=params)
 
     @_Route

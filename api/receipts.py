@@ -38,7 +38,7 @@ from api.requests import (
 )
 from api.resources import Resources
 from producers.consistency import decode_token, encode_token
-from producers.contract import parse_rfc3339, rfc3339, version_id_for
+from producers.contract import error_code, parse_rfc3339, rfc3339, version_id_for
 from producers.keys.signing import ChainSigner, SigningKeyError, load_signer, parse_public_key, signature_valid
 from producers.settings import EmbeddingSettings, RecallSettings, Settings
 from projections import shapes
@@ -546,9 +546,8 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
     except ValidationError as exc:
         item = exc.errors()[0]
         where = ".".join(str(p) for p in item["loc"])
-        raise ApiError(
-            422, "invalid_value", f"not the parameters of a {answer} read: {item['msg']}", f"request.{where}"
-        ) from None
+        message = f"not the parameters of a {answer} read: {item['msg']}"
+        raise ApiError(422, error_code(item["type"]), message, f"request.{where}") from None
     async with res.pool.connection() as conn:
         salt, _ = await rows.receipt_state(conn, settings.processor_group, settings.topic)
     try:

@@ -6,8 +6,9 @@
 - A percent-escape that is not UTF-8 in the path or the query (`%ED%A0%80`, `%FF`) is refused with 422
   `unstorable_text` naming the parameter. The server would otherwise read it as U+FFFD and store or look up that
   other text.
-- A query parameter the route does not take (`asof` for `as_of`) is refused with 422 `unknown_field` naming it, as
-  a body's unknown field is: ignored, it would answer another question than the one asked.
+- A query parameter the route does not take (`asof` for `as_of`, `after` on a route that reads it from its body) is
+  refused with 422 `unknown_field` naming it, as a body's unknown field is, and one given twice with 422
+  `invalid_value`: ignored, or the last one taken, it would answer another question than the one asked.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.errors import error_body
 from producers.settings import Settings
 
-__all__ = ["RequestGuard", "install", "undecodable_parameter", "unknown_query_parameter"]
+__all__ = ["RequestGuard", "install", "query_refusal", "undecodable_parameter"]
 
 
 def _escaped(raw: bytes) -> bool:
@@ -92,10 +93,12 @@ def _patterns(templates: Iterable[str]) -> list[tuple[re.Pattern[str], str]]:
     return [(pattern, template) for _, pattern, template in sorted(out, key=lambda o: o[0])]
 
 
-def unknown_query_parameter(app: ASGIApp, scope: Scope, cache: dict[str, Any]) -> tuple[str, list[str]] | None:
-    """The first query parameter of `scope` that its route (by the app's OpenAPI operations) does not take, with the
-    ones it does; None when all are taken or no operation of the spec answers the path (the console, the docs).
-    `cache` keeps the operations' patterns and names (made once: the routes do not change once the app runs)."""
+def query_refusal(app: ASGIApp, scope: Scope, cache: dict[str, Any]) -> tuple[str, str, str] | None:
+    """(code, parameter, message) for the first query parameter of `scope` that its operation (the app's OpenAPI
+    spec) does not take (`unknown_field`), or that is given twice (`invalid_value`: no parameter takes a list); None
+    when all are fine or no operation answers the path (the console, the docs). An operation that reads no input at
+    all (health) takes any: a probe's cache-buster changes nothing. `cache` keeps the operations (made once: the
+    routes do not change once the app runs)."""
     query: bytes = scope.get("query_string", b"")
     if not query:
         return None
@@ -103,33 +106,37 @@ def unknown_query_parameter(app: ASGIApp, scope: Scope, cache: dict[str, Any]) -
         cache["operations"] = _operations(app)
     method, path = scope["method"].lower(), scope["path"]
     for pattern, by_method in cache["operations"]:
-        if pattern.fullmatch(path) is None:
-            continue
-        taken = by_method.get(method)
-        if not taken:  # no such operation, or one that reads no query (a health probe's cache-buster changes nothing)
+        if method not in by_method or pattern.fullmatch(path) is None:
+            continue  # a more literal template of another method (GET .../{subject}/facts) is not this one's
+        taken, reads_input = by_method[method]
+        if not reads_input:
             return None
+        seen: set[str] = set()
         for name, _ in parse_qsl(query.decode("utf-8", "replace"), keep_blank_values=True):
             if name not in taken:
-                return name, sorted(taken)
+                which = f"which takes: {', '.join(sorted(taken))}" if taken else "which takes none (its body says all)"
+                return "unknown_field", name, f"is not a parameter of this route, {which}"
+            if name in seen:
+                return "invalid_value", name, "is given more than once: no parameter takes a list, so say it once"
+            seen.add(name)
         return None
     return None
 
 
-def _operations(app: ASGIApp) -> list[tuple[re.Pattern[str], dict[str, set[str]]]]:
-    """(the path template's pattern, method -> the query parameters its operation takes), most literal first."""
+def _operations(app: ASGIApp) -> list[tuple[re.Pattern[str], dict[str, tuple[set[str], bool]]]]:
+    """(the path template's pattern, method -> (the query parameters its operation takes, whether it reads any input:
+    a query, or a body)), most literal first."""
     openapi = getattr(app, "openapi", None)
     if openapi is None:
         return []
     paths = openapi().get("paths", {})
     out = []
     for pattern, template in _patterns(paths):
-        ops = paths[template]
-        out.append(
-            (
-                pattern,
-                {m: {p["name"] for p in op.get("parameters", []) if p.get("in") == "query"} for m, op in ops.items()},
-            )
-        )
+        by_method = {}
+        for method, op in paths[template].items():
+            taken = {p["name"] for p in op.get("parameters", []) if p.get("in") == "query"}
+            by_method[method] = (taken, bool(taken) or "requestBody" in op)
+        out.append((pattern, by_method))
     return out
 
 
@@ -150,11 +157,9 @@ class RequestGuard:
             message = "holds a percent-escape that is not UTF-8, so no text the ledger stores or looks up"
             await _answer(send, 422, "unstorable_text", name, message)
             return
-        unknown = unknown_query_parameter(self.routes_of, scope, self._operations)
-        if unknown is not None:
-            name, taken = unknown
-            message = f"is not a parameter of this route, which takes: {', '.join(taken)}"
-            await _answer(send, 422, "unknown_field", name, message)
+        refused = query_refusal(self.routes_of, scope, self._operations)
+        if refused is not None:
+            await _answer(send, 422, *refused)
             return
         limit = self.max_body_bytes
         length = dict(scope.get("headers") or ()).get(b"content-length")

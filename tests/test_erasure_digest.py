@@ -133,7 +133,9 @@ def test_no_unkeyed_digest_of_an_erased_subject_is_exposed_and_the_subject_finds
             assert len(pages) <= len(ERASED), pages
         assert [e for page in pages for e in page["erasures"]] == whole["erasures"]
         exposed += [orjson.dumps(page) for page in pages]
-        for bad in ("x", "", "W10", "WyJ4IiwxXQ", pages[0]["next_cursor"] + "A", "bm90IGpzb24"):
+        odd = [["2026-12-05T12:00:00Z", ["x"]], ["2026-12-05T12:00:00Z", {"x": 1}], [1, "x"], ["x", "y", "z"]]
+        odd_cursors = [base64.urlsafe_b64encode(orjson.dumps(o)).decode().rstrip("=") for o in odd]
+        for bad in ("x", "", "W10", "WyJ4IiwxXQ", pages[0]["next_cursor"] + "A", "bm90IGpzb24", *odd_cursors):
             r = client.get("/v1/erasures", params={"tenant": tenant, "cursor": bad}, headers=headers)
             assert r.status_code == 422 and r.json()["detail"][0]["field"] == "cursor", (bad, r.text)
     exposed += _store_rows(settings)

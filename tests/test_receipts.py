@@ -293,6 +293,10 @@ def test_an_audit_replay_page_by_cursor_replays_from_its_receipt(stack: Any) -> 
     for other in ({**asked, "cursor": None}, {**asked, "cursor": page["next_cursor"]}, {"subject": subject}):
         r = _replay(stack, page["receipt"], other)  # another page's parameters: not what this receipt is of
         assert r.status_code == 422 and r.json()["detail"][0]["field"] == "request", (other, r.text)
+    for wrong, code, field in (({"limit": "2"}, "wrong_type", "limit"), ({"bogus": 1}, "unknown_field", "bogus")):
+        r = _replay(stack, page["receipt"], {**asked, **wrong})  # the request's fields are named as a body's are
+        detail = r.json()["detail"][0]
+        assert r.status_code == 422 and (detail["code"], detail["field"]) == (code, f"request.{field}"), r.text
 
 
 def test_replay_of_a_recall_before_a_supersession_gives_the_first_answer(stack: Any) -> None:

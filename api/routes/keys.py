@@ -126,6 +126,8 @@ def _erasure_place(cursor: str | None) -> tuple[datetime, str] | None:
         return None
     try:
         applied_at, erasure_id = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if not isinstance(applied_at, str) or not isinstance(erasure_id, str):
+            raise ValueError("not a place")
         return parse_rfc3339(applied_at), check_storable(erasure_id, "cursor")
     except (ValueError, TypeError, InvalidEvent, orjson.JSONDecodeError):
         raise ApiError(422, "invalid_value", "is not a next_cursor this route gave", "cursor") from None
