@@ -46,6 +46,7 @@ from projections.postgres.positioned import (
     PositionedResult,
     claimed_subject,
     connect,
+    dead_letter_text,
     letter_tenant,
 )
 from projections.versions import Mark, Route, Version, additions, fact_of, plan, route
@@ -154,7 +155,8 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
 
     def _erased_since(self, cur: psycopg.Cursor, records: list[Incoming]) -> set[int]:
         """Indexes of `records` naming a (tenant, subject) whose erasure is logged after them in their partition."""
-        named = [(i, letter_tenant(r), claimed_subject(r)) for i, r in enumerate(records)]
+        # as `dead_letters` stores them: a record refused for a NUL in its subject must not fail this statement too
+        named = [(i, letter_tenant(r), dead_letter_text(claimed_subject(r))) for i, r in enumerate(records)]
         named = [(i, t, s) for i, t, s in named if t and s is not None]
         if not named:
             return set()
