@@ -14,7 +14,6 @@ import hashlib
 import logging
 from typing import Any, Literal
 
-import orjson
 import psycopg
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -24,7 +23,7 @@ from api.errors import ApiError
 from api.requests import TENANT, TENANT_NOTE
 from api.resources import Resources
 from api.writes import publish_one
-from producers.contract import MAX_EVENT_BYTES, EventType, InvalidEvent, check_storable, from_dict, load_record
+from producers.contract import EventType, InvalidEvent, from_dict, load_record, named_subject
 from producers.keys.envelope import MAX_SEALED_BYTES, Envelope, open_envelope, parse_envelope
 from producers.keys.store import KekError, key_states, settings_keks
 from producers.settings import Settings
@@ -312,19 +311,9 @@ async def discard_dead_letter(
 
 
 def _claimed_subject(raw: bytes | None) -> str:
-    """The subject the refused record names, if the contract would take it as one (the discard is filed in that
-    subject's audit replay); else DISCARD_SUBJECT."""
-    try:
-        data = orjson.loads(raw) if raw and len(raw) <= MAX_EVENT_BYTES else None
-    except orjson.JSONDecodeError:
-        return DISCARD_SUBJECT
-    subject = data.get("subject") if isinstance(data, dict) else None
-    if not isinstance(subject, str) or not subject.strip() or len(subject) > 256:
-        return DISCARD_SUBJECT
-    try:
-        return check_storable(subject, "subject")
-    except InvalidEvent:
-        return DISCARD_SUBJECT
+    """The subject the refused record names, if an event could name it (the discard is filed in that subject's audit
+    replay, and goes with it when it is erased); else DISCARD_SUBJECT."""
+    return named_subject(raw) or DISCARD_SUBJECT
 
 
 def _within(prefix: str, field: str | None) -> str:

@@ -307,7 +307,8 @@ async def event_status(res: Resources, tenants: frozenset[str], tenant: str, eve
     - `pending`: a door claimed the id (it was published) and the worker has not applied it yet (`since`), also
       when the id was refused before and published again since (a re-drive under the same id);
     - `unknown`: no door claimed it and the worker has not seen it (yet: a record written straight to Kafka is
-      unknown until the worker reaches it), or it is another tenant's (nothing tells one tenant about another).
+      unknown until the worker reaches it), or it is another tenant's (nothing tells one tenant about another), or
+      the worker refused it about a subject erased since (the erasure took its letter).
 
     `dead_letters` (when any) lists every refused record that carried the id, e.g. a conflicting re-use of an
     applied id. A key not bound to `tenant` is a 403 (check_tenant).

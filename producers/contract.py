@@ -68,6 +68,7 @@ __all__ = [
     "subject_digest_for",
     "kafka_key",
     "memory_id_for",
+    "named_subject",
     "new_event_id",
     "rfc3339",
     "UPCASTERS",
@@ -187,6 +188,19 @@ def _bad_text(text: str) -> str | None:
     except UnicodeEncodeError:
         return "contains a lone surrogate, which is not valid Unicode text"
     return None
+
+
+def named_subject(raw: bytes | None) -> str | None:
+    """The subject a record's JSON names if an event could name it (text, not blank, at most 256 characters,
+    storable), else None: what an erasure could name (a sealed record's subject is in clear)."""
+    try:
+        claimed = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        return None
+    subject = claimed.get("subject") if isinstance(claimed, dict) else None
+    if not isinstance(subject, str) or not subject.strip() or len(subject) > 256 or _bad_text(subject) is not None:
+        return None
+    return subject
 
 
 def check_storable(text: str, field: str) -> str:

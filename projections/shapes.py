@@ -70,7 +70,8 @@ _IDEMPOTENCY_NOTE = (
 _EFFECT = "what the event does in its fact's chain now: " + ", ".join(EFFECTS)
 _EVENT_STATUS = (
     "pending: published, not applied yet; applied: the projection applied it (see effect); duplicate: its id was "
-    "seen before, its subject erased since; dead_lettered: the worker refused it (see reason); unknown: never seen"
+    "seen before, its subject erased since; dead_lettered: the worker refused it (see reason); unknown: never seen "
+    "(or refused about a subject erased since: the erasure took its letter)"
 )
 _STAGE = (
     "the stage that found it: exact (ids, subjects, keys, aliases the query names), keyword (BM25), semantic "
@@ -932,6 +933,7 @@ class ErasurePostgres(TypedDict):
     events: int
     accesses: int
     pending_index: int
+    dead_letters: NotRequired[Annotated[int, doc("letters of the subject's refused records (absent: an older record)")]]
 
 
 class ErasureSearch(TypedDict):

@@ -331,7 +331,9 @@ def test_an_erasure_takes_its_subjects_letters_and_leaves_what_it_resolved_resol
     assert r.status_code == 202, r.text
     world.caught_up()
     letters = world.letters()
-    assert world.conflict not in letters, letters  # user:1's own letter: gone with it
+    assert world.conflict not in letters, letters  # user:1's own letter: gone with it, and counted
+    [erasure] = world.get("/v1/erasures", tenant=A, subject="user:1")["erasures"]
+    assert erasure["purged"]["postgres"]["dead_letters"] == 1, erasure
     after = letters[letter["position"]]
     assert after["state"] == "redriven", letters
     assert after["resolution"] == {**letter["resolution"], "event_id": None, "reason": None}, after
@@ -369,6 +371,23 @@ def test_a_letter_refused_after_its_subjects_erasure_stays_whatever_the_batch(wo
     letters = world.letters()
     assert first not in letters and last in letters, letters
     assert world.get("/v1/events/ev-late-after", tenant=A)["status"] == "dead_lettered"
+    assert _replayed(world) == _states(world.settings, world.settings.pg_schema)
+
+
+def test_an_erasure_takes_no_letter_of_a_subject_it_could_not_name(world: World) -> None:
+    """A record refused for a NUL in its subject is stored with its subject spelled out (`user:\\u0000x`), which is
+    also a subject an event can name: erasing that real subject, logged after the record in its partition, leaves
+    the letter (no event could name the refused one, so no erasure takes it)."""
+    real = "user:\\u0000x"  # a backslash, then u0000x: storable text
+    refused = wire("user:\x00x", tenant=A, event_id="ev-nul-subject")
+    erasure = {"type": "subject.erased", "tenant": A, "subject": real, "event_id": "ev-nul-erase"}
+    key = f"{A}|{real}".encode()
+    [letter, erased] = publish_raw(world.settings, [(key, orjson.dumps(e)) for e in (refused, erasure)])
+    assert letter[0] == erased[0] and letter[1] < erased[1]
+    world.caught_up()
+    assert world.get("/v1/events/ev-nul-erase", tenant=A)["status"] == "applied"
+    letters = world.letters()
+    assert letter in letters and letters[letter]["reason"]["code"] == "unstorable_text", letters
     assert _replayed(world) == _states(world.settings, world.settings.pg_schema)
 
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from psycopg import errors as pg_errors
 
-from producers.contract import MAX_EVENT_BYTES, MemoryEvent, encode
+from producers.contract import MAX_EVENT_BYTES, MemoryEvent, encode, named_subject
 from producers.records import DeadLetter, decode_record
 from projections.postgres.positioned import CoreRefused, dead_letter_text, unstorable
 from stream_processors.dlq import MAX_RAW_IN_DLQ, envelope
@@ -63,7 +63,7 @@ def test_an_unstorable_record_carries_the_database_reason_and_its_bytes():
         assert base64.b64decode(body["raw_b64"]) == rec.raw and (body["partition"], body["offset"]) == (1, 7)
 
 
-def test_dead_letter_text_is_alwaysdead_letter_text():
+def test_dead_letter_text_is_always_storable():
     """A reason quoting the bad input (NUL, a lone surrogate) must not make the dead letter itself fail."""
     assert dead_letter_text("a\x00b") == "a\\u0000b"
     assert dead_letter_text("x\udcff") == "x\\udcff"
@@ -71,3 +71,25 @@ def test_dead_letter_text_is_alwaysdead_letter_text():
     assert dead_letter_text("plain é 中") == "plain é 中"
     for text in ("a\x00b", "x\udcff", "\ud800"):
         dead_letter_text(text).encode("utf-8")  # no surrogates left: PostgreSQL takes it
+
+
+@pytest.mark.parametrize(
+    ("raw", "subject"),
+    [
+        (b'{"subject": "user:1"}', "user:1"),
+        (b'{"subject": "user:\\\\u0000x"}', "user:\\u0000x"),  # a backslash spelled in JSON: a real subject
+        (b'{"subject": "user:\\u0000x"}', None),  # a NUL: no event names it
+        (b'{"subject": "x\\udcff"}', None),  # a lone surrogate: not JSON orjson reads, nor text
+        (b'{"subject": "   "}', None),
+        (b'{"subject": "' + b"s" * 257 + b'"}', None),
+        (b'{"subject": 7}', None),
+        (b'["subject"]', None),
+        (b"not json", None),
+        (b"", None),
+        (None, None),
+    ],
+)
+def test_named_subject_is_one_an_event_could_name(raw: bytes | None, subject: str | None) -> None:
+    """What a refused record's subject is stored as (so what erasing a subject takes): only a subject an event could
+    name, never a spelling of one it could not."""
+    assert named_subject(raw) == subject

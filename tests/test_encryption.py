@@ -105,6 +105,7 @@ def test_erasure_shreds_the_subjects_records_in_the_log_and_a_rebuild_agrees(enc
             assert rec["subject_digest"] == SubjectDigests(enc.keys_schema, keks).digest(conn.cursor(), TENANT, GONE)
         assert rec["records"] == {"total": 3, "sealed": 3, "clear": 0}
         assert rec["purged"]["postgres"]["versions"] == 3 and rec["purged"]["elasticsearch"]["documents"] == 3
+        assert rec["purged"]["postgres"]["dead_letters"] == 0
         assert len(rec["keys"]) == 1
         gone_raw = [r for r in raw if r.key == kafka_key(TENANT, GONE)]
         assert {r.partition for r in gone_raw} == {rec["ledger"]["partition"]}

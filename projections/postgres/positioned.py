@@ -17,11 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
-import orjson
 import psycopg
 from psycopg import errors as pg_errors
 
-from producers.contract import InvalidEvent
+from producers.contract import InvalidEvent, named_subject
 from producers.logs import record_ids
 from producers.records import DeadLetter
 from producers.retry import retry
@@ -313,25 +312,21 @@ def insert_dead_letters(cur: psycopg.Cursor, invalid: Sequence[Any]) -> set[tupl
             [r.raw for r in invalid],
             [dead_letter_text(i.get("tenant")) for i in ids],
             [dead_letter_text(i.get("event_id")) for i in ids],
-            [dead_letter_text(claimed_subject(r)) for r in invalid],
+            [claimed_subject(r) for r in invalid],
         ),
     )
     return set(cur.fetchall())
 
 
 def claimed_subject(record: Any) -> str | None:
-    """The subject a refused record names: its event's, else as its JSON claims it (a sealed record's is clear),
-    else None. Never logged (producers.logs.record_ids leaves it out): what erasing that subject takes with it."""
+    """The subject a refused record names: its event's, else its JSON's if an event could name it (the contract's
+    `named_subject`), else None, so that only an erasure of that very subject takes its letter. Never logged
+    (producers.logs.record_ids leaves it out)."""
     event = getattr(record, "event", None)
     if event is not None:
         subject = getattr(event, "subject", None)  # an access record names none
         return subject if isinstance(subject, str) else None
-    try:
-        claimed = orjson.loads(record.raw) if record.raw else None
-    except orjson.JSONDecodeError:
-        return None
-    subject = claimed.get("subject") if isinstance(claimed, dict) else None
-    return subject if isinstance(subject, str) else None
+    return named_subject(record.raw)
 
 
 def letter_tenant(record: Any) -> str:

@@ -46,7 +46,6 @@ from projections.postgres.positioned import (
     PositionedResult,
     claimed_subject,
     connect,
-    dead_letter_text,
     letter_tenant,
 )
 from projections.versions import Mark, Route, Version, additions, fact_of, plan, route
@@ -155,8 +154,7 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
 
     def _erased_since(self, cur: psycopg.Cursor, records: list[Incoming]) -> set[int]:
         """Indexes of `records` naming a (tenant, subject) whose erasure is logged after them in their partition."""
-        # as `dead_letters` stores them: a record refused for a NUL in its subject must not fail this statement too
-        named = [(i, letter_tenant(r), dead_letter_text(claimed_subject(r))) for i, r in enumerate(records)]
+        named = [(i, letter_tenant(r), claimed_subject(r)) for i, r in enumerate(records)]
         named = [(i, t, s) for i, t, s in named if t and s is not None]
         if not named:
             return set()
@@ -598,7 +596,8 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
             'AND "offset" < %s RETURNING topic',
             (e.tenant, e.subject, record.topic, record.partition, record.offset),
         )
-        for (topic,) in cur.fetchall():
+        letters = cur.fetchall()
+        for (topic,) in letters:
             result.counts[(e.tenant, dead_letters_name(topic))] -= 1
         cur.execute(  # a letter its events resolved stays resolved, by an event whose id and reason go with it
             "UPDATE dead_letter_resolutions r SET event_id = NULL, reason = NULL FROM events e "
@@ -653,6 +652,7 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
                         "events": n_events,
                         "accesses": n_accesses,
                         "pending_index": n_outbox,
+                        "dead_letters": len(letters),
                     }
                 },
             ),
