@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from playwright.sync_api import Route
 
 from tests.conftest import unique
 from tests.support.browser import OfflinePage
@@ -119,6 +120,34 @@ def test_the_erasures_view_lists_the_tenants_records_as_the_api_does(world: Eras
     assert shown(console) == [expected(e) for e in only]
     assert console.erasures(KEPT) == "ready", console.error()
     assert console.rows("erasures") == [] and world.get("/v1/erasures", tenant=TENANT, subject=KEPT)["erasures"] == []
+
+
+def test_the_erasures_view_pages_on_with_the_apis_cursor(world: ErasureWorld, tab: OfflinePage) -> None:
+    """More than a page of records: the view shows the first page and "More" appends the next one, with the
+    cursor the API gave, until the API says there is no more. The console's own page size is turned down to one
+    on the way to the real API (the request's `limit` rewritten), so two records make two pages."""
+    listed = world.get("/v1/erasures", tenant=TENANT)["erasures"]
+    assert len(listed) == 2
+    asked: list[httpx.URL] = []
+
+    def one_a_page(route: Route) -> None:
+        url = httpx.URL(route.request.url)
+        asked.append(url)
+        route.continue_(url=str(url.copy_set_param("limit", "1")))
+
+    tab.context.route("**/v1/erasures?*", one_a_page)
+    try:
+        console = signed_in(tab)
+        assert console.erasures() == "ready", console.error()
+        assert shown(console) == [expected(listed[0])]
+        assert tab.page.is_visible("#erasures-more") and "more" in tab.page.inner_text("#erasures-count")
+        tab.page.click("#erasures-more")
+        console.wait_panel("erasures", "ready")
+        assert shown(console) == [expected(e) for e in listed], console.error()
+        assert not tab.page.is_visible("#erasures-more") and "more" not in tab.page.inner_text("#erasures-count")
+        assert "cursor" not in asked[-2].params and asked[-1].params["cursor"]  # the second asked after the first
+    finally:
+        tab.context.unroute("**/v1/erasures?*", one_a_page)
 
 
 # -- an erased subject ---------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@
   const KEY_STORE = "memory-ledger.console.api-key";
   const API = new URL("v1/", document.baseURI); // the page is <root>/console, the API <root>/v1/
   const VIEWS = ["facts", "chain", "asof", "recall", "erasures", "receipt", "ops"];
-  const ERASURES_LIMIT = 100; // records listed per request (the API allows up to 500)
+  const ERASURES_LIMIT = 100; // records listed per request; "More" pages on with the API's cursor
   const LETTERS_LIMIT = 50; // dead letters listed per request; "More" pages on with the API's cursor
   const CLIP = 120; // characters of a value shown before "show all" (a memory can be pages long)
   const FOLLOW_MS = 60000; // how long an action's event is followed until the worker applied it
@@ -203,6 +203,7 @@
     known: [], // known-at points, the last is "everything"
     erasure: null, // the erasure record shown in the Erasures view (its erasure id)
     erasuresSeq: 0, // the latest Erasures load: an earlier one that answers late is dropped
+    erasuresNext: null, // the API's cursor of the Erasures list's next page (null: none)
     opsSeq: 0, // the latest Operations load (likewise)
     letter: null, // the dead letter open in the Operations view: "partition:offset"
     lettersNext: null, // the API's cursor for the next page of dead letters
@@ -1275,6 +1276,7 @@
     for (const id of ["erasures", "erasure-one"]) $(id).tBodies[0].replaceChildren();
     $("erasure-detail").hidden = true;
     $("erasures-count").textContent = "";
+    $("erasures-more").hidden = true;
   }
 
   /** A purged count as text ("—" for a store that has not reported yet); times as the API spells them. */
@@ -1372,18 +1374,21 @@
     );
   }
 
-  async function loadErasures() {
+  /** The Erasures view: the tenant's (or one subject's) records, newest first; `more`: the next page after the
+   * ones shown (the API's `next_cursor`), appended. */
+  async function loadErasures(more = false) {
     const panel = $("panel-erasures");
     if (!state.tenant) return;
     const seq = ++state.erasuresSeq;
     clearError();
-    resetErasures();
+    if (!more) resetErasures();
     writeHash();
     const subject = $("erasures-subject").value;
-    const wanted = state.erasure;
+    const wanted = more ? null : state.erasure;
     panel.dataset.state = "loading";
     try {
       const params = { tenant: state.tenant, subject, limit: ERASURES_LIMIT };
+      if (more) params.cursor = state.erasuresNext;
       const [list, one] = await Promise.all([
         api("GET", "erasures", { params }),
         wanted
@@ -1400,14 +1405,17 @@
         $("erasure-one").tBodies[0].replaceChildren(erasureRow(one, false));
         $("erasure-detail").hidden = false;
       }
-      $("erasures").tBodies[0].replaceChildren(...list.erasures.map((r) => erasureRow(r, true)));
+      const body = $("erasures").tBodies[0];
+      const rows = list.erasures.map((r) => erasureRow(r, true));
+      if (more) body.append(...rows);
+      else body.replaceChildren(...rows);
       $("erasures-title").firstChild.textContent = subject
         ? `Erasure records of subject ${subject} `
         : `Erasure records of tenant ${state.tenant} `;
-      const n = list.erasures.length;
-      $("erasures-count").textContent =
-        (n ? plural(n, "record") : "no erasure record") +
-        (n === ERASURES_LIMIT ? `, the newest ${ERASURES_LIMIT}: narrow by subject` : "");
+      state.erasuresNext = list.more ? list.next_cursor : null;
+      $("erasures-more").hidden = !state.erasuresNext;
+      const n = body.rows.length;
+      $("erasures-count").textContent = (n ? plural(n, "record") : "no erasure record") + (list.more ? ", more" : "");
       panel.dataset.state = "ready";
     } catch (err) {
       if (seq !== state.erasuresSeq) return;
@@ -1635,7 +1643,7 @@
     fill(
       $("ops-erasures-summary"),
       el("span", { dataset: { field: "erasures" } }, n ? plural(n, "erasure record") : "no erasure record"),
-      n === ERASURES_LIMIT ? " (the newest)" : "",
+      data.more ? " (the newest)" : "",
       n ? [", ", el("span", { dataset: { field: "incomplete" } }, `${open} not complete`)] : "",
       newest ? [", the newest applied ", time(newest.applied_at)] : "",
     );
@@ -1931,6 +1939,7 @@
       state.erasure = null;
       loadErasures();
     });
+    $("erasures-more").addEventListener("click", () => loadErasures(true));
     $("erasures-all").addEventListener("click", () => {
       $("erasures-subject").value = "";
       state.erasure = null;
