@@ -75,7 +75,15 @@ async def caller_tenants(
     x_api_key: Annotated[str | None, Security(api_key_scheme)] = None,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)] = None,
 ) -> frozenset[str]:
-    """The tenants the presented API key may use; 401 without a known key, naming the header the caller used."""
+    """The tenants the presented API key may use; 401 without a known key, naming the header the caller used, and
+    when the request presents two (a header twice, or X-API-Key and Authorization naming different keys): which
+    one a proxy or a client library meant is not for the server to guess."""
+    headers = request.headers
+    for name in (API_KEY_HEADER, AUTHORIZATION_HEADER):
+        if len(headers.getlist(name)) > 1:
+            raise _unauthorized(f"{name} is sent more than once: send one API key", name)
+    if x_api_key and AUTHORIZATION_HEADER in headers and (bearer is None or bearer.credentials.strip() != x_api_key):
+        raise _unauthorized("X-API-Key and Authorization name different keys: send one API key", AUTHORIZATION_HEADER)
     if x_api_key:
         return tenants_for_key(request.app.state.settings, x_api_key)
     if bearer is not None:

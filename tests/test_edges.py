@@ -135,9 +135,17 @@ def test_a_refused_key_is_blamed_on_the_header_it_came_in(client: TestClient) ->
             ({"Authorization": "Bearer wrong"}, "Authorization"),
             ({"Authorization": "Basic eDp5"}, "Authorization"),
             ({}, "X-API-Key"),
+            # two keys, one of them good: which one was meant is not guessed
+            ({"X-API-Key": "k-edges", "Authorization": "Bearer wrong"}, "Authorization"),
+            ({"X-API-Key": "wrong", "Authorization": "Bearer k-edges"}, "Authorization"),
+            ({"X-API-Key": "k-edges", "Authorization": "Basic eDp5"}, "Authorization"),
+            ([("X-API-Key", "k-edges"), ("X-API-Key", "wrong")], "X-API-Key"),
+            ([("Authorization", "Bearer k-edges"), ("Authorization", "Bearer wrong")], "Authorization"),
         ):
             item = _only_item(client.request(method, path, headers=headers), 401)
             assert (item["code"], item["field"]) == ("unauthorized", field), (method, path, headers, item)
+    both = {"X-API-Key": "k-edges", "Authorization": "Bearer k-edges"}  # one key, said twice alike
+    assert client.get("/v1/tenants", headers=both).status_code == 200
 
 
 def test_context_answers_as_accept_prefers_unless_the_body_says_format(client: TestClient) -> None:
