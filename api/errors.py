@@ -188,8 +188,23 @@ def store_unavailable(store: str, exc: BaseException | str) -> ApiError:
 # -- request validation --------------------------------------------------------------------------
 
 
+# the labels pydantic puts in an error's path for the member of a union it tried (`tags.str`, `tags.list[str].0`):
+# no field of a request, so the path names the field as the caller wrote it (`tags`, `tags.0`)
+_UNION_MEMBERS = frozenset(
+    (
+        "str bytes int float bool none any list dict tuple set frozenset literal nullable union tagged-union chain "
+        "constrained-str constrained-int constrained-float constrained-bytes function-after function-before "
+        "function-wrap function-plain json-or-python lax-or-strict is-instance datetime date time timedelta"
+    ).split()
+)
+
+
+def _union_member(part: Any) -> bool:
+    return isinstance(part, str) and part.split("[", 1)[0] in _UNION_MEMBERS
+
+
 def _field(loc: tuple) -> str | None:
-    parts = [str(p) for p in loc]
+    parts = [str(p) for p in loc if not _union_member(p)]
     if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
         parts = parts[1:] or parts
     return ".".join(parts) or None

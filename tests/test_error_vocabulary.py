@@ -49,7 +49,28 @@ def _check_items(detail: Any, where: Any) -> list[dict[str, Any]]:
         assert item["code"] in ERROR_CODES, (where, item)
         assert len(item["message"]) <= MAX_MESSAGE_CHARS, (where, item["code"], len(item["message"]))
         assert item["field"] is None or len(item["field"]) <= MAX_FIELD_CHARS, (where, item["code"])
+        assert item["field"] is None or not _TYPE_LABEL.search(item["field"]), (where, item)  # the caller's path
     return detail
+
+
+# what pydantic names a union's member by in an error's path (`tags.str`, `tags.list[str].0`): never a request's field
+_TYPE_LABEL = re.compile(r"(^|\.)(str|int|float|bool|none|list|dict|function-\w+|nullable|constrained-\w+)(\[|\.|$)")
+
+
+def test_a_value_inside_a_field_of_several_types_is_named_by_the_callers_path(vocab_settings: Settings) -> None:
+    """A recall filter takes a string or a list of strings: a wrong value in either is named as the caller wrote
+    it (`filters.tags`, `filters.key.0`), not by the type pydantic tried."""
+    with TestClient(create_app(vocab_settings)) as client:
+        for filters, fields in (
+            ({"tags": [["x"]]}, {"filters.tags", "filters.tags.0"}),
+            ({"key": [None]}, {"filters.key", "filters.key.0"}),
+            ({"tags": 5}, {"filters.tags"}),
+        ):
+            body = {"tenant": TENANT, "query": "q", "filters": filters}
+            resp = client.post("/v1/recall", json=body, headers={"X-API-Key": next(iter(KEYS))})
+            assert resp.status_code == 422, resp.text
+            items = _check_items(resp.json()["detail"], filters)
+            assert {i["field"] for i in items} == fields, items
 
 
 # -- the vocabulary, documented and used ----------------------------------------------------------------------
