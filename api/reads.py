@@ -9,10 +9,12 @@ ledger knew it at `known_at`; `after` waits for a write first (api.consistency).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
@@ -28,11 +30,13 @@ from api.resources import Resources
 from api.tokens import token_counter
 from producers.contract import parse_rfc3339, rfc3339
 from projections import shapes
+from projections.postgres import receipts as receipt_store
 from projections.postgres.queries import (
     current_facts,
     fact_history,
     facts_page,
     history_page,
+    one_snapshot,
     subject_events,
     subject_versions,
 )
@@ -60,16 +64,35 @@ async def subject_facts(
     check_tenant(tenant, tenants)
     seen = await _after(res, tenant, after, "projection")
     t = as_of or datetime.now(UTC)
-    async with res.pool.connection() as conn:
+    signed = receipt and res.settings.receipts
+    async with res.pool.connection() as conn, _snapshot(conn, signed):
         if offset == 0 and limit is None:
             rows, page = await current_facts(conn, tenant, subject, t, known_at, below), {}
         else:
             rows, total = await facts_page(conn, tenant, subject, t, offset, limit, known_at, below)
             page = _page(offset, limit, total)
+        ids = [r["event_id"] for r in rows]
+        basis = await _basis(res, conn, tenant, ids) if signed else None
     out = shapes.FactsResponse(tenant=tenant, subject=subject, as_of=rfc3339(t), facts=rows) | page | seen
     asked = {"subject": subject, "as_of": as_of, "known_at": known_at, "offset": offset, "limit": limit}
-    await _sign(res, receipt, "facts", tenant, out, asked, [r["event_id"] for r in rows], as_of=t, known_at=known_at)
+    await _sign(res, signed, "facts", tenant, out, asked, ids, as_of=t, known_at=known_at, basis=basis)
     return out
+
+
+def _snapshot(conn: psycopg.AsyncConnection, signed: bool) -> contextlib.AbstractAsyncContextManager[Any]:
+    """An answer with a receipt is read in one snapshot with the positions its receipt names (`_basis`): a write
+    committed between the two would be below the positions and not in the answer, and its replay would differ."""
+    return one_snapshot(conn) if signed else contextlib.nullcontext()
+
+
+async def _basis(
+    res: Resources, conn: psycopg.AsyncConnection, tenant: str, event_ids: Sequence[str]
+) -> receipt_store.Basis:
+    """What the receipt of an answer showing `event_ids` is made of, read on `conn` (in the answer's snapshot)."""
+    consumer, topic = res.settings.processor_group, res.settings.topic
+    ids = list(dict.fromkeys(event_ids))
+    salt, positions, found = await receipt_store.receipt_rows(conn, consumer, topic, tenant, ids)
+    return receipt_store.Basis(consumer, topic, salt, positions, found)
 
 
 def _page(offset: int, limit: int | None, total: int) -> dict[str, shapes.Page]:
@@ -125,14 +148,17 @@ async def subject_log(
     if from_ is not None and to is not None and to < from_:
         raise ApiError(422, "invalid_range", "to is before from", "to")
     seen = await _after(res, tenant, after, "projection")
-    async with res.pool.connection() as conn:
-        past = None if cursor is None else cursor_place(cursor)
+    signed = receipt and res.settings.receipts
+    past = None if cursor is None else cursor_place(cursor)
+    async with res.pool.connection() as conn, _snapshot(conn, signed):
         rows, more = await subject_events(conn, tenant, subject, from_, to, limit, below, past)
+        ids = [r["event_id"] for r in rows]
+        basis = await _basis(res, conn, tenant, ids) if signed else None
     next_cursor = f"{rows[-1]['partition']}:{rows[-1]['offset']}" if more else None
     out = shapes.EventsResponse(tenant=tenant, subject=subject, events=rows, more=more, next_cursor=next_cursor)
     out |= seen
     asked = {"subject": subject, "from": from_, "to": to, "limit": limit, "cursor": cursor}
-    await _sign(res, receipt, "events", tenant, out, asked, [r["event_id"] for r in rows], as_of=None)
+    await _sign(res, signed, "events", tenant, out, asked, ids, as_of=None, basis=basis)
     return out
 
 
@@ -152,19 +178,21 @@ async def history(
     the events logged below the positions `below`: a receipt's replay); `offset`/`limit`: one page of it (_page)."""
     check_tenant(tenant, tenants)
     seen = await _after(res, tenant, after, "projection")
-    async with res.pool.connection() as conn:
+    signed = receipt and res.settings.receipts
+    async with res.pool.connection() as conn, _snapshot(conn, signed):
         if offset == 0 and limit is None:
             versions = await fact_history(conn, tenant, memory_id, below)
             total, page = len(versions), {}
         else:
             versions, total = await history_page(conn, tenant, memory_id, offset, limit, below)
             page = _page(offset, limit, total)
+        ids = [v["event_id"] for v in versions]
+        basis = await _basis(res, conn, tenant, ids) if signed and total else None
     if not total:
         raise ApiError(404, "not_found", f"no fact {memory_id!r} in tenant {tenant!r}", "memory_id")
     out = shapes.HistoryResponse(memory_id=memory_id, tenant=tenant, versions=versions) | page | seen
-    ids = [v["event_id"] for v in versions]
     asked = {"memory_id": memory_id, "offset": offset, "limit": limit}
-    await _sign(res, receipt, "history", tenant, out, asked, ids, as_of=None)
+    await _sign(res, signed, "history", tenant, out, asked, ids, as_of=None, basis=basis)
     return out
 
 

@@ -423,6 +423,21 @@ def signature_state(
     return "valid" if public in _trusted(settings) else "untrusted"
 
 
+def _signed_here(settings: Settings, receipt: Mapping[str, Any]) -> None:
+    """A replay re-derives only what this ledger answered: a receipt signed by its key, or unsigned where it signs
+    none. Else 422: a receipt anyone can write (unsigned, another key's, or altered) would let its author ask
+    whether a guessed subject or query matches the receipt's keyed request digest, for another tenant's too."""
+    state = signature_state(settings, receipt)
+    if state == "valid" or (state == "unsigned" and _signer(settings.chain_key_file) is None):
+        return
+    why = {
+        "invalid": "does not hold",
+        "untrusted": "is not by this ledger's key",
+        "unsigned": "is missing: this ledger signs its receipts",
+    }[state]
+    raise ApiError(422, "invalid_value", f"the receipt's signature {why} (verify it)", "receipt.signature")
+
+
 def _positions(receipt: Mapping[str, Any]) -> dict[int, int]:
     try:
         return decode_token(receipt["positions"])
@@ -531,8 +546,7 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
     """`POST /v1/receipts/replay` (see the module docstring)."""
     receipt, tenant, settings = body.receipt, body.tenant, res.settings
     _own(tenants, tenant, receipt)
-    if signature_state(settings, receipt) == "invalid":
-        raise ApiError(422, "invalid_value", "the receipt's signature does not hold (verify it)", "receipt.signature")
+    _signed_here(settings, receipt)
     answer: Answer = receipt["answer"]
     if answer == "context":
         raise ApiError(
@@ -572,7 +586,9 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
     known_at = parse_rfc3339(receipt["known_at"])
     differ: list[str] = []
     if answer == "facts":
-        assert isinstance(params, FactsParams) and as_of is not None
+        assert isinstance(params, FactsParams)
+        if as_of is None:  # signed with it, so only a receipt of another shape: never one this ledger issued
+            raise ApiError(422, "invalid_value", "a facts receipt names the time it was asked as of", "receipt.as_of")
         again: dict[str, Any] = await reads.subject_facts(
             res,
             tenants,

@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,7 +29,8 @@ import pytest
 from api.mcp.tools import TOOLS, run_tool
 from api.receipts import answer_digest, canonical
 from api.resources import Resources
-from producers.keys.signing import new_signing_key
+from producers.keys.signing import ChainSigner, new_signing_key
+from producers.sdk import LedgerProducer
 from producers.settings import Settings
 from stream_processors.verify import verify
 from tests.conftest import unique
@@ -135,6 +138,20 @@ def test_every_answer_has_a_receipt_that_verifies_and_holds_no_data(stack: Any) 
     text = _post(stack, "/v1/context", {"tenant": TENANT, "subject": SUBJECT, "as_of": "2030-01-01T00:00:00Z"})
     receipt = orjson.loads(base64.urlsafe_b64decode(text.headers["X-Receipt"]))
     assert receipt["answer"] == "context" and _verify(stack, receipt).json()["valid"] is True
+
+
+def test_a_text_context_receipt_too_large_for_a_header_is_asked_for_as_json(stack: Any) -> None:
+    """A block citing many facts: its receipt is past what a header carries (ordinary clients refuse a response
+    with a 100 KiB header line), so the text form says so (`X-Receipt-Omitted`) and the json form has it."""
+    subject = "project:wide"
+    stack.publish([_fact(subject, f"setting.{n}", n, f"wide-{n}") for n in range(60)])
+    stack.settle()
+    body = {"tenant": TENANT, "subject": subject, "budget_tokens": 8000}
+    text = _post(stack, "/v1/context", body)
+    assert text.status_code == 200 and "X-Receipt" not in text.headers, text.headers
+    assert "format=json" in text.headers["X-Receipt-Omitted"]
+    doc = _post(stack, "/v1/context", {**body, "format": "json"}).json()
+    assert len(doc["receipt"]["cited"]) == 60 and _verify(stack, doc["receipt"]).json()["valid"] is True
 
 
 def _leaves(value: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
@@ -389,6 +406,90 @@ def test_another_tenants_receipt_is_refused(stack: Any) -> None:
         if r.status_code == 200:
             assert r.json().get("valid") is False
     assert _verify(stack, theirs, headers=H_OTHER).json()["valid"] is True
+
+
+def _signed_by(receipt: dict[str, Any], signer: ChainSigner) -> dict[str, Any]:
+    """`receipt` signed as this service signs, by `signer` (its public key and id named in it)."""
+    body = {k: v for k, v in receipt.items() if k != "signature"}
+    body |= {"key_id": signer.key_id, "public_key": base64.b64encode(signer.public).decode()}
+    signature = signer.sign(b"memory-ledger receipt v1\n" + canonical(body))
+    return body | {"signature": base64.b64encode(signature).decode()}
+
+
+def test_a_replay_takes_only_a_receipt_this_ledger_signed(stack: Any) -> None:
+    """Whoever writes a receipt (unsigned, signed by a key of their own, or another tenant's relabelled as theirs)
+    gets the same 422 naming the signature, whatever the parameters: a replay would otherwise answer whether a
+    guessed subject is the one the receipt's keyed request digest was made of, for another tenant's receipt too.
+    A receipt of another shape is never a server error. The ledger's own receipt replays."""
+    ours = _get(stack, f"/v1/subjects/{SUBJECT}/facts").json()["receipt"]
+    theirs = _get(stack, f"/v1/subjects/{SUBJECT}/facts", tenant=OTHER).json()["receipt"]
+    stranger = ChainSigner.of_pem(new_signing_key(), "a key of the caller's own")
+    relabelled = {**theirs, "tenant": TENANT}
+    forged = {
+        "unsigned": {**ours, "signature": None},
+        "self-signed": _signed_by(ours, stranger),
+        "relabelled, unsigned": {**relabelled, "signature": None},
+        "relabelled, self-signed": _signed_by(relabelled, stranger),
+        "altered": {**ours, "as_of": None},
+        "altered, unsigned": {**ours, "as_of": None, "signature": None},
+    }
+    for name, receipt in forged.items():
+        answers = set()
+        for guess in (SUBJECT, "project:R0"):
+            body = {"tenant": TENANT, "receipt": receipt, "request": {"subject": guess}}
+            r = _post(stack, "/v1/receipts/replay", body)
+            assert r.status_code == 422, (name, r.text)
+            (item,) = r.json()["detail"]
+            answers.add((item["code"], item["field"], item["message"]))
+        assert len(answers) == 1 and next(iter(answers))[1] == "receipt.signature", (name, answers)
+    r = _post(stack, "/v1/receipts/replay", {"tenant": TENANT, "receipt": ours, "request": {"subject": SUBJECT}})
+    assert r.status_code == 200 and r.json()["same"] is True, r.text
+
+
+def test_receipts_of_reads_taken_while_their_subject_is_written_replay_the_same(stack: Any) -> None:
+    """While a producer writes to a subject (a new fact every ~30 ms), its facts, history and audit replay are read
+    and each receipt replayed: every one is `same`. A receipt names the positions its answer was read at, in the
+    answer's own snapshot; positions read after it would take in a write the answer did not show, and its honest
+    receipt would replay as changed."""
+    subject = "project:busy"
+    first = _fact(subject, "k0", 0, "busy-0")
+    stack.publish([first])
+    stack.settle()
+    memory_id = _get(stack, f"/v1/subjects/{subject}/facts").json()["facts"][0]["memory_id"]
+    stop = threading.Event()
+
+    def write() -> None:
+        with LedgerProducer(stack.settings) as producer:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                producer.publish_many([_fact(subject, f"k{n % 5}", n, f"busy-{n}")])
+                time.sleep(0.03)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    reads = {
+        "facts": (f"/v1/subjects/{subject}/facts", {"subject": subject}),
+        "history": (f"/v1/facts/{memory_id}/history", {"memory_id": memory_id}),
+        "events": (f"/v1/subjects/{subject}/events", {"subject": subject}),
+    }
+    differed, replayed = [], 0
+    try:
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            for name, (path, request) in reads.items():
+                receipt = _get(stack, path).json()["receipt"]
+                body = {"tenant": TENANT, "receipt": receipt, "request": request}
+                r = _post(stack, "/v1/receipts/replay", body)
+                assert r.status_code == 200, r.text
+                replayed += 1
+                if not r.json()["same"]:
+                    differed.append(name)
+    finally:
+        stop.set()
+        writer.join(10)
+    stack.settle()
+    assert replayed >= 15 and not differed, (replayed, differed)
 
 
 def test_a_cited_place_of_another_tenants_event_reads_as_an_empty_one(stack: Any) -> None:

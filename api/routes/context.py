@@ -1,7 +1,8 @@
 """`POST /v1/context`: a prompt-ready memory block for a subject and an optional question, within a token budget.
 
 `format=text` answers the block itself, ready to paste into a system prompt, with its receipt and consistency in
-headers (`X-Receipt`, `X-Consistency-Reflects`), as the body is only the block; `format=json` answers the same
+headers (`X-Receipt`, or `X-Receipt-Omitted` when it is too large for one; `X-Consistency-Reflects`), as the body
+is only the block; `format=json` answers the same
 lines structured. A body without `format` follows the `Accept` header. The block is built by api.reads.context
 (api.context lays it out), shared with the MCP `context` tool.
 """
@@ -22,6 +23,9 @@ from api.schemas import ContextResponse
 router = APIRouter(tags=["context"], route_class=OrjsonBodyRoute)
 
 TEXT = "text/plain; charset=utf-8"
+# a response header past this breaks ordinary clients and proxies (curl and httpx take at most 100 KiB of headers,
+# Node's parser 16 KiB, nginx buffers 4-8 KiB): a receipt citing more is asked for with format=json
+MAX_RECEIPT_HEADER = 8 * 1024
 
 
 @router.post(
@@ -38,9 +42,13 @@ async def context(body: ContextBody, res: ResourcesDep, tenants: TenantsDep, req
         return json_response(block.doc)
     seen = block.doc.get("consistency")
     headers = {"X-Consistency-Reflects": seen["reflects"]} if seen else {}  # the text is only the block
-    # its receipt (of the json form, whose `text` this is): base64url of its JSON
+    # its receipt (of the json form, whose `text` this is): base64url of its JSON, if a header can carry it
     if "receipt" in block.doc:
-        headers["X-Receipt"] = base64.urlsafe_b64encode(orjson.dumps(block.doc["receipt"])).decode()
+        receipt = base64.urlsafe_b64encode(orjson.dumps(block.doc["receipt"])).decode()
+        if len(receipt) <= MAX_RECEIPT_HEADER:
+            headers["X-Receipt"] = receipt
+        else:
+            headers["X-Receipt-Omitted"] = f"{len(receipt)} bytes, more than a header carries: ask format=json"
     return Response(block.text.encode(), media_type=TEXT, headers=headers)
 
 

@@ -52,6 +52,7 @@ __all__ = [
     "holds_at_sql",
     "access_summary",
     "invariant_counts",
+    "one_snapshot",
     "projection_checksum",
     "shaped",
     "subject_events",
@@ -162,7 +163,7 @@ async def current_facts(
     and/or `below` (partition -> next offset: a receipt's positions) only from the events observed by then and
     logged below those positions, re-folded."""
     if known_at is not None or below is not None:
-        async with _one_snapshot(conn):
+        async with one_snapshot(conn):
             chain_rows = await _chain_rows(
                 conn, "subject", _known(known_at, below), _chain_args(tenant, subject, known_at, below)
             )
@@ -399,7 +400,7 @@ async def _history_below(
     conn: psycopg.AsyncConnection, tenant: str, memory_id: str, below: Mapping[int, int]
 ) -> list[shapes.FactVersion]:
     args = {"tenant": tenant, "memory_id": memory_id, "below": _below_json(below)}
-    async with _one_snapshot(conn):
+    async with one_snapshot(conn):
         version_rows, mark_rows = await _chain_rows(conn, "memory_id", _BELOW, args)
 
     def refolded() -> list[shapes.FactVersion]:
@@ -442,7 +443,7 @@ async def subject_events(
     few facts reads only their chains: a page of a long log costs its own facts, not the subject's). With `below`
     (partition -> next offset: a receipt's positions) only the events logged below them, effects as they were then.
     """
-    async with _one_snapshot(conn):
+    async with one_snapshot(conn):
         cur = await conn.execute(
             sql.SQL(
                 'SELECT event_id, type, kind, memory_id, key, scope, "partition", "offset", observed_at, valid_from, '
@@ -510,7 +511,7 @@ async def event_effect(
     `effect` of that event alone (GET /v1/events/{event_id})."""
     if route(EventType(type_)) is Route.ERASURE:
         return _effect_of(event_id, type_, {})
-    async with _one_snapshot(conn):
+    async with one_snapshot(conn):
         by_fact, marks = await _subject_chains(conn, tenant, subject)
     return _effect_of(event_id, type_, _effects(by_fact, marks))
 
@@ -535,8 +536,9 @@ def _effect_of(event_id: str, type_: str, done: dict[str, shapes.Effect]) -> sha
 
 
 @asynccontextmanager
-async def _one_snapshot(conn: psycopg.AsyncConnection) -> AsyncIterator[None]:
-    """Reads that must agree (a page of events and the chains behind it) see one REPEATABLE READ snapshot."""
+async def one_snapshot(conn: psycopg.AsyncConnection) -> AsyncIterator[None]:
+    """Reads that must agree (a page of events and the chains behind it; an answer and the positions its receipt
+    names) see one REPEATABLE READ snapshot."""
     if not conn.autocommit:  # already inside the caller's transaction: its isolation stands
         yield
         return
@@ -655,7 +657,7 @@ async def access_summary(conn: psycopg.AsyncConnection, tenant: str, *, top: int
     `most_served`: the `top` facts by accesses (then the latest access, then memory_id), active or not, with their
     subject and key: the first rows of the index access_counts_most, one probe of fact_versions each.
     """
-    async with _one_snapshot(conn):
+    async with one_snapshot(conn):
         cur = await conn.execute(_ACCESS_COUNTERS, {"tenant": tenant, "names": list(ACCESS_COUNTERS)})
         counted = {name: int(n) for name, n in await _rows(cur)}
         cur = await conn.execute(_MOST_SERVED, {"tenant": tenant, "top": top})
