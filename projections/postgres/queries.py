@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 from psycopg.types.json import Jsonb
 
 from producers.contract import EventType, rfc3339
@@ -539,12 +539,19 @@ def _effect_of(event_id: str, type_: str, done: dict[str, shapes.Effect]) -> sha
 async def one_snapshot(conn: psycopg.AsyncConnection) -> AsyncIterator[None]:
     """Reads that must agree (a page of events and the chains behind it; an answer and the positions its receipt
     names) see one REPEATABLE READ snapshot."""
-    if not conn.autocommit:  # already inside the caller's transaction: its isolation stands
-        yield
+    if not conn.autocommit or conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        yield  # already inside the caller's transaction: its isolation stands
         return
-    async with conn.transaction():
-        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        yield
+    # said in the BEGIN itself (a SET TRANSACTION after it would cost a round trip of its own), then forgotten: the
+    # connection goes back to its pool
+    await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+    await conn.set_read_only(True)
+    try:
+        async with conn.transaction():
+            yield
+    finally:
+        await conn.set_isolation_level(None)
+        await conn.set_read_only(None)
 
 
 _INVARIANTS = """
