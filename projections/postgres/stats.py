@@ -14,7 +14,7 @@ import psycopg
 
 from projections.postgres.counts import ACCESS_COUNTERS, EMBED, EVENTS, OUTBOX, VERSIONS, dead_letters_name
 from projections.postgres.positions import QUEUE_READ_PREPARED
-from projections.postgres.queries import invariant_counts
+from projections.postgres.queries import invariant_counts, one_snapshot
 
 __all__ = ["INVARIANT_CAP", "SUSPECT", "recount_check", "stats_counts"]
 
@@ -115,8 +115,7 @@ async def recount_check(conn: psycopg.AsyncConnection, tenant: str, topic: str) 
     names |= {name: name for name in ACCESS_COUNTERS}  # /v1/stats `access` (facts_active, ...)
     dead = dead_letters_name(topic)
     t0 = time.perf_counter()
-    async with conn.transaction():
-        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    async with one_snapshot(conn):
         scanned = await invariant_counts(conn, tenant)
         counted = {(t, n): int(v) for t, n, v in await (await conn.execute(_COUNTED, {"tenant": tenant})).fetchall()}
         recounted = {
