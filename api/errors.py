@@ -254,6 +254,7 @@ def validation_items(errors: Iterable[Any], body: Any = None, content_type: str 
             continue
         message = err.get("msg", "") or "invalid"
         etype = str(err.get("type") or "invalid")
+        message = _in_characters(etype, err, message)
         items.append(
             {
                 "code": etype if etype in ERROR_CODES else error_code(etype),
@@ -262,6 +263,16 @@ def validation_items(errors: Iterable[Any], body: Any = None, content_type: str 
             }
         )
     return items
+
+
+def _in_characters(etype: str, err: dict[str, Any], message: str) -> str:
+    """A text's length limit in characters: pydantic counts `items` when the limit is checked after a validator
+    (`Storable` text with a length in its Query, Path or Field)."""
+    ctx = err.get("ctx") or {}
+    if etype not in ("too_long", "too_short") or not isinstance(err.get("input"), str):
+        return message
+    bound, word = ("max_length", "most") if etype == "too_long" else ("min_length", "least")
+    return f"String should have at {word} {ctx.get(bound)} characters, not {len(err['input'])}"
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

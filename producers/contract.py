@@ -160,6 +160,8 @@ def parse_rfc3339(text: str) -> datetime:
     try:
         value = datetime.fromisoformat(normal)
     except ValueError as exc:
+        if "timedelta" in str(exc):  # the offset: Python says so in its own terms (timedelta(hours=24)...)
+            raise ValueError("is not a valid time: its UTC offset must be between -23:59 and +23:59") from None
         raise ValueError(f"is not a valid time: {exc}") from None
     return _utc(value)
 

@@ -57,6 +57,28 @@ def _check_items(detail: Any, where: Any) -> list[dict[str, Any]]:
 _TYPE_LABEL = re.compile(r"(^|\.)(str|int|float|bool|none|list|dict|function-\w+|nullable|constrained-\w+)(\[|\.|$)")
 
 
+def test_a_text_too_long_or_a_bad_offset_is_told_in_the_callers_terms(vocab_settings: Settings) -> None:
+    """A text past its limit is counted in characters wherever the limit sits (a path, a query parameter, a body
+    field checked after a validator of its own), and a time's impossible UTC offset is said as an offset, not in
+    Python's words."""
+    key = {"X-API-Key": next(iter(KEYS))}
+    with TestClient(create_app(vocab_settings)) as client:
+        long = "s" * 300
+        for method, url, kwargs, field in (
+            ("GET", f"/v1/subjects/{long}/facts", {"params": {"tenant": TENANT}}, "subject"),
+            ("GET", "/v1/subjects", {"params": {"tenant": TENANT, "prefix": long}}, "prefix"),
+            ("POST", "/v1/recall", {"json": {"tenant": TENANT, "query": "q", "subject": long}}, "subject"),
+        ):
+            resp = client.request(method, url, headers=key, **kwargs)
+            (item,) = _check_items(resp.json()["detail"], url)
+            assert item["field"] == field and "300" in item["message"], item
+            assert "characters" in item["message"] and "items" not in item["message"], item
+        params = {"tenant": TENANT, "as_of": "2026-01-01T00:00:00+24:00"}
+        resp = client.get("/v1/subjects/x/facts", params=params, headers=key)
+        (item,) = _check_items(resp.json()["detail"], params)
+        assert item["field"] == "as_of" and "offset" in item["message"] and "timedelta" not in item["message"], item
+
+
 def test_a_value_inside_a_field_of_several_types_is_named_by_the_callers_path(vocab_settings: Settings) -> None:
     """A recall filter takes a string or a list of strings: a wrong value in either is named as the caller wrote
     it (`filters.tags`, `filters.key.0`), not by the type pydantic tried."""
