@@ -377,10 +377,16 @@ class _Base(Generic[Http]):
 
     @_Route
     def subjects(
-        self, prefix: str | None = None, *, tenant: str | None = None, limit: int | None = None
+        self,
+        prefix: str | None = None,
+        *,
+        tenant: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
     ) -> _Call[SubjectsResponse]:
-        """GET /v1/subjects: the tenant's subjects starting with `prefix`, in code point order; `.more` when cut."""
-        params = _given(tenant=self._tenant(tenant), prefix=prefix, limit=limit)
+        """GET /v1/subjects: the tenant's subjects starting with `prefix`, in code point order; `.more` when cut,
+        and `cursor`: an answer's `next_cursor`, for the subjects after it."""
+        params = _given(tenant=self._tenant(tenant), prefix=prefix, limit=limit, cursor=cursor)
         return _Call("GET", "/v1/subjects", SubjectsResponse, params=params)
 
     @_Route

@@ -9,10 +9,12 @@ in the one error shape.
 
 from __future__ import annotations
 
+import base64
 import re
 from datetime import datetime
 from typing import Annotated, Any
 
+import orjson
 from elasticsearch import AsyncElasticsearch
 from fastapi import Depends, Query, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
@@ -176,6 +178,23 @@ def check_cursor(value: str | None) -> str | None:
     if value is not None:
         cursor_place(value)
     return value
+
+
+def list_cursor(*texts: str) -> str:
+    """Where a page of a list ordered by text ended (the erasure records, the subjects), opaque: base64url of the
+    JSON of the last item's sort key (a subject or an id may hold any character a separator would be)."""
+    return base64.urlsafe_b64encode(orjson.dumps(list(texts))).decode().rstrip("=")
+
+
+def list_place(cursor: str, parts: int) -> list[str]:
+    """The `parts` texts a `list_cursor` names, else 422 naming `cursor`."""
+    try:
+        texts = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if not isinstance(texts, list) or len(texts) != parts or not all(isinstance(t, str) for t in texts):
+            raise ValueError("not a place")
+        return [check_storable(t, "cursor") for t in texts]
+    except (ValueError, InvalidEvent):  # orjson's and base64's errors are ValueErrors
+        raise ApiError(422, "invalid_value", "is not a next_cursor this route gave", "cursor") from None
 
 
 # the route's query parameter and the request model's field (api.requests.EventsParams), one rule

@@ -803,6 +803,9 @@ class SubjectsResponse(TypedDict):
     prefix: str
     subjects: Annotated[list[str], doc("subjects with events, starting with prefix, in code point order")]
     more: Annotated[bool, doc("true: more subjects start with prefix than limit allowed")]
+    next_cursor: Annotated[
+        str | None, doc("with `more`: the `cursor` that asks for the subjects after these (null on the last page)")
+    ]
 
 
 # -- POST /v1/context (the agent's side) -------------------------------------------------------------

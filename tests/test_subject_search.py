@@ -103,7 +103,7 @@ def test_tenants_are_the_keys_tenants(client: TestClient) -> None:
 )
 def test_the_walk_lists_what_a_scan_would(client: TestClient, prefix: str) -> None:
     got = find(client, prefix=prefix, limit=MAX_LIMIT)
-    assert got == {"tenant": TENANT, "prefix": prefix, "subjects": naive(prefix), "more": False}
+    assert got == {"tenant": TENANT, "prefix": prefix, "subjects": naive(prefix), "more": False, "next_cursor": None}
 
 
 def test_an_erased_subject_is_still_found_and_another_tenants_never(client: TestClient) -> None:
@@ -117,6 +117,37 @@ def test_limit_pages_with_more(client: TestClient) -> None:
     assert page["subjects"] == everything[:3] and page["more"] is True
     exact = find(client, limit=len(everything))
     assert exact["subjects"] == everything and exact["more"] is False
+
+
+@pytest.mark.parametrize("prefix", ["", "user", "a", "b\ud7ff", "nothing"])
+@pytest.mark.parametrize("limit", [1, 2, 5])
+def test_next_cursor_walks_the_whole_list_a_page_at_a_time(client: TestClient, prefix: str, limit: int) -> None:
+    """Pages asked with each answer's `next_cursor` are the whole list, each subject once, in order, whatever the
+    page size; the last page says no more."""
+    walked, cursor, pages = [], None, 0
+    while True:
+        page = find(client, prefix=prefix, limit=limit, **({"cursor": cursor} if cursor else {}))
+        walked += page["subjects"]
+        pages += 1
+        assert len(page["subjects"]) <= limit and page["more"] is (page["next_cursor"] is not None), page
+        if not page["more"]:
+            break
+        cursor = page["next_cursor"]
+        assert pages <= len(SUBJECTS) + 1, walked
+    assert walked == naive(prefix), (prefix, limit)
+
+
+def test_a_cursor_outside_the_prefix_or_of_another_list_is_no_page_of_it(client: TestClient) -> None:
+    """A cursor made for another prefix starts where the prefix does, or past it; another list's cursor (an erasure
+    record's, two texts) and a malformed one are a 422 naming `cursor`."""
+    first = find(client, prefix="", limit=1)["next_cursor"]  # after "User:3", before "a..."
+    assert find(client, prefix="user", cursor=first)["subjects"] == naive("user")
+    last = find(client, prefix="user", limit=len(naive("user")) - 1)
+    beyond = find(client, prefix="a", limit=1, cursor=last["next_cursor"])  # after "user/...", past every "a"
+    assert beyond["subjects"] == [] and beyond["more"] is False
+    for bad in ["", "abc", "1:5", "WyJ4IiwieSJd", "WzFd", "W10", "eyJhIjoxfQ", "WyJ4XHUwMDAwIl0"]:
+        body = find(client, status=422, cursor=bad)
+        assert [(d["code"], d["field"]) for d in body["detail"]] == [("invalid_value", "cursor")], (bad, body)
 
 
 def test_the_walk_is_an_index_walk_not_a_scan(client: TestClient) -> None:

@@ -12,17 +12,26 @@ import base64
 from datetime import datetime
 from typing import Annotated
 
-import orjson
 from fastapi import APIRouter, Path, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.deps import PoolDep, ResourcesDep, SettingsDep, Storable, TenantQuery, TenantsDep, check_tenant
+from api.deps import (
+    PoolDep,
+    ResourcesDep,
+    SettingsDep,
+    Storable,
+    TenantQuery,
+    TenantsDep,
+    check_tenant,
+    list_cursor,
+    list_place,
+)
 from api.errors import ApiError
 from api.requests import SUBJECT, TENANT
 from api.routes._json import OrjsonBodyRoute, json_response
 from api.schemas import ErasureRecord, ErasuresResponse, KeysResponse, RetireResponse
-from producers.contract import InvalidEvent, check_storable, parse_rfc3339
+from producers.contract import parse_rfc3339
 from producers.keys.kek import KekError
 from producers.keys.store import settings_keks
 from projections import shapes
@@ -111,25 +120,18 @@ async def erasures(
     except KekError as exc:  # the tenant's digest key is wrapped by a KEK this API does not have
         raise ApiError(409, "encryption_unavailable", str(exc), "subject") from None
     last = items[-1] if more else None
-    next_cursor = None if last is None else _erasure_cursor(last["applied_at"], last["erasure_id"])
+    next_cursor = None if last is None else list_cursor(last["applied_at"], last["erasure_id"])
     return json_response(shapes.ErasuresResponse(tenant=tenant, erasures=items, more=more, next_cursor=next_cursor))
-
-
-def _erasure_cursor(applied_at: str, erasure_id: str) -> str:
-    """Where a page of erasure records ended, opaque (an erasure id may hold any character): base64url JSON."""
-    return base64.urlsafe_b64encode(orjson.dumps([applied_at, erasure_id])).decode().rstrip("=")
 
 
 def _erasure_place(cursor: str | None) -> tuple[datetime, str] | None:
     """The (applied_at, erasure_id) a `next_cursor` names, else 422 naming `cursor`."""
     if cursor is None:
         return None
+    applied_at, erasure_id = list_place(cursor, 2)
     try:
-        applied_at, erasure_id = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        if not isinstance(applied_at, str) or not isinstance(erasure_id, str):
-            raise ValueError("not a place")
-        return parse_rfc3339(applied_at), check_storable(erasure_id, "cursor")
-    except (ValueError, TypeError, InvalidEvent, orjson.JSONDecodeError):
+        return parse_rfc3339(applied_at), erasure_id
+    except ValueError:
         raise ApiError(422, "invalid_value", "is not a next_cursor this route gave", "cursor") from None
 
 

@@ -2,7 +2,7 @@
 
 Bounded: at most `limit` (1..200) subjects, found by a walk of the index `events_subject_c`
 (projections.postgres.subject_search) whose cost grows with `limit`, not with the tenant's size;
-`more` says whether the prefix has further subjects (narrow it). A subject is listed once it has an
+`more` says whether the prefix has further subjects, and `next_cursor` asks for them. A subject is listed once it has an
 event, an erased one included (its timeline shows the erasure). Another tenant is 403 like everywhere.
 """
 
@@ -12,7 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from api.deps import PoolDep, Storable, TenantQuery, TenantsDep, check_tenant
+from api.deps import PoolDep, Storable, TenantQuery, TenantsDep, check_tenant, list_cursor, list_place
 from api.routes._json import json_response
 from api.schemas import SubjectsResponse
 from projections import shapes
@@ -30,9 +30,16 @@ async def find_subjects(
     tenants: TenantsDep,
     prefix: Annotated[Storable, Query(max_length=256, description="subjects starting with it (case-sensitive)")] = "",
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="at most this many subjects")] = 50,
+    cursor: Annotated[
+        str | None, Query(max_length=1024, description="the previous page's next_cursor: the subjects after it")
+    ] = None,
 ) -> Response:
-    """The tenant's subjects that start with `prefix`, in code point order, at most `limit` of them."""
+    """The tenant's subjects that start with `prefix`, in code point order, at most `limit` of them; with `more`,
+    `next_cursor` asks for the ones after these."""
     check_tenant(tenant, tenants)
+    after = None if cursor is None else list_place(cursor, 1)[0]
     async with pool.connection() as conn:
-        subjects, more = await search_subjects(conn, tenant, prefix, limit)
-    return json_response(shapes.SubjectsResponse(tenant=tenant, prefix=prefix, subjects=subjects, more=more))
+        subjects, more = await search_subjects(conn, tenant, prefix, limit, after)
+    next_cursor = list_cursor(subjects[-1]) if more else None
+    body = shapes.SubjectsResponse(tenant=tenant, prefix=prefix, subjects=subjects, more=more, next_cursor=next_cursor)
+    return json_response(body)

@@ -41,28 +41,32 @@ def prefix_upper_bound(prefix: str) -> str | None:
 _S = sql.SQL('subject COLLATE "C"')
 
 
-def walk_sql(bounded: bool) -> sql.Composed:
-    """The walk: subjects >= %(lo)s (and < %(hi)s when bounded) of %(tenant)s, at most %(limit)s, in order."""
+def walk_sql(bounded: bool, after: bool = False) -> sql.Composed:
+    """The walk: subjects >= %(lo)s (> with `after`: the next page's) and < %(hi)s when bounded, of %(tenant)s, at
+    most %(limit)s, in order."""
     below = sql.SQL(" AND {s} < %(hi)s").format(s=_S) if bounded else sql.SQL("")
+    start = sql.SQL(">" if after else ">=")
     return sql.SQL(
         "WITH RECURSIVE walk(subject) AS ("
-        " (SELECT {s} FROM events WHERE tenant = %(tenant)s AND {s} >= %(lo)s{below} ORDER BY {s} LIMIT 1)"
+        " (SELECT {s} FROM events WHERE tenant = %(tenant)s AND {s} {start} %(lo)s{below} ORDER BY {s} LIMIT 1)"
         " UNION ALL"
         " SELECT (SELECT {s} FROM events WHERE tenant = %(tenant)s AND {s} > walk.subject{below} ORDER BY {s} LIMIT 1)"
         " FROM walk WHERE walk.subject IS NOT NULL"
         ") SELECT subject FROM walk WHERE subject IS NOT NULL LIMIT %(limit)s"
-    ).format(s=_S, below=below)
+    ).format(s=_S, below=below, start=start)
 
 
-_BOUNDED, _UNBOUNDED = walk_sql(True), walk_sql(False)
+_WALKS = {(bounded, after): walk_sql(bounded, after) for bounded in (False, True) for after in (False, True)}
 
 
 async def search_subjects(
-    conn: psycopg.AsyncConnection, tenant: str, prefix: str, limit: int
+    conn: psycopg.AsyncConnection, tenant: str, prefix: str, limit: int, after: str | None = None
 ) -> tuple[list[str], bool]:
-    """Up to `limit` of the tenant's subjects starting with `prefix` (code point order), and whether there are more."""
+    """Up to `limit` of the tenant's subjects starting with `prefix` (code point order), after the subject `after`
+    (a page's last) when given, and whether there are more."""
     hi = prefix_upper_bound(prefix)
-    query = _UNBOUNDED if hi is None else _BOUNDED
-    cur = await conn.execute(query, {"tenant": tenant, "lo": prefix, "hi": hi, "limit": limit + 1})
+    past = after is not None and after >= prefix  # code point order, as "C" sorts UTF-8; one before the prefix: none
+    query = _WALKS[hi is not None, past]
+    cur = await conn.execute(query, {"tenant": tenant, "lo": after if past else prefix, "hi": hi, "limit": limit + 1})
     subjects = [row[0] for row in await cur.fetchall()]
     return subjects[:limit], len(subjects) > limit
