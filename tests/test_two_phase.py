@@ -203,6 +203,25 @@ def test_two_indexers_and_two_embedders_never_claim_the_same_rows(store, embedde
     assert conn.execute("SELECT count(DISTINCT version_id) FROM version_vectors").fetchone()[0] == 6
 
 
+def test_one_tenants_backlog_holds_another_tenants_new_version_back_one_batch_at_most(store):
+    """A tenant's backlog of vectors, then another tenant's one new version: the next batch holds that version
+    beside the backlog's oldest rows (shared among the tenants waiting, the longest waiting first; what a share
+    leaves goes to the oldest rows of any tenant), not after the whole backlog."""
+    settings, conn, es, ledger = store
+    for i in range(12):
+        ledger.assert_fact(TENANT, f"busy:{i}", f"k.{i}", f"a busy tenant's fact {i}")
+    quiet = ledger.assert_fact("twophase-quiet", "q:1", "k.1", "the quiet tenant's one fact")
+    assert drain_once(settings, conn, es) == 13
+    busy = [r[0] for r in conn.execute("SELECT version_id FROM embed_queue WHERE tenant = %s ORDER BY id", (TENANT,))]
+    with conn.transaction():
+        batch = [c["version_id"] for c in claim(conn, 4)]
+        raise psycopg.Rollback()
+    assert sorted(batch) == sorted([*busy[:3], quiet.version_id]), batch  # shares 2 + 2, the quiet one's unused
+    with conn.transaction():
+        assert sorted(c["version_id"] for c in claim(conn, 1)) == [busy[0]]  # one row: the longest waiting tenant's
+        raise psycopg.Rollback()
+
+
 def test_new_documents_are_claimed_alone_before_small_batches_of_vector_rewrites(store, embedder):
     """A batch holds one kind of row: every new version's document first, then, only when
     none waits, the embedders' rewrites, at most indexer_rewrite_batch_size of them (the claim split)."""
