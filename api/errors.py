@@ -71,7 +71,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 ERROR_CODES: dict[str, str] = {
     "missing_field": "a required field is missing (or null where a value is required)",
     "unknown_field": (
-        "a field the request or event does not have; a query parameter the route does not take (`asof` for `as_of`)"
+        "a field the request or event does not have; a query parameter the route does not take (`asof` for `as_of`; "
+        "a route that reads no input, such as `/v1/health`, `/v1/tenants` or `/v1/schema/event`, takes any: a "
+        "probe's cache-buster changes nothing)"
     ),
     "wrong_type": "a value of the wrong JSON type (text where a number goes, a number where a list goes)",
     "invalid_value": "a value the field does not allow: out of range, too long or short, blank, a rule between fields",
