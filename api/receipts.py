@@ -603,9 +603,23 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
         )
     elif answer == "history":
         assert isinstance(params, HistoryParams)
-        again = await reads.history(
-            res, tenants, tenant, params.memory_id, offset=params.offset, limit=params.limit, below=below, receipt=False
-        )
+        try:
+            again = await reads.history(
+                res,
+                tenants,
+                tenant,
+                params.memory_id,
+                offset=params.offset,
+                limit=params.limit,
+                below=below,
+                receipt=False,
+            )
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            # the receipt's fact has no version below its positions now (erased since): an empty chain, which
+            # differs, as a facts replay answers no facts
+            again = shapes.HistoryResponse(memory_id=params.memory_id, tenant=tenant, versions=[])
     elif answer == "events":
         assert isinstance(params, EventsParams)
         again = await reads.subject_log(

@@ -369,6 +369,8 @@ def test_replay_of_a_recall_before_a_supersession_gives_the_first_answer(stack: 
 def test_an_erased_cited_version_verifies_as_erased_showing_nothing(stack: Any) -> None:
     facts = _get(stack, f"/v1/subjects/{GONE}/facts").json()
     receipt = facts["receipt"]
+    memory_id = facts["facts"][0]["memory_id"]
+    chain = _get(stack, f"/v1/facts/{memory_id}/history").json()["receipt"]
     assert [c["state"] for c in _verify(stack, receipt).json()["cited"]] == ["held"]
     r = stack.client.delete(f"/v1/subjects/{GONE}", params={"tenant": TENANT}, headers=H)
     assert r.status_code == 202, r.text
@@ -386,6 +388,8 @@ def test_an_erased_cited_version_verifies_as_erased_showing_nothing(stack: Any) 
     # its replay re-derives what the ledger holds now: nothing
     replayed = _replay(stack, receipt, {"subject": GONE}).json()
     assert replayed["same"] is False and replayed["replayed"]["facts"] == []
+    r = _replay(stack, chain, {"memory_id": memory_id})  # the fact's history too: no version left, not a 404
+    assert r.status_code == 200 and r.json()["same"] is False and r.json()["replayed"]["versions"] == [], r.text
 
 
 def test_another_tenants_receipt_is_refused(stack: Any) -> None:
