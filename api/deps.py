@@ -21,6 +21,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from psycopg_pool import AsyncConnectionPool
 from pydantic import AfterValidator, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import PydanticCustomError
+from starlette.datastructures import Headers
 
 from api.access import CallerTenants, caller_id
 from api.errors import ApiError
@@ -80,12 +81,9 @@ async def caller_tenants(
     """The tenants the presented API key may use; 401 without a known key, naming the header the caller used, and
     when the request presents two (a header twice, or X-API-Key and Authorization naming different keys): which
     one a proxy or a client library meant is not for the server to guess."""
-    headers = request.headers
-    for name in (API_KEY_HEADER, AUTHORIZATION_HEADER):
-        if len(headers.getlist(name)) > 1:
-            raise _unauthorized(f"{name} is sent more than once: send one API key", name)
-    if x_api_key and AUTHORIZATION_HEADER in headers and (bearer is None or bearer.credentials.strip() != x_api_key):
-        raise _unauthorized("X-API-Key and Authorization name different keys: send one API key", AUTHORIZATION_HEADER)
+    refused = two_keys(request.headers)
+    if refused is not None:
+        raise refused
     if x_api_key:
         return tenants_for_key(request.app.state.settings, x_api_key)
     if bearer is not None:
@@ -93,6 +91,21 @@ async def caller_tenants(
     if AUTHORIZATION_HEADER in request.headers:  # another scheme (Basic, a bare key): say which one is read
         raise _unauthorized("send the API key as Authorization: Bearer <key> (or X-API-Key)", AUTHORIZATION_HEADER)
     return tenants_for_key(request.app.state.settings, None)
+
+
+def two_keys(headers: Headers) -> ApiError | None:
+    """The 401 for a request that presents two API keys (a header twice, or X-API-Key and Authorization naming
+    different keys), naming the header; None for one key. The rule of every front end (the API, the MCP server)."""
+    for name in (API_KEY_HEADER, AUTHORIZATION_HEADER):
+        if len(headers.getlist(name)) > 1:
+            return _unauthorized(f"{name} is sent more than once: send one API key", name)
+    key, sent = headers.get(API_KEY_HEADER), headers.get(AUTHORIZATION_HEADER)
+    if key and sent is not None:
+        scheme, _, token = sent.strip().partition(" ")
+        if scheme.lower() != "bearer" or token.strip() != key:
+            message = "X-API-Key and Authorization name different keys: send one API key"
+            return _unauthorized(message, AUTHORIZATION_HEADER)
+    return None
 
 
 def tenants_for_key(settings: Settings, key: str | None, header: str = API_KEY_HEADER) -> frozenset[str]:

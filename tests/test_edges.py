@@ -200,6 +200,24 @@ def test_the_stateless_mcp_server_answers_every_method_but_post_with_405_never_a
     assert httpx.post(mcp_url, json=ping, headers=headers, timeout=30).status_code == 200  # POST still served
 
 
+def test_the_mcp_server_refuses_two_keys_as_the_api_does(mcp_url: str) -> None:
+    """Two keys in one request, one of them good: a 401 naming the header, as the HTTP API answers (the SDK's own
+    middleware would take the first Authorization); one key said twice alike is one key."""
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    accept = ("Accept", "application/json, text/event-stream")
+    for headers, field in (
+        ([("Authorization", "Bearer k-edges"), ("Authorization", "Bearer wrong")], "Authorization"),
+        ([("Authorization", "Bearer wrong"), ("Authorization", "Bearer k-edges")], "Authorization"),
+        ([("Authorization", "Bearer k-edges"), ("X-API-Key", "other")], "Authorization"),
+        ([("Authorization", "Bearer k-edges"), ("X-API-Key", "k-edges"), ("X-API-Key", "k-edges")], "X-API-Key"),
+    ):
+        resp = httpx.post(mcp_url, json=ping, headers=[*headers, accept], timeout=10)
+        item = _only_item(resp, 401)
+        assert (item["code"], item["field"]) == ("unauthorized", field), (headers, item)
+    both = [("Authorization", "Bearer k-edges"), ("X-API-Key", "k-edges"), accept]
+    assert httpx.post(mcp_url, json=ping, headers=both, timeout=30).status_code == 200
+
+
 def test_the_mcp_server_refuses_a_missing_or_unknown_bearer_in_the_one_shape(mcp_url: str) -> None:
     for headers in ({}, {"Authorization": f"Bearer {uuid.uuid4().hex}"}, {"X-API-Key": "k-edges"}):
         for method in ("GET", "POST"):

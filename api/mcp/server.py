@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.deps import AUTHORIZATION_HEADER
+from api.deps import AUTHORIZATION_HEADER, two_keys
 from api.errors import ApiError, error_body
 from api.mcp.auth import KeyVerifier, caller_tenants, check_admin, with_tenant
 from api.mcp.tools import TOOLS, ToolSpec, error_result, run_tool
@@ -169,8 +169,11 @@ def _in_one_shape(endpoint: ASGIApp) -> ASGIApp:
         if scope["type"] != "http":
             await endpoint(scope, receive, send)
             return
-        if not isinstance(scope.get("user"), AuthenticatedUser):  # the SDK's bearer middleware found no known key
-            refused = _unauthorized(Request(scope).headers.get(AUTHORIZATION_HEADER))
+        headers = Request(scope).headers
+        refused = two_keys(headers)  # the SDK's bearer middleware reads the first Authorization only
+        if refused is None and not isinstance(scope.get("user"), AuthenticatedUser):  # it found no known key
+            refused = _unauthorized(headers.get(AUTHORIZATION_HEADER))
+        if refused is not None:
             answer = JSONResponse(error_body(refused.item()), refused.status, headers=refused.headers)
             await answer(scope, receive, send)
             return
