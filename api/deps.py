@@ -193,6 +193,15 @@ def check_cursor(value: str | None) -> str | None:
     return value
 
 
+# a list cursor's length: base64 of the JSON of a subject (at most 256 characters) or of a time and an erasure id (at
+# most 128), each character at most 6 bytes there (`\u0001`): about 2,100 at most; what is longer was never given
+MAX_LIST_CURSOR = 4096
+ListCursorQuery = Annotated[
+    str | None,
+    Query(max_length=MAX_LIST_CURSOR, description="the previous page's next_cursor: the items after its last one"),
+]
+
+
 def list_cursor(*texts: str) -> str:
     """Where a page of a list ordered by text ended (the erasure records, the subjects), opaque: base64url of the
     JSON of the last item's sort key (a subject or an id may hold any character a separator would be)."""

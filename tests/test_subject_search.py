@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from api.deps import MAX_LIST_CURSOR, list_cursor, list_place
 from api.main import create_app
 from api.routes.subject_search import MAX_LIMIT
 from producers.settings import Settings
@@ -39,6 +40,8 @@ SUBJECTS = [
     "b\ud7ffx",  # next to the surrogates: the bound of "b\ud7ff" is "b\ue000"
     "b\ue000",
     "order:1",
+    "z" + "\x01" * 255,  # the longest subjects, with the characters JSON writes longest: their cursors are too
+    "z" + "\x01" * 254 + "\U0010ffff",
 ]
 
 
@@ -119,7 +122,14 @@ def test_limit_pages_with_more(client: TestClient) -> None:
     assert exact["subjects"] == everything and exact["more"] is False
 
 
-@pytest.mark.parametrize("prefix", ["", "user", "a", "b\ud7ff", "nothing"])
+@pytest.mark.unit
+def test_a_list_cursor_of_the_longest_sort_keys_fits_its_parameter() -> None:
+    for texts in (["\x01" * 256], ["\U0010ffff" * 256], ["2026-12-05T14:36:00.731675Z", "\x01" * 128]):
+        cursor = list_cursor(*texts)
+        assert len(cursor) <= MAX_LIST_CURSOR and list_place(cursor, len(texts)) == texts
+
+
+@pytest.mark.parametrize("prefix", ["", "user", "a", "b\ud7ff", "z", "nothing"])
 @pytest.mark.parametrize("limit", [1, 2, 5])
 def test_next_cursor_walks_the_whole_list_a_page_at_a_time(client: TestClient, prefix: str, limit: int) -> None:
     """Pages asked with each answer's `next_cursor` are the whole list, each subject once, in order, whatever the

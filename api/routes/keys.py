@@ -17,6 +17,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import (
+    ListCursorQuery,
     PoolDep,
     ResourcesDep,
     SettingsDep,
@@ -103,9 +104,7 @@ async def erasures(
     tenant: TenantQuery,
     subject: Annotated[Storable | None, Query(**SUBJECT, description="only this subject's erasures")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[
-        str | None, Query(max_length=512, description="the previous page's next_cursor: the records after it")
-    ] = None,
+    cursor: ListCursorQuery = None,
 ) -> Response:
     """The tenant's erasure records, newest first (of one subject: its keyed digest is computed from `subject`); with
     `more`, `next_cursor` asks for the records after these."""

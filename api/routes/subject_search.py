@@ -12,7 +12,16 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from api.deps import PoolDep, Storable, TenantQuery, TenantsDep, check_tenant, list_cursor, list_place
+from api.deps import (
+    ListCursorQuery,
+    PoolDep,
+    Storable,
+    TenantQuery,
+    TenantsDep,
+    check_tenant,
+    list_cursor,
+    list_place,
+)
 from api.routes._json import json_response
 from api.schemas import SubjectsResponse
 from projections import shapes
@@ -30,9 +39,7 @@ async def find_subjects(
     tenants: TenantsDep,
     prefix: Annotated[Storable, Query(max_length=256, description="subjects starting with it (case-sensitive)")] = "",
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="at most this many subjects")] = 50,
-    cursor: Annotated[
-        str | None, Query(max_length=1024, description="the previous page's next_cursor: the subjects after it")
-    ] = None,
+    cursor: ListCursorQuery = None,
 ) -> Response:
     """The tenant's subjects that start with `prefix`, in code point order, at most `limit` of them; with `more`,
     `next_cursor` asks for the ones after these."""
