@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api import reads
 from api.deps import check_tenant
-from api.errors import ApiError
+from api.errors import ApiError, validation_items
 from api.requests import (
     ANSWER_MAX_DEPTH,
     ContextBody,
@@ -38,7 +38,7 @@ from api.requests import (
 )
 from api.resources import Resources
 from producers.consistency import decode_token, encode_token
-from producers.contract import error_code, parse_rfc3339, rfc3339, version_id_for
+from producers.contract import parse_rfc3339, rfc3339, version_id_for
 from producers.keys.signing import ChainSigner, SigningKeyError, load_signer, parse_public_key, signature_valid
 from producers.settings import EmbeddingSettings, RecallSettings, Settings
 from projections import shapes
@@ -557,11 +557,10 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
         )
     try:
         params = _REQUESTS[answer].model_validate({**body.request, "tenant": tenant})
-    except ValidationError as exc:
-        item = exc.errors()[0]
-        where = ".".join(str(p) for p in item["loc"])
-        message = f"not the parameters of a {answer} read: {item['msg']}"
-        raise ApiError(422, error_code(item["type"]), message, f"request.{where}") from None
+    except ValidationError as exc:  # judged as the read's own route judges them (api.errors), under `request`
+        item = validation_items(exc.errors())[0]
+        message = f"not the parameters of a {answer} read: {item['message']}"
+        raise ApiError(422, item["code"], message, "request" + ("." + item["field"] if item["field"] else "")) from None
     async with res.pool.connection() as conn:
         salt, _ = await rows.receipt_state(conn, settings.processor_group, settings.topic)
     try:

@@ -496,6 +496,22 @@ def test_receipts_of_reads_taken_while_their_subject_is_written_replay_the_same(
     assert replayed >= 15 and not differed, (replayed, differed)
 
 
+def test_a_replays_parameters_are_judged_as_their_reads_route_judges_them(stack: Any) -> None:
+    """Parameters that are not a read's: the error its own route gives (the caller's path, text counted in
+    characters, a time's own code), under `request`."""
+    receipt = _recall(stack)["receipt"]
+    for request, field, code, words in (
+        ({"query": "q", "filters": {"tags": [1]}}, "request.filters.tags", "wrong_type", "string"),
+        ({"query": "q", "subject": "中" * 257}, "request.subject", "invalid_value", "257"),
+        ({"query": "q", "as_of": "2026-01-01T00:00:00+24:00"}, "request.as_of", "invalid_time", "offset"),
+    ):
+        r = _replay(stack, receipt, request)
+        assert r.status_code == 422, r.text
+        item = r.json()["detail"][0]
+        assert (item["field"], item["code"]) == (field, code) and words in item["message"], item
+        assert "items" not in item["message"] and "Value error" not in item["message"], item
+
+
 def test_a_cited_place_of_another_tenants_event_reads_as_an_empty_one(stack: Any) -> None:
     """A receipt of this tenant citing the place of another tenant's event learns nothing of it: the same state and
     detail as a place where the ledger holds no event, while its own event's place still reads held."""
