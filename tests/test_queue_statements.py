@@ -16,15 +16,17 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from producers.settings import Settings
 from projections.postgres.connection import configure_pool
 from projections.postgres.positions import search_mark_async, search_pending_async
 from projections.postgres.stats import stats_counts
-from projections.search.claims import DELETE_CLAIMED, delete_claimed
+from projections.search import claims
+from projections.search.claims import DELETE_CLAIMED, claim_fairly, delete_claimed
 from projections.search.drain import drain_forever
-from projections.search.indexer import CLAIM_FIRST
+from projections.search.indexer import CLAIMED_COLUMNS, FIRST_WRITES
 from tests.support.stores import private_schema
 
 # each queue's rows as its writers insert them, and the key its finished rows are deleted by
@@ -87,7 +89,7 @@ def test_the_drain_loops_connection_prepares_no_statement(settings: Settings, co
     def once(loop_conn: psycopg.Connection) -> bool:
         for _ in range(8):  # a connection that prepares does it at a statement's fifth call (psycopg's default)
             with loop_conn.transaction():
-                claimed = loop_conn.execute(CLAIM_FIRST, (10,)).fetchall()
+                claimed = claim_fairly(loop_conn, "search_outbox", CLAIMED_COLUMNS, 10, FIRST_WRITES)
                 delete_claimed(loop_conn, "search_outbox", [row[0] for row in claimed])
                 versions = [v for (v,) in loop_conn.execute("SELECT version_id FROM embed_queue ORDER BY id LIMIT 10")]
                 delete_claimed(loop_conn, "embed_queue", versions)
@@ -137,3 +139,36 @@ def test_the_apis_reads_of_a_queue_are_planned_at_each_call(settings: Settings, 
 
     prepared = asyncio.run(ask())
     assert not [q for q in prepared if "search_outbox" in q or "embed_queue" in q], prepared
+
+
+# each queue's claim as its stage makes it: the rows it admits, and the index its walk of the tenants must use
+CLAIMS = {
+    "search_outbox": (CLAIMED_COLUMNS, FIRST_WRITES, "search_outbox_first"),
+    "embed_queue": ("id, version_id, tenant", "TRUE", "embed_queue_tenant"),
+}
+
+
+@pytest.mark.parametrize("queue", sorted(CLAIMS))
+def test_a_claim_shares_its_batch_among_the_tenants_waiting(conn: psycopg.Connection, queue: str) -> None:
+    """A tenant's backlog, then another tenant's one new row: a batch of 4 holds that row beside the backlog's
+    oldest (the longest waiting tenant's share first), and each tenant's rows oldest first; the outbox's claim
+    takes no vector rewrite (priority 1) while new documents wait. The walk of the tenants is by the queue's index,
+    not a scan of the queue, however long it is."""
+    columns, only, index = CLAIMS[queue]
+    conn.execute(FILL[queue].replace("%s", "20000").replace("'t' || (g % 3)", "'busy'"))
+    one_new = FILL[queue].replace("%s", "1").replace("g % 2", "0")  # a new document's row, not a rewrite
+    conn.execute(one_new.replace("'v' || g", "'v-quiet'").replace("'t' || (g % 3)", "'quiet'"))
+    conn.execute(f"ANALYZE {queue}")
+    admitted = f"SELECT id, tenant FROM {queue} WHERE {only} ORDER BY id"
+    busy = [i for i, t in conn.execute(admitted).fetchall() if t == "busy"]
+    quiet = conn.execute(f"SELECT id FROM {queue} WHERE tenant = 'quiet'").fetchone()[0]
+    with conn.transaction():
+        batch = claim_fairly(conn, queue, columns, 4, only)
+        raise psycopg.Rollback()
+    assert [row[0] for row in batch] == [*busy[:3], quiet], batch  # shares 2 + 2, the quiet one's unused one to busy
+    with conn.transaction():
+        assert [row[0] for row in claim_fairly(conn, queue, columns, 1, only)] == [busy[0]]  # the longest waiting
+        raise psycopg.Rollback()
+    walk = sql.SQL(claims._WAITING).format(queue=sql.Identifier(queue), only=sql.SQL(only), columns=sql.SQL(columns))
+    plan = "\n".join(r for (r,) in conn.execute(sql.SQL("EXPLAIN ") + walk, (4,)))
+    assert index in plan and "Seq Scan" not in plan, plan

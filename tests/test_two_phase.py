@@ -208,11 +208,12 @@ def test_one_tenants_backlog_holds_another_tenants_new_version_back_one_batch_at
     beside the backlog's oldest rows (shared among the tenants waiting, the longest waiting first; what a share
     leaves goes to the oldest rows of any tenant), not after the whole backlog."""
     settings, conn, es, ledger = store
-    for i in range(12):
-        ledger.assert_fact(TENANT, f"busy:{i}", f"k.{i}", f"a busy tenant's fact {i}")
+    written = [ledger.assert_fact(TENANT, f"busy:{i}", f"k.{i}", f"a busy tenant's fact {i}") for i in range(12)]
     quiet = ledger.assert_fact("twophase-quiet", "q:1", "k.1", "the quiet tenant's one fact")
     assert drain_once(settings, conn, es) == 13
-    busy = [r[0] for r in conn.execute("SELECT version_id FROM embed_queue WHERE tenant = %s ORDER BY id", (TENANT,))]
+    queued = [r[0] for r in conn.execute("SELECT version_id FROM embed_queue ORDER BY id")]
+    busy = [w.version_id for w in written]
+    assert queued == [*busy, quiet.version_id]  # the queue's order is the writers' (not the version ids')
     with conn.transaction():
         batch = [c["version_id"] for c in claim(conn, 4)]
         raise psycopg.Rollback()
@@ -220,6 +221,19 @@ def test_one_tenants_backlog_holds_another_tenants_new_version_back_one_batch_at
     with conn.transaction():
         assert sorted(c["version_id"] for c in claim(conn, 1)) == [busy[0]]  # one row: the longest waiting tenant's
         raise psycopg.Rollback()
+
+
+def test_one_tenants_backlog_holds_another_tenants_new_document_back_one_batch_at_most(store):
+    """The indexers' side of the same: a tenant's backlog of new documents, then another tenant's one new version:
+    the next batch indexes that version's document (the batch shared among the tenants waiting), not after the
+    whole backlog."""
+    settings, conn, es, ledger = store
+    for i in range(12):
+        ledger.assert_fact(TENANT, f"busy:{i}", f"k.{i}", f"a busy tenant's fact {i}")
+    quiet = ledger.assert_fact("twophase-quiet", "q:1", "k.1", "the quiet tenant's one fact")
+    assert drain_once(settings, conn, es, batch_size=4, refresh=True) == 4
+    assert es.exists(index=settings.es_index, id=quiet.version_id)
+    assert outbox_count(conn) == 9  # the busy tenant's nine newest
 
 
 def test_new_documents_are_claimed_alone_before_small_batches_of_vector_rewrites(store, embedder):

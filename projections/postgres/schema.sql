@@ -201,6 +201,9 @@ DROP INDEX IF EXISTS search_outbox_tenant;
 -- is never queued behind a backlog of vector rewrites (the indexers claim in (priority, id) order)
 ALTER TABLE search_outbox ADD COLUMN IF NOT EXISTS priority smallint NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS search_outbox_claim ON search_outbox (priority, id);
+-- the tenants whose new versions wait, and each one's oldest (the indexers share a batch among them,
+-- projections.search.claims.claim_fairly): search_outbox_tenant_id would walk a tenant's vector rewrites too
+CREATE INDEX IF NOT EXISTS search_outbox_first ON search_outbox (tenant, id) WHERE priority = 0;
 
 -- /v1/stats' counters (projections.postgres.counts): per tenant and name (events, versions, outbox,
 -- dead_letters/<topic> under tenant ''), written by the recorder and the indexer in the transactions that write

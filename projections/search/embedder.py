@@ -27,7 +27,7 @@ from projections.embedding import Embedder, Embedders, load_embedder
 from projections.postgres.connection import search_path
 from projections.postgres.counts import EMBED, INDEXER_SHARD, OUTBOX, add_counts
 from projections.search import metrics
-from projections.search.claims import delete_claimed, finish
+from projections.search.claims import claim_fairly, delete_claimed, finish
 from projections.search.client import es_client
 from projections.search.documents import embedding_text_for
 from projections.search.drain import EMBED_CHANNEL, OUTBOX_CHANNEL, drain_forever, lower_priority, notify
@@ -53,42 +53,11 @@ def _set_path(conn: psycopg.Connection, settings: Settings) -> None:
     conn.execute(search_path(settings.pg_schema))
 
 
-# The tenants with queued versions, the longest waiting first (each one's oldest row), at most %s of them: a walk
-# of embed_queue_tenant, two index probes per tenant waiting, not a scan of the queue.
-_WAITING = """
-WITH RECURSIVE waiting(tenant) AS (
-  (SELECT tenant FROM embed_queue ORDER BY tenant LIMIT 1)
-  UNION ALL
-  SELECT (SELECT q.tenant FROM embed_queue q WHERE q.tenant > w.tenant ORDER BY q.tenant LIMIT 1)
-  FROM waiting w WHERE w.tenant IS NOT NULL)
-SELECT w.tenant FROM waiting w
-CROSS JOIN LATERAL (SELECT min(id) AS first FROM embed_queue e WHERE e.tenant = w.tenant) f
-WHERE w.tenant IS NOT NULL ORDER BY f.first LIMIT %s"""
-# each waiting tenant's share of the batch, its oldest unclaimed rows
-_SHARES = """
-SELECT q.id, q.version_id, q.tenant FROM unnest(%s::text[], %s::int[]) AS w(tenant, share)
-CROSS JOIN LATERAL (SELECT id, version_id, tenant FROM embed_queue e WHERE e.tenant = w.tenant ORDER BY id
-                    LIMIT w.share FOR UPDATE SKIP LOCKED) q"""
-# what the shares left of the batch (a tenant with fewer rows than its share), oldest first
-_REST = "SELECT id, version_id, tenant FROM embed_queue WHERE id <> ALL(%s) ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
-
-
 def claim(conn: psycopg.Connection, batch_size: int) -> list[dict[str, Any]]:
     """In the caller's transaction: lock up to `batch_size` unclaimed queue rows and read their versions (text
-    columns and stored vectors); a version gone from PostgreSQL comes back with `row` None.
-
-    The batch is shared among the tenants waiting, the longest waiting first, each its oldest rows: a tenant's
-    backlog of thousands holds another tenant's one new version back by one batch, not by the whole backlog (and
-    so says nothing of its size); what a share leaves unused goes to the oldest rows of any tenant."""
-    waiting = [t for (t,) in conn.execute(_WAITING, (batch_size,)).fetchall()]
-    if not waiting:
-        return []
-    shares = [batch_size // len(waiting) + (i < batch_size % len(waiting)) for i in range(len(waiting))]
-    queued = conn.execute(_SHARES, (waiting, shares)).fetchall()
-    if len(queued) < batch_size:
-        taken = [row[0] for row in queued]
-        queued += conn.execute(_REST, (taken, batch_size - len(queued))).fetchall()
-    queued.sort()
+    columns and stored vectors); a version gone from PostgreSQL comes back with `row` None. The batch is shared
+    among the tenants waiting (claims.claim_fairly)."""
+    queued = claim_fairly(conn, "embed_queue", "id, version_id, tenant", batch_size)
     if not queued:
         return []
     query = sql.SQL(

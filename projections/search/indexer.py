@@ -28,7 +28,7 @@ from projections.models import model_spec
 from projections.postgres.connection import search_path
 from projections.postgres.counts import INDEXER_SHARD, OUTBOX, add_counts
 from projections.search import metrics
-from projections.search.claims import delete_claimed, finish, reindex_key, writing
+from projections.search.claims import claim_fairly, delete_claimed, finish, reindex_key, writing
 from projections.search.client import es_client
 from projections.search.documents import build_doc, rows_sql
 from projections.search.drain import (
@@ -50,11 +50,15 @@ __all__ = ["DOC_EXTRA", "DrainStats", "doc_action", "drain_once", "lock_key", "r
 log = logging.getLogger("ledger.indexer")
 
 # A batch holds one kind of row (schema.sql, `priority`): new or changed versions' documents (0), claimed first
-# (what exact and keyword recall wait for), or, when none waits, the embedders' vector rewrites
-# (1), at most `indexer_rewrite_batch_size` of them, so a new document waits behind one small rewrite batch at most.
-_CLAIM = "SELECT id, version_id, tenant, subject, op, created_at FROM search_outbox WHERE {} FOR UPDATE SKIP LOCKED"
-CLAIM_FIRST = _CLAIM.format("priority = 0 ORDER BY id LIMIT %s")
-CLAIM_REWRITES = _CLAIM.format("priority > 0 ORDER BY priority, id LIMIT %s")
+# (what exact and keyword recall wait for) and shared among the tenants waiting (claims.claim_fairly), or, when none
+# waits, the embedders' vector rewrites (1), at most `indexer_rewrite_batch_size` of them, so a new document waits
+# behind one small rewrite batch at most.
+CLAIMED_COLUMNS = "id, version_id, tenant, subject, op, created_at"
+FIRST_WRITES = "priority = 0"  # the condition of the index the claim walks (schema.sql, search_outbox_first)
+CLAIM_REWRITES = (
+    f"SELECT {CLAIMED_COLUMNS} FROM search_outbox WHERE priority > 0 ORDER BY priority, id LIMIT %s "
+    "FOR UPDATE SKIP LOCKED"
+)
 BATCH_SIZE = 500  # drain_once's default for callers without settings at hand (tests); the runner uses the settings
 
 
@@ -178,7 +182,7 @@ def drain_once(
 def _drain(
     settings: Settings, conn: psycopg.Connection, es: Elasticsearch, batch_size: int, refresh: bool, stats: DrainStats
 ) -> int:
-    batch = conn.execute(CLAIM_FIRST, (batch_size,)).fetchall()
+    batch = claim_fairly(conn, "search_outbox", CLAIMED_COLUMNS, batch_size, FIRST_WRITES)
     stats.first_writes, stats.limit = len(batch), batch_size
     if not batch:  # no new or changed version waits: vector rewrites, in smaller batches (they carry the vectors)
         stats.limit = max(1, min(batch_size, settings.indexer_rewrite_batch_size))
@@ -216,11 +220,14 @@ def _drain(
         for oid, vid, tenant, subject, op, _ in batch
         if (vid not in failed_ids if op == "upsert" else not failed_ids)  # an erasure retries on any failure
     ]
-    since: dict[str, Any] = {}
-    for _, vid, _, _, op, created in batch:
+    since: dict[str, Any] = {}  # each version's first outbox row: (created, id)
+    for oid, vid, _, _, op, created in batch:
         if op == "upsert" and vid in rows and vid not in failed_ids:
-            since[vid] = min(since.get(vid, created), created)
-    unembedded = [(v, rows[v]["tenant"], since[v]) for v in sorted(since) if lacking(settings, rows[v])]
+            since[vid] = min(since.get(vid, (created, oid)), (created, oid))
+    # queued in the order they were written, so the embedders' oldest-first is the writers' order too
+    unembedded = [
+        (v, rows[v]["tenant"], since[v][0]) for v in sorted(since, key=since.__getitem__) if lacking(settings, rows[v])
+    ]
     finish(conn, settings)  # the closing statements, serialized with every other indexer's and embedder's
     gone = delete_claimed(conn, "search_outbox", done)
     deltas: Counter = Counter()

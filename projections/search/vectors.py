@@ -92,14 +92,16 @@ def store_vectors(cur: psycopg.Cursor, made: Iterable[tuple[str, Vectors]]) -> l
 
 
 def queue_for_vectors(cur: psycopg.Cursor | psycopg.Connection, items: Sequence[tuple[str, str, Any]]) -> Counter:
-    """Queue (version id, tenant, since) for the embedders (a version queued already stays as it is); the
-    `embed_queue` counter deltas of what was new. `since` None: now. Under the batch's finishing lock
-    (projections.search.claims.finish), like every statement that moves a shared counter."""
+    """Queue (version id, tenant, since) for the embedders, in the order given (their ids, which the embedders
+    take oldest first, follow it); a version queued already stays as it is. The `embed_queue` counter deltas of
+    what was new. `since` None: now. Under the batch's finishing lock (projections.search.claims.finish), like
+    every statement that moves a shared counter."""
     if not items:
         return Counter()
     queued = cur.execute(
         "INSERT INTO embed_queue (version_id, tenant, since) "
-        "SELECT v, t, coalesce(s, now()) FROM unnest(%s::text[], %s::text[], %s::timestamptz[]) AS x(v, t, s) "
+        "SELECT v, t, coalesce(s, now()) FROM unnest(%s::text[], %s::text[], %s::timestamptz[]) "
+        "WITH ORDINALITY AS x(v, t, s, n) ORDER BY n "
         "ON CONFLICT (version_id) DO NOTHING RETURNING tenant",
         ([v for v, _, _ in items], [t for _, t, _ in items], [c for _, _, c in items]),
     ).fetchall()
