@@ -65,14 +65,17 @@ async def subject_facts(
     seen = await _after(res, tenant, after, "projection")
     t = as_of or datetime.now(UTC)
     signed = receipt and res.settings.receipts
-    async with res.pool.connection() as conn, _snapshot(conn, signed):
+    refolded = known_at is not None or below is not None
+    basis = receipts.basis(res.settings) if signed else None
+    async with res.pool.connection() as conn, _snapshot(conn, signed and refolded):
         if offset == 0 and limit is None:
-            rows, page = await current_facts(conn, tenant, subject, t, known_at, below), {}
+            rows, page = await current_facts(conn, tenant, subject, t, known_at, below, basis), {}
         else:
-            rows, total = await facts_page(conn, tenant, subject, t, offset, limit, known_at, below)
+            rows, total = await facts_page(conn, tenant, subject, t, offset, limit, known_at, below, basis)
             page = _page(offset, limit, total)
         ids = [r["event_id"] for r in rows]
-        basis = await _basis(res, conn, tenant, ids) if signed else None
+        if signed and refolded:
+            basis = await _basis(res, conn, tenant, ids)
     out = shapes.FactsResponse(tenant=tenant, subject=subject, as_of=rfc3339(t), facts=rows) | page | seen
     asked = {"subject": subject, "as_of": as_of, "known_at": known_at, "offset": offset, "limit": limit}
     await _sign(res, signed, "facts", tenant, out, asked, ids, as_of=t, known_at=known_at, basis=basis)
@@ -81,7 +84,8 @@ async def subject_facts(
 
 def _snapshot(conn: psycopg.AsyncConnection, signed: bool) -> contextlib.AbstractAsyncContextManager[Any]:
     """An answer with a receipt is read in one snapshot with the positions its receipt names (`_basis`): a write
-    committed between the two would be below the positions and not in the answer, and its replay would differ."""
+    committed between the two would be below the positions and not in the answer, and its replay would differ. (A
+    read of the current facts or a chain reads them in its own statement, `receipts.basis`, and needs none.)"""
     return one_snapshot(conn) if signed else contextlib.nullcontext()
 
 
@@ -179,15 +183,17 @@ async def history(
     check_tenant(tenant, tenants)
     seen = await _after(res, tenant, after, "projection")
     signed = receipt and res.settings.receipts
-    async with res.pool.connection() as conn, _snapshot(conn, signed):
+    basis = receipts.basis(res.settings) if signed else None
+    async with res.pool.connection() as conn, _snapshot(conn, signed and below is not None):
         if offset == 0 and limit is None:
-            versions = await fact_history(conn, tenant, memory_id, below)
+            versions = await fact_history(conn, tenant, memory_id, below, basis)
             total, page = len(versions), {}
         else:
-            versions, total = await history_page(conn, tenant, memory_id, offset, limit, below)
+            versions, total = await history_page(conn, tenant, memory_id, offset, limit, below, basis)
             page = _page(offset, limit, total)
         ids = [v["event_id"] for v in versions]
-        basis = await _basis(res, conn, tenant, ids) if signed and total else None
+        if signed and below is not None and total:
+            basis = await _basis(res, conn, tenant, ids)
     if not total:
         raise ApiError(404, "not_found", f"no fact {memory_id!r} in tenant {tenant!r}", "memory_id")
     out = shapes.HistoryResponse(memory_id=memory_id, tenant=tenant, versions=versions) | page | seen

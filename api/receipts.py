@@ -29,7 +29,9 @@ from api.requests import (
     ANSWER_MAX_DEPTH,
     ContextBody,
     EventsParams,
+    FactsPage,
     FactsParams,
+    HistoryPage,
     HistoryParams,
     RecallBody,
     ReceiptBody,
@@ -60,6 +62,9 @@ _REQUESTS: dict[str, type[BaseModel]] = {
     "history": HistoryParams,
     "events": EventsParams,
 }
+# the MCP door's models of the same reads, where its defaults differ (a page of MCP_DEFAULT_LIMIT): a request that
+# leaves a default out is the receipt's if it is with either door's
+_MCP_REQUESTS: dict[str, type[BaseModel]] = {"facts": FactsPage, "history": HistoryPage}
 
 
 class _NotPlain(Exception):
@@ -542,6 +547,13 @@ def _check(
 # -- replaying a receipt -------------------------------------------------------------------------------------
 
 
+def _same_request(salt: bytes, answer: str, params: BaseModel, receipt: Mapping[str, Any]) -> bool:
+    try:
+        return _keyed(salt, _REQUEST, request_fields(answer, params)) == receipt["request"]
+    except NotCanonical:  # what no request of this service holds was never asked
+        return False
+
+
 async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> shapes.ReceiptReplay:
     """`POST /v1/receipts/replay` (see the module docstring)."""
     receipt, tenant, settings = body.receipt, body.tenant, res.settings
@@ -563,10 +575,15 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
         raise ApiError(422, item["code"], message, "request" + ("." + item["field"] if item["field"] else "")) from None
     async with res.pool.connection() as conn:
         salt, _ = await rows.receipt_state(conn, settings.processor_group, settings.topic)
-    try:
-        same_request = _keyed(salt, _REQUEST, request_fields(answer, params)) == receipt["request"]
-    except NotCanonical:  # what no request of this service holds was never asked
-        same_request = False
+    same_request = _same_request(salt, answer, params, receipt)
+    if not same_request and answer in _MCP_REQUESTS:
+        try:
+            mcp = _MCP_REQUESTS[answer].model_validate({**body.request, "tenant": tenant})
+        except ValidationError:  # not a request the MCP door takes either
+            pass
+        else:
+            if _same_request(salt, answer, mcp, receipt):
+                params, same_request = mcp, True
     if not same_request:
         raise ApiError(
             422,

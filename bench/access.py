@@ -8,7 +8,7 @@ keep-alive), interleaved request by request and in alternating order each round,
 both alike. Reported per mode: client-side p50/p90/p99 for each, the p50 difference, and how many accesses the
 worker projected; and, in-process, what `AccessRecorder.served` itself costs a request (it only queues).
 
-    python -m bench.access [--events 3000] [--queries 200] [--rounds 3] [--modes exact,keyword]
+    python -m bench.access [--events 3000] [--queries 200] [--rounds 3] [--modes exact,keyword,facts]
 
 Writes bench/results/access-<UTC>.json (and prints it). The target: recording adds at most 1 ms to the p50.
 """
@@ -19,6 +19,7 @@ import statistics
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import orjson
@@ -56,33 +57,39 @@ def _stats(client: httpx.Client) -> dict[str, Any]:
     return orjson.loads(r.content)["access"]
 
 
-def measure(
-    urls: dict[str, str], queries: list[str], modes: tuple[str, ...], rounds: int, warmup: int = 20
-) -> dict[str, Any]:
+def _ask(client: httpx.Client, mode: str, item: str) -> tuple[httpx.Response, str]:
+    """One read of `mode`: a recall of the question `item`, or (`facts`) the facts of the subject `item`; and the
+    field of its answer that lists what it shows."""
+    if mode == "facts":
+        return client.get(f"/v1/subjects/{quote(item, safe='')}/facts", params={"tenant": TENANT}), "facts"
+    return client.post("/v1/recall", content=orjson.dumps({"tenant": TENANT, "query": item, "mode": mode})), "hits"
+
+
+def measure(urls: dict[str, str], asks: dict[str, list[str]], rounds: int, warmup: int = 20) -> dict[str, Any]:
     """Interleaved client-side latencies per mode and variant (see the module docstring); `urls`: two variants, the
-    one measured first and the one it is compared with (`p50_added_ms` = first - second)."""
+    one measured first and the one it is compared with (`p50_added_ms` = first - second); `asks`: mode -> what is
+    asked of it (`_ask`)."""
     headers = {"X-API-Key": KEY, "Content-Type": "application/json"}
     clients = {name: httpx.Client(base_url=url, headers=headers, timeout=30) for name, url in urls.items()}
     names = list(urls)
     out: dict[str, Any] = {}
     try:
-        for mode in modes:
-            for q in queries[:warmup]:
+        for mode, items in asks.items():
+            for item in items[:warmup]:
                 for name in names:
-                    clients[name].post("/v1/recall", content=orjson.dumps({"tenant": TENANT, "query": q, "mode": mode}))
+                    _ask(clients[name], mode, item)
             ms: dict[str, list[float]] = {name: [] for name in names}
             hits: dict[str, int] = dict.fromkeys(names, 0)
             for r in range(rounds):
                 order = names if r % 2 == 0 else names[::-1]
-                for q in queries:
-                    body = orjson.dumps({"tenant": TENANT, "query": q, "mode": mode, "top_k": 5})
+                for item in items:
                     for name in order:
                         t0 = time.perf_counter()
-                        resp = clients[name].post("/v1/recall", content=body)
+                        resp, shown = _ask(clients[name], mode, item)
                         ms[name].append((time.perf_counter() - t0) * 1000)
                         if resp.status_code != 200:
-                            raise RuntimeError(f"recall {mode} on {name}: {resp.status_code} {resp.text[:300]}")
-                        hits[name] += len(orjson.loads(resp.content)["hits"])
+                            raise RuntimeError(f"{mode} on {name}: {resp.status_code} {resp.text[:300]}")
+                        hits[name] += len(orjson.loads(resp.content)[shown])
             res = {name: {**percentiles(ms[name]), "hits_served": hits[name]} for name in names}
             on, off = res[names[0]], res[names[1]]
             res["p50_added_ms"] = round(on["p50_ms"] - off["p50_ms"], 3)
@@ -124,14 +131,17 @@ def compare(
         typer.echo(f"loaded {loaded['events']:,} events; PG+ES caught up after {loaded['es_caught_up_s']:.1f}s")
         for api in apis.values():
             api.start("api")
-        qs = recall_queries(list(generate(events, max(1, events // 10), tenants=(TENANT,))), TENANT, queries)
+        dataset = list(generate(events, max(1, events // 10), tenants=(TENANT,)))
+        qs = recall_queries(dataset, TENANT, queries)
+        subjects = sorted({e["subject"] for e in dataset if e.get("tenant") == TENANT and e.get("subject")})
+        asks = {m: subjects[:queries] if m == "facts" else qs for m in modes.split(",") if m}
         urls = {v: api.url for v, api in apis.items()}
         result = {
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "machine": machine_info(settings),
             "dataset": {"events": events, "subjects": max(1, events // 10), "queries_per_mode": len(qs)},
             "rounds": rounds,
-            "latency": measure(urls, qs, tuple(m for m in modes.split(",") if m), rounds),
+            "latency": measure(urls, asks, rounds),
         }
         if report is not None:
             result.update(report(settings, urls))
@@ -157,7 +167,7 @@ def write(result: dict[str, Any], name: str, out: Path | None) -> None:
 EVENTS = typer.Option(3000, help="events in the dataset")
 QUERIES = typer.Option(200, help="distinct questions per mode")
 ROUNDS = typer.Option(3, help="passes over the questions (alternating which API is asked first)")
-MODES = typer.Option("exact,keyword", help="recall modes to measure")
+MODES = typer.Option("exact,keyword", help="recall modes to measure, and `facts` (a subject's facts)")
 
 
 def main(

@@ -1,4 +1,4 @@
-"""`python -m bench receipts`: what receipts cost recall, measured in one run (api.receipts).
+"""`python -m bench receipts`: what receipts cost recall (and a subject's facts, `--modes facts`), measured in one run.
 
 bench.access's comparison: two API processes on the same private data, one answering receipts (`LEDGER_RECEIPTS`
 true, signed with the local chain key), one not; the same real questions to both, interleaved request by request,

@@ -179,7 +179,9 @@ def test_served_never_blocks_and_a_full_queue_drops_and_counts(base_settings):
     per_call_us = (time.perf_counter() - started) / 1000 * 1e6
     assert recorder.pending == 3 and recorder.dropped == (1000 - 3) * 2
     assert REGISTRY.get_sample_value("ledger_access_dropped_total", {"reason": "queue_full"}) == before + 997 * 2
-    assert per_call_us < 100, per_call_us  # a few microseconds measured; the bound only catches a blocking call
+    # a few microseconds measured; the bound only catches a blocking call (a broker's connect is far slower), with
+    # room for a pause of the whole process on a busy machine
+    assert per_call_us < 1000, per_call_us
     recorder.served(TENANT, "c", [])  # nothing served: nothing recorded
     off = AccessRecorder(settings, enabled=False)
     off.served(TENANT, "c", hits)
@@ -516,7 +518,8 @@ def test_an_unreachable_broker_never_slows_or_fails_a_recall(world):
             started = time.perf_counter()
             r = client.post(
                 "/v1/recall",
-                json={"tenant": TENANT, "query": "P9 backend port", "mode": "hybrid"},
+                # no rerank: its own budget (up to LEDGER_RERANK_BUDGET_MS) is not what this bound is about
+                json={"tenant": TENANT, "query": "P9 backend port", "mode": "hybrid", "rerank": False},
                 headers={"X-API-Key": KEY},
             )
             times.append(time.perf_counter() - started)

@@ -548,6 +548,21 @@ async def _mcp_tools(stack: Any, first: dict[str, Any]) -> None:
         assert done.is_error and orjson.loads(done.content[0].text)["status"] == 403
         recalled = await run_tool(tools["recall"], res, tenants, {"tenant": TENANT, "query": "R1 backend port"})
         assert recalled.structured_content["receipt"]["answer"] == "recall"
+        # a page the MCP door bounded by its default replays with the request as it was sent, the default left out
+        facts = await run_tool(tools["facts"], res, tenants, {"tenant": TENANT, "subject": SUBJECT})
+        memory_id = facts.structured_content["facts"][0]["memory_id"]
+        history = await run_tool(tools["fact_history"], res, tenants, {"tenant": TENANT, "memory_id": memory_id})
+        for read, ask in ((facts, {"subject": SUBJECT}), (history, {"memory_id": memory_id})):
+            receipt = read.structured_content["receipt"]
+            done = await run_tool(
+                tools["replay_receipt"], res, tenants, {"tenant": TENANT, "receipt": receipt, "request": ask}
+            )
+            assert not done.is_error and done.structured_content["same"] is True, done.content
+            other = {**ask, "limit": 7}  # another page is still not the receipt's request
+            done = await run_tool(
+                tools["replay_receipt"], res, tenants, {"tenant": TENANT, "receipt": receipt, "request": other}
+            )
+            assert done.is_error and "not the parameters" in done.content[0].text, done.content
 
 
 def test_a_link_changed_in_postgres_fails_the_receipt_and_ledger_verify(stack: Any) -> None:
@@ -695,3 +710,90 @@ async def _without_the_columns(stack: Any) -> None:
     }
     assert len(answer["receipt"]["cited"]) == len({h["event_id"] for h in answer["hits"]})
     assert _verify(stack, answer["receipt"], answer).json()["valid"] is True
+
+
+def test_a_facts_or_history_receipt_is_read_in_the_answers_own_statement(stack: Any) -> None:
+    """The class: a receipt that costs a read of the projection statements of its own (its positions read apart, in
+    a transaction opened for them). Counted on the real connections, facts and history with their receipts (the
+    whole list, a page, a page past the end, nothing at all) execute as many statements as without, and open no
+    transaction but for the page past the end (read again with its count, in one snapshot); each receipt is the one
+    the receipt's own read (api.receipts.issue without a basis) makes of the same answer, and each replays the
+    same."""
+    asyncio.run(_facts_and_history_with_their_receipts(stack))
+
+
+async def _facts_and_history_with_their_receipts(stack: Any) -> None:
+    import psycopg
+
+    from api import reads, receipts
+
+    subject = "project:R9"
+    stack.publish([_fact(subject, f"r9.k{n}", f"v{n}", f"r9-{n}") for n in range(3)])
+    stack.publish([_fact(subject, "r9.k0", "v0-again", "r9-0b")])
+    stack.settle()
+    tenants = frozenset(KEYS[KEY])
+    counted = {"execute": 0, "transaction": 0}
+    execute, transaction = psycopg.AsyncConnection.execute, psycopg.AsyncConnection.transaction
+
+    def counting(name: str, real: Any) -> Any:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            counted[name] += 1
+            return real(self, *args, **kwargs)
+
+        return call
+
+    async with Resources.open(stack.settings, warm_embedder=False) as res:
+        facts = await reads.subject_facts(res, tenants, TENANT, subject)
+        memory_id = next(f["memory_id"] for f in facts["facts"] if f["key"] == "r9.k0")
+        asks: dict[str, tuple[Any, str, dict[str, Any]]] = {
+            "facts": (reads.subject_facts, subject, {}),
+            "a page of facts": (reads.subject_facts, subject, {"offset": 1, "limit": 1}),
+            "a page past the end": (reads.subject_facts, subject, {"offset": 9, "limit": 1}),
+            "no facts": (reads.subject_facts, "project:none-here", {}),
+            "history": (reads.history, memory_id, {}),
+            "a page of history": (reads.history, memory_id, {"offset": 1, "limit": 5}),
+        }
+        psycopg.AsyncConnection.execute = counting("execute", execute)  # type: ignore[method-assign]
+        psycopg.AsyncConnection.transaction = counting("transaction", transaction)  # type: ignore[method-assign]
+        try:
+            used = {}
+            answers = {}
+            for name, (read, target, page) in asks.items():
+                for want in (False, True):
+                    counted.update(execute=0, transaction=0)
+                    answers[name] = await read(res, tenants, TENANT, target, receipt=want, **page)
+                    used[name, want] = dict(counted)
+        finally:
+            psycopg.AsyncConnection.execute = execute  # type: ignore[method-assign]
+            psycopg.AsyncConnection.transaction = transaction  # type: ignore[method-assign]
+        for name in asks:
+            past_the_end = name == "a page past the end"
+            again = 1 if past_the_end else 0  # the page read again in the count's snapshot
+            assert used[name, True]["execute"] == used[name, False]["execute"] + again, (name, used)
+            assert used[name, True]["transaction"] == again, (name, used)
+        for name, (read, target, page) in asks.items():
+            answer = answers[name]
+            shown = answer.get("facts", answer.get("versions"))
+            assert (len(shown) > 0) == (name not in ("a page past the end", "no facts")), (name, answer)
+            ids = [v["event_id"] for v in shown]
+            history = read is reads.history
+            asked = {"memory_id": target} if history else {"subject": target, "as_of": None, "known_at": None}
+            asked |= {"offset": page.get("offset", 0), "limit": page.get("limit")}
+            own = await receipts.issue(
+                res,
+                "history" if history else "facts",
+                TENANT,
+                {k: v for k, v in answer.items() if k != "receipt"},
+                receipts.request_fields("history" if history else "facts", asked),
+                ids,
+                as_of=None if history else answer["as_of"],
+            )
+            volatile = ("issued_at", "as_of", "known_at", "signature", "positions")  # "now" when asked
+            receipt = answer["receipt"]
+            assert {k: v for k, v in receipt.items() if k not in volatile} == {
+                k: v for k, v in own.items() if k not in volatile
+            }, name
+            request = {"memory_id": target} if history else {"subject": target}
+            body = {"tenant": TENANT, "receipt": receipt, "request": request | page}
+            replayed = _post(stack, "/v1/receipts/replay", body)
+            assert replayed.status_code == 200 and replayed.json()["same"] is True, (name, replayed.text)

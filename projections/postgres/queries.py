@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import pq, sql
@@ -39,6 +39,9 @@ from projections.versions import (
     route,
     visible_at,
 )
+
+if TYPE_CHECKING:  # the receipt's reads import this module's `shaped`
+    from projections.postgres.receipts import Basis
 
 __all__ = [
     "EFFECTIVE_TO",
@@ -158,10 +161,12 @@ async def current_facts(
     as_of: datetime,
     known_at: datetime | None = None,
     below: Mapping[int, int] | None = None,
+    basis: Basis | None = None,
 ) -> list[shapes.FactVersion]:
     """The subject's facts holding at valid time `as_of` (an override wins inside its window); with `known_at`
     and/or `below` (partition -> next offset: a receipt's positions) only from the events observed by then and
-    logged below those positions, re-folded."""
+    logged below those positions, re-folded. `basis`: filled by the read of the current facts (_page_rows); a
+    re-fold leaves it as it was."""
     if known_at is not None or below is not None:
         async with one_snapshot(conn):
             chain_rows = await _chain_rows(
@@ -169,7 +174,7 @@ async def current_facts(
             )
         return _in_force(await shaped(len(chain_rows[0]), _known_facts, chain_rows, as_of, below is not None))
     rows, _ = await _page_rows(
-        conn, _CURRENT_ORDERED, _LISTED_ORDER, {"tenant": tenant, "subject": subject, "t": as_of}, 0, None
+        conn, _CURRENT_ORDERED, _LISTED_ORDER, {"tenant": tenant, "subject": subject, "t": as_of}, 0, None, basis
     )  # the whole list is the page without a limit: one order for both, PostgreSQL's
     return _in_force(await _versions(rows))
 
@@ -196,6 +201,7 @@ async def facts_page(
     limit: int | None,
     known_at: datetime | None = None,
     below: Mapping[int, int] | None = None,
+    basis: Basis | None = None,
 ) -> tuple[list[shapes.FactVersion], int]:
     """`current_facts(...)[offset:offset + limit]` and how many facts there are in all. The current facts are cut
     in SQL, so a page of a subject's thousands reads and converts only its own rows; as known at a time (or below
@@ -203,9 +209,8 @@ async def facts_page(
     if known_at is not None or below is not None:
         listed = await current_facts(conn, tenant, subject, as_of, known_at, below)
         return listed[offset : None if limit is None else offset + limit], len(listed)
-    rows, total = await _page_rows(
-        conn, _CURRENT_ORDERED, _LISTED_ORDER, {"tenant": tenant, "subject": subject, "t": as_of}, offset, limit
-    )
+    args = {"tenant": tenant, "subject": subject, "t": as_of}
+    rows, total = await _page_rows(conn, _CURRENT_ORDERED, _LISTED_ORDER, args, offset, limit, basis)
     return _in_force(await _versions(rows)), total
 
 
@@ -216,21 +221,44 @@ async def _page_rows(
     params: dict[str, Any],
     offset: int,
     limit: int | None,
+    basis: Basis | None = None,
 ) -> tuple[list[Any], int]:
     """The fact_versions rows (_COLS) of the page `offset` to `offset + limit` of `ordered` (as `v`: the versions'
     ids and the columns `order` names), and how many rows `ordered` has; a page past the end counts them by a
     statement of its own. The whole list is sorted and counted by its narrow columns, and only the page's rows
-    are read whole: sorting thousands of whole rows spilled to disk."""
-    paged = sql.SQL(
-        "SELECT {columns}, v.total FROM (SELECT v.*, count(*) OVER () AS total FROM ({ordered}) v ORDER BY {order} "
-        "OFFSET %(offset)s LIMIT %(limit)s) v JOIN fact_versions f ON f.version_id = v.version_id ORDER BY {order}"
-    ).format(columns=_F_COLS, ordered=ordered, order=order)
-    cur = await conn.execute(paged, {**params, "offset": offset, "limit": limit})
+    are read whole: sorting thousands of whole rows spilled to disk.
+
+    `basis` (an answer's receipt's): the statement also reads what the receipt cites of each row and the positions
+    (Basis.COLUMNS), in the answer's own snapshot, so the receipt takes no statement of its own; the page is joined
+    to one row of positions, so even an empty page has them."""
+    page = sql.SQL(
+        "(SELECT v.*, count(*) OVER () AS total FROM ({ordered}) v ORDER BY {order} OFFSET %(offset)s LIMIT %(limit)s) "
+        "v JOIN fact_versions f ON f.version_id = v.version_id"
+    ).format(ordered=ordered, order=order)
+    if basis is None:
+        statement = sql.SQL("SELECT {columns}, v.total FROM {page} ORDER BY {order}")
+        cited = positions = sql.SQL("")
+        args = {**params, "offset": offset, "limit": limit}
+    else:
+        statement = sql.SQL(
+            "SELECT {columns}, {cited}, b.*, v.total FROM (SELECT {positions}) b LEFT JOIN ({page}) ON true "
+            "ORDER BY {order}"
+        )
+        cited, positions = (sql.SQL(c) for c in basis.COLUMNS)
+        args = {**params, "offset": offset, "limit": limit, **basis.params()}
+    cur = await conn.execute(
+        statement.format(columns=_F_COLS, cited=cited, positions=positions, page=page, order=order), args
+    )
     rows = await _rows(cur)
-    if rows:
-        return [r[:-1] for r in rows], rows[0][-1]
-    if offset == 0:
-        return [], 0
+    total = rows[0][-1] if rows else None
+    rows = [r[:-1] for r in rows]
+    if basis is not None:  # a subject's thousands of citations: off the event loop, as the receipt's own read was
+        rows = await shaped(len(rows), basis.take_versions, rows)
+    if rows or offset == 0:
+        return rows, total or 0
+    if basis is not None and conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+        async with one_snapshot(conn):  # past the end: the empty page, its count and the positions in one snapshot
+            return await _page_rows(conn, ordered, order, params, offset, limit, basis)
     cur = await conn.execute(sql.SQL("SELECT count(*) FROM ({}) v").format(ordered), params)
     return [], (await cur.fetchone())[0]
 
@@ -359,22 +387,20 @@ def _chains(
 
 
 _CHAIN = sql.SQL("FROM fact_versions f WHERE f.tenant = %(tenant)s AND f.memory_id = %(memory_id)s")
-_HISTORY = sql.SQL("SELECT {} {}").format(_COLS, _CHAIN)
 _HISTORY_ORDERED = sql.SQL("SELECT f.version_id, f.version {}").format(_CHAIN)  # a page of it is cut by version
 
 
 async def fact_history(
-    conn: psycopg.AsyncConnection, tenant: str, memory_id: str, below: Mapping[int, int] | None = None
+    conn: psycopg.AsyncConnection,
+    tenant: str,
+    memory_id: str,
+    below: Mapping[int, int] | None = None,
+    basis: Basis | None = None,
 ) -> list[shapes.FactVersion]:
     """The fact's versions, oldest first (by valid time); empty if the tenant has no such fact. With `below`
-    (partition -> next offset: a receipt's positions): the chain re-folded from the events logged below them."""
-    if below is not None:
-        return await _history_below(conn, tenant, memory_id, below)
-    cur = await conn.execute(
-        sql.SQL("{} ORDER BY version").format(_HISTORY), {"tenant": tenant, "memory_id": memory_id}
-    )
-    rows = await _rows(cur)
-    return await _versions(rows)
+    (partition -> next offset: a receipt's positions): the chain re-folded from the events logged below them.
+    `basis`: as current_facts'."""
+    return (await history_page(conn, tenant, memory_id, 0, None, below, basis))[0]
 
 
 async def history_page(
@@ -384,15 +410,15 @@ async def history_page(
     offset: int,
     limit: int | None,
     below: Mapping[int, int] | None = None,
+    basis: Basis | None = None,
 ) -> tuple[list[shapes.FactVersion], int]:
     """`fact_history(...)[offset:offset + limit]` and how many versions there are in all (0: no such fact), cut
     in SQL as facts_page cuts the current facts (below a receipt's positions: the re-folded chain, cut here)."""
     if below is not None:
-        versions = await fact_history(conn, tenant, memory_id, below)
+        versions = await _history_below(conn, tenant, memory_id, below)
         return versions[offset : None if limit is None else offset + limit], len(versions)
-    rows, total = await _page_rows(
-        conn, _HISTORY_ORDERED, sql.SQL("v.version"), {"tenant": tenant, "memory_id": memory_id}, offset, limit
-    )
+    args = {"tenant": tenant, "memory_id": memory_id}
+    rows, total = await _page_rows(conn, _HISTORY_ORDERED, sql.SQL("v.version"), args, offset, limit, basis)
     return await _versions(rows), total
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 import psycopg
 
 from projections.postgres.idempotency import ID_HASH_SQL
 from projections.postgres.queries import shaped
+from projections.postgres.recorder import VERSION_COLUMNS
 
 __all__ = [
     "BASIS_COLUMNS",
@@ -106,6 +107,11 @@ BASIS_COLUMNS = """(SELECT value FROM meta WHERE name = 'erasure_salt') AS recei
 CITED_COLUMNS = "f.fingerprint AS receipt_fingerprint, f.link AS receipt_link"
 
 
+# where the fact_versions columns a receipt cites stand in a row of VERSION_COLUMNS
+_CITED_AT = tuple(VERSION_COLUMNS.index(c) for c in ("event_id", "memory_id", "partition", "offset"))
+_SUBJECT_AT = VERSION_COLUMNS.index("subject")
+
+
 @dataclass(slots=True)
 class Basis:
     """What a receipt is made of (the salt, the positions, the cited events' rows and links), gathered by the reads
@@ -122,6 +128,9 @@ class Basis:
     positions: dict[int, int] | None = None
     found: dict[str, CitedRow] = field(default_factory=dict)
 
+    # what a read of fact_versions rows `f` adds to its select list, in this order (take_versions reads them so)
+    COLUMNS: ClassVar[tuple[str, str]] = (CITED_COLUMNS, BASIS_COLUMNS)
+
     def params(self) -> dict[str, str]:
         return {"consumer": self.consumer, "topic": self.topic}
 
@@ -130,25 +139,38 @@ class Basis:
         keeping what they hold."""
         if not rows:
             return
-        first = rows[0]
-        self.salt = bytes.fromhex(first["receipt_salt"] or "")
-        before = self.positions or {}
-        stored = _positions(orjson.loads(first["receipt_positions"]))
-        self.positions = {q: max(n, before.get(q, 0)) for q, n in stored.items()}
+        self._stand(rows[0]["receipt_salt"], rows[0]["receipt_positions"])
         for row in rows:
             del row["receipt_salt"], row["receipt_positions"]
             fingerprint, link = row.pop("receipt_fingerprint"), row.pop("receipt_link")
-            if fingerprint is not None:
-                eid = row["event_id"]
-                self.found[eid] = CitedRow(
-                    eid,
-                    row["memory_id"],
-                    row["partition"],
-                    row["offset"],
-                    fingerprint,
-                    row["subject"],
-                    None if link is None else bytes(link),
-                )
+            self._cite(
+                row["event_id"], row["memory_id"], row["partition"], row["offset"], fingerprint, row["subject"], link
+            )
+
+    def take_versions(self, rows: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
+        """take() for tuple rows of VERSION_COLUMNS followed by COLUMNS' four: the rows without those four, and
+        without the row of positions alone that an empty answer reads (its version_id is NULL)."""
+        if not rows:
+            return []
+        self._stand(*rows[0][-2:])
+        kept = [row for row in rows if row[0] is not None]
+        for row in kept:
+            self._cite(*(row[i] for i in _CITED_AT), row[-4], row[_SUBJECT_AT], row[-3])
+        return [row[:-4] for row in kept]
+
+    def _stand(self, salt: str | None, positions: str) -> None:
+        self.salt = bytes.fromhex(salt or "")
+        before = self.positions or {}
+        stored = _positions(orjson.loads(positions))
+        self.positions = {q: max(n, before.get(q, 0)) for q, n in stored.items()}
+
+    def _cite(
+        self, eid: str, mid: str | None, partition: int, offset: int, fingerprint: str | None, subject: str, link: Any
+    ) -> None:
+        if fingerprint is not None:  # a row written before its citation's columns: left out (`covers`)
+            self.found[eid] = CitedRow(
+                eid, mid, partition, offset, fingerprint, subject, None if link is None else bytes(link)
+            )
 
     def covers(self, event_ids: Sequence[str]) -> bool:
         """Whether every one of `event_ids` was read here (a receipt of them needs no read of its own)."""

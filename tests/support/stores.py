@@ -92,11 +92,19 @@ def search_pending(conn: psycopg.Connection) -> int:
     ]
 
 
+def _create_fresh(admin: psycopg.Connection, schema: str) -> None:
+    """create_schema of a schema that does not exist yet: what is made here is dropped after, and settings that
+    are not private (a development stack's own schema) must never be."""
+    if admin.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone():
+        raise AssertionError(f"schema {schema!r} exists: a private store takes settings.private(...) names")
+    create_schema(admin, schema)
+
+
 @contextmanager
 def private_store(settings: Settings) -> Iterator[tuple[psycopg.Connection, Elasticsearch]]:
     """A fresh schema (the projection's own DDL) and an ES client; afterwards no trace in PG or ES."""
     with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
-        create_schema(admin, settings.pg_schema)
+        _create_fresh(admin, settings.pg_schema)
     conn = connect(settings.pg_dsn, settings.pg_schema, autocommit=True)
     es = es_client(settings, request_timeout=30)
     try:
@@ -114,7 +122,7 @@ def private_store(settings: Settings) -> Iterator[tuple[psycopg.Connection, Elas
 def private_schema(settings: Settings) -> Iterator[psycopg.Connection]:
     """A fresh schema (the projection's own DDL) and an autocommit connection on it (`pg`); dropped after."""
     with psycopg.connect(settings.pg_dsn, autocommit=True) as admin:
-        create_schema(admin, settings.pg_schema)
+        _create_fresh(admin, settings.pg_schema)
     conn = pg(settings)
     try:
         yield conn
