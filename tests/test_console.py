@@ -22,7 +22,7 @@ import pytest
 from api.console import CSP
 from tests.conftest import unique
 from tests.support.browser import OfflinePage
-from tests.support.console_page import ConsolePage, short
+from tests.support.console_page import ConsolePage, page_size, short
 from tests.support.console_world import (
     AUDITOR_KEY,
     FOREIGN,
@@ -128,6 +128,31 @@ def test_signing_in_lists_the_keys_tenants_and_their_subjects(world: ConsoleWorl
     tab.page.click("#sign-out")
     assert tab.page.is_visible("#login") and not console.signed_in()
     assert tab.page.evaluate(f"sessionStorage.getItem('{KEY_STORE}')") is None
+
+
+def test_the_subject_finder_pages_on_with_the_apis_cursor(world: ConsoleWorld, tab: OfflinePage) -> None:
+    """More subjects than a page: the finder shows the first page and "More" appends the next, with the cursor the
+    API gave, until the API says there is no more. The console's page size is turned down to two on the way to the
+    real API (the request's `limit` rewritten), so the tenant's few subjects make several pages."""
+    listed = api(world, "/v1/subjects", tenant=TENANT)["subjects"]
+    assert len(listed) >= 3, listed
+    with page_size(tab.context, "**/v1/subjects?*", 2) as asked:
+        console = signed_in(tab)
+        assert console.subjects() == listed[:2]
+        pages = 1
+        while tab.page.is_visible("#subjects-more"):
+            assert "more" in tab.page.inner_text("#subjects-note")
+            tab.page.click("#subjects-more")
+            pages += 1
+            tab.page.wait_for_function(
+                "n => document.querySelectorAll('#subjects button.subject').length >= n",
+                arg=min(2 * pages, len(listed)),
+            )
+            assert pages <= len(listed), "More never ends"
+        assert console.subjects() == listed
+        assert "more" not in tab.page.inner_text("#subjects-note")
+        assert asked[-1].params["cursor"] and "cursor" not in asked[0].params
+        assert console.search("user:") == api(world, "/v1/subjects", tenant=TENANT, prefix="user:", limit=2)["subjects"]
 
 
 # -- facts and timeline --------------------------------------------------------------------------------------

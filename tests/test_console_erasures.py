@@ -15,11 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Route
 
 from tests.conftest import unique
 from tests.support.browser import OfflinePage
-from tests.support.console_page import ConsolePage, short
+from tests.support.console_page import ConsolePage, page_size, short
 from tests.support.erasure_world import (
     AUDITOR_KEY,
     FOREIGN,
@@ -128,15 +127,7 @@ def test_the_erasures_view_pages_on_with_the_apis_cursor(world: ErasureWorld, ta
     on the way to the real API (the request's `limit` rewritten), so two records make two pages."""
     listed = world.get("/v1/erasures", tenant=TENANT)["erasures"]
     assert len(listed) == 2
-    asked: list[httpx.URL] = []
-
-    def one_a_page(route: Route) -> None:
-        url = httpx.URL(route.request.url)
-        asked.append(url)
-        route.continue_(url=str(url.copy_set_param("limit", "1")))
-
-    tab.context.route("**/v1/erasures?*", one_a_page)
-    try:
+    with page_size(tab.context, "**/v1/erasures?*", 1) as asked:
         console = signed_in(tab)
         assert console.erasures() == "ready", console.error()
         assert shown(console) == [expected(listed[0])]
@@ -146,8 +137,6 @@ def test_the_erasures_view_pages_on_with_the_apis_cursor(world: ErasureWorld, ta
         assert shown(console) == [expected(e) for e in listed], console.error()
         assert not tab.page.is_visible("#erasures-more") and "more" not in tab.page.inner_text("#erasures-count")
         assert "cursor" not in asked[-2].params and asked[-1].params["cursor"]  # the second asked after the first
-    finally:
-        tab.context.unroute("**/v1/erasures?*", one_a_page)
 
 
 # -- an erased subject ---------------------------------------------------------------------------------------

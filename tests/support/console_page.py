@@ -3,17 +3,21 @@
 `ConsolePage(page)` clicks, types and moves the controls of api/console/static/ the way a person
 would, waits on the panels' `data-state` (empty | loading | ready | error) instead of sleeping, and
 reads what is shown back as text (`rows("facts")`: the textContent of each row's `data-field` elements).
-`short(text)` is what the page writes for the RFC 3339 times in a text of the API's.
+`short(text)` is what the page writes for the RFC 3339 times in a text of the API's. `page_size(context, pattern,
+n)` turns a list's page size down to `n` on the way to the real API, so a few rows make several pages.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from playwright.sync_api import Page, Response
+import httpx
+from playwright.sync_api import BrowserContext, Page, Response, Route
 
-__all__ = ["ConsolePage", "short"]
+__all__ = ["ConsolePage", "page_size", "short"]
 
 _FRACTION = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d*?)0*(Z|[+-]\d\d:\d\d)", re.IGNORECASE)
 
@@ -24,6 +28,24 @@ def short(text: str | None) -> str:
     if text is None:
         return "—"
     return _FRACTION.sub(lambda m: m[1] + ("" if m[2] == "." else m[2]) + m[3], text)
+
+
+@contextmanager
+def page_size(context: BrowserContext, pattern: str, limit: int) -> Iterator[list[httpx.URL]]:
+    """While open, the console's requests matching `pattern` ask the real API for `limit` rows (their `limit`
+    rewritten); yields the URLs the console asked, as it asked them."""
+    asked: list[httpx.URL] = []
+
+    def rewrite(route: Route) -> None:
+        url = httpx.URL(route.request.url)
+        asked.append(url)
+        route.continue_(url=str(url.copy_set_param("limit", str(limit))))
+
+    context.route(pattern, rewrite)
+    try:
+        yield asked
+    finally:
+        context.unroute(pattern, rewrite)
 
 
 _ROWS_JS = """id => Array.from(document.querySelectorAll(`#${id} tbody tr`)).map(tr => ({

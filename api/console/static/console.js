@@ -15,6 +15,7 @@
   const KEY_STORE = "memory-ledger.console.api-key";
   const API = new URL("v1/", document.baseURI); // the page is <root>/console, the API <root>/v1/
   const VIEWS = ["facts", "chain", "asof", "recall", "erasures", "receipt", "ops"];
+  const SUBJECTS_LIMIT = 50; // subjects listed per request; "More" pages on with the API's cursor
   const ERASURES_LIMIT = 100; // records listed per request; "More" pages on with the API's cursor
   const LETTERS_LIMIT = 50; // dead letters listed per request; "More" pages on with the API's cursor
   const CLIP = 120; // characters of a value shown before "show all" (a memory can be pages long)
@@ -202,6 +203,8 @@
     valid: [], // as-of change points: [{t, what: [..]}], the last is "now"
     known: [], // known-at points, the last is "everything"
     erasure: null, // the erasure record shown in the Erasures view (its erasure id)
+    subjectsSeq: 0, // the latest subject search: an earlier one that answers late is dropped
+    subjectsNext: null, // the API's cursor of the subject finder's next page (null: none)
     erasuresSeq: 0, // the latest Erasures load: an earlier one that answers late is dropped
     erasuresNext: null, // the API's cursor of the Erasures list's next page (null: none)
     opsSeq: 0, // the latest Operations load (likewise)
@@ -313,36 +316,43 @@
     if (write && state.view === "ops") await loadOps();
   }
 
-  async function searchSubjects() {
+  /** The subject finder: the tenant's subjects starting with the prefix; `more`: the page after the ones shown (the
+   * API's `next_cursor`), appended. */
+  async function searchSubjects(more = false) {
     clearError();
     const list = $("subjects");
-    list.replaceChildren();
+    const seq = ++state.subjectsSeq;
+    if (!more) {
+      list.replaceChildren();
+      state.subjectsNext = null;
+      $("subjects-more").hidden = true;
+    }
     $("subjects-note").textContent = "";
     if (!state.tenant) return;
     list.dataset.state = "loading";
     try {
-      const data = await api("GET", "subjects", {
-        params: { tenant: state.tenant, prefix: $("prefix").value, limit: 50 },
-      });
-      list.replaceChildren(
-        ...data.subjects.map((s) =>
-          el(
-            "li",
-            null,
-            el(
-              "button",
-              { type: "button", class: "subject", dataset: { subject: s }, onclick: () => openSubject(s) },
-              s,
-            ),
-          ),
+      const params = { tenant: state.tenant, prefix: $("prefix").value, limit: SUBJECTS_LIMIT };
+      if (more) params.cursor = state.subjectsNext;
+      const data = await api("GET", "subjects", { params });
+      if (seq !== state.subjectsSeq) return; // a later search answers instead
+      const items = data.subjects.map((s) =>
+        el(
+          "li",
+          null,
+          el("button", { type: "button", class: "subject", dataset: { subject: s }, onclick: () => openSubject(s) }, s),
         ),
       );
-      $("subjects-note").textContent = data.subjects.length
-        ? `${data.subjects.length} subject${data.subjects.length === 1 ? "" : "s"}` +
-          (data.more ? ", more: narrow the prefix" : "")
+      if (more) list.append(...items);
+      else list.replaceChildren(...items);
+      state.subjectsNext = data.more ? data.next_cursor : null;
+      $("subjects-more").hidden = !state.subjectsNext;
+      const n = list.children.length;
+      $("subjects-note").textContent = n
+        ? `${n} subject${n === 1 ? "" : "s"}` + (data.more ? ", more" : "")
         : "no subject starts with this prefix";
       list.dataset.state = "ready";
     } catch (err) {
+      if (seq !== state.subjectsSeq) return;
       list.dataset.state = "error";
       showError(err);
     }
@@ -1890,6 +1900,7 @@
       ev.preventDefault();
       searchSubjects();
     });
+    $("subjects-more").addEventListener("click", () => searchSubjects(true));
     $("open-form").addEventListener("submit", (ev) => {
       ev.preventDefault();
       const s = $("subject-input").value;
