@@ -34,7 +34,7 @@ class Incoming:
 
     A sealed record comes out of `decode_record` with its `envelope` and `key_id`; whoever holds the
     key store opens it with `open_record` (the recorder, in its transaction), which sets event or error, or
-    `erased` when its data key was destroyed by its subject's erasure.
+    `erased` when its data key was destroyed by the erasure of the subject it names.
     """
 
     topic: str
@@ -109,23 +109,26 @@ def open_record(
 
     `owner(tenant, subject)`: whether the key belongs to that subject (the key store says: `KeyState.owns`); a record
     sealed with another subject's key is refused (`key_mismatch`), or erasing its own subject would not shred it.
-    `destroyed`: its key was destroyed by an erasure: the record is `erased` (never a dead letter). Otherwise the
-    opened fields are judged by the contract exactly as a clear record is (`decode_value`, the same broker time
-    and skew window), so a sealed and a clear record of the same event give the same event.
+    That holds after the key was destroyed too, so a replay judges the record as its first application did and its
+    clear fields (which nobody can authenticate any longer) never speak for another subject or tenant.
+    `destroyed`: its key was destroyed by an erasure: the record of the key's own subject is `erased` (never a dead
+    letter; another subject's is still `key_mismatch`). Otherwise the opened fields are judged by the contract
+    exactly as a clear record is (`decode_value`, the same broker time and skew window), so a sealed and a clear
+    record of the same event give the same event.
     """
     envelope = record.envelope
     if envelope is None:
         return record
-    if destroyed:
-        return dataclasses.replace(record, envelope=None, erased=True)
     try:
-        if key is None:
-            raise InvalidEvent("unknown_key", f"no data key {envelope.key_id!r} in the key store", "sealed.kid")
         tenant, subject = envelope.tenant, envelope.subject
         if owner is not None and (
             not isinstance(tenant, str) or not isinstance(subject, str) or not owner(tenant, subject)
         ):
             raise InvalidEvent("key_mismatch", f"data key {envelope.key_id!r} belongs to another subject", "sealed.kid")
+        if destroyed:
+            return dataclasses.replace(record, envelope=None, erased=True)
+        if key is None:
+            raise InvalidEvent("unknown_key", f"no data key {envelope.key_id!r} in the key store", "sealed.kid")
         wire = open_envelope(envelope, key)
         # the opened event is held to the clear limit, as the SDK's `encode` is; the record's own bytes plus its
         # plaintext bound the opened JSON from above, so only a record near the limit is encoded to measure it

@@ -16,10 +16,10 @@ import orjson
 import pytest
 from pydantic import SecretStr
 
-from producers.contract import kafka_key
-from producers.keys.envelope import parse_envelope
+from producers.contract import DeadLetterRef, kafka_key
+from producers.keys.envelope import encode_sealed, parse_envelope
 from producers.keys.kek import load_keks
-from producers.keys.store import SubjectDigests, key_states
+from producers.keys.store import KeyStore, SubjectDigests, key_states
 from producers.records import decode_record, open_record
 from producers.sdk import LedgerProducer
 from stream_processors.rebuild import rebuild
@@ -29,6 +29,7 @@ from tests.support import asserted, pg, pipeline, publish_raw, read_topic, wait_
 KEY = "enc-key"
 TENANT = "acme"
 GONE, KEPT = "user:erase-me", "user:keep-me"
+OTHER = "globex"  # another tenant, whose name a forged record takes
 
 
 def _kek() -> SecretStr:
@@ -71,6 +72,19 @@ def _keys_of(settings, key_ids):
         return key_states(cur, settings.keys_schema, keks, key_ids)
 
 
+def _dead_letter_codes(settings, positions) -> dict[tuple[int, int], str]:
+    with pg(settings) as conn:
+        rows = conn.execute('SELECT "partition", "offset", code FROM dead_letters WHERE topic = %s', (settings.topic,))
+        return {(p, o): code for p, o, code in rows if (p, o) in set(positions)}
+
+
+def _resolutions(settings, tenant) -> list[tuple]:
+    with pg(settings) as conn:
+        return conn.execute(
+            'SELECT "partition", "offset", state FROM dead_letter_resolutions WHERE tenant = %s', (tenant,)
+        ).fetchall()
+
+
 def test_erasure_shreds_the_subjects_records_in_the_log_and_a_rebuild_agrees(enc):
     gone_m, kept_m = _markers(GONE), _markers(KEPT)
     gone_events = _events(GONE, gone_m)
@@ -86,6 +100,23 @@ def test_erasure_shreds_the_subjects_records_in_the_log_and_a_rebuild_agrees(enc
         for record in raw:  # sealed at rest: no personal field in clear, for either subject
             assert not [m for m in every_marker if m in record.value], record.value[:300]
             assert parse_envelope(orjson.loads(record.value)) is not None
+
+        # a raw producer's record sealed with the erased-to-be subject's key that speaks for another tenant: it
+        # claims to re-drive that tenant's dead letter. A dead letter itself (key_mismatch), live and in a rebuild
+        # after the key is destroyed: its clear fields never resolve another tenant's letter
+        [letter] = publish_raw(enc, [(kafka_key(OTHER, "user:x"), orjson.dumps({"tenant": OTHER, "type": "x"}))])
+        store = KeyStore(enc.pg_dsn, enc.keys_schema, load_keks(enc.kek.get_secret_value(), None))
+        try:
+            gone_key = store.sealing_keys([(TENANT, GONE)])[(TENANT, GONE)]
+        finally:
+            store.close()
+        posing = asserted(
+            "user:x", "k", 1, tenant=OTHER, dead_letter=DeadLetterRef(partition=letter[0], offset=letter[1])
+        )
+        [forged] = publish_raw(enc, [(kafka_key(TENANT, GONE), encode_sealed(posing, gone_key))])
+        pipe.settle()
+        assert _dead_letter_codes(enc, [letter, forged]) == {letter: "missing_field", forged: "key_mismatch"}
+        assert _resolutions(enc, OTHER) == []
 
         erased = client.delete(f"/v1/subjects/{GONE}", params={"tenant": TENANT}, headers=headers)
         assert erased.status_code == 202, erased.text
@@ -150,6 +181,8 @@ def test_erasure_shreds_the_subjects_records_in_the_log_and_a_rebuild_agrees(enc
         pipe.worker.stop()
         report = rebuild(enc, keep_old=False)
         assert report.live_checksum == report.rebuilt_checksum
+        assert _dead_letter_codes(enc, [letter, forged]) == {letter: "missing_field", forged: "key_mismatch"}
+        assert _resolutions(enc, OTHER) == [], "the replay of a record sealed with a destroyed key resolved nothing"
 
         # the rebuilt projection still knows the shredded events' ids (the replay could not open them): an old id
         # re-sent is a duplicate of an erased event, the old id with other content a conflict

@@ -272,7 +272,7 @@ def test_a_wrong_key_fails_and_the_right_key_still_opens() -> None:
     assert _open(raw).event is not None
 
 
-def test_a_record_of_an_unknown_key_or_of_another_owner_or_destroyed_is_never_an_event() -> None:
+def test_a_record_of_an_unknown_key_or_of_another_owner_destroyed_or_not_is_never_an_event() -> None:
     raw = encode_sealed(_event("asserted-state", _markers()), KEY)
     unknown = open_record(_record(raw), None)
     assert unknown.event is None and unknown.error.code == "unknown_key" and unknown.error.field == "sealed.kid"
@@ -283,10 +283,14 @@ def test_a_record_of_an_unknown_key_or_of_another_owner_or_destroyed_is_never_an
         owner = KeyState(KEY.key_id, tenant, digest, KEY.key, digest_key)
         other = open_record(_record(raw), KEY.key, owner=owner.owns)
         assert other.event is None and other.error.code == "key_mismatch", (tenant, digest)
+        # and once the key is destroyed: its clear fields never pass for the erased past of another subject
+        shredded = open_record(_record(raw), None, destroyed=True, owner=owner.owns)
+        assert not shredded.erased and shredded.error.code == "key_mismatch", (tenant, digest)
     mine = KeyState(KEY.key_id, "acme", subject_digest(digest_key, "acme", "user:42"), KEY.key, digest_key)
     assert open_record(_record(raw), KEY.key, owner=mine.owns).event is not None
-    gone = open_record(_record(raw), None, destroyed=True)
-    assert gone.erased and gone.event is None and gone.error is None
+    for owner in (mine.owns, None):
+        gone = open_record(_record(raw), None, destroyed=True, owner=owner)
+        assert gone.erased and gone.event is None and gone.error is None
 
 
 def test_ten_thousand_seals_of_one_event_never_repeat_a_nonce() -> None:

@@ -206,8 +206,9 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         """Open the sealed records with their data keys (read in this transaction); drop the shredded ones, which
         come back apart, as read (their clear fields). Reads only: `ledger verify` opens the log with it.
 
-        A record sealed with a key an erasure destroyed is its subject's erased past: counted as an erased replay,
-        never a dead letter; but one published after that erasure (later in its partition) is an event a producer
+        A record of the key's own subject sealed with a key an erasure destroyed is that subject's erased past:
+        counted as an erased replay, never a dead letter (one naming another subject stays `key_mismatch`, as when
+        it was first applied); but one published after that erasure (later in its partition) is an event a producer
         sealed with a key it held past the erasure, which nobody can open now: a dead letter (`key_destroyed`),
         so the accepted event is not lost unseen. An unknown key, another subject's key or a ciphertext that does
         not open is a dead letter (`unknown_key`, `key_mismatch`, `bad_ciphertext`). With encryption required, a
