@@ -18,8 +18,6 @@ from bench.loader import publish_events
 from bench.services import Services, free_port
 from tests.support import cleanup
 
-pytestmark = pytest.mark.timeout(360)
-
 TENANT = "bench"
 KEY = "eval-key"
 

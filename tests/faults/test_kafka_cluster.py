@@ -132,7 +132,6 @@ def _applied(settings: Settings) -> int:
     return sum(positions(settings).values())
 
 
-@pytest.mark.timeout(300)
 def test_broker_killed_and_restarted_during_ingest_loses_nothing_and_doubles_nothing(
     cluster: KafkaCluster, cluster_settings: Settings
 ) -> None:

@@ -34,7 +34,7 @@ from producers.settings import Settings
 from projections.search.reindex import orphans
 from tests.conftest import unique
 from tests.faults.support import TALLY, ledger_state, lost_and_doubled, server_down
-from tests.support import Indexer, Worker, pipeline, wait_caught_up, wait_for
+from tests.support import Indexer, Worker, drain_search, pipeline, wait_caught_up, wait_for
 
 TENANT = "outage"
 HEADERS = {"X-API-Key": "outage-key"}  # bound to the outage tenant only (the fixture)
@@ -132,18 +132,6 @@ def outbox(settings: Settings) -> int:
         return conn.execute(f'SELECT count(*) FROM "{settings.pg_schema}".search_outbox').fetchone()[0]
 
 
-def search_work(settings: Settings) -> int:
-    """Outbox rows plus embed-queue rows: 0 only when both stages are done. A version moves between the two queues
-    in one transaction (the indexer queues it for vectors as it deletes its outbox row, the embedder queues its
-    rewrite as it deletes its queue row), so the sum never reads 0 while work remains; the outbox alone does
-    (between a document and its rewrite with vectors)."""
-    schema = settings.pg_schema
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
-        return conn.execute(
-            f'SELECT (SELECT count(*) FROM "{schema}".search_outbox) + (SELECT count(*) FROM "{schema}".embed_queue)'
-        ).fetchone()[0]
-
-
 def check_nothing_lost(stack: Stack, *, check_positions: bool = True) -> None:
     state = ledger_state(stack.settings)
     lost, doubled, unexpected = lost_and_doubled(
@@ -166,10 +154,10 @@ def orphan_report(settings: Settings) -> dict:
         es.close()
 
 
-def check_index_caught_up(stack: Stack, timeout: float = 120.0) -> None:
-    """The outbox and the embed queue drain to empty and the index holds exactly PostgreSQL's versions."""
-    stack.indexer.check()  # AssertionError with its log if the indexer process died
-    wait_for(lambda: search_work(stack.settings) == 0, timeout, 0.5, "the search outbox and the embed queue to drain")
+def check_index_caught_up(stack: Stack, stall: float = 120.0) -> None:
+    """The outbox and the embed queue drain to empty (waited for while they shrink: after an outage the whole
+    backlog waits for the index, at the host's pace) and the index holds exactly PostgreSQL's versions."""
+    drain_search(stack.settings, stall, stack.indexer.check)  # AssertionError with its log if the indexer died
     report = orphan_report(stack.settings)
     assert report["missing_in_pg"] == 0, f"orphan documents (no PostgreSQL row): {report}"
     assert report["missing_in_es"] == 0, f"versions missing from the index: {report}"
@@ -209,7 +197,7 @@ def test_elasticsearch_down_postgres_keeps_up_and_the_index_catches_up(stack: St
     TALLY.timings_s["es_health_ok_after_restart"] = round(time.monotonic() - t0, 1)
     node = infra.elasticsearch.pid(stack.settings)  # restarted by infra, in a session of its own, not the caller's
     assert node is not None and os.getsid(node) != os.getsid(0)
-    check_index_caught_up(stack, timeout=120)
+    check_index_caught_up(stack, stall=120)
     TALLY.timings_s["es_index_caught_up_after_restart"] = round(time.monotonic() - t0, 1)
     check_nothing_lost(stack)
 

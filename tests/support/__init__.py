@@ -5,7 +5,7 @@ Tests run against the real servers `python -m infra up` started, each on private
 exists (end offsets, stored positions, schema-bound connections, the settings of a child process);
 this package only adds what a test needs around them.
 
-- waiting: `wait_for(cond, timeout)`, polling instead of sleeping.
+- waiting: `wait_for(cond, timeout)`, polling instead of sleeping; `wait_drained(count, stall)`, a backlog to zero.
 - processes: `Worker(settings)` (the projector, `python -m stream_processors`), `Indexer(settings)`
   (`ledger indexer`) and `Embedder(settings)` (`ledger embedder`) as child processes on the private settings.
 - kafka: `publish`, `publish_raw`, `read_topic`, `dlq_envelopes`, `drop_topics`, `end_offsets`.
@@ -18,7 +18,7 @@ this package only adds what a test needs around them.
   `changed(leaf)`: a JSON leaf with one thing changed (the tamper tests); `with_value_at(data, path, value)`: a
   copy with one value set.
 - pipeline: `pipeline(settings, seed=..., indexer=..., app=...)`, the whole ledger for one module;
-  `drain_search(settings, timeout)`: every applied version searchable.
+  `drain_search(settings, stall)`: every applied version searchable.
 - docs (import it directly): the documents' bash and python blocks run as a reader runs them, and the rules a
   document follows (tests/test_docs_examples.py).
 - browser (import it directly: it needs Playwright): `ApiServer` (uvicorn child on a free port), `chromium()`,
@@ -46,7 +46,7 @@ from tests.support.events import (
     with_value_at,
 )
 from tests.support.kafka import dlq_envelopes, drop_topics, end_offsets, publish, publish_raw, read_topic
-from tests.support.pipeline import Pipeline, pipeline
+from tests.support.pipeline import Pipeline, drain_search, pipeline
 from tests.support.processes import Embedder, Indexer, Process, Worker
 from tests.support.stores import (
     async_pool,
@@ -79,6 +79,7 @@ __all__ = [
     "cleanup",
     "dlq_envelopes",
     "drain_all",
+    "drain_search",
     "drop_topics",
     "end_offsets",
     "erased",

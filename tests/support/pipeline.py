@@ -29,7 +29,7 @@ from projections.search.client import es_client
 from tests.support.kafka import publish
 from tests.support.processes import Embedder, Indexer, Worker
 from tests.support.stores import cleanup, pg, search_pending, wait_caught_up
-from tests.support.waiting import wait_for
+from tests.support.waiting import wait_drained
 
 __all__ = ["Pipeline", "drain_search", "pipeline"]
 
@@ -51,7 +51,8 @@ class Pipeline:
         return wait_caught_up(self.settings, timeout=timeout, worker=self.worker)
 
     def settle(self, timeout: float = 90.0) -> None:
-        """Everything published so far is applied and, with an indexer, indexed (with vectors) and searchable."""
+        """Everything published so far is applied and, with an indexer, indexed (with vectors) and searchable;
+        `timeout` bounds the worker's catching up, and the search backlog's time without shrinking (drain_search)."""
         self.caught_up(timeout)
         if self.indexer is None:
             return
@@ -64,21 +65,22 @@ class Pipeline:
         drain_search(self.settings, timeout, alive)
 
 
-def drain_search(settings: Settings, timeout: float, check: Callable[[], object] = lambda: None) -> None:
+def drain_search(settings: Settings, stall: float, check: Callable[[], object] = lambda: None) -> None:
     """Every applied version is in the search index with its vectors, and searchable (the index refreshed).
 
-    The search outbox and the embed queue are both empty (in one snapshot); `check()` runs at every poll and may
-    raise at once (an indexer or embedder the caller runs has died)."""
+    The search outbox and the embed queue are both empty (in one snapshot); fails once their sum has not shrunk for
+    `stall` seconds (waiting.wait_drained: the embedders work off a backlog at the host's pace). `check()` runs at
+    every poll and may raise at once (an indexer or embedder the caller runs has died)."""
     with pg(settings) as conn:
 
-        def drained() -> bool:
+        def pending() -> int | None:
             check()
             try:
-                return search_pending(conn) == 0
+                return search_pending(conn)
             except psycopg.errors.UndefinedTable:
-                return False  # the worker has not created the schema yet
+                return None  # the worker has not created the schema yet
 
-        wait_for(drained, timeout, 0.2, "the search outbox and the embed queue to drain")
+        wait_drained(pending, stall, 0.2, "the search outbox and the embed queue")
     es = es_client(settings, request_timeout=30)  # every node of a cluster's
     try:
         es.indices.refresh(index=settings.es_index, ignore_unavailable=True)  # none before the first document
