@@ -76,7 +76,10 @@ ERROR_CODES: dict[str, str] = {
         "probe's cache-buster changes nothing)"
     ),
     "wrong_type": "a value of the wrong JSON type (text where a number goes, a number where a list goes)",
-    "invalid_value": "a value the field does not allow: out of range, too long or short, blank, a rule between fields",
+    "invalid_value": (
+        "a value the field does not allow: out of range, too long or short, blank, a rule between fields; a line feed "
+        "(`%0A`) in a path parameter, which a route's path cannot carry exactly"
+    ),
     "unknown_value": "not one of the field's choices (`kind`, `format`, `mode`, `source.type`)",
     "unknown_type": "an event `type` that is not one of the contract's (`EventType`)",
     "invalid_time": "not a strict RFC 3339 time (seconds and an offset; never a Unix number)",
@@ -201,13 +204,19 @@ _UNION_MEMBERS = frozenset(
 )
 
 
+_LOCATIONS = ("body", "query", "path", "header", "cookie")
+
+
 def _union_member(part: Any) -> bool:
     return isinstance(part, str) and part.split("[", 1)[0] in _UNION_MEMBERS
 
 
 def _field(loc: tuple) -> str | None:
-    parts = [str(p) for p in loc if not _union_member(p)]
-    if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
+    # a query, path, header or cookie parameter's name is never a union member's tag, even when it reads like one
+    # (a query parameter `literal`); a body may itself be a union, so its first part may be a tag
+    kept = 2 if loc and loc[0] in _LOCATIONS[1:] else 0
+    parts = [str(p) for i, p in enumerate(loc) if i < kept or not _union_member(p)]
+    if parts and parts[0] in _LOCATIONS:
         parts = parts[1:] or parts
     return ".".join(parts) or None
 

@@ -1,4 +1,5 @@
-"""What every HTTP request is checked for before any route reads it: its size, and its path and query as UTF-8.
+"""What every HTTP request is checked for before any route reads it: its size, its path and query as UTF-8, no line
+feed in its path, and no query parameter its route does not take.
 
 - A body over `api_max_body_bytes` is refused with 413 `too_large` (at once when its Content-Length says so, else
   as soon as more has arrived), before the key is checked: a caller without a key cannot make the process hold an
@@ -6,6 +7,8 @@
 - A percent-escape that is not UTF-8 in the path or the query (`%ED%A0%80`, `%FF`) is refused with 422
   `unstorable_text` naming the parameter. The server would otherwise read it as U+FFFD and store or look up that
   other text.
+- A line feed in the path (`%0A`) is refused with 422 `invalid_value` naming the parameter: the routes' path
+  patterns cannot carry it exactly (a trailing one would be dropped: `DELETE /v1/subjects/x%0A` would erase `x`).
 - A query parameter the route does not take (`asof` for `as_of`, `after` on a route that reads it from its body) is
   refused with 422 `unknown_field` naming it, as a body's unknown field is, and one given twice with 422
   `invalid_value`: ignored, or the last one taken, it would answer another question than the one asked.
@@ -14,7 +17,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
@@ -25,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.errors import error_body
 from producers.settings import Settings
 
-__all__ = ["RequestGuard", "install", "query_refusal", "undecodable_parameter"]
+__all__ = ["RequestGuard", "install", "line_feed_parameter", "query_refusal", "undecodable_parameter"]
 
 
 def _escaped(raw: bytes) -> bool:
@@ -47,7 +50,9 @@ def undecodable_parameter(app: ASGIApp, scope: Scope) -> str | None:
     raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
     raw_path = raw_path.split(b"?", 1)[0]
     if _escaped(raw_path) and _not_utf8(raw_path):
-        return _path_parameter(app, raw_path) or "path"
+        return (
+            _path_parameter(app, raw_path.decode("latin-1"), lambda part: _not_utf8(part.encode("latin-1"))) or "path"
+        )
     query: bytes = scope.get("query_string", b"")
     if not _escaped(query):
         return None
@@ -60,15 +65,23 @@ def undecodable_parameter(app: ASGIApp, scope: Scope) -> str | None:
     return None
 
 
-def _path_parameter(app: ASGIApp, raw_path: bytes) -> str | None:
-    """The parameter of the app's path templates (its OpenAPI paths) whose part of `raw_path`, as sent (a subject
-    may hold `/` or `%2F`), is not UTF-8."""
-    sent = raw_path.decode("latin-1")
+def line_feed_parameter(app: ASGIApp, scope: Scope) -> str | None:
+    """The path parameter of `scope` that holds a line feed ("path" for a path no route template names); None: the
+    path holds none."""
+    path: str = scope["path"]
+    if "\n" not in path:
+        return None
+    return _path_parameter(app, path, lambda part: "\n" in part) or "path"
+
+
+def _path_parameter(app: ASGIApp, sent: str, bad: Callable[[str], bool]) -> str | None:
+    """The parameter of the app's path templates (its OpenAPI paths) whose part of the path `sent` (a subject may
+    hold `/` or `%2F`) is `bad`."""
     for pattern in _templates(app):
         match = pattern.fullmatch(sent)
         if match is not None:
             for name, part in match.groupdict().items():
-                if _not_utf8(part.encode("latin-1")):
+                if bad(part):
                     return name
             return None
     return None
@@ -89,7 +102,7 @@ def _patterns(templates: Iterable[str]) -> list[tuple[re.Pattern[str], str]]:
     for template in templates:
         parts = re.split(r"\{(\w+)\}", template)  # text, name, text, name, ..., text
         body = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>.+?)" for i, p in enumerate(parts))
-        out.append((-sum(len(p) for p in parts[::2]), re.compile(body), template))
+        out.append((-sum(len(p) for p in parts[::2]), re.compile(body, re.DOTALL), template))
     return [(pattern, template) for _, pattern, template in sorted(out, key=lambda o: o[0])]
 
 
@@ -156,6 +169,11 @@ class RequestGuard:
         if name is not None:
             message = "holds a percent-escape that is not UTF-8, so no text the ledger stores or looks up"
             await _answer(send, 422, "unstorable_text", name, message)
+            return
+        name = line_feed_parameter(self.routes_of, scope)
+        if name is not None:
+            message = "holds a line feed (%0A), which a route's path cannot carry exactly: nothing was read or changed"
+            await _answer(send, 422, "invalid_value", name, message)
             return
         refused = query_refusal(self.routes_of, scope, self._operations)
         if refused is not None:

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import parse_qsl
 
 import httpx
 import orjson
@@ -607,13 +609,40 @@ def test_class10_delete_takes_subjects_with_slashes_as_get_reads_them(trust_sett
         ("/v1/subjects/team/alpha", "team/alpha"),
         ("/v1/subjects/team%2Fbeta", "team/beta"),
         ("/v1/subjects/team%252Fgamma", "team%2Fgamma"),  # an encoded %: the literal subject, not team/gamma
-        ("/v1/subjects/a/b/c/", "a/b/c/"),
-        ("/v1/subjects/x/facts", "x/facts"),  # DELETE has no /facts sub-resource: the whole rest is the subject
+        ("/v1/subjects/a/b/c/?literal=true", "a/b/c/"),  # a trailing slash: part of the subject when said literally
+        ("/v1/subjects/x/facts?literal=true", "x/facts"),  # a read route's path: erased only when said literally
+        ("/v1/subjects/x%2Fevents?literal=true", "x/events"),
+        ("/v1/subjects/facts", "facts"),  # a segment of that name alone is a subject like any other
     ]
     answered = {}
     with live_server(create_app(trust_settings)) as url, httpx.Client(base_url=url, headers=HA, timeout=30) as http:
+        refused = ("/v1/subjects/x/facts", "/v1/subjects/x/y/events", "/v1/subjects/x%2Ffacts", "/v1/subjects/x/facts/")
+        for path in (*refused, "/v1/subjects/user:1/", "/v1/subjects/x//"):
+            # the facts or events of x as GET reads them, or x with a URL's trailing slash: never the erasure of
+            # another subject, nothing published
+            r = http.delete(path, params={"tenant": A, "reason": "test", "literal": "false"})
+            assert_error(r, 422, "invalid_value", "subject")
+            assert "literal=true" in r.json()["detail"][0]["message"], r.text
+            r = http.delete(path, params={"tenant": B})  # another tenant's is a 403 first, whatever the path
+            assert_error(r, 403, "forbidden_tenant", "tenant")
+        # the 422's advice, sent as written, erases the subject it names (a dot segment too, which a client would
+        # otherwise resolve against the segment before it)
+        meant = {"/v1/subjects/q%3Fx%23y%25/facts": "q?x#y%", "/v1/subjects/b//facts": "b/"}
+        meant |= {"/v1/subjects/x%2F.%2Ffacts": "x/.", "/v1/subjects/y%2F..%2Fevents": "y/.."}
+        for path, subject in meant.items():
+            r = http.delete(path, params={"tenant": A})
+            advice = re.search(r"DELETE (\S+);", r.json()["detail"][0]["message"])
+            assert r.status_code == 422 and advice, r.text
+            advised, _, query = advice.group(1).partition("?")
+            r = http.delete(advised, params=dict(parse_qsl(query)))
+            assert r.status_code == 202 and r.json()["subject"] == subject, (advice.group(1), r.text)
+            answered[r.json()["event_id"]] = subject
+        r = http.delete("/v1/subjects/%20/facts", params={"tenant": A})  # a blank subject meant: no request erases it
+        assert_error(r, 422, "invalid_value", "subject")
+        assert "DELETE" not in r.json()["detail"][0]["message"] and "literal=true" in r.text, r.text
         for path, subject in cases:
-            r = http.delete(path, params={"tenant": A, "reason": "test"})
+            path, _, query = path.partition("?")
+            r = http.delete(path, params={"tenant": A, "reason": "test", **dict([query.split("=")] if query else [])})
             assert r.status_code == 202, f"{path}: {r.status_code} {r.text}"
             assert r.json()["subject"] == subject, (path, r.json())
             answered[r.json()["event_id"]] = subject
@@ -622,6 +651,7 @@ def test_class10_delete_takes_subjects_with_slashes_as_get_reads_them(trust_sett
         assert_error(http.delete("/v1/subjects/", params={"tenant": A}), 422, "invalid_value", "subject")  # no subject
     on_topic = {e.event_id: e.subject for e in (decode(rec.value) for rec in read_topic(trust_settings))}
     assert {eid: on_topic.get(eid) for eid in answered} == answered, "the tombstones name exactly those subjects"
+    assert not {"x/y/events", "x/facts/", "user:1/", "x//"} & set(on_topic.values()), "a refused one published nothing"
 
 
 # -- idempotency at the door, with the projector applying the events --------------------------

@@ -276,6 +276,35 @@ def test_a_percent_escape_that_is_not_utf8_is_refused_naming_the_parameter(clien
     assert client.get("/v1/subjects/x%EF%BF%BD/facts", params={"tenant": TENANT}, headers=KEY).status_code == 200
 
 
+def test_a_line_feed_in_a_path_is_refused_naming_the_parameter(client: TestClient) -> None:
+    """A route's path pattern drops a trailing line feed (and stops at an inner one): read as another path, the
+    request would answer, or erase, another subject. Every path parameter refuses it, the key unasked."""
+    with_path = [
+        (m, op) for m, _, op in _operations(client) if any(p["in"] == "path" for p in op.get("parameters", []))
+    ]
+    assert len(with_path) >= 7, with_path
+    spec = client.get("/openapi.json").json()["paths"]
+    checked = 0
+    for method, op in with_path:
+        spec_path = next(p for p, item in spec.items() if op in item.values())
+        for param in (p for p in op["parameters"] if p["in"] == "path"):
+            for bad in ("x%0A", "x%0Ay", "%0A", "x%0D%0A"):
+                url = spec_path
+                for other in (p for p in op["parameters"] if p["in"] == "path"):
+                    url = url.replace("{" + other["name"] + "}", bad if other["name"] == param["name"] else "x")
+                for headers in (KEY, {}):
+                    item = _only_item(client.request(method, url, params={"tenant": TENANT}, headers=headers), 422)
+                    assert (item["code"], item["field"]) == ("invalid_value", param["name"]), (method, url, item)
+                    checked += 1
+    assert checked >= 60, checked
+    for path in ("/v1/subjects/a/b%0A/facts", "/v1/subjects/a%0A/", "/v1/subjects/a/facts%0A"):
+        item = _only_item(client.delete(path, params={"tenant": TENANT, "literal": "true"}, headers=KEY), 422)
+        assert (item["code"], item["field"]) == ("invalid_value", "subject"), (path, item)
+    assert _only_item(client.get("/console%0A"), 422)["field"] == "path"  # no route: the path itself
+    # a carriage return alone is a character like any other, matched exactly
+    assert client.get("/v1/subjects/x%0D/facts", params={"tenant": TENANT}, headers=KEY).json()["subject"] == "x\r"
+
+
 def test_a_body_over_the_limit_is_413_before_the_key_is_checked(edge_settings: Settings) -> None:
     limit = 4096
     with TestClient(create_app(edge_settings.model_copy(update={"api_max_body_bytes": limit}))) as small:
