@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
+import os
+import pickle
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from multiprocessing import get_context
+from typing import Any, TypeVar
 
 from elasticsearch import AsyncElasticsearch
 from psycopg_pool import AsyncConnectionPool
@@ -35,9 +42,11 @@ from projections.search.recall import RecallEngine
 
 GIL_SWITCH_INTERVAL_S = 0.0005  # see Resources.open: the longest the event loop waits for a busy thread
 
-__all__ = ["Backoff", "ProbeCache", "Resources"]
+__all__ = ["Backoff", "Offload", "ProbeCache", "Resources"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class ProbeCache:
@@ -62,6 +71,56 @@ class ProbeCache:
         ok = await asyncio.shield(self._task)
         self._answer = (time.monotonic(), ok)
         return ok, 0.0
+
+
+class Offload:
+    """Child processes for the CPU work of a large request: a pure function of picklable values (`run`).
+
+    A worker thread of this process running Python holds the GIL, and the event loop takes the GIL back after every
+    wait on a socket: each time it waits its turn again, so another tenant's small read, a dozen turns of the loop,
+    takes about as long as the large request's CPU work. A child process has a GIL of its own. The children are
+    spawned on the first call (a process that never gets a large request never starts one), at most one a core;
+    one that died is replaced, and the call that found it dead runs in a thread instead.
+    """
+
+    def __init__(self, modules: tuple[str, ...]) -> None:
+        self._modules = modules  # what the children import as they start: the functions they will be given
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _started(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                os.cpu_count() or 1,  # spawned as calls need them, not all at once
+                mp_context=get_context("spawn"),  # a fork of a process with threads may copy a lock held
+                initializer=_import_all,
+                initargs=(self._modules,),
+            )
+        return self._pool
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        pool = self._started()
+        try:
+            return await asyncio.wrap_future(pool.submit(fn, *args))
+        except (RecursionError, pickle.PicklingError):
+            # the call could not be sent (a value nested deeper than pickle goes, which json.loads reads): `fn` is
+            # pure, so here it gives what the child would have
+            return await asyncio.to_thread(fn, *args)
+        except BrokenProcessPool as exc:
+            log.warning("a child process of the API died (%s): replaced; this call runs in a thread", exc)
+            if self._pool is pool:
+                self._pool = None
+                pool.shutdown(wait=False, cancel_futures=True)
+            return await asyncio.to_thread(fn, *args)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def _import_all(modules: tuple[str, ...]) -> None:
+    for name in modules:
+        importlib.import_module(name)
 
 
 @dataclass
@@ -93,6 +152,7 @@ class Resources:
     rerank_warmup: asyncio.Task | None = None  # the cross-encoder (recall.rerank), loaded the same way
     kafka_probe: ProbeCache = field(default_factory=ProbeCache)
     door_check: Backoff = field(default_factory=Backoff)
+    offload: Offload = field(default_factory=lambda: Offload(("api.judging",)))  # a large publish's judging
 
     @classmethod
     @asynccontextmanager
@@ -143,6 +203,7 @@ class Resources:
                 offsets=offsets,
                 keys=keys,
             )
+            stack.callback(res.offload.close)
             if warm_embedder:
                 res.embedder_warmup = asyncio.get_running_loop().create_task(recall.embedder(), name="embedder-warmup")
                 res.embedder_warmup.add_done_callback(_report_warmup)

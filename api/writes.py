@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import check_tenant
 from api.errors import ApiError, store_unavailable
+from api.judging import conflict, invalid, judge, refused
 from api.requests import ForgetParams
 from api.resources import Resources
 from producers.consistency import token_of
@@ -25,7 +26,6 @@ from producers.contract import (
     EventType,
     InvalidEvent,
     MemoryEvent,
-    from_dict,
     memory_id_for,
     rfc3339,
     version_id_for,
@@ -50,16 +50,8 @@ log = logging.getLogger(__name__)
 
 MAX_EVENTS_PER_CALL = 1000
 DOOR_CHECK_BACKOFF_S = 5.0  # after PostgreSQL failed the lookup, publish without it for this long
-
-
-def _refused(raw: Any, error: dict[str, Any]) -> dict[str, Any]:
-    event_id = raw.get("event_id") if isinstance(raw, dict) else None
-    return {"event_id": event_id if isinstance(event_id, str) else None, "accepted": False, "error": error}
-
-
-def _invalid(index: int, raw: Any, exc: InvalidEvent) -> dict[str, Any]:
-    field = f"events.{index}.{exc.field}" if exc.field else f"events.{index}"
-    return _refused(raw, {"code": exc.code, "field": field, "message": exc.message})
+# more events than this are judged in a child process: ~0.1 ms of CPU each, so a hundred are worth a round trip
+JUDGED_IN_A_CHILD = 100
 
 
 def _memory_id_at_the_door(event: MemoryEvent) -> str | None:
@@ -140,24 +132,6 @@ _HELD_BY = {  # a conflict's `where`, by what holds the id (idempotency.Claim.ho
 }
 
 
-def _conflict(index: int, event: MemoryEvent, where: str) -> dict[str, Any]:
-    message = (
-        f"event_id {event.event_id!r} already names a different event in tenant {event.tenant!r} ({where}); "
-        "resend the same event to retry, or use a new event_id"
-    )
-    return {
-        "event_id": event.event_id,
-        "accepted": False,
-        "error": {"code": "event_id_conflict", "field": f"events.{index}.event_id", "message": message},
-    }
-
-
-_RESOLVED_AT_ITS_DOOR = (
-    "names a dead letter: resolve it with POST /v1/dead-letters/redrive or /discard (or the MCP operator tools), "
-    "which check the letter is this tenant's and open, and let one action resolve it"
-)
-
-
 async def publish_events(
     res: Resources, tenants: frozenset[str], events: list[Any], *, resolutions: bool = False
 ) -> tuple[int, dict[str, Any]]:
@@ -171,31 +145,11 @@ async def publish_events(
             check_tenant(raw["tenant"], tenants, field=f"events.{i}.tenant")
 
     skew, now = timedelta(seconds=settings.max_future_skew_s), datetime.now(UTC)
-    results: list[dict[str, Any] | None] = [None] * len(events)
-    first: dict[tuple[str, str], tuple[int, MemoryEvent]] = {}  # the first occurrence of each id in this request
-    fingerprints: dict[tuple[str, str], str] = {}  # of each first occurrence: what the claim holds
-    repeats: list[tuple[int, MemoryEvent, int]] = []  # (index, event, index of its first occurrence)
-
-    def judge() -> None:
-        for i, raw in enumerate(events):
-            try:
-                event = from_dict(raw, now=now, max_future_skew=skew)
-            except InvalidEvent as exc:
-                results[i] = _invalid(i, raw, exc)
-                continue
-            if event.dead_letter is not None and not resolutions:
-                results[i] = _invalid(i, raw, InvalidEvent("invalid_value", _RESOLVED_AT_ITS_DOOR, "dead_letter"))
-                continue
-            key = (event.tenant, event.event_id)
-            if key not in first:
-                first[key], fingerprints[key] = (i, event), event.fingerprint
-            elif fingerprints[key] == event.fingerprint:
-                repeats.append((i, event, first[key][0]))
-            else:
-                results[i] = _conflict(i, event, f"events.{first[key][0]} of this request")
-
-    # up to 1000 events judged by the contract and fingerprinted: CPU work in a worker thread, not on the event loop
-    await run_in_threadpool(judge)
+    # up to 1000 events judged by the contract and fingerprinted: CPU work, never on the event loop; a large
+    # request's in a child process (res.offload), a small one's in a worker thread (less than a round trip there)
+    apart = len(events) > JUDGED_IN_A_CHILD
+    judged = await (res.offload.run if apart else run_in_threadpool)(judge, events, now, skew, resolutions)
+    results, first, fingerprints, repeats = judged.results, judged.first, judged.fingerprints, judged.repeats
 
     # every id is claimed, generated ones too: GET /v1/events/{event_id} then says `pending` until it is applied
     claims, skipped = await _claims(res, settings, [(*key, fp) for key, fp in fingerprints.items()])
@@ -213,9 +167,9 @@ async def publish_events(
             elif claim.state == "erased":  # a retry of an erased event: never published again
                 results[i] = _accepted(event, None, None, duplicate=True, erased=True)
             elif claim.holder == "applied":
-                results[i] = _conflict(i, event, f"applied at partition {claim.partition}, offset {claim.offset}")
+                results[i] = conflict(i, event, f"applied at partition {claim.partition}, offset {claim.offset}")
             else:
-                results[i] = _conflict(i, event, _HELD_BY[claim.holder or "claimed"])
+                results[i] = conflict(i, event, _HELD_BY[claim.holder or "claimed"])
 
         broker_failure: PublishError | None = None
         unsent: list[MemoryEvent] = []  # refused by the producer before sending: their claims are released
@@ -223,13 +177,13 @@ async def publish_events(
             outcomes = res.producer.send_many([e for _, e in to_send], report_invalid=True)
             for (i, event), outcome in zip(to_send, outcomes, strict=True):
                 if isinstance(outcome, InvalidEvent):  # too large, or an id this process sent with other content
-                    results[i] = _invalid(i, events[i], outcome)
+                    results[i] = invalid(i, events[i], outcome)
                     results[i]["event_id"] = event.event_id
                     if outcome.code != "event_id_conflict":
                         unsent.append(event)
                 elif isinstance(outcome, PublishError):
                     broker_failure = outcome
-                    results[i] = _refused(events[i], {**outcome.as_dict(), "field": f"events.{i}"})
+                    results[i] = refused(events[i], {**outcome.as_dict(), "field": f"events.{i}"})
                     results[i]["event_id"] = event.event_id
                 else:
                     results[i] = _accepted(event, outcome.partition, outcome.offset)

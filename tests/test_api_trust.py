@@ -36,6 +36,7 @@ from pydantic import SecretStr
 
 from api.errors import ErrorBody, install_error_handlers
 from api.main import create_app
+from api.writes import JUDGED_IN_A_CHILD
 from producers.contract import MAX_EVENT_BYTES, decode
 from producers.keys.signing import new_signing_key
 from producers.settings import Settings
@@ -405,6 +406,16 @@ def test_class8_inputs_that_were_500_or_503_are_4xx_naming_the_field(client: Tes
         if field is not None:
             assert item["field"] == field, item
         assert r.json()["results"][0]["error"] == item
+    # the same verdicts from a request large enough to be judged in a child process, with a value nested deeper
+    # than pickle goes (which the standard parser reads): judged in this process instead
+    copies = JUDGED_IN_A_CHILD // len(events) + 1
+    r = client.post("/v1/events", json={"events": [e for e, _, _ in events] * copies + [_nested(600)]}, headers=HA)
+    assert r.status_code == 422, r.text[:300]
+    codes = [result["error"]["code"] for result in r.json()["results"]]
+    assert codes == [code for _, code, _ in events] * copies + ["not_an_object"], codes
+    big = [event(value=_nested(600)) if i == 7 else e for i, (e, _, _) in enumerate(events * copies)]
+    r = client.post("/v1/events", json={"events": big}, headers=HA)
+    assert [result["error"]["code"] for result in r.json()["results"]][7] == "too_deep", r.text[:300]
     assert end_offsets(client.app.state.settings) == before, "a refused request published something"
 
 

@@ -406,17 +406,16 @@ def _measure(
 
 
 def _judge(measure: Callable[[], dict[str, Any]], what: str) -> None:
-    first = measure()
-    result = first
-    if first["busy_p99"] - first["baseline_p99"] > ALLOWED_DELAY_S:
-        again = measure()  # a spike of the shared machine does not come back; a stall does
-        result = min(first, again, key=lambda m: m["busy_p99"] - m["baseline_p99"])
+    measured = [measure()]
+    if measured[0]["busy_p99"] - measured[0]["baseline_p99"] > ALLOWED_DELAY_S:
+        measured.append(measure())  # a spike of the shared machine does not come back; a stall does
+    result = min(measured, key=lambda m: m["busy_p99"] - m["baseline_p99"])
     assert result["attacks"] > 0, f"{what}: the attacker sent nothing"
     assert all(s < 500 for s in result["statuses"]), f"{what}: the attack got a server error: {result}"
     delay = result["busy_p99"] - result["baseline_p99"]
     assert delay <= ALLOWED_DELAY_S, (
-        f"{what}: the victim's p99 went from {first['baseline_p99'] * 1000:.0f} ms to "
-        f"{first['busy_p99'] * 1000:.0f} ms under attack (+{delay * 1000:.0f} ms; measured {first}, then {result})"
+        f"{what}: the victim's p99 went from {result['baseline_p99'] * 1000:.0f} ms to "
+        f"{result['busy_p99'] * 1000:.0f} ms under attack (+{delay * 1000:.0f} ms, the better of {measured})"
     )
 
 

@@ -1,0 +1,104 @@
+"""A large publish's judging in a child process (api.resources.Offload, api.judging.judge): the same verdicts as
+judged in this process, and a child that dies is replaced without failing a call."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from api.judging import Judged, judge
+from api.resources import Offload
+
+NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+SKEW = timedelta(seconds=300)
+
+
+def _event(i: int, **fields: Any) -> dict[str, Any]:
+    return {
+        "event_id": f"e-{i}",
+        "type": "memory.asserted",
+        "tenant": "acme",
+        "subject": f"user:{i % 7}",
+        "key": f"k.{i}",
+        "value": f"v{i}",
+        "content": f"fact {i}",
+        "observed_at": "2026-12-06T11:00:00Z",
+    } | fields
+
+
+def _requests() -> list[list[Any]]:
+    """Requests whose verdicts cover every branch: valid, invalid (a NUL byte, a time past the skew, not an object,
+    a dead letter named), an id repeated with the same event and with another, deep and large values."""
+    events: list[Any] = [_event(i) for i in range(150)]
+    events[3] = _event(3, value="nul\x00byte")
+    events[4] = _event(4, observed_at="2027-01-01T00:00:00Z")
+    events[5] = "not an object"
+    events[6] = _event(6, dead_letter={"partition": 0, "offset": 1})
+    events[7] = _event(0)  # the same event as events[0]: a repeat
+    events[8] = _event(1, value="other")  # the id of events[1] with other content: a conflict
+    deep: Any = "leaf"
+    for _ in range(40):
+        deep = {"d": deep}
+    events[9] = _event(9, value=deep)
+    events[10] = _event(10, value="x" * 60_000)
+    events[11] = _event(11, value=json.loads("[" * 600 + "]" * 600))  # deeper than pickle goes: judged here
+    return [events, [_event(0)], [None]]
+
+
+def _verdicts(judged: Judged) -> tuple:
+    return (
+        judged.results,
+        {k: (i, e.model_dump()) for k, (i, e) in judged.first.items()},
+        judged.fingerprints,
+        [(i, e.model_dump(), j) for i, e, j in judged.repeats],
+    )
+
+
+def test_a_child_judges_every_request_as_this_process_does() -> None:
+    async def run() -> None:
+        offload = Offload(("api.judging",))
+        try:
+            for events in _requests():
+                apart = await offload.run(judge, events, NOW, SKEW, False)
+                assert _verdicts(apart) == _verdicts(judge(events, NOW, SKEW, False))
+            big = _requests()[0]
+            verdicts = _verdicts(await offload.run(judge, big, NOW, SKEW, False))
+            assert [r["error"]["code"] if r else None for r in verdicts[0][3:9]] == [
+                "unstorable_text",
+                "clock_skew",
+                "not_an_object",
+                "invalid_value",
+                None,
+                "event_id_conflict",
+            ], verdicts[0][3:9]
+            assert verdicts[0][11]["error"]["code"] == "too_deep", verdicts[0][11]
+            assert [(i, j) for i, _, j in verdicts[3]] == [(7, 0)]
+        finally:
+            offload.close()
+
+    asyncio.run(run())
+
+
+def test_a_child_that_died_is_replaced_and_no_call_fails() -> None:
+    async def run() -> None:
+        offload = Offload(("api.judging",))
+        try:
+            child = await offload.run(os.getpid)
+            assert child != os.getpid()
+            os.kill(child, signal.SIGKILL)
+            answered: list[int] = []
+            deadline = time.monotonic() + 60
+            while not answered or answered[-1] in (child, os.getpid()):  # until a new child answers
+                assert time.monotonic() < deadline, f"no new child: {answered}"
+                answered.append(await offload.run(os.getpid))  # never raises: the dead child's call runs here
+            assert answered[-1] not in (child, os.getpid())
+            assert child not in answered[1:]  # a dead child is never given a call again
+        finally:
+            offload.close()
+
+    asyncio.run(run())
