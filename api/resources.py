@@ -18,6 +18,7 @@ import logging
 import os
 import pickle
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -47,6 +48,7 @@ __all__ = ["Backoff", "Offload", "ProbeCache", "Resources"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_PARENT_CHECK_S = 1.0  # how often an Offload child looks for its parent
 
 
 class ProbeCache:
@@ -80,7 +82,8 @@ class Offload:
     wait on a socket: each time it waits its turn again, so another tenant's small read, a dozen turns of the loop,
     takes about as long as the large request's CPU work. A child process has a GIL of its own. The children are
     spawned on the first call (a process that never gets a large request never starts one), at most one a core;
-    one that died is replaced, and the call that found it dead runs in a thread instead.
+    one that died is replaced, and the call that found it dead runs in a thread instead. A child outlives this
+    process by a second at most, however it ends.
     """
 
     def __init__(self, modules: tuple[str, ...]) -> None:
@@ -92,8 +95,8 @@ class Offload:
             self._pool = ProcessPoolExecutor(
                 os.cpu_count() or 1,  # spawned as calls need them, not all at once
                 mp_context=get_context("spawn"),  # a fork of a process with threads may copy a lock held
-                initializer=_import_all,
-                initargs=(self._modules,),
+                initializer=_start_child,
+                initargs=(self._modules, os.getpid()),
             )
         return self._pool
 
@@ -118,9 +121,18 @@ class Offload:
             self._pool = None
 
 
-def _import_all(modules: tuple[str, ...]) -> None:
+def _start_child(modules: tuple[str, ...], parent: int) -> None:
+    """A child's start: import what it will run, and exit once `parent` is gone (killed, it never says so: the
+    child would wait for calls forever, holding its memory)."""
     for name in modules:
         importlib.import_module(name)
+
+    def orphaned() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_CHECK_S)
+        os._exit(0)
+
+    threading.Thread(target=orphaned, name="parent-watch", daemon=True).start()
 
 
 @dataclass

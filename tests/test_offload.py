@@ -7,6 +7,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -102,3 +104,39 @@ def test_a_child_that_died_is_replaced_and_no_call_fails() -> None:
             offload.close()
 
     asyncio.run(run())
+
+
+_KILLED_PARENT = """
+import asyncio, os, sys, time
+from api.resources import Offload
+offload = Offload(("api.judging",))
+print(asyncio.run(offload.run(os.getpid)), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_child_ends_when_its_parent_is_killed() -> None:
+    """A parent killed with SIGKILL runs no clean-up: its children (and the pool's resource tracker) go on their
+    own, not wait for calls forever."""
+    parent = subprocess.Popen([sys.executable, "-c", _KILLED_PARENT], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert child != parent.pid
+        os.kill(child, 0)  # alive
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 30
+        while _alive(child):
+            assert time.monotonic() < deadline, f"child {child} outlived its killed parent"
+            time.sleep(0.2)
+    finally:
+        parent.kill()
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited and waiting for init to reap it, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
