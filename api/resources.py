@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _PARENT_CHECK_S = 1.0  # how often an Offload child looks for its parent
+# an Offload's children at most (one a core below that): each holds ~110 MB, and the answers of the large requests
+# they judge are still written by this one process
+OFFLOAD_CHILDREN = 4
 
 
 class ProbeCache:
@@ -81,9 +84,9 @@ class Offload:
     A worker thread of this process running Python holds the GIL, and the event loop takes the GIL back after every
     wait on a socket: each time it waits its turn again, so another tenant's small read, a dozen turns of the loop,
     takes about as long as the large request's CPU work. A child process has a GIL of its own. The children are
-    spawned on the first call (a process that never gets a large request never starts one), at most one a core;
-    one that died is replaced, and the call that found it dead runs in a thread instead. A child outlives this
-    process by a second at most, however it ends.
+    spawned on the first call (a process that never gets a large request never starts one), at most one a core and
+    `OFFLOAD_CHILDREN`; one that died is replaced, and the call that found it dead runs in a thread instead. A child
+    outlives this process by a second at most, however it ends.
     """
 
     def __init__(self, modules: tuple[str, ...]) -> None:
@@ -93,7 +96,7 @@ class Offload:
     def _started(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
-                os.cpu_count() or 1,  # spawned as calls need them, not all at once
+                min(os.cpu_count() or 1, OFFLOAD_CHILDREN),  # spawned as calls need them, not all at once
                 mp_context=get_context("spawn"),  # a fork of a process with threads may copy a lock held
                 initializer=_start_child,
                 initargs=(self._modules, os.getpid()),
