@@ -1,8 +1,9 @@
 """The door's judging of one request's events: each by the contract, fingerprinted, and the ids repeated within the
 request told apart (the same event again, or another under the same id); and the refusals' answer shapes.
 
-`judge` is a pure function of picklable values, so a large request is judged in a child process
-(api.resources.Offload) and the server's own GIL stays with its event loop.
+`judge` takes and gives picklable values, and its verdicts depend on them alone (an id or a time it mints for an
+event without one aside), so a large request is judged in a child process (api.offload) and the server's own GIL
+stays with its event loop.
 """
 
 from __future__ import annotations

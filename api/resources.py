@@ -1,7 +1,7 @@
 """What the API holds open across requests, opened and closed in one place.
 
     async with Resources.open(settings) as res:
-        res.pool, res.es, res.producer, res.recall, res.access, res.kafka_probe, res.door_check
+        res.pool, res.es, res.producer, res.recall, res.access, res.offload, res.kafka_probe, res.door_check
 
 Only the FastAPI lifespan (api.main) opens them, and routes reach them through api.deps, so no route creates or
 caches a resource. Nothing here knows FastAPI: another front end (the MCP server) opens its own or shares the app's.
@@ -13,25 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
-import os
-import pickle
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from multiprocessing import get_context
-from typing import Any, TypeVar
 
 from elasticsearch import AsyncElasticsearch
 from psycopg_pool import AsyncConnectionPool
 
 from api.access import AccessRecorder
+from api.offload import Offload
 from producers.keys.provider import CachedKeys, sealing_keys_for
 from producers.keys.store import unsealed_warning
 from producers.sdk import LedgerProducer
@@ -43,15 +36,9 @@ from projections.search.recall import RecallEngine
 
 GIL_SWITCH_INTERVAL_S = 0.0005  # see Resources.open: the longest the event loop waits for a busy thread
 
-__all__ = ["Backoff", "Offload", "ProbeCache", "Resources"]
+__all__ = ["Backoff", "ProbeCache", "Resources"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-_PARENT_CHECK_S = 1.0  # how often an Offload child looks for its parent
-# an Offload's children at most (one a core below that): each holds ~110 MB, and the answers of the large requests
-# they judge are still written by this one process
-OFFLOAD_CHILDREN = 4
 
 
 class ProbeCache:
@@ -78,66 +65,6 @@ class ProbeCache:
         return ok, 0.0
 
 
-class Offload:
-    """Child processes for the CPU work of a large request: a pure function of picklable values (`run`).
-
-    A worker thread of this process running Python holds the GIL, and the event loop takes the GIL back after every
-    wait on a socket: each time it waits its turn again, so another tenant's small read, a dozen turns of the loop,
-    takes about as long as the large request's CPU work. A child process has a GIL of its own. The children are
-    spawned on the first call (a process that never gets a large request never starts one), at most one a core and
-    `OFFLOAD_CHILDREN`; one that died is replaced, and the call that found it dead runs in a thread instead. A child
-    outlives this process by a second at most, however it ends.
-    """
-
-    def __init__(self, modules: tuple[str, ...]) -> None:
-        self._modules = modules  # what the children import as they start: the functions they will be given
-        self._pool: ProcessPoolExecutor | None = None
-
-    def _started(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                min(os.cpu_count() or 1, OFFLOAD_CHILDREN),  # spawned as calls need them, not all at once
-                mp_context=get_context("spawn"),  # a fork of a process with threads may copy a lock held
-                initializer=_start_child,
-                initargs=(self._modules, os.getpid()),
-            )
-        return self._pool
-
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        pool = self._started()
-        try:
-            return await asyncio.wrap_future(pool.submit(fn, *args))
-        except (RecursionError, pickle.PicklingError):
-            # the call could not be sent (a value nested deeper than pickle goes, which json.loads reads): `fn` is
-            # pure, so here it gives what the child would have
-            return await asyncio.to_thread(fn, *args)
-        except BrokenProcessPool as exc:
-            log.warning("a child process of the API died (%s): replaced; this call runs in a thread", exc)
-            if self._pool is pool:
-                self._pool = None
-                pool.shutdown(wait=False, cancel_futures=True)
-            return await asyncio.to_thread(fn, *args)
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-
-
-def _start_child(modules: tuple[str, ...], parent: int) -> None:
-    """A child's start: import what it will run, and exit once `parent` is gone (killed, it never says so: the
-    child would wait for calls forever, holding its memory)."""
-    for name in modules:
-        importlib.import_module(name)
-
-    def orphaned() -> None:
-        while os.getppid() == parent:
-            time.sleep(_PARENT_CHECK_S)
-        os._exit(0)
-
-    threading.Thread(target=orphaned, name="parent-watch", daemon=True).start()
-
-
 @dataclass
 class Backoff:
     """A store that failed a moment ago is not asked again before `until` (time.monotonic())."""
@@ -162,12 +89,12 @@ class Resources:
     recall: RecallEngine
     access: AccessRecorder  # what recall and context served, recorded off the request path (api.access)
     offsets: EndOffsetReader  # the ledger topic's end offsets for /v1/stats, one consumer kept open
+    offload: Offload  # child processes for a large request's CPU work (api.offload): a large publish's judging
     keys: CachedKeys | None = None  # data keys from the key store (POST /v1/keys, sealing); None: no KEK here
     embedder_warmup: asyncio.Task | None = None
     rerank_warmup: asyncio.Task | None = None  # the cross-encoder (recall.rerank), loaded the same way
     kafka_probe: ProbeCache = field(default_factory=ProbeCache)
     door_check: Backoff = field(default_factory=Backoff)
-    offload: Offload = field(default_factory=lambda: Offload(("api.judging",)))  # a large publish's judging
 
     @classmethod
     @asynccontextmanager
@@ -208,6 +135,8 @@ class Resources:
             stack.callback(access.close)
             offsets = EndOffsetReader(settings, timeout_s=settings.api_kafka_timeout_s)  # connects on first read
             stack.callback(offsets.close)
+            offload = Offload(("api.judging",))  # its children start with the first large request
+            stack.callback(offload.close)
             res = cls(
                 settings=settings,
                 pool=pool,
@@ -216,9 +145,9 @@ class Resources:
                 recall=recall,
                 access=access,
                 offsets=offsets,
+                offload=offload,
                 keys=keys,
             )
-            stack.callback(res.offload.close)
             if warm_embedder:
                 res.embedder_warmup = asyncio.get_running_loop().create_task(recall.embedder(), name="embedder-warmup")
                 res.embedder_warmup.add_done_callback(_report_warmup)

@@ -147,8 +147,8 @@ async def publish_events(
     skew, now = timedelta(seconds=settings.max_future_skew_s), datetime.now(UTC)
     # up to 1000 events judged by the contract and fingerprinted: CPU work, never on the event loop; a large
     # request's in a child process (res.offload), a small one's in a worker thread (less than a round trip there)
-    apart = len(events) > JUDGED_IN_A_CHILD
-    judged = await (res.offload.run if apart else run_in_threadpool)(judge, events, now, skew, resolutions)
+    in_a_child = len(events) > JUDGED_IN_A_CHILD
+    judged = await (res.offload.run if in_a_child else run_in_threadpool)(judge, events, now, skew, resolutions)
     results, first, fingerprints, repeats = judged.results, judged.first, judged.fingerprints, judged.repeats
 
     # every id is claimed, generated ones too: GET /v1/events/{event_id} then says `pending` until it is applied

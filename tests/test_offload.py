@@ -1,4 +1,4 @@
-"""A large publish's judging in a child process (api.resources.Offload, api.judging.judge): the same verdicts as
+"""A large publish's judging in a child process (api.offload.Offload, api.judging.judge): the same verdicts as
 judged in this process, and a child that dies is replaced without failing a call."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from api.judging import Judged, judge
-from api.resources import Offload
+from api.offload import Offload
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 SKEW = timedelta(seconds=300)
@@ -106,9 +106,22 @@ def test_a_child_that_died_is_replaced_and_no_call_fails() -> None:
     asyncio.run(run())
 
 
+def test_after_close_a_call_runs_here_and_starts_no_child() -> None:
+    """A request still being served while the server stops is answered, and leaves no pool nothing would close."""
+
+    async def run() -> None:
+        offload = Offload(("api.judging",))
+        assert await offload.run(os.getpid) != os.getpid()
+        offload.close()
+        assert await offload.run(os.getpid) == os.getpid()
+        assert offload._pool is None
+
+    asyncio.run(run())
+
+
 _KILLED_PARENT = """
 import asyncio, os, sys, time
-from api.resources import Offload
+from api.offload import Offload
 offload = Offload(("api.judging",))
 print(asyncio.run(offload.run(os.getpid)), flush=True)
 time.sleep(600)
