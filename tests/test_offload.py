@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -61,62 +62,65 @@ def _verdicts(judged: Judged) -> tuple:
     )
 
 
-def test_a_child_judges_every_request_as_this_process_does() -> None:
+def _with_offload(body: Callable[[Offload], Awaitable[None]]) -> None:
+    """`body` given a new Offload, on an event loop; the Offload closed after (again, if `body` closed it)."""
+
     async def run() -> None:
         offload = Offload(("api.judging",))
         try:
-            for events in _requests():
-                apart = await offload.run(judge, events, NOW, SKEW, False)
-                assert _verdicts(apart) == _verdicts(judge(events, NOW, SKEW, False))
-            big = _requests()[0]
-            verdicts = _verdicts(await offload.run(judge, big, NOW, SKEW, False))
-            assert [r["error"]["code"] if r else None for r in verdicts[0][3:9]] == [
-                "unstorable_text",
-                "clock_skew",
-                "not_an_object",
-                "invalid_value",
-                None,
-                "event_id_conflict",
-            ], verdicts[0][3:9]
-            assert verdicts[0][11]["error"]["code"] == "too_deep", verdicts[0][11]
-            assert [(i, j) for i, _, j in verdicts[3]] == [(7, 0)]
+            await body(offload)
         finally:
             offload.close()
 
     asyncio.run(run())
+
+
+def test_a_child_judges_every_request_as_this_process_does() -> None:
+    async def body(offload: Offload) -> None:
+        for events in _requests():
+            in_a_child = await offload.run(judge, events, NOW, SKEW, False)
+            assert _verdicts(in_a_child) == _verdicts(judge(events, NOW, SKEW, False))
+        verdicts = _verdicts(await offload.run(judge, _requests()[0], NOW, SKEW, False))
+        assert [r["error"]["code"] if r else None for r in verdicts[0][3:9]] == [
+            "unstorable_text",
+            "clock_skew",
+            "not_an_object",
+            "invalid_value",
+            None,
+            "event_id_conflict",
+        ], verdicts[0][3:9]
+        assert verdicts[0][11]["error"]["code"] == "too_deep", verdicts[0][11]
+        assert [(i, j) for i, _, j in verdicts[3]] == [(7, 0)]
+
+    _with_offload(body)
 
 
 def test_a_child_that_died_is_replaced_and_no_call_fails() -> None:
-    async def run() -> None:
-        offload = Offload(("api.judging",))
-        try:
-            child = await offload.run(os.getpid)
-            assert child != os.getpid()
-            os.kill(child, signal.SIGKILL)
-            answered: list[int] = []
-            deadline = time.monotonic() + 60
-            while not answered or answered[-1] in (child, os.getpid()):  # until a new child answers
-                assert time.monotonic() < deadline, f"no new child: {answered}"
-                answered.append(await offload.run(os.getpid))  # never raises: the dead child's call runs here
-            assert answered[-1] not in (child, os.getpid())
-            assert child not in answered[1:]  # a dead child is never given a call again
-        finally:
-            offload.close()
+    async def body(offload: Offload) -> None:
+        child = await offload.run(os.getpid)
+        assert child != os.getpid()
+        os.kill(child, signal.SIGKILL)
+        answered: list[int] = []
+        deadline = time.monotonic() + 60
+        while not answered or answered[-1] in (child, os.getpid()):  # until a new child answers
+            assert time.monotonic() < deadline, f"no new child: {answered}"
+            answered.append(await offload.run(os.getpid))  # never raises: the dead child's call runs here
+        assert answered[-1] not in (child, os.getpid())
+        assert child not in answered[1:]  # a dead child is never given a call again
 
-    asyncio.run(run())
+    _with_offload(body)
 
 
 def test_after_close_a_call_runs_here_and_starts_no_child() -> None:
     """A request still being served while the server stops is answered, and leaves no pool nothing would close."""
 
-    async def run() -> None:
-        offload = Offload(("api.judging",))
+    async def body(offload: Offload) -> None:
         assert await offload.run(os.getpid) != os.getpid()
         offload.close()
         assert await offload.run(os.getpid) == os.getpid()
         assert offload._pool is None
 
-    asyncio.run(run())
+    _with_offload(body)
 
 
 _KILLED_PARENT = """
