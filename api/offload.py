@@ -66,7 +66,7 @@ class Offload:
             log.warning("a child process died or failed to start (%s): a new one starts on the next call", exc)
             if self._pool is pool:
                 self._pool = None
-                pool.shutdown(wait=False, cancel_futures=True)
+                _end_broken(pool)
             return await asyncio.to_thread(fn, *args)
 
     def close(self) -> None:
@@ -74,6 +74,16 @@ class Offload:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+def _end_broken(pool: ProcessPoolExecutor) -> None:
+    """A broken pool's surviving children killed, then the pool shut down. A child killed while it held the call
+    queue's read lock leaves its siblings waiting on that lock forever; Python 3.11's pool stops them with SIGTERM,
+    which they ignore when this process does (an ignored signal passes through exec), and then joins them: its
+    manager thread, and this process's exit with it, would never end."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _start_child(modules: tuple[str, ...], parent: int) -> None:
