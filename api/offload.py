@@ -35,19 +35,21 @@ _PARENT_CHECK_S = 1.0  # how often a child looks for its parent
 
 class Offload:
     """The children are spawned on the first call (a process that never gets a large request never starts one), at
-    most one a core this process may use and `CHILDREN`. A call is run in a thread instead when it cannot be sent
-    (a value nested deeper than pickle goes, which json.loads reads), when its child died (the pool is replaced on
-    the next call) and after `close`. A child outlives this process by a second at most, however it ends."""
+    most `children`: by default one a core this process may use, and `CHILDREN`. A call is run in a thread instead
+    when it cannot be sent (a value nested deeper than pickle goes, which json.loads reads), when its child died (the
+    pool is replaced on the next call) and after `close`. A child outlives this process by a second at most, however
+    it ends."""
 
-    def __init__(self, modules: tuple[str, ...]) -> None:
+    def __init__(self, modules: tuple[str, ...], children: int | None = None) -> None:
         self._modules = modules  # what the children import as they start: the functions they will be given
+        self._children = children or min(len(os.sched_getaffinity(0)), CHILDREN)
         self._pool: ProcessPoolExecutor | None = None
         self._closed = False
 
     def _started(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
-                min(len(os.sched_getaffinity(0)), CHILDREN),  # spawned as calls need them, not all at once
+                self._children,  # spawned as calls need them, not all at once
                 mp_context=get_context("spawn"),  # a fork of a process with threads may copy a lock held
                 initializer=_start_child,
                 initargs=(self._modules, os.getpid()),
