@@ -78,7 +78,7 @@ ERROR_CODES: dict[str, str] = {
     "wrong_type": "a value of the wrong JSON type (text where a number goes, a number where a list goes)",
     "invalid_value": (
         "a value the field does not allow: out of range, too long or short, blank, a rule between fields; a line feed "
-        "(`%0A`) in a path parameter, which a route's path cannot carry exactly"
+        "(`%0A`) in the path where no text parameter takes it (after a route's last word, in a number)"
     ),
     "unknown_value": "not one of the field's choices (`kind`, `format`, `mode`, `source.type`)",
     "unknown_type": "an event `type` that is not one of the contract's (`EventType`)",

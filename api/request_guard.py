@@ -1,5 +1,5 @@
 """What every HTTP request is checked for before any route reads it: its size, its path and query as UTF-8, no line
-feed in its path, and no query parameter its route does not take.
+feed in its path but in a text parameter, and no query parameter its route does not take.
 
 - A body over `api_max_body_bytes` is refused with 413 `too_large` (at once when its Content-Length says so, else
   as soon as more has arrived), before the key is checked: a caller without a key cannot make the process hold an
@@ -7,8 +7,9 @@ feed in its path, and no query parameter its route does not take.
 - A percent-escape that is not UTF-8 in the path or the query (`%ED%A0%80`, `%FF`) is refused with 422
   `unstorable_text` naming the parameter. The server would otherwise read it as U+FFFD and store or look up that
   other text.
-- A line feed in the path (`%0A`) is refused with 422 `invalid_value` naming the parameter: the routes' path
-  patterns cannot carry it exactly (a trailing one would be dropped: `DELETE /v1/subjects/x%0A` would erase `x`).
+- A line feed in the path (`%0A`) is read as part of a text parameter (a subject, an event id: api.routes._paths),
+  and refused with 422 `invalid_value` anywhere else: after a route's last literal (`.../facts%0A`, which a route's
+  pattern would read as `.../facts`), naming "path", or in a number, naming the parameter.
 - A query parameter the route does not take (`asof` for `as_of`, `after` on a route that reads it from its body) is
   refused with 422 `unknown_field` naming it, as a body's unknown field is, and one given twice with 422
   `invalid_value`: ignored, or the last one taken, it would answer another question than the one asked.
@@ -17,8 +18,8 @@ feed in its path, and no query parameter its route does not take.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 import orjson
@@ -65,13 +66,19 @@ def undecodable_parameter(app: ASGIApp, scope: Scope) -> str | None:
     return None
 
 
-def line_feed_parameter(app: ASGIApp, scope: Scope) -> str | None:
-    """The path parameter of `scope` that holds a line feed ("path" for a path no route template names); None: the
-    path holds none."""
+def line_feed_parameter(scope: Scope, cache: dict[str, Any], app: ASGIApp) -> str | None:
+    """The parameter of `scope`'s path that holds a line feed its route does not read as text ("path" when no route
+    of the request's method takes the whole path: the line feed stands after a literal); None: none does. `cache`:
+    as query_refusal's."""
     path: str = scope["path"]
     if "\n" not in path:
         return None
-    return _path_parameter(app, path, lambda part: "\n" in part) or "path"
+    for match, operation in _matching_operations(scope, cache, app):
+        for name, part in match.groupdict().items():
+            if "\n" in part and name not in operation.text_path:
+                return name
+        return None
+    return "path"
 
 
 def _path_parameter(app: ASGIApp, sent: str, bad: Callable[[str], bool]) -> str | None:
@@ -106,6 +113,12 @@ def _patterns(templates: Iterable[str]) -> list[tuple[re.Pattern[str], str]]:
     return [(pattern, template) for _, pattern, template in sorted(out, key=lambda o: o[0])]
 
 
+class _Operation(NamedTuple):
+    query: set[str]  # the query parameters it takes
+    reads_input: bool  # a query, or a body
+    text_path: set[str]  # its path parameters that are text (a line feed is theirs)
+
+
 def query_refusal(app: ASGIApp, scope: Scope, cache: dict[str, Any]) -> tuple[str, str, str] | None:
     """(code, parameter, message) for the first query parameter of `scope` that its operation (the app's OpenAPI
     spec) does not take (`unknown_field`), or that is given twice (`invalid_value`: no parameter takes a list); None
@@ -115,18 +128,13 @@ def query_refusal(app: ASGIApp, scope: Scope, cache: dict[str, Any]) -> tuple[st
     query: bytes = scope.get("query_string", b"")
     if not query:
         return None
-    if "operations" not in cache:
-        cache["operations"] = _operations(app)
-    method, path = scope["method"].lower(), scope["path"]
-    for pattern, by_method in cache["operations"]:
-        if method not in by_method or pattern.fullmatch(path) is None:
-            continue  # a more literal template of another method (GET .../{subject}/facts) is not this one's
-        taken, reads_input = by_method[method]
-        if not reads_input:
+    for _, operation in _matching_operations(scope, cache, app):
+        if not operation.reads_input:
             return None
         seen: set[str] = set()
         for name, _ in parse_qsl(query.decode("utf-8", "replace"), keep_blank_values=True):
-            if name not in taken:
+            if name not in operation.query:
+                taken = operation.query
                 which = f"which takes: {', '.join(sorted(taken))}" if taken else "which takes none (its body says all)"
                 return "unknown_field", name, f"is not a parameter of this route, {which}"
             if name in seen:
@@ -136,9 +144,24 @@ def query_refusal(app: ASGIApp, scope: Scope, cache: dict[str, Any]) -> tuple[st
     return None
 
 
-def _operations(app: ASGIApp) -> list[tuple[re.Pattern[str], dict[str, tuple[set[str], bool]]]]:
-    """(the path template's pattern, method -> (the query parameters its operation takes, whether it reads any input:
-    a query, or a body)), most literal first."""
+def _matching_operations(
+    scope: Scope, cache: dict[str, Any], app: ASGIApp
+) -> Iterator[tuple[re.Match[str], _Operation]]:
+    """The operations of `scope`'s method whose path template takes its whole path, most literal first, each with
+    the match (its groups: the path parameters). A more literal template of another method (GET .../{subject}/facts)
+    is not this method's."""
+    if "operations" not in cache:
+        cache["operations"] = _operations(app)
+    method, path = scope["method"].lower(), scope["path"]
+    for pattern, by_method in cache["operations"]:
+        if method in by_method:
+            match = pattern.fullmatch(path)
+            if match is not None:
+                yield match, by_method[method]
+
+
+def _operations(app: ASGIApp) -> list[tuple[re.Pattern[str], dict[str, _Operation]]]:
+    """(the path template's pattern, method -> its operation), most literal first."""
     openapi = getattr(app, "openapi", None)
     if openapi is None:
         return []
@@ -147,8 +170,10 @@ def _operations(app: ASGIApp) -> list[tuple[re.Pattern[str], dict[str, tuple[set
     for pattern, template in _patterns(paths):
         by_method = {}
         for method, op in paths[template].items():
-            taken = {p["name"] for p in op.get("parameters", []) if p.get("in") == "query"}
-            by_method[method] = (taken, bool(taken) or "requestBody" in op)
+            params = op.get("parameters", [])
+            taken = {p["name"] for p in params if p.get("in") == "query"}
+            text = {p["name"] for p in params if p.get("in") == "path" and p.get("schema", {}).get("type") == "string"}
+            by_method[method] = _Operation(taken, bool(taken) or "requestBody" in op, text)
         out.append((pattern, by_method))
     return out
 
@@ -170,9 +195,9 @@ class RequestGuard:
             message = "holds a percent-escape that is not UTF-8, so no text the ledger stores or looks up"
             await _answer(send, 422, "unstorable_text", name, message)
             return
-        name = line_feed_parameter(self.routes_of, scope)
+        name = line_feed_parameter(scope, self._operations, self.routes_of)
         if name is not None:
-            message = "holds a line feed (%0A), which a route's path cannot carry exactly: nothing was read or changed"
+            message = "holds a line feed (%0A) where this route reads none: nothing was read or changed"
             await _answer(send, 422, "invalid_value", name, message)
             return
         refused = query_refusal(self.routes_of, scope, self._operations)

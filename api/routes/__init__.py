@@ -1,7 +1,8 @@
 """One router per resource; this module only includes them (and documents the one error shape on each).
 
 `events`, `erasure`, `facts`, `subjects`, `stats`, `recall`, `context`, `schema`, `health`, `tenants`,
-`subject_search`, `keys`, `dead_letters`, `receipts`: one module each; `_json`: their one way to answer JSON.
+`subject_search`, `keys`, `dead_letters`, `receipts`: one module each; `_json`: their one way to answer JSON;
+`_paths`: the `text` path convertor (a parameter that holds `/` and line feeds), registered before any route.
 """
 
 from typing import Any
@@ -9,7 +10,8 @@ from typing import Any
 from fastapi import APIRouter
 
 from api.errors import ERROR_RESPONSES
-from api.routes import (
+from api.routes import (  # _paths first: the routes declare `text` parameters
+    _paths,  # noqa: F401
     context,
     dead_letters,
     erasure,

@@ -31,7 +31,7 @@ READ_ROUTE_NAMES = frozenset({"facts", "events"})
 
 
 @router.delete(
-    "/subjects/{subject:path}",
+    "/subjects/{subject:text}",
     status_code=202,
     response_model=ErasureResponse,
     responses={202: {"description": "subject.erased published; the projections purge the subject when they apply it"}},

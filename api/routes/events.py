@@ -63,7 +63,7 @@ async def publish_events(body: PublishRequest, tenants: TenantsDep, res: Resourc
 
 
 @router.get(
-    "/events/{event_id:path}",
+    "/events/{event_id:text}",
     response_model=EventStatus,
     responses={403: {"model": ErrorBody, "description": "the API key may not use this tenant"}},
 )

@@ -134,7 +134,7 @@ def _erasure_place(cursor: str | None) -> tuple[datetime, str] | None:
         raise ApiError(422, "invalid_value", "is not a next_cursor this route gave", "cursor") from None
 
 
-@router.get("/erasures/{erasure_id:path}", response_model=ErasureRecord)
+@router.get("/erasures/{erasure_id:text}", response_model=ErasureRecord)
 async def erasure(
     pool: PoolDep,
     settings: SettingsDep,

@@ -26,7 +26,7 @@ Subject = Annotated[Storable, AfterValidator(not_blank), Path(**SUBJECT, descrip
 OptionalTime = Annotated[Time | None, Query(description="RFC 3339 time with seconds and an offset")]
 
 
-@router.get("/{subject:path}/facts", response_model=FactsResponse)
+@router.get("/{subject:text}/facts", response_model=FactsResponse)
 async def facts(
     res: ResourcesDep,
     subject: Subject,
@@ -46,7 +46,7 @@ async def facts(
     return json_response(answer)
 
 
-@router.get("/{subject:path}/events", response_model=EventsResponse)
+@router.get("/{subject:text}/events", response_model=EventsResponse)
 async def events(
     res: ResourcesDep,
     subject: Subject,
