@@ -16,6 +16,7 @@ from urllib.parse import quote
 import psycopg
 from starlette.concurrency import run_in_threadpool
 
+from api.consistency import wait_after
 from api.deps import check_tenant
 from api.errors import ApiError, store_unavailable
 from api.judging import conflict, invalid, judge, refused
@@ -407,9 +408,10 @@ async def _forget_target(res: Resources, p: ForgetParams) -> tuple[dict[str, Any
     return event, memory_id, None
 
 
-async def forget(res: Resources, tenants: frozenset[str], p: ForgetParams) -> dict[str, Any]:
+async def forget(res: Resources, tenants: frozenset[str], p: ForgetParams, after: str | None = None) -> dict[str, Any]:
     """Retract a fact, one version of a fact, or an episode (a `memory.retracted` through the door; see
-    `_forget_target`) or erase the subject (`erase_subject`).
+    `_forget_target`) or erase the subject (`erase_subject`). `after`: writes the target may be among (an MCP
+    session's own): the target is looked for once the projection has them, or has waited its bound for them.
 
     `{"action": "retract"|"erase", ...the door's or the erasure's answer, "effect", "status_url"}`: what was asked
     and that it is in the ledger, never that it took effect (`effect_pending`); its status says what it did.
@@ -424,6 +426,12 @@ async def forget(res: Resources, tenants: frozenset[str], p: ForgetParams) -> di
     if p.key is None and p.target_version is None:
         message = "key (or target_version) is required to retract a fact or an episode (or set erase_subject)"
         raise ApiError(422, "missing_field", message, "key")
+    if after is not None:
+        try:
+            await wait_after(res, p.tenant, after, "projection")
+        except ApiError as exc:  # not there yet: the target is looked for all the same (a 404 says it may be pending)
+            if exc.code != "not_yet":
+                raise
     try:
         event, memory_id, unchecked = await _forget_target(res, p)
     except ApiError as exc:

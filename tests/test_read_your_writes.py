@@ -197,6 +197,27 @@ def test_mcp_remember_then_recall_is_read_your_writes_by_default(stack: dict[str
     assert asyncio.run(scenario()) == []
 
 
+def test_mcp_forget_finds_the_sessions_own_remember(stack: dict[str, Any]) -> None:
+    """`forget` looks its target up in the projection: right after the session's own `remember` it waits for that
+    write as a read does, instead of answering 404 while the worker has not applied it yet."""
+
+    async def scenario() -> list[str]:
+        wrong = []
+        async with mcp_client(stack) as client:
+            for i in range(8):
+                subject = f"user:forget-{i}-{uuid.uuid4().hex[:6]}"
+                args = {k: v for k, v in _fact(subject, f"tea-{i}").items() if k != "type"}
+                failed, wrote = await tool(client, "remember", {**args, "event_id": uuid.uuid4().hex})
+                assert not failed, wrote
+                by = {"target_version": wrote["version_id"]} if i % 2 else {"key": args["key"]}
+                failed, forgot = await tool(client, "forget", {"subject": subject, **by})
+                if failed or forgot.get("action") != "retract":
+                    wrong.append(f"{by}: {forgot}")
+        return wrong
+
+    assert asyncio.run(scenario()) == []
+
+
 # -- every write door's token, at every read door -------------------------------------------------------------------
 
 

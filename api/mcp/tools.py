@@ -316,7 +316,8 @@ async def _history(res: Resources, tenants: frozenset[str], p: HistoryPage) -> d
 
 
 async def _forget(res: Resources, tenants: frozenset[str], p: ForgetParams) -> dict[str, Any]:
-    done = await writes.forget(res, tenants, p)
+    # what it retracts may be this session's own `remember`: looked for once the projection has the session's writes
+    done = await writes.forget(res, tenants, p, after=SESSIONS.after(tenants, p.tenant, None))
     SESSIONS.wrote(tenants, p.tenant, done.get("consistency_token"))
     return done
 
