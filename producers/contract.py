@@ -643,6 +643,7 @@ _CODES = {
     "extra_forbidden": "unknown_field",
     "enum": "unknown_value",
     "literal_error": "unknown_value",
+    "string_unicode": "unstorable_text",  # a lone surrogate in text the JSON parser read: no store keeps it
 }
 
 

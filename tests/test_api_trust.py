@@ -458,7 +458,7 @@ def test_class8_any_body_field_given_what_only_the_standard_parser_reads_is_4xx_
     """Every field of every JSON body (each leaf at any depth, and a lone-surrogate key in each object), given each
     value a client's JSON may spell that no store or canonical JSON holds: a 4xx in the one shape, or an answer,
     never a server error (a receipt's canonical JSON raised on a lone surrogate or a long integer)."""
-    tried = 0
+    tried, unnamed = 0, []
     for (method, _), requests in _routes(A, receipt).items():
         for url, kw in requests:
             if "json" not in kw:
@@ -474,9 +474,15 @@ def test_class8_any_body_field_given_what_only_the_standard_parser_reads_is_4xx_
                     assert r.status_code < 500, (where, r.text[:300])
                     if r.status_code >= 400:
                         assert_error(r, r.status_code)
+                        # the README: a lone surrogate is unstorable_text (a time, a token, a signature may
+                        # refuse it first, as what it is not)
+                        said = [(i["code"], i["message"]) for i in r.json()["detail"] if "unicode" in i["message"]]
+                        if literal == b'"\\ud800"' and any(code != "unstorable_text" for code, _ in said):
+                            unnamed.append((where, r.text[:300]))
                     elif url == "/v1/events":  # accepted: what it held was storable (never one of these)
                         raise AssertionError((where, r.text[:300]))
     assert tried > 300, tried
+    assert unnamed == [], "\n".join(map(str, unnamed))
 
 
 # -- accepted, then dead-lettered ---------------------------------------------------------------
