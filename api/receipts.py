@@ -558,6 +558,12 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
     """`POST /v1/receipts/replay` (see the module docstring)."""
     receipt, tenant, settings = body.receipt, body.tenant, res.settings
     _own(tenants, tenant, receipt)
+    named = body.request.get("tenant", tenant)
+    if named != tenant:  # the replay's tenant is the request's: another one named there is refused, never ignored
+        if isinstance(named, str):
+            check_tenant(named, tenants, "request.tenant")
+        message = f"names another tenant than the replay's ({tenant!r}): leave it out, or name that one"
+        raise ApiError(422, "invalid_value", message, "request.tenant")
     _signed_here(settings, receipt)
     answer: Answer = receipt["answer"]
     if answer == "context":

@@ -408,6 +408,7 @@ class ReplayBody(_ReceiptRequest):
     request: dict[str, Any] = Field(
         description="the parameters of the read the receipt came from, as sent (recall's or context's body; "
         "facts: subject, as_of, known_at, offset, limit; history: memory_id, offset, limit; events: subject, from, "
-        "to, limit); tenant may be left out. A page's offset and limit are parameters too, as the answer's `page` "
-        "names them (the MCP tools answer pages of 100 unless told). The receipt holds only their digest"
+        "to, limit); tenant may be left out (another than the replay's is refused). A page's offset and limit are "
+        "parameters too, as the answer's `page` names them (the MCP tools answer pages of 100 unless told). The "
+        "receipt holds only their digest"
     )

@@ -512,6 +512,20 @@ def test_a_replays_parameters_are_judged_as_their_reads_route_judges_them(stack:
         assert "items" not in item["message"] and "Value error" not in item["message"], item
 
 
+def test_a_replays_request_naming_another_tenant_is_refused_not_ignored(stack: Any) -> None:
+    """The request's `tenant` may be left out or name the replay's; another one, the key's or not, is refused naming
+    `request.tenant` (a tenant a request names is never silently read as another)."""
+    receipt, asked = _recall(stack)["receipt"], {"subject": SUBJECT, "query": "R1 backend port"}
+    for named, status, code in ((OTHER, 422, "invalid_value"), ("not-a-tenant", 403, "forbidden_tenant")):
+        r = _replay(stack, receipt, {**asked, "tenant": named})
+        assert r.status_code == status, r.text
+        (item,) = r.json()["detail"]
+        assert (item["field"], item["code"]) == ("request.tenant", code), item
+    for request in (asked, {**asked, "tenant": TENANT}):
+        r = _replay(stack, receipt, request)
+        assert r.status_code == 200 and r.json()["same"], r.text
+
+
 def test_a_cited_place_of_another_tenants_event_reads_as_an_empty_one(stack: Any) -> None:
     """A receipt of this tenant citing the place of another tenant's event learns nothing of it: the same state and
     detail as a place where the ledger holds no event, while its own event's place still reads held."""
