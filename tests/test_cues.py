@@ -335,3 +335,17 @@ def test_numeric_time_spans_become_ranges(words, start, end):
 @pytest.mark.parametrize("words", ["1.5 days ago", "the last 3 weekends"])
 def test_a_number_that_is_not_a_count_of_units_is_no_time_cue(words):
     assert extract(f"OD20241102 {words}", VOCAB, NOW).time is None
+
+
+def test_an_id_shaped_alias_is_the_alias_not_an_unknown_entity_too():
+    """An alias that looks like an id (a product code) reaches its key; taken as a new entity as well, the exact
+    ask wanted a fact about an entity of that name, and found none. A known entity stays one, an unknown id that
+    no alias explains stays an unknown entity."""
+    vocab = Vocabulary.build(
+        entities=["P1"], subjects=["project:P1"], key_aliases=[("product.code", ["SKU0AC47", "product code"])]
+    )
+    cues = extract("what is SKU0AC47", vocab, NOW)
+    assert (cues.keys, cues.entities, cues.unknown_entities) == (("product.code",), (), ())
+    cues = extract("what is ＳＫＵ0ac47 of P1, and of ZX9Q7", vocab, NOW)
+    assert cues.keys == ("product.code",) and cues.known_entities == ("p1",)
+    assert cues.unknown_entities == ("zx9q7",), cues

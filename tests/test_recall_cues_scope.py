@@ -74,6 +74,9 @@ def world(base_settings):
             mids[scope or "default"] = e.memory_id
         e = ledger.assert_fact(SCOPED, "project:P1", "project.owner", "P1 的负责人是 Alice", "Alice", entities=["P1"])
         mids["owner"] = e.memory_id
+        e = ledger.assert_fact(SCOPED, "product:kettle", "product.code", "the kettle is sold as SKU0AC47", "SKU0AC47",
+                               aliases=["SKU0AC47"])  # fmt: skip
+        mids["sku"] = e.memory_id
         for i, (subject, content) in enumerate(TURNS):
             e = ledger.assert_fact(TALK, subject, None, content, kind="episodic", valid_from=T0 + timedelta(minutes=i))
             mids[f"turn{i}"] = e.memory_id
@@ -255,3 +258,12 @@ def test_a_facts_versions_trade_places_by_scope_and_nothing_else_moves():
     assert scope_rank("prod", ("prod",)) < scope_rank("", ("prod",)) < scope_rank("test", ("prod",))
     only_named = _hits(("p", "db", "test", 0.6), ("p", "db", "prod", 0.5))
     assert [h.row["scope"] for h in prefer_scopes(only_named, (), BAND)] == ["test", "prod"]  # no default: as before
+
+
+@pytest.mark.parametrize("mode", ["exact", "auto"])
+def test_an_id_shaped_alias_is_answered_exactly(world, mode):
+    """An alias that looks like an id reaches its key's fact in the exact stage, though no entity is named that."""
+    res = recall(world["client"], SCOPED, "what is SKU0AC47", mode=mode)
+    assert res["cues"]["keys"] == ["product.code"] and res["cues"]["entities"] == [], res["cues"]
+    first = res["hits"][0]
+    assert (first["memory_id"], first["match"]["stage"]) == (world["mids"]["sku"], "exact"), res["hits"]

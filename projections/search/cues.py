@@ -598,8 +598,6 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
                 know(e)
         if tok not in known_ids:
             unknown.setdefault(tok)
-    entities = list(dict.fromkeys([*known, *unknown]))[:MAX_ENTITIES]
-    known_list = list(known)[:MAX_ENTITIES]
 
     # attribute keys through aliases (longest phrase wins over the shorter ones inside it)
     alias_spans = _spans(seq, vocab.aliases, heads=vocab.alias_heads)
@@ -612,6 +610,11 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
     phrases = _bounded_words([phrase for _, phrase in sorted(found, key=lambda f: (min(f[0]), f[1]))], MAX_KEYS)
     matches = [(phrase, tuple(sorted(vocab.aliases[phrase]))) for phrase in phrases]
     keys = dict.fromkeys(k for _, ks in matches for k in ks)
+    # an id-shaped token the tenant knows as an alias (`SKU0AC47`) is that alias, not a new entity besides: as
+    # both, it would ask for a fact about an entity of that name under the alias's key, which the fact is not
+    explained = {phrase for phrase, _ in matches}
+    entities = list(dict.fromkeys([*known, *(t for t in unknown if canonical(t) not in explained)]))[:MAX_ENTITIES]
+    known_list = list(known)[:MAX_ENTITIES]
 
     scope_spans = _spans(seq, vocab.scopes, 6, vocab.scope_heads) if vocab.scopes else []
     cover(scope_spans)  # explained (not terms), still words BM25 sees, like an entity's or an alias's
