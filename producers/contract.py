@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import math
 import re
 import uuid
@@ -47,6 +48,10 @@ __all__ = [
     "check_skew",
     "check_storable",
     "storable_json",
+    "claimed_fields",
+    "load_record",
+    "read_json",
+    "read_record",
     "parse_rfc3339",
     "version_id_for",
     "wire_fingerprint",
@@ -192,14 +197,51 @@ def _bad_text(text: str) -> str | None:
     return None
 
 
+def claimed_fields(raw: bytes | None) -> dict[str, Any]:
+    """The fields a record's JSON object claims (untrusted: for naming a refused record, never for applying it);
+    {} when it is not a JSON object. A record nested past what the parser reads still names its top-level text
+    fields (its tenant, its event_id): they are read from its tokens, the nesting skipped."""
+    if not raw:
+        return {}
+    try:
+        value = read_json(raw)
+    except RecursionError:
+        return _top_level_text(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+# a JSON string (its escapes included) or one structural character: what the top level of an object is made of
+_JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:,]')
+
+
+def _top_level_text(raw: bytes) -> dict[str, Any]:
+    """The text fields of the object `raw` holds, at its top level; what is nested inside them is skipped."""
+    out: dict[str, Any] = {}
+    depth, last, key = 0, b"", None
+    for token in _JSON_TOKEN.finditer(raw):
+        t = token.group()
+        if t in (b"{", b"["):
+            depth += 1
+        elif t in (b"}", b"]"):
+            depth -= 1
+        elif t == b":" and depth == 1 and last.startswith(b'"'):
+            key = last
+        elif t.startswith(b'"') and depth == 1 and key is not None and last == b":":
+            try:
+                out.setdefault(json.loads(key), json.loads(t))
+            except ValueError:  # not UTF-8: no text
+                pass
+            key = None
+        last = t
+    return out
+
+
 def named_subject(raw: bytes | None) -> str | None:
     """The subject a record's JSON names if an event could name it (text, not blank, at most 256 characters,
     storable), else None: what an erasure could name (a sealed record's subject is in clear)."""
-    try:
-        claimed = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError:
-        return None
-    subject = claimed.get("subject") if isinstance(claimed, dict) else None
+    subject = claimed_fields(raw).get("subject")
     if not isinstance(subject, str) or not subject.strip() or len(subject) > 256 or _bad_text(subject) is not None:
         return None
     return subject
@@ -293,8 +335,6 @@ def _walk(data: dict[str, Any]) -> None:
 
 
 STORABLE_JSON = "storable_json"  # validation context key: the caller judges storability itself, not the model
-_DIGITS_AS_ZERO = bytes(48 if 48 <= b <= 57 else 46 for b in range(256))  # bytes.translate: digit -> 0, else .
-_LONG_NUMBER = b"0" * 19  # 19 digits in a row: what every integer outside 64 bits has
 _STORABLE = {STORABLE_JSON: True}
 
 
@@ -306,11 +346,12 @@ def storable_json(raw: bytes) -> bool:
     (only the escape `\\u0000` spells one: a raw NUL byte is not JSON), an integer outside 64 bits (it has 19
     digits or more) and nesting deeper than MAX_VALUE_DEPTH (no more brackets than that in the whole record).
     """
-    return (
-        b"\\u0000" not in raw
-        and raw.count(b"{") + raw.count(b"[") <= MAX_VALUE_DEPTH
-        and _LONG_NUMBER not in raw.translate(_DIGITS_AS_ZERO)
-    )
+    return _storable_but_digits(raw) and _LONG_RUN not in raw.translate(_DIGITS_AS_ZEROS)
+
+
+def _storable_but_digits(raw: bytes) -> bool:
+    """`storable_json` but for its runs of digits (a reader that has looked for them already)."""
+    return b"\\u0000" not in raw and raw.count(b"{") + raw.count(b"[") <= MAX_VALUE_DEPTH
 
 
 def rfc3339(value: datetime) -> str:
@@ -730,16 +771,73 @@ def check_skew(event: MemoryEvent, max_future_skew: timedelta, reference: dateti
     return event
 
 
+# orjson reads an integer past 64 bits as a float (silently another number): JSON with such an integer is read by
+# the standard parser. Runs of 19 or more digits (what every integer outside 64 bits has) are found by mapping every
+# digit to "0" and everything else to " " (bytes.translate runs in C, far faster than a regular expression); a run
+# is an integer where a number may start (after "[", ":" or ",", spaces and a minus sign): inside a string (a hex
+# digest often holds one) it is not
+_DIGITS_AS_ZEROS = bytes(ord("0") if chr(i).isdigit() and i < 128 else ord(" ") for i in range(256))
+_LONG_RUN = b"0" * 19
+_NUMBER_AFTER = frozenset(b"[:,")
+_RUNS_JUDGED = 10_000  # past this many runs in strings, the standard parser reads the JSON (slower, never wrong)
+
+
+def _may_hold_a_long_integer(raw: bytes, zeros: bytes, start: int) -> bool:
+    """Whether a run of digits from `start` on (`zeros`: `raw` translated) may be an integer, not text."""
+    for _ in range(_RUNS_JUDGED):
+        if start == -1:
+            return False
+        # what precedes the run; 64 bytes of it are all spaces (or the start): judged a number, to be safe
+        before = raw[max(0, start - 64) : start].rstrip(b"-").rstrip(b" \t\r\n")
+        if not before or before[-1] in _NUMBER_AFTER:
+            return True
+        end = zeros.find(b" ", start)
+        start = -1 if end == -1 else zeros.find(_LONG_RUN, end)
+    return True
+
+
+def read_json(raw: bytes) -> Any:
+    """JSON as the standard `json.loads` reads it, by orjson where that gives the same value: every door and every
+    reader of the ledger reads a record so, and the contract judges what only the standard parser reads (NaN, 1e999,
+    a lone surrogate, an integer past 64 bits) by name. Raises ValueError (not JSON, not UTF-8) or RecursionError
+    (nested deeper than the parser goes)."""
+    return _read_json(raw)[0]
+
+
+def _read_json(raw: bytes) -> tuple[Any, bool]:
+    """`read_json`, and whether orjson read bytes without a run of 19 digits (then no NaN, infinity or lone
+    surrogate is in it, nor an integer outside 64 bits: `storable_json` but for its first two rules holds)."""
+    zeros = raw.translate(_DIGITS_AS_ZEROS)
+    start = zeros.find(_LONG_RUN)
+    if start == -1 or not _may_hold_a_long_integer(raw, zeros, start):
+        try:
+            return orjson.loads(raw), start == -1
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw), False
+
+
 def load_record(raw: bytes | None, max_bytes: int) -> Any:
-    """A record's JSON value, or InvalidEvent: no value (`empty`), over `max_bytes` (`too_large`), not JSON."""
+    """A record's JSON value (`read_json`), or InvalidEvent: no value (`empty`), over `max_bytes` (`too_large`),
+    nested past the parser (`too_deep`), not JSON."""
+    return read_record(raw, max_bytes)[0]
+
+
+def read_record(raw: bytes | None, max_bytes: int) -> tuple[Any, bool]:
+    """`load_record`, and whether validation may leave out the walk for what no store could keep: orjson read the
+    bytes and `storable_json` clears them."""
     if raw is None:
         raise InvalidEvent("empty", "the record has no value")
     if len(raw) > max_bytes:
         raise InvalidEvent("too_large", f"{len(raw)} bytes is more than {max_bytes}")
     try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        value, digits_cleared = _read_json(raw)
+    except RecursionError:
+        message = f"is nested deeper than {MAX_VALUE_DEPTH} levels (past what the JSON parser reads)"
+        raise InvalidEvent("too_deep", message) from None
+    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
         raise InvalidEvent("bad_json", f"not valid JSON: {exc}") from None
+    return value, digits_cleared and _storable_but_digits(raw)
 
 
 def decode(
@@ -756,13 +854,13 @@ def decode(
     A record must carry its event_id; only a producer reading its own input (`ledger publish`, like
     `POST /v1/events`) passes `mint_event_id=True` to have one minted before the event is published.
     """
-    data = load_record(raw, MAX_EVENT_BYTES)
+    data, storable = read_record(raw, MAX_EVENT_BYTES)
     return decode_value(
         data,
         default_observed_at=default_observed_at,
         max_future_skew=max_future_skew,
         mint_event_id=mint_event_id,
-        storable=raw is not None and storable_json(raw),
+        storable=storable,
     )
 
 

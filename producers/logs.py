@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from producers.contract import claimed_fields
 from producers.settings import Settings
 
 __all__ = [
@@ -93,15 +94,11 @@ def record_ids(record: Any) -> dict[str, Any]:
     if event is not None:
         ids["tenant"], ids["event_id"] = event.tenant, event.event_id
         return ids
-    try:
-        claimed = orjson.loads(record.raw) if record.raw else None
-    except orjson.JSONDecodeError:
-        claimed = None
-    if isinstance(claimed, dict):
-        for name in ("tenant", "event_id"):
-            value = claimed.get(name)
-            if isinstance(value, str):
-                ids[name] = value[:200]
+    claimed = claimed_fields(record.raw)
+    for name in ("tenant", "event_id"):
+        value = claimed.get(name)
+        if isinstance(value, str):
+            ids[name] = value[:200]
     return ids
 
 

@@ -20,8 +20,7 @@ from producers.contract import (
     InvalidEvent,
     MemoryEvent,
     decode_value,
-    load_record,
-    storable_json,
+    read_record,
 )
 from producers.keys.envelope import MAX_SEALED_BYTES, Envelope, open_envelope, parse_envelope
 
@@ -71,7 +70,7 @@ def decode_record(
         # a sealed record may be larger than a clear one (base64): anything else past MAX_EVENT_BYTES is too large
         oversize = raw is not None and len(raw) > MAX_EVENT_BYTES
         try:
-            data = load_record(raw, MAX_SEALED_BYTES)
+            data, storable = read_record(raw, MAX_SEALED_BYTES)
         except InvalidEvent:
             if oversize:
                 raise _too_large(raw) from None
@@ -82,8 +81,7 @@ def decode_record(
             return Incoming(topic, partition, offset, key, raw, ts, envelope=envelope, key_id=kid, max_future_skew=skew)
         if oversize:
             raise _too_large(raw)
-        # the bytes were read by orjson just now: `storable_json` may clear them (contract.from_dict)
-        storable = raw is not None and storable_json(raw)
+        # `storable`: orjson read the bytes and `storable_json` cleared them, so validation leaves out the walk
         event = decode_value(data, default_observed_at=ts, max_future_skew=max_future_skew, storable=storable)
         # the Incoming is built once, for the outcome (dataclasses.replace of a base costs as much again)
         return Incoming(topic, partition, offset, key, raw, ts, event=event, max_future_skew=max_future_skew)

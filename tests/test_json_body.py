@@ -12,7 +12,8 @@ import pytest
 from fastapi.routing import APIRoute
 
 from api.main import create_app
-from api.routes._json import OrjsonBodyRoute, parse_json_body
+from api.routes._json import OrjsonBodyRoute
+from producers.contract import read_json
 from producers.settings import Settings
 
 TRICKY = [
@@ -53,9 +54,9 @@ def _same(body: bytes) -> None:
         expected = json.loads(body)
     except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for bytes that are not UTF-8
         with pytest.raises(type(exc)):
-            parse_json_body(body)
+            read_json(body)
         return
-    got = parse_json_body(body)
+    got = read_json(body)
     assert repr(got) == repr(expected), body[:80]
     assert type(got) is type(expected), body[:80]
 

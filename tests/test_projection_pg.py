@@ -8,6 +8,7 @@ under it.
 from __future__ import annotations
 
 import base64
+import json
 import re
 import threading
 import uuid
@@ -228,6 +229,19 @@ def test_duplicate_delivery_is_one_version(pipe: Pipeline):
     assert chain[0].offset == published[0][1]  # the first delivery is the one recorded
 
 
+def _tenant_named(raw: bytes | None) -> str | None:
+    """The tenant a record's JSON names at its top level, as Python's parser reads it (None: it names none)."""
+    try:
+        doc = json.loads(raw) if raw else None
+    except RecursionError:  # the corpus's record nested past the parser names its tenant before the nesting
+        assert raw is not None and raw.startswith(b"{") and b'"tenant":"' + TENANT.encode() + b'"' in raw[:300]
+        return TENANT
+    except ValueError:
+        return None
+    tenant = doc.get("tenant") if isinstance(doc, dict) else None
+    return tenant if isinstance(tenant, str) else None
+
+
 def test_invalid_records_go_to_dlq_and_valid_ones_around_them_apply(pipe: Pipeline):
     settings = pipe.settings
     s = f"user:{uuid.uuid4().hex[:8]}"
@@ -244,9 +258,9 @@ def test_invalid_records_go_to_dlq_and_valid_ones_around_them_apply(pipe: Pipeli
     pipe.caught_up(60)
     with pg(settings) as conn:
         dead = {
-            (p, o): (code, field, message, bytes(raw) if raw is not None else None)
-            for p, o, code, field, message, raw in conn.execute(
-                'SELECT "partition", "offset", code, field, message, raw FROM dead_letters WHERE topic = %s',
+            (p, o): (code, field, message, bytes(raw) if raw is not None else None, tenant)
+            for p, o, code, field, message, raw, tenant in conn.execute(
+                'SELECT "partition", "offset", code, field, message, raw, tenant FROM dead_letters WHERE topic = %s',
                 (settings.topic,),
             )
         }
@@ -254,6 +268,11 @@ def test_invalid_records_go_to_dlq_and_valid_ones_around_them_apply(pipe: Pipeli
     mine = {po: d for po, d in dead.items() if po in bad_at}
     assert {po: d[0] for po, d in mine.items()} == bad_at  # each with its reason code
     assert all(d[2] for d in mine.values())  # and a message
+    # each under the tenant its JSON names, whatever refused it (its tenant's operator sees it, its status says so);
+    # no tenant's only where none can be read
+    raw_at = {placed[2 * i + 1]: raw for i, (raw, _code) in enumerate(corpus)}
+    assert {po: d[4] for po, d in mine.items()} == {po: _tenant_named(raw_at[po]) for po in mine}
+
     assert applied == len(valid)
     # the DLQ topic has each of them with the reason and the original bytes
     got = dlq_envelopes(settings, want=bad_at, timeout=30)

@@ -37,6 +37,7 @@ from producers.contract import (
     encode_wire,
     from_dict,
     from_dict_encoded,
+    read_json,
     storable_json,
 )
 from producers.records import decode_record
@@ -119,8 +120,8 @@ def _verdict(outcome: Any) -> Any:
 
 def _full_check(raw: bytes) -> Any:
     try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+        data = read_json(raw)  # as every reader of the ledger reads a record
+    except ValueError:
         return "bad_json"
     try:
         return _verdict(decode_value(data, default_observed_at=NOW, max_future_skew=SKEW, storable=False))

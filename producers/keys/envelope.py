@@ -19,7 +19,7 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from producers.contract import MAX_EVENT_BYTES, EventType, InvalidEvent, MemoryEvent
+from producers.contract import MAX_EVENT_BYTES, EventType, InvalidEvent, MemoryEvent, read_json
 
 __all__ = [
     "ALG",
@@ -186,8 +186,11 @@ def open_envelope(envelope: Envelope, key: bytes) -> dict[str, Any]:
             "bad_ciphertext", "the sealed fields do not open with their data key (tampered or mis-keyed)", SEALED
         ) from None
     try:
-        secret = orjson.loads(plain)
-    except orjson.JSONDecodeError as exc:  # what a clear record that is not JSON gets
+        secret = read_json(plain)  # as a clear record is read: what only the standard parser reads is judged by name
+    except RecursionError:
+        message = "the sealed fields are nested deeper than the JSON parser reads"
+        raise InvalidEvent("too_deep", message, f"{SEALED}.ct") from None
+    except ValueError as exc:  # what a clear record that is not JSON gets
         raise InvalidEvent("bad_json", f"the sealed fields are not valid JSON: {exc}", f"{SEALED}.ct") from None
     # only personal fields may come out of the ciphertext: the clear ones (tenant, subject, ids) are what the key's
     # owner check, routing and idempotency read, and a key holder must not override them from inside
