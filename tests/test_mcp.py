@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import httpx2
+import orjson
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -375,6 +376,26 @@ def test_http_refuses_a_missing_wrong_or_malformed_bearer_as_the_api_does(stack:
     found = {path: httpx.get(base + path, timeout=30).status_code for path in OAUTH_DISCOVERY}
     assert set(found.values()) == {404}, found
     stack["server"].check()
+
+
+def test_the_transports_own_refusals_are_in_the_one_error_shape(stack: dict[str, Any]) -> None:
+    """What the SDK's transport refuses before any tool runs (a content type it does not read, a body over its
+    limit) comes in the API's one error shape, not as plain text; its JSON-RPC errors stay JSON-RPC."""
+    from api.schemas import ErrorBody
+
+    auth = {"authorization": "Bearer k-acme", "accept": "application/json, text/event-stream"}
+    ping = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}})
+    for headers, content, status, code in (
+        ({"content-type": "text/plain"}, ping, 400, "bad_request"),
+        ({"content-type": "application/json"}, b" " * (5 * 1024 * 1024) + ping, 413, "too_large"),
+    ):
+        r = httpx.post(stack["mcp_url"], headers={**auth, **headers}, content=content, timeout=60)
+        assert r.status_code == status and r.headers["content-type"] == "application/json", (r.status_code, r.text)
+        shape = r.json()
+        assert ErrorBody.model_validate(shape).model_dump() == shape and shape["detail"][0]["code"] == code, shape
+        assert shape["detail"][0]["message"], shape
+    r = httpx.post(stack["mcp_url"], headers={**auth, "content-type": "application/json"}, content=b"{", timeout=60)
+    assert r.json()["error"]["code"] == -32700, r.text  # not JSON: the protocol's own parse error
 
 
 def test_stdio_refuses_to_start_without_a_known_key(stack: dict[str, Any]) -> None:

@@ -182,9 +182,39 @@ def _in_one_shape(endpoint: ASGIApp) -> ASGIApp:
             item = {"code": "method_not_allowed", "field": None, "message": message}
             await JSONResponse(error_body(item), 405, headers={"Allow": "POST"})(scope, receive, send)
             return
-        await endpoint(scope, receive, send)
+        await endpoint(scope, receive, _plain_refusals_in_one_shape(send))
 
     return app
+
+
+# the SDK's own refusals that are plain text, as the API words them (its JSON-RPC errors stay JSON-RPC)
+_PLAIN_REFUSALS = {400: ("bad_request", None), 413: ("too_large", "body"), 415: ("unsupported_media_type", None)}
+
+
+def _plain_refusals_in_one_shape(send: Send) -> Send:
+    """`send`, except that a plain-text refusal of the SDK's transport (a body too large, a content type it does not
+    read) goes out in the API's one error shape, its text as the message."""
+    held: dict[str, Any] | None = None
+
+    async def sending(message: dict[str, Any]) -> None:
+        nonlocal held
+        if message["type"] == "http.response.start" and message["status"] in _PLAIN_REFUSALS:
+            types = [v for k, v in message.get("headers", ()) if k.lower() == b"content-type"]
+            if not any(t.startswith(b"application/json") for t in types):
+                held = message  # answered below, with its body
+                return
+        if held is not None and message["type"] == "http.response.body":
+            code, field = _PLAIN_REFUSALS[held["status"]]
+            text = message.get("body", b"").decode("utf-8", "replace").strip() or HTTPStatus(held["status"]).phrase
+            body = orjson.dumps(error_body({"code": code, "field": field, "message": text}))
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": held["status"], "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            held = None
+            return
+        await send(message)
+
+    return sending
 
 
 # the HTTP API's challenge (api.deps): "send a bearer token", naming no authorization server and no OAuth error
