@@ -308,12 +308,25 @@ def _http_items(status: int, detail: Any) -> list[dict[str, Any]]:
     return [{"code": default, "field": None, "message": str(detail) if detail is not None else default}]
 
 
+def _unreadable(cause: BaseException) -> str:
+    """Why a body is not readable JSON at all, and where: the byte that is not UTF-8, or the nesting."""
+    if isinstance(cause, UnicodeDecodeError):
+        at = cause.start  # where the decoder the parser chose failed; a body is UTF-8 (RFC 8259): where that fails
+        try:
+            bytes(cause.object).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            at = exc.start
+        return f"the body is not readable JSON: it is not UTF-8 text (byte {at}: {bytes(cause.object[at : at + 1])!r})"
+    if isinstance(cause, RecursionError):
+        return "the body is not readable JSON: it is nested deeper than the JSON parser reads"
+    return f"the body is not readable JSON ({type(cause).__name__})"
+
+
 async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
     """Starlette's 404/405 and any HTTPException still raised somewhere, in the one shape."""
     if exc.status_code == 400 and exc.__cause__ is not None and exc.detail == _FASTAPI_BODY_ERROR:
         # FastAPI could not read the body at all (not UTF-8, nested past the JSON parser's recursion limit)
-        cause = type(exc.__cause__).__name__
-        return _json(422, {"code": "bad_json", "field": "body", "message": f"the body is not readable JSON ({cause})"})
+        return _json(422, {"code": "bad_json", "field": "body", "message": _unreadable(exc.__cause__)})
     headers = getattr(exc, "headers", None)
     return _json(exc.status_code, *_http_items(exc.status_code, exc.detail), headers=headers)
 

@@ -140,6 +140,8 @@ def test_class13_every_error_status_has_the_one_documented_shape(client: TestCli
         assert_error(resp, status, code, field)
     bad_json = assert_error(cases[12][0], 422)
     assert "line 2, column 11 (char 23)" in bad_json["message"], bad_json  # its position, not "field": "23"
+    assert "not UTF-8 text (byte 0" in assert_error(cases[13][0], 422)["message"]  # where, not an exception's name
+    assert "nested deeper" in assert_error(cases[14][0], 422)["message"]
     assert cases[0][0].headers.get("www-authenticate") == "Bearer"
 
     # the spec documents it: every operation lists ErrorBody (or its events extension) for its error statuses
