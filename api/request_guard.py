@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.errors import error_body
 from producers.settings import Settings
 
-__all__ = ["RequestGuard", "install", "line_feed_parameter", "query_refusal", "undecodable_parameter"]
+__all__ = ["RequestGuard", "install", "line_feed_parameter", "query_refusal", "replay", "undecodable_parameter"]
 
 
 def _escaped(raw: bytes) -> bool:
@@ -217,7 +217,7 @@ class RequestGuard:
         while True:
             message = await receive()
             if message["type"] != "http.request":  # the client left: the app hears it as it would have
-                await self.app(scope, _replay([message], receive), send)
+                await self.app(scope, replay([message], receive), send)
                 return
             received += len(message.get("body", b""))
             if received > limit:
@@ -227,10 +227,10 @@ class RequestGuard:
             if not message.get("more_body", False):
                 break
         whole: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        await self.app(scope, _replay([whole], receive), send)
+        await self.app(scope, replay([whole], receive), send)
 
 
-def _replay(first: list[Message], receive: Receive) -> Receive:
+def replay(first: list[Message], receive: Receive) -> Receive:
     """A receive that gives `first`, then whatever the server sends next (a disconnect)."""
 
     async def replayed() -> Message:

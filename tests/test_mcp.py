@@ -398,6 +398,32 @@ def test_the_transports_own_refusals_are_in_the_one_error_shape(stack: dict[str,
     assert r.json()["error"]["code"] == -32700, r.text  # not JSON: the protocol's own parse error
 
 
+def test_a_lone_surrogate_in_any_argument_is_a_tool_error_naming_it(stack: dict[str, Any]) -> None:
+    """JSON may escape a lone surrogate (a JavaScript string cut inside an emoji); the SDK's parser refuses the whole
+    message as a parse error, so such a tool call gets the tool error any bad argument gets: 422 unstorable_text
+    naming the argument, as the HTTP API names the field. A surrogate pair is text like any other."""
+    headers = {"authorization": "Bearer k-acme", "accept": "application/json, text/event-stream"}
+    headers["content-type"] = "application/json"
+    for tool, arguments, field in (
+        ("facts", b'{"subject": "user:\\ud800x"}', "subject"),
+        ("recall", b'{"query": "caf\\udce9", "top_k": 3}', "query"),
+        ("remember", b'{"event_id": "e1", "subject": "u", "content": "c", "value": {"a": ["\\udbff"]}}', "value"),
+        ("recall", b'{"\\ud800": 1, "query": "q"}', "arguments"),
+    ):
+        call = b'{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "%s", "arguments": %s}}'
+        r = httpx.post(stack["mcp_url"], headers=headers, content=call % (tool.encode(), arguments), timeout=60)
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert answer["id"] == 7 and answer["result"]["isError"], answer
+        body = orjson.loads(answer["result"]["content"][0]["text"])
+        assert body["status"] == 422 and body["detail"][0]["code"] == "unstorable_text", body
+        assert body["detail"][0]["field"] == field, body
+    pair = b'{"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": "recall", "arguments": '
+    pair += b'{"query": "tea \\ud83d\\ude00"}}}'
+    r = httpx.post(stack["mcp_url"], headers=headers, content=pair, timeout=60)
+    assert r.status_code == 200 and not r.json()["result"].get("isError"), r.text
+
+
 def test_stdio_refuses_to_start_without_a_known_key(stack: dict[str, Any]) -> None:
     import subprocess
 

@@ -9,6 +9,7 @@ stream would stay open forever. Tools carry our own schemas, so validation is th
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
@@ -33,7 +34,9 @@ from api.deps import AUTHORIZATION_HEADER, two_keys
 from api.errors import ApiError, error_body
 from api.mcp.auth import KeyVerifier, caller_tenants, check_admin, with_tenant
 from api.mcp.tools import TOOLS, ToolSpec, error_result, run_tool
+from api.request_guard import replay
 from api.resources import Resources
+from producers.contract import read_json
 from producers.settings import Settings
 
 __all__ = ["INSTRUCTIONS", "MCP_PATH", "build_server", "http_app"]
@@ -163,7 +166,8 @@ def http_app(settings: Settings) -> Starlette:
 
 
 def _in_one_shape(endpoint: ASGIApp) -> ASGIApp:
-    """The SDK's endpoint, except that a caller without a known key and a GET get the API's one error shape."""
+    """The SDK's endpoint, except that a caller without a known key and a GET get the API's one error shape, and a
+    tool call holding a lone surrogate its tool error (`_lone_surrogate_refusal`)."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -182,9 +186,66 @@ def _in_one_shape(endpoint: ASGIApp) -> ASGIApp:
             item = {"code": "method_not_allowed", "field": None, "message": message}
             await JSONResponse(error_body(item), 405, headers={"Allow": "POST"})(scope, receive, send)
             return
+        body, receive = await _whole_body(receive)
+        refused = _lone_surrogate_refusal(body)
+        if refused is not None:
+            await JSONResponse(refused)(scope, receive, send)
+            return
         await endpoint(scope, receive, _plain_refusals_in_one_shape(send))
 
     return app
+
+
+async def _whole_body(receive: Receive) -> tuple[bytes, Receive]:
+    """The request's body (the SDK's body limit, outside this endpoint, has bounded it) and a receive that gives it
+    again."""
+    chunks, message = [], await receive()
+    while message["type"] == "http.request":
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+        message = await receive()
+    if message["type"] != "http.request":  # the client left: the endpoint hears it as it would have
+        return b"".join(chunks), replay([message], receive)
+    return b"".join(chunks), replay([{"type": "http.request", "body": b"".join(chunks), "more_body": False}], receive)
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _lone_surrogate_refusal(body: bytes) -> dict[str, Any] | None:
+    """The JSON-RPC answer to a tool call whose arguments hold a lone surrogate (a JSON escape of one, which a
+    JavaScript string cut inside an emoji gives): the tool error a bad argument gets, 422 `unstorable_text` naming
+    it, where the SDK's parser would answer a parse error of valid JSON; None for any other request."""
+    if _SURROGATE_ESCAPE.search(body) is None:
+        return None
+    try:
+        message = read_json(body)
+    except (ValueError, RecursionError):
+        return None
+    params = message.get("params") if isinstance(message, dict) and message.get("method") == "tools/call" else None
+    arguments = params.get("arguments") if isinstance(params, dict) else None
+    if not isinstance(arguments, dict):
+        return None
+    for name, value in arguments.items():
+        field = "arguments" if _lone_surrogate_in(name) else name if _lone_surrogate_in(value) else None
+        if field is not None:
+            item = {"code": "unstorable_text", "field": field, "message": _LONE_SURROGATE}
+            result = error_result(422, item).model_dump(by_alias=True, exclude_none=True, mode="json")
+            return {"jsonrpc": "2.0", "id": message.get("id"), "result": result}
+    return None
+
+
+_LONE_SURROGATE = "contains a lone surrogate, which is not valid Unicode text"
+
+
+def _lone_surrogate_in(value: Any) -> bool:
+    """Whether `value` holds a lone surrogate anywhere (orjson writes none)."""
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        return "surrogate" in str(exc)
+    return False
 
 
 # the SDK's own refusals that are plain text, as the API words them (its JSON-RPC errors stay JSON-RPC)
