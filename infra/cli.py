@@ -128,9 +128,13 @@ class _Ledger(typer.Typer):
         try:
             return super().__call__(*args, **kwargs)
         except Exception as exc:
+            from producers.keys.kek import KekError
+            from producers.keys.signing import SigningKeyError
             from producers.settings import settings_problem
 
             problem = settings_problem(exc)
+            if problem is None and isinstance(exc, KekError | SigningKeyError):  # a key's setting: its own words
+                problem = str(exc)
             if problem is not None:
                 print(f"ledger: the settings do not load: {problem}", file=sys.stderr)
                 raise SystemExit(2) from None

@@ -90,6 +90,20 @@ def test_a_variable_that_does_not_parse_is_one_line_too() -> None:
         check_one_line(path, proc, "LEDGER_API_KEYS")
 
 
+def test_a_key_setting_that_does_not_load_is_one_line_too(tmp_path: Path) -> None:
+    """The key-encryption key is read when a producer starts, after the settings loaded: a file that cannot be read,
+    a key that is not one, or encryption on without a key is one line naming the variable, never a traceback."""
+    event = '{"type": "memory.asserted", "tenant": "demo", "event_id": "kek-1", "subject": "u", "key": "k", '
+    event += '"content": "c", "value": 1}\n'
+    for env, variable in (
+        ({"LEDGER_KEK_FILE": str(tmp_path / "missing")}, "LEDGER_KEK_FILE"),
+        ({"LEDGER_KEK": "not-a-key"}, "key-encryption key"),
+        ({}, "LEDGER_KEK"),
+    ):
+        proc = run(("publish",), user_env(LEDGER_DEVELOPMENT="1", LEDGER_ENCRYPTION="on", **env), stdin=event)
+        check_one_line(("publish",), proc, variable)
+
+
 def refusal(monkeypatch: pytest.MonkeyPatch, **env: str) -> Exception:
     for name in [k for k in os.environ if k.startswith("LEDGER_")]:
         monkeypatch.delenv(name)
