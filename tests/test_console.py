@@ -333,6 +333,10 @@ def test_a_typed_time_moves_the_sliders_and_their_notes_say_where_it_falls(
     )
     console.type_asof("", "")
     assert console.slider("asof") == (len(valid), len(valid)) and console.asof_notes()[0].endswith(": now")
+    # a time after the clock: after now, the slider on "now" (its last point at or before the typed time)
+    console.type_asof("9999-12-31T23:59:59Z", "")
+    assert console.slider("asof") == (len(valid), len(valid)), console.asof_notes()
+    assert "after now (the last event: point " in console.asof_notes()[0], console.asof_notes()
 
 
 def test_times_are_shown_without_a_zero_fraction(world: ConsoleWorld, tab: OfflinePage) -> None:

@@ -740,15 +740,19 @@
     }
     let before = -1; // the last point before the typed time
     for (let i = 0; i < last; i++) if (times[i] < at) before = i;
-    slider.value = String(Math.max(before, 0));
+    // past the clock too: the last point ("now", which has no time of its own) is at or before it
+    const future = before === last - 1 && at > Date.now();
+    slider.value = String(future ? last : Math.max(before, 0));
     const where = (i) => `point ${i + 1} (${shortTimes(points[i].t)}: ${points[i].what.join("; ")})`;
     note.textContent =
       `typed ${shortTimes(typed)} (${points.length} points): ` +
       (before < 0
         ? `before the first, ${where(0)}`
-        : before === last - 1
-          ? `after the last event, ${where(before)}, and before ${points[last].what.join("; ")}`
-          : `between ${where(before)} and ${where(before + 1)}`);
+        : future
+          ? `after ${points[last].what.join("; ")} (the last event: ${where(before)})`
+          : before === last - 1
+            ? `after the last event, ${where(before)}, and before ${points[last].what.join("; ")}`
+            : `between ${where(before)} and ${where(before + 1)}`);
   }
 
   let asofTimer = null;
