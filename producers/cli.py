@@ -164,9 +164,13 @@ def publish(
         stream, total = sys.stdin.buffer, None
     else:
         path = Path(file)
-        if not path.is_file():
-            raise typer.BadParameter(f"no such file: {file}", param_hint="FILE")
-        stream, total = path.open("rb"), path.stat().st_size
+        if path.is_dir():
+            raise typer.BadParameter(f"is a directory, not a file: {file}", param_hint="FILE")
+        try:  # a pipe (`<(...)`) or a device reads as a file does; its size is no progress bar's total
+            stream = path.open("rb")
+        except OSError as exc:
+            raise typer.BadParameter(f"cannot be read: {file} ({exc.strerror or exc})", param_hint="FILE") from None
+        total = path.stat().st_size if path.is_file() else None
     try:
         with LedgerProducer(settings, timeout_s=timeout) as producer:
             summary = _run(stream, total, producer, batch_size, quiet)

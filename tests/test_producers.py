@@ -440,6 +440,24 @@ def test_cli_reads_stdin_and_exits_zero_when_all_are_accepted(ledger: Settings) 
     assert [decode(r.value).event_id for r in sorted(records, key=lambda r: r.offset)] == [e.event_id for e in events]
 
 
+def test_cli_reads_any_readable_path_and_names_what_it_cannot(ledger: Settings, tmp_path: Path) -> None:
+    """A pipe (`<(...)`) and a device read as a file does; a directory or a path that cannot be opened is one line
+    saying which (not "no such file" for a path that exists), exit 2."""
+    events = [from_dict(_event("pipe", i, "user:8")) for i in range(3)]
+    lines = "".join(orjson.dumps(e.to_wire()).decode() + "\n" for e in events)
+    piped = subprocess.run(
+        ["bash", "-c", f'"{LEDGER_BIN}" publish <(cat) --topic {ledger.topic} --quiet'],
+        input=lines, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert piped.returncode == 0 and "accepted: 3" in piped.stdout, (piped.stdout, piped.stderr)
+    empty = subprocess.run([LEDGER_BIN, "publish", "/dev/null", "--topic", ledger.topic, "--quiet"],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert empty.returncode == 0 and "accepted: 0" in empty.stdout, (empty.stdout, empty.stderr)
+    for path, says in ((tmp_path, "is a directory"), (tmp_path / "missing.jsonl", "No such file")):
+        proc = subprocess.run([LEDGER_BIN, "publish", str(path)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_cli_topics_is_idempotent(settings: Settings) -> None:
     try:
         first = subprocess.run([LEDGER_BIN, "topics", "--topic", settings.topic], capture_output=True, text=True)
