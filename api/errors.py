@@ -180,7 +180,13 @@ def _json(status: int, *items: dict[str, Any], headers: dict[str, str] | None = 
     return JSONResponse(error_body(*items), status_code=status, headers=headers)
 
 
-_STORE_ROLE = {"postgres": "database", "elasticsearch": "search index", "kafka": "broker"}
+_STORE_ROLE = {
+    "postgres": "database",
+    "elasticsearch": "search index",
+    "kafka": "broker",
+    "api": "key endpoint",  # a producer's data keys from the API (LEDGER_KEY_ENDPOINT)
+    "keys": "key store",
+}
 
 
 def store_unavailable(store: str, exc: BaseException | str) -> ApiError:

@@ -214,7 +214,7 @@ async def publish_events(
         payload["idempotency_note"] = skipped + "; the worker still applies each (tenant, event_id) once"
     if status >= 400:
         if status == 503 and broker_failure is not None:
-            detail = [store_unavailable("kafka", broker_failure.reason).item()]
+            detail = [store_unavailable(broker_failure.store, broker_failure.reason).item()]
         else:
             detail = [r["error"] for r in done if not r["accepted"]]
         payload = {"detail": detail, **payload}
@@ -232,7 +232,7 @@ async def publish_one(
     res: Resources, tenants: frozenset[str], event: dict[str, Any], *, resolutions: bool = False
 ) -> dict[str, Any]:
     """One event through the door of `publish_events`: its result (accepted, duplicate, ids, position), or the
-    refusal raised as an ApiError (422 naming the event's field, 403 for the tenant, 503 naming kafka)."""
+    refusal raised as an ApiError (422 naming the event's field, 403 for the tenant, 503 naming the store)."""
     try:
         status, payload = await publish_events(res, tenants, [event], resolutions=resolutions)
     except ApiError as exc:
@@ -245,8 +245,9 @@ async def publish_one(
             | ({"idempotency_note": payload["idempotency_note"]} if "idempotency_note" in payload else {})
         )
     error = result["error"]
-    if status == 503:
-        raise store_unavailable("kafka", error["message"])
+    if status == 503:  # the store that failed, as publish_events named it
+        item = payload["detail"][0]
+        raise ApiError(503, item["code"], item["message"], item["field"])
     raise ApiError(422, error["code"], error["message"], _relative(error["field"]))
 
 

@@ -98,15 +98,26 @@ class Published(list[PublishResult]):
 
 
 class PublishError(Exception):
-    """The broker did not take the event. `code`: unavailable | timeout | refused | closed."""
+    """The broker did not take the event. `code`: unavailable | timeout | refused | closed. `store`: the one that
+    failed (the broker, or the key store a sealed event needed its data key from)."""
 
-    def __init__(self, event_id: str | None, reason: str, code: str = "refused") -> None:
-        self.event_id, self.reason, self.code = event_id, reason, code
+    def __init__(self, event_id: str | None, reason: str, code: str = "refused", *, store: str = "kafka") -> None:
+        self.event_id, self.reason, self.code, self.store = event_id, reason, code, store
         self.outcomes: list[PublishResult | PublishError] | None = None  # set by publish_many
         super().__init__(f"event {event_id} not published ({code}): {reason}")
 
     def as_dict(self) -> dict[str, Any]:
         return {"code": f"publish_{self.code}", "field": None, "message": self.reason}
+
+
+def _key_store(exc: BaseException) -> str:
+    """The store a data key could not come from: PostgreSQL (the key store's database), the API's key endpoint, or
+    the key store itself (its key-encryption key)."""
+    import psycopg
+
+    from producers.keys.provider import KeyServiceError
+
+    return "postgres" if isinstance(exc, psycopg.Error) else "api" if isinstance(exc, KeyServiceError) else "keys"
 
 
 class EventIdConflict(InvalidEvent):
@@ -395,8 +406,9 @@ class LedgerProducer:
         try:
             keys = self.keys.sealing_keys(pairs)
         except Exception as exc:  # noqa: BLE001 - the key service failed: reported per event, nothing sent clear
+            store = _key_store(exc)
             for i, event in todo.items():
-                refused[i] = PublishError(event.event_id, f"no data key: {_reason(exc)}", "unavailable")
+                refused[i] = PublishError(event.event_id, f"no data key: {_reason(exc)}", "unavailable", store=store)
             return
         for i, event in todo.items():
             event_id, tenant, subject, clear, fingerprint, _event = prepared[i]  # type: ignore[misc]

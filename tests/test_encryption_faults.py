@@ -418,3 +418,19 @@ def test_a_producer_without_database_credentials_seals_with_keys_from_the_api(en
             r = client.post(path, json=body, headers={"X-API-Key": KEY})
             assert r.status_code == 409, r.text
             assert r.json()["detail"][0]["code"] == "encryption_unavailable"
+
+
+def test_a_write_that_needs_a_data_key_while_postgres_is_away_names_postgres(enc):
+    """The broker is up and PostgreSQL (the key store's database) is not: a write that must be sealed is refused
+    with the 503 naming postgres, never kafka (a one-event door, MCP's, raises the same item: writes.publish_one)."""
+    from api.main import create_app
+
+    away = enc.model_copy(update={"pg_dsn": "postgresql://nobody:nothing@127.0.0.1:1/nowhere?connect_timeout=2"})
+    event = {"type": "memory.asserted", "tenant": TENANT, "subject": f"user:away-{uuid.uuid4().hex[:6]}",
+             "key": "k", "value": 1, "content": "c", "event_id": uuid.uuid4().hex}  # fmt: skip
+    with TestClient(create_app(away)) as client:
+        r = client.post("/v1/events", json={"events": [event]}, headers={"X-API-Key": KEY})
+        assert r.status_code == 503, r.text
+        (item,) = r.json()["detail"]
+        assert item["code"] == "store_unavailable" and item["message"].startswith("postgres: "), item
+        assert r.json()["results"][0]["error"]["message"].startswith("no data key"), r.text
