@@ -356,7 +356,7 @@ def store_failure(exc: BaseException) -> ApiError | None:
     if isinstance(exc, EsTransportError):  # connection errors and timeouts
         return store_unavailable("elasticsearch", exc)
     if isinstance(exc, PublishError):
-        return store_unavailable("kafka", exc.reason)
+        return store_unavailable(exc.store, exc.reason)
     if isinstance(exc, kafka_errors.KafkaError):
         return store_unavailable("kafka", exc)
     return None

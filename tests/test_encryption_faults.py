@@ -434,3 +434,24 @@ def test_a_write_that_needs_a_data_key_while_postgres_is_away_names_postgres(enc
         (item,) = r.json()["detail"]
         assert item["code"] == "store_unavailable" and item["message"].startswith("postgres: "), item
         assert r.json()["results"][0]["error"]["message"].startswith("no data key"), r.text
+
+
+def test_the_key_store_replaces_a_connection_the_server_ended(enc):
+    """A producer's key store holds one connection: when the server ends it (a restart, an administrator), the next
+    call replaces it and answers, instead of failing once per process after every PostgreSQL restart."""
+    from producers.keys.store import KeyStore, ensure_key_schema
+
+    with psycopg.connect(enc.pg_dsn, autocommit=True) as admin:
+        ensure_key_schema(admin, enc.keys_schema)
+        store = KeyStore(enc.pg_dsn, enc.keys_schema, load_keks(enc.kek.get_secret_value(), None))
+        try:
+            first = store.sealing_keys([(TENANT, KEPT)])[(TENANT, KEPT)]
+            for _ in range(2):  # ended between two calls, twice: each next call answers with the same key
+                pid = store._conn.info.backend_pid  # type: ignore[union-attr]
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                assert store.sealing_keys([(TENANT, KEPT)])[(TENANT, KEPT)] == first
+            admin.execute("SELECT pg_terminate_backend(%s)", (store._conn.info.backend_pid,))  # type: ignore[union-attr]
+            assert store.retire(TENANT, KEPT, "erasure-1") == 1
+        finally:
+            store.close()
+            cleanup(enc)

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import files
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import psycopg
@@ -63,6 +63,7 @@ __all__ = [
 
 # LISTEN for {schema, tenant[, subject]}: a subject of the tenant is being erased (a producer retired its key) or was
 # (its erasure committed in the projection): caches of its keys or of what it said are out of date
+_T = TypeVar("_T")
 ERASURE_CHANNEL = "memory_ledger_erasure"
 
 log = logging.getLogger(__name__)
@@ -538,20 +539,34 @@ class KeyStore:
         pairs = list(dict.fromkeys(pairs))
         if not pairs:
             return {}
+
+        def live_keys(conn: psycopg.Connection) -> dict[tuple[str, str], DataKey]:
+            cur = conn.cursor()
+            wanted = {(t, s): self.digests.lookup(cur, t, s) for t, s in pairs}
+            found = self._live(conn, wanted)
+            missing = [p for p in pairs if p not in found]
+            if missing:  # created once: a second try finds what the first created (ON CONFLICT DO NOTHING)
+                self._create(conn, [(t, self.digests.digest(cur, t, s)) for t, s in missing])
+                found.update(self._live(conn, {(t, s): self.digests.lookup(cur, t, s) for t, s in missing}))
+            return found
+
+        return self._on_connection(live_keys)
+
+    def _on_connection(self, work: Callable[[psycopg.Connection], _T]) -> _T:
+        """work(conn) on the store's one connection, under its lock. A connection that died since its last use
+        (the server restarted) is replaced and the work tried once more, so the first call after a restart does
+        not fail; a new connection's failure is raised (the server is away)."""
         with self._lock:
-            conn = self._connection()
-            try:
-                cur = conn.cursor()
-                wanted = {(t, s): self.digests.lookup(cur, t, s) for t, s in pairs}
-                found = self._live(conn, wanted)
-                missing = [p for p in pairs if p not in found]
-                if missing:
-                    self._create(conn, [(t, self.digests.digest(cur, t, s)) for t, s in missing])
-                    found.update(self._live(conn, {(t, s): self.digests.lookup(cur, t, s) for t, s in missing}))
-            except psycopg.OperationalError:
-                conn.close()
-                raise
-        return found
+            for _ in range(2):
+                reused = self._conn is not None and not self._conn.closed
+                conn = self._connection()
+                try:
+                    return work(conn)
+                except psycopg.OperationalError:
+                    conn.close()
+                    if not reused:
+                        raise
+            raise AssertionError("unreachable: a second try is on a new connection")
 
     def _live(
         self, conn: psycopg.Connection, wanted: dict[tuple[str, str], list[str]]
@@ -591,13 +606,7 @@ class KeyStore:
 
     def retire(self, tenant: str, subject: str, erasure_id: str) -> int:
         """The subject's erasure `erasure_id` is about to be published: its next event gets a new key."""
-        with self._lock:
-            conn = self._connection()
-            try:
-                return retire_subject_key(conn, self.digests, tenant, subject, erasure_id)
-            except psycopg.OperationalError:
-                conn.close()
-                raise
+        return self._on_connection(lambda conn: retire_subject_key(conn, self.digests, tenant, subject, erasure_id))
 
     def close(self) -> None:
         with self._lock:
