@@ -362,10 +362,13 @@ def store_failure(exc: BaseException) -> ApiError | None:
     return None
 
 
-async def _store_down(_: Request, exc: Exception) -> JSONResponse:
+async def _store_down(request: Request, exc: Exception) -> JSONResponse:
     error = store_failure(exc)
+    resources = getattr(request.app.state, "resources", None)
+    if isinstance(exc, psycopg.OperationalError) and resources is not None:
+        resources.postgres_failed()  # the other idle connections may have been ended with this one
     if error is None:
-        return await _internal_error(_, exc)
+        return await _internal_error(request, exc)
     log.warning("%s", error.message)
     return _json(503, error.item())
 

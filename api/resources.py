@@ -95,6 +95,20 @@ class Resources:
     rerank_warmup: asyncio.Task | None = None  # the cross-encoder (recall.rerank), loaded the same way
     kafka_probe: ProbeCache = field(default_factory=ProbeCache)
     door_check: Backoff = field(default_factory=Backoff)
+    pool_check: asyncio.Task | None = None  # `postgres_failed`'s check of the idle connections, one at a time
+
+    def postgres_failed(self) -> None:
+        """A request met a PostgreSQL connection that failed: the pool's idle connections are checked in the
+        background and those the server ended replaced, so after a server restart a request fails, not one per
+        idle connection (a check on every checkout would cost every read a round trip)."""
+        if self.pool_check is None or self.pool_check.done():
+            self.pool_check = asyncio.get_running_loop().create_task(self._check_pool())
+
+    async def _check_pool(self) -> None:
+        try:
+            await self.pool.check()
+        except Exception as exc:  # noqa: BLE001 - the server may still be away: the next failure checks again
+            log.info("the pool's connections were not checked: %s: %s", type(exc).__name__, exc)
 
     @classmethod
     @asynccontextmanager

@@ -12,12 +12,14 @@ server as a child process).
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import orjson
+import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
@@ -464,3 +466,35 @@ def test_mcp_forget_erases_only_on_a_true_flag_and_keeps_the_callers_id(mcp_url:
     assert not failed and again["event_id"] == event_id, again
     failed, status = call_tool(mcp_url, "k-edges", "event_status", {"tenant": TENANT, "event_id": event_id})
     assert not failed and status["status"] in ("pending", "applied"), status
+
+
+def test_after_the_server_ends_the_pools_connections_one_request_fails_not_one_per_connection(
+    client: TestClient, edge_settings: Settings
+) -> None:
+    """A PostgreSQL restart ends every connection the API's pool holds idle. The first request to meet one is a 503
+    (the server is not asked first on every checkout: that would cost every read a round trip), and it has the
+    pool check the others, so the requests after it are answered, not failed one per stale connection."""
+    resources = client.app.state.resources
+
+    async def idle_backends() -> list[int]:
+        held = [await resources.pool.getconn() for _ in range(3)]
+        pids = [conn.info.backend_pid for conn in held]
+        for conn in held:
+            await resources.pool.putconn(conn)
+        return pids
+
+    read = f"/v1/subjects/x/facts?tenant={TENANT}"
+    assert client.get(read, headers=KEY).status_code == 200
+    pids = client.portal.call(idle_backends)
+    with psycopg.connect(edge_settings.pg_dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(p) FROM unnest(%s::int[]) AS p", (pids,))
+    first = client.get(read, headers=KEY)
+    assert first.status_code == 503 and first.json()["detail"][0]["message"].startswith("postgres: "), first.text
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the check it started, done (none started: the wait runs out)
+        check = getattr(resources, "pool_check", None)
+        if check is not None and check.done():
+            break
+        time.sleep(0.05)
+    answered = [client.get(read, headers=KEY).status_code for _ in range(5)]
+    assert answered == [200] * 5, answered

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import psycopg
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -553,6 +554,8 @@ async def run_tool(
         failure = store_failure(exc)
         if failure is not None:
             log.warning("mcp %s: %s", spec.name, failure.message)
+            if isinstance(exc, psycopg.OperationalError):
+                res.postgres_failed()  # the other idle connections may have been ended with this one
             return error_result(503, failure.item())
         log.error("mcp %s: unhandled %s", spec.name, type(exc).__name__, exc_info=exc)
         message = f"internal error ({type(exc).__name__}); it is logged"
