@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from fastapi import Query
 from pydantic import AfterValidator, Field
 
-from api.errors import ApiError
+from api.errors import ApiError, store_unavailable
 from producers.consistency import MAX_TOKEN_CHARS, decode_token, encode_token
 from projections import shapes
 from projections.postgres.positions import reached_async, search_mark_async, search_pending_async
@@ -114,6 +114,8 @@ async def wait_after(res: Resources, tenant: str, after: str, stage: Stage) -> s
             break
         if time.monotonic() + delay > deadline:
             await _check_within_log(res, after, targets)
+            if phase >= 0:  # waiting on the index: a search index that is down is said so, not "retry"
+                await _check_index_up(res)
             raise _not_yet(stage, phase, targets, stored)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(changed.wait(), delay)
@@ -152,6 +154,17 @@ async def _check_within_log(res: Resources, after: str, targets: dict[int, int])
 
 def _spelled(positions: dict[int, int]) -> str:
     return ", ".join(f"{p}:{o}" for p, o in sorted(positions.items())) or "none"
+
+
+_INDEX_PING_S = 1.0  # how long a read that timed out waiting on the index asks Elasticsearch whether it is up
+
+
+async def _check_index_up(res: Resources) -> None:
+    """503 naming elasticsearch when it does not answer: the indexer cannot catch up while it is down."""
+    try:  # the cluster's health, as /v1/health asks it (`GET /` may be closed to the client)
+        await res.es.options(request_timeout=_INDEX_PING_S).cluster.health(timeout="1s")
+    except Exception as exc:  # noqa: BLE001 - any failure to answer is the index not being there
+        raise store_unavailable("elasticsearch", exc) from None
 
 
 def _not_yet(stage: Stage, phase: int, targets: dict[int, int], stored: dict[int, int]) -> ApiError:

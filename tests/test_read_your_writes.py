@@ -377,6 +377,27 @@ def test_a_frozen_indexer_holds_recall_but_not_facts(stack: dict[str, Any]) -> N
     assert r.status_code == 200 and _values(r.json())[:1] == ["new"], r.text
 
 
+def test_a_read_waiting_on_an_index_that_is_down_says_so(stack: dict[str, Any]) -> None:
+    """Past the bound, a read that waited on the search index asks whether Elasticsearch answers: when it does not,
+    the 503 names elasticsearch (the indexer cannot catch up while it is down), not `not_yet` and "retry"."""
+    from fastapi.testclient import TestClient
+
+    from api.main import create_app
+
+    pipe, subject = stack["pipe"], f"user:es-{uuid.uuid4().hex[:6]}"
+    away = stack["settings"].model_copy(update={"es_url": "http://127.0.0.1:1"})
+    with frozen(pipe.indexer), TestClient(create_app(away)) as client:
+        r = client.post("/v1/events", headers=H, json={"events": [_fact(subject, "new")]})
+        ask = {"tenant": TENANT, "subject": subject, "query": "favourite drink", "after": r.json()["consistency_token"]}
+        t0 = time.monotonic()
+        r = client.post("/v1/recall", json=ask, headers=H)
+        took = time.monotonic() - t0
+    assert r.status_code == 503, r.text
+    (item,) = r.json()["detail"]
+    assert item["code"] == "store_unavailable" and item["message"].startswith("elasticsearch: "), item
+    assert took < BOUND_S + 3, took
+
+
 # -- garbage: 422 naming `after` ------------------------------------------------------------------------------------
 
 GARBAGE = ["", "nope", "v1.", "v1.@@@", "v1." + "A" * 5000, "v1.LTE6NQ"]  # the last: partition -1
