@@ -269,10 +269,9 @@ async def _as_known(
         row = known.get(h["memory_id"])
         if row is None:
             continue
-        # the version the index proposed, if the ledger knew it then; else the one it knew stands for it
+        # the engine verified the version the ledger knew then (recall.verify); a re-fold below a receipt's
+        # positions may know an earlier one, which then stands for it
         candidate = h["match"]["verified"]["candidate"]
-        if candidate != h["version_id"] or parse_rfc3339(h["observed_at"]) > known_at:
-            candidate = row["version_id"]
         verified = {"candidate": candidate} | (
             {"replaced_by": row["version_id"]} if candidate != row["version_id"] else {}
         )

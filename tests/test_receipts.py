@@ -316,6 +316,27 @@ def test_an_audit_replay_page_by_cursor_replays_from_its_receipt(stack: Any) -> 
         assert r.status_code == 422 and (detail["code"], detail["field"]) == (code, f"request.{field}"), r.text
 
 
+@pytest.mark.parametrize("mode", ["auto", "keyword", "exact"])
+def test_replay_of_a_recall_asking_for_a_replaced_value_gives_the_same_answer(stack: Any, mode: str) -> None:
+    """A recall after a supersession whose question names only the old value's words: the replay, as known at the
+    receipt, also sees the old version among the index's candidates, and it must not answer with its successor."""
+    subject = f"project:R3{mode}"
+    old = _fact(subject, "deploy.cluster", "blue", f"r3-{mode}-1", entities=[subject], aliases=[])
+    new = _fact(subject, "deploy.cluster", "green", f"r3-{mode}-2", entities=[subject], aliases=[])
+    old["content"], new["content"] = "deploys to the cobalt cluster", "moved onto the jade cluster"
+    stack.publish([old])
+    stack.settle()
+    stack.publish([new])
+    stack.settle()
+    for query in ("cobalt", f"cobalt cluster of {subject}", f"{subject} deploy.cluster", "jade cluster"):
+        asked = {"subject": subject, "query": query, "mode": mode}
+        answer = _recall(stack, **asked)
+        replayed = _replay(stack, answer["receipt"], asked).json()
+        assert replayed["same"] is True, (query, answer["hits"], replayed["replayed"]["hits"], replayed["parts"])
+        assert [h["value"] for h in replayed["replayed"]["hits"]] == [h["value"] for h in answer["hits"]]
+        assert all(h["value"] == "green" for h in answer["hits"]), answer["hits"]
+
+
 def test_replay_of_a_recall_before_a_supersession_gives_the_first_answer(stack: Any) -> None:
     subject = "project:R2"
     asked = {"subject": subject, "query": "R2 backend port"}

@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx2
+import orjson
 import pytest
 from fastapi.testclient import TestClient
 from mcp import Client
@@ -33,6 +34,7 @@ from api.main import create_app
 from producers.contract import (
     AccessEvent,
     EventType,
+    Kind,
     MemoryEvent,
     Source,
     SourceType,
@@ -85,7 +87,30 @@ def _fact(value: int, when: datetime) -> MemoryEvent:
     )
 
 
+def _said(key: str, content: str, when: datetime, **fields: Any) -> MemoryEvent:
+    """A fact of Ana's whose other versions share no word with it: only its own text finds each version."""
+    return MemoryEvent(
+        type=EventType.ASSERTED,
+        tenant=TENANT,
+        subject="person:ana",
+        key=key,
+        value=content,
+        content=content,
+        entities=["person:ana"],
+        source=Source(type=SourceType.EXPLICIT, service="tests"),
+        observed_at=when,
+        valid_from=when,
+        **fields,
+    )
+
+
+ESPRESSO, TEA = "Ana drinks a double espresso every morning", "Ana switched to jasmine tea"
+AISLE, WINDOW = "Ana books an aisle seat on flights", "for the Lisbon trip only: window, please"
+NOW = LATER + timedelta(days=1)  # after everything was logged: as known now
+
+
 def _world() -> list[MemoryEvent]:
+    s = timedelta(seconds=1)
     turns = [_episode(s, text, S + timedelta(seconds=i), "chat") for i, (s, text) in enumerate(CONVERSATION)]
     late = _episode("person:ben", "Ben: (said at 1.5 s, logged at 20 s) the hull took two coats", S + timedelta(
         seconds=20), "chat", valid_from=S + timedelta(seconds=1, milliseconds=500))  # fmt: skip
@@ -96,7 +121,12 @@ def _world() -> list[MemoryEvent]:
         _episode("person:cleo", HIKE_TEXT, S + timedelta(seconds=40), "hikes"),  # its near-duplicate, after K
     ]
     port = [_fact(8080, S - timedelta(seconds=60)), _fact(9090, S + timedelta(seconds=3))]  # 9090 after K
-    return [*turns, late, *hikes, *port, retract_turn1, *_edges()]
+    drink = [_said("drink.morning", ESPRESSO, S - 60 * s), _said("drink.morning", TEA, S + 4 * s)]  # tea after K
+    seat = [  # a long-term preference and an override of it that ended before K
+        _said("seat.flight", AISLE, S - 100 * s, kind=Kind.PREFERENCE),
+        _said("seat.flight", WINDOW, S - 50 * s, kind=Kind.PREFERENCE, valid_to=S - 40 * s),
+    ]
+    return [*turns, late, *hikes, *port, retract_turn1, *_edges(), *seat, *drink]
 
 
 def _retract(e: MemoryEvent, when: datetime, observed: datetime) -> MemoryEvent:
@@ -366,3 +396,45 @@ def test_a_retraction_logged_later_does_not_hide_what_was_known(world, door, as_
         assert turn1.memory_id not in found, res["hits"]
     else:
         assert found[turn1.memory_id]["status"] == "active" and found[turn1.memory_id]["valid_to"] is None, found
+
+
+def _recall(world: dict[str, Any], door: str, body: dict[str, Any]) -> dict[str, Any]:
+    body = {"tenant": TENANT, "top_k": 50, **body}
+    return (
+        _http(world["client"], "POST", "/v1/recall", body) if door == "http" else _mcp(world["mcp"], "recall_at", body)
+    )
+
+
+def _found(answer: dict[str, Any]) -> set[tuple[str, str, str]]:
+    """Each hit's fact, the version shown and the version that led to it (order and scores aside: ended versions
+    among the candidates move the others' ranks)."""
+    return {(h["memory_id"], h["version_id"], orjson.dumps(h["match"]["verified"]).decode()) for h in answer["hits"]}
+
+
+@pytest.mark.parametrize("door", ["http", "mcp"])
+@pytest.mark.parametrize("as_of", [LATER, K], ids=["later", "past"])
+@pytest.mark.parametrize("mode", ["auto", "keyword", "semantic"])
+def test_as_known_now_recall_answers_what_recall_answers(world, door, as_of, mode) -> None:
+    """As known at an instant after everything was logged, each question finds the facts and versions that recall
+    without `known_at` finds: a version the ledger has replaced since (the espresso, by the tea) matching the
+    question never answers with its successor, and an override that ended (the window seat) never stands for the
+    long-term value it shadowed."""
+    questions = (ESPRESSO, "double espresso", TEA, AISLE, "aisle seat", WINDOW, HULL, PORT, HIKE)
+    for query in questions:
+        body = {"query": query, "mode": mode, "as_of": rfc3339(as_of)}
+        plain, known = _recall(world, door, body), _recall(world, door, {**body, "known_at": rfc3339(NOW)})
+        assert _found(known) == _found(plain), (query, plain["hits"], known["hits"])
+
+
+@pytest.mark.parametrize("door", ["http", "mcp"])
+def test_the_version_known_then_is_found_by_its_own_words(world, door) -> None:
+    """As known at K the espresso was Ana's drink (the tea came after): asking for it finds it, shown as itself.
+    As known then or now, no hit was led to by a version other than the one it shows."""
+    espresso = world["events"][-2]
+    then = _recall(world, door, {"query": "double espresso", "as_of": rfc3339(LATER), "known_at": rfc3339(K)})
+    assert espresso.version_id in {h["version_id"] for h in then["hits"]}, then["hits"]
+    for known_at in (K, NOW):
+        for query in ("double espresso", TEA):
+            body = {"query": query, "as_of": rfc3339(LATER), "known_at": rfc3339(known_at)}
+            hits = _recall(world, door, body)["hits"]
+            assert all(h["match"]["verified"] == {"candidate": h["version_id"]} for h in hits), hits

@@ -3,8 +3,10 @@
 What the index says is only ever a candidate: a lagging index can delay a new value, never resurrect an old one.
 A candidate whose fact has a newer version that holds at `at` is answered by that version
 (`match.verified.replaced_by`); one whose fact does not hold at `at` (retracted, erased, out of its window), or
-fails the caller's filters, is dropped. As known at `known_at`, a candidate's fact stays one if a version of it
-logged by then began by `at`; the caller re-folds it as known then (api.reads).
+fails the caller's filters, is dropped. As known at `known_at`, the index also proposes versions ended since, so
+a fact is found only through the version the ledger knew then: a version it had already replaced by then matching
+the question never answers with its successor's text (recall as known now is recall without `known_at`); the
+caller re-folds each hit as known then (api.reads).
 """
 
 from __future__ import annotations
@@ -52,16 +54,17 @@ _VERIFY_SQL = {(s, b): _verify_sql(s, b) for s in (False, True) for b in (False,
 
 
 def _known_sql(with_subject: bool, basis: bool = False) -> str:
-    """As known at %(known_at)s: of each candidate's fact, the latest version logged by then that began by %(at)s,
-    whatever ended it since. It only keeps the fact a candidate: the caller re-folds the fact as known then
+    """As known at %(known_at)s: of each candidate's fact, the version the ledger knew then at %(at)s (the fold's
+    pick: an override in force, else the latest version logged by then that began by %(at)s), whatever ended it
+    since. Only a candidate of that version speaks for the fact (verify); the caller re-folds the fact as known then
     (api.reads, queries.current_facts with known_at), which shows the version that held then or drops the hit. An
-    episode (one version, never re-folded into another) is kept only if it held then (queries.episode_holds_sql),
-    so that the near-duplicate groups and context turns built on the hits are built on what held. No
-    access aggregate: it counts accesses up to now, recorded after known_at, and an answer as known then must not
-    rank by them."""
+    episode or an override (one version that supersedes nothing) is kept only if it held then
+    (queries.episode_holds_sql), so that an ended override does not stand for the long-term value, and the
+    near-duplicate groups and context turns built on the hits are built on what held. No access aggregate: it
+    counts accesses up to now, recorded after known_at, and an answer as known then must not rank by them."""
     where = (
         "f.tenant = %(tenant)s AND f.memory_id = ANY(%(mids)s) AND f.observed_at <= %(known_at)s "
-        "AND f.valid_from <= %(at)s AND (f.kind <> 'episodic' OR "
+        f"AND f.valid_from <= %(at)s AND (NOT (f.kind = 'episodic' OR {OVERRIDE}) OR "
         + episode_holds_sql("at", "known_at")
         + ")"
         + (" AND f.subject = %(subject)s" if with_subject else "")
@@ -89,9 +92,11 @@ async def verify(
     pool: AsyncConnectionPool, q: RecallQuery, at: datetime, matches: list[Match], basis: Basis | None = None
 ) -> list[tuple[dict[str, Any], Match]]:
     """(row, match) for each candidate fact that holds at `at` and passes the filters; one per fact, in
-    memory_id order. Several versions of one fact: the best-fused match speaks for it. `basis`: the same statement
-    also reads what the answer's receipt is made of, into it (a receipt then costs recall no read of its own)."""
+    memory_id order. Several versions of one fact: the best-fused match speaks for it, and as known at a time the
+    match of the version the ledger knew then, or none. `basis`: the same statement also reads what the answer's
+    receipt is made of, into it (a receipt then costs recall no read of its own)."""
     by_memory: dict[str, Match] = {}
+    by_version = {m.version_id: m for m in matches}
     for m in matches:
         prev = by_memory.get(m.memory_id)
         if prev is None or m.fused > prev.fused:
@@ -105,4 +110,7 @@ async def verify(
         rows = await cur.fetchall()
     if basis is not None:
         basis.take(rows)
+    if q.known_at is not None:  # a version replaced by then does not speak for the one the ledger knew
+        rows = [row for row in rows if row["version_id"] in by_version]
+        by_memory = {row["memory_id"]: by_version[row["version_id"]] for row in rows}
     return [(row, by_memory[row["memory_id"]]) for row in rows if q.filters.accepts(row)]
