@@ -384,8 +384,15 @@ class LedgerProducer:
             todo = {}
             try:
                 self.keys.retire(event.tenant, event.subject, event.event_id)
-            except Exception as exc:  # noqa: BLE001 - an erasure is never held back: the worker then shreds the live key
-                log.warning("erasure %s: the subject's key was not retired (%s)", event.event_id, _reason(exc))
+            except Exception as exc:  # noqa: BLE001 - the key service failed: this erasure is reported, not sent
+                # Sent anyway, it would have the worker destroy the live key that other processes may still seal
+                # the subject's next events with (their records then opened by nobody); refused, the caller retries
+                # once the key store answers, as for any event that needs a data key.
+                log.warning("erasure %s refused: the subject's key was not retired (%s)", event.event_id, _reason(exc))
+                refused[i] = PublishError(
+                    event.event_id, f"the subject's data key was not retired: {_reason(exc)}", "unavailable",
+                    store=_key_store(exc),
+                )  # fmt: skip
         self._seal_with_keys(prepared, todo, refused, report_invalid)
 
     def _seal_with_keys(

@@ -436,6 +436,43 @@ def test_a_write_that_needs_a_data_key_while_postgres_is_away_names_postgres(enc
         assert r.json()["results"][0]["error"]["message"].startswith("no data key"), r.text
 
 
+def test_an_erasure_whose_key_cannot_be_retired_is_refused_naming_the_store_and_nothing_is_published(enc):
+    """The key store's database away: an erasure through each door (HTTP, the SDK with the store, the SDK with the
+    API's key endpoint) is refused naming the store that failed, and nothing of it reaches the log. Sent, it would
+    have the worker destroy the subject's live key, which other processes may still seal its next events with
+    (records nobody could open then); refused, the caller retries once the store answers."""
+    from api.main import create_app
+    from producers.sdk import PublishError
+
+    dead_pg = "postgresql://nobody:nothing@127.0.0.1:1/nowhere?connect_timeout=2"
+    subject = f"user:erase-away-{uuid.uuid4().hex[:6]}"
+    with LedgerProducer(enc) as producer:  # the subject has a live key and a record in the log
+        producer.publish(asserted(subject, "profile.name", "Ann", 1, tenant=TENANT, content="Ann"))
+    away = enc.model_copy(update={"pg_dsn": dead_pg})
+    with TestClient(create_app(away)) as client:
+        r = client.delete(f"/v1/subjects/{subject}", params={"tenant": TENANT}, headers={"X-API-Key": KEY})
+        assert r.status_code == 503, r.text
+        (item,) = r.json()["detail"]
+        assert item["code"] == "store_unavailable" and item["message"].startswith("postgres: "), item
+    remote = away.model_copy(
+        update={"kek": None, "kek_file": None, "key_endpoint": "http://127.0.0.1:1", "key_api_key": KEY}
+    )
+    for settings, store in ((away, "postgres"), (remote, "api")):
+        with LedgerProducer(settings) as producer, pytest.raises(PublishError) as refused:
+            producer.erase_subject(TENANT, subject)
+        assert (refused.value.code, refused.value.store) == ("unavailable", store), refused.value
+        assert "not retired" in refused.value.reason, refused.value.reason
+
+    def types() -> list[str]:
+        of_subject = [r for r in read_topic(enc) if r.key.endswith(subject.encode())]
+        return sorted(orjson.loads(r.value).get("type", "sealed") for r in of_subject)
+
+    assert types() == ["memory.asserted"]
+    with LedgerProducer(enc) as producer:  # the store answers again: the same erasure goes through
+        producer.erase_subject(TENANT, subject)
+    assert types() == ["memory.asserted", "subject.erased"]
+
+
 def test_the_key_store_replaces_a_connection_the_server_ended(enc):
     """A producer's key store holds one connection: when the server ends it (a restart, an administrator), the next
     call replaces it and answers, instead of failing once per process after every PostgreSQL restart."""
