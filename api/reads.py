@@ -228,6 +228,7 @@ async def recall(
         rerank=body.rerank,
         context_turns=body.context_turns,
         known_at=body.known_at,
+        below=below if body.known_at is not None else None,
     )
     signed = receipt and body.receipt and res.settings.receipts
     # the receipt's rows are read by the engine's verification, in its statement (none of their own)

@@ -29,6 +29,7 @@ import pytest
 from api.mcp.tools import TOOLS, run_tool
 from api.receipts import answer_digest, canonical
 from api.resources import Resources
+from producers.contract import parse_rfc3339, rfc3339
 from producers.keys.signing import ChainSigner, new_signing_key
 from producers.sdk import LedgerProducer
 from producers.settings import Settings
@@ -335,6 +336,31 @@ def test_replay_of_a_recall_asking_for_a_replaced_value_gives_the_same_answer(st
         assert replayed["same"] is True, (query, answer["hits"], replayed["replayed"]["hits"], replayed["parts"])
         assert [h["value"] for h in replayed["replayed"]["hits"]] == [h["value"] for h in answer["hits"]]
         assert all(h["value"] == "green" for h in answer["hits"]), answer["hits"]
+
+
+@pytest.mark.parametrize("mode", ["auto", "exact"])
+def test_replay_of_a_recall_is_the_same_after_a_backdated_write(stack: Any, mode: str) -> None:
+    """A version observed before a receipt was issued but logged after it (an import of the past) supersedes the
+    cited one as known at the receipt's time; the replay reads only what was logged below the receipt's positions,
+    so the answer it signed comes back, whatever words the later-logged version has."""
+    subject = f"project:R4{mode}"
+    old = _fact(subject, "deploy.cluster", "blue", f"r4-{mode}-1", entities=[subject], aliases=[])
+    old["content"] = "deploys to the cobalt cluster"
+    stack.publish([old])
+    stack.settle()
+    asked = {"subject": subject, "query": "cobalt" if mode == "auto" else f"{subject} deploy.cluster", "mode": mode}
+    answer = _recall(stack, **asked)
+    assert [h["value"] for h in answer["hits"]] == ["blue"], answer["hits"]
+    began, issued = parse_rfc3339(answer["hits"][0]["valid_from"]), parse_rfc3339(answer["receipt"]["known_at"])
+    when = rfc3339(began + (issued - began) / 2)
+    new = _fact(subject, "deploy.cluster", "green", f"r4-{mode}-2", entities=[subject], aliases=[])
+    new |= {"content": "moved onto the jade cluster", "observed_at": when, "valid_from": when}
+    stack.publish([new])
+    stack.settle()
+    assert [h["value"] for h in _recall(stack, **{**asked, "query": f"{subject} deploy.cluster"})["hits"]] == ["green"]
+    replayed = _replay(stack, answer["receipt"], asked).json()
+    assert replayed["same"] is True, (replayed["replayed"]["hits"], replayed["parts"])
+    assert [h["value"] for h in replayed["replayed"]["hits"]] == ["blue"]
 
 
 def test_replay_of_a_recall_before_a_supersession_gives_the_first_answer(stack: Any) -> None:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # the receipt's reads import this module's `shaped`
     from projections.postgres.receipts import Basis
 
 __all__ = [
+    "BELOW",
     "EFFECTIVE_TO",
     "OVERRIDE",
     "current_facts",
@@ -54,6 +55,7 @@ __all__ = [
     "history_page",
     "holds_at_sql",
     "access_summary",
+    "below_json",
     "invariant_counts",
     "one_snapshot",
     "projection_checksum",
@@ -309,14 +311,14 @@ async def shaped(rows: int, shape: Callable[..., _T], *args: Any) -> _T:
 
 
 # an event (or version row) logged below the positions `below` names (jsonb {"partition": next_offset})
-_BELOW = sql.SQL(""" AND "offset" < coalesce((%(below)s::jsonb ->> "partition"::text)::bigint, 0)""")
+BELOW = sql.SQL(""" AND "offset" < coalesce((%(below)s::jsonb ->> "partition"::text)::bigint, 0)""")
 
 
 # a row comparison: the index (tenant, subject, partition, offset) starts the page where the one before ended
 _PAST = sql.SQL(""" AND ("partition", "offset") > (%(past_partition)s::int, %(past_offset)s::bigint)""")
 
 
-def _below_json(below: Mapping[int, int] | None) -> Jsonb | None:
+def below_json(below: Mapping[int, int] | None) -> Jsonb | None:
     return None if below is None else Jsonb({str(p): o for p, o in below.items()})
 
 
@@ -335,13 +337,13 @@ async def _subject_chains(
 
 def _known(known_at: datetime | None, below: Mapping[int, int] | None) -> sql.Composable:
     known = sql.SQL("") if known_at is None else sql.SQL(" AND observed_at <= %(known_at)s")
-    return known if below is None else known + _BELOW
+    return known if below is None else known + BELOW
 
 
 def _chain_args(
     tenant: str, subject: str, known_at: datetime | None, below: Mapping[int, int] | None
 ) -> dict[str, Any]:
-    return {"tenant": tenant, "subject": subject, "known_at": known_at, "below": _below_json(below)}
+    return {"tenant": tenant, "subject": subject, "known_at": known_at, "below": below_json(below)}
 
 
 _CHAIN_OF = {
@@ -425,9 +427,9 @@ async def history_page(
 async def _history_below(
     conn: psycopg.AsyncConnection, tenant: str, memory_id: str, below: Mapping[int, int]
 ) -> list[shapes.FactVersion]:
-    args = {"tenant": tenant, "memory_id": memory_id, "below": _below_json(below)}
+    args = {"tenant": tenant, "memory_id": memory_id, "below": below_json(below)}
     async with one_snapshot(conn):
-        version_rows, mark_rows = await _chain_rows(conn, "memory_id", _BELOW, args)
+        version_rows, mark_rows = await _chain_rows(conn, "memory_id", BELOW, args)
 
     def refolded() -> list[shapes.FactVersion]:
         versions = [row_to_version(r) for r in version_rows]
@@ -477,14 +479,14 @@ async def subject_events(
                 "AND (%(f)s::timestamptz IS NULL OR observed_at >= %(f)s) "
                 "AND (%(t)s::timestamptz IS NULL OR observed_at < %(t)s){}{} "
                 'ORDER BY "partition", "offset" LIMIT %(limit)s'
-            ).format(sql.SQL("") if below is None else _BELOW, sql.SQL("") if past is None else _PAST),
+            ).format(sql.SQL("") if below is None else BELOW, sql.SQL("") if past is None else _PAST),
             {
                 "tenant": tenant,
                 "subject": subject,
                 "f": observed_from,
                 "t": observed_to,
                 "limit": limit + 1,
-                "below": _below_json(below),
+                "below": below_json(below),
                 "past_partition": None if past is None else past[0],
                 "past_offset": None if past is None else past[1],
             },

@@ -6,6 +6,7 @@ Stages hand each other these, never strings or shared dicts; the index port (`in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -61,6 +62,9 @@ class RecallQuery:
     # transaction time: the answer as the ledger knew it then (candidates, verification, groups, context turns; the
     # hits are re-folded as known then by the caller, api.reads); None: as it knows now
     known_at: datetime | None = None
+    # with known_at, a receipt's positions (partition -> next offset): verification knows only the versions logged
+    # below them, so a version logged since with an earlier observed_at does not stand for the one the receipt cites
+    below: Mapping[int, int] | None = None
 
 
 class Scope(NamedTuple):

@@ -18,7 +18,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from projections.postgres.queries import OVERRIDE, episode_holds_sql, visible_sql
+from projections.postgres.queries import BELOW, OVERRIDE, below_json, episode_holds_sql, visible_sql
 from projections.postgres.receipts import BASIS_COLUMNS, CITED_COLUMNS, Basis
 from projections.search.documents import ROW_COLUMNS
 from projections.search.recall.model import Match, RecallQuery
@@ -53,7 +53,7 @@ def _columns(basis: bool) -> sql.Composable:
 _VERIFY_SQL = {(s, b): _verify_sql(s, b) for s in (False, True) for b in (False, True)}
 
 
-def _known_sql(with_subject: bool, basis: bool = False) -> str:
+def _known_sql(with_subject: bool, basis: bool = False, below: bool = False) -> str:
     """As known at %(known_at)s: of each candidate's fact, the version the ledger knew then at %(at)s (the fold's
     pick: an override in force, else the latest version logged by then that began by %(at)s), whatever ended it
     since. Only a candidate of that version speaks for the fact (verify); the caller re-folds the fact as known then
@@ -61,13 +61,15 @@ def _known_sql(with_subject: bool, basis: bool = False) -> str:
     episode or an override (one version that supersedes nothing) is kept only if it held then
     (queries.episode_holds_sql), so that an ended override does not stand for the long-term value, and the
     near-duplicate groups and context turns built on the hits are built on what held. No access aggregate: it
-    counts accesses up to now, recorded after known_at, and an answer as known then must not rank by them."""
+    counts accesses up to now, recorded after known_at, and an answer as known then must not rank by them. `below`:
+    only the versions logged below %(below)s (a receipt's positions, queries.BELOW)."""
     where = (
         "f.tenant = %(tenant)s AND f.memory_id = ANY(%(mids)s) AND f.observed_at <= %(known_at)s "
         f"AND f.valid_from <= %(at)s AND (NOT (f.kind = 'episodic' OR {OVERRIDE}) OR "
         + episode_holds_sql("at", "known_at")
         + ")"
         + (" AND f.subject = %(subject)s" if with_subject else "")
+        + (BELOW.as_string() if below else "")
     )
     return (
         sql.SQL(
@@ -80,12 +82,18 @@ def _known_sql(with_subject: bool, basis: bool = False) -> str:
     )
 
 
-def _known_basis_sql(with_subject: bool) -> str:
+def _known_basis_sql(with_subject: bool, below: bool) -> str:
     """_known_sql with what the answer's receipt is made of (receipts.BASIS_COLUMNS, CITED_COLUMNS)."""
-    return f"SELECT v.*{_basis_columns(True)} FROM ({_known_sql(with_subject, True)}) v ORDER BY v.memory_id"
+    return f"SELECT v.*{_basis_columns(True)} FROM ({_known_sql(with_subject, True, below)}) v ORDER BY v.memory_id"
 
 
-_KNOWN_SQL = {(s, b): (_known_basis_sql if b else _known_sql)(s) for s in (False, True) for b in (False, True)}
+# by (subject given, receipt basis wanted, below positions given)
+_KNOWN_SQL = {
+    (s, b, w): _known_basis_sql(s, w) if b else _known_sql(s, False, w)
+    for s in (False, True)
+    for b in (False, True)
+    for w in (False, True)
+}
 
 
 async def verify(
@@ -102,7 +110,11 @@ async def verify(
         if prev is None or m.fused > prev.fused:
             by_memory[m.memory_id] = m
     params = {"tenant": q.tenant, "mids": sorted(by_memory), "at": at, "subject": q.subject, "known_at": q.known_at}
-    query = (_VERIFY_SQL if q.known_at is None else _KNOWN_SQL)[bool(q.subject), basis is not None]
+    if q.known_at is None:
+        query = _VERIFY_SQL[bool(q.subject), basis is not None]
+    else:
+        query = _KNOWN_SQL[bool(q.subject), basis is not None, q.below is not None]
+        params["below"] = below_json(q.below)
     if basis is not None:
         params |= basis.params()
     async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
