@@ -21,6 +21,7 @@ import copy
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -29,13 +30,13 @@ import pytest
 from api.mcp.tools import TOOLS, run_tool
 from api.receipts import answer_digest, canonical
 from api.resources import Resources
-from producers.contract import parse_rfc3339, rfc3339
+from producers.contract import EventType, MemoryEvent, parse_rfc3339, rfc3339
 from producers.keys.signing import ChainSigner, new_signing_key
 from producers.sdk import LedgerProducer
 from producers.settings import Settings
 from stream_processors.verify import verify
 from tests.conftest import unique
-from tests.support import changed, pg, pipeline, with_value_at
+from tests.support import changed, episode, pg, pipeline, with_value_at
 
 TENANT, OTHER = "rcpt", "rcpt-other"
 KEY, OTHER_KEY = "k-rcpt", "k-rcpt-other"  # KEY may use both tenants, OTHER_KEY only the other
@@ -361,6 +362,40 @@ def test_replay_of_a_recall_is_the_same_after_a_backdated_write(stack: Any, mode
     replayed = _replay(stack, answer["receipt"], asked).json()
     assert replayed["same"] is True, (replayed["replayed"]["hits"], replayed["parts"])
     assert [h["value"] for h in replayed["replayed"]["hits"]] == ["blue"]
+
+
+def test_replay_of_a_recall_with_context_turns_is_the_same_after_backdated_turns(stack: Any) -> None:
+    """An import of the past after a receipt: a turn observed between the hit and its neighbour, a near-duplicate
+    of the hit, and a retraction of the hit, all observed before the receipt was issued but logged after it. The
+    replay's hit, its context turns and its duplicates are the ones signed."""
+    subject, t0 = "person:r5", datetime.now(UTC) - timedelta(minutes=30)
+    said = "Rhea: we anchored the sloop off the lighthouse at dawn"
+
+    def turn(event_id: str, content: str, when: datetime, **fields: Any) -> MemoryEvent:
+        return episode(subject, content, when, "r5-chat", tenant=TENANT, event_id=event_id, **fields)
+
+    first = [turn("r5-0", "Rhea: the wind dropped after midnight", t0), turn("r5-1", said, t0 + timedelta(minutes=2))]
+    stack.publish(first)
+    stack.settle()
+    asked = {"subject": subject, "query": "anchored the sloop off the lighthouse", "context_turns": 2}
+    answer = _recall(stack, **asked)
+    hit = answer["hits"][0]
+    assert hit["event_id"] == "r5-1" and [c["content"] for c in hit["context"]] == [first[0].content], answer["hits"]
+    later = [
+        turn("r5-between", "Rhea: the fog came in over the bay", t0 + timedelta(minutes=1)),
+        turn("r5-copy", said, t0 + timedelta(minutes=3)),
+        MemoryEvent(type=EventType.RETRACTED, tenant=TENANT, subject=subject, target_version=first[1].version_id,
+                    observed_at=t0 + timedelta(minutes=4), valid_from=t0 + timedelta(minutes=4)),
+    ]  # fmt: skip
+    stack.publish(later)
+    stack.settle()
+    now = _recall(stack, **asked)
+    assert "r5-1" not in [h["event_id"] for h in now["hits"]], now["hits"]  # retracted as known now
+    replayed = _replay(stack, answer["receipt"], asked).json()
+    assert replayed["same"] is True, (replayed["replayed"]["hits"], replayed["parts"])
+    again = replayed["replayed"]["hits"][0]
+    assert [c["content"] for c in again["context"]] == [first[0].content], again
+    assert again["match"].get("duplicates") == hit["match"].get("duplicates"), again
 
 
 def test_replay_of_a_recall_before_a_supersession_gives_the_first_answer(stack: Any) -> None:

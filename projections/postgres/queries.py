@@ -56,6 +56,7 @@ __all__ = [
     "holds_at_sql",
     "access_summary",
     "below_json",
+    "below_sql",
     "invariant_counts",
     "one_snapshot",
     "projection_checksum",
@@ -82,23 +83,33 @@ def holds_at_sql(t: str = "t") -> sql.SQL:
     return sql.SQL(f"f.valid_from <= %({t})s AND ({EFFECTIVE_TO} IS NULL OR %({t})s < {EFFECTIVE_TO})")
 
 
-def episode_holds_sql(t: str = "t", known: str | None = None) -> str:
+def below_sql(alias: str | None = None, below: str = "below") -> str:
+    """The row `alias` (a fact_versions or events row; None: the statement's one table) was logged below the
+    positions %(<below>)s (partition -> next offset, a receipt's); a partition they do not name: nothing of it."""
+    of = f"{alias}." if alias else ""
+    return f'{of}"offset" < coalesce((%({below})s::jsonb ->> {of}"partition"::text)::bigint, 0)'
+
+
+def episode_holds_sql(t: str = "t", known: str | None = None, below: str | None = None) -> str:
     """An episode `f` holds at the valid time %(<t>)s as the ledger knew it at the transaction time %(<known>)s.
 
     The fold's rule for a chain of one version (projections.versions): observed by then, inside its asserted
     window, and not ended by a retraction of it (`target_version`, filed under the episode's memory_id by the
     recorder) observed by then whose time lies in that window at or before t. Without `known` it is
     `holds_at_sql`: the stored end is what the ledger knows now. tests/test_time_travel_answers.py checks both
-    against the fold.
+    against the fold. `below` (with `known`): of the episode and its retractions, only what was logged below the
+    positions %(<below>)s (a receipt's replay: below_sql).
     """
     if known is None:
         return holds_at_sql(t).as_string()
+    logged = f" AND {below_sql('f', below)}" if below else ""
+    retraction_logged = f" AND {below_sql('r', below)}" if below else ""
     return (
-        f"f.observed_at <= %({known})s AND f.valid_from <= %({t})s "
+        f"f.observed_at <= %({known})s{logged} AND f.valid_from <= %({t})s "
         f"AND (f.asserted_valid_to IS NULL OR %({t})s < f.asserted_valid_to) AND NOT EXISTS (SELECT 1 FROM events r "
         "WHERE r.memory_id = f.memory_id AND r.type = 'memory.retracted' AND r.target_version = f.version_id "
-        f"AND r.observed_at <= %({known})s AND r.valid_from >= f.valid_from AND r.valid_from <= %({t})s "
-        "AND (f.asserted_valid_to IS NULL OR r.valid_from < f.asserted_valid_to))"
+        f"AND r.observed_at <= %({known})s{retraction_logged} AND r.valid_from >= f.valid_from "
+        f"AND r.valid_from <= %({t})s AND (f.asserted_valid_to IS NULL OR r.valid_from < f.asserted_valid_to))"
     )
 
 
@@ -311,7 +322,7 @@ async def shaped(rows: int, shape: Callable[..., _T], *args: Any) -> _T:
 
 
 # an event (or version row) logged below the positions `below` names (jsonb {"partition": next_offset})
-BELOW = sql.SQL(""" AND "offset" < coalesce((%(below)s::jsonb ->> "partition"::text)::bigint, 0)""")
+BELOW = sql.SQL(" AND " + below_sql())
 
 
 # a row comparison: the index (tenant, subject, partition, offset) starts the page where the one before ended

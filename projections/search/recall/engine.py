@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from producers.settings import Settings
 from projections import shapes
 from projections.embedding import Embedder, load_embedder
+from projections.postgres.queries import below_json, below_sql
 from projections.postgres.receipts import Basis
 from projections.search.cues import Cues, Vocabulary, extract
 from projections.search.recall.access import access_signals, order_ties, tied_memory_ids
@@ -202,30 +203,33 @@ class RecallEngine:
                 hits = await self.reranker.rerank(q, hits, trace)
             hits = prefer_scopes(hits, cues.scopes, BAND)  # a fact's named (else default) scope first (recall.prefer)
         with trace.timed("groups"):  # one hit per group of near-duplicate episodes (recall.groups)
-            hits = await collapse(self.pool, q.tenant, hits[: q.top_k + GROUP_SLACK], at, q.known_at)
+            hits = await collapse(self.pool, q.tenant, hits[: q.top_k + GROUP_SLACK], at, q.known_at, q.below)
             shown = [hit(h) for h in hits[: q.top_k]]
         if q.context_turns:  # asked: each episode hit's neighbouring turns (recall.neighbours)
             with trace.timed("context"):
                 window, rows = self.settings.recall_context_window_s, [h.row for h in hits[: q.top_k]]
-                near = await neighbours(self.pool, q.tenant, at, rows, q.context_turns, window, q.known_at)
+                near = await neighbours(self.pool, q.tenant, at, rows, q.context_turns, window, q.known_at, q.below)
             for h in shown:
                 if h["version_id"] in near:
                     h["context"] = near[h["version_id"]]
                     h["match"]["context"] = how(window)
         if q.known_at is not None and trace.listed:
-            await self._known_listed(trace, q.tenant, q.known_at)
+            await self._known_listed(trace, q)
         return {"hits": shown, "cues": cues.as_dict(), "trace": trace.as_dict(at)}
 
-    async def _known_listed(self, trace: Trace, tenant: str, known_at: datetime) -> None:
-        """`explain` as known at `known_at`: only the candidates the ledger had logged by then, ranked among them.
+    async def _known_listed(self, trace: Trace, q: RecallQuery) -> None:
+        """`explain` as known at `known_at`: only the candidates the ledger had logged by then (and below a
+        receipt's positions, when given), ranked among them.
 
         The index holds what is known now; a version logged later is left out of the listing as of the hits."""
         assert trace.listed is not None
         vids = sorted({c["version_id"] for found in trace.listed.values() for c in found})
+        below = f" AND {below_sql()}" if q.below is not None else ""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT version_id FROM fact_versions WHERE tenant = %s AND version_id = ANY(%s) AND observed_at <= %s",
-                (tenant, vids, known_at),
+                "SELECT version_id FROM fact_versions WHERE tenant = %(tenant)s AND version_id = ANY(%(vids)s) "
+                "AND observed_at <= %(known_at)s" + below,
+                {"tenant": q.tenant, "vids": vids, "known_at": q.known_at, "below": below_json(q.below)},
             )
             known = {r[0] for r in await cur.fetchall()}
         for stage, found in trace.listed.items():

@@ -11,12 +11,12 @@ given (queries.episode_holds_sql), are listed: a copy said later, or logged late
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from projections.postgres.queries import episode_holds_sql
+from projections.postgres.queries import below_json, episode_holds_sql
 from projections.search.recall.scoring import Scored
 
 __all__ = ["GROUPS_SQL", "GROUP_SLACK", "collapse"]
@@ -24,10 +24,11 @@ __all__ = ["GROUPS_SQL", "GROUP_SLACK", "collapse"]
 GROUP_SLACK = 20  # hits past top_k looked at, so folded copies leave room for the next distinct ones
 
 
-def _groups_sql(known: bool) -> str:
+def _groups_sql(known: bool, below: bool = False) -> str:
     """The links of every group a hit belongs to (as a member, or as the group's first episode), each with whether
-    the member and the group's first episode hold at %(at)s (as known at %(known_at)s if `known`)."""
-    holds = episode_holds_sql("at", "known_at" if known else None)
+    the member and the group's first episode hold at %(at)s (as known at %(known_at)s if `known`; `below`: and
+    logged below %(below)s, a receipt's positions)."""
+    holds = episode_holds_sql("at", "known_at" if known else None, "below" if below else None)
     return f"""
 WITH g AS (
   SELECT coalesce((SELECT l.group_id FROM episode_links l WHERE l.version_id = v), v) AS group_id
@@ -40,20 +41,27 @@ FROM l
 """
 
 
-GROUPS_SQL = {False: _groups_sql(False), True: _groups_sql(True)}  # by "known_at given"
+# by (known_at given, below given: only with known_at)
+GROUPS_SQL = {(k, b): _groups_sql(k, b) for k, b in ((False, False), (True, False), (True, True))}
 
 
 async def collapse(
-    pool: Any, tenant: str, hits: Sequence[Scored], at: datetime, known_at: datetime | None = None
+    pool: Any,
+    tenant: str,
+    hits: Sequence[Scored],
+    at: datetime,
+    known_at: datetime | None = None,
+    below: Mapping[int, int] | None = None,
 ) -> list[Scored]:
     """`hits` (best first) with each near-duplicate group's best hit only, carrying the group's other episodes that
     hold at `at` (as known at `known_at`)."""
     episodes = [h.row["version_id"] for h in hits if h.row.get("kind") == "episodic"]
     if not episodes:
         return list(hits)
-    params = {"vids": episodes, "tenant": tenant, "at": at, "known_at": known_at}
+    params = {"vids": episodes, "tenant": tenant, "at": at, "known_at": known_at, "below": below_json(below)}
+    known = known_at is not None
     async with pool.connection() as conn:
-        links = await (await conn.execute(GROUPS_SQL[known_at is not None], params)).fetchall()
+        links = await (await conn.execute(GROUPS_SQL[known, known and below is not None], params)).fetchall()
     if not links:
         return list(hits)
     group_of = {v: g for v, g, _, _ in links}

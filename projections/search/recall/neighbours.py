@@ -8,14 +8,14 @@ hits, run only when a recall asks for `context_turns`: facts get none, and an un
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg.rows import dict_row
 
 from projections import shapes
-from projections.postgres.queries import episode_holds_sql
+from projections.postgres.queries import below_json, episode_holds_sql
 from projections.search.recall.trace import iso
 
 __all__ = ["MAX_CONTEXT_TURNS", "NEIGHBOURS_SQL", "how", "neighbours"]
@@ -25,13 +25,13 @@ MAX_CONTEXT_TURNS = 5  # each side: the request's bound (api.requests.RecallBody
 _COLS = "f.memory_id, f.version_id, f.subject, f.content, f.observed_at, f.source"
 
 
-def _neighbours_sql(known: bool) -> str:
+def _neighbours_sql(known: bool, below: bool = False) -> str:
     """Per hit (h), the n turns before and the n after, nearest first; `side` -1 before, +1 after; `known`: as the
-    ledger knew them at %(known_at)s."""
+    ledger knew them at %(known_at)s (`below`: and logged below %(below)s, a receipt's positions)."""
     same = (
         "f.tenant = %(tenant)s AND f.kind = 'episodic' AND f.version_id <> h.vid"
         " AND (f.source->>'service') IS NOT DISTINCT FROM h.svc AND "
-        + episode_holds_sql("at", "known_at" if known else None)
+        + episode_holds_sql("at", "known_at" if known else None, "below" if below else None)
     )
     return f"""
 SELECT h.vid AS of, n.* FROM unnest(%(vids)s::text[], %(times)s::timestamptz[], %(svcs)s::text[]) AS h(vid, t, svc)
@@ -47,7 +47,8 @@ CROSS JOIN LATERAL (
 """
 
 
-NEIGHBOURS_SQL = {False: _neighbours_sql(False), True: _neighbours_sql(True)}  # by "known_at given"
+# by (known_at given, below given: only with known_at)
+NEIGHBOURS_SQL = {(k, b): _neighbours_sql(k, b) for k, b in ((False, False), (True, False), (True, True))}
 
 
 def how(window_s: float) -> str:
@@ -72,6 +73,7 @@ async def neighbours(
     n: int,
     window_s: float,
     known_at: datetime | None = None,
+    below: Mapping[int, int] | None = None,
 ) -> dict[str, list[shapes.ContextTurn]]:
     """version_id of each episodic row -> its neighbouring turns in time order, each with `offset` (-n..-1, 1..n)."""
     eps = [r for r in rows if r.get("kind") == "episodic"]
@@ -86,9 +88,10 @@ async def neighbours(
         "window": timedelta(seconds=window_s),
         "n": min(n, MAX_CONTEXT_TURNS),
         "known_at": known_at,
+        "below": below_json(below),
     }
     async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(NEIGHBOURS_SQL[known_at is not None], params)
+        await cur.execute(NEIGHBOURS_SQL[known_at is not None, known_at is not None and below is not None], params)
         found = await cur.fetchall()
     by_hit: dict[str, dict[int, list[dict[str, Any]]]] = {r["version_id"]: {-1: [], 1: []} for r in eps}
     for r in found:

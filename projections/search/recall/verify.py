@@ -18,7 +18,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from projections.postgres.queries import BELOW, OVERRIDE, below_json, episode_holds_sql, visible_sql
+from projections.postgres.queries import OVERRIDE, below_json, below_sql, episode_holds_sql, visible_sql
 from projections.postgres.receipts import BASIS_COLUMNS, CITED_COLUMNS, Basis
 from projections.search.documents import ROW_COLUMNS
 from projections.search.recall.model import Match, RecallQuery
@@ -61,15 +61,16 @@ def _known_sql(with_subject: bool, basis: bool = False, below: bool = False) -> 
     episode or an override (one version that supersedes nothing) is kept only if it held then
     (queries.episode_holds_sql), so that an ended override does not stand for the long-term value, and the
     near-duplicate groups and context turns built on the hits are built on what held. No access aggregate: it
-    counts accesses up to now, recorded after known_at, and an answer as known then must not rank by them. `below`:
-    only the versions logged below %(below)s (a receipt's positions, queries.BELOW)."""
+    counts accesses up to now, recorded after known_at, and an answer as known then must not rank by them.
+    `below`: only the versions (and an episode's retractions) logged below %(below)s (a receipt's positions,
+    queries.below_sql)."""
     where = (
         "f.tenant = %(tenant)s AND f.memory_id = ANY(%(mids)s) AND f.observed_at <= %(known_at)s "
         f"AND f.valid_from <= %(at)s AND (NOT (f.kind = 'episodic' OR {OVERRIDE}) OR "
-        + episode_holds_sql("at", "known_at")
+        + episode_holds_sql("at", "known_at", "below" if below else None)
         + ")"
         + (" AND f.subject = %(subject)s" if with_subject else "")
-        + (BELOW.as_string() if below else "")
+        + (f" AND {below_sql('f')}" if below else "")
     )
     return (
         sql.SQL(
