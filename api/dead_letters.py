@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import MAX_OFFSET, MAX_PARTITION, Storable, check_tenant, cursor_place
 from api.errors import ApiError
+from api.judging import LETTER_ID_PREFIX
 from api.requests import TENANT, TENANT_NOTE
 from api.resources import Resources
 from api.writes import publish_one
@@ -220,6 +221,9 @@ async def redrive_dead_letter(
     letter, _ = await _letter(res, tenant, partition, offset)
     _open(letter, partition, offset)
     corrected = {**event, "tenant": tenant, "dead_letter": link}
+    own_id = corrected.get("event_id")
+    if isinstance(own_id, str) and own_id.startswith(LETTER_ID_PREFIX) and own_id != letter_id(partition, offset):
+        raise ApiError(422, "invalid_value", "is the id of another dead letter's resolution", "event.event_id")
     claimed: tuple[str, str, str] | None = None
     if corrected.get("event_id") is None:  # the letter's own id: a retry is a duplicate, another re-drive a conflict
         corrected["event_id"] = letter_id(partition, offset)
@@ -237,7 +241,7 @@ async def redrive_dead_letter(
 
 def letter_id(partition: int, offset: int) -> str:
     """The event id every resolution of the letter at (partition, offset) claims at the door."""
-    return f"deadletter:{partition}:{offset}"
+    return f"{LETTER_ID_PREFIX}{partition}:{offset}"
 
 
 async def _claim_letter(

@@ -14,7 +14,15 @@ from typing import Any
 
 from producers.contract import InvalidEvent, MemoryEvent, from_dict
 
-__all__ = ["RESOLVED_AT_ITS_DOOR", "Judged", "conflict", "invalid", "judge", "refused"]
+__all__ = ["LETTER_ID_PREFIX", "RESOLVED_AT_ITS_DOOR", "Judged", "conflict", "invalid", "judge", "refused"]
+
+# every resolution of the dead letter at (p, o) claims the id `deadletter:<p>:<o>` (api.dead_letters.letter_id), so
+# that one action resolves it: an ordinary write holding such an id would block the letter's resolution for good
+LETTER_ID_PREFIX = "deadletter:"
+RESERVED_FOR_LETTERS = (
+    f"ids beginning {LETTER_ID_PREFIX!r} are the dead-letter workflow's (each names the letter its resolution "
+    "resolves): choose another id"
+)
 
 RESOLVED_AT_ITS_DOOR = (
     "names a dead letter: resolve it with POST /v1/dead-letters/redrive or /discard (or the MCP operator tools), "
@@ -64,6 +72,9 @@ def judge(events: list[Any], now: datetime, skew: timedelta, resolutions: bool) 
             continue
         if event.dead_letter is not None and not resolutions:
             out.results[i] = invalid(i, raw, InvalidEvent("invalid_value", RESOLVED_AT_ITS_DOOR, "dead_letter"))
+            continue
+        if event.event_id.startswith(LETTER_ID_PREFIX) and not resolutions:
+            out.results[i] = invalid(i, raw, InvalidEvent("invalid_value", RESERVED_FOR_LETTERS, "event_id"))
             continue
         key = (event.tenant, event.event_id)
         if key not in out.first:

@@ -470,3 +470,36 @@ def test_one_resolution_a_letter_even_before_the_worker_applies_the_first(world:
     for subject in ("user:21", "user:22"):
         facts = world.get(f"/v1/subjects/{subject}/facts", tenant=A)["facts"]
         assert [(f["key"], f["value"]) for f in facts] == [("pref.seat", "first")], (subject, facts)
+
+
+def test_no_other_write_can_take_the_id_a_letters_resolution_claims(world: World) -> None:
+    """Every resolution of the letter at (p, o) claims the id `deadletter:<p>:<o>`, so that one action resolves it.
+    An ordinary write holding such an id (of a letter listed, or of one not there yet), over HTTP or MCP `remember`
+    by an agent's key, is refused naming `event_id` and claims nothing; a re-drive of one letter under another
+    letter's id is refused too. Both letters are then resolved as usual."""
+    records = [
+        (f"dl-acme|user:{n}".encode(), orjson.dumps(wire(f"user:{n}", tenant=A, event_id=f"ev-squat-{n}", content=...)))
+        for n in (31, 32)
+    ]
+    (p1, o1), (p2, o2) = publish_raw(world.settings, records)
+    wait_for(lambda: {(p1, o1), (p2, o2)} <= set(world.letters()), 90, what="the two letters listed")
+    key = {"X-API-Key": "key-agent"}
+    squat = {"type": "memory.asserted", "tenant": A, "subject": "user:31", "key": "k", "value": 1, "content": "c"}
+    for event_id in (f"deadletter:{p1}:{o1}", f"deadletter:{p2}:{o2 + 1000}", "deadletter:anything"):
+        r = world.http.post("/v1/events", json={"events": [{**squat, "event_id": event_id}]}, headers=key)
+        (result,) = r.json()["results"]
+        assert not result["accepted"] and result["error"]["field"] == "events.0.event_id", r.text
+        memory = {k: v for k, v in squat.items() if k != "type"} | {"event_id": event_id}
+        failed, body = call_tool(world.mcp, "key-agent", "remember", memory)
+        assert failed and body["status"] == 422 and body["detail"][0]["field"] == "event_id", body
+    admin = {"X-API-Key": "key-a"}
+    body = {"tenant": A, "partition": p2, "offset": o2, "event": {**squat, "event_id": f"deadletter:{p1}:{o1}"}}
+    r = world.http.post("/v1/dead-letters/redrive", json=body, headers=admin)
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "event.event_id", r.text
+    for p, o in ((p1, o1), (p2, o2)):
+        r = world.http.post(
+            "/v1/dead-letters/discard", json={"tenant": A, "partition": p, "offset": o, "reason": "r"}, headers=admin
+        )
+        assert r.status_code == 200, r.text
+    world.caught_up()
+    assert {world.letters()[p]["state"] for p in ((p1, o1), (p2, o2))} == {"discarded"}
