@@ -135,6 +135,7 @@ class InvalidEvent(ValueError):
 
 
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,6})?([Zz]|[+-]\d{2}:\d{2})$")
+_OFFSET_RANGE = "is not a valid time: its UTC offset must be between -23:59 and +23:59 (minutes 00-59)"
 _TIME_FORMAT = "an RFC 3339 time with seconds, at most 6 fractional digits and an offset (e.g. 2026-01-02T03:04:05Z)"
 
 
@@ -157,6 +158,8 @@ def parse_rfc3339(text: str) -> datetime:
     """
     if not isinstance(text, str) or not _RFC3339.match(text):
         raise ValueError(f"must be {_TIME_FORMAT}")
+    if text[-6] in "+-" and (text[-5:-3] > "23" or text[-2:] > "59"):  # Python folds +00:99 into hours
+        raise ValueError(_OFFSET_RANGE)
     normal = text
     if text[10] != "T" or text[-1] == "z":  # fromisoformat reads `T...Z` as it is (a third of the cost)
         normal = text[:10] + "T" + text[11:]
@@ -166,7 +169,7 @@ def parse_rfc3339(text: str) -> datetime:
         value = datetime.fromisoformat(normal)
     except ValueError as exc:
         if "timedelta" in str(exc):  # the offset: Python says so in its own terms (timedelta(hours=24)...)
-            raise ValueError("is not a valid time: its UTC offset must be between -23:59 and +23:59") from None
+            raise ValueError(_OFFSET_RANGE) from None
         raise ValueError(f"is not a valid time: {exc}") from None
     return _utc(value)
 

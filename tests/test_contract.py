@@ -468,6 +468,11 @@ def test_encode_refuses_what_the_worker_would_refuse_for_size(over: dict) -> Non
         "9999-12-31T23:59:59-01:00",  # past year 9999 once in UTC
         "0001-01-01T00:00:00+01:00",  # before year 1 once in UTC
         "+2026-01-01T00:00:00Z",
+        "2026-01-01T00:00:00+00:60",  # offset minutes run 00-59: Python would fold these into hours
+        "2026-01-01T00:00:00+00:99",
+        "2026-01-01T00:00:00-00:75",
+        "2026-01-01T00:00:00+23:60",
+        "2026-01-01T00:00:00+24:00",
     ],
 )
 def test_times_are_strict_rfc3339_within_range(text: str) -> None:
@@ -493,6 +498,8 @@ def test_a_number_is_never_read_as_a_unix_time(number: Any) -> None:
         ("2026-01-01t01:00:00.5+01:00", datetime(2026, 1, 1, 0, 0, 0, 500000, tzinfo=UTC)),
         ("9999-12-31T23:59:59.999999Z", datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)),
         ("0001-01-01T00:00:00Z", datetime(1, 1, 1, tzinfo=UTC)),
+        ("2026-01-01T23:59:00+23:59", datetime(2026, 1, 1, tzinfo=UTC)),
+        ("2026-01-01T00:00:00-23:59", datetime(2026, 1, 1, 23, 59, tzinfo=UTC)),
     ],
 )
 def test_valid_rfc3339_times_parse_to_utc(text: str, expected: datetime) -> None:
