@@ -137,9 +137,11 @@ class _Route(Generic[P, Answer]):
         return method
 
 
-def _segment(text: str) -> str:
-    """A path segment: every reserved character escaped (a subject's `/` included; the API reads `%2F` as `/`)."""
-    return quote(text, safe="")
+def path_segment(text: str, safe: str = "") -> str:
+    """`text` as one path segment: every reserved character but `safe` escaped (a subject's `/` too by default; the
+    API reads `%2F` as `/`), and `.` or `..` spelled `%2E`: a client (httpx, curl, a browser) would resolve those as
+    the path's dot segments and ask for another path."""
+    return "%2E" * len(text) if text in (".", "..") else quote(text, safe=safe)
 
 
 def _time(value: Time) -> str:
@@ -313,7 +315,7 @@ class _Base(Generic[Http]):
             after=after,
             **_times(as_of=as_of, known_at=known_at),
         )
-        return _Call("GET", f"/v1/subjects/{_segment(subject)}/facts", FactsResponse, params=params)
+        return _Call("GET", f"/v1/subjects/{path_segment(subject)}/facts", FactsResponse, params=params)
 
     @_Route
     def history(
@@ -327,7 +329,7 @@ class _Base(Generic[Http]):
     ) -> _Call[HistoryResponse]:
         """GET /v1/facts/{memory_id}/history: the fact's version chain, oldest first (a page with `offset`/`limit`)."""
         params = _given(tenant=self._tenant(tenant), offset=offset, limit=limit, after=after)
-        return _Call("GET", f"/v1/facts/{_segment(memory_id)}/history", HistoryResponse, params=params)
+        return _Call("GET", f"/v1/facts/{path_segment(memory_id)}/history", HistoryResponse, params=params)
 
     @_Route
     def events(
@@ -347,12 +349,13 @@ class _Base(Generic[Http]):
             **_given(tenant=self._tenant(tenant), limit=limit, after=after, cursor=cursor),
             **_times(**{"from": from_, "to": to}),
         }
-        return _Call("GET", f"/v1/subjects/{_segment(subject)}/events", EventsResponse, params=params)
+        return _Call("GET", f"/v1/subjects/{path_segment(subject)}/events", EventsResponse, params=params)
 
     @_Route
     def event_status(self, event_id: str, *, tenant: str | None = None) -> _Call[EventStatus]:
         """GET /v1/events/{event_id}: what became of an event (pending, applied, duplicate, dead_lettered, unknown)."""
-        return _Call("GET", f"/v1/events/{_segment(event_id)}", EventStatus, params=_given(tenant=self._tenant(tenant)))
+        params = _given(tenant=self._tenant(tenant))
+        return _Call("GET", f"/v1/events/{path_segment(event_id)}", EventStatus, params=params)
 
     @_Route
     def stats(self, *, tenant: str | None = None) -> _Call[StatsResponse]:
@@ -406,7 +409,7 @@ class _Base(Generic[Http]):
     @_Route
     def erasure(self, erasure_id: str, *, tenant: str | None = None) -> _Call[ErasureRecord]:
         """GET /v1/erasures/{erasure_id}: one erasure record (a 404 until the worker has applied it)."""
-        path = f"/v1/erasures/{_segment(erasure_id)}"
+        path = f"/v1/erasures/{path_segment(erasure_id)}"
         return _Call("GET", path, ErasureRecord, params=_given(tenant=self._tenant(tenant)))
 
     @_Route
@@ -431,7 +434,7 @@ class _Base(Generic[Http]):
     @_Route
     def dead_letter(self, partition: int, offset: int, *, tenant: str | None = None) -> _Call[DeadLetterRecord]:
         """GET /v1/dead-letters/{partition}/{offset}: one dead letter and its record's fields, as far as they decode."""
-        path = f"/v1/dead-letters/{_segment(str(partition))}/{_segment(str(offset))}"
+        path = f"/v1/dead-letters/{path_segment(str(partition))}/{path_segment(str(offset))}"
         return _Call("GET", path, DeadLetterRecord, params=_given(tenant=self._tenant(tenant)))
 
     @_Route

@@ -16,6 +16,7 @@ from urllib.parse import quote
 import psycopg
 from starlette.concurrency import run_in_threadpool
 
+from api.client import path_segment
 from api.consistency import wait_after
 from api.deps import check_tenant
 from api.errors import ApiError, store_unavailable
@@ -341,7 +342,7 @@ def effect_pending(tenant: str, event_id: str, *, duplicate: bool = False, erase
     when this was a retry (`applied`; `erased` when its subject was erased since, so it does nothing now). What it
     did (or why it did nothing, a dead letter) is the event's status.
     """
-    path = f"/v1/events/{quote(event_id, safe='')}?tenant={quote(tenant, safe='')}"
+    path = f"/v1/events/{path_segment(event_id)}?tenant={quote(tenant, safe='')}"
     return {"effect": "erased" if erased else "applied" if duplicate else "pending", "status_url": path}
 
 

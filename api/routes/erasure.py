@@ -11,11 +11,12 @@ make). Erasing twice publishes two tombstones and purges nothing more.
 from __future__ import annotations
 
 from typing import Annotated
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Response
 
 from api import writes
+from api.client import path_segment
 from api.deps import ResourcesDep, Storable, TenantQuery, TenantsDep, check_tenant
 from api.errors import ApiError
 from api.routes._json import OrjsonBodyRoute, json_response
@@ -78,8 +79,6 @@ def _refuse_a_read_routes_path(subject: str, tenant: str) -> None:
 def _erasure_path(subject: str, tenant: str) -> str:
     """The request that erases exactly `subject`, as a client sends it: percent-encoded, a `.` or `..` segment too
     (a client would resolve it against the path before it, and erase another subject), literal=true when needed."""
-    segments = [
-        quote(s, safe=":@!$&'()*+,;=") if s not in (".", "..") else s.replace(".", "%2E") for s in subject.split("/")
-    ]
+    segments = [path_segment(s, safe=":@!$&'()*+,;=") for s in subject.split("/")]
     query = {"tenant": tenant} | ({"literal": "true"} if _meant_instead(subject) is not None else {})
     return "/v1/subjects/" + "/".join(segments) + "?" + urlencode(query)
