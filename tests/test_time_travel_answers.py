@@ -106,6 +106,8 @@ def _said(key: str, content: str, when: datetime, **fields: Any) -> MemoryEvent:
 
 ESPRESSO, TEA = "Ana drinks a double espresso every morning", "Ana switched to jasmine tea"
 AISLE, WINDOW = "Ana books an aisle seat on flights", "for the Lisbon trip only: window, please"
+THEREMIN = "Ana rehearses the theremin every Thursday"
+ENDS = S + timedelta(seconds=1, microseconds=900)  # the theremin's end: 900 us into a millisecond
 NOW = LATER + timedelta(days=1)  # after everything was logged: as known now
 
 
@@ -126,7 +128,8 @@ def _world() -> list[MemoryEvent]:
         _said("seat.flight", AISLE, S - 100 * s, kind=Kind.PREFERENCE),
         _said("seat.flight", WINDOW, S - 50 * s, kind=Kind.PREFERENCE, valid_to=S - 40 * s),
     ]
-    return [*turns, late, *hikes, *port, retract_turn1, *_edges(), *seat, *drink]
+    theremin = _said("hobby.music", THEREMIN, S - 5 * s, valid_to=ENDS)
+    return [*turns, late, *hikes, *port, retract_turn1, *_edges(), theremin, *seat, *drink]
 
 
 def _retract(e: MemoryEvent, when: datetime, observed: datetime) -> MemoryEvent:
@@ -438,3 +441,17 @@ def test_the_version_known_then_is_found_by_its_own_words(world, door) -> None:
             body = {"query": query, "as_of": rfc3339(LATER), "known_at": rfc3339(known_at)}
             hits = _recall(world, door, body)["hits"]
             assert all(h["match"]["verified"] == {"candidate": h["version_id"]} for h in hits), hits
+
+
+@pytest.mark.parametrize("mode", ["auto", "keyword", "semantic", "exact"])
+def test_a_fact_is_found_up_to_the_microsecond_its_window_ends(world, mode) -> None:
+    """The index keeps times to the millisecond: a fact ending 900 us into one is found at every valid time before
+    its end, inside that millisecond too, as the facts route shows it, and at none from its end on."""
+    for as_of, holds in ((ENDS - timedelta(microseconds=400), True), (ENDS - timedelta(microseconds=1), True),
+                         (ENDS, False), (ENDS + timedelta(microseconds=100), False)):  # fmt: skip
+        query = THEREMIN if mode != "exact" else "person:ana hobby.music"
+        hits = _recall(world, "http", {"query": query, "mode": mode, "as_of": rfc3339(as_of)})["hits"]
+        asked = {"tenant": TENANT, **_times(as_of, None)}
+        facts = _http(world["client"], "GET", "/v1/subjects/person:ana/facts", asked)
+        assert (THEREMIN in [f["content"] for f in facts["facts"]]) is holds, (as_of, facts)
+        assert (THEREMIN in [h["content"] for h in hits]) is holds, (mode, as_of, hits)

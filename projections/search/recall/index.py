@@ -68,7 +68,8 @@ def holds_at_filter(at: datetime) -> list[dict[str, Any]]:
     """The documents whose version holds at valid time `at`: valid_from <= at < valid_to (missing: open).
 
     A document's `valid_to` is the version's effective end, min(valid_to, superseded_at) (documents.status_fields),
-    so this is the rule of projections.versions.holds_at. Overrides are not preferred here: the index returns
+    so this is the rule of projections.versions.holds_at, to the millisecond the index keeps (a version ending in
+    the millisecond of `at` is a candidate too). Overrides are not preferred here: the index returns
     every version that holds, and verification keeps the one that wins (projections.postgres.queries.visible_sql).
     """
     t = at.isoformat()
@@ -78,7 +79,9 @@ def holds_at_filter(at: datetime) -> list[dict[str, Any]]:
             "bool": {
                 "should": [
                     {"bool": {"must_not": {"exists": {"field": "valid_to"}}}},
-                    {"range": {"valid_to": {"gt": t}}},
+                    # `date` fields hold milliseconds (the stored end is cut to one): `gte` also takes a version
+                    # ending later in the millisecond of `at`; verification then holds it to the microsecond
+                    {"range": {"valid_to": {"gte": t}}},
                 ]
             }
         },
