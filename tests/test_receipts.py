@@ -398,6 +398,23 @@ def test_replay_of_a_recall_with_context_turns_is_the_same_after_backdated_turns
     assert again["match"].get("duplicates") == hit["match"].get("duplicates"), again
 
 
+def test_relative_time_words_are_read_from_the_recalls_valid_time_and_replay_the_same(stack: Any) -> None:
+    """ "yesterday" or "in the last 2 hours" is read from the recall's valid time (its as_of, else when it ran),
+    which the receipt keeps: a recall as of a past time reads that time's yesterday, and a replay seconds later
+    reads the same window (read from the clock, its cues differed)."""
+    past = _recall(stack, query="what changed yesterday", as_of="2026-01-10T12:00:00Z")
+    assert past["cues"]["time"] == {
+        "words": "yesterday", "from": "2026-01-09T00:00:00.000000Z", "to": "2026-01-10T00:00:00.000000Z"
+    }  # fmt: skip
+    for query in ("what changed in the last 2 hours", "what changed yesterday"):
+        asked = {"subject": SUBJECT, "query": query}
+        answer = _recall(stack, **asked)
+        time.sleep(1.1)
+        replayed = _replay(stack, answer["receipt"], asked).json()
+        assert replayed["same"] is True, (asked, replayed["parts"])
+        assert replayed["replayed"]["cues"] == answer["cues"]
+
+
 def test_replay_of_a_recall_before_a_supersession_gives_the_first_answer(stack: Any) -> None:
     subject = "project:R2"
     asked = {"subject": subject, "query": "R2 backend port"}

@@ -162,10 +162,11 @@ class RecallEngine:
     async def recall(self, q: RecallQuery, basis: Basis | None = None) -> shapes.RecallResponse:
         """The answer to `q`; `basis`: verification reads what its receipt is made of into it (api.receipts)."""
         trace = Trace(q.mode, self.observe)
-        now = datetime.now(UTC)
-        at = q.as_of or now
+        # the valid time asked about, which relative time words ("yesterday", "last week") are read from too: a
+        # question as of a past time means that time's yesterday, and a receipt's replay reads the same days
+        at = q.as_of or datetime.now(UTC)
         with trace.timed("cues"):
-            ctx = await self._context(q, now, at, trace)
+            ctx = await self._context(q, at, trace)
         cues = ctx.cues
 
         hits: list[Scored] = []
@@ -174,7 +175,7 @@ class RecallEngine:
                 continue
             matches = await self._run(tier, ctx)
             if ctx.vocab_unchecked is not None:  # found with unchecked cues: check them, and with new ones ask again
-                checked = await self._checked(ctx, now)
+                checked = await self._checked(ctx)
                 if checked is not ctx:
                     ctx, cues = checked, checked.cues
                     matches = await self._run(tier, ctx)
@@ -241,7 +242,7 @@ class RecallEngine:
         progress), started on the running loop; idempotent."""
         return self.vocab.listen(self.settings.pg_dsn, self.settings.pg_schema)
 
-    async def _context(self, q: RecallQuery, now: datetime, at: datetime, trace: Trace) -> RecallContext:
+    async def _context(self, q: RecallQuery, at: datetime, trace: Trace) -> RecallContext:
         """The stages' context, with the cues of a vocabulary that holds every version indexed before the call.
 
         When the first stage to run is the exact one asking PostgreSQL, the cached vocabulary is used as it is and
@@ -251,16 +252,16 @@ class RecallEngine:
         schema, tenant = self.settings.pg_schema, q.tenant
         ctx = None
         if (cached := self.vocab.cached(schema, tenant)) is not None and MODE_TIERS[q.mode][0].stages == (EXACT,):
-            ctx = self._of(q, at, trace, await self._cues(q, cached, now))
+            ctx = self._of(q, at, trace, await self._cues(q, cached, at))
             if EXACT.asks_postgres(ctx):
                 ctx.vocab_unchecked = cached
                 return ctx
         vocab = await self.vocab.get(self.pool, schema, tenant)
         if ctx is not None and vocab is cached:
             return ctx
-        return self._of(q, at, trace, await self._cues(q, vocab, now))
+        return self._of(q, at, trace, await self._cues(q, vocab, at))
 
-    async def _checked(self, ctx: RecallContext, now: datetime) -> RecallContext:
+    async def _checked(self, ctx: RecallContext) -> RecallContext:
         """`ctx` if its cues' vocabulary was current when the exact stage read the sequence, else a context with the
         cues of the vocabulary brought up to the log (the caller asks again)."""
         q, newest, unchecked = ctx.query, ctx.vocab_newest, ctx.vocab_unchecked
@@ -268,15 +269,16 @@ class RecallEngine:
         vocab = await self.vocab.current(self.pool, self.settings.pg_schema, q.tenant, newest)
         if vocab is unchecked:
             return ctx
-        return self._of(q, ctx.at, ctx.trace, await self._cues(q, vocab, now))
+        return self._of(q, ctx.at, ctx.trace, await self._cues(q, vocab, ctx.at))
 
     def _of(self, q: RecallQuery, at: datetime, trace: Trace, cues: Cues) -> RecallContext:
         return RecallContext.of(q, at, cues, self.index, trace, self.embedder, settings=self.settings, pool=self.pool)
 
-    async def _cues(self, q: RecallQuery, vocab: Vocabulary, now: datetime) -> Cues:
+    async def _cues(self, q: RecallQuery, vocab: Vocabulary, at: datetime) -> Cues:
+        """The question's cues, its relative time words read from the valid time `at`."""
         if len(q.query) > INLINE_CUES_CHARS:
-            return await asyncio.get_running_loop().run_in_executor(CUES_EXECUTOR, extract, q.query, vocab, now)
-        return extract(q.query, vocab, now)
+            return await asyncio.get_running_loop().run_in_executor(CUES_EXECUTOR, extract, q.query, vocab, at)
+        return extract(q.query, vocab, at)
 
     async def _run(self, tier: Tier, ctx: RecallContext) -> list[Match] | None:
         """The tier's stages, each timed by its name, and their lists fused; None: the tier did not run."""
