@@ -88,7 +88,10 @@ ERROR_CODES: dict[str, str] = {
         "U+0000 or a lone surrogate, which PostgreSQL cannot store; in a path or query, a percent-escape that is not "
         "UTF-8"
     ),
-    "number_out_of_range": "an integer outside signed 64 bits, NaN or an infinity",
+    "number_out_of_range": (
+        "an integer outside signed 64 bits, NaN or an infinity, -0.0 (PostgreSQL's jsonb keeps 0), a non-zero "
+        "literal too small for a double (`1e-400` reads as 0)"
+    ),
     "too_deep": "`value` nested deeper than 32 levels",
     "too_large": (
         "an event over 262,144 bytes encoded, or (413) a request body over the server's limit "

@@ -276,6 +276,10 @@ def _check_json(value: Any, path: str, depth: int = 0) -> None:
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise _refuse("number_out_of_range", path, "is not a finite number (NaN and infinities are not JSON)")
+        if type(value) is _TooSmall:
+            raise _refuse("number_out_of_range", path, "is too small for a number to keep: it would be read as 0")
+        if value == 0.0 and math.copysign(1.0, value) < 0:
+            raise _refuse("number_out_of_range", path, "is -0.0, which the stores keep as 0: send 0")
     elif isinstance(value, dict | list | tuple):
         if depth >= MAX_VALUE_DEPTH:
             raise _refuse("too_deep", path, f"is nested deeper than {MAX_VALUE_DEPTH} levels")
@@ -315,7 +319,7 @@ def _json_ok(value: Any, depth: int = 0) -> bool:
     if t is int:
         return INT_MIN <= value <= INT_MAX
     if t is float:
-        return math.isfinite(value)
+        return math.isfinite(value) and (value != 0.0 or math.copysign(1.0, value) > 0)
     if t is dict:
         if depth >= MAX_VALUE_DEPTH:
             return False
@@ -345,16 +349,17 @@ def storable_json(raw: bytes) -> bool:
     """True only if every value orjson reads from `raw` passes `_check_json`, so validation may skip the walk.
 
     What orjson reads from bytes holds no lone surrogate (it refuses them) and no NaN or infinity (refused too), so
-    only three things are left, each ruled out by the bytes alone, conservatively (also inside strings): a NUL
+    only four things are left, each ruled out by the bytes alone, conservatively (also inside strings): a NUL
     (only the escape `\\u0000` spells one: a raw NUL byte is not JSON), an integer outside 64 bits (it has 19
-    digits or more) and nesting deeper than MAX_VALUE_DEPTH (no more brackets than that in the whole record).
+    digits or more), a negative zero (no `-0` at all) and nesting deeper than MAX_VALUE_DEPTH (no more brackets
+    than that in the whole record). A number too small to keep is never read by orjson (`read_json`).
     """
     return _storable_but_digits(raw) and _LONG_RUN not in raw.translate(_DIGITS_AS_ZEROS)
 
 
 def _storable_but_digits(raw: bytes) -> bool:
     """`storable_json` but for its runs of digits (a reader that has looked for them already)."""
-    return b"\\u0000" not in raw and raw.count(b"{") + raw.count(b"[") <= MAX_VALUE_DEPTH
+    return b"\\u0000" not in raw and b"-0" not in raw and raw.count(b"{") + raw.count(b"[") <= MAX_VALUE_DEPTH
 
 
 def rfc3339(value: datetime) -> str:
@@ -812,12 +817,30 @@ def _read_json(raw: bytes) -> tuple[Any, bool]:
     surrogate is in it, nor an integer outside 64 bits: `storable_json` but for its first two rules holds)."""
     zeros = raw.translate(_DIGITS_AS_ZEROS)
     start = zeros.find(_LONG_RUN)
-    if start == -1 or not _may_hold_a_long_integer(raw, zeros, start):
+    tiny = (b"e-" in raw or b"E-" in raw) and _TINY_EXPONENT.search(raw) is not None
+    if not tiny and (start == -1 or not _may_hold_a_long_integer(raw, zeros, start)):
         try:
             return orjson.loads(raw), start == -1
         except orjson.JSONDecodeError:
             pass
-    return json.loads(raw), False
+    return json.loads(raw, parse_float=_float), False
+
+
+class _TooSmall(float):
+    """0.0 read from a literal that is not zero (1e-400): the contract refuses it by name (`_check_json`)."""
+
+
+# an exponent of -100 or less: the only way a number shorter than a run of 19 digits reads as a double of another
+# order (past -308 it is subnormal, then 0), so only records holding one leave orjson for `_float`
+_TINY_EXPONENT = re.compile(rb"[eE]-0*[1-9][0-9]{2}")
+
+
+def _float(text: str) -> float:
+    """A JSON float as `json` reads it; a literal with a non-zero digit read as 0 is marked `_TooSmall`."""
+    value = float(text)
+    if value == 0.0 and any(c in "123456789" for c in text.split("e")[0].split("E")[0]):
+        return _TooSmall(value)
+    return value
 
 
 def load_record(raw: bytes | None, max_bytes: int) -> Any:
