@@ -26,7 +26,7 @@ from starlette.datastructures import Headers
 from api.access import CallerTenants, caller_id
 from api.errors import ApiError
 from api.resources import Resources
-from producers.contract import InvalidEvent, Rfc3339, check_storable
+from producers.contract import TENANT_MAX, TENANT_PATTERN, InvalidEvent, Rfc3339, check_storable
 from producers.settings import Settings
 
 API_KEY_HEADER = "X-API-Key"
@@ -154,7 +154,10 @@ Storable = Annotated[str, AfterValidator(storable)]
 
 
 TenantQuery = Annotated[
-    Storable, Query(min_length=1, max_length=128, description="the tenant (must be one the API key may use)")
+    Storable,
+    Query(
+        min_length=1, max_length=TENANT_MAX, pattern=TENANT_PATTERN, description="the tenant (one the API key may use)"
+    ),
 ]
 
 

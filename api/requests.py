@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, SkipValidation, TypeAdapter, 
 
 from api.consistency import After
 from api.deps import CURSOR_NOTE, Cursor, Storable, Time, storable
-from producers.contract import MAX_VALUE_DEPTH, Kind, SourceType
+from producers.contract import MAX_VALUE_DEPTH, TENANT_MAX, TENANT_PATTERN, Kind, SourceType
 from projections.search.recall import Mode, RecallFilters
 from projections.search.recall.neighbours import MAX_CONTEXT_TURNS
 
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 # the limits the routes' path and query parameters declare too (api.routes.subjects, facts, erasure)
-TENANT = {"min_length": 1, "max_length": 128}
+TENANT = {"min_length": 1, "max_length": TENANT_MAX, "pattern": TENANT_PATTERN}  # the contract's: malformed is a 422
 SUBJECT = {"min_length": 1, "max_length": 256}
 MEMORY_ID = {"min_length": 1, "max_length": 256}
 EVENT_ID = {"min_length": 1, "max_length": 128}  # the contract's event_id

@@ -31,6 +31,7 @@ from producers.contract import (
     memory_id_for,
     rfc3339,
     version_id_for,
+    well_formed_tenant,
 )
 from producers.sdk import PublishError
 from producers.settings import Settings
@@ -143,8 +144,9 @@ async def publish_events(
     event names; any other refuses an event naming one (422 on its `dead_letter`)."""
     settings = res.settings
     for i, raw in enumerate(events):  # tenancy first: one foreign tenant and nothing is published
-        if isinstance(raw, dict) and isinstance(raw.get("tenant"), str):
-            check_tenant(raw["tenant"], tenants, field=f"events.{i}.tenant")
+        tenant = raw.get("tenant") if isinstance(raw, dict) else None
+        if isinstance(tenant, str) and well_formed_tenant(tenant):  # a malformed one: the contract's 422 names it
+            check_tenant(tenant, tenants, field=f"events.{i}.tenant")
 
     skew, now = timedelta(seconds=settings.max_future_skew_s), datetime.now(UTC)
     # up to 1000 events judged by the contract and fingerprinted: CPU work, never on the event loop; a large

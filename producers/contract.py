@@ -32,6 +32,9 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 __all__ = [
+    "TENANT_MAX",
+    "TENANT_PATTERN",
+    "well_formed_tenant",
     "ACCESS_TYPE",
     "AccessEvent",
     "access_id_for",
@@ -250,6 +253,15 @@ def named_subject(raw: bytes | None) -> str | None:
     return subject
 
 
+TENANT_PATTERN, TENANT_MAX = r"^[^|\s]+$", 128  # `|` joins tenant and subject in the Kafka key
+_TENANT = re.compile(TENANT_PATTERN)  # fullmatch: `$` alone also matches before a trailing line feed
+
+
+def well_formed_tenant(tenant: str) -> bool:
+    """Whether the contract takes `tenant` as a tenant id (1-128 characters, no `|` or white space, storable)."""
+    return len(tenant) <= TENANT_MAX and _TENANT.fullmatch(tenant) is not None and _bad_text(tenant) is None
+
+
 def check_storable(text: str, field: str) -> str:
     """`text` if every store can keep it, else InvalidEvent('unstorable_text') naming `field`."""
     problem = _bad_text(text)
@@ -440,7 +452,7 @@ class MemoryEvent(BaseModel):
 
     event_id: str = Field(default_factory=new_event_id, min_length=1, max_length=128)
     type: EventType
-    tenant: str = Field(min_length=1, max_length=128, pattern=r"^[^|\s]+$")
+    tenant: str = Field(min_length=1, max_length=TENANT_MAX, pattern=TENANT_PATTERN)
     subject: str = Field(min_length=1, max_length=256)
     key: str | None = Field(default=None, min_length=1, max_length=256)
     scope: str = Field(default="", max_length=256)
@@ -1009,7 +1021,7 @@ class AccessEvent(BaseModel):
 
     type: Literal["memory.accessed"] = ACCESS_TYPE
     access_id: str = Field(pattern=r"^[0-9a-f]{32}$")
-    tenant: str = Field(min_length=1, max_length=128, pattern=r"^[^|\s]+$")
+    tenant: str = Field(min_length=1, max_length=TENANT_MAX, pattern=TENANT_PATTERN)
     memory_id: str = Field(min_length=1, max_length=64)
     version_id: str = Field(min_length=1, max_length=64)
     stage: str = Field(min_length=1, max_length=32)  # exact | keyword | semantic | hybrid (the hit's match.stage)

@@ -300,6 +300,25 @@ def test_class7_a_key_never_reaches_another_tenant_on_any_route(client: TestClie
     assert end_offsets(client.app.state.settings) == before, "a refused request published something"
 
 
+@pytest.mark.parametrize("malformed", ["ac|me", "acme\n", "ac me", "x" * 129, "acme\u0000"])
+def test_class7_a_tenant_no_key_could_hold_is_a_422_naming_it_not_a_403(
+    client: TestClient, receipt: dict[str, Any], malformed: str
+) -> None:
+    """A tenant the contract could never take (a `|`, white space, too long, a NUL) is malformed in itself: every
+    route that takes a tenant refuses it with a 422 naming the tenant field, as for any malformed request, never
+    the 403 of a tenant the key may not use; nothing published."""
+    before = end_offsets(client.app.state.settings)
+    for route, requests in _routes(malformed, receipt).items():
+        if route in TENANTLESS:
+            continue
+        for url, kw in requests:
+            r = client.request(route[0], url, headers=HA, **kw)
+            assert r.status_code == 422, (route, r.status_code, r.text)
+            item = r.json()["detail"][0]
+            assert item["field"] is not None and item["field"].endswith("tenant"), (route, item)
+    assert end_offsets(client.app.state.settings) == before, "a refused request published something"
+
+
 # which routes need which store (the others still answer, below 500, when it is down)
 _PG = {
     ("GET", "/v1/subjects/{subject}/facts"),
