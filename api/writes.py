@@ -8,6 +8,7 @@ the idempotency claim by (tenant, event_id) in PostgreSQL shared by every proces
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -35,7 +36,8 @@ from producers.contract import (
 )
 from producers.sdk import PublishError
 from producers.settings import Settings
-from projections.postgres.idempotency import Claim, claim_events, event_fate, release_claims
+from projections.postgres.idempotency import Claim, Fate, claim_events, event_fate, release_claims
+from projections.postgres.positions import stored_positions_async
 from projections.postgres.queries import event_effect
 
 __all__ = [
@@ -265,6 +267,9 @@ async def event_status(res: Resources, tenants: frozenset[str], tenant: str, eve
       the record's `partition`, `offset`;
     - `pending`: a door claimed the id (it was published) and the worker has not applied it yet (`since`), also
       when the id was refused before and published again since (a re-drive under the same id);
+    - `unpublished`: a door claimed the id, its publish cannot be delivered any more (the producer's delivery bound
+      has passed) and the worker has read the whole log without meeting it: the record never reached the ledger
+      (the broker refused it or did not answer), so the same event is to be sent again;
     - `unknown`: no door claimed it and the worker has not seen it (yet: a record written straight to Kafka is
       unknown until the worker reaches it), or it is another tenant's (nothing tells one tenant about another), or
       the worker refused it about a subject erased since (the erasure took its letter).
@@ -275,6 +280,9 @@ async def event_status(res: Resources, tenants: frozenset[str], tenant: str, eve
     check_tenant(tenant, tenants)
     async with res.pool.connection() as conn:
         fate = await event_fate(conn, tenant, event_id, res.settings.topic)
+        unpublished = await _never_delivered(res, conn, fate, tenant, event_id)
+        if unpublished is not None:
+            fate = unpublished
         applied = fate.applied
         effect = None
         if applied is not None:
@@ -298,12 +306,44 @@ async def event_status(res: Resources, tenants: frozenset[str], tenant: str, eve
         reason = {k: last[k] for k in ("code", "field", "message")}
         body |= {"status": "dead_lettered", "reason": reason, "partition": last["partition"], "offset": last["offset"]}
     elif fate.claimed_at is not None:
-        body |= {"status": "pending", "since": rfc3339(fate.claimed_at)}
+        body |= {"status": "unpublished" if unpublished else "pending", "since": rfc3339(fate.claimed_at)}
     else:
         body["status"] = "unknown"
     if fate.dead_letters:
         body["dead_letters"] = fate.dead_letters
     return {k: v for k, v in body.items() if v is not None}
+
+
+# after its claim, a door's record reaches the broker within the producer's delivery bound or never (the SDK's
+# delivery_timeout_ms; the margin as the SDK's own wait for it)
+_DELIVERY_MARGIN_S = 5.0
+
+
+async def _never_delivered(
+    res: Resources, conn: psycopg.AsyncConnection, fate: Fate, tenant: str, event_id: str
+) -> Fate | None:
+    """The fate read again if the claimed event's record never reached the ledger, else None: the claim is older
+    than any delivery could take, and the worker's positions, read first, are at the log's end offsets, read last,
+    so a record written at any time would have been applied or refused before the fate read between them."""
+    settings = res.settings
+    bound = max(settings.api_kafka_timeout_s, settings.producer_timeout_s) + _DELIVERY_MARGIN_S
+    pending = fate.applied is None and not fate.erased and fate.claimed_at is not None
+    if not pending or (fate.dead_letters and not fate.claimed_since_refused):
+        return None
+    assert fate.claimed_at is not None
+    if datetime.now(UTC) - fate.claimed_at < timedelta(seconds=bound):
+        return None
+    positions = await stored_positions_async(conn, settings.processor_group, settings.topic)
+    again = await event_fate(conn, tenant, event_id, settings.topic)
+    moved = again.claimed_at != fate.claimed_at or len(again.dead_letters) != len(fate.dead_letters)
+    if moved or again.applied is not None or again.erased:
+        return None  # it moved meanwhile: the answer is the read's own, next time
+    try:
+        ends = await asyncio.to_thread(res.offsets.read)
+    except Exception:  # noqa: BLE001 - the broker does not answer: it cannot be told, so it stays pending
+        return None
+    caught_up = all(positions.get(p, 0) >= end for p, end in ends.items())
+    return again if caught_up and ends else None
 
 
 async def erase_subject(

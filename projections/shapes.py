@@ -69,7 +69,9 @@ _IDEMPOTENCY_NOTE = (
 )
 _EFFECT = "what the event does in its fact's chain now: " + ", ".join(EFFECTS)
 _EVENT_STATUS = (
-    "pending: published, not applied yet; applied: the projection applied it (see effect); duplicate: its id was "
+    "pending: published, not applied yet; unpublished: a door took it but its record never reached the ledger "
+    "(the broker refused it or did not answer; send it again, the same id and content are safe); "
+    "applied: the projection applied it (see effect); duplicate: its id was "
     "seen before, its subject erased since; dead_lettered: the worker refused it (see reason); unknown: never seen "
     "(or refused about a subject erased since: the erasure took its letter)"
 )
@@ -434,7 +436,9 @@ class EventStatus(TypedDict):
 
     tenant: Annotated[str, doc(_TENANT)]
     event_id: Annotated[str, doc("the event asked about")]
-    status: Annotated[Literal["pending", "applied", "duplicate", "dead_lettered", "unknown"], doc(_EVENT_STATUS)]
+    status: Annotated[
+        Literal["pending", "unpublished", "applied", "duplicate", "dead_lettered", "unknown"], doc(_EVENT_STATUS)
+    ]
     type: NotRequired[Annotated[str | None, doc("applied: the event's type")]]
     memory_id: NotRequired[Annotated[str | None, doc("applied: the fact it belongs to (none for subject.erased)")]]
     version_id: NotRequired[Annotated[str | None, doc("applied: the version a memory.asserted created")]]

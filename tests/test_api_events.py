@@ -12,7 +12,8 @@ from api.routes import events as events_route
 from producers.contract import decode
 from producers.settings import Settings
 from producers.topics import ensure_topics
-from tests.support import drop_topics, read_topic, wire
+from tests.conftest import unique
+from tests.support import drop_topics, pipeline, read_topic, wait_for, wire
 
 ACME = {"X-API-Key": "key-acme"}
 
@@ -159,3 +160,34 @@ def test_a_down_broker_is_503_and_names_every_event(api_settings: Settings) -> N
     assert results[1]["error"]["field"] == "events.1"
     [detail] = resp.json()["detail"]
     assert detail["code"] == "store_unavailable" and detail["message"].startswith("kafka: ")
+
+
+def test_an_event_whose_publish_never_reached_the_ledger_says_unpublished_and_a_retry_applies_it(
+    base_settings: Settings,
+) -> None:
+    """The door claims an id before it publishes; when the broker does not answer, the record may or may not have
+    been written, so the claim stays and the event reads `pending` while a delivery could still land. Once none
+    can (the producer's delivery bound has passed) and the worker has read the whole log without meeting it, it
+    reads `unpublished`: the same event sent again is published, and applied."""
+    private = base_settings.private(unique("unpub"), api_keys={"key-acme": ["acme"]})
+    short = private.model_copy(update={"api_kafka_timeout_s": 1.0, "producer_timeout_s": 1.0})
+    event = _event(event_id="e-lost")
+    with pipeline(short, seed=[_event("user:seed", event_id="e-seed")], indexer=False) as pipe:  # tables made
+        with TestClient(create_app(short.model_copy(update={"kafka_bootstrap": "127.0.0.1:1"}))) as c:
+            assert c.post("/v1/events", json={"events": [event]}, headers=ACME).status_code == 503
+        with TestClient(create_app(private)) as c:  # its bound (30 s) has not passed: a delivery could still land
+            r = c.get("/v1/events/e-lost", params={"tenant": "acme"}, headers=ACME)
+            assert r.json()["status"] == "pending", r.text
+        with TestClient(create_app(short)) as c:
+
+            def status() -> str:
+                r = c.get("/v1/events/e-lost", params={"tenant": "acme"}, headers=ACME)
+                assert r.status_code == 200, r.text
+                return r.json()["status"]
+
+            wait_for(lambda: status() == "unpublished", 30, what="the lost event read as unpublished")
+            retry = c.post("/v1/events", json={"events": [event]}, headers=ACME)
+            assert retry.status_code == 200 and retry.json()["results"][0]["accepted"], retry.text
+            assert status() == "pending"  # the retry's claim is dated anew: its delivery could still land
+            pipe.caught_up()
+            assert status() == "applied"

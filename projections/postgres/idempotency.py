@@ -57,7 +57,8 @@ def erased_sql(with_fingerprints: bool) -> str:
 
 # one statement: what is applied or erased under each id, and the claim of the others (inserted, or the existing
 # row read back under its lock: ON CONFLICT DO UPDATE returns the committed claim of a concurrent door, which a
-# snapshot read would miss); claims are taken in (tenant, event_id) order so two requests never deadlock. The ids
+# snapshot read would miss; a retry's claim, the same fingerprint, is dated anew: it is published again); claims
+# are taken in (tenant, event_id) order so two requests never deadlock. The ids
 # come as one jsonb array of [tenant, event_id, fingerprint] written by orjson: psycopg would dump three lists of
 # 1,000 element by element in Python, on the API's event loop
 _CLAIM = f"""
@@ -77,7 +78,8 @@ WITH given AS (
     WHERE NOT EXISTS (SELECT 1 FROM applied a WHERE a.t = g.t AND a.id = g.id)
       AND NOT EXISTS (SELECT 1 FROM erased x WHERE x.t = g.t AND x.id = g.id)
     ORDER BY g.t, g.id
-    ON CONFLICT (tenant, event_id) DO UPDATE SET fingerprint = c.fingerprint
+    ON CONFLICT (tenant, event_id) DO UPDATE SET fingerprint = c.fingerprint,
+        claimed_at = CASE WHEN c.fingerprint = EXCLUDED.fingerprint THEN now() ELSE c.claimed_at END
     RETURNING c.tenant, c.event_id, c.fingerprint, c.xmax = 0 AS fresh
 )
 SELECT g.fp, a.fingerprint, a."partition", a."offset", x.same, c.fingerprint, c.fresh FROM given g
