@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from projections.search.cues import (
+    _TIME_PHRASES,
     Vocabulary,
     canonical,
     embedding_text,
@@ -349,3 +350,27 @@ def test_an_id_shaped_alias_is_the_alias_not_an_unknown_entity_too():
     cues = extract("what is ＳＫＵ0ac47 of P1, and of ZX9Q7", vocab, NOW)
     assert cues.keys == ("product.code",) and cues.known_entities == ("p1",)
     assert cues.unknown_entities == ("zx9q7",), cues
+
+
+EDGES = [
+    datetime(1, 1, 1, tzinfo=UTC),
+    datetime(1, 1, 7, 12, tzinfo=UTC),
+    datetime(1, 12, 31, tzinfo=UTC),
+    datetime(9999, 1, 1, tzinfo=UTC),
+    datetime(9999, 12, 28, tzinfo=UTC),
+    datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+]
+TIME_QUESTIONS = [f"what happened {w}" for words in _TIME_PHRASES for w in words] + [
+    "the last 3 days", "the last 9999 weeks", "5 hours ago", "2 weeks ago", "最近3天", "3 天前",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("at", EDGES, ids=lambda t: t.isoformat())
+def test_every_time_word_at_the_edges_of_the_calendar_is_a_range_inside_it_or_none(at: datetime) -> None:
+    """A recall's valid time anchors its time words, and any valid time is allowed: in year 1 or 9999 each word
+    names a range cut at the first or last instant a time holds ("last year" in year 1), or no range, never an
+    error."""
+    for question in TIME_QUESTIONS:
+        time = extract(question, VOCAB, at).time
+        if time is not None:
+            assert datetime.min.replace(tzinfo=UTC) <= time.start <= time.end, (question, time)

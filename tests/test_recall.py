@@ -628,3 +628,15 @@ def test_a_temporary_preference_shadows_the_long_term_one_only_inside_its_window
     assert value_at(T0 + timedelta(hours=12)) == ["concise"]
     assert value_at(T0 + timedelta(days=3)) == ["concise"]
     assert value_at(None) == ["concise"]
+
+
+@pytest.mark.parametrize("as_of", ["0001-01-01T00:00:00Z", "0001-06-30T12:00:00Z", "9999-06-01T00:00:00Z",
+                                   "9999-12-31T23:59:59.999999Z"])  # fmt: skip
+def test_a_valid_time_in_the_first_or_last_year_is_answered(world, as_of: str) -> None:
+    """Every valid time a request may give is answered, its time words read from it: year 1 and year 9999 too
+    (their "next month" or "last year" lies outside what a time holds)."""
+    for query in ("P1 backend port", "what changed yesterday", "anything this month", "the last 3 days"):
+        assert recall(world, query, as_of=as_of)["trace"]["as_of"].startswith(as_of[:4])
+        body = {"tenant": ACME, "subject": "project:P1", "question": query, "as_of": as_of}
+        r = world["client"].post("/v1/context", json=body, headers={"X-API-Key": "k-all"})
+        assert r.status_code == 200, r.text

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -175,25 +175,42 @@ _TIME_PHRASES = (
 _TIME_KEYS = tuple(tuple(canonical(w) for w in words) for words in _TIME_PHRASES)
 
 
+_EARLIEST, _LATEST = datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC)
+
+
+def _or(edge: Callable[[], datetime], beyond: datetime) -> datetime:
+    """`edge()`, or `beyond` when it lies past the years a datetime holds (a valid time in year 1 or 9999)."""
+    try:
+        return edge()
+    except (OverflowError, ValueError):
+        return beyond
+
+
 def _time_words(now: datetime) -> dict[str, tuple[datetime, datetime]]:
-    """Each time word's lookup form -> the range it names at `now`."""
+    """Each time word's lookup form -> the range it names at `now` (cut at the first and last instants a datetime
+    holds: "last year" in year 1 starts at its first instant)."""
     day = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    week = day - timedelta(days=day.weekday())
+    week = _or(lambda: day - timedelta(days=day.weekday()), _EARLIEST)
     month = day.replace(day=1)
-    prev_month = (month - timedelta(days=1)).replace(day=1)
-    next_month = (month + timedelta(days=32)).replace(day=1)
     year = day.replace(month=1, day=1)
+
+    def back(days: int, of: datetime = day) -> datetime:
+        return _or(lambda: of - timedelta(days=days), _EARLIEST)
+
+    def ahead(days: int, of: datetime = day) -> datetime:
+        return _or(lambda: of + timedelta(days=days), _LATEST)
+
     ranges = (
-        (day, day + timedelta(days=1)),
-        (day - timedelta(days=1), day),
-        (day - timedelta(days=2), day - timedelta(days=1)),
-        (week, week + timedelta(days=7)),
-        (week - timedelta(days=7), week),
-        (month, next_month),
-        (prev_month, month),
-        (year, year.replace(year=year.year + 1)),
-        (year.replace(year=year.year - 1), year),
-        (now - timedelta(days=7), now + timedelta(seconds=1)),
+        (day, ahead(1)),
+        (back(1), day),
+        (back(2), back(1)),
+        (week, ahead(7, week)),
+        (back(7, week), week),
+        (month, _or(lambda: (month + timedelta(days=32)).replace(day=1), _LATEST)),
+        (_or(lambda: (month - timedelta(days=1)).replace(day=1), _EARLIEST), month),
+        (year, _or(lambda: year.replace(year=year.year + 1), _LATEST)),
+        (_or(lambda: year.replace(year=year.year - 1), _EARLIEST), year),
+        (_or(lambda: now - timedelta(days=7), _EARLIEST), _or(lambda: now + timedelta(seconds=1), _LATEST)),
     )
     return {key: r for keys, r in zip(_TIME_KEYS, ranges, strict=True) for key in keys}
 
