@@ -352,6 +352,22 @@ def test_an_id_shaped_alias_is_the_alias_not_an_unknown_entity_too():
     assert cues.unknown_entities == ("zx9q7",), cues
 
 
+def test_a_keys_number_or_single_letter_is_no_cue_but_its_words_and_aliases_are():
+    """A key reads as words in a question (`backend port` of `project.backend_port`), but `14` of `k.14` or `r`
+    of `k.r` is in countless questions ("on March 14"): taken as the key, the exact stage answered them with that
+    key alone. A producer's own alias stays a cue whatever it is; a Han character is a word."""
+    vocab = Vocabulary.build(
+        entities=[],
+        subjects=[],
+        key_aliases=[("k.14", []), ("k.r", []), ("room.7", ["7"]), ("user.名", []), ("project.backend_port", [])],
+    )
+    assert extract("who planted tomatoes on March 14", vocab, NOW).keys == ()
+    assert extract("zorblax r", vocab, NOW).keys == ()
+    assert extract("what is in room 7", vocab, NOW).keys == ("room.7",)
+    assert extract("名", vocab, NOW).keys == ("user.名",)
+    assert extract("the backend port", vocab, NOW).keys == ("project.backend_port",)
+
+
 EDGES = [
     datetime(1, 1, 1, tzinfo=UTC),
     datetime(1, 1, 7, 12, tzinfo=UTC),

@@ -104,6 +104,13 @@ def key_phrases(key: str | None) -> list[str]:
     return [p for p in dict.fromkeys((full, last)) if p]
 
 
+def _reads_as_words(phrase: str) -> bool:
+    """Whether a key's phrase names it in a question: two letters at least (one Han character counts). `14` of
+    `k.14` or `r` of `k.r` would make every question holding that number or letter name the key."""
+    letters = [c for c in phrase if c.isalpha()]
+    return len(letters) > 1 or (len(letters) == 1 and not letters[0].isascii())
+
+
 # --- fixed word lists (both languages) --------------------------------------------------------------
 
 EVENT_TYPES: dict[str, tuple[str, ...]] = {
@@ -320,7 +327,8 @@ class Vocabulary:
                 spaces.update(units(s.split(":", 1)[0]))
         table: dict[str, set[str]] = {}
         for key, aliases in key_aliases:
-            for phrase in [*key_phrases(key), *(canonical(a) for a in aliases)]:
+            named = [p for p in key_phrases(key) if _reads_as_words(p)]
+            for phrase in [*named, *(canonical(a) for a in aliases)]:
                 # a phrase of stop words only (`to` of `reports.to`) is in nearly every question: never a cue
                 if phrase and not _STOP_UNITS.issuperset(phrase.split(" ")):
                     table.setdefault(phrase, set()).add(key)
