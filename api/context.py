@@ -287,47 +287,94 @@ def build_context(
     return ContextBlock(text=text, doc=doc)
 
 
+@dataclass
+class _Room:
+    """What is left of the block while lines are chosen: tokens, characters, and the characters counted in vain."""
+
+    tokens: int
+    chars: int
+    limit: int
+    missed: int = 0
+
+    @property
+    def open(self) -> bool:
+        return self.tokens >= MIN_LINE_TOKENS and self.chars > 0 and self.missed < self.limit
+
+    def take(self, chosen: list[tuple[int, str, int, str | None]], line: tuple[int, str, int, str | None]) -> None:
+        chosen.append(line)
+        self.tokens -= line[2]
+        self.chars -= len(line[1]) + 1
+
+
 def _choose(
     lines: list[_Line], count: Counter, *, tokens: int, chars: int, limit: int
 ) -> list[tuple[int, str, int, str | None]]:
-    """Greedy in priority order, within `tokens` and `chars`: (index, text, tokens, cut) of the lines kept (`cut`:
-    the value as shown, when the line cut it).
+    """Within `tokens` and `chars`: (index, text, tokens, cut) of the lines kept, in priority order (`cut`: the value
+    as shown, when the line cut it).
 
-    Each line is cut to the characters left. Short lines are counted in batches (one tokenizer call each; a line
-    whose characters no longer fit after the batch's earlier choices is cut and counted again). A line with too
-    many tokens is cut again, up to CUT_TRIES times, to the characters its own rate of characters per token lets
-    fit. Counting stops once no line can fit (fewer than MIN_LINE_TOKENS tokens or no characters left) or once the
-    lines that did not fit add up to `limit` characters, so at most a few times `limit` characters are counted."""
-    chosen: list[tuple[int, str, int, str | None]] = []
-    missed = 0
-    i = 0
-    while i < len(lines) and tokens >= MIN_LINE_TOKENS and chars > 0 and missed < limit:
+    First the lines that fit whole, greedily in priority order; then, in the room they leave, the others cut to
+    fit, in the same order: one long value takes what the short facts after it leave, never their room. Short lines
+    are counted in batches (one tokenizer call each; a line whose characters no longer fit after the batch's earlier
+    choices is taken again). A line with too many tokens is cut again, up to CUT_TRIES times, to the characters its
+    own rate of characters per token lets fit. Counting stops once no line can fit (fewer than MIN_LINE_TOKENS tokens
+    or no characters left) or once the lines that did not fit add up to `limit` characters, so at most a few times
+    `limit` characters are counted."""
+    room, chosen = _Room(tokens, chars, limit), []
+    cut_later = _fill(lines, list(range(len(lines))), count, room, chosen, whole=True)
+    _fill(lines, cut_later, count, room, chosen, whole=False)
+    return sorted(chosen)
+
+
+def _fill(
+    lines: list[_Line],
+    order: list[int],
+    count: Counter,
+    room: _Room,
+    chosen: list[tuple[int, str, int, str | None]],
+    *,
+    whole: bool,
+) -> list[int]:
+    """Take the lines `order` names, in that order, into `chosen` while `room` is open: `whole`, only lines that fit
+    uncut (the others are returned, to be cut later); else each cut to what is left."""
+    later: list[int] = []
+    k = 0
+    while k < len(order) and room.open:
         batch: list[tuple[int, str, str | None]] = []
         size = 0
-        while i < len(lines) and len(batch) < BATCH_LINES and size < chars:
-            text, cut = lines[i].text(chars)
+        while k < len(order) and len(batch) < BATCH_LINES and size < room.chars:
+            i = order[k]
+            text, cut = lines[i].text(room.chars)
+            if whole and cut is not None:  # it does not fit whole: cut later, in the room the whole ones leave
+                later.append(i)
+                k += 1
+                continue
             if batch and len(text) > BATCH_CHARS:  # a long line is counted on its own, in the next round
                 break
             batch.append((i, text, cut))
             size += len(text)
-            i += 1
+            k += 1
         for (j, text, cut), cost in zip(batch, count([t for _, t, _ in batch]), strict=True):
-            if tokens < MIN_LINE_TOKENS or chars <= 0 or missed >= limit:
-                return chosen
-            if len(text) > chars:  # fewer characters are left than when the batch was cut
-                text, cut = lines[j].text(chars)
+            if not room.open:
+                return later
+            if len(text) > room.chars:  # fewer characters are left than when the batch was cut
+                text, cut = lines[j].text(room.chars)
+                if whole and cut is not None:
+                    later.append(j)
+                    continue
                 cost = count([text])[0]
+            if whole and cost > room.tokens:  # too many tokens whole: cut later
+                room.missed += len(text)
+                later.append(j)
+                continue
             for _ in range(CUT_TRIES):
-                shorter = len(text) * tokens // cost * 9 // 10  # what this line's own rate of chars per token fits
-                if cost <= tokens or not MIN_CUT <= shorter < len(text):
+                shorter = len(text) * room.tokens // cost * 9 // 10  # what this line's own chars per token fits
+                if cost <= room.tokens or not MIN_CUT <= shorter < len(text):
                     break
-                missed += len(text)
+                room.missed += len(text)
                 text, cut = lines[j].text(shorter)
                 cost = count([text])[0]
-            if cost <= tokens and len(text) <= chars:
-                chosen.append((j, text, cost, cut))
-                tokens -= cost
-                chars -= len(text) + 1
+            if cost <= room.tokens and len(text) <= room.chars:
+                room.take(chosen, (j, text, cost, cut))
             else:
-                missed += len(text)
-    return chosen
+                room.missed += len(text)
+    return later

@@ -236,6 +236,22 @@ def test_a_huge_subject_costs_what_the_budget_costs_and_long_values_are_cut() ->
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("budget", [300, 1000, 4000])
+@pytest.mark.parametrize("long", ["a" * 50_000, "word " * 10_000, "長" * 20_000])
+def test_one_long_value_leaves_room_for_the_facts_after_it(budget: int, long: str) -> None:
+    """A value too long for the block is cut to half the room left, not all of it: the subject's short facts
+    after it (in key order) are still in the block, whatever the value is made of (in the smallest of these
+    budgets, the long value is what gives way)."""
+    facts = [_row("note.long", long), _row("pref.color", "green"), _row("profile.city", "Lisbon")]
+    block = _build(facts, budget_tokens=budget)
+    keys = [line["key"] for line in block.doc["lines"]]
+    assert keys[-2:] == ["pref.color", "profile.city"], (keys, block.doc["left_out"])
+    if budget >= 1000:
+        assert keys[0] == "note.long" and block.doc["lines"][0]["cut"], keys
+    assert block.doc["tokens"] <= budget
+
+
+@pytest.mark.unit
 def test_the_same_rows_give_the_same_bytes() -> None:
     facts = [_row(f"k{i}", i) for i in range(5)]
     one, two = _build(facts, as_of=rfc3339(T0)), _build(list(reversed(facts)), as_of=rfc3339(T0))
