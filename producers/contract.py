@@ -32,6 +32,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 __all__ = [
+    "has_long_digit_run",
     "TENANT_MAX",
     "TENANT_PATTERN",
     "well_formed_tenant",
@@ -366,7 +367,7 @@ def storable_json(raw: bytes) -> bool:
     digits or more), a negative zero (no `-0` at all) and nesting deeper than MAX_VALUE_DEPTH (no more brackets
     than that in the whole record). A number too small to keep is never read by orjson (`read_json`).
     """
-    return _storable_but_digits(raw) and _LONG_RUN not in raw.translate(_DIGITS_AS_ZEROS)
+    return _storable_but_digits(raw) and not has_long_digit_run(raw)
 
 
 def _storable_but_digits(raw: bytes) -> bool:
@@ -798,6 +799,13 @@ def check_skew(event: MemoryEvent, max_future_skew: timedelta, reference: dateti
 # digest often holds one) it is not
 _DIGITS_AS_ZEROS = bytes(ord("0") if chr(i).isdigit() and i < 128 else ord(" ") for i in range(256))
 _LONG_RUN = b"0" * 19
+
+
+def has_long_digit_run(raw: bytes) -> bool:
+    """Whether `raw` holds a run of 19 digits or more: the shortest integer outside signed 64 bits has 19."""
+    return _LONG_RUN in raw.translate(_DIGITS_AS_ZEROS)
+
+
 _NUMBER_AFTER = frozenset(b"[:,")
 _RUNS_JUDGED = 10_000  # past this many runs in strings, the standard parser reads the JSON (slower, never wrong)
 

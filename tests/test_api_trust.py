@@ -787,3 +787,22 @@ def test_class2_3_7_idempotency_by_tenant_and_event_id_at_the_door(applied: Pipe
         "the new fact",
     )
     assert [f["value"] for f in facts] == ["aisle"]
+
+
+def test_class9_a_float_past_64_bits_reads_back_as_the_float_it_was(applied: Pipeline) -> None:
+    """PostgreSQL's jsonb keeps a number as a decimal, so 1e19 came back as the integer 10000000000000000000, which
+    the door itself refuses (outside signed 64 bits): a client could not re-send what it read. Each such float reads
+    back as itself, and re-sending what was read under the same id is a duplicate, not a conflict."""
+    c = applied.client
+    floats = [9223372036854775807.0, 1e19, 18446744073709551615.0, -1e19, 1.5e308, 123.25]
+    events = [event("user:f", event_id=f"F{i}", key=f"num.k{i}", value=v) for i, v in enumerate(floats)]
+    r = c.post("/v1/events", json={"events": events}, headers=HA)
+    assert r.status_code == 200, r.text
+    applied.caught_up(90)
+    facts = {f["key"]: f["value"] for f in c.get("/v1/subjects/user:f/facts", params={"tenant": A}, headers=HA)
+             .json()["facts"]}  # fmt: skip
+    for i, v in enumerate(floats):
+        assert facts[f"num.k{i}"] == v and type(facts[f"num.k{i}"]) is float, (v, facts)
+    again = [event("user:f", event_id=f"F{i}", key=f"num.k{i}", value=facts[f"num.k{i}"]) for i in range(len(floats))]
+    r = c.post("/v1/events", json={"events": again}, headers=HA)
+    assert r.status_code == 200 and all(x["duplicate"] for x in r.json()["results"]), r.text
