@@ -12,6 +12,7 @@ The servers (serve, mcp, worker, indexer, embedder) wait for an absent store by 
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -101,6 +102,10 @@ def _refused(chain: list[BaseException]) -> str | None:
             address, _ = _address("postgres", seen)
             if "password authentication failed" in text or "no pg_hba.conf entry" in text:
                 return f"postgres at {address} refused the login: check the user, password and sslmode in LEDGER_PG_DSN"
+            missing = re.search(r'FATAL:\s+(role|database) "[^"]*" does not exist', text)
+            if missing:  # the server answered: it runs, the DSN names a user or database it does not have
+                what = "user" if missing.group(1) == "role" else "database name"
+                return f"postgres at {address} has no such {missing.group(1)}: check the {what} in LEDGER_PG_DSN"
             if "certificate" in text:  # libpq's "certificate verify failed", "server certificate ... does not match"
                 return (
                     f"postgres at {address}: its TLS certificate is not trusted (not signed by sslrootcert's CA, or "

@@ -131,6 +131,22 @@ class PostgresSettings(BaseModel):
     pg_connect_timeout_s: int = 3  # libpq connect_timeout (whole seconds, at least 2)
     pg_door_check_timeout_s: float = 1.0  # POST /v1/events' idempotency lookup; skipped (not blocking) past it
 
+    @model_validator(mode="after")
+    def _pg_dsn_reads(self) -> PostgresSettings:
+        """A DSN libpq cannot read is refused when the settings load (never quoted: it may hold a password), not
+        at the first connection, where it was a ProgrammingError naming no setting."""
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            conninfo_to_dict(self.pg_dsn)
+        except psycopg.ProgrammingError:
+            raise ValueError(
+                "LEDGER_PG_DSN is not a PostgreSQL connection string: write postgresql://user:password@host:5432/db "
+                "(or libpq's key=value pairs)"
+            ) from None
+        return self
+
 
 class ElasticsearchSettings(BaseModel):
     """The search index: where it is, its alias, the bound on one request."""

@@ -20,10 +20,12 @@ from pathlib import Path
 import click
 import pytest
 import typer.main
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from infra.cli import app
+from producers.keys.kek import new_kek
 from producers.settings import REPO_ROOT, Settings, UnsafeSettings, settings_problem
 
 LEDGER = str(Path(sys.executable).parent / "ledger")
@@ -90,6 +92,24 @@ def test_a_variable_that_does_not_parse_is_one_line_too() -> None:
         check_one_line(path, proc, "LEDGER_API_KEYS")
 
 
+def test_a_dsn_libpq_cannot_read_or_that_names_what_the_server_lacks_is_one_line(base_settings: Settings) -> None:
+    """A DSN that is no connection string is refused when the settings load (exit 2, never quoted: it may hold a
+    password); one naming a user or database the running server lacks says so (exit 3), not that the server is
+    unreachable and should be started."""
+    for path in [("verify",), ("keys", "status")]:
+        proc = run(path, user_env(LEDGER_DEVELOPMENT="1", LEDGER_PG_DSN="garbage s3cret"))
+        check_one_line(path, proc, "LEDGER_PG_DSN")
+        assert "s3cret" not in proc.stderr
+    dsn = conninfo_to_dict(base_settings.pg_dsn)
+    for over, says in (({"user": "nobody_here"}, "no such role: check the user"),
+                       ({"dbname": "no_such_db"}, "no such database: check the database name")):  # fmt: skip
+        env = user_env(LEDGER_DEVELOPMENT="1", LEDGER_PG_DSN=make_conninfo(**{**dsn, **over}), LEDGER_KEK=new_kek())
+        proc = run(("keys", "status"), env)
+        line = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert line.startswith("ledger: postgres at ") and says in line and "LEDGER_PG_DSN" in line, line
+
+
 def test_a_key_setting_that_does_not_load_is_one_line_too(tmp_path: Path) -> None:
     """The key-encryption key is read when a producer starts, after the settings loaded: a file that cannot be read,
     a key that is not one, or encryption on without a key is one line naming the variable, never a traceback."""
@@ -126,6 +146,8 @@ def refusal(monkeypatch: pytest.MonkeyPatch, **env: str) -> Exception:
         ({"LEDGER_DEVELOPMENT": "1", "LEDGER_API_KEYS": '{"k": "demo"}'}, "LEDGER_API_KEYS", "list"),
         ({"LEDGER_DEVELOPMENT": "1", "LEDGER_PG_SCHEMA": "My Schema"}, "LEDGER_PG_SCHEMA", "lower-case"),
         ({"LEDGER_DEVELOPMENT": "maybe"}, "LEDGER_DEVELOPMENT", "boolean"),
+        ({"LEDGER_DEVELOPMENT": "1", "LEDGER_PG_DSN": "garbage"}, "LEDGER_PG_DSN", "connection string"),
+        ({"LEDGER_DEVELOPMENT": "1", "LEDGER_PG_DSN": "host=x port"}, "LEDGER_PG_DSN", "connection string"),
     ],
 )
 def test_a_refusal_is_one_line_naming_the_variable(
