@@ -24,7 +24,7 @@ def mcp(
     host: str | None = typer.Option(None, help="http: bind address (default LEDGER_MCP_HOST)"),
     port: int | None = typer.Option(None, help="http: port (default LEDGER_MCP_PORT)"),
 ) -> None:
-    """Run the MCP server (tools: remember, recall, recall_at, facts, fact_history, forget, context, event_status)."""
+    """Run the MCP server (its tools, for agents and for operators: docs/mcp.md)."""
     from producers.logs import configure_logging, logging_config
     from producers.settings import get_settings
 
