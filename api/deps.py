@@ -173,7 +173,7 @@ def _invalid_time(value: Any, handler: ValidatorFunctionWrapHandler) -> datetime
 Time = Annotated[Rfc3339, WrapValidator(_invalid_time)]
 
 
-_CURSOR = re.compile(r"([0-9]{1,10}):([0-9]{1,19})")  # ASCII digits: int() would also read other scripts' digits
+_CURSOR = re.compile(r"([0-9]+):([0-9]+)")  # ASCII digits: int() would also read other scripts' digits
 MAX_PARTITION, MAX_OFFSET = 2**31 - 1, 2**63 - 1  # Kafka's int32 partition and int64 offset
 CURSOR_NOTE = "continue an audit replay after the page whose next_cursor this is ('<partition>:<offset>')"
 
@@ -184,6 +184,8 @@ def cursor_place(value: str) -> tuple[int, int]:
     found = _CURSOR.fullmatch(value)
     if found is None:
         raise ValueError("must be PARTITION:OFFSET in ASCII digits, as the previous page gave it")
+    if len(found[1]) > 10 or len(found[2]) > 19:  # longer than any partition or offset Kafka holds: int() not asked
+        raise ValueError("names a partition or offset past what Kafka holds")
     place = int(found[1]), int(found[2])
     if place[0] > MAX_PARTITION or place[1] > MAX_OFFSET:
         raise ValueError("names a partition or offset past what Kafka holds")

@@ -259,6 +259,19 @@ def test_a_cursor_that_is_no_position_is_refused_naming_it(stack, cursor: str) -
     assert [d["field"] for d in r.json()["detail"]] == ["cursor"], r.text
 
 
+@pytest.mark.parametrize(
+    ("cursor", "says"),
+    [("2147483648:0", "past what Kafka holds"), ("0:9223372036854775808", "past what Kafka holds"),
+     ("0:" + "9" * 20, "past what Kafka holds"), ("9" * 11 + ":0", "past what Kafka holds"),
+     ("\u0663:5", "ASCII digits"), ("1:5:6", "ASCII digits")],
+)  # fmt: skip
+def test_a_cursor_is_refused_for_what_is_wrong_with_it(stack, cursor: str, says: str) -> None:
+    """Digits in the cursor's form that name no place Kafka can hold are refused as that, not as non-digits."""
+    _, client = stack
+    r = client.get(f"/v1/subjects/{SUBJECT}/events", params={"tenant": TENANT, "cursor": cursor}, headers=HEADERS)
+    assert r.status_code == 422 and says in r.json()["detail"][0]["message"], r.text
+
+
 def test_the_audit_replay_says_what_each_event_did(stack) -> None:
     writer, client = stack
     first = writer.write(**asserted("aisle", day(0), kind="state"))
