@@ -612,7 +612,15 @@ class RecallTrace(TypedDict):
         Mode, doc("the mode it ran in: auto, exact, keyword, semantic or hybrid (the request's; default auto)")
     ]
     exact_candidates: NotRequired[Annotated[int | None, doc("what the exact stage found")]]
-    fuzzy_candidates: NotRequired[Annotated[int | None, doc("what the keyword and semantic stages found")]]
+    fuzzy_candidates: NotRequired[
+        Annotated[
+            int | None,
+            doc(
+                "the versions the keyword and semantic stages found and accepted, fused (`candidates` lists what "
+                "each stage found, also what its acceptance then left out: a semantic match below its floor)"
+            ),
+        ]
+    ]
     total_ms: Annotated[float, doc("the whole recall, in ms")]
     as_of: Annotated[Timestamp, doc("the valid time the hits hold at (the request's as_of, or now)")]
     known_at: NotRequired[Annotated[Timestamp | None, doc("given known_at: the hits as the ledger knew them then")]]
