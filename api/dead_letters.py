@@ -20,11 +20,10 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import MAX_OFFSET, MAX_PARTITION, Storable, check_tenant, cursor_place
 from api.errors import ApiError
-from api.judging import LETTER_ID_PREFIX
 from api.requests import TENANT, TENANT_NOTE
 from api.resources import Resources
 from api.writes import publish_one
-from producers.contract import EventType, InvalidEvent, from_dict, load_record, named_subject
+from producers.contract import EventType, InvalidEvent, from_dict, letter_id, load_record, named_subject
 from producers.keys.envelope import MAX_SEALED_BYTES, Envelope, open_envelope, parse_envelope
 from producers.keys.store import KekError, key_states, settings_keks
 from producers.settings import Settings
@@ -221,9 +220,6 @@ async def redrive_dead_letter(
     letter, _ = await _letter(res, tenant, partition, offset)
     _open(letter, partition, offset)
     corrected = {**event, "tenant": tenant, "dead_letter": link}
-    own_id = corrected.get("event_id")
-    if isinstance(own_id, str) and own_id.startswith(LETTER_ID_PREFIX) and own_id != letter_id(partition, offset):
-        raise ApiError(422, "invalid_value", "is the id of another dead letter's resolution", "event.event_id")
     claimed: tuple[str, str, str] | None = None
     if corrected.get("event_id") is None:  # the letter's own id: a retry is a duplicate, another re-drive a conflict
         corrected["event_id"] = letter_id(partition, offset)
@@ -237,11 +233,6 @@ async def redrive_dead_letter(
             await _release_letter(res, claimed)  # refused before anything was published: the letter stays open
         raise ApiError(exc.status, exc.code, exc.message, _within("event", exc.field), headers=exc.headers) from None
     return {"dead_letter": link, **result}
-
-
-def letter_id(partition: int, offset: int) -> str:
-    """The event id every resolution of the letter at (partition, offset) claims at the door."""
-    return f"{LETTER_ID_PREFIX}{partition}:{offset}"
 
 
 async def _claim_letter(

@@ -14,19 +14,12 @@ from typing import Any
 
 from producers.contract import EventType, InvalidEvent, MemoryEvent, from_dict
 
-__all__ = ["LETTER_ID_PREFIX", "RESOLVED_AT_ITS_DOOR", "Judged", "conflict", "invalid", "judge", "refused"]
+__all__ = ["DOT_SEGMENT", "RESOLVED_AT_ITS_DOOR", "Judged", "conflict", "invalid", "judge", "refused"]
 
-# every resolution of the dead letter at (p, o) claims the id `deadletter:<p>:<o>` (api.dead_letters.letter_id), so
-# that one action resolves it: an ordinary write holding such an id would block the letter's resolution for good
-LETTER_ID_PREFIX = "deadletter:"
 # a browser resolves `.` and `..` in a URL path as dot segments, `%2E` spelled or not (the WHATWG URL rules), so the
 # console could never ask for such a subject or event id: the door asserts none (clients that keep `%2E`, as the
 # Python client and curl do, still reach, retract and erase one another producer wrote)
 DOT_SEGMENT = "`.` and `..` cannot be named in a URL path (a browser resolves them as dot segments): choose another"
-RESERVED_FOR_LETTERS = (
-    f"ids beginning {LETTER_ID_PREFIX!r} are the dead-letter workflow's (each names the letter its resolution "
-    "resolves): choose another id"
-)
 
 RESOLVED_AT_ITS_DOOR = (
     "names a dead letter: resolve it with POST /v1/dead-letters/redrive or /discard (or the MCP operator tools), "
@@ -76,9 +69,6 @@ def judge(events: list[Any], now: datetime, skew: timedelta, resolutions: bool) 
             continue
         if event.dead_letter is not None and not resolutions:
             out.results[i] = invalid(i, raw, InvalidEvent("invalid_value", RESOLVED_AT_ITS_DOOR, "dead_letter"))
-            continue
-        if event.event_id.startswith(LETTER_ID_PREFIX) and not resolutions:
-            out.results[i] = invalid(i, raw, InvalidEvent("invalid_value", RESERVED_FOR_LETTERS, "event_id"))
             continue
         # an asserted subject, never an erasure's or retraction's: those must reach one another producer wrote
         named = ("subject", "event_id") if event.type is EventType.ASSERTED else ("event_id",)

@@ -32,6 +32,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 __all__ = [
+    "LETTER_ID_PREFIX",
+    "letter_id",
     "has_long_digit_run",
     "TENANT_MAX",
     "TENANT_PATTERN",
@@ -433,6 +435,14 @@ class Source(BaseModel):
     actor: str | None = Field(default=None, max_length=256)
 
 
+LETTER_ID_PREFIX = "deadletter:"  # the ids of dead letters' resolutions: `letter_id_of`
+
+
+def letter_id(partition: int, offset: int) -> str:
+    """The event id every resolution of the dead letter at (partition, offset) claims, so one action resolves it."""
+    return f"{LETTER_ID_PREFIX}{partition}:{offset}"
+
+
 class DeadLetterRef(BaseModel):
     """The position in the ledger topic of a dead letter of the event's own tenant that the event resolves.
 
@@ -533,6 +543,16 @@ class MemoryEvent(BaseModel):
             raise ValueError("target_version is only for memory.retracted")
         if self.type is EventType.DISCARDED and (self.dead_letter is None or self.reason is None):
             raise ValueError("deadletter.discarded names its dead_letter and a reason")
+        link = self.dead_letter
+        if self.event_id.startswith(LETTER_ID_PREFIX) and (
+            link is None or self.event_id != letter_id(link.partition, link.offset)
+        ):
+            # every resolution of the letter at (p, o) claims this id, so that one action resolves it: another event
+            # holding it would leave the letter unresolvable for good
+            raise ValueError(
+                f"event_id beginning {LETTER_ID_PREFIX!r} is a dead letter's resolution: only the event resolving "
+                "the letter it names (its dead_letter) has it; choose another id"
+            )
         if self.type is EventType.ERASED:
             if self.dead_letter is not None:
                 raise ValueError("dead_letter is not for subject.erased (an erasure corrects no record)")

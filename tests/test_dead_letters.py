@@ -142,6 +142,10 @@ def tool(world: World, name: str, key: str = ADMIN, **arguments: Any) -> tuple[b
         ({"dead_letter": {"partition": -1, "offset": 1}}, "dead_letter.partition"),
         ({"dead_letter": {"partition": 0, "offset": 2**63}}, "dead_letter.offset"),
         ({"dead_letter": {"partition": 0, "offset": 1, "why": "x"}}, "dead_letter.why"),
+        # a letter's resolution id on any other event: it would leave that letter unresolvable for good
+        ({"event_id": "deadletter:0:1"}, "event_id"),
+        ({"event_id": "deadletter:0:1", "dead_letter": {"partition": 0, "offset": 2}}, "event_id"),
+        ({"event_id": "deadletter:anything"}, "event_id"),
     ],
 )
 def test_the_contract_refuses_a_dead_letter_link_that_is_not_one(over: dict[str, Any], field: str | None) -> None:
@@ -158,6 +162,8 @@ def test_a_link_is_part_of_what_the_event_says() -> None:
     linked = from_dict(wire("user:1", tenant=A, event_id="e", dead_letter={"partition": 2, "offset": 5}))
     assert "dead_letter" not in plain.to_wire() and linked.to_wire()["dead_letter"] == {"partition": 2, "offset": 5}
     assert plain.fingerprint != linked.fingerprint
+    own = from_dict(wire("user:1", tenant=A, event_id="deadletter:2:5", dead_letter={"partition": 2, "offset": 5}))
+    assert own.event_id == "deadletter:2:5"  # the resolution of the letter its id names
 
 
 # -- the whole workflow, in order (each step builds on the one before) ---------------------------------------------
