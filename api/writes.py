@@ -261,8 +261,8 @@ async def event_status(res: Resources, tenants: frozenset[str], tenant: str, eve
 
     - `applied`: its `type`, `memory_id`, `version_id` (an assertion's), `partition`, `offset` and `effect` (what
       it does now in its fact's chain, as the audit replay says: `{effect, version_id, detail}`);
-    - `duplicate` with `erased: true`: it was applied and its subject erased since (nothing else of it is kept;
-      re-sending it has no effect);
+    - `duplicate` with `erased: true`: it was applied, or refused, and its subject erased since (nothing else of
+      it is kept; re-sending it has no effect);
     - `dead_lettered`: the worker refused the record that carried the id: `reason` `{code, field, message}`, and
       the record's `partition`, `offset`;
     - `pending`: a door claimed the id (it was published) and the worker has not applied it yet (`since`), also
@@ -271,8 +271,7 @@ async def event_status(res: Resources, tenants: frozenset[str], tenant: str, eve
       has passed) and the worker has read the whole log without meeting it: the record never reached the ledger
       (the broker refused it or did not answer), so the same event is to be sent again;
     - `unknown`: no door claimed it and the worker has not seen it (yet: a record written straight to Kafka is
-      unknown until the worker reaches it), or it is another tenant's (nothing tells one tenant about another), or
-      the worker refused it about a subject erased since (the erasure took its letter).
+      unknown until the worker reaches it), or it is another tenant's (nothing tells one tenant about another).
 
     `dead_letters` (when any) lists every refused record that carried the id, e.g. a conflicting re-use of an
     applied id. A key not bound to `tenant` is a 403 (check_tenant).

@@ -72,8 +72,8 @@ _EVENT_STATUS = (
     "pending: published, not applied yet; unpublished: a door took it but its record never reached the ledger "
     "(the broker refused it or did not answer; send it again, the same id and content are safe); "
     "applied: the projection applied it (see effect); duplicate: its id was "
-    "seen before, its subject erased since; dead_lettered: the worker refused it (see reason); unknown: never seen "
-    "(or refused about a subject erased since: the erasure took its letter)"
+    "seen before (applied, or refused), its subject erased since; dead_lettered: the worker refused it (see "
+    "reason); unknown: never seen"
 )
 _STAGE = (
     "the stage that found it: exact (ids, subjects, keys, aliases the query names), keyword (BM25), semantic "

@@ -509,3 +509,25 @@ def test_no_other_write_can_take_the_id_a_letters_resolution_claims(world: World
         assert r.status_code == 200, r.text
     world.caught_up()
     assert {world.letters()[p]["state"] for p in ((p1, o1), (p2, o2))} == {"discarded"}
+
+
+def test_a_refused_records_id_goes_with_its_subjects_erasure(world: World) -> None:
+    """An erasure takes the letters of its subject's records logged before it, and their ids with them: the refused
+    record's id then reads as an erased duplicate, as an applied one's does, and sending it again publishes nothing
+    (before, it read `unknown`, or `pending` forever where a door had claimed it, and a re-send came back to life)."""
+    broken = wire("user:8", tenant=A, event_id="ev-raw-8", content=...)
+    [(p, o)] = publish_raw(world.settings, [(b"dl-acme|user:8", orjson.dumps(broken))])
+    world.caught_up()
+    key = {"X-API-Key": "key-a"}
+    status = world.get("/v1/events/ev-raw-8", tenant=A)
+    assert status["status"] == "dead_lettered" and (status["partition"], status["offset"]) == (p, o), status
+    r = world.http.delete("/v1/subjects/user:8", params={"tenant": A}, headers=key)
+    assert r.status_code == 202, r.text
+    world.caught_up()
+    assert world.get("/v1/events/ev-raw-8", tenant=A) == {
+        "tenant": A, "event_id": "ev-raw-8", "status": "duplicate", "erased": True
+    }  # fmt: skip
+    again = wire("user:8", tenant=A, event_id="ev-raw-8", value="fine")
+    r = world.http.post("/v1/events", json={"events": [again]}, headers=key)
+    (result,) = r.json()["results"]
+    assert result["duplicate"] and result["erased"] and result.get("partition") is None, r.text

@@ -594,12 +594,21 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         cur.execute(  # the letters of records naming it logged before it in its partition go with it (a replay never
             # makes them: it cannot open them); one refused after it is news the erasure did not cover
             'DELETE FROM dead_letters WHERE tenant = %s AND subject = %s AND topic = %s AND "partition" = %s '
-            'AND "offset" < %s RETURNING topic',
+            'AND "offset" < %s RETURNING topic, event_id',
             (e.tenant, e.subject, record.topic, record.partition, record.offset),
         )
         letters = cur.fetchall()
-        for (topic,) in letters:
+        for topic, _ in letters:
             result.counts[(e.tenant, dead_letters_name(topic))] -= 1
+        refused = sorted({event_id for _, event_id in letters if event_id is not None})
+        if refused:  # their ids are the erased past too: re-sent, any content is an erased duplicate (no fingerprint
+            # kept: the record was refused), and a door's claim of one no longer reads pending
+            cur.execute(
+                f"INSERT INTO erased_events (tenant, id_hash) SELECT %s, {ID_HASH_SQL.format('i')} "
+                "FROM unnest(%s::text[]) AS i ON CONFLICT DO NOTHING",
+                (e.tenant, refused),
+            )
+            cur.execute("DELETE FROM event_claims WHERE tenant = %s AND event_id = ANY(%s)", (e.tenant, refused))
         cur.execute(  # a letter its events resolved stays resolved, by an event whose id and reason go with it
             "UPDATE dead_letter_resolutions r SET event_id = NULL, reason = NULL FROM events e "
             "WHERE e.tenant = %s AND e.subject = %s AND r.tenant = e.tenant AND r.event_id = e.event_id",
