@@ -23,12 +23,13 @@ the API's doors do: a publisher learns an event's fate from `LedgerClient.event_
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -180,6 +181,24 @@ def _reason(exc: BaseException) -> str:
     return text if text.startswith(name) else f"{name}: {text}" if text else name
 
 
+class _SubjectLocks:
+    """Locks by (tenant, subject), striped: a bounded set, each subject always on the same one. `held` takes the
+    stripes of several subjects in one order, so two callers never wait on each other crosswise."""
+
+    STRIPES = 256
+
+    def __init__(self) -> None:
+        self._locks = [threading.Lock() for _ in range(self.STRIPES)]
+
+    @contextlib.contextmanager
+    def held(self, subjects: Iterable[tuple[str, str]]) -> Iterator[None]:
+        stripes = sorted({hash(subject) % self.STRIPES for subject in subjects})
+        with contextlib.ExitStack() as stack:
+            for i in stripes:
+                stack.enter_context(self._locks[i])
+            yield
+
+
 class LedgerProducer:
     """A thread-safe producer for the ledger topic; connects on first use.
 
@@ -213,6 +232,7 @@ class LedgerProducer:
         self._remember = max(0, remember_ids)
         self._sent: OrderedDict[tuple[str, str], str] = OrderedDict()  # (tenant, event_id) -> fingerprint
         self._ids_lock = threading.Lock()
+        self._subject_locks = _SubjectLocks()
         # with encryption on, every event but an erasure is sealed with its subject's data key; the key
         # source is checked here, so a missing or wrong KEK fails at start, not per event
         if keys is None and settings.encryption != "off":
@@ -349,10 +369,19 @@ class LedgerProducer:
                 prepared.append(exc)
         self._claim_ids(prepared, report_invalid)
         refused: dict[int, PublishError] = {}
-        if self.keys is not None:
-            self._seal(prepared, refused, report_invalid)
-        to_send = [item for i, item in enumerate(prepared) if not isinstance(item, InvalidEvent) and i not in refused]
-        sent = iter(self._send(to_send)) if to_send else iter(())
+        # With encryption, a subject's events are sealed and handed to the producer (which keeps that order in the
+        # partition) under the subject's lock, as an erasure's retirement and hand-over are: an event sealed with
+        # the key an erasure of this process retires is in the log before that erasure, and one after it is sealed
+        # with the next key, never the destroyed one (its record then refused as `key_destroyed`).
+        subjects = {(item[1], item[2]) for item in prepared if not isinstance(item, InvalidEvent)}
+        with self._subject_locks.held(subjects if self.keys is not None else ()):
+            if self.keys is not None:
+                self._seal(prepared, refused, report_invalid)
+            to_send = [
+                item for i, item in enumerate(prepared) if not isinstance(item, InvalidEvent) and i not in refused
+            ]
+            pending = self._append(to_send) if to_send else []
+        sent = iter(self._await([item[0] for item in to_send], pending)) if to_send else iter(())
         return [
             item if isinstance(item, InvalidEvent) else refused[i] if i in refused else next(sent)
             for i, item in enumerate(prepared)
@@ -427,7 +456,8 @@ class LedgerProducer:
                     raise
                 prepared[i] = exc
 
-    def _send(self, prepared: list[_Ready]) -> list[PublishResult | PublishError]:
+    def _append(self, prepared: list[_Ready]) -> list[Any]:
+        """Hand each record to the producer, in order (a future each, or the PublishError of one it refused)."""
         ids = [item[0] for item in prepared]
         try:
             producer = self._connected(ids[0])
@@ -446,9 +476,15 @@ class LedgerProducer:
                 pending.append(err)
                 if err.code in ("timeout", "unavailable", "closed"):
                     abort = err
+        return pending
+
+    def _await(self, ids: list[str], pending: list[Any]) -> list[PublishResult | PublishError]:
+        """The outcome of each appended record: flushed, each future waited for up to the delivery bound."""
         deadline = time.monotonic() + self.timeout_s + 5  # delivery_timeout_ms fails a record before this
+        producer = self._producer
         try:
-            producer.flush(timeout=self.timeout_s + 5)
+            if producer is not None:
+                producer.flush(timeout=self.timeout_s + 5)
         except Errors.KafkaError as exc:  # e.g. 3.0.12's "Future not done" after a batch split: wait per record
             log.debug("flush: %s", _reason(exc))
         for item in pending:

@@ -492,3 +492,39 @@ def test_the_key_store_replaces_a_connection_the_server_ended(enc):
         finally:
             store.close()
             cleanup(enc)
+
+
+def test_one_producers_write_and_erasure_of_a_subject_at_once_never_seal_with_the_destroyed_key(enc):
+    """One process (a door) writes a subject's event from one thread while another erases the subject: the event is
+    either in the log before the erasure (sealed with the key it destroys: the erased past) or after it, sealed with
+    the next key and applied; never after it sealed with the destroyed key (a `key_destroyed` letter for an event
+    the door had acknowledged). The write is held between its sealing and its hand-over to the broker, where the
+    erasure, unordered, slipped in between."""
+    import threading
+
+    with pipeline(enc, indexer=False) as pipe, LedgerProducer(enc) as producer:
+        subject = "user:race"
+        producer.publish(asserted(subject, "k.first", 0, 0, tenant=TENANT, content="first"))
+        sealed = threading.Event()
+        append = producer._append
+
+        def held_append(prepared):  # the write's records are sealed: the erasure starts now
+            if any(item[5] is not None and item[5].type.value == "memory.asserted" for item in prepared):
+                sealed.set()
+                time.sleep(0.5)
+            return append(prepared)
+
+        producer._append = held_append  # type: ignore[method-assign]
+        write = threading.Thread(
+            target=lambda: producer.publish(asserted(subject, "k.race", 1, 0, tenant=TENANT, content="race"))
+        )
+        write.start()
+        assert sealed.wait(30)
+        erased = producer.erase_subject(TENANT, subject)
+        write.join()
+        pipe.settle()
+        with pg(enc) as conn:
+            letters = conn.execute('SELECT code, "partition", "offset" FROM dead_letters').fetchall()
+            applied = conn.execute("SELECT count(*) FROM events WHERE subject = %s", (subject,)).fetchone()[0]
+    assert letters == [], letters
+    assert applied == 1 and erased.offset is not None  # the erasure alone: the write was the erased past
