@@ -424,6 +424,28 @@ def test_a_lone_surrogate_in_any_argument_is_a_tool_error_naming_it(stack: dict[
     assert r.status_code == 200 and not r.json()["result"].get("isError"), r.text
 
 
+def test_a_call_of_no_tool_or_with_arguments_that_are_no_object_is_a_tool_error_in_the_one_shape(
+    stack: dict[str, Any],
+) -> None:
+    """The SDK answers a tool name nobody has in plain text, and arguments that are no object with a JSON-RPC
+    error; over HTTP both are the tool error of the API's one shape, naming what is wrong, like any bad call."""
+    headers = {"authorization": "Bearer k-acme", "accept": "application/json, text/event-stream"}
+    headers["content-type"] = "application/json"
+    for name, arguments, status, code, field in (
+        (b'"nope"', b"{}", 404, "not_found", "name"),
+        (b'"recall"', b'["q"]', 422, "not_an_object", "arguments"),
+        (b'"recall"', b'"q"', 422, "not_an_object", "arguments"),
+        (b'"nope"', b'["q"]', 404, "not_found", "name"),
+    ):
+        call = b'{"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": %s, "arguments": %s}}'
+        r = httpx.post(stack["mcp_url"], headers=headers, content=call % (name, arguments), timeout=60)
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert answer["id"] == 9 and answer["result"]["isError"], answer
+        body = orjson.loads(answer["result"]["content"][0]["text"])
+        assert (body["status"], body["detail"][0]["code"], body["detail"][0]["field"]) == (status, code, field), body
+
+
 def test_stdio_refuses_to_start_without_a_known_key(stack: dict[str, Any]) -> None:
     import subprocess
 

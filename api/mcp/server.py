@@ -167,7 +167,7 @@ def http_app(settings: Settings) -> Starlette:
 
 def _in_one_shape(endpoint: ASGIApp) -> ASGIApp:
     """The SDK's endpoint, except that a caller without a known key and a GET get the API's one error shape, and a
-    tool call holding a lone surrogate its tool error (`_lone_surrogate_refusal`)."""
+    tool call the SDK would refuse in its own words the tool error of that shape (`_tool_call_refusal`)."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -187,7 +187,7 @@ def _in_one_shape(endpoint: ASGIApp) -> ASGIApp:
             await JSONResponse(error_body(item), 405, headers={"Allow": "POST"})(scope, receive, send)
             return
         body, receive = await _whole_body(receive)
-        refused = _lone_surrogate_refusal(body)
+        refused = _tool_call_refusal(body)
         if refused is not None:
             await JSONResponse(refused)(scope, receive, send)
             return
@@ -213,27 +213,41 @@ async def _whole_body(receive: Receive) -> tuple[bytes, Receive]:
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
-def _lone_surrogate_refusal(body: bytes) -> dict[str, Any] | None:
-    """The JSON-RPC answer to a tool call whose arguments hold a lone surrogate (a JSON escape of one, which a
-    JavaScript string cut inside an emoji gives): the tool error a bad argument gets, 422 `unstorable_text` naming
-    it, where the SDK's parser would answer a parse error of valid JSON; None for any other request."""
-    if _SURROGATE_ESCAPE.search(body) is None:
+_TOOL_NAMES = frozenset(spec.name for spec in TOOLS)
+
+
+def _tool_call_refusal(body: bytes) -> dict[str, Any] | None:
+    """The JSON-RPC answer to a tool call the SDK would refuse in its own words, as the tool error of the one shape:
+    a name no tool has (404 naming `name`; the SDK answered plain text), arguments that are no object (422 naming
+    `arguments`; the SDK answered a JSON-RPC error), a lone surrogate in them (a JSON escape of one, which a
+    JavaScript string cut inside an emoji gives: 422 `unstorable_text` naming the argument, where the SDK's parser
+    would answer a parse error of valid JSON). None for any other request."""
+    if b"tools/call" not in body:
         return None
     try:
         message = read_json(body)
     except (ValueError, RecursionError):
         return None
     params = message.get("params") if isinstance(message, dict) and message.get("method") == "tools/call" else None
-    arguments = params.get("arguments") if isinstance(params, dict) else None
-    if not isinstance(arguments, dict):
+    if not isinstance(params, dict):
         return None
-    for name, value in arguments.items():
-        field = "arguments" if _lone_surrogate_in(name) else name if _lone_surrogate_in(value) else None
-        if field is not None:
-            item = {"code": "unstorable_text", "field": field, "message": _LONE_SURROGATE}
-            result = error_result(422, item).model_dump(by_alias=True, exclude_none=True, mode="json")
-            return {"jsonrpc": "2.0", "id": message.get("id"), "result": result}
-    return None
+    name, arguments = params.get("name"), params.get("arguments", {})
+    item: dict[str, Any] | None = None
+    if isinstance(name, str) and name not in _TOOL_NAMES:
+        item = {"code": "not_found", "field": "name", "message": "no tool has this name (tools/list lists them)"}
+    elif not isinstance(arguments, dict):
+        item = {"code": "not_an_object", "field": "arguments", "message": "a tool's arguments are a JSON object"}
+    elif _SURROGATE_ESCAPE.search(body) is not None:
+        for key, value in arguments.items():
+            field = "arguments" if _lone_surrogate_in(key) else key if _lone_surrogate_in(value) else None
+            if field is not None:
+                item = {"code": "unstorable_text", "field": field, "message": _LONE_SURROGATE}
+                break
+    if item is None:
+        return None
+    status = 404 if item["code"] == "not_found" else 422
+    result = error_result(status, item).model_dump(by_alias=True, exclude_none=True, mode="json")
+    return {"jsonrpc": "2.0", "id": message.get("id"), "result": result}
 
 
 _LONE_SURROGATE = "contains a lone surrogate, which is not valid Unicode text"
