@@ -102,14 +102,24 @@ def test_a_recall_receipt_opens_verified_and_replays_the_same(world: ConsoleWorl
     assert again["replay"] == "true", (again["replay_text"], again["parts"])
     assert again["summary"]["answer"] == "no answer given"
 
-    # a version the ledger is told only now but observed before the receipt was issued: as known at the receipt's
-    # time the answer is another one, and the page says so, part by part
+    # a version the ledger is told only now but observed before the receipt was issued: logged after the receipt's
+    # positions, it is no part of the answer the receipt signed, which replays the same
     world.pipe.publish([_port(7654, 3, "ev-r7-port-late", observed_at=at(3))])
     world.pipe.settle()
     assert console.check_receipt(json.dumps(receipt), json.dumps(request)) == "ready", console.error()
     late = console.receipt_shown()
-    assert late["valid"] == "true" and late["replay"] == "false", late
-    assert "another answer" in late["replay_text"] and late["parts"]["exact"] == "differs", late["parts"]
+    assert late["valid"] == "true" and late["replay"] == "true", (late["replay_text"], late["parts"])
+
+    # the subject erased since: the replay gives another answer, and the page says so, part by part
+    erased = httpx.delete(
+        f"{world.url}/v1/subjects/{SUBJECT}", params={"tenant": TENANT}, headers={"X-API-Key": AUDITOR_KEY}
+    )
+    assert erased.status_code == 202, erased.text
+    world.pipe.settle()
+    assert console.check_receipt(json.dumps(receipt), json.dumps(request)) == "ready", console.error()
+    gone = console.receipt_shown()
+    assert gone["replay"] == "false", gone
+    assert "another answer" in gone["replay_text"] and gone["parts"]["exact"] == "differs", gone["parts"]
 
 
 def test_a_subjects_facts_receipt_opens_verified_and_replays_the_same(world: ConsoleWorld, tab: OfflinePage) -> None:
