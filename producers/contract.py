@@ -293,7 +293,7 @@ def _check_json(value: Any, path: str, depth: int = 0) -> None:
             raise _refuse("number_out_of_range", path, "is not a finite number (NaN and infinities are not JSON)")
         if type(value) is _TooSmall:
             raise _refuse("number_out_of_range", path, "is too small for a number to keep: it would be read as 0")
-        if value == 0.0 and math.copysign(1.0, value) < 0:
+        if value == 0.0 and math.copysign(1.0, value) < 0 and path.split(".", 1)[0] == "value":  # jsonb keeps 0
             raise _refuse("number_out_of_range", path, "is -0.0, which the stores keep as 0: send 0")
     elif isinstance(value, dict | list | tuple):
         if depth >= MAX_VALUE_DEPTH:
@@ -364,17 +364,28 @@ def storable_json(raw: bytes) -> bool:
     """True only if every value orjson reads from `raw` passes `_check_json`, so validation may skip the walk.
 
     What orjson reads from bytes holds no lone surrogate (it refuses them) and no NaN or infinity (refused too), so
-    only four things are left, each ruled out by the bytes alone, conservatively (also inside strings): a NUL
+    only five things are left, each ruled out by the bytes alone, conservatively (also inside strings): a NUL
     (only the escape `\\u0000` spells one: a raw NUL byte is not JSON), an integer outside 64 bits (it has 19
-    digits or more), a negative zero (no `-0` at all) and nesting deeper than MAX_VALUE_DEPTH (no more brackets
-    than that in the whole record). A number too small to keep is never read by orjson (`read_json`).
+    digits or more), a negative zero (no number spelled as one: `_NEGATIVE_ZERO`), a number too small for a double
+    (no exponent of -100 or less) and nesting deeper than MAX_VALUE_DEPTH (no more brackets than that in the whole
+    record). `read_record` reads with it, a record holding such an exponent never by orjson (`read_json`).
     """
-    return _storable_but_digits(raw) and not has_long_digit_run(raw)
+    tiny = (b"e-" in raw or b"E-" in raw) and _TINY_EXPONENT.search(raw) is not None
+    return _storable_but_digits(raw) and not has_long_digit_run(raw) and not tiny
 
 
 def _storable_but_digits(raw: bytes) -> bool:
     """`storable_json` but for its runs of digits (a reader that has looked for them already)."""
-    return b"\\u0000" not in raw and b"-0" not in raw and raw.count(b"{") + raw.count(b"[") <= MAX_VALUE_DEPTH
+    return (
+        b"\\u0000" not in raw
+        and (b"-0" not in raw or _NEGATIVE_ZERO.search(raw) is None)
+        and raw.count(b"{") + raw.count(b"[") <= MAX_VALUE_DEPTH
+    )
+
+
+# a negative zero as a JSON number writes it (-0, -0.0, -0e5), after what may stand before a value; conservative: a
+# string holding one (": -0 ") sends its record to the walk too, never the other way (a date's "-01" is none)
+_NEGATIVE_ZERO = re.compile(rb"[:\[,\s]-0(?:\.0+)?(?:[eE][+-]?[0-9]+)?(?![0-9.eE])")
 
 
 def rfc3339(value: datetime) -> str:

@@ -74,7 +74,7 @@ def _hostile(r: random.Random) -> Any:
     if choice == 1:
         return r.choice([INT_MAX, INT_MAX + 1, 2**64 - 1, INT_MIN, INT_MIN - 1, 10**18, 10**19 - 1, -(10**18)])
     if choice == 2:
-        return r.choice([1e308, -1e308, 5e-324, 0.1, 1e18, 12345678901234567890.0])
+        return r.choice([1e308, -1e308, 5e-324, 0.1, 1e18, 12345678901234567890.0, -0.0, -0.5, -0.05, 0.0])
     if choice == 3:
         depth = r.randrange(MAX_VALUE_DEPTH - 3, MAX_VALUE_DEPTH + 4)
         value: Any = r.choice([1, "x", None])
@@ -111,7 +111,11 @@ def _record(r: random.Random, i: int) -> bytes:
             _hostile(r) if r.random() < 0.8 else [_hostile(r)]
         )
     # the stdlib writes what orjson will not (integers past 64 bits), \u escapes or raw UTF-8
-    return json.dumps(event, ensure_ascii=r.random() < 0.5).encode()
+    raw = json.dumps(event, ensure_ascii=r.random() < 0.5).encode()
+    if r.random() < 0.05:  # a literal no float writes: non-zero, too small for a double (read as 0)
+        tiny = r.choice([b"1e-400", b"-2.5E-0330", b"0e-999"])
+        raw = raw.replace(b'"event_id": ', b'"importance": ' + tiny + b', "event_id": ')
+    return raw
 
 
 def _verdict(outcome: Any) -> Any:
