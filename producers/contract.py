@@ -377,15 +377,25 @@ def storable_json(raw: bytes) -> bool:
 def _storable_but_digits(raw: bytes) -> bool:
     """`storable_json` but for its runs of digits (a reader that has looked for them already)."""
     return (
-        b"\\u0000" not in raw
-        and (b"-0" not in raw or _NEGATIVE_ZERO.search(raw) is None)
-        and raw.count(b"{") + raw.count(b"[") <= MAX_VALUE_DEPTH
+        b"\\u0000" not in raw and not _has_negative_zero(raw) and raw.count(b"{") + raw.count(b"[") <= MAX_VALUE_DEPTH
     )
 
 
 # a negative zero as a JSON number writes it (-0, -0.0, -0e5), after what may stand before a value; conservative: a
 # string holding one (": -0 ") sends its record to the walk too, never the other way (a date's "-01" is none)
-_NEGATIVE_ZERO = re.compile(rb"[:\[,\s]-0(?:\.0+)?(?:[eE][+-]?[0-9]+)?(?![0-9.eE])")
+_NEGATIVE_ZERO = re.compile(rb"-0(?:\.0+)?(?:[eE][+-]?[0-9]+)?(?![0-9.eE])")
+_BEFORE_A_VALUE = frozenset(b":[, \t\n\r")
+
+
+def _has_negative_zero(raw: bytes) -> bool:
+    """Whether `raw` may hold a negative zero: each `-0` (a record's dates hold a few) is judged where it stands, which
+    is a few times cheaper than a search of the whole record."""
+    i = raw.find(b"-0")
+    while i != -1:
+        if i > 0 and raw[i - 1] in _BEFORE_A_VALUE and _NEGATIVE_ZERO.match(raw, i) is not None:
+            return True
+        i = raw.find(b"-0", i + 2)
+    return False
 
 
 def rfc3339(value: datetime) -> str:
