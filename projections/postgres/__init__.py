@@ -36,6 +36,8 @@ def _as_stored(value: Any) -> Any:
 
 def _load_jsonb(data: bytes | bytearray | memoryview) -> Any:
     value = orjson.loads(data)
+    if len(data) < 19 or type(value) is str:  # too short for 19 digits, or text: no integer to look at
+        return value
     raw = data if isinstance(data, bytes) else bytes(data)
     return _as_stored(value) if has_long_digit_run(raw) else value  # 19 digits or more: maybe such an integer
 
