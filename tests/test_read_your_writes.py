@@ -14,6 +14,8 @@ server (Streamable HTTP) as children on free ports. What is proved on the real s
 from __future__ import annotations
 
 import asyncio
+import base64
+import string
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -105,6 +107,28 @@ def test_a_token_names_the_next_positions_and_merges_by_partition() -> None:
     ):
         with pytest.raises(ValueError):
             decode_token(garbage)
+
+
+def test_a_token_cut_short_or_changed_anywhere_is_refused_not_read_as_earlier_positions() -> None:
+    """The class: a token is kept somewhere (a column, a header, a copy) and comes back altered. Every prefix and
+    every one-character change of tokens of one and several partitions is refused; before the check, a token cut at
+    a base64 boundary read as earlier positions and a read waited for less than its write. A token answered before
+    tokens carried their check (`v1.`) still reads as its positions."""
+    alphabet = string.ascii_letters + string.digits + "-_.="
+    for positions in ({0: 1234567}, {0: 10, 1: 2000, 5: 987654321}, {3: 0}):
+        token = encode_token(positions)
+        assert decode_token(token) == positions
+        for cut in range(len(token)):
+            with pytest.raises(ValueError):
+                decode_token(token[:cut])
+        for at in range(len(token)):
+            for ch in alphabet:
+                changed = token[:at] + ch + token[at + 1 :]
+                if changed != token:
+                    with pytest.raises(ValueError):
+                        decode_token(changed)
+    unchecked = "v1." + base64.urlsafe_b64encode(b"0:42,2:7").decode().rstrip("=")
+    assert decode_token(unchecked) == {0: 42, 2: 7}
 
 
 # -- a write, then a read with its token, never misses --------------------------------------------------------------
