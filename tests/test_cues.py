@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime
 
 import pytest
@@ -101,7 +102,28 @@ def test_known_ids_without_digits_and_bare_subject_ids_are_found():
 
 def test_a_short_bare_number_is_not_taken_for_a_subject():
     assert extract("报销需要在 42 天内提交吗", VOCAB, NOW).known_entities == ()
-    assert Vocabulary.build(entities=["42"]).entities == {"42": "42"}  # listed as an entity: it is one
+    assert Vocabulary.build(entities=["42"]).entities == {"42": ("42",)}  # listed as an entity: it is one
+
+
+def test_an_id_spelled_out_names_itself_and_words_name_every_id_they_read_as():
+    """The class: ids whose words are the same (`alice.smith`, `Alice-Smith`, `alice_smith`) used to share one
+    table entry, the first built, so a question naming one id asked the exact stage about another and labelled its
+    fact exact. Whatever the order the vocabulary was built or merged in, an id the question spells out names itself
+    (and its bare id), and a question in words names them all."""
+    spellings = ["user:alice.smith7", "user:Alice-Smith7", "user:alice_smith7"]
+    built = [Vocabulary.build(subjects=order) for order in itertools.permutations(spellings)]
+    built += [Vocabulary.build(subjects=spellings[:1]).merged(Vocabulary.build(subjects=spellings[1:]))]
+    built += [Vocabulary.build(subjects=spellings[1:]).merged(Vocabulary.build(subjects=spellings[:1]))]
+    for vocab in built:
+        for subject in spellings:
+            full, bare = subject_ids(subject)
+            assert extract(f"what is the phone of {subject}?", vocab, NOW).known_entities == (full, bare), subject
+        words = extract("what is alice smith7's phone?", vocab, NOW).known_entities
+        assert set(words) == {"alice.smith7", "alice-smith7", "alice_smith7"}, words
+    codes = Vocabulary.build(entities=["ord7-x", "ORD7_X"])
+    assert extract("where is ORD7_x now?", codes, NOW).known_entities == ("ord7_x",)
+    assert extract("where is ord7-X now?", codes, NOW).known_entities == ("ord7-x",)
+    assert extract("where is ord7 x now?", codes, NOW).known_entities == ("ord7-x", "ord7_x")
 
 
 def test_no_cues_in_an_unrelated_question():

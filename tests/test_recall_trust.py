@@ -376,7 +376,7 @@ def test_a_load_in_flight_during_an_erasure_is_not_cached(world):
             task = cache._start(pool, key)  # reads the rows "before the erasure"
             cache.invalidate(*key)  # the notification arrives meanwhile
             vocab = await task
-            seen = {"served": "p1" in vocab.entities.values(), "cached": key in cache._items}
+            seen = {"served": ("p1",) in vocab.entities.values(), "cached": key in cache._items}
             await cache.get(pool, *key)  # the next one loads (and caches) afresh
             return {**seen, "cached_after": key in cache._items}
         finally:

@@ -119,7 +119,8 @@ def test_a_watermark_the_log_no_longer_reaches_reloads_the_tenant_whole(base_set
                 )
                 pipe.settle()
                 vocab = await cache.get(pool, *key)
-                return first or 0, cache.full_loads, cache.delta_loads, {"z9", "y8"} <= set(vocab.entities.values())
+                known = {("z9",), ("y8",)} <= set(vocab.entities.values())
+                return first or 0, cache.full_loads, cache.delta_loads, known
             finally:
                 await pool.close()
 

@@ -287,7 +287,9 @@ def _heads(table: Iterable[str]) -> dict[str, int]:
 class Vocabulary:
     """What a tenant's data knows: entity ids, keys reachable through aliases, subject namespaces."""
 
-    entities: dict[str, str] = field(default_factory=dict)  # canonical span -> normalized entity id
+    # canonical span -> every normalized entity id that reads as it (`alice.smith` and `Alice-Smith` both read as
+    # `alice smith`), sorted: a span names them all, an id spelled out in a question names itself
+    entities: dict[str, tuple[str, ...]] = field(default_factory=dict)
     aliases: dict[str, frozenset[str]] = field(default_factory=dict)  # canonical span -> keys
     namespaces: frozenset[str] = frozenset()  # `project` of `project:P1`: not content words
     # multi-word latin phrases, by their first word: they also match in any order ("port ... backend")
@@ -311,18 +313,18 @@ class Vocabulary:
         key_aliases: Iterable[tuple[str, Iterable[str]]] = (),
         scopes: Iterable[str] = (),
     ) -> Vocabulary:
-        ents: dict[str, str] = {}
+        ents: dict[str, set[str]] = {}
         spaces: set[str] = set()
         for e in entities:
             norm = normalize_entity(e)
             if norm and canonical(norm):
-                ents.setdefault(canonical(norm), norm)
+                ents.setdefault(canonical(norm), set()).add(norm)
         for s in subjects:
             for i, sid in enumerate(subject_ids(s)):
                 # a short bare number (`42` of `user:42`) is too common in questions to be a cue by itself;
                 # `user:42` still is, and so is `42` when the events list it as an entity
                 if canonical(sid) and not (i > 0 and sid.isdigit() and len(sid) < 4):
-                    ents.setdefault(canonical(sid), sid)
+                    ents.setdefault(canonical(sid), set()).add(sid)
             if ":" in s:
                 spaces.update(units(s.split(":", 1)[0]))
         table: dict[str, set[str]] = {}
@@ -338,7 +340,7 @@ class Vocabulary:
             if 2 <= len(words) <= 4 and not any(re.match(_HAN, w) for w in words):
                 bags.setdefault(min(words), set()).add(tuple(words))
         return cls(
-            ents,
+            {span: tuple(sorted(ids)) for span, ids in ents.items()},
             {k: frozenset(v) for k, v in table.items()},
             frozenset(spaces),
             {w: tuple(sorted(b)) for w, b in bags.items()},
@@ -348,13 +350,15 @@ class Vocabulary:
     def merged(self, other: Vocabulary) -> Vocabulary:
         """This vocabulary plus `other`'s cues (what was indexed since it was built), without rebuilding it.
 
-        The same as building over both inputs, except that an entity span both know keeps this one's spelling.
-        Costs copies of the dicts (C speed) and a pass over `other` only, so an incremental load stays cheap on a
-        tenant with a large vocabulary.
+        The same as building over both inputs. Costs copies of the dicts (C speed) and a pass over `other` only,
+        so an incremental load stays cheap on a tenant with a large vocabulary.
         """
         if not (other.entities or other.aliases or other.namespaces or other.scopes):
             return self
         entities = {**other.entities, **self.entities}
+        for span, ids in other.entities.items():
+            if span in self.entities and not set(ids) <= set(self.entities[span]):
+                entities[span] = tuple(sorted({*self.entities[span], *ids}))
         aliases = dict(self.aliases)
         for phrase, keys in other.aliases.items():
             aliases[phrase] = aliases[phrase] | keys if phrase in aliases else keys
@@ -609,17 +613,29 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
             known[entity] = None
             known_ids.update(subject_ids(entity))
 
+    tokens = list(dict.fromkeys(_id_tokens(query)))  # "P1 P1 P1 ...": one token, every occurrence covered
+    # an id the question spells out names itself, not every id its words read as: `user:alice.smith` is not
+    # `user:Alice-Smith`, though a question saying "alice smith" names both
+    spelled: dict[str, dict[str, None]] = {}
+    for tok in tokens:
+        for cand in subject_ids(tok):
+            if cand in vocab.entities.get(canonical(cand), ()):
+                spelled.setdefault(canonical(cand), {})[cand] = None
+
+    def named(phrase: str) -> Iterable[str]:
+        return spelled[phrase] if phrase in spelled else vocab.entities.get(phrase, ())
+
     ent_spans = _spans(seq, vocab.entities, heads=vocab.entity_heads)
     cover(ent_spans)
     for _, _, phrase in ent_spans:
-        know(vocab.entities[phrase])
-    tokens = list(dict.fromkeys(_id_tokens(query)))  # "P1 P1 P1 ...": one token, every occurrence covered
+        for e in named(phrase):
+            know(e)
     token_table = {c: True for c in map(canonical, tokens) if c}
     cover(_spans(seq, token_table))
     unknown: dict[str, None] = {}
     for tok in tokens:
         for cand in subject_ids(tok):  # `project:P1` is known as such or by its bare id
-            if (e := vocab.entities.get(canonical(cand))) is not None:
+            for e in named(canonical(cand)):
                 know(e)
         if tok not in known_ids:
             unknown.setdefault(tok)
