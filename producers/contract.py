@@ -79,6 +79,7 @@ __all__ = [
     "subject_digest_for",
     "kafka_key",
     "memory_id_for",
+    "keyed_subject",
     "named_subject",
     "new_event_id",
     "rfc3339",
@@ -251,9 +252,23 @@ def named_subject(raw: bytes | None) -> str | None:
     """The subject a record's JSON names if an event could name it (text, not blank, at most 256 characters,
     storable), else None: what an erasure could name (a sealed record's subject is in clear)."""
     subject = claimed_fields(raw).get("subject")
-    if not isinstance(subject, str) or not subject.strip() or len(subject) > 256 or _bad_text(subject) is not None:
+    return subject if _nameable(subject) else None
+
+
+def keyed_subject(key: bytes | None, tenant: str | None) -> str | None:
+    """The subject a ledger record's Kafka key (`kafka_key`) names, when the key is `tenant`'s and an event could
+    name that subject, else None: where a record whose JSON names none (or none an event could) was filed."""
+    if not key or not tenant:
         return None
-    return subject
+    try:
+        named, bar, subject = key.decode().partition("|")
+    except UnicodeDecodeError:
+        return None
+    return subject if bar and named == tenant and _nameable(subject) else None
+
+
+def _nameable(subject: Any) -> bool:
+    return isinstance(subject, str) and bool(subject.strip()) and len(subject) <= 256 and _bad_text(subject) is None
 
 
 TENANT_PATTERN, TENANT_MAX = r"^[^|\s]+$", 128  # `|` joins tenant and subject in the Kafka key

@@ -521,7 +521,7 @@ def _check_projection(
             if row is not None:
                 report.diverged(Divergence("projection", p, o, "an events row of a record whose data key is destroyed"))
             continue
-        if row is None and erasures.get((letter_tenant(x), claimed_subject(x)), -1) > o:
+        if row is None and erasures.get((letter_tenant(x), claimed_subject(x, keyed=True)), -1) > o:
             continue  # its subject erased since: the erasure took its row, or its letter (a refused record's)
         if x.event is None:
             report.diverged(

@@ -380,20 +380,38 @@ def test_a_letter_refused_after_its_subjects_erasure_stays_whatever_the_batch(wo
     assert _replayed(world) == _states(world.settings, world.settings.pg_schema)
 
 
-def test_an_erasure_takes_no_letter_of_a_subject_it_could_not_name(world: World) -> None:
-    """A record refused for a NUL in its subject is stored with its subject spelled out (`user:\\u0000x`), which is
-    also a subject an event can name: erasing that real subject, logged after the record in its partition, leaves
-    the letter (no event could name the refused one, so no erasure takes it)."""
-    real = "user:\\u0000x"  # a backslash, then u0000x: storable text
-    refused = wire("user:\x00x", tenant=A, event_id="ev-nul-subject")
-    erasure = {"type": "subject.erased", "tenant": A, "subject": real, "event_id": "ev-nul-erase"}
-    key = f"{A}|{real}".encode()
-    [letter, erased] = publish_raw(world.settings, [(key, orjson.dumps(e)) for e in (refused, erasure)])
-    assert letter[0] == erased[0] and letter[1] < erased[1]
+def test_an_erasure_takes_the_letters_filed_under_its_subject_and_counts_them(world: World) -> None:
+    """The class: a refused record is filed under the subject its JSON names if an event could name it, else under
+    its Kafka key's (`tenant|subject`, the key's tenant being the one it claims). Records sent under user:kf's key
+    naming no subject, a NUL in it (stored spelled out, `user:kf\\u0000`, a subject an event could name: never what
+    it is filed under), or a subject over 256 characters go with user:kf's erasure, which counts them as clear
+    records the topic still holds; one naming user:kf-other stays, as does one whose key is another tenant's. A
+    replay of the log gives the same letters."""
+    subject = "user:kf"
+    key = f"{A}|{subject}".encode()
+    taken = [
+        wire(..., tenant=A, event_id="ev-kf-none", value="secret-1"),
+        wire(f"{subject}\x00", tenant=A, event_id="ev-kf-nul", value="secret-2"),
+        wire("user:" + "k" * 300, tenant=A, event_id="ev-kf-long", value="secret-3"),
+    ]
+    kept = [(key, wire("user:kf-other", tenant=A, event_id="ev-kf-other", content=...))]
+    kept += [(f"{B}|{subject}".encode(), wire(..., tenant=A, event_id="ev-kf-b-key"))]
+    fact = wire(subject, tenant=A, event_id="ev-kf-fact")
+    erasure = {"type": "subject.erased", "tenant": A, "subject": subject, "event_id": "ev-kf-erase"}
+    positions = publish_raw(
+        world.settings, [(key, orjson.dumps(e)) for e in (fact, *taken)] + [(k, orjson.dumps(e)) for k, e in kept]
+    )
+    wait_for(lambda: set(positions[1:]) <= set(world.letters()), 90, what="the letters listed")
+    [erased] = publish_raw(world.settings, [(key, orjson.dumps(erasure))])
     world.caught_up()
-    assert world.get("/v1/events/ev-nul-erase", tenant=A)["status"] == "applied"
     letters = world.letters()
-    assert letter in letters and letters[letter]["reason"]["code"] == "unstorable_text", letters
+    assert not set(positions[1:4]) & set(letters), letters
+    assert positions[4] in letters, letters  # user:kf-other's
+    if positions[5][0] == erased[0]:  # under another tenant's key: never user:kf's, whatever the partition
+        assert positions[5] in letters, letters
+    [record] = world.get("/v1/erasures", tenant=A, subject=subject)["erasures"]
+    assert record["purged"]["postgres"]["dead_letters"] == 3, record
+    assert (record["records"]["total"], record["records"]["clear"]) == (4, 4), record  # the fact and the 3 letters
     assert _replayed(world) == _states(world.settings, world.settings.pg_schema)
 
 

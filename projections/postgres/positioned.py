@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 import psycopg
 from psycopg import errors as pg_errors
 
-from producers.contract import InvalidEvent, named_subject
+from producers.contract import InvalidEvent, keyed_subject, named_subject
 from producers.logs import record_ids
 from producers.records import DeadLetter
 from producers.retry import retry
@@ -135,6 +135,9 @@ class PositionedProjection(Generic[R, Res]):
     result_type: ClassVar[type[PositionedResult]] = PositionedResult
     # True: every record taken extends its partition's chain in the batch's transaction (projections.postgres.chain)
     chained: ClassVar[bool] = False
+    # True: records are keyed `tenant|subject` (contract.kafka_key), so a refused record naming no subject an event
+    # could name is filed under its key's subject, and goes with that subject's erasure
+    keyed_by_subject: ClassVar[bool] = False
 
     def __init__(self, conn: psycopg.Connection, *, consumer: str, topic: str, dlq_sink: DlqSink | None = None):
         self.conn = conn
@@ -270,7 +273,7 @@ class PositionedProjection(Generic[R, Res]):
         """Record the invalid records once each, counted; returns the new ones (also in `result.letters`)."""
         if not invalid:
             return []
-        new = insert_dead_letters(cur, invalid)
+        new = insert_dead_letters(cur, invalid, keyed=self.keyed_by_subject)
         letters = [DeadLetter(r, r.error) for r in invalid if (r.partition, r.offset) in new]  # type: ignore[arg-type]
         result.dead += len(letters)
         for letter in letters:  # each under the tenant it names (counts.py), none it cannot be read from
@@ -295,8 +298,9 @@ class PositionedProjection(Generic[R, Res]):
             )
 
 
-def insert_dead_letters(cur: psycopg.Cursor, invalid: Sequence[Any]) -> set[tuple[int, int]]:
-    """Record refused records (topic, partition, offset, error, raw) once each; the new (partition, offset) pairs."""
+def insert_dead_letters(cur: psycopg.Cursor, invalid: Sequence[Any], *, keyed: bool = False) -> set[tuple[int, int]]:
+    """Record refused records (topic, partition, offset, error, raw) once each; the new (partition, offset) pairs.
+    `keyed`: the records' Kafka keys name their subjects (`claimed_subject`)."""
     ids = [record_ids(r) for r in invalid]  # as the record claims them: an event's fate is asked by its id
     cur.execute(
         'INSERT INTO dead_letters (topic, "partition", "offset", code, field, message, raw, tenant, event_id, subject) '
@@ -312,21 +316,25 @@ def insert_dead_letters(cur: psycopg.Cursor, invalid: Sequence[Any]) -> set[tupl
             [r.raw for r in invalid],
             [dead_letter_text(i.get("tenant")) for i in ids],
             [dead_letter_text(i.get("event_id")) for i in ids],
-            [claimed_subject(r) for r in invalid],
+            [claimed_subject(r, keyed=keyed) for r in invalid],
         ),
     )
     return set(cur.fetchall())
 
 
-def claimed_subject(record: Any) -> str | None:
+def claimed_subject(record: Any, *, keyed: bool = False) -> str | None:
     """The subject a refused record names: its event's, else its JSON's if an event could name it (the contract's
-    `named_subject`), else None, so that only an erasure of that very subject takes its letter. Never logged
-    (producers.logs.record_ids leaves it out)."""
+    `named_subject`), else, `keyed` (a ledger record), its Kafka key's when the key is the tenant's it claims (a
+    record naming no subject, or a NUL in it, is still filed under the subject it was sent for), else None, so that
+    only an erasure of that very subject takes its letter. Never logged (producers.logs.record_ids leaves it out)."""
     event = getattr(record, "event", None)
     if event is not None:
         subject = getattr(event, "subject", None)  # an access record names none
         return subject if isinstance(subject, str) else None
-    return named_subject(record.raw)
+    named = named_subject(record.raw)
+    if named is None and keyed:
+        return keyed_subject(record.key, record_ids(record).get("tenant"))
+    return named
 
 
 def letter_tenant(record: Any) -> str:

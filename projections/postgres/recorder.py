@@ -21,8 +21,16 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from producers.contract import DeadLetterRef, EventType, InvalidEvent, MemoryEvent, parse_rfc3339, wire_fingerprint
-from producers.keys.envelope import has_personal
+from producers.contract import (
+    DeadLetterRef,
+    EventType,
+    InvalidEvent,
+    MemoryEvent,
+    claimed_fields,
+    parse_rfc3339,
+    wire_fingerprint,
+)
+from producers.keys.envelope import SEALED, has_personal
 from producers.keys.store import (
     ERASURE_CHANNEL,
     ErasureRecord,
@@ -103,6 +111,7 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
 
     result_type = BatchResult
     chained = True  # the ledger: every record taken is chained, its heads signed (projections.postgres.chain)
+    keyed_by_subject = True
 
     def __init__(
         self,
@@ -154,7 +163,7 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
 
     def _erased_since(self, cur: psycopg.Cursor, records: list[Incoming]) -> set[int]:
         """Indexes of `records` naming a (tenant, subject) whose erasure is logged after them in their partition."""
-        named = [(i, letter_tenant(r), claimed_subject(r)) for i, r in enumerate(records)]
+        named = [(i, letter_tenant(r), claimed_subject(r, keyed=True)) for i, r in enumerate(records)]
         named = [(i, t, s) for i, t, s in named if t and s is not None]
         if not named:
             return set()
@@ -594,13 +603,18 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         cur.execute(  # the letters of records naming it logged before it in its partition go with it (a replay never
             # makes them: it cannot open them); one refused after it is news the erasure did not cover
             'DELETE FROM dead_letters WHERE tenant = %s AND subject = %s AND topic = %s AND "partition" = %s '
-            'AND "offset" < %s RETURNING topic, event_id',
+            'AND "offset" < %s RETURNING topic, event_id, "offset", raw',
             (e.tenant, e.subject, record.topic, record.partition, record.offset),
         )
         letters = cur.fetchall()
-        for topic, _ in letters:
+        for topic, *_ in letters:
             result.counts[(e.tenant, dead_letters_name(topic))] -= 1
-        refused = sorted({event_id for _, event_id in letters if event_id is not None})
+        # its refused records are the subject's records in the log too: the erasure record counts them sealed or
+        # clear, as what stays readable in the topic is what it must tell
+        letter_offsets = [o for _, _, o, _ in letters]
+        sealed_letters = sum(1 for *_, raw in letters if SEALED in claimed_fields(raw))
+        first_offset = min(o for o in (first_offset, *letter_offsets) if o is not None) if letters else first_offset
+        refused = sorted({event_id for _, event_id, *_ in letters if event_id is not None})
         if refused:  # their ids are the erased past too: re-sent, any content is an erased duplicate (no fingerprint
             # kept: the record was refused), and a door's claim of one no longer reads pending
             cur.execute(
@@ -651,9 +665,9 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
                 partition=record.partition,
                 offset=record.offset,
                 first_offset=first_offset,
-                records=n_events,
-                sealed_records=n_sealed,
-                clear_records=n_events - n_sealed,
+                records=n_events + len(letters),
+                sealed_records=n_sealed + sealed_letters,
+                clear_records=n_events + len(letters) - n_sealed - sealed_letters,
                 key_ids=[k for k, _ in shredded],
                 key_fingerprints=[f for _, f in shredded],
                 purged={
