@@ -18,7 +18,7 @@ import psycopg
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import MAX_OFFSET, MAX_PARTITION, Storable, check_tenant, cursor_place
+from api.deps import MAX_OFFSET, MAX_PARTITION, Named, Storable, check_tenant, cursor_place
 from api.errors import ApiError
 from api.requests import TENANT, TENANT_NOTE
 from api.resources import Resources
@@ -88,7 +88,7 @@ class RedriveParams(DeadLetterParams):
 class DiscardParams(DeadLetterParams):
     """The MCP `discard_dead_letter` tool: close the dead letter without a correction."""
 
-    reason: Storable = Field(min_length=1, max_length=1024, description="why it is discarded (kept on the event)")
+    reason: Named = Field(min_length=1, max_length=1024, description="why it is discarded (kept on the event)")
 
 
 def parse_after(after: str | None, field: str = "after") -> tuple[int, int] | None:

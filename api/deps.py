@@ -151,6 +151,9 @@ def not_blank(value: str) -> str:
 
 # a path or query string: 422 `unstorable_text` naming the parameter, never a 500 from the database
 Storable = Annotated[str, AfterValidator(storable)]
+# the name of something stored (a subject, a memory, event or erasure id, a key): never only white space, as the
+# write's contract refuses such a name, so a read or an erasure of one could only ever find nothing
+Named = Annotated[Storable, AfterValidator(not_blank)]
 
 
 TenantQuery = Annotated[

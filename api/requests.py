@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation, TypeAdapter, ValidationInfo, field_validator
 
 from api.consistency import After
-from api.deps import CURSOR_NOTE, Cursor, Storable, Time, storable
+from api.deps import CURSOR_NOTE, Cursor, Named, Storable, Time, storable
 from producers.contract import MAX_VALUE_DEPTH, TENANT_MAX, TENANT_PATTERN, Kind, SourceType
 from projections.search.recall import Mode, RecallFilters
 from projections.search.recall.neighbours import MAX_CONTEXT_TURNS
@@ -148,7 +148,7 @@ class Filters(BaseModel):
 class RecallBody(TenantRequest):
     """`POST /v1/recall`; the MCP `recall` tool (without the times) and `recall_at` (`RecallAtBody`)."""
 
-    subject: Storable | None = Field(
+    subject: Named | None = Field(
         default=None,
         description="only this subject's memories, e.g. user:42. Pass it whenever the question is about one "
         "subject (a user, a project): without it every subject of the tenant is searched, and another subject's "
@@ -206,7 +206,7 @@ class RecallAtBody(RecallBody):
 class FactsParams(TenantRequest):
     """`GET /v1/subjects/{subject}/facts` as one model (the MCP `facts` tool)."""
 
-    subject: Storable = Field(description="the subject whose facts are listed, e.g. user:42", **SUBJECT)
+    subject: Named = Field(description="the subject whose facts are listed, e.g. user:42", **SUBJECT)
     as_of: Time | None = Field(default=None, description="valid time (default now)")
     known_at: Time | None = Field(default=None, description="only what was observed by this transaction time")
     offset: int = Field(default=0, strict=True, description=OFFSET_NOTE, **OFFSET)
@@ -227,9 +227,7 @@ class FactsPage(FactsParams):
 class HistoryParams(TenantRequest):
     """`GET /v1/facts/{memory_id}/history` as one model (the MCP `fact_history` tool)."""
 
-    memory_id: Storable = Field(
-        description="the fact's memory_id (as remember, recall and facts answer it)", **MEMORY_ID
-    )
+    memory_id: Named = Field(description="the fact's memory_id (as remember, recall and facts answer it)", **MEMORY_ID)
     offset: int = Field(default=0, strict=True, description=OFFSET_NOTE, **OFFSET)
     limit: int | None = Field(
         default=None, strict=True, description="at most this many versions (default: every one)", **LIMIT
@@ -251,7 +249,7 @@ class HistoryPage(HistoryParams):
 class EventStatusParams(TenantRequest):
     """`GET /v1/events/{event_id}` as one model (the MCP `event_status` tool)."""
 
-    event_id: Storable = Field(
+    event_id: Named = Field(
         description="the event_id of an event you published (remember, forget, or any producer)", **EVENT_ID
     )
 
@@ -266,8 +264,8 @@ class ForgetParams(TenantRequest):
     is missing or too many).
     """
 
-    subject: Storable = Field(description="what the memory is about, e.g. user:42", **SUBJECT)
-    key: Storable | None = Field(
+    subject: Named = Field(description="what the memory is about, e.g. user:42", **SUBJECT)
+    key: Named | None = Field(
         default=None,
         min_length=1,
         max_length=256,
@@ -275,7 +273,7 @@ class ForgetParams(TenantRequest):
         "target_version",
     )
     scope: Storable = Field(default="", max_length=256, description="the fact's scope ('' for none)")
-    target_version: Storable | None = Field(
+    target_version: Named | None = Field(
         default=None,
         min_length=1,
         max_length=64,
@@ -292,7 +290,7 @@ class ForgetParams(TenantRequest):
         max_length=1024,
         description="why, kept with the event (on an erasure readable for good, never sealed: say why, never who)",
     )
-    event_id: Storable | None = Field(
+    event_id: Named | None = Field(
         default=None,
         min_length=1,
         max_length=128,
@@ -306,7 +304,7 @@ ContextFormat = Literal["text", "json"]
 class ContextBody(TenantRequest):
     """`POST /v1/context` and the MCP `context` tool: a prompt-ready memory block (api.context)."""
 
-    subject: Storable = Field(description="the subject the block is about, e.g. user:42", **SUBJECT)
+    subject: Named = Field(description="the subject the block is about, e.g. user:42", **SUBJECT)
     question: Storable | None = Field(
         default=None, min_length=1, max_length=2000, description="recall hits for it are listed first"
     )
@@ -334,7 +332,7 @@ class EventsParams(TenantRequest):
 
     model_config = ConfigDict(populate_by_name=True)
 
-    subject: Storable = Field(description="the subject whose events are listed", **SUBJECT)
+    subject: Named = Field(description="the subject whose events are listed", **SUBJECT)
     from_: Time | None = Field(default=None, alias="from", description="observed_at >= from (RFC 3339)")
     to: Time | None = Field(default=None, description="observed_at < to (RFC 3339)")
     limit: int = Field(default=10_000, ge=1, le=10_000, strict=True)

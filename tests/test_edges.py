@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import orjson
@@ -446,6 +446,53 @@ def test_a_blank_subject_is_refused_on_every_subject_route_as_on_a_write(client:
                                   headers=KEY)  # fmt: skip
             item = _only_item(resp, 422)
             assert (item["code"], item["field"]) == ("invalid_value", "subject"), (method, path, item)
+
+
+NAMES = {"subject", "subjects", "memory_id", "event_id", "key", "target_version", "erasure_id"}
+
+
+def test_a_blank_name_is_refused_by_every_request_model_and_at_every_door(client: TestClient) -> None:
+    """The class: a subject, id or key made of white space names nothing a write could store, so a read or an
+    erasure of it can only find nothing. Every request model's field of such a name refuses it (recall's
+    `subject`, the MCP facts, context and forget, the key routes, a discard's reason were the ones that took it);
+    through HTTP each is a 422 `invalid_value` naming the field."""
+    import inspect
+
+    from pydantic import BaseModel, TypeAdapter, ValidationError
+
+    from api import dead_letters, requests
+    from api.routes import keys
+
+    checked = []
+    for module in (requests, dead_letters, keys):
+        for model in vars(module).values():
+            if not (inspect.isclass(model) and issubclass(model, BaseModel) and model.__module__ == module.__name__):
+                continue
+            if model is requests.Filters:  # values to match, not names: a blank one matches nothing
+                continue
+            for name, field in model.model_fields.items():
+                if name not in NAMES and not (model is dead_letters.DiscardParams and name == "reason"):
+                    continue
+                adapter = TypeAdapter(
+                    Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
+                )
+                for blank in (" ", "\u3000", "\t\n"):
+                    with pytest.raises(ValidationError):
+                        adapter.validate_python([blank] if name == "subjects" else blank)
+                checked.append(f"{model.__name__}.{name}")
+    assert len(checked) >= 12, checked
+    blank = "\u3000 "
+    asks = [
+        ("POST", "/v1/recall", {"json": {"tenant": TENANT, "query": "x", "subject": blank}}, "subject"),
+        ("POST", "/v1/context", {"json": {"tenant": TENANT, "subject": blank}}, "subject"),
+        ("GET", "/v1/events/%20", {"params": {"tenant": TENANT}}, "event_id"),
+        ("GET", "/v1/facts/%20/history", {"params": {"tenant": TENANT}}, "memory_id"),
+        ("POST", "/v1/dead-letters/discard", {"json": {"tenant": TENANT, "partition": 0, "offset": 0, "reason": blank}},
+         "reason"),
+    ]  # fmt: skip
+    for method, path, kwargs, field in asks:
+        item = _only_item(client.request(method, path, headers=KEY, **kwargs), 422)
+        assert (item["code"], item["field"]) == ("invalid_value", field), (path, item)
 
 
 def test_mcp_forget_erases_only_on_a_true_flag_and_keeps_the_callers_id(mcp_url: str) -> None:

@@ -22,7 +22,7 @@ from fastapi import APIRouter, Path, Response
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from api import writes
-from api.deps import ResourcesDep, Storable, TenantQuery, TenantsDep
+from api.deps import Named, ResourcesDep, TenantQuery, TenantsDep
 from api.errors import ErrorBody
 from api.requests import EVENT_ID, inline_refs
 from api.routes._json import OrjsonBodyRoute, json_response
@@ -69,7 +69,7 @@ async def publish_events(body: PublishRequest, tenants: TenantsDep, res: Resourc
 )
 async def event_status(
     res: ResourcesDep,
-    event_id: Annotated[Storable, Path(**EVENT_ID)],
+    event_id: Annotated[Named, Path(**EVENT_ID)],
     tenant: TenantQuery,
     tenants: TenantsDep,
 ) -> Response:

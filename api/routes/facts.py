@@ -13,7 +13,7 @@ from fastapi import APIRouter, Path, Query, Response
 
 from api import reads
 from api.consistency import AfterQuery
-from api.deps import ResourcesDep, Storable, TenantQuery, TenantsDep
+from api.deps import Named, ResourcesDep, TenantQuery, TenantsDep
 from api.requests import LIMIT, MEMORY_ID, OFFSET, OFFSET_NOTE
 from api.routes._json import json_response
 from api.schemas import HistoryResponse
@@ -24,7 +24,7 @@ router = APIRouter(prefix="/facts", tags=["facts"])
 @router.get("/{memory_id}/history", response_model=HistoryResponse)
 async def history(
     res: ResourcesDep,
-    memory_id: Annotated[Storable, Path(**MEMORY_ID)],
+    memory_id: Annotated[Named, Path(**MEMORY_ID)],
     tenant: TenantQuery,
     tenants: TenantsDep,
     offset: Annotated[int, Query(description=OFFSET_NOTE, **OFFSET)] = 0,

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import (
     ListCursorQuery,
+    Named,
     PoolDep,
     ResourcesDep,
     SettingsDep,
@@ -47,15 +48,15 @@ class KeysBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tenant: Storable = Field(**TENANT)
-    subjects: list[Annotated[Storable, Field(**SUBJECT)]] = Field(min_length=1, max_length=MAX_SUBJECTS)
+    subjects: list[Annotated[Named, Field(**SUBJECT)]] = Field(min_length=1, max_length=MAX_SUBJECTS)
 
 
 class RetireBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tenant: Storable = Field(**TENANT)
-    subject: Storable = Field(**SUBJECT)
-    erasure_id: Storable = Field(min_length=1, max_length=128)
+    subject: Named = Field(**SUBJECT)
+    erasure_id: Named = Field(min_length=1, max_length=128)
 
 
 def _keys(res):  # the API's key source, or 409
@@ -140,7 +141,7 @@ async def erasure(
     settings: SettingsDep,
     tenants: TenantsDep,
     tenant: TenantQuery,
-    erasure_id: Annotated[Storable, Path(min_length=1, max_length=128)],
+    erasure_id: Annotated[Named, Path(min_length=1, max_length=128)],
 ) -> Response:
     """One erasure record (404 `not_found` until the worker has applied that erasure)."""
     check_tenant(tenant, tenants)

@@ -10,11 +10,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
-from pydantic import AfterValidator
 
 from api import reads
 from api.consistency import AfterQuery
-from api.deps import CursorQuery, ResourcesDep, Storable, TenantQuery, TenantsDep, Time, not_blank
+from api.deps import CursorQuery, Named, ResourcesDep, TenantQuery, TenantsDep, Time
 from api.requests import LIMIT, OFFSET, OFFSET_NOTE, SUBJECT
 from api.routes._json import json_response
 from api.schemas import EventsResponse, FactsResponse
@@ -22,7 +21,7 @@ from api.schemas import EventsResponse, FactsResponse
 router = APIRouter(prefix="/subjects", tags=["subjects"])
 
 # blank is refused as the contract refuses it on a write: no subject is blank
-Subject = Annotated[Storable, AfterValidator(not_blank), Path(**SUBJECT, description="the subject (may contain /)")]
+Subject = Annotated[Named, Path(**SUBJECT, description="the subject (may contain /)")]
 OptionalTime = Annotated[Time | None, Query(description="RFC 3339 time with seconds and an offset")]
 
 
