@@ -429,6 +429,10 @@ class DeadLetterItem(TypedDict):
     code: Annotated[str, doc("why the worker refused it: an error code (the API's vocabulary)")]
     field: NotRequired[Annotated[str | None, doc("the field at fault, if one")]]
     message: Annotated[str, doc("the worker's message")]
+    state: Annotated[Literal["open", "redriven", "discarded"], doc(_LETTER_STATE)]
+    resolved_by: NotRequired[
+        Annotated[str | None, doc("redriven or discarded: the resolving event's id (absent: open, or erased since)")]
+    ]
 
 
 class EventStatus(TypedDict):

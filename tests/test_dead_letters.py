@@ -529,6 +529,29 @@ def test_no_other_write_can_take_the_id_a_letters_resolution_claims(world: World
     assert {world.letters()[p]["state"] for p in ((p1, o1), (p2, o2))} == {"discarded"}
 
 
+def test_an_events_status_says_what_became_of_each_of_its_letters(world: World) -> None:
+    """A producer polling its event's fate learns its letter's resolution: open, then redriven under another id
+    (naming it), or discarded (naming the discard); the status stays `dead_lettered` (that event was never applied)."""
+    key = {"X-API-Key": "key-a"}
+    records = [wire(f"user:st{n}", tenant=A, event_id=f"ev-st-{n}", content=...) for n in (1, 2)]
+    [(p1, o1), (p2, o2)] = publish_raw(world.settings, [(f"{A}|user:st{n}".encode(), orjson.dumps(r))
+                                                          for n, r in zip((1, 2), records, strict=True)])  # fmt: skip
+    world.caught_up()
+    for n in (1, 2):
+        status = world.get(f"/v1/events/ev-st-{n}", tenant=A)
+        assert [(d["state"], "resolved_by" in d) for d in status["dead_letters"]] == [("open", False)], status
+    fixed = wire("user:st1", tenant=A, event_id="ev-st-1-fixed")
+    body = {"tenant": A, "partition": p1, "offset": o1, "event": fixed}
+    assert world.http.post("/v1/dead-letters/redrive", json=body, headers=key).status_code == 200
+    body = {"tenant": A, "partition": p2, "offset": o2, "reason": "not needed"}
+    assert world.http.post("/v1/dead-letters/discard", json=body, headers=key).status_code == 200
+    world.caught_up()
+    one, two = (world.get(f"/v1/events/ev-st-{n}", tenant=A) for n in (1, 2))
+    assert one["status"] == two["status"] == "dead_lettered", (one, two)
+    assert [(d["state"], d["resolved_by"]) for d in one["dead_letters"]] == [("redriven", "ev-st-1-fixed")], one
+    assert [(d["state"], d["resolved_by"]) for d in two["dead_letters"]] == [("discarded", f"deadletter:{p2}:{o2}")]
+
+
 def test_a_refused_records_id_goes_with_its_subjects_erasure(world: World) -> None:
     """An erasure takes the letters of its subject's records logged before it, and their ids with them: the refused
     record's id then reads as an erased duplicate, as an applied one's does, and sending it again publishes nothing

@@ -160,11 +160,14 @@ async def event_fate(conn: psycopg.AsyncConnection, tenant: str, event_id: str, 
             (tenant, event_id, tenant, event_id),
         )
         erased, claimed_at = await cur.fetchone()  # type: ignore[misc]
-        cur = await conn.execute(
-            'SELECT "partition", "offset", code, field, message, recorded_at FROM dead_letters '
-            'WHERE tenant = %s AND event_id = %s AND topic = %s ORDER BY "partition", "offset"',
+        cur = await conn.execute(  # with what became of each letter: a producer asking its event's fate learns it
+            'SELECT d."partition", d."offset", d.code, d.field, d.message, coalesce(r.state, \'open\'), r.event_id, '
+            "d.recorded_at FROM dead_letters d LEFT JOIN dead_letter_resolutions r ON r.topic = d.topic "
+            'AND r."partition" = d."partition" AND r."offset" = d."offset" AND r.tenant = d.tenant '
+            'WHERE d.tenant = %s AND d.event_id = %s AND d.topic = %s ORDER BY d."partition", d."offset"',
             (tenant, event_id, topic),
         )
         rows = await cur.fetchall()
-    letters = [dict(zip(("partition", "offset", "code", "field", "message"), r[:5], strict=True)) for r in rows]
-    return Fate(applied, bool(erased), claimed_at, letters, max((r[5] for r in rows), default=None))
+    names = ("partition", "offset", "code", "field", "message", "state")
+    letters = [dict(zip(names, r[:6], strict=True)) | ({"resolved_by": r[6]} if r[6] else {}) for r in rows]
+    return Fate(applied, bool(erased), claimed_at, letters, max((r[7] for r in rows), default=None))
