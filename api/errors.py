@@ -222,7 +222,10 @@ def _union_member(part: Any) -> bool:
 
 def _field(loc: tuple) -> str | None:
     # a query, path, header or cookie parameter's name is never a union member's tag, even when it reads like one
-    # (a query parameter `literal`); a body may itself be a union, so its first part may be a tag
+    # (a query parameter `literal`); nor is an MCP argument's (a path of one part: a tag is followed by what it
+    # tried); a body may itself be a union, so its first part may be a tag
+    if len(loc) == 1 and isinstance(loc[0], str) and loc[0] not in _LOCATIONS:
+        return loc[0]
     kept = 2 if loc and loc[0] in _LOCATIONS[1:] else 0
     parts = [str(p) for i, p in enumerate(loc) if i < kept or not _union_member(p)]
     if parts and parts[0] in _LOCATIONS:

@@ -285,6 +285,12 @@ class ForgetParams(TenantRequest):
         strict=True,  # the destructive flag above all: "yes" or 1 is wrong_type, never an erasure
         description="true: erase everything about the subject, permanently (right to be forgotten)",
     )
+    literal: bool = Field(
+        default=False,
+        strict=True,
+        description="with erase_subject: erase exactly this subject even though it has no event and another "
+        "subject reads the same (its case, width, Unicode form or white space at its ends aside)",
+    )
     reason: Storable | None = Field(
         default=None,
         max_length=1024,

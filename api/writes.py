@@ -38,7 +38,7 @@ from producers.sdk import PublishError
 from producers.settings import Settings
 from projections.postgres.idempotency import Claim, Fate, claim_events, event_fate, release_claims
 from projections.postgres.positions import stored_positions_async
-from projections.postgres.queries import event_effect
+from projections.postgres.queries import event_effect, look_alike_subjects
 
 __all__ = [
     "DOOR_CHECK_BACKOFF_S",
@@ -345,6 +345,28 @@ async def _never_delivered(
     return again if caught_up and ends else None
 
 
+async def _refuse_a_look_alike(res: Resources, tenant: str, subject: str) -> None:
+    """The look-alike check of `erase_subject`; skipped, as the door's claims are, while PostgreSQL cannot answer
+    (an erasure must still be publishable then)."""
+    if res.door_check.active():
+        return
+    try:
+        async with res.pool.connection(timeout=res.settings.pg_door_check_timeout_s) as conn:
+            meant = await look_alike_subjects(conn, tenant, subject)
+    except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:  # OperationalError includes PoolTimeout
+        log.warning("erasure: the look-alike check skipped: %s: %s", type(exc).__name__, exc)
+        return
+    if meant:
+        raise ApiError(
+            422,
+            "invalid_value",
+            f"the subject {subject!r} has no event, and the tenant's {', '.join(map(repr, meant))} reads the same "
+            "(case, width, Unicode form or white space at its ends aside): erase that one by its own spelling, or "
+            f"set literal=true to erase {subject!r} itself (its events may not be applied yet)",
+            "subject",
+        )
+
+
 async def erase_subject(
     res: Resources,
     tenants: frozenset[str],
@@ -352,12 +374,19 @@ async def erase_subject(
     subject: str,
     reason: str | None = None,
     event_id: str | None = None,
+    *,
+    literal: bool = False,
 ) -> dict[str, Any]:
     """Publish `subject.erased` for (tenant, subject) (`DELETE /v1/subjects/{subject}`): its event_id and position.
 
     It goes through the one door (`publish_one`), so its id is claimed like any other and its status reads
-    `pending` until the worker has applied it."""
+    `pending` until the worker has applied it. Unless `literal`, a subject with no event while another of the
+    tenant reads the same (`USER:42`, ` user:42`, a fullwidth digit, another Unicode form of an accent) is a 422
+    naming the ones it may mean: an erasure that purges nothing while its caller believes the subject gone is the
+    one mistake an erasure must not make."""
     check_tenant(tenant, tenants)
+    if not literal:
+        await _refuse_a_look_alike(res, tenant, subject)
     event = {"type": EventType.ERASED.value, "tenant": tenant, "subject": subject, "reason": reason}
     if event_id is not None:  # the caller's id: a retry of the same erasure is a duplicate
         event["event_id"] = event_id
@@ -464,7 +493,7 @@ async def forget(res: Resources, tenants: frozenset[str], p: ForgetParams, after
         if p.key is not None or p.target_version is not None:
             field = "key" if p.key is not None else "target_version"
             raise ApiError(422, "invalid_value", f"{field} retracts one fact: leave it out to erase the subject", field)
-        erased = await erase_subject(res, tenants, p.tenant, p.subject, p.reason, p.event_id)
+        erased = await erase_subject(res, tenants, p.tenant, p.subject, p.reason, p.event_id, literal=p.literal)
         return {"action": "erase", **erased}
     if p.key is None and p.target_version is None:
         message = "key (or target_version) is required to retract a fact or an episode (or set erase_subject)"

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import re
@@ -24,7 +25,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, quote
 
 import httpx
 import orjson
@@ -36,6 +37,7 @@ from pydantic import SecretStr
 
 from api.errors import ErrorBody, install_error_handlers
 from api.main import create_app
+from api.resources import Resources
 from api.writes import JUDGED_IN_A_CHILD
 from producers.contract import MAX_EVENT_BYTES, decode
 from producers.keys.signing import new_signing_key
@@ -701,6 +703,48 @@ def applied(base_settings: Settings) -> Iterator[Pipeline]:
     """The app and the projector on private names (no indexer: these checks read PostgreSQL)."""
     with pipeline(base_settings.private(unique("door"), api_keys=KEYS), indexer=False, app=True) as p:
         yield p
+
+
+def test_class10_an_erasure_of_a_look_alike_spelling_is_refused_naming_the_subject_meant(applied: Pipeline) -> None:
+    """The class: a subject with no event, erased while another subject of the tenant reads the same (its case,
+    width, Unicode form or white space at its ends aside), used to answer 202 and purge nothing while the subject
+    meant stayed readable. Over HTTP and MCP it is a 422 naming the subject meant; said literally, it is erased as
+    asked; a subject with events of its own, or one another tenant holds, is erased as ever."""
+    c = applied.client
+    real = "user:Café-5"  # NFC
+    other_tenant = "user:ümlaut"
+    r = c.post("/v1/events", json={"events": [event(real, event_id="LA1")]}, headers=HA)
+    assert r.status_code == 200, r.text
+    r = c.post("/v1/events", json={"events": [event(other_tenant, tenant=B, event_id="LA2")]}, headers=HB)
+    assert r.status_code == 200, r.text
+    applied.caught_up(90)
+    spellings = ["USER:CAFÉ-5", "user:Cafe\u0301-5", " user:Café-5", "user:Café-5\t", "user:Ｃafé-５"]
+    for spelling in spellings:
+        assert spelling != real
+        r = c.delete(f"/v1/subjects/{quote(spelling, safe='')}", params={"tenant": A}, headers=HA)
+        item = assert_error(r, 422, "invalid_value", "subject")
+        assert repr(real) in item["message"] and "literal=true" in item["message"], (spelling, item)
+        done = asyncio.run(_mcp_forget(applied, {"tenant": A, "subject": spelling, "erase_subject": True}))
+        assert done.is_error and repr(real) in done.content[0].text, (spelling, done)
+    assert [f["value"] for f in c.get(f"/v1/subjects/{quote(real)}/facts", params={"tenant": A}, headers=HA)
+            .json()["facts"]] == ["window"]  # fmt: skip
+    before = end_offsets(applied.settings)
+    r = c.delete(f"/v1/subjects/{quote(spellings[0])}", params={"tenant": A, "literal": "true"}, headers=HA)
+    assert r.status_code == 202 and r.json()["subject"] == spellings[0], r.text
+    assert sum(end_offsets(applied.settings).values()) == sum(before.values()) + 1
+    r = c.delete(f"/v1/subjects/{quote(other_tenant.upper())}", params={"tenant": A}, headers=HA)
+    assert r.status_code == 202, r.text  # B's subject is nothing of A's
+    r = c.delete(f"/v1/subjects/{quote(real)}", params={"tenant": A}, headers=HA)
+    assert r.status_code == 202 and r.json()["subject"] == real, r.text
+    applied.caught_up(90)
+    assert c.get(f"/v1/subjects/{quote(real)}/facts", params={"tenant": A}, headers=HA).json()["facts"] == []
+
+
+async def _mcp_forget(applied: Pipeline, arguments: dict[str, Any]) -> Any:
+    from api.mcp.tools import TOOLS, run_tool
+
+    async with Resources.open(applied.settings, warm_embedder=False) as res:
+        return await run_tool({t.name: t for t in TOOLS}["forget"], res, frozenset({A}), arguments)
 
 
 def test_class2_3_7_idempotency_by_tenant_and_event_id_at_the_door(applied: Pipeline) -> None:

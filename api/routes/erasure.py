@@ -26,7 +26,10 @@ from api.schemas import ErasureResponse
 router = APIRouter(tags=["erasure"], route_class=OrjsonBodyRoute)
 
 REASON_NOTE = "why, kept readable for good (an erasure is never sealed): say why, never who"
-LITERAL_NOTE = "true: the whole path is the subject, even when it ends in `/facts`, `/events` or `/`"
+LITERAL_NOTE = (
+    "true: the whole path is the subject, even when it ends in `/facts`, `/events` or `/`, or has no event while "
+    "another subject reads the same (case, width, Unicode form or white space at its ends aside)"
+)
 # the last path segments of the read routes under /v1/subjects/{subject} (api.routes.subjects)
 READ_ROUTE_NAMES = frozenset({"facts", "events"})
 
@@ -49,7 +52,7 @@ async def erase_subject(
     check_tenant(tenant, tenants)  # another tenant is a 403 whatever else the request says
     if not literal:
         _refuse_a_read_routes_path(subject, tenant)
-    return json_response(await writes.erase_subject(res, tenants, tenant, subject, reason), 202)
+    return json_response(await writes.erase_subject(res, tenants, tenant, subject, reason, literal=literal), 202)
 
 
 def _meant_instead(subject: str) -> tuple[str, str] | None:
