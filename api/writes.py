@@ -360,7 +360,7 @@ async def _refuse_a_look_alike(res: Resources, tenant: str, subject: str) -> Non
         raise ApiError(
             422,
             "invalid_value",
-            f"the subject {subject!r} has no event, and the tenant's {', '.join(map(repr, meant))} reads the same "
+            f"the subject {subject!r} has no record, and the tenant's {', '.join(map(repr, meant))} reads the same "
             "(case, width, Unicode form or white space at its ends aside): erase that one by its own spelling, or "
             f"set literal=true to erase {subject!r} itself (its events may not be applied yet)",
             "subject",
@@ -380,7 +380,7 @@ async def erase_subject(
     """Publish `subject.erased` for (tenant, subject) (`DELETE /v1/subjects/{subject}`): its event_id and position.
 
     It goes through the one door (`publish_one`), so its id is claimed like any other and its status reads
-    `pending` until the worker has applied it. Unless `literal`, a subject with no event while another of the
+    `pending` until the worker has applied it. Unless `literal`, a subject with no record while another of the
     tenant reads the same (`USER:42`, ` user:42`, a fullwidth digit, another Unicode form of an accent) is a 422
     naming the ones it may mean: an erasure that purges nothing while its caller believes the subject gone is the
     one mistake an erasure must not make."""

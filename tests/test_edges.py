@@ -487,6 +487,7 @@ def test_a_blank_name_is_refused_by_every_request_model_and_at_every_door(client
         ("POST", "/v1/context", {"json": {"tenant": TENANT, "subject": blank}}, "subject"),
         ("GET", "/v1/events/%20", {"params": {"tenant": TENANT}}, "event_id"),
         ("GET", "/v1/facts/%20/history", {"params": {"tenant": TENANT}}, "memory_id"),
+        ("GET", "/v1/erasures", {"params": {"tenant": TENANT, "subject": blank}}, "subject"),
         ("POST", "/v1/dead-letters/discard", {"json": {"tenant": TENANT, "partition": 0, "offset": 0, "reason": blank}},
          "reason"),
     ]  # fmt: skip

@@ -27,7 +27,7 @@ router = APIRouter(tags=["erasure"], route_class=OrjsonBodyRoute)
 
 REASON_NOTE = "why, kept readable for good (an erasure is never sealed): say why, never who"
 LITERAL_NOTE = (
-    "true: the whole path is the subject, even when it ends in `/facts`, `/events` or `/`, or has no event while "
+    "true: the whole path is the subject, even when it ends in `/facts`, `/events` or `/`, or has no record while "
     "another subject reads the same (case, width, Unicode form or white space at its ends aside)"
 )
 # the last path segments of the read routes under /v1/subjects/{subject} (api.routes.subjects)

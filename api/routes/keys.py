@@ -103,7 +103,7 @@ async def erasures(
     settings: SettingsDep,
     tenants: TenantsDep,
     tenant: TenantQuery,
-    subject: Annotated[Storable | None, Query(**SUBJECT, description="only this subject's erasures")] = None,
+    subject: Annotated[Named | None, Query(**SUBJECT, description="only this subject's erasures")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: ListCursorQuery = None,
 ) -> Response:

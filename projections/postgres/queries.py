@@ -544,21 +544,23 @@ def _ledger_events(rows: list[tuple], chain_rows: tuple[list[tuple], list[tuple]
     return out
 
 
-# the subjects of a tenant that read as %(s)s (case, width, Unicode form, white space at the ends), as the search
-# reads ids (schema.sql's fact_about, whose GIN index finds the candidates), when %(s)s itself has no event
+# the subjects of a tenant that read as %(s)s (case, width, Unicode form, white space at the ends: trimmed after
+# NFKC, which makes a no-break space a space), as the search reads ids (schema.sql's fact_about, whose GIN index
+# finds the candidates), when %(s)s itself has no record: no event, no refused record filed under it
 _LOOK_ALIKES = (
-    "WITH asked(s) AS (SELECT regexp_replace(%(s)s, '^[[:space:]]+|[[:space:]]+$', '', 'g')) "
+    "WITH asked(s) AS (SELECT regexp_replace(normalize(%(s)s, NFKC), '^[[:space:]]+|[[:space:]]+$', '', 'g')) "
     "SELECT DISTINCT f.subject FROM fact_versions f, asked WHERE f.tenant = %(t)s AND f.subject <> %(s)s "
     "AND fact_about(f.subject, f.entities, f.key) && fact_about(asked.s, '{}'::text[], NULL) "
-    "AND lower(btrim(normalize(f.subject, NFKC))) = lower(normalize(asked.s, NFKC)) "
+    "AND lower(btrim(normalize(f.subject, NFKC))) = lower(asked.s) "
     "AND NOT EXISTS (SELECT 1 FROM events e WHERE e.tenant = %(t)s AND e.subject = %(s)s) "
+    "AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.tenant = %(t)s AND d.subject = %(s)s) "
     "ORDER BY 1 LIMIT 5"
 )
 
 
 async def look_alike_subjects(conn: psycopg.AsyncConnection, tenant: str, subject: str) -> list[str]:
-    """Up to five other subjects of `tenant` that read as `subject` and hold facts, when `subject` has no event:
-    what a caller erasing `subject` most likely meant."""
+    """Up to five other subjects of `tenant` that read as `subject` and hold facts, when `subject` has no record
+    (no event, no refused record filed under it): what a caller erasing `subject` most likely meant."""
     cur = await conn.execute(_LOOK_ALIKES, {"t": tenant, "s": subject})
     return [row[0] for row in await cur.fetchall()]
 
