@@ -109,7 +109,8 @@ def test_an_id_spelled_out_names_itself_and_words_name_every_id_they_read_as():
     """The class: ids whose words are the same (`alice.smith`, `Alice-Smith`, `alice_smith`) used to share one
     table entry, the first built, so a question naming one id asked the exact stage about another and labelled its
     fact exact. Whatever the order the vocabulary was built or merged in, an id the question spells out names itself
-    (and its bare id), and a question in words names them all."""
+    (a namespaced one not also its bare id, which another namespace's subject shares; a bare one even when it is no
+    id-shaped token), and a question in words names them all."""
     spellings = ["user:alice.smith7", "user:Alice-Smith7", "user:alice_smith7"]
     built = [Vocabulary.build(subjects=order) for order in itertools.permutations(spellings)]
     built += [Vocabulary.build(subjects=spellings[:1]).merged(Vocabulary.build(subjects=spellings[1:]))]
@@ -117,9 +118,14 @@ def test_an_id_spelled_out_names_itself_and_words_name_every_id_they_read_as():
     for vocab in built:
         for subject in spellings:
             full, bare = subject_ids(subject)
-            assert extract(f"what is the phone of {subject}?", vocab, NOW).known_entities == (full, bare), subject
+            assert extract(f"what is the phone of {subject}?", vocab, NOW).known_entities == (full,), subject
+            assert extract(f"and {bare}'s phone?", vocab, NOW).known_entities == (bare,), subject
         words = extract("what is alice smith7's phone?", vocab, NOW).known_entities
         assert set(words) == {"alice.smith7", "alice-smith7", "alice_smith7"}, words
+    spaces = Vocabulary.build(subjects=["usr:carol.jones9", "team:carol.jones9", "usr:Carol-Jones9"])
+    assert extract("fruit of usr:carol.jones9?", spaces, NOW).known_entities == ("usr:carol.jones9",)
+    assert extract("fruit of carol.jones9.", spaces, NOW).known_entities == ("carol.jones9",)  # both subjects'
+    assert set(extract("fruit of carol jones9", spaces, NOW).known_entities) == {"carol.jones9", "carol-jones9"}
     codes = Vocabulary.build(entities=["ord7-x", "ORD7_X"])
     assert extract("where is ORD7_x now?", codes, NOW).known_entities == ("ord7_x",)
     assert extract("where is ord7-X now?", codes, NOW).known_entities == ("ord7-x",)

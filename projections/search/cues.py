@@ -614,12 +614,24 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
             known_ids.update(subject_ids(entity))
 
     tokens = list(dict.fromkeys(_id_tokens(query)))  # "P1 P1 P1 ...": one token, every occurrence covered
+
+    def is_known(entity: str) -> bool:
+        return entity in vocab.entities.get(canonical(entity), ())
+
+    def candidates(token: str) -> list[str]:
+        # a namespaced id known whole names itself, not also the bare id inside it (`usr:carol.jones9` is not
+        # `team:carol.jones9`); `project:P1` known only by its bare id `P1` is still found by it
+        ids = subject_ids(token)
+        return ids[:1] if is_known(ids[0]) else ids
+
     # an id the question spells out names itself, not every id its words read as: `user:alice.smith` is not
-    # `user:Alice-Smith`, though a question saying "alice smith" names both
+    # `user:Alice-Smith`, though a question saying "alice smith" names both. Any run of id characters can spell
+    # one (`carol.jones9` is no id-shaped token, yet a known id as written)
+    runs = (r.group(0).strip(".:-_") for r in _ID_RUN.finditer(unicodedata.normalize("NFKC", query)))
     spelled: dict[str, dict[str, None]] = {}
-    for tok in tokens:
-        for cand in subject_ids(tok):
-            if cand in vocab.entities.get(canonical(cand), ()):
+    for written in [*tokens, *(normalize_entity(r) for r in runs if r and len(r) <= MAX_ID_CHARS)]:
+        for cand in candidates(written):
+            if is_known(cand):
                 spelled.setdefault(canonical(cand), {})[cand] = None
 
     def named(phrase: str) -> Iterable[str]:
@@ -634,7 +646,7 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
     cover(_spans(seq, token_table))
     unknown: dict[str, None] = {}
     for tok in tokens:
-        for cand in subject_ids(tok):  # `project:P1` is known as such or by its bare id
+        for cand in candidates(tok):  # `project:P1` is known as such or by its bare id
             for e in named(canonical(cand)):
                 know(e)
         if tok not in known_ids:
