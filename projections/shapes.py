@@ -586,7 +586,10 @@ class RecallHit(TypedDict):
     kind: Annotated[str, doc(_KIND)]
     status: Annotated[str, doc("active (in force at as_of), superseded or retracted")]
     valid_from: Annotated[Timestamp, doc(_VALID_FROM)]
-    valid_to: Annotated[Timestamp | None, doc(_VALID_TO)]
+    valid_to: Annotated[
+        Timestamp | None,
+        doc("the effective end: valid_to or, sooner, superseded_at (facts and history give the two apart); null: open"),
+    ]
     observed_at: Annotated[Timestamp, doc(_OBSERVED_AT)]
     source: Annotated[dict[str, Any], doc(_SOURCE)]
     score: Annotated[float, doc("exact hits in [1, 2), fuzzy hits in [0, 1)")]
