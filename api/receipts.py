@@ -663,13 +663,16 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
         again = await reads.recall(res, tenants, ask, receipt=False, record=False, below=below)
     digests = await _digests(answer, again)  # a replayed profile can be as large as the answer it replays
     now = digests["parts"]
+    differs = "differs"
+    if any(name in now and now[name] != then for name, then in receipt["parts"].items()):
+        differs = await _why_it_differs(res, tenant, receipt)
     parts: list[shapes.ReplayPart] = []
     for name, then in receipt["parts"].items():
         if name == "ranked" and differ:
             parts.append({"part": name, "same": None, "detail": "not compared: " + ", ".join(differ) + " differ now"})
         elif name in now:
             same = now[name] == then
-            parts.append({"part": name, "same": same, "detail": "the same" if same else "differs"})
+            parts.append({"part": name, "same": same, "detail": "the same" if same else differs})
     digest = digests["answer_digest"]
     return {
         "answer": answer,
@@ -681,6 +684,17 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
         "models_differ": differ,
         "replayed": again,
     }
+
+
+async def _why_it_differs(res: Resources, tenant: str, receipt: Mapping[str, Any]) -> str:
+    """A differing part's detail: that cited versions were erased since (the answer replays without them), when
+    some were; the receipt's verification says when and where."""
+    cited = [c["version_id"] for c in receipt["cited"]]
+    async with res.pool.connection() as conn:
+        erased = await rows.erased_versions(conn, tenant, cited) if cited else set()
+    if not erased:
+        return "differs"
+    return f"differs: {len(erased)} of the {len(cited)} versions it cited were erased since (verify it for when)"
 
 
 def _differ(then: Mapping[str, Any] | None, now: shapes.ReceiptRanking) -> list[str]:

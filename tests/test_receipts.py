@@ -489,6 +489,8 @@ def test_an_erased_cited_version_verifies_as_erased_showing_nothing(stack: Any) 
     # its replay re-derives what the ledger holds now: nothing
     replayed = _replay(stack, receipt, {"subject": GONE}).json()
     assert replayed["same"] is False and replayed["replayed"]["facts"] == []
+    details = {p["detail"] for p in replayed["parts"] if p["same"] is False}  # why, not only that it differs
+    assert details == {"differs: 1 of the 1 versions it cited were erased since (verify it for when)"}, replayed
     r = _replay(stack, chain, {"memory_id": memory_id})  # the fact's history too: no version left, not a 404
     assert r.status_code == 200 and r.json()["same"] is False and r.json()["replayed"]["versions"] == [], r.text
 
