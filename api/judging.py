@@ -12,19 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from producers.contract import EventType, InvalidEvent, MemoryEvent, from_dict
+from producers.contract import InvalidEvent, MemoryEvent, door_refusal, from_dict
 
-__all__ = ["DOT_SEGMENT", "RESOLVED_AT_ITS_DOOR", "Judged", "conflict", "invalid", "judge", "refused"]
-
-# a browser resolves `.` and `..` in a URL path as dot segments, `%2E` spelled or not (the WHATWG URL rules), so the
-# console could never ask for such a subject or event id: the door asserts none (clients that keep `%2E`, as the
-# Python client and curl do, still reach, retract and erase one another producer wrote)
-DOT_SEGMENT = "`.` and `..` cannot be named in a URL path (a browser resolves them as dot segments): choose another"
-
-RESOLVED_AT_ITS_DOOR = (
-    "names a dead letter: resolve it with POST /v1/dead-letters/redrive or /discard (or the MCP operator tools), "
-    "which check the letter is this tenant's and open, and let one action resolve it"
-)
+__all__ = ["Judged", "conflict", "invalid", "judge", "refused"]
 
 
 def refused(raw: Any, error: dict[str, Any]) -> dict[str, Any]:
@@ -67,14 +57,9 @@ def judge(events: list[Any], now: datetime, skew: timedelta, resolutions: bool) 
         except InvalidEvent as exc:
             out.results[i] = invalid(i, raw, exc)
             continue
-        if event.dead_letter is not None and not resolutions:
-            out.results[i] = invalid(i, raw, InvalidEvent("invalid_value", RESOLVED_AT_ITS_DOOR, "dead_letter"))
-            continue
-        # an asserted subject, never an erasure's or retraction's: those must reach one another producer wrote
-        named = ("subject", "event_id") if event.type is EventType.ASSERTED else ("event_id",)
-        dots = next((f for f in named if getattr(event, f) in (".", "..")), None)
-        if dots is not None:
-            out.results[i] = invalid(i, raw, InvalidEvent("invalid_value", DOT_SEGMENT, dots))
+        refusal = door_refusal(event, resolutions=resolutions)
+        if refusal is not None:
+            out.results[i] = invalid(i, raw, refusal)
             continue
         key = (event.tenant, event.event_id)
         if key not in out.first:

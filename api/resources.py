@@ -135,7 +135,10 @@ class Resources:
             stack.push_async_callback(es.close)
             keys = api_key_source(settings)  # None without a KEK; a wrong KEK fails here, at start
             producer = LedgerProducer(  # connects on first publish; seals with `keys` when encryption is on
-                settings, timeout_s=settings.api_kafka_timeout_s, keys=keys if settings.encryption != "off" else None
+                settings,
+                timeout_s=settings.api_kafka_timeout_s,
+                keys=keys if settings.encryption != "off" else None,
+                resolutions=True,  # the door judged each event (api.judging); the dead-letter workflow's name letters
             )
             stack.callback(producer.close)
             if keys is not None and settings.encryption == "off":

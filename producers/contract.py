@@ -32,7 +32,9 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 __all__ = [
+    "DOT_SEGMENT",
     "LETTER_ID_PREFIX",
+    "RESOLVED_AT_ITS_DOOR",
     "letter_id",
     "has_long_digit_run",
     "TENANT_MAX",
@@ -55,6 +57,7 @@ __all__ = [
     "check_storable",
     "storable_json",
     "claimed_fields",
+    "door_refusal",
     "load_record",
     "read_json",
     "read_record",
@@ -455,6 +458,30 @@ def version_id_for(tenant: str, event_id: str) -> str:
 def subject_digest_for(tenant: str, subject: str) -> str:
     """A subject's name where its id must not appear in clear (the key store, erasure records)."""
     return _digest("subject", tenant, subject)
+
+
+# a browser resolves `.` and `..` in a URL path as dot segments, `%2E` spelled or not (the WHATWG URL rules), so the
+# console could never ask for such a subject or event id: no door asserts one (clients that keep `%2E`, as the
+# Python client and curl do, still reach, retract and erase one a raw producer wrote)
+DOT_SEGMENT = "`.` and `..` cannot be named in a URL path (a browser resolves them as dot segments): choose another"
+
+RESOLVED_AT_ITS_DOOR = (
+    "names a dead letter: resolve it with POST /v1/dead-letters/redrive or /discard (or the MCP operator tools), "
+    "which check the letter is this tenant's and open, and let one action resolve it"
+)
+
+
+def door_refusal(event: MemoryEvent, *, resolutions: bool = False) -> InvalidEvent | None:
+    """What every door (the API's, MCP's, the SDK's) refuses of an event the contract takes, else None: naming a
+    dead letter outside the dead-letter workflow (`resolutions`: the caller is that workflow, which checked the
+    letter), and `.` or `..` as an asserted subject or as any event id. Not the contract's: the worker still applies
+    such an event a raw producer wrote, as the log may hold one."""
+    if event.dead_letter is not None and not resolutions:
+        return InvalidEvent("invalid_value", RESOLVED_AT_ITS_DOOR, "dead_letter")
+    # an asserted subject, never an erasure's or retraction's: those must reach one a raw producer wrote
+    named = ("subject", "event_id") if event.type is EventType.ASSERTED else ("event_id",)
+    dots = next((f for f in named if getattr(event, f) in (".", "..")), None)
+    return InvalidEvent("invalid_value", DOT_SEGMENT, dots) if dots is not None else None
 
 
 def kafka_key(tenant: str, subject: str) -> bytes:

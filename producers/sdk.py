@@ -44,6 +44,7 @@ from producers.contract import (
     InvalidEvent,
     MemoryEvent,
     check_skew,
+    door_refusal,
     encode_wire,
     from_dict_encoded,
     kafka_key,
@@ -206,8 +207,10 @@ class LedgerProducer:
     metadata and delivery (retries included), so a broker that is down gives a PublishError after
     about that long, never a hang.
     `remember_ids` bounds the (tenant, event_id) -> fingerprint memory that detects a re-used id
-    (oldest forgotten first). `kafka_overrides` are passed to KafkaProducer as they are (e.g.
-    `linger_ms`, `client_id`).
+    (oldest forgotten first). It refuses what the API's door refuses beyond the contract (`door_refusal`): `.` or
+    `..` as an id, and an event naming a dead letter unless `resolutions` (the dead-letter workflow's producer,
+    which checked the letter). `kafka_overrides` are passed to KafkaProducer as they are (e.g. `linger_ms`,
+    `client_id`).
     """
 
     def __init__(
@@ -218,9 +221,11 @@ class LedgerProducer:
         create_topics: bool = True,
         remember_ids: int = 100_000,
         keys: SealingKeys | None = None,
+        resolutions: bool = False,
         **kafka_overrides: Any,
     ) -> None:
         self.settings = settings
+        self._resolutions = resolutions  # the dead-letter workflow's producer: events may name a dead letter
         self.topic = settings.topic
         self.timeout_s = settings.producer_timeout_s if timeout_s is None else timeout_s
         self.max_future_skew = timedelta(seconds=settings.max_future_skew_s)
@@ -318,6 +323,9 @@ class LedgerProducer:
         """The event validated once, its record value and its fingerprint, both from one `to_wire()`: building the
         wire costs half as much as validating, so it is built once."""
         valid, wire, value = _encoded(event, self.max_future_skew)
+        refusal = door_refusal(valid, resolutions=self._resolutions)
+        if refusal is not None:  # what the API's and MCP's doors refuse, refused here too
+            raise refusal
         return valid, value, wire_fingerprint(wire)
 
     def _ready(self, event: EventLike) -> _Ready:

@@ -513,6 +513,39 @@ def test_importing_the_client_loads_no_server_library() -> None:
     print(f"import api.client: {seconds} s")
 
 
+def test_the_sdk_refuses_what_the_api_door_refuses_beyond_the_contract(stack: Stack) -> None:
+    """The class: the contract takes these (the worker applies one a raw producer wrote), but no door publishes
+    them: `.`/`..` as an asserted subject or any event id, and an event naming a dead letter outside the dead-letter
+    workflow. The SDK (and so `ledger publish`) used to publish them all; it now refuses each with the door's code
+    and field, before anything is sent."""
+    from producers.sdk import InvalidEvent, LedgerProducer
+
+    base = {"type": "memory.asserted", "tenant": B, "subject": "sdk-door", "key": "k", "value": 1, "content": "c"}
+    letter = {"partition": 0, "offset": 1}
+    cases = [
+        {**base, "subject": "."},
+        {**base, "event_id": ".."},
+        {"type": "memory.retracted", "tenant": B, "subject": "sdk-door", "key": "k", "event_id": "."},
+        {**base, "event_id": "sdk-door-redrive", "dead_letter": letter},
+        {"type": "deadletter.discarded", "tenant": B, "subject": "sdk-door", "reason": "r", "dead_letter": letter},
+    ]
+    with LedgerProducer(stack.settings) as producer:
+        for event in cases:
+            r = httpx.post(f"{stack.api.url}/v1/events", json={"events": [event]}, headers={"X-API-Key": KEY_B})
+            (result,) = r.json()["results"]
+            assert not result["accepted"], (event, r.text)
+            with pytest.raises(InvalidEvent) as refused:
+                producer.check(event)
+            assert (refused.value.code, f"events.0.{refused.value.field}") == (
+                result["error"]["code"],
+                result["error"]["field"],
+            ), event
+            with pytest.raises(InvalidEvent):
+                producer.publish(event)
+        [sent] = producer.send_many(cases[:1] + [{**base, "event_id": "sdk-door-fine"}], report_invalid=True)[1:]
+        assert not isinstance(sent, InvalidEvent), sent
+
+
 @pytest.mark.parametrize("name", [".", ".."])
 def test_an_id_or_subject_that_is_a_dot_segment_is_refused_at_the_door_and_reached_as_itself(
     stack: Stack, name: str
@@ -529,7 +562,8 @@ def test_an_id_or_subject_that_is_a_dot_segment_is_refused_at_the_door_and_reach
         )
         (result,) = r.json()["results"]
         assert not result["accepted"] and result["error"]["field"] == f"events.0.{named}", r.text
-    stack.pipe.publish([{**event, "event_id": name, "subject": name}])
+    own = {**event, "event_id": name, "subject": name}  # a raw producer's: the SDK refuses it as the door does
+    publish_raw(stack.settings, [(f"{B}|{name}".encode(), json.dumps(own).encode())])
     stack.pipe.settle()
     with stack.client(KEY_B, B) as c:
         assert c.event_status(name).event_id == name
