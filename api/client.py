@@ -192,6 +192,13 @@ def _error(response: httpx.Response) -> LedgerError:
         )
 
 
+def _closed(http: httpx.Client | httpx.AsyncClient) -> None:
+    """A closed client's call is a LedgerError like every other failure (httpx raises a RuntimeError)."""
+    if http.is_closed:
+        message = "this client is closed (a with block closes it at its end): open a new one"
+        raise LedgerError(None, [ErrorItem(code="client_closed", field=None, message=message)])
+
+
 def _unreachable(url: str, exc: httpx.TransportError) -> LedgerError:
     code = "api_timeout" if isinstance(exc, httpx.TimeoutException) else "api_unreachable"
     message = f"api: no answer from {url} ({type(exc).__name__}: {exc})"[:500]
@@ -503,6 +510,7 @@ class LedgerClient(_Base[httpx.Client]):
     _new_http = httpx.Client
 
     def _send(self, call: _Call[Answer]) -> Answer:
+        _closed(self._http)
         try:
             response = self._http.request(**self._request(call))
         except httpx.TransportError as exc:
@@ -527,6 +535,7 @@ class AsyncLedgerClient(_Base[httpx.AsyncClient]):
     _new_http = httpx.AsyncClient
 
     async def _send(self, call: _Call[Answer]) -> Answer:
+        _closed(self._http)
         try:
             response = await self._http.request(**self._request(call))
         except httpx.TransportError as exc:

@@ -275,6 +275,20 @@ def test_401_404_and_no_answer_are_the_same_exception(stack: Stack) -> None:
     with LedgerClient(f"http://127.0.0.1:{free_port()}", api_key=KEY_A, tenant=A, timeout=2) as c:
         err = _refused(lambda: c.facts(SUBJECT))
         assert err.status is None and err.code == "api_unreachable" and err.message.startswith("api: ")
+    with LedgerClient(stack.api.url, api_key=KEY_A, tenant=A) as c:
+        pass
+    assert _refused(lambda: c.stats()).code == "client_closed"  # after its with block: the one exception too
+
+    async def closed_async() -> LedgerError:
+        async with AsyncLedgerClient(stack.api.url, api_key=KEY_A, tenant=A) as ac:
+            pass
+        try:
+            await ac.stats()
+        except LedgerError as exc:
+            return exc
+        raise AssertionError("a closed async client answered")
+
+    assert asyncio.run(closed_async()).code == "client_closed"
 
 
 def test_a_store_that_does_not_answer_is_a_503_naming_it(stack: Stack) -> None:
