@@ -463,7 +463,10 @@ def subject_digest_for(tenant: str, subject: str) -> str:
 # a browser resolves `.` and `..` in a URL path as dot segments, `%2E` spelled or not (the WHATWG URL rules), so the
 # console could never ask for such a subject or event id: no door asserts one (clients that keep `%2E`, as the
 # Python client and curl do, still reach, retract and erase one a raw producer wrote)
-DOT_SEGMENT = "`.` and `..` cannot be named in a URL path (a browser resolves them as dot segments): choose another"
+DOT_SEGMENT = (
+    "a `.` or `..` between slashes (or alone) cannot be named in a URL path (a client resolves it as a dot segment, "
+    "and would name another subject): choose another"
+)
 
 RESOLVED_AT_ITS_DOOR = (
     "names a dead letter: resolve it with POST /v1/dead-letters/redrive or /discard (or the MCP operator tools), "
@@ -471,16 +474,20 @@ RESOLVED_AT_ITS_DOOR = (
 )
 
 
+_DOT_SEGMENTS = frozenset({".", ".."})
+
+
 def door_refusal(event: MemoryEvent, *, resolutions: bool = False) -> InvalidEvent | None:
     """What every door (the API's, MCP's, the SDK's) refuses of an event the contract takes, else None: naming a
     dead letter outside the dead-letter workflow (`resolutions`: the caller is that workflow, which checked the
-    letter), and `.` or `..` as an asserted subject or as any event id. Not the contract's: the worker still applies
+    letter), and `.` or `..` as a segment (between slashes, or alone) of an asserted subject or of any event id.
+    Not the contract's: the worker still applies
     such an event a raw producer wrote, as the log may hold one."""
     if event.dead_letter is not None and not resolutions:
         return InvalidEvent("invalid_value", RESOLVED_AT_ITS_DOOR, "dead_letter")
     # an asserted subject, never an erasure's or retraction's: those must reach one a raw producer wrote
     named = ("subject", "event_id") if event.type is EventType.ASSERTED else ("event_id",)
-    dots = next((f for f in named if getattr(event, f) in (".", "..")), None)
+    dots = next((f for f in named if _DOT_SEGMENTS.intersection(getattr(event, f).split("/"))), None)
     return InvalidEvent("invalid_value", DOT_SEGMENT, dots) if dots is not None else None
 
 

@@ -742,8 +742,9 @@ def test_class10_an_erasure_of_a_look_alike_spelling_is_refused_naming_the_subje
     assert sum(end_offsets(applied.settings).values()) == sum(before.values()) + 1
     r = c.delete(f"/v1/subjects/{quote(other_tenant.upper())}", params={"tenant": A}, headers=HA)
     assert r.status_code == 202, r.text  # B's subject is nothing of A's
-    refused_only = "USER:café-5"  # only a refused record (no content) filed under it: it has a record to erase
-    [letter] = publish_raw(applied.settings, [(f"{A}|{refused_only}".encode(), orjson.dumps({"tenant": A}))])
+    refused_only = "USER:café-5"  # only a refused record (a conflicting re-use of LA1) filed under it: a record
+    reused = event(refused_only, event_id="LA1", value="other")
+    [letter] = publish_raw(applied.settings, [(f"{A}|{refused_only}".encode(), orjson.dumps(reused))])
     applied.caught_up(90)
     r = c.delete(f"/v1/subjects/{quote(refused_only)}", params={"tenant": A}, headers=HA)
     assert r.status_code == 202 and r.json()["subject"] == refused_only, (letter, r.text)
