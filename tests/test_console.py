@@ -34,6 +34,7 @@ from tests.support.console_world import (
     ConsoleWorld,
     console_world,
 )
+from tests.support.events import asserted
 
 TENANT = "acme"
 SECRET_SUBJECT, SECRET_VALUE = "user:secret-globex", "globex-only-value"
@@ -440,6 +441,30 @@ def test_scores_are_rounded_for_display(world: ConsoleWorld, tab: OfflinePage) -
     assert all(rounded(t, c["score"]) for t, c in zip(shown_candidates, listed, strict=True)), shown_candidates
     hits = console.rows("recall-hits")
     assert all(rounded(r["score"], h["score"]) for r, h in zip(hits, got["hits"], strict=True)), hits
+
+
+OTHER = "initech"  # the auditor key's second tenant
+
+
+def test_stored_text_cannot_reorder_the_page_or_widen_its_tables(world: ConsoleWorld, tab: OfflinePage) -> None:
+    """The class: stored text is shown inside the console's own words and tables. A right-to-left override in a
+    subject, key or value reordered the page around it (the subject `rtl<U+202E>exe.txt` read `rtltxt.exe`, and the
+    Erasures heading's own words ran backwards); every bidirectional control is now shown spelled out. A key of
+    200 letters without a break widened the facts table past the window; it wraps as a value does."""
+    subject, key = "note:rtl\u202eexe.txt", "k" * 200
+    world.pipe.publish([  # in the key's other tenant: the lists the other tests compare stay as they were
+        asserted(subject, "rtl\u202ekey", "abc\u202edef\u2066x", 1, event_id="ev-rtl", content="rtl", tenant=OTHER),
+        asserted(subject, key, "v", 1, event_id="ev-wide", content="a long key", tenant=OTHER),
+    ])  # fmt: skip
+    world.pipe.settle()
+    console = signed_in(tab)
+    console.pick_tenant(OTHER)
+    assert console.type_subject(subject) == "ready", console.error()
+    shown = tab.page.text_content("#app") or ""
+    assert "note:rtl\\u202Eexe.txt" in shown and "rtl\\u202Ekey" in shown and "abc\\u202Edef\\u2066x" in shown
+    assert not any(c in shown for c in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"), "a control shown raw"
+    wide = tab.page.evaluate("document.querySelector('#facts').getBoundingClientRect().width")
+    assert wide <= tab.page.viewport_size["width"], wide
 
 
 def test_a_long_value_is_shortened_and_can_be_shown_whole(world: ConsoleWorld, tab: OfflinePage) -> None:

@@ -168,6 +168,13 @@ def test_a_receipt_with_one_byte_changed_shows_invalid(world: ConsoleWorld, tab:
     console.pick_tenant("initech")
     assert console.check_receipt(text) == "error"
     assert console.error_codes() == ["not_found"] and console.rows("receipt-cited") == []
+    console.pick_tenant(TENANT)
+    assert console.check_receipt(text) == "ready" and console.receipt_shown()["valid"] == "true"
+    for refused in ('{"receipt": 1}', '{"answer": "recall"}'):  # the verdict checked before goes with it
+        assert console.check_receipt(refused) == "error"
+        shown = console.receipt_shown()
+        assert (shown["valid"], shown["title"], shown["cited"]) == ("", "Receipt", []), (refused, shown)
+        assert console.page.text_content("#receipt-count") == "", refused
 
 
 def test_a_cited_event_erased_since_shows_erased_and_nothing_of_it(world: ConsoleWorld, tab: OfflinePage) -> None:

@@ -36,14 +36,28 @@
     }
     for (const c of children.flat(Infinity)) {
       if (c === undefined || c === null || c === false) continue;
-      node.append(c instanceof Node ? c : String(c));
+      node.append(c instanceof Node ? c : visible(String(c)));
     }
     return node;
   }
 
+  // the bidirectional controls (U+202A-U+202E, U+2066-U+2069, the marks): stored text holding one would reorder what
+  // is shown around it, the console's own words too ("txt.exe" for "exe.txt"); shown spelled out, as `\u202E`
+  const BIDI_CONTROLS = /[\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069]/g;
+
+  /** Text as it is shown: every bidirectional control spelled out, so stored text cannot reorder the page. */
+  function visible(text) {
+    return text.replace(BIDI_CONTROLS, (c) => "\\u" + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0"));
+  }
+
   /** Replace a node's children, as el() takes them (nested lists flattened, strings as text nodes). */
   const fill = (node, ...children) =>
-    node.replaceChildren(...children.flat(Infinity).filter((c) => c !== undefined && c !== null && c !== false));
+    node.replaceChildren(
+      ...children
+        .flat(Infinity)
+        .filter((c) => c !== undefined && c !== null && c !== false)
+        .map((c) => (c instanceof Node ? c : visible(String(c)))),
+    );
 
   /** A JSON value as text: strings as they are, anything else as compact JSON. */
   const show = (v) => (typeof v === "string" ? v : JSON.stringify(v));
@@ -386,7 +400,7 @@
     resetSubject();
     state.subject = subject;
     $("subject-input").value = subject;
-    $("subject-title").replaceChildren(el("span", { class: "tenant-name" }, state.tenant ?? "—"), " / ", subject);
+    fill($("subject-title"), el("span", { class: "tenant-name" }, state.tenant ?? "—"), " / ", subject);
     $("subject-note").textContent = state.tenants.includes(state.tenant)
       ? ""
       : `Tenant ${state.tenant} is not one of this key's tenants: pick one of them above.`;
@@ -1191,6 +1205,9 @@
       replayBox.replaceChildren();
       replayBox.dataset.state = "empty";
       delete panel.dataset.valid;
+      // the verdict of the receipt checked before goes with its tables: a refused one must not keep it
+      $("receipt-title").textContent = "Receipt";
+      $("receipt-count").textContent = "";
       const { receipt, receiptText, answerText, requestText } = readReceipt();
       const asked = answerText ? { receipt: receiptText, answer: answerText } : { receipt: receiptText };
       const v = await api("POST", "receipts/verify", { raw: rawBody(asked) });
@@ -1423,9 +1440,9 @@
       const rows = list.erasures.map((r) => erasureRow(r, true));
       if (more) body.append(...rows);
       else body.replaceChildren(...rows);
-      $("erasures-title").firstChild.textContent = subject
+      $("erasures-title").firstChild.textContent = visible(subject
         ? `Erasure records of subject ${subject} `
-        : `Erasure records of tenant ${state.tenant} `;
+        : `Erasure records of tenant ${state.tenant} `);
       state.erasuresNext = list.more ? list.next_cursor : null;
       $("erasures-more").hidden = !state.erasuresNext;
       const n = body.rows.length;
