@@ -530,8 +530,9 @@ def test_importing_the_client_loads_no_server_library() -> None:
 def test_the_sdk_refuses_what_the_api_door_refuses_beyond_the_contract(stack: Stack) -> None:
     """The class: the contract takes these (the worker applies one a raw producer wrote), but no door publishes
     them: `.`/`..` as a segment of an asserted subject or of any event id (`team/../x` is `x` to a client that
-    resolves its path), and an event naming a dead letter outside the dead-letter workflow. The SDK (and so `ledger publish`) used to publish them all; it now refuses each with the door's code
-    and field, before anything is sent."""
+    resolves its path), and an event naming a dead letter outside the dead-letter workflow. The SDK (and so
+    `ledger publish`) used to publish them all; it now refuses each with the door's code and field, before anything
+    is sent."""
     from producers.sdk import InvalidEvent, LedgerProducer
 
     base = {"type": "memory.asserted", "tenant": B, "subject": "sdk-door", "key": "k", "value": 1, "content": "c"}
