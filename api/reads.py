@@ -76,7 +76,10 @@ async def subject_facts(
         ids = [r["event_id"] for r in rows]
         if signed and refolded:
             basis = await _basis(res, conn, tenant, ids)
-    out = shapes.FactsResponse(tenant=tenant, subject=subject, as_of=rfc3339(t), facts=rows) | page | seen
+    out = shapes.FactsResponse(tenant=tenant, subject=subject, as_of=rfc3339(t), facts=rows)
+    if known_at is not None:  # a view as known then says so, receipt or not
+        out["known_at"] = rfc3339(known_at)
+    out |= page | seen
     asked = {"subject": subject, "as_of": as_of, "known_at": known_at, "offset": offset, "limit": limit}
     await _sign(res, signed, "facts", tenant, out, asked, ids, as_of=t, known_at=known_at, basis=basis)
     return out

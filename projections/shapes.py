@@ -362,6 +362,9 @@ class FactsResponse(TypedDict):
     tenant: Annotated[str, doc(_TENANT)]
     subject: Annotated[str, doc(_SUBJECT)]
     as_of: Annotated[Timestamp, doc("the valid time the facts hold at (the request's as_of, or now)")]
+    known_at: NotRequired[
+        Annotated[Timestamp, doc("the request's known_at: only what was observed by then (absent: all known now)")]
+    ]
     facts: Annotated[list[FactVersion], doc("the versions in force at as_of, one per fact and episode")]
     page: NotRequired[Annotated[Page, doc(_PAGE)]]
     consistency: NotRequired[Annotated[Consistency | None, doc(_CONSISTENCY)]]

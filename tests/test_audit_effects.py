@@ -235,8 +235,10 @@ def test_facts_pages_walked_with_the_first_pages_times_are_one_list_while_writes
     pinned = {"as_of": first["as_of"], "known_at": first["receipt"]["known_at"]}
     later = rfc3339(datetime.now(UTC) + timedelta(seconds=5))
     writer.write(type="memory.retracted", key="k.a", observed_at=later, valid_from=day(4))  # between the pages
-    walked = [f["key"] for f in first["facts"] + page(2, **pinned)["facts"]]
+    second = page(2, **pinned)
+    walked = [f["key"] for f in first["facts"] + second["facts"]]
     assert walked == ["k.a", "k.b", "k.c", "k.d"], walked
+    assert "known_at" not in first and second["known_at"] == pinned["known_at"], second  # a view as known then says so
     shifted = [f["key"] for f in first["facts"] + page(2)["facts"]]  # unpinned: the rest moved up by one
     assert shifted == ["k.a", "k.b", "k.d"], shifted
 
