@@ -27,6 +27,7 @@ from producers.contract import EventType, rfc3339
 from projections import shapes
 from projections.postgres.counts import ACCESS_COUNTERS, ACCESSES_ACTIVE, FACTS_ACTIVE, FACTS_ACTIVE_SERVED
 from projections.postgres.recorder import VERSION_COLUMNS, row_to_version
+from projections.search.cues import about_entry, normalize_entity
 from projections.versions import (
     ERASED_EFFECT,
     NO_EFFECT,
@@ -544,25 +545,25 @@ def _ledger_events(rows: list[tuple], chain_rows: tuple[list[tuple], list[tuple]
     return out
 
 
-# the subjects of a tenant that read as %(s)s (case, width, Unicode form, white space at the ends: trimmed after
-# NFKC, which makes a no-break space a space), as the search reads ids (schema.sql's fact_about, whose GIN index
-# finds the candidates), when %(s)s itself has no record: no event, no refused record filed under it
+# the subjects of a tenant holding facts about the id %(about)s (schema.sql's `about`: each subject's own id in the
+# cues' normal form is there, as are its entities) when %(s)s itself has no record: no event, no refused record filed
+# under it; look_alike_subjects keeps those whose own id reads as %(s)s
 _LOOK_ALIKES = (
-    "WITH asked(s) AS (SELECT regexp_replace(normalize(%(s)s, NFKC), '^[[:space:]]+|[[:space:]]+$', '', 'g')) "
-    "SELECT DISTINCT f.subject FROM fact_versions f, asked WHERE f.tenant = %(t)s AND f.subject <> %(s)s "
-    "AND fact_about(f.subject, f.entities, f.key) && fact_about(asked.s, '{}'::text[], NULL) "
-    "AND lower(btrim(normalize(f.subject, NFKC))) = lower(asked.s) "
+    "SELECT DISTINCT f.subject FROM fact_versions f WHERE f.tenant = %(t)s AND f.subject <> %(s)s "
+    "AND f.about && %(about)s::text[] "
     "AND NOT EXISTS (SELECT 1 FROM events e WHERE e.tenant = %(t)s AND e.subject = %(s)s) "
     "AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.tenant = %(t)s AND d.subject = %(s)s) "
-    "ORDER BY 1 LIMIT 5"
+    "ORDER BY 1 LIMIT 1000"
 )
 
 
 async def look_alike_subjects(conn: psycopg.AsyncConnection, tenant: str, subject: str) -> list[str]:
-    """Up to five other subjects of `tenant` that read as `subject` and hold facts, when `subject` has no record
-    (no event, no refused record filed under it): what a caller erasing `subject` most likely meant."""
-    cur = await conn.execute(_LOOK_ALIKES, {"t": tenant, "s": subject})
-    return [row[0] for row in await cur.fetchall()]
+    """Up to five other subjects of `tenant` that read as `subject` (case, width, Unicode form, white space at the
+    ends: the cues' normal form, as recall reads ids) and hold facts, when `subject` has no record (no event, no
+    refused record filed under it): what a caller erasing `subject` most likely meant."""
+    norm = normalize_entity(subject)
+    cur = await conn.execute(_LOOK_ALIKES, {"t": tenant, "s": subject, "about": [about_entry(norm)]})
+    return [other for (other,) in await cur.fetchall() if normalize_entity(other) == norm][:5]
 
 
 async def event_effect(

@@ -56,6 +56,7 @@ from projections.postgres.positioned import (
     connect,
     letter_tenant,
 )
+from projections.search.cues import about_entries
 from projections.versions import Mark, Route, Version, additions, fact_of, plan, route
 
 if TYPE_CHECKING:
@@ -547,7 +548,7 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
                 [list(col) for col in zip(*[(*v.derived(), v.version_id) for v in updates], strict=True)],
             )
         if inserts:  # new version_ids only (their events were just logged as new): a plain INSERT
-            rows = Jsonb([_ROW(v) for v in inserts])
+            rows = Jsonb([(*_ROW(v), about_entries(v.subject, v.entities, v.key)) for v in inserts])
             cur.execute(_INSERT_VERSIONS, {"rows": rows, "consumer": self.consumer, "topic": self.topic})
             counts.update((v.tenant, VERSIONS) for v in inserts)
         touched = [*inserts, *updates]
@@ -727,11 +728,12 @@ _TYPED = {
         "(r->>{})::timestamptz",
     ),
 }  # the rest: text
+# then what the version is about (schema.sql: `about`, cues.about_entries: Python's normal form, which SQL's lacks),
 # and what a receipt cites of each (schema.sql: `fingerprint`, `link`), from its event's row and its record's link
 # written before it in this transaction: two scalar primary-key lookups in the same statement (a join to the batch made
 # the planner hash the whole tables), no round trip of their own
 _INSERT_VERSIONS = sql.SQL(
-    "INSERT INTO fact_versions ({}, fingerprint, link) SELECT {}, "
+    "INSERT INTO fact_versions ({}, about, fingerprint, link) SELECT {}, " + _TEXTS.format(len(VERSION_COLUMNS)) + ", "
     "(SELECT e.fingerprint FROM events e WHERE e.tenant = r->>{tenant} AND e.event_id = r->>{event_id}), "
     "(SELECT l.link FROM chain_links l WHERE l.consumer = %(consumer)s AND l.topic = %(topic)s "
     'AND l."partition" = (r->>{partition})::int AND l."offset" = (r->>{offset})::bigint) '

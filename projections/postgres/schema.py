@@ -1,4 +1,4 @@
-"""Create the projection's tables in a schema, idempotently (`schema.sql`).
+"""Create the projection's tables in a schema, idempotently (`schema.sql`), and fill once what a newer column needs.
 
 A schema of an older layout (events keyed by event_id alone, no fingerprints,
 no erased_events) is refused with `SchemaOutdated` instead of half-working: `ledger rebuild`
@@ -11,6 +11,9 @@ from importlib.resources import files
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from projections.search.cues import about_entries
 
 __all__ = [
     "LAYOUT",
@@ -60,6 +63,30 @@ def create_schema(conn: psycopg.Connection, schema: str) -> None:
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
         conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
         conn.execute(schema_sql())
+        _fill_about(conn)
+
+
+_FILL_ROWS = 5000  # rows per statement of the one-time fill
+
+
+def _fill_about(conn: psycopg.Connection) -> None:
+    """Once per schema, in its creator's transaction: the `about` of rows written before the column (schema.sql),
+    computed as the recorder computes it (in Python: SQL has no casefold)."""
+    if conn.execute("SELECT 1 FROM meta WHERE name = 'version_about'").fetchone():
+        return
+    last = ""
+    while rows := conn.execute(
+        "SELECT version_id, subject, entities, key FROM fact_versions WHERE about IS NULL AND version_id > %s "
+        "ORDER BY version_id LIMIT %s",
+        (last, _FILL_ROWS),
+    ).fetchall():
+        conn.execute(
+            "UPDATE fact_versions f SET about = ARRAY(SELECT jsonb_array_elements_text(x.value)) "
+            "FROM jsonb_each(%s) AS x WHERE f.version_id = x.key",
+            (Jsonb({vid: about_entries(subject, entities, key) for vid, subject, entities, key in rows}),),
+        )
+        last = rows[-1][0]
+    conn.execute("INSERT INTO meta (name, value) VALUES ('version_about', 'filled at ' || now())")
 
 
 def copy_erasure_salt(conn: psycopg.Connection, source: str, target: str) -> bool:

@@ -329,29 +329,20 @@ ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS tenant text;
 ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS event_id text;
 CREATE INDEX IF NOT EXISTS dead_letters_event ON dead_letters (tenant, event_id) WHERE event_id IS NOT NULL;
 
--- What each version is about, normalized as recall's cues are (projections.search.cues: normalize_entity of its
--- entities, subject_ids of its subject), for recall's exact stage to find it in PostgreSQL before the search index
--- has its document (projections.search.recall.current): each id as `length:id`, and, when the version has a key,
--- each id with it as `length:id:key` (the length makes either spelling unambiguous whatever id and key hold). An
+-- What each version is about, normalized as recall's cues are (projections.search.cues.about_entries: its subject's
+-- ids and its entities in the cues' normal form), for recall's exact stage to find it in PostgreSQL before the search
+-- index has its document (projections.search.recall.current): each id as `length:id`, and, when the version has a
+-- key, each id with it as `length:id:key` (the length makes either spelling unambiguous whatever id and key hold). An
 -- ask naming keys looks up the pairs, so it reads the versions of those keys, not every version of a heavy entity.
+-- Written by the recorder in Python, whose casefold SQL's `lower` is not (`ß`, a final `ς`, a dotted `İ`, white
+-- space other than spaces); in a schema whose rows predate the column, filled once by projections.postgres.schema.
 -- Without the fast-update pending list: under steady ingest every lookup scanned the list (up to 4 MB) before the
--- index. The index over the bare ids it replaces is dropped (docs/INTERNALS.md, "Exact answers from PostgreSQL").
-CREATE OR REPLACE FUNCTION fact_about(subject text, entities text[], key text) RETURNS text[]
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    WITH ids(x) AS (
-        SELECT DISTINCT x FROM (
-            SELECT lower(btrim(normalize(e, NFKC))) FROM unnest(entities) e
-            UNION ALL SELECT n FROM (SELECT lower(btrim(normalize(subject, NFKC))) AS n) s
-            UNION ALL SELECT btrim(substr(n, strpos(n, ':') + 1)) FROM (SELECT lower(btrim(normalize(subject, NFKC))) AS n) s
-        ) named(x)
-    )
-    SELECT array_agg(y) FROM (
-        SELECT length(x) || ':' || x FROM ids
-        UNION ALL SELECT length(x) || ':' || x || ':' || key FROM ids WHERE key IS NOT NULL
-    ) entries(y)
-$$;
-CREATE INDEX IF NOT EXISTS fact_versions_about ON fact_versions USING gin (fact_about(subject, entities, key))
-    WITH (fastupdate = off);
+-- index. The indexes over the SQL functions it replaces are dropped (docs/INTERNALS.md, "Exact answers from
+-- PostgreSQL").
+ALTER TABLE fact_versions ADD COLUMN IF NOT EXISTS about text[];
+CREATE INDEX IF NOT EXISTS fact_versions_about_ids ON fact_versions USING gin (about) WITH (fastupdate = off);
+DROP INDEX IF EXISTS fact_versions_about;
+DROP FUNCTION IF EXISTS fact_about(text, text[], text);
 DROP INDEX IF EXISTS fact_versions_ids;
 DROP FUNCTION IF EXISTS fact_ids(text, text[]);
 

@@ -24,6 +24,8 @@ __all__ = [
     "Cues",
     "TimeRange",
     "Vocabulary",
+    "about_entries",
+    "about_entry",
     "canonical",
     "embedding_text",
     "event_types_in",
@@ -93,6 +95,24 @@ def subject_ids(subject: str) -> list[str]:
         if bare and bare not in out:
             out.append(bare)
     return out
+
+
+def about_entry(id_: str, key: str | None = None) -> str:
+    """One entry of what a version is about, as PostgreSQL indexes it (schema.sql's `fact_versions.about`):
+    `length:id`, or with a key `length:id:key` (the length keeps `p1` with key `x:y` apart from `p1:x` with key `y`;
+    code points, as PostgreSQL counts characters)."""
+    return f"{len(id_)}:{id_}" if key is None else f"{len(id_)}:{id_}:{key}"
+
+
+def about_entries(subject: str, entities: Iterable[str], key: str | None) -> list[str]:
+    """What a version is about for recall's exact stage in PostgreSQL: its ids as its search document holds them
+    (`subject_ids`, `normalize_entity`), each alone and, when it has a key, with it. Computed here rather than in
+    SQL, whose `lower` differs from `casefold` (`ß`, a final `ς`, a dotted `İ`, white space other than spaces)."""
+    ids = dict.fromkeys([*subject_ids(subject), *(normalize_entity(e) for e in entities)])
+    entries = [about_entry(i) for i in ids]
+    if key is not None:
+        entries += [about_entry(i, key) for i in ids]
+    return entries
 
 
 def key_phrases(key: str | None) -> list[str]:

@@ -17,15 +17,15 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from projections.postgres.queries import holds_at_sql
-from projections.search.cues import event_types_in, key_phrases, normalize_entity, subject_ids
+from projections.search.cues import about_entry, event_types_in, key_phrases, normalize_entity, subject_ids
 from projections.search.recall.model import Candidate, Scope
 from projections.search.vocab import NEWEST_SQL
 
 __all__ = ["exact_current", "exact_current_marked"]
 
-# what a version is about (schema.sql's fact_about, GIN-indexed): its ids normalized as the cues are, in SQL, and with
-# keys the (id, key) pairs, so an ask for one key of an entity with thousands of facts reads that key's versions
-_ABOUT = "fact_about(f.subject, f.entities, f.key) && %(about)s::text[]"
+# what a version is about (schema.sql's `about`, GIN-indexed): its ids normalized as the cues are, and with keys the
+# (id, key) pairs, so an ask for one key of an entity with thousands of facts reads that key's versions
+_ABOUT = "f.about && %(about)s::text[]"
 _COLUMNS = (
     "f.version_id, f.memory_id, f.subject, f.entities, f.key, f.scope, f.kind, f.content, f.aliases, f.tags, "
     "f.source, f.valid_from, f.observed_at"
@@ -75,11 +75,10 @@ def _query(
 
 
 def _about(ids: Sequence[str], keys: Sequence[str] = ()) -> list[str]:
-    """The entries of schema.sql's fact_about to look up: `length:id`, or with keys `length:id:key` for every pair
-    (lengths in code points, as PostgreSQL counts characters)."""
+    """The entries of `about` to look up (cues.about_entry): each id, or with keys every (id, key) pair."""
     if keys:
-        return [f"{len(i)}:{i}:{k}" for i in ids for k in keys]
-    return [f"{len(i)}:{i}" for i in ids]
+        return [about_entry(i, k) for i in ids for k in keys]
+    return [about_entry(i) for i in ids]
 
 
 def _selected(row: dict[str, Any], scope: Scope, keys: Sequence[str], event_types: Sequence[str]) -> bool:
