@@ -407,6 +407,15 @@ def _trusted(settings: Settings) -> set[bytes]:
     return keys
 
 
+def _b64_one_spelling(text: str) -> bytes:
+    """The bytes of `text` if it is their one base64 spelling, else ValueError: decoding ignores the bits a last
+    character leaves unused, so 16 texts read as one 64-byte signature, and a receipt changed there would verify."""
+    raw = base64.b64decode(text, validate=True)
+    if base64.b64encode(raw).decode("ascii") != text:
+        raise ValueError("not the canonical base64 of its bytes")
+    return raw
+
+
 def signature_state(
     settings: Settings, receipt: Mapping[str, Any]
 ) -> Literal["valid", "invalid", "unsigned", "untrusted"]:
@@ -415,8 +424,8 @@ def signature_state(
         return "unsigned"
     body = {k: v for k, v in receipt.items() if k != "signature"}
     try:
-        public = base64.b64decode(str(receipt.get("public_key") or ""), validate=True)
-        sig = base64.b64decode(str(signature), validate=True)
+        public = _b64_one_spelling(str(receipt.get("public_key") or ""))
+        sig = _b64_one_spelling(str(signature))
     except ValueError:
         return "invalid"
     try:
