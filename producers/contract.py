@@ -7,6 +7,7 @@ module parses event JSON.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -230,25 +231,28 @@ _JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:,]')
 
 
 def _top_level_text(raw: bytes) -> dict[str, Any]:
-    """The text fields of the object `raw` holds, at its top level; what is nested inside them is skipped."""
+    """The text fields of the object `raw` holds, at its top level; what is nested inside them is skipped. Of a name
+    given twice the last value counts, as every JSON parser here reads it (a name whose last value is not text is
+    left out), so the record names the tenant its parsed form does."""
     out: dict[str, Any] = {}
-    depth, last, key = 0, b"", None
+    depth, last, name = 0, b"", None
     for token in _JSON_TOKEN.finditer(raw):
         t = token.group()
+        if name is not None:  # the token after a top-level name's colon: its text, or what follows another value
+            try:
+                out[json.loads(name)] = json.loads(t) if t.startswith(b'"') else None
+            except ValueError:  # not UTF-8: no text
+                with contextlib.suppress(ValueError):
+                    out[json.loads(name)] = None
+            name = None
         if t in (b"{", b"["):
             depth += 1
         elif t in (b"}", b"]"):
             depth -= 1
         elif t == b":" and depth == 1 and last.startswith(b'"'):
-            key = last
-        elif t.startswith(b'"') and depth == 1 and key is not None and last == b":":
-            try:
-                out.setdefault(json.loads(key), json.loads(t))
-            except ValueError:  # not UTF-8: no text
-                pass
-            key = None
+            name = last
         last = t
-    return out
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def named_subject(raw: bytes | None) -> str | None:
@@ -962,8 +966,8 @@ def load_record(raw: bytes | None, max_bytes: int) -> Any:
 def read_record(raw: bytes | None, max_bytes: int) -> tuple[Any, bool]:
     """`load_record`, and whether validation may leave out the walk for what no store could keep: orjson read the
     bytes and `storable_json` clears them."""
-    if raw is None:
-        raise InvalidEvent("empty", "the record has no value")
+    if not raw:  # a null value (a tombstone) or zero bytes: nothing to read, not JSON gone wrong
+        raise InvalidEvent("empty", "the record has no value" if raw is None else "the record's value is 0 bytes")
     if len(raw) > max_bytes:
         raise InvalidEvent("too_large", f"{len(raw)} bytes is more than {max_bytes}")
     try:

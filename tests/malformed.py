@@ -44,7 +44,7 @@ def malformed_corpus(tenant: str, subject: str, seed: int = 5) -> list[tuple[byt
     good = orjson.dumps(_valid(r, tenant, subject))
     corpus: list[tuple[bytes, str]] = [
         (good[: len(good) // 2], "bad_json"),  # truncated JSON
-        (b"", "bad_json"),
+        (b"", "empty"),
         (b"not json at all", "bad_json"),
         (b"\xff\xfe\x00garbage", "bad_json"),  # not UTF-8
         (b"[1, 2, 3]", "not_an_object"),

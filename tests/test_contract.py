@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from datetime import UTC, datetime, timedelta, timezone
@@ -343,7 +344,7 @@ def test_too_large_record_is_refused_before_parsing() -> None:
     ("raw", "code"),
     [
         (b"{not json", "bad_json"),
-        (b"", "bad_json"),
+        (b"", "empty"),
         (b"\xff\xfe", "bad_json"),
         (b"[1, 2]", "not_an_object"),
         (b'"an event"', "not_an_object"),
@@ -686,3 +687,23 @@ def test_records_held_by_a_batch_cost_no_page_fault_each() -> None:
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
         del held
     assert faults / (2 * len(events)) < 0.25, faults
+
+
+def test_a_record_past_the_parsers_depth_names_the_fields_its_parsed_form_would() -> None:
+    """The class: the token reader that names a record nested past the parser (contract.claimed_fields) reads its
+    top-level text fields as the parser reads them, a name given twice included (the last counts), so a refused
+    record's tenant never depends on how deep it is nested."""
+    from producers.contract import _top_level_text, claimed_fields
+
+    values = ['"acme"', '"globex"', "7", "null", "[1]", '{"tenant": "x"}', '"a\\"b"', '"\\u00e9"']
+    records = [
+        "{" + ", ".join(f'"{name}": {v}' for name, v in pairs) + "}"
+        for a, b, c in itertools.product(values, repeat=3)
+        for pairs in ((("tenant", a), ("event_id", b), ("tenant", c)), (("tenant", a), ("tenant", b), ("x", c)))
+    ]
+    for raw in records:
+        parsed = {k: v for k, v in json.loads(raw).items() if isinstance(v, str)}
+        assert _top_level_text(raw.encode()) == parsed, raw
+    deep = "[" * 5000 + "1" + "]" * 5000
+    raw = f'{{"tenant": "globex", "event_id": "e", "value": {deep}, "tenant": "acme"}}'.encode()
+    assert claimed_fields(raw) == {"tenant": "acme", "event_id": "e"}

@@ -178,7 +178,8 @@ SCHEMA_REFUSES = {
     "too_large: -event_id -key -observed_at -subject -tenant -value content='xxxxxxxxxxxxxxxxxxxxxxxxxxxxx...",
 }
 DOOR_ONLY = {
-    "bad_json: not JSON",  # four records: truncated, empty, text, not UTF-8 (no JSON parser reads them)
+    "bad_json: not JSON",  # three records: truncated, text, not UTF-8 (no JSON parser reads them)
+    "empty: not JSON",  # zero bytes
     "missing_field: -content",  # memory.asserted needs content (a rule between fields)
     "missing_field: -key",  # ... and a key unless episodic
     "invalid_time: observed_at='2026-13-45T99:00:00Z'",  # digits in the right places (format date-time: see below)
