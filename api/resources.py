@@ -1,7 +1,8 @@
 """What the API holds open across requests, opened and closed in one place.
 
     async with Resources.open(settings) as res:
-        res.pool, res.es, res.producer, res.recall, res.access, res.offload, res.kafka_probe, res.door_check
+        res.pool, res.es, res.producer, res.recall, res.access, res.offload, res.kafka_probe, res.door_check,
+        res.publishes
 
 Only the FastAPI lifespan (api.main) opens them, and routes reach them through api.deps, so no route creates or
 caches a resource. Nothing here knows FastAPI: another front end (the MCP server) opens its own or shares the app's.
@@ -16,6 +17,7 @@ import contextlib
 import logging
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -36,7 +38,7 @@ from projections.search.recall import RecallEngine
 
 GIL_SWITCH_INTERVAL_S = 0.0005  # see Resources.open: the longest the event loop waits for a busy thread
 
-__all__ = ["Backoff", "ProbeCache", "Resources"]
+__all__ = ["Backoff", "Position", "ProbeCache", "Publishes", "Resources"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,39 @@ class Backoff:
         self.until = time.monotonic() + seconds
 
 
+Position = tuple[int, int]  # (partition, offset) of a published record
+
+
+class Publishes:
+    """This process's publishes by (tenant, event_id, fingerprint): the same event asked again while it is in flight
+    waits for it instead of publishing it again, and asked again once published is answered its position (its
+    record is in the ledger: acks=all). Remembered until `remember` later ones are done; one that failed is
+    forgotten at once, so the next ask publishes it."""
+
+    def __init__(self, remember: int = 10_000) -> None:
+        self._remember = remember
+        self._futures: OrderedDict[tuple[str, str, str], asyncio.Future[Position | None]] = OrderedDict()
+
+    def get(self, key: tuple[str, str, str]) -> asyncio.Future[Position | None] | None:
+        return self._futures.get(key)
+
+    def start(self, key: tuple[str, str, str]) -> None:
+        self._futures[key] = asyncio.get_running_loop().create_future()
+
+    def finish(self, key: tuple[str, str, str], position: Position | None) -> None:
+        future = self._futures.get(key)
+        if future is None:
+            return
+        if not future.done():
+            future.set_result(position)
+        if position is None:
+            del self._futures[key]
+            return
+        self._futures.move_to_end(key)
+        while len(self._futures) > self._remember and next(iter(self._futures.values())).done():
+            self._futures.popitem(last=False)
+
+
 @dataclass(eq=False)
 class Resources:
     """The API's stores and long-lived helpers (see the module docstring); build it with `Resources.open`."""
@@ -95,6 +130,7 @@ class Resources:
     rerank_warmup: asyncio.Task | None = None  # the cross-encoder (recall.rerank), loaded the same way
     kafka_probe: ProbeCache = field(default_factory=ProbeCache)
     door_check: Backoff = field(default_factory=Backoff)
+    publishes: Publishes = field(default_factory=Publishes)  # api.writes.publish_events: one publish per event
     pool_check: asyncio.Task | None = None  # `postgres_failed`'s check of the idle connections, one at a time
 
     def postgres_failed(self) -> None:

@@ -23,7 +23,7 @@ from api.deps import check_tenant
 from api.errors import ApiError, store_unavailable
 from api.judging import conflict, invalid, judge, refused
 from api.requests import ForgetParams
-from api.resources import Resources
+from api.resources import Position, Publishes, Resources
 from producers.consistency import token_of
 from producers.contract import (
     EventType,
@@ -159,6 +159,8 @@ async def publish_events(
 
     # every id is claimed, generated ones too: GET /v1/events/{event_id} then says `pending` until it is applied
     claims, skipped = await _claims(res, settings, [(*key, fp) for key, fp in fingerprints.items()])
+    # an event not applied yet that this process publishes or published: answered its position, not sent again
+    published, mine = await _published_here(res.publishes, first, claims, fingerprints)
 
     def answer_and_publish() -> tuple[PublishError | None, list[MemoryEvent]]:
         """Answer each id from its claim and publish the new ones (the broker's failure, the events the producer
@@ -166,7 +168,9 @@ async def publish_events(
         to_send: list[tuple[int, MemoryEvent]] = []
         for key, (i, event) in first.items():
             claim = claims.get(key)
-            if claim is None or claim.state in ("new", "claimed"):  # "claimed": a retry in flight, applied once
+            if key in published:
+                results[i] = _accepted(event, *published[key], duplicate=True)
+            elif claim is None or claim.state in ("new", "claimed"):  # "claimed": another process's, applied once
                 to_send.append((i, event))
             elif claim.state == "applied":  # a retry of an applied event: nothing published again
                 results[i] = _accepted(event, claim.partition, claim.offset, duplicate=True)
@@ -195,7 +199,14 @@ async def publish_events(
                     results[i] = _accepted(event, outcome.partition, outcome.offset)
         return broker_failure, unsent
 
-    broker_failure, unsent = await run_in_threadpool(answer_and_publish)
+    try:
+        broker_failure, unsent = await run_in_threadpool(answer_and_publish)
+    finally:  # what waits for these publishes learns their positions, or that they failed and are its to send
+        for key in mine:
+            i, _event = first[key]
+            done = results[i]
+            sent = done is not None and done["accepted"] and done.get("partition") is not None
+            res.publishes.finish((*key, fingerprints[key]), (done["partition"], done["offset"]) if sent else None)
     if unsent and skipped is None:
         await _release(res, settings, unsent)
     for i, event, j in repeats:  # the same event twice in one request: published once, both answered alike
@@ -224,6 +235,33 @@ async def publish_events(
             detail = [r["error"] for r in done if not r["accepted"]]
         payload = {"detail": detail, **payload}
     return status, payload
+
+
+async def _published_here(
+    publishes: Publishes,
+    first: dict[tuple[str, str], tuple[int, MemoryEvent]],
+    claims: dict[tuple[str, str], Any],
+    fingerprints: dict[tuple[str, str], str],
+) -> tuple[dict[tuple[str, str], Position], list[tuple[str, str]]]:
+    """Of the events to publish (no claim, or claimed and not applied): the positions of those this process
+    published with the same content, after waiting for those it is publishing, and the keys of the rest, now this
+    request's to publish (`Publishes.start`ed: the caller `finish`es each). It waits holding none of its own, and
+    starts its own with no wait between look-up and start, so two requests never wait for each other."""
+    to_publish = [key for key, _ in first.items() if claims.get(key) is None or claims[key].state in ("new", "claimed")]
+    waits = {key: f for key in to_publish if (f := publishes.get((*key, fingerprints[key]))) is not None}
+    for future in waits.values():
+        await asyncio.shield(future)
+    published: dict[tuple[str, str], Position] = {}
+    mine: list[tuple[str, str]] = []
+    for key in to_publish:
+        future = publishes.get((*key, fingerprints[key]))
+        if future is not None and future.done() and future.result() is not None:
+            published[key] = future.result()  # type: ignore[assignment]
+        elif future is None:
+            publishes.start((*key, fingerprints[key]))
+            mine.append(key)
+        # else: started by another request while this one waited: published again, applied once
+    return published, mine
 
 
 def _relative(field: str | None) -> str | None:

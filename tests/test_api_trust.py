@@ -756,6 +756,30 @@ def test_class10_an_erasure_of_a_look_alike_spelling_is_refused_naming_the_subje
     assert c.get(f"/v1/subjects/{quote(real)}/facts", params={"tenant": A}, headers=HA).json()["facts"] == []
 
 
+def test_class2_the_same_event_asked_at_once_or_again_before_it_is_applied_is_published_once(applied: Pipeline) -> None:
+    """The class: a door published again an event claimed and not seen applied yet, so identical requests in flight
+    at once (six MCP `remember`s) each wrote a record and were each told another position. Within one process they
+    wait for the first publish and are answered its position, one of them as the original; so is a retry made
+    before the event is applied. Nothing but the first reaches the topic."""
+    from api.writes import publish_events
+
+    sent = event("user:co1", event_id="CO1")
+
+    async def storm() -> list[dict[str, Any]]:
+        async with Resources.open(applied.settings, warm_embedder=False) as res:
+            asks = [publish_events(res, frozenset({A}), [dict(sent)]) for _ in range(8)]
+            answers = [body for _, body in await asyncio.gather(*asks)]
+            _, again = await publish_events(res, frozenset({A}), [dict(sent)])
+            return [body["results"][0] for body in [*answers, again]]
+
+    before = sum(end_offsets(applied.settings).values())
+    results = asyncio.run(storm())
+    assert all(r["accepted"] for r in results), results
+    assert len({(r["partition"], r["offset"]) for r in results}) == 1, results
+    assert sum(not r["duplicate"] for r in results) == 1, results
+    assert sum(end_offsets(applied.settings).values()) == before + 1
+
+
 async def _mcp_forget(applied: Pipeline, arguments: dict[str, Any]) -> Any:
     from api.mcp.tools import TOOLS, run_tool
 
