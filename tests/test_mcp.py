@@ -427,23 +427,37 @@ def test_a_lone_surrogate_in_any_argument_is_a_tool_error_naming_it(stack: dict[
 def test_a_call_of_no_tool_or_with_arguments_that_are_no_object_is_a_tool_error_in_the_one_shape(
     stack: dict[str, Any],
 ) -> None:
-    """The SDK answers a tool name nobody has in plain text, and arguments that are no object with a JSON-RPC
-    error; over HTTP both are the tool error of the API's one shape, naming what is wrong, like any bad call."""
+    """The SDK answers a tool name nobody has in plain text, arguments that are no object with a JSON-RPC error, and
+    arguments nested past its parser's depth with a parse error of valid JSON; over HTTP each is the tool error of
+    the API's one shape, naming what is wrong, like any bad call, however the method's name is escaped. A
+    notification (no id) is answered nothing, as any notification."""
     headers = {"authorization": "Bearer k-acme", "accept": "application/json, text/event-stream"}
     headers["content-type"] = "application/json"
+    deep = {n: b"[" * n + b"1" + b"]" * n for n in (150, 1000)}
+    too_deep = ".".join(["value"] + ["0"] * 32)
     for name, arguments, status, code, field in (
         (b'"nope"', b"{}", 404, "not_found", "name"),
         (b'"recall"', b'["q"]', 422, "not_an_object", "arguments"),
         (b'"recall"', b'"q"', 422, "not_an_object", "arguments"),
         (b'"nope"', b'["q"]', 404, "not_found", "name"),
+        *(
+            (b'"remember"', b'{"subject": "u", "key": "k", "content": "c", "value": %s}' % v, 422, "too_deep", too_deep)
+            for v in deep.values()
+        ),
     ):
-        call = b'{"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": %s, "arguments": %s}}'
-        r = httpx.post(stack["mcp_url"], headers=headers, content=call % (name, arguments), timeout=60)
-        assert r.status_code == 200, r.text
-        answer = r.json()
-        assert answer["id"] == 9 and answer["result"]["isError"], answer
-        body = orjson.loads(answer["result"]["content"][0]["text"])
-        assert (body["status"], body["detail"][0]["code"], body["detail"][0]["field"]) == (status, code, field), body
+        for method in (b'"tools/call"', b'"tools\\/call"', b'"tools\\u002fcall"'):
+            params = b'"params": {"name": %s, "arguments": %s}' % (name, arguments)
+            call = b'{"jsonrpc": "2.0", "id": 9, "method": %s, %s}' % (method, params)
+            r = httpx.post(stack["mcp_url"], headers=headers, content=call, timeout=60)
+            assert r.status_code == 200, r.text
+            answer = r.json()
+            assert answer["id"] == 9 and answer["result"]["isError"], answer
+            body = orjson.loads(answer["result"]["content"][0]["text"])
+            got = (body["status"], body["detail"][0]["code"], body["detail"][0]["field"])
+            assert got == (status, code, field), (method, body)
+            notified = b'{"jsonrpc": "2.0", "method": %s, %s}' % (method, params)
+            r = httpx.post(stack["mcp_url"], headers=headers, content=notified, timeout=60)
+            assert (r.status_code, r.content) == (202, b""), (method, name, r.status_code, r.text[:300])
 
 
 def test_stdio_refuses_to_start_without_a_known_key(stack: dict[str, Any]) -> None:

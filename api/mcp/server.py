@@ -36,7 +36,7 @@ from api.mcp.auth import KeyVerifier, caller_tenants, check_admin, with_tenant
 from api.mcp.tools import TOOLS, ToolSpec, error_result, run_tool
 from api.request_guard import replay
 from api.resources import Resources
-from producers.contract import read_json
+from producers.contract import MAX_VALUE_DEPTH, read_json
 from producers.settings import Settings
 
 __all__ = ["INSTRUCTIONS", "MCP_PATH", "build_server", "http_app"]
@@ -189,7 +189,7 @@ def _in_one_shape(endpoint: ASGIApp) -> ASGIApp:
         body, receive = await _whole_body(receive)
         refused = _tool_call_refusal(body)
         if refused is not None:
-            await JSONResponse(refused)(scope, receive, send)
+            await refused(scope, receive, send)
             return
         await endpoint(scope, receive, _plain_refusals_in_one_shape(send))
 
@@ -216,15 +216,14 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _TOOL_NAMES = frozenset(spec.name for spec in TOOLS)
 
 
-def _tool_call_refusal(body: bytes) -> dict[str, Any] | None:
+def _tool_call_refusal(body: bytes) -> Response | None:
     """The JSON-RPC answer to a tool call the SDK would refuse in its own words, as the tool error of the one shape:
     a name no tool has (404 naming `name`; the SDK answered plain text), arguments that are no object (422 naming
     `arguments`; the SDK answered a JSON-RPC error), a lone surrogate in them (a JSON escape of one, which a
     JavaScript string cut inside an emoji gives: 422 `unstorable_text` naming the argument, where the SDK's parser
-    would answer a parse error of valid JSON). None for any other request."""
-    if b"tools/call" not in body:
-        return None
-    try:
+    would answer a parse error of valid JSON), arguments nested past the SDK's parser (422 `too_deep` naming the
+    path). A notification of such a call is answered nothing (202). None for any other request."""
+    try:  # every body, not only those spelling `tools/call` as such: JSON may escape any of its characters
         message = read_json(body)
     except (ValueError, RecursionError):
         return None
@@ -237,6 +236,8 @@ def _tool_call_refusal(body: bytes) -> dict[str, Any] | None:
         item = {"code": "not_found", "field": "name", "message": "no tool has this name (tools/list lists them)"}
     elif not isinstance(arguments, dict):
         item = {"code": "not_an_object", "field": "arguments", "message": "a tool's arguments are a JSON object"}
+    elif (deep := _nested_past_the_parser(arguments)) is not None:
+        item = {"code": "too_deep", "field": deep, "message": f"is nested deeper than {MAX_VALUE_DEPTH} levels"}
     elif _SURROGATE_ESCAPE.search(body) is not None:
         for key, value in arguments.items():
             field = "arguments" if _lone_surrogate_in(key) else key if _lone_surrogate_in(value) else None
@@ -245,12 +246,30 @@ def _tool_call_refusal(body: bytes) -> dict[str, Any] | None:
                 break
     if item is None:
         return None
+    if "id" not in message:  # a notification: answered nothing, as the SDK answers one it takes
+        return Response(status_code=202)
     status = 404 if item["code"] == "not_found" else 422
     result = error_result(status, item).model_dump(by_alias=True, exclude_none=True, mode="json")
-    return {"jsonrpc": "2.0", "id": message.get("id"), "result": result}
+    return JSONResponse({"jsonrpc": "2.0", "id": message.get("id"), "result": result})
 
 
 _LONE_SURROGATE = "contains a lone surrogate, which is not valid Unicode text"
+# arguments nested past this are refused here: the SDK's JSON parser stops not far above it, answering valid JSON
+# with a parse error, where a tool refuses anything past MAX_VALUE_DEPTH as `too_deep` naming the path
+_PARSER_DEPTH = 100
+
+
+def _nested_past_the_parser(arguments: dict[str, Any]) -> str | None:
+    """The path (as the contract names one: `value.0.0...`, MAX_VALUE_DEPTH + 1 parts deep) into the first
+    argument nested past _PARSER_DEPTH, else None. Iterative: orjson reads 1,024 levels, more than Python recurses."""
+    stack: list[tuple[Any, tuple[str, ...]]] = [({k: v}, ()) for k, v in reversed(arguments.items())]
+    while stack:
+        value, path = stack.pop()
+        if len(path) > _PARSER_DEPTH:
+            return ".".join(path[: MAX_VALUE_DEPTH + 1])
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        stack.extend((v, (*path, str(k))) for k, v in reversed(list(items)))
+    return None
 
 
 def _lone_surrogate_in(value: Any) -> bool:
