@@ -418,3 +418,19 @@ def test_every_time_word_at_the_edges_of_the_calendar_is_a_range_inside_it_or_no
         time = extract(question, VOCAB, at).time
         if time is not None:
             assert datetime.min.replace(tzinfo=UTC) <= time.start <= time.end, (question, time)
+
+
+def test_an_id_or_alias_of_stop_words_only_is_no_cue_unless_spelled_out_whole():
+    """The class: a subject's bare id (`a` of `ns:a`, `it` of `team:it`) or a listed entity (`the`) that is a stop
+    word became an entity cue in nearly every question, and the fuzzy stages, narrowed to that entity, lost the fact
+    asked about. Such a phrase is no cue, as a key alias of stop words only never was; the id spelled out whole
+    still names itself."""
+    vocab = Vocabulary.build(
+        subjects=["ns:a", "team:it", "x:the", "我", "user:dave"], entities=["The", "is", "了"],
+        key_aliases=[("car.brand", ["car"])],
+    )  # fmt: skip
+    for question in ("who drives a volvo?", "is it the car of dave?", "我的车是什么了", "what is THE car? a car!"):
+        cues = extract(question, vocab, NOW)
+        assert set(cues.known_entities) <= {"dave"}, (question, cues.known_entities)
+    assert extract("what does ns:a drive?", vocab, NOW).known_entities == ("ns:a",)
+    assert extract("what does team:it own?", vocab, NOW).known_entities == ("team:it",)

@@ -185,6 +185,13 @@ _STOP_UNITS = frozenset(
 _STOP_UNITS = frozenset(_singular(w) for w in _STOP_UNITS)
 
 
+def _names_a_cue(phrase: str) -> bool:
+    """Whether a phrase of the vocabulary (an id's words, a key's alias) is a cue when a question holds it: not
+    when it is stop words only (`a` of `ns:a`, `to` of `reports.to`), which nearly every question holds. An id
+    spelled out whole (`ns:a`) still names itself."""
+    return bool(phrase) and not _STOP_UNITS.issuperset(phrase.split(" "))
+
+
 # The time words, by the range they name (in the order of `_time_words`'s ranges); their lookup forms are computed
 # once here: only the ranges depend on `now`.
 _TIME_PHRASES = (
@@ -337,13 +344,13 @@ class Vocabulary:
         spaces: set[str] = set()
         for e in entities:
             norm = normalize_entity(e)
-            if norm and canonical(norm):
+            if _names_a_cue(canonical(norm)):
                 ents.setdefault(canonical(norm), set()).add(norm)
         for s in subjects:
             for i, sid in enumerate(subject_ids(s)):
                 # a short bare number (`42` of `user:42`) is too common in questions to be a cue by itself;
                 # `user:42` still is, and so is `42` when the events list it as an entity
-                if canonical(sid) and not (i > 0 and sid.isdigit() and len(sid) < 4):
+                if _names_a_cue(canonical(sid)) and not (i > 0 and sid.isdigit() and len(sid) < 4):
                     ents.setdefault(canonical(sid), set()).add(sid)
             if ":" in s:
                 spaces.update(units(s.split(":", 1)[0]))
@@ -351,8 +358,7 @@ class Vocabulary:
         for key, aliases in key_aliases:
             named = [p for p in key_phrases(key) if _reads_as_words(p)]
             for phrase in [*named, *(canonical(a) for a in aliases)]:
-                # a phrase of stop words only (`to` of `reports.to`) is in nearly every question: never a cue
-                if phrase and not _STOP_UNITS.issuperset(phrase.split(" ")):
+                if _names_a_cue(phrase):
                     table.setdefault(phrase, set()).add(key)
         bags: dict[str, set[tuple[str, ...]]] = {}
         for phrase in table:
