@@ -36,3 +36,30 @@ def test_the_cache_holds_at_most_its_bound() -> None:
     for i in range(TEXT_UNITS_CACHED + 500):
         text_units(f"turn {i}")
     assert scoring._kept_units.cache_info().currsize == TEXT_UNITS_CACHED
+
+
+def test_a_hit_names_only_the_entity_cues_that_are_its_own_ids() -> None:
+    """The class: ids whose words are the same (`alice.smith7`, `Alice-Smith7`) are different ids. A hit's
+    explanation named every cue id reading as one of its ids, so each of two such subjects' facts claimed a match
+    on the other's id. A hit names the cue ids it has (as the exact stage matches them); a question in words,
+    which names both, gives each hit its own."""
+    from datetime import UTC, datetime
+
+    from projections.search.cues import Vocabulary, extract
+
+    subjects = ["user:alice.smith7", "user:Alice-Smith7"]
+    vocab = Vocabulary.build(subjects=subjects)
+    now = datetime(2026, 11, 25, tzinfo=UTC)
+    rows = {
+        s: {"subject": s, "entities": [], "content": "phone", "aliases": [], "key": "phone", "scope": ""}
+        for s in subjects
+    }
+    for question, wanted in (
+        ("phone of user:alice.smith7?", {"user:alice.smith7": ["user:alice.smith7"], "user:Alice-Smith7": []}),
+        ("phone of alice.smith7?", {"user:alice.smith7": ["alice.smith7"], "user:Alice-Smith7": []}),
+        ("phone of alice smith7?", {"user:alice.smith7": ["alice.smith7"], "user:Alice-Smith7": ["alice-smith7"]}),
+    ):
+        cues = extract(question, vocab, now)
+        for subject, row in rows.items():
+            found, _ = scoring.matched(row, cues)
+            assert found.get("entities", []) == wanted[subject], (question, subject, found)

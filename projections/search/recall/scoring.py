@@ -15,7 +15,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from projections.search.cues import Cues, canonical, event_types_in, key_phrases, subject_ids, units
+from projections.search.cues import Cues, event_types_in, key_phrases, normalize_entity, subject_ids, units
 from projections.search.recall.model import Match
 from projections.search.recall.prefer import SUBJECT_FACTOR, TIME_FACTOR, subject_preference, time_preference
 
@@ -56,11 +56,6 @@ def _kept_units(text: str) -> frozenset[str]:
     return frozenset(units(text))
 
 
-@lru_cache(maxsize=TEXT_UNITS_CACHED)
-def _canonical(text: str) -> str:
-    return canonical(text)
-
-
 Strength = Callable[[Match, float], float]  # (the match, its overlap) -> its strength in its tier, in [0, 1]
 
 
@@ -95,12 +90,14 @@ def prior(row: dict[str, Any], at: datetime, access: float = 0.0, weight: float 
 
 def matched(row: dict[str, Any], cues: Cues) -> tuple[dict[str, Any], float]:
     """Which cues this row carries, and how much of the query's content it covers (0..1)."""
-    ids = {_canonical(e) for e in row["entities"] or []} | {_canonical(s) for s in subject_ids(row["subject"])}
+    # the row's own ids, as the exact stage matches them: a cue naming `alice.smith` is not one of `Alice-Smith`'s,
+    # although both read as the words `alice smith`
+    ids = {normalize_entity(e) for e in row["entities"] or []} | set(subject_ids(row["subject"]))
     has = text_units(" ".join([row["content"] or "", *(row["aliases"] or []), *key_phrases(row["key"])]))
     counts = cues.unit_counts  # a long query repeats units: count each distinct one once per hit
     overlap = sum(n for u, n in counts.items() if u in has) / len(cues.content_units) if counts else 0.0
     found = {
-        "entities": [e for e in cues.known_entities if _canonical(e) in ids],
+        "entities": [e for e in cues.known_entities if e in ids],
         "keys": [row["key"]] if row["key"] in cues.keys else [],
         # read only when the query names an event type: the content's units again, for most queries in vain
         "event_types": sorted(set(cues.event_types) & set(event_types_in(row["content"] or "")))
