@@ -114,11 +114,13 @@ def _applied(settings: Settings, tenant: str, event_id: str) -> bool:
 
 
 def _states(settings: Settings, schema: str) -> list[tuple[Any, ...]]:
-    """Every letter with its resolution, as stored (the listing's source), in position order."""
+    """Every letter with its resolution and whether it kept its bytes, as stored (the listing's source), in position
+    order."""
     with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
         return conn.execute(
-            f'SELECT d."partition", d."offset", d.tenant, d.code, d.field, r.state, r.event_id, r.by_partition, '
-            f'r.by_offset, r.reason FROM "{schema}".dead_letters d LEFT JOIN "{schema}".dead_letter_resolutions r '
+            f'SELECT d."partition", d."offset", d.tenant, d.code, d.field, r.state, r.event_id, '
+            f'r.by_partition, r.by_offset, r.reason, d.raw IS NULL FROM "{schema}".dead_letters d '
+            f'LEFT JOIN "{schema}".dead_letter_resolutions r '
             'ON r.topic = d.topic AND r."partition" = d."partition" AND r."offset" = d."offset" '
             "AND r.tenant = d.tenant "
             "ORDER BY 1, 2"
@@ -413,6 +415,49 @@ def test_an_erasure_takes_the_letters_filed_under_its_subject_and_counts_them(wo
     assert record["purged"]["postgres"]["dead_letters"] == 3, record
     assert (record["records"]["total"], record["records"]["clear"]) == (4, 4), record  # the fact and the 3 letters
     assert _replayed(world) == _states(world.settings, world.settings.pg_schema)
+
+
+def test_an_erasure_leaves_no_bytes_of_its_subjects_letters_in_other_partitions_whatever_the_order(
+    world: World,
+) -> None:
+    """The class: a record of user:xp sent under another subject's key (so in another partition) or under none is
+    refused and filed under user:xp, but its erasure took only the letters of its own partition: the others kept
+    the record's bytes, personal data the API still opened. A letter of the subject in another partition keeps its
+    place and reason, not its bytes, whether it was recorded before the erasure was applied or after (two partitions
+    have no order); one logged after the erasure in its partition is news and keeps them. A replay of the log in
+    another partition order gives the same letters, and `ledger verify` finds the ledger intact."""
+    from stream_processors.verify import verify
+
+    subject, secret = "user:xp", "xp lives at 12 street"
+    own = f"{A}|{subject}".encode()
+    [(home, _)] = publish_raw(world.settings, [(own, orjson.dumps(wire(subject, tenant=A, event_id="ev-xp-fact")))])
+    keys = [*(f"{A}|user:xp-{n}".encode() for n in range(12)), None, own]
+
+    def refused(n: int) -> list[tuple[bytes | None, bytes]]:  # a record of user:xp (confidence as text) per key
+        return [
+            (k, orjson.dumps(wire(subject, tenant=A, event_id=f"ev-xp-{n}-{i}", confidence="high", content=secret)))
+            for i, k in enumerate(keys)
+        ]
+
+    before = publish_raw(world.settings, refused(1))
+    assert {p for p, _ in before} - {home}, before
+    world.caught_up()
+    erasure = {"type": "subject.erased", "tenant": A, "subject": subject, "event_id": "ev-xp-erase"}
+    publish_raw(world.settings, [(own, orjson.dumps(erasure))])
+    world.caught_up()
+    after = publish_raw(world.settings, refused(2))
+    world.caught_up()
+    letters = world.letters()
+    for at in [*before, *after]:
+        if at[0] == home and at in before:
+            assert at not in letters, at  # taken by the erasure, as ever
+            continue
+        assert at in letters, at
+        opened = world.get(f"/v1/dead-letters/{at[0]}/{at[1]}", tenant=A)
+        assert (secret in orjson.dumps(opened).decode()) == (at[0] == home), (at, opened)
+    assert _replayed(world) == _states(world.settings, world.settings.pg_schema)
+    report = verify(world.settings)
+    assert report.intact, report.as_json()
 
 
 def _letter_resolved_by_user_1(world: World) -> dict[str, Any]:

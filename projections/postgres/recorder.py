@@ -157,21 +157,35 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
 
     def dead_letters(self, cur: psycopg.Cursor, invalid: list[Incoming], result: BatchResult) -> list[DeadLetter]:
         """The base's dead letters, but for records whose subject an erasure logged after them in their partition
-        already took (`_erase`): a replay or a redelivery refusing them again counts them as erased replays."""
-        gone = self._erased_since(cur, invalid)
+        already took (`_erase`): a replay or a redelivery refusing them again counts them as erased replays. A
+        letter whose subject an erasure in another partition names is kept without its bytes, as `_erase` leaves
+        such a letter recorded before it: the two partitions have no order, so either way it ends the same."""
+        gone, elsewhere = self._erased_since(cur, invalid)
         result.erased_replays += len(gone)
-        return super().dead_letters(cur, [r for i, r in enumerate(invalid) if i not in gone], result)
+        letters = super().dead_letters(cur, [r for i, r in enumerate(invalid) if i not in gone], result)
+        redacted = {(invalid[i].partition, invalid[i].offset) for i in elsewhere}
+        new = [
+            (d.record.partition, d.record.offset) for d in letters if (d.record.partition, d.record.offset) in redacted
+        ]
+        if new:
+            cur.execute(
+                'UPDATE dead_letters SET raw = NULL WHERE topic = %s AND ("partition", "offset") IN '
+                "(SELECT * FROM unnest(%s::int[], %s::bigint[]))",
+                (self.topic, [p for p, _ in new], [o for _, o in new]),
+            )
+        return letters
 
-    def _erased_since(self, cur: psycopg.Cursor, records: list[Incoming]) -> set[int]:
-        """Indexes of `records` naming a (tenant, subject) whose erasure is logged after them in their partition."""
+    def _erased_since(self, cur: psycopg.Cursor, records: list[Incoming]) -> tuple[set[int], set[int]]:
+        """Indexes of `records` naming a (tenant, subject) whose erasure is logged after them in their partition,
+        and of the others naming one an erasure in another partition names."""
         named = [(i, letter_tenant(r), claimed_subject(r, keyed=True)) for i, r in enumerate(records)]
         named = [(i, t, s) for i, t, s in named if t and s is not None]
         if not named:
-            return set()
+            return set(), set()
         cur.execute(
-            "SELECT x.i FROM unnest(%s::int[], %s::text[], %s::text[], %s::int[], %s::bigint[]) AS x(i, t, s, p, o) "
-            'WHERE EXISTS (SELECT 1 FROM events e WHERE e.tenant = x.t AND e.subject = x.s AND e."partition" = x.p '
-            "AND e.\"offset\" > x.o AND e.type = 'subject.erased')",
+            'SELECT x.i, bool_or(e."partition" = x.p AND e."offset" > x.o), bool_or(e."partition" <> x.p) '
+            "FROM unnest(%s::int[], %s::text[], %s::text[], %s::int[], %s::bigint[]) AS x(i, t, s, p, o) "
+            "JOIN events e ON e.tenant = x.t AND e.subject = x.s AND e.type = 'subject.erased' GROUP BY x.i",
             (
                 [i for i, _, _ in named],
                 [t for _, t, _ in named],
@@ -180,7 +194,8 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
                 [records[i].offset for i, _, _ in named],
             ),
         )
-        return {i for (i,) in cur.fetchall()}
+        found = cur.fetchall()
+        return {i for i, later, _ in found if later}, {i for i, later, other in found if other and not later}
 
     def prepare(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult) -> list[Incoming]:
         opened, erased = self.open_sealed(cur, records, result)
@@ -610,6 +625,12 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         letters = cur.fetchall()
         for topic, *_ in letters:
             result.counts[(e.tenant, dead_letters_name(topic))] -= 1
+        cur.execute(  # its letters in other partitions (records sent under another key, or none) have no order with
+            # it: each keeps its place and reason, not its bytes (Recorder.dead_letters does the same to a later one)
+            "UPDATE dead_letters SET raw = NULL WHERE tenant = %s AND subject = %s AND topic = %s "
+            'AND "partition" <> %s AND raw IS NOT NULL',
+            (e.tenant, e.subject, record.topic, record.partition),
+        )
         # its refused records are the subject's records in the log too: the erasure record counts them sealed or
         # clear, as what stays readable in the topic is what it must tell
         letter_offsets = [o for _, _, o, _ in letters]
