@@ -270,6 +270,18 @@ def test_discarded_over_mcp_by_an_operator_with_its_reason(world: World) -> None
     replay = world.get("/v1/subjects/user:1/events", tenant=A)["events"]
     discard = [e for e in replay if e["type"] == "deadletter.discarded"]
     assert [e["event"]["dead_letter"] for e in discard] == [{"partition": p, "offset": o}], replay
+    closed = f"closes the dead letter at partition {p}, offset {o} (discarded); no fact"
+    assert [e["effect"]["detail"] for e in discard] == [closed], discard
+    # a discard a raw producer sent naming a letter nobody has is logged, and says it closed none
+    raw = {"type": "deadletter.discarded", "tenant": A, "subject": "user:1", "event_id": "ev-discard-none"}
+    raw |= {"reason": "r", "dead_letter": {"partition": 0, "offset": 10**9}}
+    publish_raw(world.settings, [(f"{A}|user:1".encode(), orjson.dumps(raw))])
+    world.caught_up()
+    replay = world.get("/v1/subjects/user:1/events", tenant=A)["events"]
+    [none] = [e for e in replay if e["event_id"] == "ev-discard-none"]
+    assert none["effect"]["detail"].startswith("closes no dead letter"), none["effect"]
+    for event_id, detail in ((discard[0]["event_id"], closed), ("ev-discard-none", none["effect"]["detail"])):
+        assert world.get(f"/v1/events/{event_id}", tenant=A)["effect"]["detail"] == detail, event_id
     # nothing was deleted; nothing open is left for A; B's letter is still B's and open
     assert world.letters(state="open") == {}
     assert world.letters(B, "key-b")[world.other]["state"] == "open"

@@ -511,7 +511,26 @@ async def subject_events(
         args = _chain_args(tenant, subject, None, below) | {"memory_ids": facts}
         of = "memory_ids" if (more or past is not None) and len(facts) <= _PAGE_FACTS else "subject"
         chain_rows = await _chain_rows(conn, of, _known(None, below), args) if rows else ([], [])
-    return await shaped(len(rows) + len(chain_rows[0]), _ledger_events, rows, chain_rows), more
+        closed = await _letters_closed(conn, tenant, [r[0] for r in rows if route(EventType(r[1])) is Route.RESOLUTION])
+    return await shaped(len(rows) + len(chain_rows[0]), _ledger_events, rows, chain_rows, closed), more
+
+
+async def _letters_closed(conn: psycopg.AsyncConnection, tenant: str, event_ids: list[str]) -> dict[str, str]:
+    """Of these resolution events, those that closed a dead letter of the tenant: event_id -> the detail saying which.
+    A raw one naming a letter that is not the tenant's, or one another resolution closed first, closed none."""
+    if not event_ids:
+        return {}
+    cur = await conn.execute(  # a resolution is recorded whether or not its letter exists (a rebuild may apply it
+        # first): it closed one only where the tenant has that letter, as the listing joins them
+        'SELECT r.event_id, r."partition", r."offset", r.state FROM dead_letter_resolutions r JOIN dead_letters d '
+        'ON d.topic = r.topic AND d."partition" = r."partition" AND d."offset" = r."offset" AND d.tenant = r.tenant '
+        "WHERE r.tenant = %s AND r.event_id = ANY(%s)",
+        (tenant, event_ids),
+    )
+    return {
+        eid: f"closes the dead letter at partition {p}, offset {o} ({state}); no fact"
+        for eid, p, o, state in await cur.fetchall()
+    }
 
 
 # a part of the log (a page with more after it, or after a cursor) naming up to this many facts reads their chains
@@ -520,7 +539,9 @@ async def subject_events(
 _PAGE_FACTS = 256
 
 
-def _ledger_events(rows: list[tuple], chain_rows: tuple[list[tuple], list[tuple]]) -> list[shapes.LedgerEvent]:
+def _ledger_events(
+    rows: list[tuple], chain_rows: tuple[list[tuple], list[tuple]], closed: Mapping[str, str]
+) -> list[shapes.LedgerEvent]:
     done = _effects(*_chains(*chain_rows))
     out: list[shapes.LedgerEvent] = []
     for eid, typ, kind, mid, key, scope, part, off, obs, vf, vt, target, payload in rows:
@@ -538,7 +559,7 @@ def _ledger_events(rows: list[tuple], chain_rows: tuple[list[tuple], list[tuple]
                 "valid_from": _t(vf),
                 "valid_to": _t(vt),
                 "target_version": target,
-                "effect": _effect_of(eid, typ, done),
+                "effect": _effect_of(eid, typ, done, closed),
                 "event": payload,
             }
         )
@@ -571,11 +592,18 @@ async def event_effect(
 ) -> shapes.Effect:
     """What one applied event does now in its subject's chains ({effect, version_id, detail}): `subject_events`'
     `effect` of that event alone (GET /v1/events/{event_id})."""
+    if route(EventType(type_)) is Route.RESOLUTION:
+        return _effect_of(event_id, type_, {}, await _letters_closed(conn, tenant, [event_id]))
     if route(EventType(type_)) is Route.ERASURE:
         return _effect_of(event_id, type_, {})
     async with one_snapshot(conn):
         by_fact, marks = await _subject_chains(conn, tenant, subject)
     return _effect_of(event_id, type_, _effects(by_fact, marks))
+
+
+_CLOSED_NONE = (
+    "closes no dead letter (none of this tenant's at its dead_letter, or another event closed it first); no fact"
+)
 
 
 def _effects(by_fact: dict[str, list[Version]], marks: dict[str, list[Mark]]) -> dict[str, shapes.Effect]:
@@ -586,11 +614,14 @@ def _effects(by_fact: dict[str, list[Version]], marks: dict[str, list[Mark]]) ->
     return done
 
 
-def _effect_of(event_id: str, type_: str, done: dict[str, shapes.Effect]) -> shapes.Effect:
+def _effect_of(
+    event_id: str, type_: str, done: dict[str, shapes.Effect], closed: Mapping[str, str] | None = None
+) -> shapes.Effect:
     if route(EventType(type_)) is Route.ERASURE:
         return {"effect": ERASED_EFFECT, "version_id": None, "detail": "erased what the subject had before it"}
     if route(EventType(type_)) is Route.RESOLUTION:
-        return {"effect": NO_EFFECT, "version_id": None, "detail": "closes a dead letter (its dead_letter); no fact"}
+        detail = (closed or {}).get(event_id, _CLOSED_NONE)
+        return {"effect": NO_EFFECT, "version_id": None, "detail": detail}
     found = done.get(event_id)
     if found is not None:
         return found
