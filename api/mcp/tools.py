@@ -295,7 +295,12 @@ def _waiting(tenants: frozenset[str], p: Any) -> Any:
 
 
 async def _remember(res: Resources, tenants: frozenset[str], event: dict[str, Any]) -> dict[str, Any]:
-    done = await writes.publish_one(res, tenants, event)
+    try:
+        done = await writes.publish_one(res, tenants, event)
+    except ApiError as exc:  # a refusal of the event as a whole (too large once encoded) names the tool's arguments
+        if exc.status != 422 or exc.field is not None:
+            raise
+        raise ApiError(exc.status, exc.code, exc.message, "arguments", headers=exc.headers) from None
     SESSIONS.wrote(tenants, event["tenant"], done.get("consistency_token"))
     return done
 
