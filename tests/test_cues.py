@@ -421,12 +421,12 @@ def test_every_time_word_at_the_edges_of_the_calendar_is_a_range_inside_it_or_no
 
 
 def test_an_id_or_alias_of_stop_words_only_is_no_cue_unless_spelled_out_whole():
-    """The class: a subject's bare id (`a` of `ns:a`, `it` of `team:it`) or a listed entity (`the`) that is a stop
-    word became an entity cue in nearly every question, and the fuzzy stages, narrowed to that entity, lost the fact
-    asked about. Such a phrase is no cue, as a key alias of stop words only never was; the id spelled out whole
-    still names itself."""
+    """The class: a subject's bare id (`a` of `ns:a`, `it` of `team:it`) or a listed entity (`the`, `WHO`) that is
+    a stop word became an entity cue in nearly every question, and the fuzzy stages, narrowed to that entity, lost
+    the fact asked about. Such a phrase is no cue within a question, as a key alias of stop words only never was;
+    the id spelled out whole, or asked alone, still names itself."""
     vocab = Vocabulary.build(
-        subjects=["ns:a", "team:it", "x:the", "我", "user:dave"], entities=["The", "is", "了"],
+        subjects=["ns:a", "team:it", "x:the", "我", "user:dave"], entities=["The", "is", "了", "WHO"],
         key_aliases=[("car.brand", ["car"])],
     )  # fmt: skip
     for question in ("who drives a volvo?", "is it the car of dave?", "我的车是什么了", "what is THE car? a car!"):
@@ -434,3 +434,17 @@ def test_an_id_or_alias_of_stop_words_only_is_no_cue_unless_spelled_out_whole():
         assert set(cues.known_entities) <= {"dave"}, (question, cues.known_entities)
     assert extract("what does ns:a drive?", vocab, NOW).known_entities == ("ns:a",)
     assert extract("what does team:it own?", vocab, NOW).known_entities == ("team:it",)
+    assert extract("WHO", vocab, NOW).known_entities == ("who",)
+    assert set(extract("it", vocab, NOW).known_entities) == {"it"}
+
+
+def test_an_id_glued_to_other_letters_is_part_of_their_word_not_an_id_of_its_own():
+    """The class: the id-shaped token rules are ASCII, so letters outside ASCII (`é`, Greek, Cherokee, `ß`) read as
+    a boundary and `zq7` of `Cafézq7` was taken for an id, naming another subject's fact exactly. A run of id
+    characters glued to another letter or digit is part of that word."""
+    vocab = Vocabulary.build(entities=["zq7", "a1", "Cafézq7"])
+    for word in ("Cafézq7", "Νίκοςa1", "ᏣᎳᎩa1", "Straßezq7", "zq7é", "a1ß"):
+        cues = extract(f"where is {word}?", vocab, NOW)
+        assert not {"zq7", "a1", "ezq7"} & {*cues.known_entities, *cues.entities}, (word, cues.entities)
+    assert extract("where is Cafézq7?", vocab, NOW).known_entities == ("cafézq7",)
+    assert extract("where is zq7 and a1?", vocab, NOW).known_entities == ("zq7", "a1")

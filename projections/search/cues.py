@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -106,8 +106,9 @@ def about_entry(id_: str, key: str | None = None) -> str:
 
 def about_entries(subject: str, entities: Iterable[str], key: str | None) -> list[str]:
     """What a version is about for recall's exact stage in PostgreSQL: its ids as its search document holds them
-    (`subject_ids`, `normalize_entity`), each alone and, when it has a key, with it. Computed here rather than in
-    SQL, whose `lower` differs from `casefold` (`ß`, a final `ς`, a dotted `İ`, white space other than spaces)."""
+    (`subject_ids`, `normalize_entity`), each alone and, when it has a key, with it; its subject's whole id first
+    (the look-alike check of an erasure reads it there). Computed here rather than in SQL, whose `lower` differs
+    from `casefold` (`ß`, a final `ς`, a dotted `İ`, white space other than spaces)."""
     ids = dict.fromkeys([*subject_ids(subject), *(normalize_entity(e) for e in entities)])
     entries = [about_entry(i) for i in ids]
     if key is not None:
@@ -186,9 +187,9 @@ _STOP_UNITS = frozenset(_singular(w) for w in _STOP_UNITS)
 
 
 def _names_a_cue(phrase: str) -> bool:
-    """Whether a phrase of the vocabulary (an id's words, a key's alias) is a cue when a question holds it: not
-    when it is stop words only (`a` of `ns:a`, `to` of `reports.to`), which nearly every question holds. An id
-    spelled out whole (`ns:a`) still names itself."""
+    """Whether a phrase of the vocabulary (an id's words, a key's alias) is a cue wherever a question holds it: not
+    when it is stop words only (`a` of `ns:a`, `to` of `reports.to`), which nearly every question holds. Such an
+    id is still one when the question is nothing but it (`WHO`), or spells it out whole (`ns:a`)."""
     return bool(phrase) and not _STOP_UNITS.issuperset(phrase.split(" "))
 
 
@@ -344,13 +345,13 @@ class Vocabulary:
         spaces: set[str] = set()
         for e in entities:
             norm = normalize_entity(e)
-            if _names_a_cue(canonical(norm)):
+            if norm and canonical(norm):
                 ents.setdefault(canonical(norm), set()).add(norm)
         for s in subjects:
             for i, sid in enumerate(subject_ids(s)):
                 # a short bare number (`42` of `user:42`) is too common in questions to be a cue by itself;
                 # `user:42` still is, and so is `42` when the events list it as an entity
-                if _names_a_cue(canonical(sid)) and not (i > 0 and sid.isdigit() and len(sid) < 4):
+                if canonical(sid) and not (i > 0 and sid.isdigit() and len(sid) < 4):
                     ents.setdefault(canonical(sid), set()).add(sid)
             if ":" in s:
                 spaces.update(units(s.split(":", 1)[0]))
@@ -587,17 +588,25 @@ def _is_han(phrase: str) -> bool:
 _ID_RUN = re.compile(r"[A-Za-z0-9_.:\-]+")  # every character an id token can have: ids never cross a run's ends
 
 
+def _id_runs(nfkc: str) -> Iterator[str]:
+    """The runs of id characters in `nfkc` that stand as words: a run glued to another letter or digit (`zq7` of
+    `Cafézq7`, `a1` of `Νίκοςa1`) is part of a word the run's characters do not cover, no id of its own."""
+    for run in _ID_RUN.finditer(nfkc):
+        start, end = run.span()
+        if (start and nfkc[start - 1].isalnum()) or (end < len(nfkc) and nfkc[end].isalnum()):
+            continue
+        yield run.group(0)
+
+
 def _id_tokens(text: str) -> list[str]:
     """Id-shaped tokens, namespaced ones first; runs longer than MAX_ID_CHARS are not ids and are not scanned.
 
     Scanning run by run is what the two regexes do on the whole text (their look-arounds see a non-id character
     or an end either way), but a start inside a long run can then rescan at most MAX_ID_CHARS characters.
     """
-    nfkc = unicodedata.normalize("NFKC", text)
     spaced: list[str] = []
     codes: list[str] = []
-    for run in _ID_RUN.finditer(nfkc):
-        r = run.group(0)
+    for r in _id_runs(unicodedata.normalize("NFKC", text)):
         if len(r) > MAX_ID_CHARS:
             continue
         if ":" in r:
@@ -653,7 +662,7 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
     # an id the question spells out names itself, not every id its words read as: `user:alice.smith` is not
     # `user:Alice-Smith`, though a question saying "alice smith" names both. Any run of id characters can spell
     # one (`carol.jones9` is no id-shaped token, yet a known id as written)
-    runs = (r.group(0).strip(".:-_") for r in _ID_RUN.finditer(unicodedata.normalize("NFKC", query)))
+    runs = (r.strip(".:-_") for r in _id_runs(unicodedata.normalize("NFKC", query)))
     spelled: dict[str, dict[str, None]] = {}
     for written in [*tokens, *(normalize_entity(r) for r in runs if r and len(r) <= MAX_ID_CHARS)]:
         for cand in candidates(written):
@@ -663,7 +672,11 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
     def named(phrase: str) -> Iterable[str]:
         return spelled[phrase] if phrase in spelled else vocab.entities.get(phrase, ())
 
-    ent_spans = _spans(seq, vocab.entities, heads=vocab.entity_heads)
+    ent_spans = [  # of stop words only, a span names its ids only as the whole question (`_names_a_cue`)
+        (i, j, phrase)
+        for i, j, phrase in _spans(seq, vocab.entities, heads=vocab.entity_heads)
+        if _names_a_cue(phrase) or (i, j) == (0, len(seq))
+    ]
     cover(ent_spans)
     for _, _, phrase in ent_spans:
         for e in named(phrase):
