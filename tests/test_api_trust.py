@@ -717,6 +717,10 @@ def test_class10_an_erasure_of_a_look_alike_spelling_is_refused_naming_the_subje
     other_tenant = "user:ümlaut"
     r = c.post("/v1/events", json={"events": [event(real, event_id="LA1"), event(sharp, event_id="LA3")]}, headers=HA)
     assert r.status_code == 200, r.text
+    # a thousand subjects that mention the id, sorted before the one meant: the check must not stop at them
+    mentions = [event(f"user:A{n:04d}", event_id=f"LAM{n}", entities=[real.upper()]) for n in range(1000)]
+    r = c.post("/v1/events", json={"events": mentions}, headers=HA)
+    assert r.status_code == 200, r.text[:300]
     r = c.post("/v1/events", json={"events": [event(other_tenant, tenant=B, event_id="LA2")]}, headers=HB)
     assert r.status_code == 200, r.text
     applied.caught_up(90)

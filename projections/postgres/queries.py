@@ -566,25 +566,25 @@ def _ledger_events(
     return out
 
 
-# the subjects of a tenant holding facts about the id %(about)s (schema.sql's `about`: each subject's own id in the
-# cues' normal form is there, as are its entities) when %(s)s itself has no record: no event, no refused record filed
-# under it; look_alike_subjects keeps those whose own id reads as %(s)s
+# the subjects of a tenant whose own id reads as %(s)s (case, width, Unicode form, white space at the ends: the cues'
+# normal form, as recall reads ids) and that hold facts, when %(s)s itself has no record: no event, no refused record
+# filed under it. A version's `about` (schema.sql) holds its subject's whole id first (cues.about_entries), so the
+# GIN index finds the versions naming the id, and the first entry keeps those whose subject is it
 _LOOK_ALIKES = (
     "SELECT DISTINCT f.subject FROM fact_versions f WHERE f.tenant = %(t)s AND f.subject <> %(s)s "
-    "AND f.about && %(about)s::text[] "
+    "AND f.about && %(about)s::text[] AND f.about[1] = %(own)s "
     "AND NOT EXISTS (SELECT 1 FROM events e WHERE e.tenant = %(t)s AND e.subject = %(s)s) "
     "AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.tenant = %(t)s AND d.subject = %(s)s) "
-    "ORDER BY 1 LIMIT 1000"
+    "ORDER BY 1 LIMIT 5"
 )
 
 
 async def look_alike_subjects(conn: psycopg.AsyncConnection, tenant: str, subject: str) -> list[str]:
-    """Up to five other subjects of `tenant` that read as `subject` (case, width, Unicode form, white space at the
-    ends: the cues' normal form, as recall reads ids) and hold facts, when `subject` has no record (no event, no
-    refused record filed under it): what a caller erasing `subject` most likely meant."""
-    norm = normalize_entity(subject)
-    cur = await conn.execute(_LOOK_ALIKES, {"t": tenant, "s": subject, "about": [about_entry(norm)]})
-    return [other for (other,) in await cur.fetchall() if normalize_entity(other) == norm][:5]
+    """Up to five other subjects of `tenant` that read as `subject` and hold facts, when `subject` has no record
+    (no event, no refused record filed under it): what a caller erasing `subject` most likely meant."""
+    own = about_entry(normalize_entity(subject))
+    cur = await conn.execute(_LOOK_ALIKES, {"t": tenant, "s": subject, "about": [own], "own": own})
+    return [row[0] for row in await cur.fetchall()]
 
 
 async def event_effect(
