@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api import receipts
 from api.access import caller_of
-from api.consistency import Stage, recall_stage, wait_after
+from api.consistency import Stage, check_within_log, recall_stage, wait_after
 from api.context import ContextBlock, build_context
 from api.deps import check_tenant, cursor_place
 from api.errors import ApiError
@@ -161,6 +161,8 @@ async def subject_log(
         rows, more = await subject_events(conn, tenant, subject, from_, to, limit, below, past)
         ids = [r["event_id"] for r in rows]
         basis = await _basis(res, conn, tenant, ids) if signed else None
+    if past is not None and not rows:  # an empty page after a place the log never had is no answer: refused
+        await check_within_log(res, {past[0]: past[1] + 1}, "cursor", "no page of this ledger gave it")
     next_cursor = f"{rows[-1]['partition']}:{rows[-1]['offset']}" if more else None
     out = shapes.EventsResponse(tenant=tenant, subject=subject, events=rows, more=more, next_cursor=next_cursor)
     out |= seen

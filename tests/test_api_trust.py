@@ -784,6 +784,27 @@ def test_class2_the_same_event_asked_at_once_or_again_before_it_is_applied_is_pu
     assert sum(end_offsets(applied.settings).values()) == before + 1
 
 
+def test_an_audit_replay_cursor_past_the_log_is_refused_naming_it(applied: Pipeline) -> None:
+    """The class: a cursor is a place in the log; one the log never had (a partition the topic lacks, an offset not
+    written yet) read as an empty last page (`more: false`), as if the subject had nothing more. It is a 422
+    naming `cursor`, as a consistency token past the log's end is; a cursor at the last event still reads the
+    empty last page."""
+    c = applied.client
+    r = c.post("/v1/events", json={"events": [event("user:cur", event_id=f"CUR{n}") for n in range(2)]}, headers=HA)
+    assert r.status_code == 200, r.text
+    applied.caught_up(90)
+    ends = end_offsets(applied.settings)
+    page = c.get("/v1/subjects/user:cur/events", params={"tenant": A}, headers=HA).json()
+    last = page["events"][-1]
+    r = c.get("/v1/subjects/user:cur/events", params={"tenant": A, "cursor": f"{last['partition']}:{last['offset']}"},
+              headers=HA)  # fmt: skip
+    assert r.status_code == 200 and r.json()["events"] == [] and r.json()["more"] is False, r.text
+    for cursor in (f"{max(ends) + 1}:0", f"{last['partition']}:{ends[last['partition']] + 5}"):
+        r = c.get("/v1/subjects/user:cur/events", params={"tenant": A, "cursor": cursor}, headers=HA)
+        item = assert_error(r, 422, "invalid_value", "cursor")
+        assert "past the end of the ledger topic" in item["message"], (cursor, item)
+
+
 async def _mcp_forget(applied: Pipeline, arguments: dict[str, Any]) -> Any:
     from api.mcp.tools import TOOLS, run_tool
 
