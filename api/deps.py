@@ -19,7 +19,7 @@ from elasticsearch import AsyncElasticsearch
 from fastapi import Depends, Query, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from psycopg_pool import AsyncConnectionPool
-from pydantic import AfterValidator, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic import AfterValidator, BeforeValidator, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import PydanticCustomError
 from starlette.datastructures import Headers
 
@@ -177,6 +177,18 @@ Time = Annotated[Rfc3339, WrapValidator(_invalid_time)]
 
 
 _CURSOR = re.compile(r"([0-9]+):([0-9]+)")  # ASCII digits: int() would also read other scripts' digits
+_WHOLE_NUMBER = re.compile(r"-?[0-9]+")
+
+
+def _whole_number(value: Any) -> Any:
+    """A query parameter's integer written in ASCII digits only: pydantic would read `1.0`, `+1`, ` 1`, `1_0` and
+    other scripts' digits as numbers, where a body's numbers are strict (`wrong_type`, as `1e3` already is)."""
+    if isinstance(value, str) and _WHOLE_NUMBER.fullmatch(value) is None:
+        raise PydanticCustomError("int_parsing", "Input should be a whole number written in digits (0-9)")
+    return value
+
+
+QueryInt = Annotated[int, BeforeValidator(_whole_number)]  # the type of every integer query parameter
 MAX_PARTITION, MAX_OFFSET = 2**31 - 1, 2**63 - 1  # Kafka's int32 partition and int64 offset
 CURSOR_NOTE = "continue an audit replay after the page whose next_cursor this is ('<partition>:<offset>')"
 

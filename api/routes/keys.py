@@ -20,6 +20,7 @@ from api.deps import (
     ListCursorQuery,
     Named,
     PoolDep,
+    QueryInt,
     ResourcesDep,
     SettingsDep,
     Storable,
@@ -104,7 +105,7 @@ async def erasures(
     tenants: TenantsDep,
     tenant: TenantQuery,
     subject: Annotated[Named | None, Query(**SUBJECT, description="only this subject's erasures")] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    limit: Annotated[QueryInt, Query(ge=1, le=500)] = 50,
     cursor: ListCursorQuery = None,
 ) -> Response:
     """The tenant's erasure records, newest first (of one subject: its keyed digest is computed from `subject`); with

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Query, Response
 from api.deps import (
     ListCursorQuery,
     PoolDep,
+    QueryInt,
     Storable,
     TenantQuery,
     TenantsDep,
@@ -38,7 +39,7 @@ async def find_subjects(
     tenant: TenantQuery,
     tenants: TenantsDep,
     prefix: Annotated[Storable, Query(max_length=256, description="subjects starting with it (case-sensitive)")] = "",
-    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="at most this many subjects")] = 50,
+    limit: Annotated[QueryInt, Query(ge=1, le=MAX_LIMIT, description="at most this many subjects")] = 50,
     cursor: ListCursorQuery = None,
 ) -> Response:
     """The tenant's subjects that start with `prefix`, in code point order, at most `limit` of them; with `more`,
