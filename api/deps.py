@@ -188,7 +188,9 @@ def _whole_number(value: Any) -> Any:
     return value
 
 
-QueryInt = Annotated[int, BeforeValidator(_whole_number)]  # the type of every integer query parameter
+# after the Query/Path of an integer parameter (`Annotated[int, Query(ge=1), DIGITS]`): placed before it, the
+# validator would make the OpenAPI bounds `ge`/`le` instead of `minimum`/`maximum`
+DIGITS = BeforeValidator(_whole_number)
 MAX_PARTITION, MAX_OFFSET = 2**31 - 1, 2**63 - 1  # Kafka's int32 partition and int64 offset
 CURSOR_NOTE = "continue an audit replay after the page whose next_cursor this is ('<partition>:<offset>')"
 

@@ -805,10 +805,11 @@ def test_an_audit_replay_cursor_past_the_log_is_refused_naming_it(applied: Pipel
         assert "past the end of the ledger topic" in item["message"], (cursor, item)
 
 
-def test_every_integer_query_parameter_takes_digits_only(applied: Pipeline) -> None:
-    """The class: pydantic reads a query's `1.0`, `+1`, ` 1`, `1_0` or another script's digits as an integer (while
-    `1e3` is refused), so `limit=1.0` answered a page where a body's `1.0` for an integer is `wrong_type`. Every
-    integer query parameter of every GET route (from the OpenAPI document) refuses them so, naming itself."""
+def test_every_integer_parameter_takes_digits_only(applied: Pipeline) -> None:
+    """The class: pydantic reads a parameter's `1.0`, `+1`, ` 1`, `1_0` or another script's digits as an integer
+    (while `1e3` is refused), so `limit=1.0` answered a page where a body's `1.0` for an integer is `wrong_type`.
+    Every integer query or path parameter of every GET route (from the OpenAPI document) refuses them so, naming
+    itself, and the document still states its bounds as JSON Schema's `minimum`/`maximum`."""
     c = applied.client
     spec = c.get("/openapi.json").json()
     checked = 0
@@ -817,16 +818,17 @@ def test_every_integer_query_parameter_takes_digits_only(applied: Pipeline) -> N
         if operation is None:
             continue
         for param in operation.get("parameters", []):
-            kinds = [param["schema"].get("type"), *(s.get("type") for s in param["schema"].get("anyOf", []))]
-            if param["in"] != "query" or "integer" not in kinds:
+            schemas = [param["schema"], *param["schema"].get("anyOf", [])]
+            if param["in"] not in ("query", "path") or "integer" not in [x.get("type") for x in schemas]:
                 continue
-            url = re.sub(r"\{[^}]+\}", "x", path)
+            assert not {"ge", "le", "gt", "lt"} & {k for x in schemas for k in x}, (path, param)
             for bad in ("1.0", "+1", " 1", "1_0", "\u0661"):
-                r = c.get(url, params={"tenant": A, param["name"]: bad}, headers=HA)
-                item = assert_error(r, 422, "wrong_type", param["name"])
-                assert item, (path, param["name"], bad)
+                url = re.sub(r"\{[^}]+\}", "1", path.replace("{" + param["name"] + "}", quote(bad)))
+                query = {"tenant": A} | ({param["name"]: bad} if param["in"] == "query" else {})
+                r = c.get(url, params=query, headers=HA)
+                assert_error(r, 422, "wrong_type", param["name"])
             checked += 1
-    assert checked >= 8, checked
+    assert checked >= 10, checked
 
 
 async def _mcp_forget(applied: Pipeline, arguments: dict[str, Any]) -> Any:

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Query, Response
 from pydantic import Field, WithJsonSchema
 
 from api import dead_letters
-from api.deps import QueryInt, ResourcesDep, TenantQuery, TenantsDep
+from api.deps import DIGITS, ResourcesDep, TenantQuery, TenantsDep
 from api.errors import ErrorBody
 from api.requests import inline_refs
 from api.routes._json import OrjsonBodyRoute, json_response
@@ -23,8 +23,10 @@ from producers.contract import MemoryEvent
 
 router = APIRouter(tags=["dead-letters"], route_class=OrjsonBodyRoute)
 
-Partition = Annotated[int, Path(ge=0, le=2**31 - 1, description="the dead letter's partition of the ledger topic")]
-Offset = Annotated[int, Path(ge=0, le=2**63 - 1, description="the dead letter's offset in that partition")]
+Partition = Annotated[
+    int, Path(ge=0, le=2**31 - 1, description="the dead letter's partition of the ledger topic"), DIGITS
+]
+Offset = Annotated[int, Path(ge=0, le=2**63 - 1, description="the dead letter's offset in that partition"), DIGITS]
 _CONFLICT = {409: {"model": ErrorBody, "description": "dead_letter_resolved: re-driven or discarded already"}}
 
 
@@ -44,7 +46,7 @@ async def list_dead_letters(
     tenant: TenantQuery,
     state: Annotated[Literal["open", "redriven", "discarded"] | None, Query(description="only these")] = None,
     after: Annotated[str | None, Query(max_length=32, description="PARTITION:OFFSET: the previous page's next")] = None,
-    limit: Annotated[QueryInt, Query(ge=1, le=dead_letters.MAX_PAGE)] = 100,
+    limit: Annotated[int, Query(ge=1, le=dead_letters.MAX_PAGE), DIGITS] = 100,
 ) -> Response:
     """The tenant's dead letters in ledger order, each with its reason, position and state."""
     return json_response(await dead_letters.list_letters(res, tenants, tenant, state, after, limit))

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Path, Query, Response
 
 from api import reads
 from api.consistency import AfterQuery
-from api.deps import Named, QueryInt, ResourcesDep, TenantQuery, TenantsDep
+from api.deps import DIGITS, Named, ResourcesDep, TenantQuery, TenantsDep
 from api.requests import LIMIT, MEMORY_ID, OFFSET, OFFSET_NOTE
 from api.routes._json import json_response
 from api.schemas import HistoryResponse
@@ -27,8 +27,10 @@ async def history(
     memory_id: Annotated[Named, Path(**MEMORY_ID)],
     tenant: TenantQuery,
     tenants: TenantsDep,
-    offset: Annotated[QueryInt, Query(description=OFFSET_NOTE, **OFFSET)] = 0,
-    limit: Annotated[QueryInt | None, Query(description="at most this many versions (default: all)", **LIMIT)] = None,
+    offset: Annotated[int, Query(description=OFFSET_NOTE, **OFFSET), DIGITS] = 0,
+    limit: Annotated[
+        int | None, Query(description="at most this many versions (default: every one)", **LIMIT), DIGITS
+    ] = None,
     after: AfterQuery = None,
 ) -> Response:
     return json_response(await reads.history(res, tenants, tenant, memory_id, after, offset=offset, limit=limit))

@@ -17,10 +17,10 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import (
+    DIGITS,
     ListCursorQuery,
     Named,
     PoolDep,
-    QueryInt,
     ResourcesDep,
     SettingsDep,
     Storable,
@@ -105,7 +105,7 @@ async def erasures(
     tenants: TenantsDep,
     tenant: TenantQuery,
     subject: Annotated[Named | None, Query(**SUBJECT, description="only this subject's erasures")] = None,
-    limit: Annotated[QueryInt, Query(ge=1, le=500)] = 50,
+    limit: Annotated[int, Query(ge=1, le=500), DIGITS] = 50,
     cursor: ListCursorQuery = None,
 ) -> Response:
     """The tenant's erasure records, newest first (of one subject: its keyed digest is computed from `subject`); with

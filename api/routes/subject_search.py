@@ -13,9 +13,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from api.deps import (
+    DIGITS,
     ListCursorQuery,
     PoolDep,
-    QueryInt,
     Storable,
     TenantQuery,
     TenantsDep,
@@ -39,7 +39,7 @@ async def find_subjects(
     tenant: TenantQuery,
     tenants: TenantsDep,
     prefix: Annotated[Storable, Query(max_length=256, description="subjects starting with it (case-sensitive)")] = "",
-    limit: Annotated[QueryInt, Query(ge=1, le=MAX_LIMIT, description="at most this many subjects")] = 50,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="at most this many subjects"), DIGITS] = 50,
     cursor: ListCursorQuery = None,
 ) -> Response:
     """The tenant's subjects that start with `prefix`, in code point order, at most `limit` of them; with `more`,

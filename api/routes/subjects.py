@@ -13,7 +13,7 @@ from fastapi import APIRouter, Path, Query, Response
 
 from api import reads
 from api.consistency import AfterQuery
-from api.deps import CursorQuery, Named, QueryInt, ResourcesDep, TenantQuery, TenantsDep, Time
+from api.deps import DIGITS, CursorQuery, Named, ResourcesDep, TenantQuery, TenantsDep, Time
 from api.requests import LIMIT, OFFSET, OFFSET_NOTE, SUBJECT
 from api.routes._json import json_response
 from api.schemas import EventsResponse, FactsResponse
@@ -33,8 +33,10 @@ async def facts(
     tenants: TenantsDep,
     as_of: OptionalTime = None,
     known_at: OptionalTime = None,
-    offset: Annotated[QueryInt, Query(description=OFFSET_NOTE, **OFFSET)] = 0,
-    limit: Annotated[QueryInt | None, Query(description="at most this many facts (default: all)", **LIMIT)] = None,
+    offset: Annotated[int, Query(description=OFFSET_NOTE, **OFFSET), DIGITS] = 0,
+    limit: Annotated[
+        int | None, Query(description="at most this many facts (default: every one)", **LIMIT), DIGITS
+    ] = None,
     after: AfterQuery = None,
 ) -> Response:
     """The subject's facts at valid time `as_of` (default now), optionally only from events observed by `known_at`;
@@ -53,7 +55,7 @@ async def events(
     tenants: TenantsDep,
     from_: Annotated[Time | None, Query(alias="from", description="observed_at >= from (RFC 3339)")] = None,
     to: Annotated[Time | None, Query(description="observed_at < to (RFC 3339)")] = None,
-    limit: Annotated[QueryInt, Query(ge=1, le=10_000)] = 10_000,
+    limit: Annotated[int, Query(ge=1, le=10_000), DIGITS] = 10_000,
     after: AfterQuery = None,
     cursor: CursorQuery = None,
 ) -> Response:
