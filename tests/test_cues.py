@@ -443,8 +443,20 @@ def test_an_id_glued_to_other_letters_is_part_of_their_word_not_an_id_of_its_own
     a boundary and `zq7` of `Cafézq7` was taken for an id, naming another subject's fact exactly. A run of id
     characters glued to another letter or digit is part of that word."""
     vocab = Vocabulary.build(entities=["zq7", "a1", "Cafézq7"])
-    for word in ("Cafézq7", "Νίκοςa1", "ᏣᎳᎩa1", "Straßezq7", "zq7é", "a1ß"):
+    for word in ("Cafézq7", "Νίκοςa1", "ᏣᎳᎩa1", "Straßezq7", "zq7é", "a1ß", "नमस्तेa1", "ไม่zq7", "x\u0332a1", "a1\u0301"):
         cues = extract(f"where is {word}?", vocab, NOW)
         assert not {"zq7", "a1", "ezq7"} & {*cues.known_entities, *cues.entities}, (word, cues.entities)
     assert extract("where is Cafézq7?", vocab, NOW).known_entities == ("cafézq7",)
     assert extract("where is zq7 and a1?", vocab, NOW).known_entities == ("zq7", "a1")
+
+
+def test_a_dates_words_and_a_possessive_tail_are_no_unexplained_terms():
+    """`terms` lists the words of a question no cue explains: a calendar date's words are its date cue (`march` of
+    "in March 2026", `年` and `月` of "2026年3月"), and the `s` of "carol's" is a possessive's tail."""
+    for question, left in (
+        ("what did carol do in March 2026?", ("carol",)),
+        ("carol 2026年3月 做了什么", ("carol", "做")),
+        ("what is carol's phone?", ("carol", "phone")),
+    ):
+        cues = extract(question, VOCAB, NOW)
+        assert cues.terms == left, (question, cues.terms)

@@ -7,6 +7,7 @@ tenant's vocabulary and fixed word lists. The indexer uses the same `normalize_*
 
 from __future__ import annotations
 
+import itertools
 import re
 import unicodedata
 from collections import Counter
@@ -39,7 +40,22 @@ __all__ = [
 ]
 
 _HAN = r"[\u2e80-\u2fdf\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]"
-_UNIT = re.compile(rf"{_HAN}|(?:(?!{_HAN})[^\W_])+")
+
+
+def _mark_class() -> str:
+    """The combining marks of the Basic Multilingual Plane as a character class's ranges: `\\w` leaves them out, so
+    a word would break at a vowel sign (`नमस्ते`) or an accent NFKC does not compose, and its pieces read as words
+    of their own (an id `a1` inside `नमस्तेa1`)."""
+    marks = [c for c in range(0x300, 0x10000) if unicodedata.category(chr(c)).startswith("M")]
+    ranges, start = [], marks[0]
+    for prev, cur in itertools.pairwise([*marks, -1]):
+        if cur != prev + 1:
+            ranges.append(f"\\u{start:04x}-\\u{prev:04x}" if prev > start else f"\\u{start:04x}")
+            start = cur
+    return "".join(ranges)
+
+
+_UNIT = re.compile(rf"{_HAN}|(?:(?!{_HAN})[^\W_]|[{_mark_class()}])+")
 # entity-looking tokens: namespaced ids (user:42, project:P1) and letters followed by digits (P1, OD20241102)
 _NAMESPACED = re.compile(r"(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9_.-]*:[A-Za-z0-9][A-Za-z0-9_.\-]*(?<![.-])")
 _CODE = re.compile(r"(?<![A-Za-z0-9:])[A-Za-z]{1,12}[0-9][A-Za-z0-9_-]*(?![A-Za-z0-9:])")
@@ -181,7 +197,7 @@ _STOP_UNITS = frozenset(
     + "a an the is are was were be been being of to in on at for by with and or what which who whom whose where"
     " when how why does do did done use uses used tell me about please my our your their its it this that these"
     " those there any some i we you he she they them us can could would should will shall may might has have had"
-    " not no yes as from into than then so if".split()
+    " not no yes as from into than then so if s".split()  # `s`: the tail of a possessive (`carol's`)
 )
 _STOP_UNITS = frozenset(_singular(w) for w in _STOP_UNITS)
 
@@ -589,13 +605,18 @@ _ID_RUN = re.compile(r"[A-Za-z0-9_.:\-]+")  # every character an id token can ha
 
 
 def _id_runs(nfkc: str) -> Iterator[str]:
-    """The runs of id characters in `nfkc` that stand as words: a run glued to another letter or digit (`zq7` of
-    `Cafézq7`, `a1` of `Νίκοςa1`) is part of a word the run's characters do not cover, no id of its own."""
+    """The runs of id characters in `nfkc` that stand as words: a run glued to another letter, digit or combining
+    mark (`zq7` of `Cafézq7`, `a1` of `Νίκοςa1` or of `नमस्तेa1`) is part of a word the run's characters do not
+    cover, no id of its own."""
     for run in _ID_RUN.finditer(nfkc):
         start, end = run.span()
-        if (start and nfkc[start - 1].isalnum()) or (end < len(nfkc) and nfkc[end].isalnum()):
+        if (start and _in_a_word(nfkc[start - 1])) or (end < len(nfkc) and _in_a_word(nfkc[end])):
             continue
         yield run.group(0)
+
+
+def _in_a_word(char: str) -> bool:
+    return unicodedata.category(char)[0] in "LMN"  # a letter, a (combining) mark or a digit of any script
 
 
 def _id_tokens(text: str) -> list[str]:
@@ -723,10 +744,12 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
         timed[i:j] = [True] * (j - i)
     keep = [u not in _STOP_UNITS and not t for u, t in zip(seq, timed, strict=True)]
     content = [u for u, k in zip(seq, keep, strict=True) if k]
+    dates = find_dates(norm)
+    dated = {u for d in dates for u in units(d.words)}  # a calendar date's words are its cue, not unexplained terms
     terms = [
         u
         for u, c in zip(seq, covered, strict=True)
-        if not c and u not in _STOP_UNITS and u not in vocab.namespaces and not u.isdigit()
+        if not c and u not in _STOP_UNITS and u not in vocab.namespaces and not u.isdigit() and u not in dated
     ]
     text = [u for u, k in zip(raw, keep, strict=True) if k]
     return Cues(
@@ -740,7 +763,7 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
         text=" ".join(_bounded_words(text, MAX_TEXT_WORDS)),
         content_units=tuple(content),
         scopes=scopes,
-        dates=find_dates(norm),
+        dates=dates,
     )
 
 
