@@ -35,7 +35,6 @@ __all__ = [
     "AfterQuery",
     "Stage",
     "check_after",
-    "check_within_log",
     "recall_stage",
     "wait_after",
 ]
@@ -114,7 +113,7 @@ async def wait_after(res: Resources, tenant: str, after: str, stage: Stage) -> s
         if phase >= len(phases):
             break
         if time.monotonic() + delay > deadline:
-            await check_within_log(res, targets)
+            await _check_within_log(res, targets)
             if phase >= 0:  # waiting on the index: a search index that is down is said so, not "retry"
                 await _check_index_up(res)
             raise _not_yet(stage, phase, targets, stored)
@@ -134,16 +133,13 @@ async def wait_after(res: Resources, tenant: str, after: str, stage: Stage) -> s
 _LOG_END_WAIT_S = 1.0  # how long a read that timed out asks the broker for the log's end (else: not_yet, as before)
 
 
-async def check_within_log(
-    res: Resources, targets: dict[int, int], field: str = "after", gave: str = "no write of this ledger answered it"
-) -> None:
-    """422 naming `field` for positions (partition -> next offset) past the ledger topic's end (a partition it does
-    not have, an offset not written yet): nothing of this ledger gave them (a token: waiting again could never
-    help; a cursor: its page would read empty, as if complete). Asked only of a read about to answer `not_yet`, or
-    an empty page, and only as long as `_LOG_END_WAIT_S`: a broker that cannot say leaves the answer as it was."""
+async def _check_within_log(res: Resources, targets: dict[int, int]) -> None:
+    """422 naming `after` for a token past the ledger topic's end (a partition it does not have, an offset not
+    written yet): no write answered it, so waiting again could never help. Asked only of a read about to answer
+    `not_yet`, and only as long as `_LOG_END_WAIT_S`: a broker that cannot say leaves the answer `not_yet`."""
     try:
         ends = await asyncio.wait_for(asyncio.to_thread(res.offsets.read), _LOG_END_WAIT_S)
-    except Exception:  # noqa: BLE001 - no answer from the broker: the positions may be good
+    except Exception:  # noqa: BLE001 - no answer from the broker: the token may be good, so not_yet stands
         return
     beyond = {p: o for p, o in targets.items() if p not in ends or o > ends[p]}
     if beyond and ends:
@@ -151,8 +147,8 @@ async def check_within_log(
             422,
             "invalid_value",
             f"names {_spelled(beyond)} (partition:next_offset), past the end of the ledger topic "
-            f"({_spelled(ends)}): {gave}",
-            field,
+            f"({_spelled(ends)}): no write of this ledger answered it",
+            "after",
         )
 
 

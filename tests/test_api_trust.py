@@ -785,10 +785,9 @@ def test_class2_the_same_event_asked_at_once_or_again_before_it_is_applied_is_pu
 
 
 def test_an_audit_replay_cursor_past_the_log_is_refused_naming_it(applied: Pipeline) -> None:
-    """The class: a cursor is a place in the log; one the log never had (a partition the topic lacks, an offset not
-    written yet) read as an empty last page (`more: false`), as if the subject had nothing more. It is a 422
-    naming `cursor`, as a consistency token past the log's end is; a cursor at the last event still reads the
-    empty last page."""
+    """The class: a cursor is a place in the log; one no page gave (a partition the projection never took a record
+    of, an offset past its position) read as a page, empty as if the subject had nothing more, or the rest of the
+    log after it. It is a 422 naming `cursor`; a cursor at the last event still reads the empty last page."""
     c = applied.client
     r = c.post("/v1/events", json={"events": [event("user:cur", event_id=f"CUR{n}") for n in range(2)]}, headers=HA)
     assert r.status_code == 200, r.text
@@ -799,10 +798,11 @@ def test_an_audit_replay_cursor_past_the_log_is_refused_naming_it(applied: Pipel
     r = c.get("/v1/subjects/user:cur/events", params={"tenant": A, "cursor": f"{last['partition']}:{last['offset']}"},
               headers=HA)  # fmt: skip
     assert r.status_code == 200 and r.json()["events"] == [] and r.json()["more"] is False, r.text
-    for cursor in (f"{max(ends) + 1}:0", f"{last['partition']}:{ends[last['partition']] + 5}"):
+    for cursor in (f"{max(ends) + 1}:0", f"{last['partition']}:{ends[last['partition']] + 5}", "0:99999999999"):
+        # (the last: a page of the subject's events would follow it, every partition after 0 being later)
         r = c.get("/v1/subjects/user:cur/events", params={"tenant": A, "cursor": cursor}, headers=HA)
         item = assert_error(r, 422, "invalid_value", "cursor")
-        assert "past the end of the ledger topic" in item["message"], (cursor, item)
+        assert "past what the projection has applied" in item["message"], (cursor, item)
 
 
 def test_every_integer_parameter_takes_digits_only(applied: Pipeline) -> None:

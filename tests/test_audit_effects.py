@@ -43,7 +43,11 @@ class Writer(RecorderWriter):
 @pytest.fixture
 def stack(base_settings: Settings) -> Iterator[tuple[Writer, TestClient]]:
     settings = base_settings.private(unique("audit"), api_keys={"audit-key": [TENANT]})
-    with private_store(settings), Writer(settings) as writer, TestClient(create_app(settings)) as client:
+    with (
+        private_store(settings),
+        Writer(settings, consumer=settings.processor_group) as writer,  # as the worker: its pages' cursors are within
+        TestClient(create_app(settings)) as client,
+    ):
         yield writer, client
 
 

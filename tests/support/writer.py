@@ -33,12 +33,15 @@ class RecorderWriter:
     recorder needs a connection whose transactions it controls.
     """
 
-    def __init__(self, settings: Settings, conn: psycopg.Connection | None = None) -> None:
+    def __init__(
+        self, settings: Settings, conn: psycopg.Connection | None = None, *, consumer: str = "search-tests"
+    ) -> None:
         self.settings = settings
         self.conn = connect(settings.pg_dsn, settings.pg_schema)
         keys = key_context(settings, self.conn)  # as the worker: erasures shred and leave their record
         self.conn.commit()
-        self.recorder = Recorder(self.conn, consumer="search-tests", topic=settings.topic, keys=keys)
+        # `consumer`: whose positions it stores (the worker's group, where an API read checks them, or none's)
+        self.recorder = Recorder(self.conn, consumer=consumer, topic=settings.topic, keys=keys)
         self.offset = 0
 
     def close(self) -> None:
