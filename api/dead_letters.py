@@ -23,7 +23,7 @@ from api.errors import ApiError
 from api.requests import TENANT, TENANT_NOTE
 from api.resources import Resources
 from api.writes import publish_one
-from producers.contract import EventType, InvalidEvent, from_dict, letter_id, load_record, named_subject
+from producers.contract import EventType, InvalidEvent, from_dict, letter_id, load_record
 from producers.keys.envelope import MAX_SEALED_BYTES, Envelope, open_envelope, parse_envelope
 from producers.keys.store import KekError, key_states, settings_keks
 from producers.settings import Settings
@@ -125,7 +125,9 @@ async def list_letters(
     }
 
 
-async def _letter(res: Resources, tenant: str, partition: int, offset: int) -> tuple[shapes.DeadLetter, bytes | None]:
+async def _letter(
+    res: Resources, tenant: str, partition: int, offset: int
+) -> tuple[shapes.DeadLetter, bytes | None, str | None]:
     async with res.pool.connection() as conn:
         found = await dead_letter(conn, tenant, res.settings.topic, partition, offset)
     if found is None:
@@ -141,7 +143,7 @@ async def open_letter(
     """One dead letter of the tenant with its record: `record` (the JSON object as far as it decodes; a sealed
     record's personal fields only if they open here, `sealed` says what became of them), else `raw_text`."""
     check_tenant(tenant, tenants)
-    letter, raw = await _letter(res, tenant, partition, offset)
+    letter, raw, _ = await _letter(res, tenant, partition, offset)
     return letter | await run_in_threadpool(_record_view, res.settings, raw)
 
 
@@ -217,7 +219,7 @@ async def redrive_dead_letter(
         raise ApiError(422, "invalid_value", "names another dead letter than the one re-driven", "event.dead_letter")
     if event.get("type") == EventType.DISCARDED.value:
         raise ApiError(422, "invalid_value", "a re-drive is the corrected event: discard with /discard", "event.type")
-    letter, _ = await _letter(res, tenant, partition, offset)
+    letter, _, _ = await _letter(res, tenant, partition, offset)
     _open(letter, partition, offset)
     corrected = {**event, "tenant": tenant, "dead_letter": link}
     claimed: tuple[str, str, str] | None = None
@@ -285,14 +287,15 @@ async def discard_dead_letter(
 ) -> shapes.DeadLetterAction:
     """Publish `deadletter.discarded` with `reason` for the tenant's open dead letter at (partition, offset)."""
     check_tenant(tenant, tenants)
-    letter, raw = await _letter(res, tenant, partition, offset)
+    letter, _, filed_under = await _letter(res, tenant, partition, offset)
     _open(letter, partition, offset)
     link = {"partition": partition, "offset": offset}
     event = {
         "type": EventType.DISCARDED.value,
         "tenant": tenant,
         "event_id": letter_id(partition, offset),
-        "subject": _claimed_subject(raw),
+        # in the audit replay of the subject the letter is filed under, and erased with it (as the letter is)
+        "subject": filed_under or DISCARD_SUBJECT,
         "dead_letter": link,
         "reason": reason,
         "source": {"type": "system", "service": "dead-letters"},
@@ -303,12 +306,6 @@ async def discard_dead_letter(
         _resolved_meanwhile(exc, partition, offset, event["event_id"])
         raise
     return {"dead_letter": link, **result}
-
-
-def _claimed_subject(raw: bytes | None) -> str:
-    """The subject the refused record names, if an event could name it (the discard is filed in that subject's audit
-    replay, and goes with it when it is erased); else DISCARD_SUBJECT."""
-    return named_subject(raw) or DISCARD_SUBJECT
 
 
 def _within(prefix: str, field: str | None) -> str:

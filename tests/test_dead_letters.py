@@ -470,6 +470,14 @@ def test_an_erasure_leaves_no_bytes_of_its_subjects_letters_in_other_partitions_
     assert _replayed(world) == _states(world.settings, world.settings.pg_schema)
     report = verify(world.settings)
     assert report.intact, report.as_json()
+    # a letter without its bytes is still filed under its subject: its discard is in that subject's audit replay
+    p, o = next(at for at in before if at[0] != home)
+    body = {"tenant": A, "partition": p, "offset": o, "reason": "erased anyway"}
+    r = world.http.post("/v1/dead-letters/discard", json=body, headers={"X-API-Key": "key-a"})
+    assert r.status_code == 200, r.text
+    world.caught_up()
+    replay = world.get(f"/v1/subjects/{subject}/events", tenant=A)["events"]
+    assert [e["event_id"] for e in replay if e["type"] == "deadletter.discarded"] == [f"deadletter:{p}:{o}"], replay
 
 
 def _letter_resolved_by_user_1(world: World) -> dict[str, Any]:

@@ -81,15 +81,16 @@ async def list_dead_letters(
 
 async def dead_letter(
     conn: psycopg.AsyncConnection, tenant: str, topic: str, partition: int, offset: int
-) -> tuple[shapes.DeadLetter, bytes | None] | None:
-    """The tenant's dead letter at (partition, offset) of `topic` and its record's bytes; None if it has none there."""
+) -> tuple[shapes.DeadLetter, bytes | None, str | None] | None:
+    """The tenant's dead letter at (partition, offset) of `topic`, its record's bytes (None once an erasure took
+    them) and the subject it is filed under (positioned.claimed_subject); None if it has none there."""
     cur = await conn.execute(
-        f'SELECT {_COLUMNS}, d.raw {_FROM} WHERE d.tenant = %s AND d.topic = %s AND d."partition" = %s '
+        f'SELECT {_COLUMNS}, d.raw, d.subject {_FROM} WHERE d.tenant = %s AND d.topic = %s AND d."partition" = %s '
         'AND d."offset" = %s',
         (tenant, topic, partition, offset),
     )
     row = await cur.fetchone()
-    return None if row is None else (_letter(row), row[13])
+    return None if row is None else (_letter(row), row[13], row[14])
 
 
 def dead_letter_states(conn: psycopg.Connection, topic: str) -> dict[State, int]:
