@@ -460,7 +460,10 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
 
         A re-drive (any event type) makes its letter `redriven`, `deadletter.discarded` makes it `discarded`. Of two
         resolutions of one letter and tenant the one first in ledger position stays, in whatever order they are
-        applied (a rebuild applies partitions in any order), so the row is a function of the log."""
+        applied (a rebuild applies partitions in any order), so the row is a function of the log. One naming a
+        letter at or after its own place in its own partition resolves nothing: no record there was refused before
+        it (a raw producer could otherwise close its next refusal in advance)."""
+        rows = [row for row in rows if not (row[0] == row[5] and row[1] >= row[6])]
         if not rows:
             return
         cols = list(zip(*rows, strict=True))
