@@ -445,9 +445,15 @@ def test_an_erasure_leaves_no_bytes_of_its_subjects_letters_in_other_partitions_
     [(home, _)] = publish_raw(world.settings, [(own, orjson.dumps(wire(subject, tenant=A, event_id="ev-xp-fact")))])
     keys = [*(f"{A}|user:xp-{n}".encode() for n in range(12)), None, own]
 
-    def refused(n: int) -> list[tuple[bytes | None, bytes]]:  # a record of user:xp (confidence as text) per key
+    wrongs = [  # refused for a top-level field, a path into the value, a field the contract lacks: a secret each
+        {"confidence": "high", "content": secret},
+        {"value": {"xp@example.com": "nul\u0000"}},
+        {"xp-secret-field": 1},
+    ]
+
+    def refused(n: int) -> list[tuple[bytes | None, bytes]]:  # a refused record of user:xp per key
         return [
-            (k, orjson.dumps(wire(subject, tenant=A, event_id=f"ev-xp-{n}-{i}", confidence="high", content=secret)))
+            (k, orjson.dumps(wire(subject, tenant=A, event_id=f"ev-xp-{n}-{i}", **wrongs[i % 3])))
             for i, k in enumerate(keys)
         ]
 
@@ -465,8 +471,16 @@ def test_an_erasure_leaves_no_bytes_of_its_subjects_letters_in_other_partitions_
             assert at not in letters, at  # taken by the erasure, as ever
             continue
         assert at in letters, at
-        opened = world.get(f"/v1/dead-letters/{at[0]}/{at[1]}", tenant=A)
-        assert (secret in orjson.dumps(opened).decode()) == (at[0] == home), (at, opened)
+        opened = orjson.dumps(world.get(f"/v1/dead-letters/{at[0]}/{at[1]}", tenant=A)).decode()
+        quoted = [s for s in ("12 street", "xp@example", "xp-secret") if s in opened]
+        assert bool(quoted) == (at[0] == home), (at, opened)  # its own secret, only where news to the erasure
+        if at[0] != home:  # the code stays, and a top-level field of the contract's; no word that may quote it
+            reason = letters[at]["reason"]
+            assert reason["field"] in ("confidence", "value", None) and "withheld" in reason["message"], reason
+    [record] = world.get("/v1/erasures", tenant=A, subject=subject)["erasures"]
+    stays = 1 + len(before)  # the fact and every letter refused before it: in the topic, readable or sealed
+    taken = sum(1 for at in before if at[0] == home)  # deleted; the others' bytes withheld
+    assert (record["records"]["total"], record["purged"]["postgres"]["dead_letters"]) == (stays, taken), record
     assert _replayed(world) == _states(world.settings, world.settings.pg_schema)
     report = verify(world.settings)
     assert report.intact, report.as_json()

@@ -71,6 +71,14 @@ __all__ = [
 ]
 
 OUTBOX_CHANNEL = "memory_ledger_outbox"  # LISTEN for <schema> after a commit that gave the indexers work
+# what a letter of an erased subject keeps of its reason besides its code, once its bytes are gone: the top-level
+# field it names if it is one of the contract's (a deeper path, or an unknown field's name, may be the record's
+# content, as may the message's words)
+_TOP_FIELDS = sorted({*MemoryEvent.model_fields, SEALED})
+_WITHHELD = (
+    "field = CASE WHEN split_part(d.field, '.', 1) = ANY(%s::text[]) THEN split_part(d.field, '.', 1) END, "
+    "message = 'withheld with the record''s bytes: its subject was erased, and the words could quote the record'"
+)
 _NO_FACT = (Route.ERASURE, Route.RESOLUTION)  # routes whose events are logged under no fact (memory_id NULL)
 VERSION_COLUMNS = (
     "version_id event_id memory_id tenant subject key scope kind value content entities aliases tags source confidence "
@@ -164,14 +172,12 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         result.erased_replays += len(gone)
         letters = super().dead_letters(cur, [r for i, r in enumerate(invalid) if i not in gone], result)
         redacted = {(invalid[i].partition, invalid[i].offset) for i in elsewhere}
-        new = [
-            (d.record.partition, d.record.offset) for d in letters if (d.record.partition, d.record.offset) in redacted
-        ]
+        new = [at for at in ((d.record.partition, d.record.offset) for d in letters) if at in redacted]
         if new:
             cur.execute(
-                'UPDATE dead_letters SET raw = NULL WHERE topic = %s AND ("partition", "offset") IN '
-                "(SELECT * FROM unnest(%s::int[], %s::bigint[]))",
-                (self.topic, [p for p, _ in new], [o for _, o in new]),
+                f"UPDATE dead_letters d SET raw = NULL, {_WITHHELD} WHERE topic = %s "
+                'AND ("partition", "offset") IN (SELECT * FROM unnest(%s::int[], %s::bigint[]))',
+                (_TOP_FIELDS, self.topic, [p for p, _ in new], [o for _, o in new]),
             )
         return letters
 
@@ -629,15 +635,19 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         for topic, *_ in letters:
             result.counts[(e.tenant, dead_letters_name(topic))] -= 1
         cur.execute(  # its letters in other partitions (records sent under another key, or none) have no order with
-            # it: each keeps its place and reason, not its bytes (Recorder.dead_letters does the same to a later one)
-            "UPDATE dead_letters SET raw = NULL WHERE tenant = %s AND subject = %s AND topic = %s "
-            'AND "partition" <> %s AND raw IS NOT NULL',
-            (e.tenant, e.subject, record.topic, record.partition),
+            # it: each keeps its place and code, not its bytes (Recorder.dead_letters does the same to a later one)
+            'WITH taken AS (SELECT topic, "partition", "offset", raw FROM dead_letters WHERE tenant = %s '
+            'AND subject = %s AND topic = %s AND "partition" <> %s AND raw IS NOT NULL FOR UPDATE) '
+            f"UPDATE dead_letters d SET raw = NULL, {_WITHHELD} FROM taken t WHERE d.topic = t.topic "
+            'AND d."partition" = t."partition" AND d."offset" = t."offset" RETURNING t.raw',
+            (e.tenant, e.subject, record.topic, record.partition, _TOP_FIELDS),
         )
+        withheld = [raw for (raw,) in cur.fetchall()]
         # its refused records are the subject's records in the log too: the erasure record counts them sealed or
-        # clear, as what stays readable in the topic is what it must tell
+        # clear, as what stays readable in the topic is what it must tell (of another partition's, those refused
+        # before it was applied)
         letter_offsets = [o for _, _, o, _ in letters]
-        sealed_letters = sum(1 for *_, raw in letters if SEALED in claimed_fields(raw))
+        sealed_letters = sum(1 for raw in [*(raw for *_, raw in letters), *withheld] if SEALED in claimed_fields(raw))
         first_offset = min(o for o in (first_offset, *letter_offsets) if o is not None) if letters else first_offset
         refused = sorted({event_id for _, event_id, *_ in letters if event_id is not None})
         if refused:  # their ids are the erased past too: re-sent, any content is an erased duplicate (no fingerprint
@@ -690,9 +700,9 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
                 partition=record.partition,
                 offset=record.offset,
                 first_offset=first_offset,
-                records=n_events + len(letters),
+                records=n_events + len(letters) + len(withheld),
                 sealed_records=n_sealed + sealed_letters,
-                clear_records=n_events + len(letters) - n_sealed - sealed_letters,
+                clear_records=n_events + len(letters) + len(withheld) - n_sealed - sealed_letters,
                 key_ids=[k for k, _ in shredded],
                 key_fingerprints=[f for _, f in shredded],
                 purged={
