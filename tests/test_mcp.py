@@ -268,8 +268,18 @@ BAD = [
     ("context", {"subject": "s", "budget_tokens": 10}, "budget_tokens", "invalid_value"),
     ("context", {"subject": "s", "format": "xml"}, "format", "unknown_value"),
     # too large only once encoded as one event, each field within its own limit: the event as a whole
-    ("remember", {"event_id": "e5", "subject": "s", "key": "k", "content": "c", "value": {f"f{i}": "v" * 10_000 for i
-     in range(30)}}, "arguments", "too_large"),  # fmt: skip
+    (
+        "remember",
+        {
+            "event_id": "e5",
+            "subject": "s",
+            "key": "k",
+            "content": "c",
+            "value": {f"f{i}": "v" * 10_000 for i in range(30)},
+        },
+        "arguments",
+        "too_large",
+    ),
 ]
 
 
