@@ -86,8 +86,8 @@ Position = tuple[int, int]  # (partition, offset) of a published record
 class Publishes:
     """This process's publishes by (tenant, event_id, fingerprint): the same event asked again while it is in flight
     waits for it instead of publishing it again, and asked again once published is answered its position (its
-    record is in the ledger: acks=all). Remembered until `remember` later ones are done; one that failed is
-    forgotten at once, so the next ask publishes it."""
+    record is in the ledger: acks=all), until the worker refuses it. Remembered until `remember` later ones are
+    done; one that failed, or that the worker refused, is forgotten, so the next ask publishes it."""
 
     def __init__(self, remember: int = 10_000) -> None:
         self._remember = remember
@@ -98,6 +98,12 @@ class Publishes:
 
     def start(self, key: tuple[str, str, str]) -> None:
         self._futures[key] = asyncio.get_running_loop().create_future()
+
+    def forget(self, key: tuple[str, str, str]) -> None:
+        """The worker refused what was published (a dead letter): the next ask publishes it again."""
+        future = self._futures.get(key)
+        if future is not None and future.done():
+            del self._futures[key]
 
     def finish(self, key: tuple[str, str, str], position: Position | None) -> None:
         future = self._futures.get(key)

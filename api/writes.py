@@ -248,6 +248,9 @@ async def _published_here(
     request's to publish (`Publishes.start`ed: the caller `finish`es each). It waits holding none of its own, and
     starts its own with no wait between look-up and start, so two requests never wait for each other."""
     to_publish = [key for key, _ in first.items() if claims.get(key) is None or claims[key].state in ("new", "claimed")]
+    for key in to_publish:
+        if claims.get(key) is not None and claims[key].lettered:  # its record was refused since: a new one is sent
+            publishes.forget((*key, fingerprints[key]))
     waits = {key: f for key in to_publish if (f := publishes.get((*key, fingerprints[key]))) is not None}
     for future in waits.values():
         await asyncio.shield(future)
