@@ -443,11 +443,24 @@ def test_an_id_glued_to_other_letters_is_part_of_their_word_not_an_id_of_its_own
     a boundary and `zq7` of `Cafézq7` was taken for an id, naming another subject's fact exactly. A run of id
     characters glued to another letter or digit is part of that word."""
     vocab = Vocabulary.build(entities=["zq7", "a1", "Cafézq7"])
-    for word in ("Cafézq7", "Νίκοςa1", "ᏣᎳᎩa1", "Straßezq7", "zq7é", "a1ß", "नमस्तेa1", "ไม่zq7", "x\u0332a1", "a1\u0301"):
+    for word in ("Cafézq7", "Νίκοςa1", "ᏣᎳᎩa1", "Straßezq7", "zq7é", "a1ß", "नमस्तेa1", "x\u0332a1", "a1\u0301"):
         cues = extract(f"where is {word}?", vocab, NOW)
         assert not {"zq7", "a1", "ezq7"} & {*cues.known_entities, *cues.entities}, (word, cues.entities)
     assert extract("where is Cafézq7?", vocab, NOW).known_entities == ("cafézq7",)
     assert extract("where is zq7 and a1?", vocab, NOW).known_entities == ("zq7", "a1")
+    # a script written without spaces, an emoji's variation selector or keycap: beside the id, not part of its word
+    spelled = Vocabulary.build(subjects=["user:alice.smith", "user:Alice-Smith"], entities=["zq7"])
+    for question, named in (
+        ("⚠️zq7 port", ("zq7",)),
+        ("1️⃣zq7", ("zq7",)),
+        ("ตั๋วzq7", ("zq7",)),
+        ("zq7의 포트", ("zq7",)),
+        ("user:alice.smith的邮箱", ("user:alice.smith",)),
+        ("查询user:Alice-Smith的邮箱", ("user:alice-smith",)),
+    ):
+        assert extract(question, spelled, NOW).known_entities == named, question
+    for question in ("订单OD99990001", "OD99990001的退款", "OD99990001の返金"):
+        assert extract(question, spelled, NOW).entities == ("od99990001",), question
 
 
 def test_a_dates_words_and_a_possessive_tail_are_no_unexplained_terms():
@@ -457,6 +470,8 @@ def test_a_dates_words_and_a_possessive_tail_are_no_unexplained_terms():
         ("what did carol do in March 2026?", ("carol",)),
         ("carol 2026年3月 做了什么", ("carol", "做")),
         ("what is carol's phone?", ("carol", "phone")),
+        ("march in March 2023", ("march",)),  # the verb is a word of the question; the month is the date's
+        ("月饼 in 2023年5月", ("月", "饼")),
     ):
         cues = extract(question, VOCAB, NOW)
         assert cues.terms == left, (question, cues.terms)

@@ -42,11 +42,21 @@ __all__ = [
 _HAN = r"[\u2e80-\u2fdf\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]"
 
 
+def _word_mark(code: int) -> bool:
+    """A combining mark that belongs to a word (a vowel sign, an accent): not an emoji's variation selector or a
+    keycap, nor a mark for symbols, which sit next to a word without being part of it (`⚠️P1` is the id `P1`)."""
+    return (
+        unicodedata.category(chr(code)) in ("Mn", "Mc")
+        and not 0xFE00 <= code <= 0xFE0F
+        and not 0x20D0 <= code <= 0x20FF
+    )
+
+
 def _mark_class() -> str:
-    """The combining marks of the Basic Multilingual Plane as a character class's ranges: `\\w` leaves them out, so
-    a word would break at a vowel sign (`नमस्ते`) or an accent NFKC does not compose, and its pieces read as words
-    of their own (an id `a1` inside `नमस्तेa1`)."""
-    marks = [c for c in range(0x300, 0x10000) if unicodedata.category(chr(c)).startswith("M")]
+    """The word marks (`_word_mark`) of the Basic Multilingual Plane as a character class's ranges: `\\w` leaves them
+    out, so a word would break at a vowel sign (`नमस्ते`) or an accent NFKC does not compose, and its pieces read
+    as words of their own (an id `a1` inside `नमस्तेa1`)."""
+    marks = [c for c in range(0x300, 0x10000) if _word_mark(c)]
     ranges, start = [], marks[0]
     for prev, cur in itertools.pairwise([*marks, -1]):
         if cur != prev + 1:
@@ -615,8 +625,17 @@ def _id_runs(nfkc: str) -> Iterator[str]:
         yield run.group(0)
 
 
+# scripts written without spaces between words (Chinese, Japanese, Korean particles, Thai, Lao, Khmer, Myanmar): an
+# id written against them is a word of its own, as `订单OD99990001` or `P1의` write it
+_UNSPACED = re.compile(rf"{_HAN}|[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff]")
+
+
 def _in_a_word(char: str) -> bool:
-    return unicodedata.category(char)[0] in "LMN"  # a letter, a (combining) mark or a digit of any script
+    """Whether `char` next to a run of id characters makes the run part of its word: a letter, digit or word mark
+    (`_word_mark`) of a script written with spaces between words."""
+    if _UNSPACED.match(char):
+        return False
+    return unicodedata.category(char)[0] in "LN" or _word_mark(ord(char))
 
 
 def _id_tokens(text: str) -> list[str]:
@@ -635,6 +654,20 @@ def _id_tokens(text: str) -> list[str]:
             r = _NAMESPACED.sub(" ", r)
         codes += [m.group(0) for m in _CODE.finditer(r)]
     return [normalize_entity(t) for t in spaced + codes]
+
+
+def _date_positions(seq: list[str], dates: Sequence[DateCue]) -> set[int]:
+    """The places in `seq` of each date cue's own words: where its units first stand together (`march` of "march
+    in March 2023" is the second one, `月` of "月饼 in 2023年5月" the last)."""
+    taken: set[int] = set()
+    for date in dates:
+        words = units(date.words)
+        for i in range(len(seq) - len(words) + 1):
+            place = range(i, i + len(words))
+            if seq[i : i + len(words)] == words and taken.isdisjoint(place):
+                taken.update(place)
+                break
+    return taken
 
 
 def _bounded_words(words: list[str], limit: int) -> list[str]:
@@ -745,11 +778,11 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
     keep = [u not in _STOP_UNITS and not t for u, t in zip(seq, timed, strict=True)]
     content = [u for u, k in zip(seq, keep, strict=True) if k]
     dates = find_dates(norm)
-    dated = {u for d in dates for u in units(d.words)}  # a calendar date's words are its cue, not unexplained terms
+    dated = _date_positions(seq, dates)  # a calendar date's words are its cue, not unexplained terms
     terms = [
         u
-        for u, c in zip(seq, covered, strict=True)
-        if not c and u not in _STOP_UNITS and u not in vocab.namespaces and not u.isdigit() and u not in dated
+        for k, (u, c) in enumerate(zip(seq, covered, strict=True))
+        if not c and u not in _STOP_UNITS and u not in vocab.namespaces and not u.isdigit() and k not in dated
     ]
     text = [u for u, k in zip(raw, keep, strict=True) if k]
     return Cues(
