@@ -494,23 +494,36 @@ def test_an_erasure_leaves_no_bytes_of_its_subjects_letters_in_other_partitions_
     assert [e["event_id"] for e in replay if e["type"] == "deadletter.discarded"] == [f"deadletter:{p}:{o}"], replay
 
 
-def test_a_resolution_naming_a_letter_after_it_in_its_partition_closes_nothing(world: World) -> None:
+def test_a_resolution_naming_a_letter_after_it_in_its_partition_is_refused(world: World) -> None:
     """The class: a resolution was recorded for any letter it named, so a raw discard naming the next offset of its
-    own partition closed the refusal that landed there after it, in advance. Such a resolution closes nothing (no
-    record after it was refused before it), and says so in the audit replay; the letter stays open."""
+    own partition closed the refusal that landed there after it, in advance; kept as an event that closed nothing,
+    it would still take the id (`deadletter:<p>:<o>`) that letter's own discard needs, leaving it unresolvable. The
+    worker refuses it (a dead letter naming `dead_letter`); the letter stays open and is discarded through the
+    door as any other."""
     key = f"{A}|user:ahead".encode()
     [(p, o)] = publish_raw(world.settings, [(key, orjson.dumps(wire("user:ahead", tenant=A, event_id="ev-ahead-0")))])
-    ahead = {"type": "deadletter.discarded", "tenant": A, "subject": "user:ahead", "event_id": "ev-ahead-discard"}
+    ahead = {
+        "type": "deadletter.discarded",
+        "tenant": A,
+        "subject": "user:ahead",
+        "event_id": f"deadletter:{p}:{o + 2}",
+    }
     ahead |= {"reason": "in advance", "dead_letter": {"partition": p, "offset": o + 2}}
     refused = wire("user:ahead", tenant=A, event_id="ev-ahead-bad", content=...)
     positions = publish_raw(world.settings, [(key, orjson.dumps(ahead)), (key, orjson.dumps(refused))])
     assert positions == [(p, o + 1), (p, o + 2)], positions
     world.caught_up()
-    assert world.letters()[(p, o + 2)]["state"] == "open", world.letters()[(p, o + 2)]
-    [discard] = [
-        e for e in world.get("/v1/subjects/user:ahead/events", tenant=A)["events"] if e["type"] == ahead["type"]
-    ]
-    assert discard["effect"]["detail"].startswith("closes no dead letter"), discard["effect"]
+    letters = world.letters()
+    assert (letters[(p, o + 1)]["reason"]["code"], letters[(p, o + 1)]["reason"]["field"]) == (
+        "invalid_value",
+        "dead_letter",
+    ), letters[(p, o + 1)]
+    assert letters[(p, o + 2)]["state"] == "open", letters[(p, o + 2)]
+    body = {"tenant": A, "partition": p, "offset": o + 2, "reason": "through the door"}
+    r = world.http.post("/v1/dead-letters/discard", json=body, headers={"X-API-Key": "key-a"})
+    assert r.status_code == 200, r.text
+    world.caught_up()
+    assert world.letters()[(p, o + 2)]["state"] == "discarded"
     assert _replayed(world) == _states(world.settings, world.settings.pg_schema)
 
 

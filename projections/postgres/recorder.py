@@ -206,7 +206,7 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
     def prepare(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult) -> list[Incoming]:
         opened, erased = self.open_sealed(cur, records, result)
         self._resolve_erased(cur, erased)
-        return opened
+        return [_named_ahead(r) for r in opened]
 
     def apply(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult, shard: int) -> None:
         """The valid records in ledger order; an erasure is a barrier: what came before it is applied first."""
@@ -806,6 +806,20 @@ def _after(r: Incoming, erasure: tuple[str, int, int]) -> bool:
     """Whether record `r` comes after the erasure at (topic, partition, offset) in the log."""
     topic, partition, offset = erasure
     return r.topic == topic and r.partition == partition and r.offset > offset
+
+
+def _named_ahead(r: Incoming) -> Incoming:
+    """`r`, refused if it names a dead letter at or after its own place in its own partition: no record there was
+    refused before it, so it could only close a refusal to come, or take the id the letter's own resolution needs
+    (`deadletter:<partition>:<offset>`) and leave it unresolvable."""
+    link = r.event.dead_letter if r.event is not None else None
+    if link is None or link.partition != r.partition or link.offset < r.offset:
+        return r
+    message = (
+        f"names the dead letter at partition {link.partition}, offset {link.offset}, which is not before this record "
+        "in its partition: no record there was refused before it"
+    )
+    return dataclasses.replace(r, event=None, error=InvalidEvent("invalid_value", message, "dead_letter"))
 
 
 def _key_destroyed(r: Incoming) -> Incoming:
