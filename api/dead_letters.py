@@ -144,6 +144,8 @@ async def open_letter(
     record's personal fields only if they open here, `sealed` says what became of them), else `raw_text`."""
     check_tenant(tenant, tenants)
     letter, raw, _ = await _letter(res, tenant, partition, offset)
+    if raw is None and letter["reason"]["code"] != "empty":  # not a null record: bytes an erasure withheld
+        return letter | {"size": 0, "record": None, "withheld": True}
     return letter | await run_in_threadpool(_record_view, res.settings, raw)
 
 

@@ -1062,6 +1062,15 @@ class DeadLetterRecord(DeadLetter):
     ]
     raw_text: NotRequired[Annotated[str | None, doc("a record that is not a JSON object: its first 4,096 characters")]]
     sealed: NotRequired[Annotated[DeadLetterSealed | None, doc("a sealed record: whether its personal fields opened")]]
+    withheld: NotRequired[
+        Annotated[
+            bool,
+            doc(
+                "true: its subject was erased and the record's bytes went with it (it was in another partition than "
+                "the erasure); `size` and `record` then say nothing of it"
+            ),
+        ]
+    ]
 
 
 class DeadLetterAction(TypedDict):

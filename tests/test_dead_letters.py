@@ -477,6 +477,7 @@ def test_an_erasure_leaves_no_bytes_of_its_subjects_letters_in_other_partitions_
         if at[0] != home:  # the code stays, and a top-level field of the contract's; no word that may quote it
             reason = letters[at]["reason"]
             assert reason["field"] in ("confidence", "value", None) and "withheld" in reason["message"], reason
+        assert orjson.loads(opened).get("withheld", False) == (at[0] != home), opened  # said so, not a 0-byte record
     [record] = world.get("/v1/erasures", tenant=A, subject=subject)["erasures"]
     stays = 1 + len(before)  # the fact and every letter refused before it: in the topic, readable or sealed
     taken = sum(1 for at in before if at[0] == home)  # deleted; the others' bytes withheld

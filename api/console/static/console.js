@@ -1730,7 +1730,9 @@
         d.reason.field ? [" · ", el("code", null, d.reason.field)] : "",
         ": ",
         d.reason.message,
-        ` — a record of ${d.size} bytes, recorded `,
+        d.withheld
+          ? " — its record's bytes went with its erased subject; recorded "
+          : ` — a record of ${d.size} bytes, recorded `,
         time(d.recorded_at),
         d.sealed
           ? d.sealed.opened
@@ -1747,7 +1749,7 @@
       $("letter-raw").textContent = d.raw_text ?? "";
       $("letter-actions").hidden = d.state !== "open";
       if (d.state === "open") {
-        const draft = record ? { ...record } : {};
+        const draft = record ? { ...record } : {}; // withheld: nothing to start a correction from
         delete draft.dead_letter; // the API links the correction to this letter itself
         $("redrive-event").value = JSON.stringify(draft, null, 2);
         $("discard-reason").value = "";
