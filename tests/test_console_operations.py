@@ -21,7 +21,15 @@ from tests.conftest import unique
 from tests.support import Worker, asserted
 from tests.support.browser import OfflinePage
 from tests.support.console_page import ConsolePage, short
-from tests.support.console_world import AUDITOR_KEY, FOREIGN, MALFORMED, ConsoleWorld, console_world, produce_malformed
+from tests.support.console_world import (
+    AUDITOR_KEY,
+    FOREIGN,
+    MALFORMED,
+    TENANT,
+    ConsoleWorld,
+    console_world,
+    produce_malformed,
+)
 
 TENANT = "acme"
 
@@ -262,3 +270,41 @@ def test_the_view_of_a_tenant_the_key_may_not_use_is_the_apis_403(world: Console
         assert (tab.page.text_content(f"#{box} .box-error") or "").startswith(f"403 {item['code']}")
     assert tab.page.get_attribute("#ops-health", "data-state") == "ready"  # health names no tenant
     assert console.rows("dead-letters") == [] and console.rows("ops-lag") == []
+
+
+def test_a_letter_whose_bytes_an_erasure_withheld_says_so(world: ConsoleWorld, tab: OfflinePage) -> None:
+    """A refused record of an erased subject sent under another subject's key keeps its letter but not its bytes:
+    the detail says they went with the subject, instead of showing a record of 0 bytes and an empty draft."""
+    from kafka.partitioner.default import murmur2
+
+    from producers.contract import kafka_key
+    from tests.support import publish_raw, wait_for, wire
+
+    subject = "ticket:T-gone"
+    own = kafka_key(TENANT, subject)
+    other = next(
+        k
+        for k in (kafka_key(TENANT, f"ticket:T-{n}") for n in range(100))
+        if (murmur2(k) & 0x7FFFFFFF) % 6 != (murmur2(own) & 0x7FFFFFFF) % 6
+    )
+    refused = wire(subject, tenant=TENANT, event_id="ev-dl-gone", key="ticket.owner", value="ann", content=...)
+    erasure = {"type": "subject.erased", "tenant": TENANT, "subject": subject, "event_id": "ev-dl-gone-erase"}
+    [(partition, offset)] = publish_raw(world.settings, [(other, json.dumps(refused).encode())])
+    [(erased_in, _)] = publish_raw(world.settings, [(own, json.dumps(erasure).encode())])
+    assert erased_in != partition
+
+    def withheld() -> bool:
+        r = httpx.get(
+            f"{world.url}/v1/dead-letters/{partition}/{offset}",
+            params={"tenant": TENANT},
+            headers={"X-API-Key": AUDITOR_KEY},
+            timeout=30,
+        )
+        return r.status_code == 200 and r.json().get("withheld") is True
+
+    wait_for(withheld, 90, 0.3, "the letter withheld")
+    console = in_ops(tab)
+    assert console.open_letter(partition, offset) == "ready", console.error()
+    note = tab.page.text_content("#letter-note") or ""
+    assert "went with its erased subject" in note and "0 bytes" not in note, note
+    assert console.letter_fields() == {} and not tab.page.is_visible("#letter-raw")
