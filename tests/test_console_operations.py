@@ -25,7 +25,6 @@ from tests.support.console_world import (
     AUDITOR_KEY,
     FOREIGN,
     MALFORMED,
-    TENANT,
     ConsoleWorld,
     console_world,
     produce_malformed,
