@@ -18,7 +18,7 @@ import logging
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -99,10 +99,11 @@ class Publishes:
     def start(self, key: tuple[str, str, str]) -> None:
         self._futures[key] = asyncio.get_running_loop().create_future()
 
-    def forget(self, key: tuple[str, str, str]) -> None:
-        """The worker refused what was published (a dead letter): the next ask publishes it again."""
+    def forget(self, key: tuple[str, str, str], refused: Iterable[Position]) -> None:
+        """Forget the publish of `key` if its record is among the `refused` (dead letters): the next ask publishes
+        it again. A letter of the id elsewhere (a record of other content, one refused before) changes nothing."""
         future = self._futures.get(key)
-        if future is not None and future.done():
+        if future is not None and future.done() and future.result() in set(refused):
             del self._futures[key]
 
     def finish(self, key: tuple[str, str, str], position: Position | None) -> None:

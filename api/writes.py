@@ -249,8 +249,8 @@ async def _published_here(
     starts its own with no wait between look-up and start, so two requests never wait for each other."""
     to_publish = [key for key, _ in first.items() if claims.get(key) is None or claims[key].state in ("new", "claimed")]
     for key in to_publish:
-        if claims.get(key) is not None and claims[key].lettered:  # its record was refused since: a new one is sent
-            publishes.forget((*key, fingerprints[key]))
+        if claims.get(key) is not None and claims[key].letters:  # the record this process sent was refused since:
+            publishes.forget((*key, fingerprints[key]), claims[key].letters)  # a new one is sent
     waits = {key: f for key in to_publish if (f := publishes.get((*key, fingerprints[key]))) is not None}
     for future in waits.values():
         await asyncio.shield(future)

@@ -21,8 +21,9 @@ def _event(event_id: str) -> object:
 
 def test_a_published_event_is_answered_its_position_until_its_record_is_refused() -> None:
     """A retry of an event this process published is answered the first publish's position (nothing sent again),
-    unless the worker refused that record since (a dead letter: `Claim.lettered`), as a record sealed with a key an
-    erasure destroyed is: then it is the retry's to publish anew, as the letter's message asks."""
+    unless the worker refused that very record since (a dead letter at its position: `Claim.letters`), as a record
+    sealed with a key an erasure destroyed is: then it is the retry's to publish anew, as the letter's message asks;
+    a letter of the id elsewhere (another content, refused before) changes nothing."""
 
     async def scenario() -> None:
         publishes = Publishes()
@@ -33,7 +34,10 @@ def test_a_published_event_is_answered_its_position_until_its_record_is_refused(
         publishes.finish((*key, fp), (3, 7))
         published, mine = await _published_here(publishes, first, {key: Claim("claimed")}, {key: fp})
         assert (published, mine) == ({key: (3, 7)}, [])
-        published, mine = await _published_here(publishes, first, {key: Claim("claimed", lettered=True)}, {key: fp})
+        elsewhere = Claim("claimed", letters=((3, 6),))  # a record of the id refused before this one: no matter
+        published, mine = await _published_here(publishes, first, {key: elsewhere}, {key: fp})
+        assert (published, mine) == ({key: (3, 7)}, [])
+        published, mine = await _published_here(publishes, first, {key: Claim("claimed", letters=((3, 7),))}, {key: fp})
         assert (published, mine) == ({}, [key])
         publishes.finish((*key, fp), None)  # that publish failed: forgotten, the next ask sends it
         assert publishes.get((*key, fp)) is None

@@ -37,7 +37,7 @@ class Claim:
     partition: int | None = None  # applied (or a conflict with an applied event): the stored event's place
     offset: int | None = None
     holder: Literal["applied", "claimed", "erased"] | None = None  # conflict: what holds the id
-    lettered: bool = False  # claimed, and a record of it was refused since (a dead letter): publish it anew
+    letters: tuple[tuple[int, int], ...] = ()  # claimed: where records of the id were refused (dead letters)
 
 
 def erased_sql(with_fingerprints: bool) -> str:
@@ -84,7 +84,8 @@ WITH given AS (
     RETURNING c.tenant, c.event_id, c.fingerprint, c.xmax = 0 AS fresh
 )
 SELECT g.fp, a.fingerprint, a."partition", a."offset", x.same, c.fingerprint, c.fresh,
-    EXISTS (SELECT 1 FROM dead_letters d WHERE d.tenant = g.t AND d.event_id = g.id) AS lettered FROM given g
+    (SELECT array_agg(ARRAY[d."partition"::bigint, d."offset"]) FROM dead_letters d
+     WHERE d.tenant = g.t AND d.event_id = g.id) AS letters FROM given g
 LEFT JOIN applied a ON a.t = g.t AND a.id = g.id
 LEFT JOIN erased x ON x.t = g.t AND x.id = g.id
 LEFT JOIN claimed c ON c.tenant = g.t AND c.event_id = g.id
@@ -102,14 +103,14 @@ async def claim_events(conn: psycopg.AsyncConnection, events: list[tuple[str, st
         return []
     cur = await conn.execute(_CLAIM, {"given": orjson.dumps(events).decode()})
     out: list[Claim] = []
-    for given, applied_fp, p, o, erased_same, claimed_fp, fresh, lettered in await cur.fetchall():
+    for given, applied_fp, p, o, erased_same, claimed_fp, fresh, letters in await cur.fetchall():
         if applied_fp is not None:
             same = applied_fp == given
             out.append(Claim("applied", p, o) if same else Claim("conflict", p, o, holder="applied"))
         elif erased_same is not None:
             out.append(Claim("erased") if erased_same else Claim("conflict", holder="erased"))
         elif claimed_fp == given:
-            out.append(Claim("new" if fresh else "claimed", lettered=lettered))
+            out.append(Claim("new" if fresh else "claimed", letters=tuple((p, o) for p, o in letters or ())))
         else:
             out.append(Claim("conflict", holder="claimed"))
     return out
