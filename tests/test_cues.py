@@ -461,6 +461,9 @@ def test_an_id_glued_to_other_letters_is_part_of_their_word_not_an_id_of_its_own
         assert extract(question, spelled, NOW).known_entities == named, question
     for question in ("订单OD99990001", "OD99990001的退款", "OD99990001の返金"):
         assert extract(question, spelled, NOW).entities == ("od99990001",), question
+    for before in ("人々", "〆", "〇〇", "𠮷", "ㅋㅋ", "ᄀ", "ㄅ", "ㇰ", "ลูกค้า", "អតិថិជន"):  # CJK beyond Han, SE Asian
+        cues = extract(f"{before}zq7 port", spelled, NOW)
+        assert cues.known_entities == ("zq7",) and not any("zq7" in t for t in cues.terms), (before, cues.terms)
 
 
 def test_a_dates_words_and_a_possessive_tail_are_no_unexplained_terms():
@@ -471,6 +474,7 @@ def test_a_dates_words_and_a_possessive_tail_are_no_unexplained_terms():
         ("carol 2026年3月 做了什么", ("carol", "做")),
         ("what is carol's phone?", ("carol", "phone")),
         ("march in March 2023", ("march",)),  # the verb is a word of the question; the month is the date's
+        ("what did we ship in June and who paid in June", ("ship",)),  # one date, written twice (paid: an event type)
         ("月饼 in 2023年5月", ("月", "饼")),
     ):
         cues = extract(question, VOCAB, NOW)

@@ -65,7 +65,16 @@ def _mark_class() -> str:
     return "".join(ranges)
 
 
-_UNIT = re.compile(rf"{_HAN}|(?:(?!{_HAN})[^\W_]|[{_mark_class()}])+")
+# the letters of scripts written without spaces between words beside the Han class: Thai, Lao, Myanmar, Khmer, the
+# Hangul jamo, CJK symbols (々 〆 〇), Bopomofo, the katakana extensions, the supplementary planes' ideographs
+_SPACELESS = (
+    "[\\u0e00-\\u0eff\\u1000-\\u109f\\u1780-\\u17ff\\u1100-\\u11ff\\u3000-\\u303f\\u3100-\\u318f\\u31a0-\\u31ff"
+    "\\U00020000-\\U0003ffff]"
+)
+# units: a Han character, a run of another spaceless script's letters, or a word of letters, digits and word marks;
+# a spaceless script never glues to latin (`ลูกค้าP1` is `ลูกค้า` and `p1`)
+_MARKS = f"[{_mark_class()}]"
+_UNIT = re.compile(rf"{_HAN}|(?:(?=[^\W_]|{_MARKS}){_SPACELESS})+|(?:(?!{_HAN}|{_SPACELESS})[^\W_]|{_MARKS})+")
 # entity-looking tokens: namespaced ids (user:42, project:P1) and letters followed by digits (P1, OD20241102)
 _NAMESPACED = re.compile(r"(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9_.-]*:[A-Za-z0-9][A-Za-z0-9_.\-]*(?<![.-])")
 _CODE = re.compile(r"(?<![A-Za-z0-9:])[A-Za-z]{1,12}[0-9][A-Za-z0-9_-]*(?![A-Za-z0-9:])")
@@ -627,7 +636,7 @@ def _id_runs(nfkc: str) -> Iterator[str]:
 
 # scripts written without spaces between words (Chinese, Japanese, Korean particles, Thai, Lao, Khmer, Myanmar): an
 # id written against them is a word of its own, as `订单OD99990001` or `P1의` write it
-_UNSPACED = re.compile(rf"{_HAN}|[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff]")
+_UNSPACED = re.compile(rf"{_HAN}|{_SPACELESS}")
 
 
 def _in_a_word(char: str) -> bool:
@@ -657,16 +666,15 @@ def _id_tokens(text: str) -> list[str]:
 
 
 def _date_positions(seq: list[str], dates: Sequence[DateCue]) -> set[int]:
-    """The places in `seq` of each date cue's own words: where its units first stand together (`march` of "march
-    in March 2023" is the second one, `月` of "月饼 in 2023年5月" the last)."""
+    """The places in `seq` of each date cue's own words: wherever its units stand together (`march` of "march in
+    March 2023" is the second one, `月` of "月饼 in 2023年5月" the last)."""
     taken: set[int] = set()
     for date in dates:
         words = units(date.words)
         for i in range(len(seq) - len(words) + 1):
             place = range(i, i + len(words))
             if seq[i : i + len(words)] == words and taken.isdisjoint(place):
-                taken.update(place)
-                break
+                taken.update(place)  # every place the date is written: "in June ... in June" is one cue, twice
     return taken
 
 
