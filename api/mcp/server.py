@@ -25,6 +25,7 @@ from mcp.server.streamable_http import CONTENT_TYPE_JSON, MCP_SESSION_ID_HEADER,
 from mcp_types import CallToolResult, JSONRPCMessage, JSONRPCResponse
 from pydantic import ConfigDict
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -187,7 +188,9 @@ def _in_one_shape(endpoint: ASGIApp) -> ASGIApp:
             await JSONResponse(error_body(item), 405, headers={"Allow": "POST"})(scope, receive, send)
             return
         body, receive = await _whole_body(receive)
-        refused = _tool_call_refusal(body)
+        # reading a large body (and walking its arguments) is CPU work: off the event loop, as the API's judging is
+        inline = len(body) <= _INLINE_BODY
+        refused = _tool_call_refusal(body) if inline else await run_in_threadpool(_tool_call_refusal, body)
         if refused is not None:
             await refused(scope, receive, send)
             return
@@ -236,7 +239,7 @@ def _tool_call_refusal(body: bytes) -> Response | None:
         item = {"code": "not_found", "field": "name", "message": "no tool has this name (tools/list lists them)"}
     elif not isinstance(arguments, dict):
         item = {"code": "not_an_object", "field": "arguments", "message": "a tool's arguments are a JSON object"}
-    elif (deep := _nested_past_the_parser(arguments)) is not None:
+    elif (deep := _nested_past_the_parser(body, arguments)) is not None:
         item = {"code": "too_deep", "field": deep, "message": f"is nested deeper than {MAX_VALUE_DEPTH} levels"}
     elif _SURROGATE_ESCAPE.search(body) is not None:
         for key, value in arguments.items():
@@ -257,11 +260,16 @@ _LONE_SURROGATE = "contains a lone surrogate, which is not valid Unicode text"
 # arguments nested past this are refused here: the SDK's JSON parser stops not far above it, answering valid JSON
 # with a parse error, where a tool refuses anything past MAX_VALUE_DEPTH as `too_deep` naming the path
 _PARSER_DEPTH = 100
+_INLINE_BODY = 64 * 1024  # a tool call's body up to this is judged on the event loop (less than a thread hop's cost)
 
 
-def _nested_past_the_parser(arguments: dict[str, Any]) -> str | None:
+def _nested_past_the_parser(body: bytes, arguments: dict[str, Any]) -> str | None:
     """The path (as the contract names one: `value.0.0...`, MAX_VALUE_DEPTH + 1 parts deep) into the first
-    argument nested past _PARSER_DEPTH, else None. Iterative: orjson reads 1,024 levels, more than Python recurses."""
+    argument nested past _PARSER_DEPTH, else None: at once when the whole body has fewer brackets than that (C speed;
+    the walk over a large answer's every value is what a receipt's verification would wait for). Iterative: orjson
+    reads 1,024 levels, more than Python recurses."""
+    if body.count(b"[") + body.count(b"{") <= _PARSER_DEPTH:
+        return None
     stack: list[tuple[Any, tuple[str, ...]]] = [({k: v}, ()) for k, v in reversed(arguments.items())]
     while stack:
         value, path = stack.pop()
