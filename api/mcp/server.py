@@ -270,13 +270,13 @@ def _nested_past_the_parser(body: bytes, arguments: dict[str, Any]) -> str | Non
     reads 1,024 levels, more than Python recurses."""
     if body.count(b"[") + body.count(b"{") <= _PARSER_DEPTH:
         return None
-    stack: list[tuple[Any, tuple[str, ...]]] = [({k: v}, ()) for k, v in reversed(arguments.items())]
-    while stack:
+    stack: list[tuple[Any, tuple[str, ...]]] = [(v, (k,)) for k, v in arguments.items() if isinstance(v, dict | list)]
+    while stack:  # containers only: a scalar nests nothing
         value, path = stack.pop()
         if len(path) > _PARSER_DEPTH:
             return ".".join(path[: MAX_VALUE_DEPTH + 1])
-        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-        stack.extend((v, (*path, str(k))) for k, v in reversed(list(items)))
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        stack.extend((v, (*path, str(k))) for k, v in items if isinstance(v, dict | list))
     return None
 
 
