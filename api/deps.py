@@ -184,7 +184,7 @@ def _whole_number(value: Any) -> Any:
     """A query parameter's integer written in ASCII digits only: pydantic would read `1.0`, `+1`, ` 1`, `1_0` and
     other scripts' digits as numbers, where a body's numbers are strict (`wrong_type`, as `1e3` already is)."""
     if isinstance(value, str) and _WHOLE_NUMBER.fullmatch(value) is None:
-        raise PydanticCustomError("int_parsing", "Input should be a whole number written in digits (0-9)")
+        raise PydanticCustomError("wrong_type", "Input should be a whole number written in digits (0-9)")
     return value
 
 
