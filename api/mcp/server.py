@@ -22,6 +22,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
 from mcp.server.streamable_http import CONTENT_TYPE_JSON, MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
+from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 from mcp_types import CallToolResult, JSONRPCMessage, JSONRPCResponse
 from pydantic import ConfigDict
 from starlette.applications import Starlette
@@ -189,8 +190,12 @@ def _in_one_shape(endpoint: ASGIApp) -> ASGIApp:
             return
         body, receive = await _whole_body(receive)
         # reading a large body (and walking its arguments) is CPU work: off the event loop, as the API's judging is
-        inline = len(body) <= _INLINE_BODY
-        refused = _tool_call_refusal(body) if inline else await run_in_threadpool(_tool_call_refusal, body)
+        if len(body) > DEFAULT_MAX_REQUEST_BODY_SIZE:  # the SDK's 413, in the one shape below: nothing to read
+            refused = None
+        elif len(body) <= _INLINE_BODY:
+            refused = _tool_call_refusal(body)
+        else:
+            refused = await run_in_threadpool(_tool_call_refusal, body)
         if refused is not None:
             await refused(scope, receive, send)
             return
