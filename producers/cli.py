@@ -41,12 +41,15 @@ class Summary:
 
 
 def _settings(topic: str | None) -> Any:
-    from producers.settings import check_names, get_settings
+    from producers.settings import UnsafeSettings, check_names, get_settings
 
     s = get_settings()
     if topic:
         s = s.model_copy(update={"topic": topic, "dlq_topic": f"{topic}.dlq", "access_topic": f"{topic}.access"})
-        check_names(s)  # model_copy does not validate: a bad --topic is refused like a bad LEDGER_TOPIC
+        try:  # model_copy does not validate: a bad --topic is refused by the rule a bad LEDGER_TOPIC is
+            check_names(s, topics_from="--topic")
+        except UnsafeSettings as exc:
+            raise typer.BadParameter(str(exc), param_hint="'--topic'") from None
     return s
 
 

@@ -31,14 +31,19 @@ class UnsafeSettings(ValueError):
     """A setting that must not reach a deployment (a development secret) or an unsafe name."""
 
 
-def check_names(s: Settings) -> None:
-    """Names that end up in SQL, topic and index names: checked, never trusted (also for private copies)."""
+_DERIVED = {"LEDGER_DLQ_TOPIC": "its dead-letter topic", "LEDGER_ACCESS_TOPIC": "its access topic"}
+
+
+def check_names(s: Settings, topics_from: str | None = None) -> None:
+    """Names that end up in SQL, topic and index names: checked, never trusted (also for private copies).
+    `topics_from`: what set the three topic names instead of their variables (a CLI option), for the error to name."""
     if not _PG_IDENTIFIER.match(s.pg_schema):
         raise UnsafeSettings(f"LEDGER_PG_SCHEMA {s.pg_schema!r}: lower-case letters, digits and _ (at most 63)")
     topics = (("LEDGER_TOPIC", s.topic), ("LEDGER_DLQ_TOPIC", s.dlq_topic), ("LEDGER_ACCESS_TOPIC", s.access_topic))
     for var, topic in topics:
         if not _KAFKA_TOPIC.match(topic) or topic in (".", ".."):
-            raise UnsafeSettings(f"{var} {topic!r}: letters, digits, '.', '_' and '-' (at most 249)")
+            named = var if topics_from is None else _DERIVED.get(var, topics_from)
+            raise UnsafeSettings(f"{named} {topic!r}: letters, digits, '.', '_' and '-' (at most 249)")
     if s.access_topic in (s.topic, s.dlq_topic):  # accesses are never written to the ledger (or its DLQ)
         raise UnsafeSettings(f"LEDGER_ACCESS_TOPIC {s.access_topic!r} must differ from the ledger and DLQ topics")
     if s.key_schema and not _PG_IDENTIFIER.match(s.key_schema):

@@ -468,3 +468,16 @@ def test_cli_topics_is_idempotent(settings: Settings) -> None:
         assert f"{settings.topic}.dlq: exists" in second.stdout
     finally:
         drop_topics(settings, settings.topic, f"{settings.topic}.dlq", f"{settings.topic}.access")
+
+
+@pytest.mark.parametrize("command", ["publish", "topics"])
+def test_cli_a_bad_topic_option_is_named_as_the_option(command: str) -> None:
+    """`--topic` is refused by LEDGER_TOPIC's rule, and the error names the option (and which derived topic broke
+    the rule), not a variable the user never set."""
+    args = {"publish": ["publish", "-", "--quiet"], "topics": ["topics"]}[command]
+    for topic, says in (("a b", "'a b'"), ("a" * 247, "its dead-letter topic")):
+        proc = subprocess.run([LEDGER_BIN, *args, "--topic", topic], input="", capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        err = " ".join(proc.stderr.replace("│", " ").split())
+        assert proc.returncode == 2, proc.stderr
+        assert "'--topic'" in err and says in err and "LEDGER_TOPIC" not in err, proc.stderr
