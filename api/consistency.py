@@ -26,6 +26,8 @@ from projections import shapes
 from projections.postgres.positions import reached_async, search_mark_async, search_pending_async
 
 if TYPE_CHECKING:  # the request models import this module: no store clients on their import path
+    import psycopg
+
     from api.resources import Resources
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "AfterQuery",
     "Stage",
     "check_after",
+    "check_applied",
     "recall_stage",
     "wait_after",
 ]
@@ -211,3 +214,19 @@ async def _refreshed(res: Resources, since: float) -> None:
     if refresher is None:
         refresher = _REFRESHERS[res.es] = _Refresher()
     await refresher.after(since, res)
+
+
+async def check_applied(res: Resources, conn: psycopg.AsyncConnection, place: tuple[int, int], field: str) -> None:
+    """422 naming `field` for a page cursor past what the projection has applied (a partition it never took a record
+    of, an offset beyond its position): no page gave it, and the page after it would read as the log's end."""
+    settings = res.settings
+    reached, stored = await reached_async(conn, settings.processor_group, settings.topic, {place[0]: place[1] + 1})
+    if not reached:
+        applied = ", ".join(f"{p}:{o}" for p, o in sorted(stored.items())) or "none"
+        raise ApiError(
+            422,
+            "invalid_value",
+            f"names {place[0]}:{place[1]}, past what the projection has applied (partition:next_offset {applied}): "
+            "no page of this ledger gave it",
+            field,
+        )

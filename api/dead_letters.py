@@ -18,6 +18,7 @@ import psycopg
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from api.consistency import check_applied
 from api.deps import MAX_OFFSET, MAX_PARTITION, Named, Storable, check_tenant, cursor_place
 from api.errors import ApiError
 from api.requests import TENANT, TENANT_NOTE
@@ -114,6 +115,8 @@ async def list_letters(
     cursor = parse_after(after)
     limit = min(limit, MAX_PAGE)
     async with res.pool.connection() as conn:  # one more than the page: `next` only when something follows
+        if cursor is not None:
+            await check_applied(res, conn, cursor, "after")
         letters = await list_dead_letters(conn, tenant, res.settings.topic, state=state, after=cursor, limit=limit + 1)
     last = letters[limit - 1] if len(letters) > limit else None
     letters = letters[:limit]

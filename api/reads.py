@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api import receipts
 from api.access import caller_of
-from api.consistency import Stage, recall_stage, wait_after
+from api.consistency import Stage, check_applied, recall_stage, wait_after
 from api.context import ContextBlock, build_context
 from api.deps import check_tenant, cursor_place
 from api.errors import ApiError
@@ -31,7 +31,6 @@ from api.tokens import token_counter
 from producers.contract import parse_rfc3339, rfc3339
 from projections import shapes
 from projections.postgres import receipts as receipt_store
-from projections.postgres.positions import reached_async
 from projections.postgres.queries import (
     current_facts,
     fact_history,
@@ -160,7 +159,7 @@ async def subject_log(
     past = None if cursor is None else cursor_place(cursor)
     async with res.pool.connection() as conn, _snapshot(conn, signed):
         if past is not None:
-            await _check_cursor(res, conn, past)
+            await check_applied(res, conn, past, "cursor")
         rows, more = await subject_events(conn, tenant, subject, from_, to, limit, below, past)
         ids = [r["event_id"] for r in rows]
         basis = await _basis(res, conn, tenant, ids) if signed else None
@@ -170,22 +169,6 @@ async def subject_log(
     asked = {"subject": subject, "from": from_, "to": to, "limit": limit, "cursor": cursor}
     await _sign(res, signed, "events", tenant, out, asked, ids, as_of=None, basis=basis)
     return out
-
-
-async def _check_cursor(res: Resources, conn: psycopg.AsyncConnection, past: tuple[int, int]) -> None:
-    """422 naming `cursor` for a place past what the projection has applied (a partition it never took a record
-    of, an offset beyond its position): no page gave it, and the page after it would read as the log's end."""
-    settings = res.settings
-    reached, stored = await reached_async(conn, settings.processor_group, settings.topic, {past[0]: past[1] + 1})
-    if not reached:
-        applied = ", ".join(f"{p}:{o}" for p, o in sorted(stored.items())) or "none"
-        raise ApiError(
-            422,
-            "invalid_value",
-            f"names {past[0]}:{past[1]}, past what the projection has applied (partition:next_offset {applied}): "
-            "no page of this ledger gave it",
-            "cursor",
-        )
 
 
 async def history(

@@ -784,10 +784,11 @@ def test_class2_the_same_event_asked_at_once_or_again_before_it_is_applied_is_pu
     assert sum(end_offsets(applied.settings).values()) == before + 1
 
 
-def test_an_audit_replay_cursor_past_the_log_is_refused_naming_it(applied: Pipeline) -> None:
+def test_a_page_cursor_past_the_log_is_refused_naming_it(applied: Pipeline) -> None:
     """The class: a cursor is a place in the log; one no page gave (a partition the projection never took a record
     of, an offset past its position) read as a page, empty as if the subject had nothing more, or the rest of the
-    log after it. It is a 422 naming `cursor`; a cursor at the last event still reads the empty last page."""
+    log after it. Every list paged by a place refuses it (the audit replay's `cursor`, the dead letters' `after`
+    over HTTP and MCP) with a 422 naming it; a cursor at the last event still reads the empty last page."""
     c = applied.client
     r = c.post("/v1/events", json={"events": [event("user:cur", event_id=f"CUR{n}") for n in range(2)]}, headers=HA)
     assert r.status_code == 200, r.text
@@ -803,6 +804,13 @@ def test_an_audit_replay_cursor_past_the_log_is_refused_naming_it(applied: Pipel
         r = c.get("/v1/subjects/user:cur/events", params={"tenant": A, "cursor": cursor}, headers=HA)
         item = assert_error(r, 422, "invalid_value", "cursor")
         assert "past what the projection has applied" in item["message"], (cursor, item)
+        r = c.get("/v1/dead-letters", params={"tenant": A, "after": cursor}, headers=HA)
+        item = assert_error(r, 422, "invalid_value", "after")
+        assert "past what the projection has applied" in item["message"], (cursor, item)
+        done = asyncio.run(_mcp_tool(applied, "dead_letters", {"tenant": A, "after": cursor}))
+        assert done.is_error and "past what the projection has applied" in done.content[0].text, (cursor, done)
+    r = c.get("/v1/dead-letters", params={"tenant": A, "after": f"{last['partition']}:{last['offset']}"}, headers=HA)
+    assert r.status_code == 200, r.text
 
 
 def test_every_integer_parameter_takes_digits_only(applied: Pipeline) -> None:
@@ -832,10 +840,14 @@ def test_every_integer_parameter_takes_digits_only(applied: Pipeline) -> None:
 
 
 async def _mcp_forget(applied: Pipeline, arguments: dict[str, Any]) -> Any:
+    return await _mcp_tool(applied, "forget", arguments)
+
+
+async def _mcp_tool(applied: Pipeline, name: str, arguments: dict[str, Any]) -> Any:
     from api.mcp.tools import TOOLS, run_tool
 
     async with Resources.open(applied.settings, warm_embedder=False) as res:
-        return await run_tool({t.name: t for t in TOOLS}["forget"], res, frozenset({A}), arguments)
+        return await run_tool({t.name: t for t in TOOLS}[name], res, frozenset({A}), arguments)
 
 
 def test_class2_3_7_idempotency_by_tenant_and_event_id_at_the_door(applied: Pipeline) -> None:
