@@ -185,7 +185,7 @@ def rotate_command(
     batch_size: int = typer.Option(500, min=1, help="data keys rewrapped per transaction"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
 ) -> None:
-    """Rewrap every live data key under the active KEK (the log is not rewritten)."""
+    """Rewrap every live data key and digest key under the active KEK (the log is not rewritten)."""
     from psycopg import sql
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
