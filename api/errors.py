@@ -82,11 +82,14 @@ ERROR_CODES: dict[str, str] = {
     ),
     "unknown_value": "not one of the field's choices (`kind`, `format`, `mode`, `source.type`)",
     "unknown_type": "an event `type` that is not one of the contract's (`EventType`)",
-    "invalid_time": "not a strict RFC 3339 time (seconds and an offset; never a Unix number)",
+    "invalid_time": (
+        "not a strict RFC 3339 time (seconds and an offset; never a Unix number), or an event's `valid_to` not after "
+        "its `valid_from`"
+    ),
     "invalid_range": "`to` before `from`",
     "unstorable_text": (
-        "U+0000 or a lone surrogate, which PostgreSQL cannot store; in a path or query, a percent-escape that is not "
-        "UTF-8"
+        "U+0000 or a lone surrogate in a text, which PostgreSQL cannot store (in a time or a token, its own code "
+        "refuses it); in a path or query, a percent-escape that is not UTF-8"
     ),
     "number_out_of_range": (
         "an integer outside signed 64 bits, NaN or an infinity, -0.0 (PostgreSQL's jsonb keeps 0), a non-zero "
