@@ -23,7 +23,7 @@ from pydantic import AfterValidator, Field
 from api.errors import ApiError, store_unavailable
 from producers.consistency import MAX_TOKEN_CHARS, decode_token, encode_token
 from projections import shapes
-from projections.postgres.positions import reached_async, search_mark_async, search_pending_async
+from projections.postgres.positions import reached_async, search_pending_async
 
 if TYPE_CHECKING:  # the request models import this module: no store clients on their import path
     import psycopg
@@ -75,16 +75,6 @@ def recall_stage(mode: str) -> Stage:
     return "vectors" if mode == "semantic" else "documents"
 
 
-# each phase: the queue whose rows of the tenant up to a mark must be gone; the mark is that queue's newest id, read
-# once the previous phase was passed (so every row the previous stage made for the write is under it)
-# (queue, new versions' rows only): the embedders' vector rewrites wait behind every new version in the outbox
-_PHASES: dict[Stage, tuple[tuple[str, bool], ...]] = {
-    "projection": (),
-    "documents": (("search_outbox", True),),
-    "vectors": (("search_outbox", True), ("embed_queue", False), ("search_outbox", False)),
-}
-
-
 async def wait_after(res: Resources, tenant: str, after: str, stage: Stage) -> shapes.Consistency:
     """Wait until `stage` has reached the token `after` for `tenant`'s reads; what the answer reflects.
 
@@ -97,33 +87,28 @@ async def wait_after(res: Resources, tenant: str, after: str, stage: Stage) -> s
     settings = res.settings
     started = time.monotonic()
     deadline, delay = started + AFTER_WAIT_S, _POLL_FIRST_S
-    phases, phase, mark = _PHASES[stage], -1, 0  # phase -1: the projection's positions
+    applied, indexed = False, stage == "projection"
     stored: dict[int, int] = {}
     listener = res.recall.commits()
     while True:
         changed = listener.changed()  # taken before looking: a commit heard meanwhile is not missed
         async with res.pool.connection() as conn:
-            while phase < len(phases):
-                if phase < 0:
-                    reached, stored = await reached_async(conn, settings.processor_group, settings.topic, targets)
-                    if not reached:
-                        break
-                elif await search_pending_async(conn, phases[phase][0], tenant, mark, new_only=phases[phase][1]):
-                    break
-                phase += 1
-                if phase < len(phases):
-                    mark = await search_mark_async(conn, phases[phase][0])
-        if phase >= len(phases):
+            if not applied:
+                applied, stored = await reached_async(conn, settings.processor_group, settings.topic, targets)
+            # the write's queued rows are in the transaction that advanced the positions past it: looked for after
+            if applied and not indexed:
+                indexed = not await search_pending_async(conn, stage, tenant, targets)
+        if applied and indexed:
             break
         if time.monotonic() + delay > deadline:
             await _check_within_log(res, targets)
-            if phase >= 0:  # waiting on the index: a search index that is down is said so, not "retry"
+            if applied:  # waiting on the index: a search index that is down is said so, not "retry"
                 await _check_index_up(res)
-            raise _not_yet(stage, phase, targets, stored)
+            raise _not_yet(stage, applied, targets, stored)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(changed.wait(), delay)
         delay = min(delay * 2, _POLL_MAX_S)
-    if phases:  # the documents are written; searchable once the index is refreshed after that
+    if stage != "projection":  # the documents are written; searchable once the index is refreshed after that
         await _refreshed(res, time.monotonic())
     return {
         "after": after,
@@ -170,8 +155,8 @@ async def _check_index_up(res: Resources) -> None:
         raise store_unavailable("elasticsearch", exc) from None
 
 
-def _not_yet(stage: Stage, phase: int, targets: dict[int, int], stored: dict[int, int]) -> ApiError:
-    if phase < 0:
+def _not_yet(stage: Stage, applied: bool, targets: dict[int, int], stored: dict[int, int]) -> ApiError:
+    if not applied:
         where = "the projection has not applied the write yet"
     else:
         where = "the projection applied it; the search index has not caught up yet"

@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from producers.settings import Settings
 from projections.postgres.connection import configure_pool
-from projections.postgres.positions import search_mark_async, search_pending_async
+from projections.postgres.positions import search_pending_async
 from projections.postgres.stats import stats_counts
 from projections.search import claims
 from projections.search.claims import DELETE_CLAIMED, claim_fairly, delete_claimed
@@ -126,10 +126,8 @@ def test_the_apis_reads_of_a_queue_are_planned_at_each_call(settings: Settings, 
         try:
             async with pool.connection() as c:
                 for _ in range(8):  # psycopg prepares a statement at its fifth call
-                    assert await search_mark_async(c, "search_outbox") > 0
-                    await search_mark_async(c, "embed_queue")
-                    assert await search_pending_async(c, "search_outbox", "t1", 10**9, new_only=True)
-                    assert await search_pending_async(c, "embed_queue", "t1", 10**9)
+                    assert await search_pending_async(c, "documents", "t1", {0: 10**9})
+                    assert await search_pending_async(c, "vectors", "t1", {0: 10**9})
                     lag = (await stats_counts(c, "t1", settings.topic))["search_lag"]
                     assert lag["documents_lag_s"] is not None and lag["vectors_lag_s"] is not None  # the oldest rows
                 cur = await c.execute("SELECT statement FROM pg_prepared_statements")
@@ -172,3 +170,34 @@ def test_a_claim_shares_its_batch_among_the_tenants_waiting(conn: psycopg.Connec
     walk = sql.SQL(claims._WAITING).format(queue=sql.Identifier(queue), only=sql.SQL(only), columns=sql.SQL(columns))
     plan = "\n".join(r for (r,) in conn.execute(sql.SQL("EXPLAIN ") + walk, (4,)))
     assert index in plan and "Seq Scan" not in plan, plan
+
+
+def test_a_write_is_pending_in_a_stage_by_its_own_places_only(settings: Settings, conn: psycopg.Connection) -> None:
+    """What a read with a token waits for (api.consistency): a row of the tenant queued for a record below the
+    token's positions, in that stage's queues (documents: the outbox's first writes; vectors: every row of the
+    outbox and the embedders' queue), never a later record's row, another partition's or another tenant's; a row
+    queued before rows had places is below every token."""
+    conn.execute(
+        'INSERT INTO search_outbox (version_id, tenant, subject, op, priority, "partition", "offset") VALUES '
+        "('a', 't1', 's', 'upsert', 0, 0, 10), ('b', 't1', 's', 'upsert', 0, 0, 20), "
+        "('c', 't1', 's', 'upsert', 1, 1, 5), ('d', 't2', 's', 'upsert', 0, 3, 1)"
+    )
+    conn.execute("INSERT INTO embed_queue (version_id, tenant, since, \"partition\", \"offset\") "
+                 "VALUES ('e', 't1', now(), 2, 7)")  # fmt: skip
+
+    def pending(stage: str, tenant: str, below: dict[int, int]) -> bool:
+        async def ask() -> bool:
+            async with await psycopg.AsyncConnection.connect(settings.pg_dsn, autocommit=True) as c:
+                await c.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(settings.pg_schema)))
+                return await search_pending_async(c, stage, tenant, below)
+
+        return asyncio.run(ask())
+
+    assert not pending("documents", "t1", {0: 10})  # its first row is at offset 10: the token is before it
+    assert pending("documents", "t1", {0: 11}) and pending("documents", "t1", {0: 99, 5: 1})
+    assert not pending("documents", "t1", {1: 99, 2: 99, 3: 99})  # a vector rewrite, a vector queued, t2's row
+    assert pending("vectors", "t1", {1: 6}) and pending("vectors", "t1", {2: 8})
+    assert not pending("vectors", "t1", {1: 5, 2: 7, 3: 99, 4: 99})
+    assert not pending("documents", "t2", {0: 99}) and pending("documents", "t2", {3: 2})
+    conn.execute("INSERT INTO search_outbox (version_id, tenant, subject, op) VALUES ('f', 't2', 's', 'upsert')")
+    assert pending("documents", "t2", {5: 1}) and pending("vectors", "t2", {5: 1}) and not pending("vectors", "t3", {})

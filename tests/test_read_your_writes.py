@@ -401,6 +401,36 @@ def test_a_frozen_indexer_holds_recall_but_not_facts(stack: dict[str, Any]) -> N
     assert r.status_code == 200 and _values(r.json())[:1] == ["new"], r.text
 
 
+def test_a_token_waits_for_its_own_write_not_for_what_the_tenant_wrote_after_it(stack: dict[str, Any]) -> None:
+    """The class: a read with the token of a write the index already has answers at once, whatever the tenant's
+    other writes still wait in the search queues (an agent's reads do not stall behind a sibling service's bulk
+    import); a token of one of those writes still waits for it."""
+    pipe, first, later = stack["pipe"], f"user:own-{uuid.uuid4().hex[:6]}", f"user:bulk-{uuid.uuid4().hex[:6]}"
+    r = httpx.post(stack["api"] + "/v1/events", headers=H, json={"events": [_fact(first, "own")]}, timeout=30)
+    own = r.json()["consistency_token"]
+    asks = [{"tenant": TENANT, "subject": first, "query": "favourite drink", "after": own, "mode": mode}
+            for mode in ("semantic", "keyword", "auto")]  # fmt: skip
+    for ask in asks:  # the write's document and vectors are there
+        r = httpx.post(stack["api"] + "/v1/recall", json=ask, headers=H, timeout=30)
+        assert r.status_code == 200 and _values(r.json())[:1] == ["own"], r.text
+    with frozen(pipe.indexer):
+        bulk = [_fact(later, f"v{n}", key=f"pref.n{n}") for n in range(40)]
+        r = httpx.post(stack["api"] + "/v1/events", headers=H, json={"events": bulk}, timeout=30)
+        queued = r.json()["consistency_token"]
+        facts = httpx.get(f"{stack['api']}/v1/subjects/{later}/facts", params={"tenant": TENANT, "after": queued},
+                          headers=H, timeout=30)  # fmt: skip
+        assert facts.status_code == 200 and len(facts.json()["facts"]) == 40, facts.text  # applied, not indexed
+        for ask in asks:
+            started = time.monotonic()
+            r = httpx.post(stack["api"] + "/v1/recall", json=ask, headers=H, timeout=30)
+            took = time.monotonic() - started
+            assert r.status_code == 200 and _values(r.json())[:1] == ["own"], (ask["mode"], r.text)
+            assert took < BOUND_S / 2, (ask["mode"], took)
+            assert r.json()["trace"]["consistency"]["waited_ms"] < BOUND_S * 500, r.json()["trace"]["consistency"]
+        r = httpx.post(stack["api"] + "/v1/recall", json={**asks[2], "after": queued}, headers=H, timeout=30)
+        _not_yet(r.status_code, r.json())
+
+
 def test_a_read_waiting_on_an_index_that_is_down_says_so(stack: dict[str, Any]) -> None:
     """Past the bound, a read that waited on the search index asks whether Elasticsearch answers: when it does not,
     the 503 names elasticsearch (the indexer cannot catch up while it is down), not `not_yet` and "retry"."""

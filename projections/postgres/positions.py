@@ -22,7 +22,6 @@ __all__ = [
     "lock_positions",
     "reached_async",
     "read_positions",
-    "search_mark_async",
     "search_pending_async",
     "stored_positions",
     "stored_positions_async",
@@ -59,35 +58,37 @@ async def reached_async(
 
 # The search stages' queues: the indexer deletes a `search_outbox` row in the transaction that wrote its document
 # (queueing the version in `embed_queue` when it lacks a vector), the embedder deletes an `embed_queue` row in the
-# one that queued the version's outbox row again. Ids grow, so "none of the tenant's rows up to the mark taken
-# after X committed is left" means X went through that stage.
-_SEARCH_QUEUES = {"search_outbox", "embed_queue"}
+# one that queued the version's outbox row again (priority 1). Each row holds the log place of the record it stands
+# for, so "none of the tenant's rows below the write's positions is left" means the write went through that stage,
+# whatever the tenant wrote after it. A row queued before the places were (NULL) is below every write.
 # A queue's size swings from a few rows to thousands between two reads, and a plan cached at one size (the API's
 # connections keep generic plans) is wrong at the other: a read of a queue is planned at each call.
 QUEUE_READ_PREPARED = False
-
-
-async def search_mark_async(conn: psycopg.AsyncConnection, queue: str) -> int:
-    """The newest id of `queue` (search_outbox or embed_queue), 0 when empty."""
-    assert queue in _SEARCH_QUEUES
-    cur = await conn.execute(
-        sql.SQL("SELECT coalesce(max(id), 0) FROM {}").format(sql.Identifier(queue)), prepare=QUEUE_READ_PREPARED
-    )
-    row = await cur.fetchone()
-    return int(row[0]) if row else 0
+_BELOW = (
+    "EXISTS (SELECT 1 FROM unnest(%(p)s::int[], %(o)s::bigint[]) AS w(p, o) JOIN {queue} q ON q.tenant = %(tenant)s "
+    'AND q."partition" = w.p AND q."offset" < w.o{only}) '
+    'OR EXISTS (SELECT 1 FROM {queue} q WHERE q.tenant = %(tenant)s AND q."partition" IS NULL{only})'
+)
+# what each search stage waits for: documents, the outbox's rows of new or changed versions (the embedders' vector
+# rewrites, priority 1, are not a document's first write); vectors, a version's every row, wherever it is now (a row
+# moves from the outbox to embed_queue and back in one transaction, so one statement sees it in one of them)
+_PENDING = {
+    "documents": "SELECT " + _BELOW.format(queue="search_outbox", only=" AND q.priority = 0"),
+    "vectors": "SELECT "
+    + _BELOW.format(queue="search_outbox", only="")
+    + " OR "
+    + _BELOW.format(queue="embed_queue", only=""),
+}
 
 
 async def search_pending_async(
-    conn: psycopg.AsyncConnection, queue: str, tenant: str, upto: int, *, new_only: bool = False
+    conn: psycopg.AsyncConnection, stage: str, tenant: str, below: Mapping[int, int]
 ) -> bool:
-    """Whether `queue` still holds a row of `tenant` with an id up to `upto` (its (tenant, id) index); `new_only`:
-    only the outbox's rows of new or changed versions (priority 0), not the embedders' vector rewrites, which
-    the indexers take only when no new version waits."""
-    assert queue in _SEARCH_QUEUES and not (new_only and queue != "search_outbox")
-    query = sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE tenant = %s AND id <= %s{})").format(
-        sql.Identifier(queue), sql.SQL(" AND priority = 0" if new_only else "")
-    )
-    cur = await conn.execute(query, (tenant, upto), prepare=QUEUE_READ_PREPARED)
+    """Whether a search stage (`documents`, `vectors`) still has a row of `tenant` queued for a record below the
+    positions `below` (partition -> next_offset, a write's token) in one of its queues."""
+    parts = sorted(below.items())
+    args = {"tenant": tenant, "p": [p for p, _ in parts], "o": [o for _, o in parts]}
+    cur = await conn.execute(_PENDING[stage], args, prepare=QUEUE_READ_PREPARED)
     row = await cur.fetchone()
     return bool(row and row[0])
 

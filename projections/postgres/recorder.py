@@ -577,10 +577,12 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
             counts.update((v.tenant, VERSIONS) for v in inserts)
         touched = [*inserts, *updates]
         if touched:
-            cur.execute(
-                "INSERT INTO search_outbox (version_id, tenant, subject, op) "
-                "SELECT v, t, s, 'upsert' FROM unnest(%b::text[], %b::text[], %b::text[]) AS x(v, t, s)",
-                ([v.version_id for v in touched], [v.tenant for v in touched], [v.subject for v in touched]),
+            queued = [(v.version_id, v.tenant, v.subject, v.partition, v.offset) for v in touched]
+            cur.execute(  # at its version's place in the log (api.consistency waits for a write's rows by it)
+                'INSERT INTO search_outbox (version_id, tenant, subject, op, "partition", "offset") '
+                "SELECT v, t, s, 'upsert', p, o "
+                "FROM unnest(%b::text[], %b::text[], %b::text[], %b::int[], %b::bigint[]) AS x(v, t, s, p, o)",
+                [list(col) for col in zip(*queued, strict=True)],
             )
             counts.update((v.tenant, OUTBOX) for v in touched)
             cur.execute("SELECT pg_notify(%s, current_schema())", (OUTBOX_CHANNEL,))  # delivered on commit: once
@@ -676,8 +678,9 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         n_outbox = cur.rowcount
         result.counts[(e.tenant, OUTBOX)] -= cur.rowcount
         cur.execute(
-            "INSERT INTO search_outbox (version_id, tenant, subject, op) VALUES (NULL, %s, %s, 'delete_subject')",
-            (e.tenant, e.subject),
+            'INSERT INTO search_outbox (version_id, tenant, subject, op, "partition", "offset") '
+            "VALUES (NULL, %s, %s, 'delete_subject', %s, %s)",
+            (e.tenant, e.subject, record.partition, record.offset),
         )
         result.counts[(e.tenant, OUTBOX)] += 1
         cur.execute(  # delivered to LISTENers when this transaction commits (API caches)

@@ -204,6 +204,13 @@ CREATE INDEX IF NOT EXISTS search_outbox_claim ON search_outbox (priority, id);
 -- the tenants whose new versions wait, and each one's oldest (the indexers share a batch among them,
 -- projections.search.claims.claim_fairly): search_outbox_tenant_id would walk a tenant's vector rewrites too
 CREATE INDEX IF NOT EXISTS search_outbox_first ON search_outbox (tenant, id) WHERE priority = 0;
+-- the log position of the record a queued row stands for (the event of its version, a subject's erasure; NULL: queued
+-- before the columns), so that a read waiting for one write (api.consistency) waits for that write's rows only,
+-- not for whatever its tenant wrote after it: a partition's rows are queued in its log order
+ALTER TABLE search_outbox ADD COLUMN IF NOT EXISTS "partition" integer, ADD COLUMN IF NOT EXISTS "offset" bigint;
+ALTER TABLE embed_queue ADD COLUMN IF NOT EXISTS "partition" integer, ADD COLUMN IF NOT EXISTS "offset" bigint;
+CREATE INDEX IF NOT EXISTS search_outbox_place ON search_outbox (tenant, "partition", "offset");
+CREATE INDEX IF NOT EXISTS embed_queue_place ON embed_queue (tenant, "partition", "offset");
 
 -- /v1/stats' counters (projections.postgres.counts): per tenant and name (events, versions, outbox,
 -- dead_letters/<topic> under tenant ''), written by the recorder and the indexer in the transactions that write

@@ -99,8 +99,10 @@ def complete(
         store_links(cur, [x for x in links if x.version_id in mine])
         stored = store_vectors(cur, [(vid, made[vid]) for vid in locked])
         queued = cur.execute(
-            "INSERT INTO search_outbox (version_id, tenant, subject, op, priority) "  # after new versions' rows
-            "SELECT version_id, tenant, subject, 'upsert', 1 FROM fact_versions WHERE version_id = ANY(%s) "
+            # after new versions' rows (priority 1), at the version's place in the log (api.consistency)
+            'INSERT INTO search_outbox (version_id, tenant, subject, op, priority, "partition", "offset") '
+            'SELECT version_id, tenant, subject, \'upsert\', 1, "partition", "offset" FROM fact_versions '
+            "WHERE version_id = ANY(%s) "
             "RETURNING tenant",
             (stored,),
         ).fetchall()

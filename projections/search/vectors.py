@@ -98,10 +98,11 @@ def queue_for_vectors(cur: psycopg.Cursor | psycopg.Connection, items: Sequence[
     every statement that moves a shared counter."""
     if not items:
         return Counter()
-    queued = cur.execute(
-        "INSERT INTO embed_queue (version_id, tenant, since) "
-        "SELECT v, t, coalesce(s, now()) FROM unnest(%s::text[], %s::text[], %s::timestamptz[]) "
-        "WITH ORDINALITY AS x(v, t, s, n) ORDER BY n "
+    queued = cur.execute(  # at its version's place in the log (api.consistency waits for a write's rows by it)
+        'INSERT INTO embed_queue (version_id, tenant, since, "partition", "offset") '
+        'SELECT v, t, coalesce(s, now()), f."partition", f."offset" '
+        "FROM unnest(%s::text[], %s::text[], %s::timestamptz[]) WITH ORDINALITY AS x(v, t, s, n) "
+        "LEFT JOIN fact_versions f ON f.version_id = x.v ORDER BY n "
         "ON CONFLICT (version_id) DO NOTHING RETURNING tenant",
         ([v for v, _, _ in items], [t for _, t, _ in items], [c for _, _, c in items]),
     ).fetchall()
