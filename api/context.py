@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -44,13 +46,29 @@ CUT_TRIES = 3  # times a line with too many tokens is cut shorter before it is l
 BATCH_LINES, BATCH_CHARS = 64, 2000  # short lines are counted together, at most this many at once
 _PARTIAL_ESCAPE = re.compile(r"((?:\\\\)*)\\(?:u[0-9a-fA-F]{0,3})?$")  # an escape a cut split at the end
 
-# inside a JSON literal: angle brackets (the delimiters), C1 controls, soft hyphen, format characters (bidi
-# marks and overrides, zero-width, word joiners, BOM), line/paragraph separators, interlinear annotations,
-# Unicode tag characters (invisible ASCII look-alikes)
-_UNSAFE = re.compile(
-    "[<>\x7f-\x9f\u00ad\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f"
-    "\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
-)
+# inside a JSON literal: angle brackets (the delimiters), and every character of Unicode's control (Cc), format (Cf:
+# bidi marks and overrides, zero-width, word joiners, BOM, tag characters, ...), separator (Zs but the space, Zl,
+# Zp), private-use and surrogate categories, found once from the interpreter's Unicode database (a few dozen
+# ranges: the regex stays fast); plus the invisible characters of other categories (fillers, variation
+# selectors, the grapheme joiner, a blank braille pattern, the object replacement character)
+_CATEGORIES = frozenset(("Cc", "Cf", "Zs", "Zl", "Zp", "Co", "Cs"))
+_INVISIBLE = "\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2800\u3164\ufe00-\ufe0f\uffa0\ufffc\U000e0100-\U000e01ef"
+
+
+def _unsafe() -> re.Pattern[str]:
+    spans: list[str] = []
+    start = None
+    for code in range(0x7F, sys.maxunicode + 2):  # one past the end closes the last span
+        hit = code <= sys.maxunicode and unicodedata.category(chr(code)) in _CATEGORIES
+        if hit and start is None:
+            start = code
+        elif not hit and start is not None:
+            spans.append(re.escape(chr(start)) + ("" if code - 1 == start else "-" + re.escape(chr(code - 1))))
+            start = None
+    return re.compile("[<>" + "".join(spans) + _INVISIBLE + "]")
+
+
+_UNSAFE = _unsafe()
 
 
 def _cut(text: str, limit: int) -> str:
@@ -138,16 +156,18 @@ class _Line:
         parts[1] = label + shown
         return " · ".join(parts), shown if cut else None
 
-    def doc(self, tokens: int, shown: str | None) -> shapes.ContextLine:
-        """The line as JSON; `shown`: its value (an episode: its content) as the text shows it, when cut there. A
-        cut line's JSON holds that and no more, so the JSON form is bounded by the budget as the text is."""
+    def doc(self, tokens: int, shown: str | None, chars: int) -> shapes.ContextLine:
+        """The line as JSON; `shown`: its value (an episode: its content) as the text shows it, when cut there;
+        `chars`: the text line's length. A keyed fact's `content`, which its text line does not show, is cut to what
+        the line shows (its cut value's length, else the line's), so the JSON form is bounded by the budget as the
+        text is (its other fields are of bounded size)."""
         r = self.row
         value, content = r.get("value"), r.get("content")
-        if shown is not None:
-            if r.get("key") is None:
-                value, content = None, shown
-            else:
-                value, content = shown, _clipped(content or "", len(shown))
+        if shown is not None and r.get("key") is None:
+            value, content = None, shown
+        elif r.get("key") is not None:
+            value = value if shown is None else shown
+            content = None if content is None else _clipped(content, chars if shown is None else len(shown))
         return {
             "status": self.status,
             "detail": self.detail,
@@ -280,7 +300,7 @@ def build_context(
         "budget_tokens": budget,
         "tokens": tokens,
         "tokenizer": tokenizer,
-        "lines": [lines[i].doc(cost, cut) for i, _, cost, cut in chosen],
+        "lines": [lines[i].doc(cost, cut, len(line)) for i, line, cost, cut in chosen],
         "left_out": len(lines) - len(chosen),
         "text": text,
     }

@@ -108,6 +108,23 @@ def test_quote_escapes_everything_that_could_break_or_hide_in_the_block() -> Non
 
 
 @pytest.mark.unit
+def test_quote_escapes_every_control_format_separator_and_private_character() -> None:
+    """The class, from the Unicode database itself: no character of those categories (but the space), nor an
+    invisible one of another category, is left in the block as itself."""
+    import sys
+    import unicodedata
+
+    import orjson
+
+    kinds = {"Cc", "Cf", "Zs", "Zl", "Zp", "Co"}
+    hidden = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) in kinds and c != 0x20]
+    hidden += ["\u034f", "\u115f", "\u1160", "\u17b4", "\u2800", "\u3164", "\ufe0f", "\uffa0", "\ufffc", "\U000e0100"]
+    text = quote("".join(hidden))
+    assert text.isascii() and orjson.loads(text) == "".join(hidden)
+    assert quote("héllo 中文 😀 a b") == '"héllo 中文 😀 a b"'  # letters, marks, symbols and the space stay as they are
+
+
+@pytest.mark.unit
 def test_lines_say_status_value_source_and_valid_time_in_an_explicit_order() -> None:
     facts = [
         _row("pref.seat", "window", importance=0.9),
@@ -233,6 +250,24 @@ def test_a_huge_subject_costs_what_the_budget_costs_and_long_values_are_cut() ->
         # the JSON form is bounded by the budget as the text is (a few times its characters, not the subject's)
         assert len(orjson.dumps(block.doc)) <= 3 * (budget * 4 + 2000), (budget, len(orjson.dumps(block.doc)))
     assert any(line["cut"] for line in block.doc["lines"])
+
+
+@pytest.mark.unit
+def test_a_short_value_with_a_long_content_keeps_the_json_form_within_the_budget() -> None:
+    """The text line of a keyed fact shows its value, not its content: the JSON line's content is cut to what the
+    line shows, so facts of short values and 16,000-character contents cannot make the JSON form megabytes."""
+    long = "filler " * 2_285  # 15,995 characters
+    facts = [_row(f"k{i:02d}", "v", content=long) for i in range(40)]
+    for budget in (256, 4000):
+        block = _build(facts, budget_tokens=budget)
+        assert block.doc["lines"], budget
+        for line, text in zip(block.doc["lines"], (t for t in block.text.split("\n") if t.startswith("- ")),
+                              strict=True):  # fmt: skip
+            assert line["value"] == "v" and not line["cut"], line
+            assert len(line["content"]) <= len(text) + 60 and line["content"].endswith("15995 characters)"), line
+        assert len(orjson.dumps(block.doc)) <= 3 * (budget * 4 + 2000), (budget, len(orjson.dumps(block.doc)))
+    short = _build([_row("k", "v", content="user 1 k is v")]).doc["lines"][0]
+    assert short["content"] == "user 1 k is v"  # a content no longer than its line: as it is
 
 
 @pytest.mark.unit
