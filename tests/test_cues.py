@@ -479,3 +479,30 @@ def test_a_dates_words_and_a_possessive_tail_are_no_unexplained_terms():
     ):
         cues = extract(question, VOCAB, NOW)
         assert cues.terms == left, (question, cues.terms)
+
+
+def test_an_ids_words_inside_an_alias_the_question_uses_are_that_alias_not_an_entity():
+    """The class: a subject whose bare id is an ordinary word (`other:weight`, `project:backend`) made that word an
+    entity wherever a question held it, so "what is the weight" was narrowed to that subject and lost every other
+    subject's weight. Inside an alias the question uses, the word is the attribute asked about; an id written out
+    with its marks, or a word no alias holds, still names the entity."""
+    vocab = Vocabulary.build(
+        subjects=["item:a", "other:weight", "project:backend", "project:P1", "user:alice"],
+        key_aliases=[
+            ("item.weight", ["weight"]),
+            ("project.backend_port", ["backend port"]),
+            ("user.drink", ["drink"]),
+        ],
+    )
+    for question, entities, keys in [
+        ("what is the weight", (), ("item.weight",)),
+        ("weight", (), ("item.weight",)),
+        ("what is the backend port of P1", ("p1",), ("project.backend_port",)),
+        ("backend port", (), ("project.backend_port",)),
+        ("what is the weight of other:weight", ("other:weight",), ("item.weight",)),
+        ("project:backend backend port", ("project:backend",), ("project.backend_port",)),
+        ("what about backend", ("backend",), ()),
+        ("what does alice drink", ("alice",), ("user.drink",)),
+    ]:
+        cues = extract(question, vocab, NOW)
+        assert (cues.known_entities, cues.keys) == (entities, keys), question

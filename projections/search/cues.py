@@ -726,18 +726,27 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
     # one (`carol.jones9` is no id-shaped token, yet a known id as written)
     runs = (r.strip(".:-_") for r in _id_runs(unicodedata.normalize("NFKC", query)))
     spelled: dict[str, dict[str, None]] = {}
+    marked: set[str] = set()  # of those, the ids written with more than letters (`item:weight`, `P1`), not as words
     for written in [*tokens, *(normalize_entity(r) for r in runs if r and len(r) <= MAX_ID_CHARS)]:
         for cand in candidates(written):
             if is_known(cand):
                 spelled.setdefault(canonical(cand), {})[cand] = None
+                if not written.isalpha():
+                    marked.add(canonical(cand))
 
     def named(phrase: str) -> Iterable[str]:
         return spelled[phrase] if phrase in spelled else vocab.entities.get(phrase, ())
 
+    # an id's words inside an alias the question uses (`weight` of `item:weight` in "what is the weight", `backend`
+    # of `project:backend` in "the backend port of P1") are that alias, the attribute asked about, not an entity: as
+    # both, the question was narrowed to that entity and missed the attribute everyone else has. An id written out
+    # with its marks (`item:weight`) still names itself
+    alias_spans = _spans(seq, vocab.aliases, heads=vocab.alias_heads)
     ent_spans = [  # of stop words only, a span names its ids only as the whole question (`_names_a_cue`)
         (i, j, phrase)
         for i, j, phrase in _spans(seq, vocab.entities, heads=vocab.entity_heads)
-        if _names_a_cue(phrase) or (i, j) == (0, len(seq))
+        if (_names_a_cue(phrase) or (i, j) == (0, len(seq)))
+        and (phrase in marked or not any(a <= i and j <= b for a, b, _ in alias_spans))
     ]
     cover(ent_spans)
     for _, _, phrase in ent_spans:
@@ -754,7 +763,6 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
             unknown.setdefault(tok)
 
     # attribute keys through aliases (longest phrase wins over the shorter ones inside it)
-    alias_spans = _spans(seq, vocab.aliases, heads=vocab.alias_heads)
     cover(alias_spans)
     found = [(frozenset(range(i, j)), phrase) for i, j, phrase in alias_spans]
     found += _word_set_matches(seq, vocab, {p for _, _, p in alias_spans})
