@@ -446,25 +446,53 @@ def test_scores_are_rounded_for_display(world: ConsoleWorld, tab: OfflinePage) -
 OTHER = "initech"  # the auditor key's second tenant
 
 
+def _hidden(text: str) -> list[str]:
+    """The characters of `text` that could reorder or hide what is shown: control (but tab and line breaks), format,
+    separator (but the space) and private-use characters, and the invisible ones of other categories."""
+    import unicodedata
+
+    invisible = {"\u034f", "\u115f", "\u1160", "\u2800", "\u3164", "\ufe0f", "\uffa0", "\ufffc"}
+    return [
+        f"U+{ord(c):04X}"
+        for c in text
+        if c not in " \t\n\r"
+        and (unicodedata.category(c)[0] in "CZ" and unicodedata.category(c) not in ("Cn", "Cs") or c in invisible)
+    ]
+
+
 def test_stored_text_cannot_reorder_the_page_or_widen_its_tables(world: ConsoleWorld, tab: OfflinePage) -> None:
     """The class: stored text is shown inside the console's own words and tables. A right-to-left override in a
     subject, key or value reordered the page around it (the subject `rtl<U+202E>exe.txt` read `rtltxt.exe`, and the
-    Erasures heading's own words ran backwards); every bidirectional control is now shown spelled out. A key of
-    200 letters without a break widened the facts table past the window; it wraps as a value does."""
+    Erasures heading's own words ran backwards; the as-of notes, a long value shown whole, a tooltip too), and a
+    zero-width space made two subjects look the same; every such character is now shown spelled out, wherever the
+    console shows stored text. A key of 200 letters without a break widened the facts table past the window; it
+    wraps as a value does."""
     subject, key = "note:rtl\u202eexe.txt", "k" * 200
+    long_value = "approved " + "y" * 130 + " status: \u202eDEVORPPA TON\u200b\u2060\U000e0041\u00a0"
     world.pipe.publish([  # in the key's other tenant: the lists the other tests compare stay as they were
-        asserted(subject, "rtl\u202ekey", "abc\u202edef\u2066x", 1, event_id="ev-rtl", content="rtl", tenant=OTHER),
+        asserted(subject, "rtl\u202ekey\u200b", "abc\u202edef\u2066x", 1, event_id="ev-rtl",
+                 content="rtl\u202eexe.txt \u2800\u3164", tenant=OTHER),
         asserted(subject, key, "v", 1, event_id="ev-wide", content="a long key", tenant=OTHER),
+        asserted(subject, "note.long", long_value, 1, event_id="ev-long", content="long", tenant=OTHER),
     ])  # fmt: skip
     world.pipe.settle()
     console = signed_in(tab)
     console.pick_tenant(OTHER)
     assert console.type_subject(subject) == "ready", console.error()
     shown = tab.page.text_content("#app") or ""
-    assert "note:rtl\\u202Eexe.txt" in shown and "rtl\\u202Ekey" in shown and "abc\\u202Edef\\u2066x" in shown
-    assert not any(c in shown for c in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"), "a control shown raw"
+    assert "note:rtl\\u202Eexe.txt" in shown and "rtl\\u202Ekey\\u200B" in shown and "abc\\u202Edef\\u2066x" in shown
+    for more in tab.page.locator("#facts button.more").all():  # a long value shown whole
+        more.click()
+    shown = tab.page.text_content("#app") or ""
+    assert "DEVORPPA TON\\u200B\\u2060\\uDB40\\uDC41\\u00A0" in shown, shown[-400:]
+    titles = tab.page.evaluate("[...document.querySelectorAll('[title]')].map((n) => n.title).join('\\n')")
+    assert not _hidden(shown) and not _hidden(titles), (_hidden(shown), _hidden(titles))
     wide = tab.page.evaluate("document.querySelector('#facts').getBoundingClientRect().width")
     assert wide <= tab.page.viewport_size["width"], wide
+    assert console.view("asof") == "ready", console.error()
+    console.move("asof", "Home")
+    notes = " ".join(console.asof_notes())
+    assert "rtl\\u202Ekey\\u200B" in notes and not _hidden(notes), notes
 
 
 def test_a_long_value_is_shortened_and_can_be_shown_whole(world: ConsoleWorld, tab: OfflinePage) -> None:

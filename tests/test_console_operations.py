@@ -307,3 +307,41 @@ def test_a_letter_whose_bytes_an_erasure_withheld_says_so(world: ConsoleWorld, t
     note = tab.page.text_content("#letter-note") or ""
     assert "went with its erased subject" in note and "0 bytes" not in note, note
     assert console.letter_fields() == {} and not tab.page.is_visible("#letter-raw")
+
+
+def test_a_letters_raw_bytes_and_its_draft_cannot_reorder_the_page(world: ConsoleWorld, tab: OfflinePage) -> None:
+    """The class (tests/test_console.py shows it for facts): a record the worker could not read as an object is
+    shown as its raw text, and a right-to-left override in it turned the text around ("tenant: globex" read from
+    a record of this tenant); a hidden character in a record's field came back raw in the re-drive draft. Both are
+    shown spelled out now, the draft still the same JSON."""
+    import json
+
+    from producers.contract import kafka_key
+    from tests.support import publish_raw, wait_for
+    from tests.test_console import _hidden
+
+    subject = "ticket:T-rtl"
+    deep = "[" * 2000 + "]" * 2000
+    head = json.dumps({"tenant": TENANT, "event_id": "ev-dl-rtl", "subject": subject, "z": "\u202e)xebolg :tnanet"},
+                      ensure_ascii=False)  # fmt: skip
+    raw = head[:-1] + ', "x": ' + deep + "}"
+    odd = {"type": "memory.asserted", "tenant": TENANT, "subject": subject, "event_id": "ev-dl-rtl2",
+           "key": "ticket.note", "value": "a\u202eb\u200bc", "content": "x", "bogus": 1}  # fmt: skip
+    letters = publish_raw(world.settings, [(kafka_key(TENANT, subject), raw.encode()),
+                                           (kafka_key(TENANT, subject), json.dumps(odd).encode())])  # fmt: skip
+
+    def listed() -> bool:
+        r = httpx.get(f"{world.url}/v1/dead-letters", params={"tenant": TENANT}, headers={"X-API-Key": AUDITOR_KEY},
+                      timeout=30)  # fmt: skip
+        return set(letters) <= {(d["partition"], d["offset"]) for d in r.json()["dead_letters"]}
+
+    wait_for(listed, 90, 0.3, "both letters listed")
+    console = in_ops(tab)
+    (partition, offset), (partition2, offset2) = letters
+    assert console.open_letter(partition, offset) == "ready", console.error()
+    text = tab.page.text_content("#letter-raw") or ""
+    assert "\\u202E)xebolg :tnanet" in text and not _hidden(text), _hidden(text)
+    assert console.open_letter(partition2, offset2) == "ready", console.error()
+    draft = tab.page.input_value("#redrive-event")
+    assert "a\\u202Eb\\u200Bc" in draft and not _hidden(draft), draft
+    assert json.loads(draft)["value"] == "a\u202eb\u200bc"  # the same JSON

@@ -32,7 +32,7 @@
       if (k === "class") node.className = v;
       else if (k === "dataset") Object.assign(node.dataset, v);
       else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
-      else node.setAttribute(k, v === true ? "" : String(v));
+      else node.setAttribute(k, v === true ? "" : k === "title" ? visible(String(v)) : String(v));
     }
     for (const c of children.flat(Infinity)) {
       if (c === undefined || c === null || c === false) continue;
@@ -41,13 +41,26 @@
     return node;
   }
 
-  // the bidirectional controls (U+202A-U+202E, U+2066-U+2069, the marks): stored text holding one would reorder what
-  // is shown around it, the console's own words too ("txt.exe" for "exe.txt"); shown spelled out, as `\u202E`
-  const BIDI_CONTROLS = /[\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069]/g;
+  // what stored text could reorder or hide the page with: Unicode's control characters (but tab, line feed and
+  // carriage return), format characters (bidirectional controls, zero-width, word joiners, tags...), separators (but
+  // the space), private-use characters, and the invisible ones of other categories (fillers, variation selectors,
+  // the grapheme joiner, a blank braille pattern). A right-to-left override read "txt.exe" for "exe.txt", the
+  // console's own words around it too; a zero-width space made two subjects look the same
+  const HIDDEN =
+    /[\p{Cc}\p{Cf}\p{Z}\p{Co}\u034F\u115F\u1160\u17B4\u17B5\u180B-\u180F\u2800\u3164\uFE00-\uFE0F\uFFA0\uFFFC\u{E0100}-\u{E01EF}]/gu;
+  const KEPT = new Set([" ", "\t", "\n", "\r"]);
+  const escaped = (c) =>
+    Array.from({ length: c.length }, (_, i) => "\\u" + c.charCodeAt(i).toString(16).toUpperCase().padStart(4, "0"));
 
-  /** Text as it is shown: every bidirectional control spelled out, so stored text cannot reorder the page. */
+  /** Text as it is shown: every hidden character spelled out as a JSON escape (`\u202E`; one outside the BMP as its
+   * surrogate pair), so stored text cannot reorder the page or hide in it, and a JSON text stays the same JSON. */
   function visible(text) {
-    return text.replace(BIDI_CONTROLS, (c) => "\\u" + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0"));
+    return text.replace(HIDDEN, (c) => (KEPT.has(c) ? c : escaped(c).join("")));
+  }
+
+  /** A node's text, as it is shown (`visible`): the one way the console writes text that may hold stored text. */
+  function say(node, text) {
+    node.textContent = visible(String(text ?? ""));
   }
 
   /** Replace a node's children, as el() takes them (nested lists flattened, strings as text nodes). */
@@ -90,11 +103,11 @@
     const shown = el("span", { class: "clipped" }, short);
     const toggle = el("button", { type: "button", class: "more quiet small", "aria-expanded": "false" });
     const all = `show all ${chars.length} characters`;
-    toggle.textContent = all;
+    say(toggle, all);
     toggle.addEventListener("click", () => {
       const open = toggle.getAttribute("aria-expanded") !== "true";
-      shown.textContent = open ? String(text) : short;
-      toggle.textContent = open ? "show less" : all;
+      say(shown, open ? String(text) : short);
+      say(toggle, open ? "show less" : all);
       toggle.setAttribute("aria-expanded", String(open));
     });
     return el("span", { class: "long" }, shown, " ", toggle);
@@ -341,7 +354,7 @@
       state.subjectsNext = null;
       $("subjects-more").hidden = true;
     }
-    $("subjects-note").textContent = "";
+    say($("subjects-note"), "");
     if (!state.tenant) return;
     list.dataset.state = "loading";
     try {
@@ -361,9 +374,9 @@
       state.subjectsNext = data.more ? data.next_cursor : null;
       $("subjects-more").hidden = !state.subjectsNext;
       const n = list.children.length;
-      $("subjects-note").textContent = n
+      say($("subjects-note"), n
         ? `${n} subject${n === 1 ? "" : "s"}` + (data.more ? ", more" : "")
-        : "no subject starts with this prefix";
+        : "no subject starts with this prefix");
       list.dataset.state = "ready";
     } catch (err) {
       if (seq !== state.subjectsSeq) return;
@@ -376,19 +389,19 @@
     state.facts = [];
     state.events = [];
     state.chainMemory = null;
-    $("subject-title").textContent = "No subject open";
-    $("subject-note").textContent = !state.tenant
+    say($("subject-title"), "No subject open");
+    say($("subject-note"), !state.tenant
       ? "This key has no tenant."
       : state.tenants.includes(state.tenant)
         ? `Tenant ${state.tenant}: find a subject, or try the recall playground.`
-        : `Tenant ${state.tenant} is not one of this key's tenants: pick one of them above.`;
+        : `Tenant ${state.tenant} is not one of this key's tenants: pick one of them above.`);
     for (const id of ["facts", "timeline", "chain", "asof-facts"]) $(id).tBodies[0].replaceChildren();
     for (const v of ["facts", "chain", "asof"]) $(`panel-${v}`).dataset.state = "empty";
     $("chain-fact").replaceChildren();
-    $("facts-count").textContent = "";
+    say($("facts-count"), "");
     $("facts-receipt").hidden = true;
     state.factsAnswer = null;
-    $("events-count").textContent = "";
+    say($("events-count"), "");
     $("subject-erased").hidden = true;
     $("subject-erased").replaceChildren();
     $("subject-unknown").hidden = true;
@@ -401,9 +414,9 @@
     state.subject = subject;
     $("subject-input").value = subject;
     fill($("subject-title"), el("span", { class: "tenant-name" }, state.tenant ?? "—"), " / ", subject);
-    $("subject-note").textContent = state.tenants.includes(state.tenant)
+    say($("subject-note"), state.tenants.includes(state.tenant)
       ? ""
-      : `Tenant ${state.tenant} is not one of this key's tenants: pick one of them above.`;
+      : `Tenant ${state.tenant} is not one of this key's tenants: pick one of them above.`);
     writeHash();
     const panel = $("panel-facts");
     await guarded(panel, async () => {
@@ -418,10 +431,12 @@
       state.facts = facts.facts;
       state.events = events.events;
       renderFacts($("facts"), state.facts);
-      $("facts-count").textContent = `${state.facts.length} holding now`;
+      say($("facts-count"), `${state.facts.length} holding now`);
       renderTimeline();
-      $("subject-note").textContent =
-        `${state.events.length} events, ${state.facts.length} facts holding now (${shortTimes(facts.as_of)})`;
+      say(
+        $("subject-note"),
+        `${state.events.length} events, ${state.facts.length} facts holding now (${shortTimes(facts.as_of)})`,
+      );
       buildChainChoices();
       buildAsofPoints();
       if (state.events.some((e) => e.type === "subject.erased")) {
@@ -429,7 +444,7 @@
         renderErasedNote(subject, erased.erasures);
       }
       if (!state.events.length) {
-        $("subject-note").textContent = `Nothing is recorded for this subject in tenant ${state.tenant}.`;
+        say($("subject-note"), `Nothing is recorded for this subject in tenant ${state.tenant}.`);
         renderUnknownNote(subject, await unknownHints(subject));
       }
     });
@@ -599,7 +614,7 @@
       );
     });
     $("timeline").tBodies[0].replaceChildren(...rows);
-    $("events-count").textContent = `${state.events.length} events`;
+    say($("events-count"), `${state.events.length} events`);
   }
 
   // -- version chain ------------------------------------------------------------------------------------------------
@@ -711,7 +726,7 @@
   function syncSlider(sliderId, textId, noteId, points) {
     const p = points[Number($(sliderId).value)] || { t: null, what: [] };
     $(textId).value = p.t ? shortTimes(p.t) : "";
-    $(noteId).textContent = `point ${Number($(sliderId).value) + 1} of ${points.length}: ${p.what.join("; ")}`;
+    say($(noteId), `point ${Number($(sliderId).value) + 1} of ${points.length}: ${p.what.join("; ")}`);
   }
 
   // strict RFC 3339, as the API takes it (seconds and an offset): anything else is left for the API to refuse
@@ -738,11 +753,11 @@
     const at = instant(typed);
     const note = $(noteId);
     if (Number.isNaN(at)) {
-      note.textContent = `typed ${typed}: not an RFC 3339 time (seconds and an offset), so on no point`;
+      say(note, `typed ${typed}: not an RFC 3339 time (seconds and an offset), so on no point`);
       return;
     }
     if (last === 0) {
-      note.textContent = `typed ${shortTimes(typed)}: the subject has no event, so the slider has no point`;
+      say(note, `typed ${shortTimes(typed)}: the subject has no event, so the slider has no point`);
       return;
     }
     const times = points.map((p) => (p.t ? instant(p.t) : NaN));
@@ -758,7 +773,8 @@
     const future = before === last - 1 && at > Date.now();
     slider.value = String(future ? last : Math.max(before, 0));
     const where = (i) => `point ${i + 1} (${shortTimes(points[i].t)}: ${points[i].what.join("; ")})`;
-    note.textContent =
+    say(
+      note,
       `typed ${shortTimes(typed)} (${points.length} points): ` +
       (before < 0
         ? `before the first, ${where(0)}`
@@ -766,7 +782,8 @@
           ? `after ${points[last].what.join("; ")} (the last event: ${where(before)})`
           : before === last - 1
             ? `after the last event, ${where(before)}, and before ${points[last].what.join("; ")}`
-            : `between ${where(before)} and ${where(before + 1)}`);
+            : `between ${where(before)} and ${where(before + 1)}`),
+    );
   }
 
   let asofTimer = null;
@@ -944,7 +961,7 @@
         ),
       ),
     );
-    $("recall-count").textContent = `${hits.length}`;
+    say($("recall-count"), `${hits.length}`);
   }
 
   async function runRecall() {
@@ -982,8 +999,8 @@
     $("panel-receipt").dataset.state = "empty";
     delete $("panel-receipt").dataset.valid;
     for (const id of ["receipt-summary", "receipt-cited", "receipt-parts"]) $(id).tBodies[0].replaceChildren();
-    $("receipt-title").textContent = "Receipt";
-    $("receipt-count").textContent = "";
+    say($("receipt-title"), "Receipt");
+    say($("receipt-count"), "");
     $("receipt-replay").replaceChildren();
     $("receipt-replay").dataset.state = "empty";
   }
@@ -1162,7 +1179,7 @@
         );
       }),
     );
-    $("receipt-count").textContent = plural(cited.length, "event");
+    say($("receipt-count"), plural(cited.length, "event"));
   }
 
   function renderReplay(r) {
@@ -1206,8 +1223,8 @@
       replayBox.dataset.state = "empty";
       delete panel.dataset.valid;
       // the verdict of the receipt checked before goes with its tables: a refused one must not keep it
-      $("receipt-title").textContent = "Receipt";
-      $("receipt-count").textContent = "";
+      say($("receipt-title"), "Receipt");
+      say($("receipt-count"), "");
       const { receipt, receiptText, answerText, requestText } = readReceipt();
       const asked = answerText ? { receipt: receiptText, answer: answerText } : { receipt: receiptText };
       const v = await api("POST", "receipts/verify", { raw: rawBody(asked) });
@@ -1306,7 +1323,7 @@
     $("panel-erasures").dataset.state = "empty";
     for (const id of ["erasures", "erasure-one"]) $(id).tBodies[0].replaceChildren();
     $("erasure-detail").hidden = true;
-    $("erasures-count").textContent = "";
+    say($("erasures-count"), "");
     $("erasures-more").hidden = true;
   }
 
@@ -1446,7 +1463,7 @@
       state.erasuresNext = list.more ? list.next_cursor : null;
       $("erasures-more").hidden = !state.erasuresNext;
       const n = body.rows.length;
-      $("erasures-count").textContent = (n ? plural(n, "record") : "no erasure record") + (list.more ? ", more" : "");
+      say($("erasures-count"), (n ? plural(n, "record") : "no erasure record") + (list.more ? ", more" : ""));
       panel.dataset.state = "ready";
     } catch (err) {
       if (seq !== state.erasuresSeq) return;
@@ -1499,14 +1516,14 @@
     }
     $("panel-ops").dataset.state = "empty";
     $("ops-health-status").replaceChildren();
-    $("ops-when").textContent = "";
-    $("ops-lag-note").textContent = "";
-    $("letters-count").textContent = "";
+    say($("ops-when"), "");
+    say($("ops-lag-note"), "");
+    say($("letters-count"), "");
     $("letters-more").hidden = true;
     $("ops-erasures-summary").replaceChildren();
     $("consistency-out").replaceChildren();
     $("letter-detail").hidden = true;
-    $("ops-title").textContent = state.tenant ? `Operations of tenant ${state.tenant}` : "Operations";
+    say($("ops-title"), state.tenant ? `Operations of tenant ${state.tenant}` : "Operations");
   }
 
   async function loadHealth() {
@@ -1595,7 +1612,7 @@
       ],
       ["answered in", "took_ms", `${s.took_ms.total} ms`],
     ]);
-    $("ops-lag-note").textContent = `consumer group ${s.consumer} on topic ${s.topic}, ${s.total_lag} behind in all`;
+    say($("ops-lag-note"), `consumer group ${s.consumer} on topic ${s.topic}, ${s.total_lag} behind in all`);
     $("ops-lag").tBodies[0].replaceChildren(
       ...Object.entries(s.lag).map(([p, l]) =>
         el(
@@ -1663,7 +1680,7 @@
     $("letters-more").hidden = !data.next;
     const n = body.rows.length;
     const which = $("letters-state").value || "in any state";
-    $("letters-count").textContent = `${n ? plural(n, "letter") : "no letter"} ${which}${data.next ? ", more" : ""}`;
+    say($("letters-count"), `${n ? plural(n, "letter") : "no letter"} ${which}${data.next ? ", more" : ""}`);
   }
 
   async function loadErasureSummary() {
@@ -1696,7 +1713,7 @@
     ]);
     if (seq !== state.opsSeq) return;
     if (state.letter) await openLetter(state.letter);
-    $("ops-when").textContent = `as of ${new Date().toISOString().replace(/\.\d+Z$/, "Z")} (this browser's clock)`;
+    say($("ops-when"), `as of ${new Date().toISOString().replace(/\.\d+Z$/, "Z")} (this browser's clock)`);
     panel.dataset.state = done.every(Boolean) ? "ready" : "error";
   }
 
@@ -1746,12 +1763,12 @@
         record ? Object.entries(record).map(([k, v]) => [k, k, clip(show(v))]) : [],
       );
       $("letter-raw").hidden = d.raw_text === null || d.raw_text === undefined;
-      $("letter-raw").textContent = d.raw_text ?? "";
+      say($("letter-raw"), d.raw_text ?? "");
       $("letter-actions").hidden = d.state !== "open";
       if (d.state === "open") {
         const draft = record ? { ...record } : {}; // withheld: nothing to start a correction from
         delete draft.dead_letter; // the API links the correction to this letter itself
-        $("redrive-event").value = JSON.stringify(draft, null, 2);
+        $("redrive-event").value = visible(JSON.stringify(draft, null, 2)); // the same JSON, spelled out
         $("discard-reason").value = "";
       }
       if (d.resolution) {
