@@ -55,8 +55,17 @@ _POLL_FIRST_S, _POLL_MAX_S = 0.005, 0.05
 def check_after(value: str | None) -> str | None:
     """A token as a write answers it, else ValueError (a 422 naming `after` at every door)."""
     if value is not None:
-        decode_token(value)
+        _written(value)
     return value
+
+
+def _written(token: str) -> dict[int, int]:
+    """The positions of a write's token, else ValueError: a write's token names the offset after each record it
+    wrote, never 0 (a partition at 0 would be read as reached at once, in a topic that may not even have it)."""
+    positions = decode_token(token)
+    if 0 in positions.values():
+        raise ValueError("not a consistency token of a write: a write's names the offset after its record, never 0")
+    return positions
 
 
 # the request models' field (api.requests) and the GET routes' query parameter, one rule
@@ -81,7 +90,7 @@ async def wait_after(res: Resources, tenant: str, after: str, stage: Stage) -> s
     `{"after", "reflects" (the projection's positions, a token), "stage", "waited_ms"}`; ApiError 503 `not_yet`
     past AFTER_WAIT_S, 422 naming `after` for a token that is not one."""
     try:
-        targets = decode_token(after)
+        targets = _written(after)
     except ValueError as exc:
         raise ApiError(422, "invalid_value", str(exc), "after") from None
     settings = res.settings

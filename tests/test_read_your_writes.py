@@ -455,6 +455,7 @@ def test_a_read_waiting_on_an_index_that_is_down_says_so(stack: dict[str, Any]) 
 # -- garbage: 422 naming `after` ------------------------------------------------------------------------------------
 
 GARBAGE = ["", "nope", "v1.", "v1.@@@", "v1." + "A" * 5000, "v1.LTE6NQ"]  # the last: partition -1
+GARBAGE += [encode_token({99: 0}), encode_token({0: 0, 3: 5})]  # well formed, but no write names an offset 0
 
 
 def test_a_token_that_is_not_one_is_422_naming_after_at_every_door(stack: dict[str, Any]) -> None:
