@@ -13,7 +13,10 @@ Usage::
         print(r.event_id, r.partition, r.offset, r.token)  # token: pass as `after` to a read to see this write
 
 Guarantees: acks=all, an idempotent producer, Kafka key `tenant|subject` (a subject's events stay in order). The
-event_id is the idempotency key: to retry a publish of unknown outcome, publish the same event again.
+event_id is the idempotency key: to retry a publish of unknown outcome, publish the same event again, with the same
+event_id (an event given without one gets a new random id at each publish, so its retry would be a second event:
+give it one, or retry with the `event_id` the result or the `PublishError` names). Whoever may write to the topic
+may write any tenant: the API's keys bind tenants at its doors, not here.
 
 Everything the worker would refuse is refused here first, before any of a batch is sent (`contract.InvalidEvent`:
 the contract, the size, clock skew, an event_id this process re-used for other content); a broker failure raises
@@ -103,8 +106,11 @@ class PublishError(Exception):
     """The broker did not take the event. `code`: unavailable | timeout | refused | closed. `store`: the one that
     failed (the broker, or the key store a sealed event needed its data key from)."""
 
-    def __init__(self, event_id: str | None, reason: str, code: str = "refused", *, store: str = "kafka") -> None:
+    def __init__(
+        self, event_id: str | None, reason: str, code: str = "refused", *, store: str = "kafka", sent: bool = True
+    ) -> None:
         self.event_id, self.reason, self.code, self.store = event_id, reason, code, store
+        self.sent = sent  # False: the record never left this process (its id is free for other content again)
         self.outcomes: list[PublishResult | PublishError] | None = None  # set by publish_many
         super().__init__(f"event {event_id} not published ({code}): {reason}")
 
@@ -128,11 +134,12 @@ class EventIdConflict(InvalidEvent):
     A retry must resend the same event; new content needs a new event_id. Nothing of the batch is sent.
     """
 
-    def __init__(self, tenant: str, event_id: str, known: str, given: str) -> None:
+    def __init__(self, tenant: str, event_id: str, known: str, given: str, *, in_batch: bool = False) -> None:
         self.tenant, self.event_id, self.known_fingerprint, self.fingerprint = tenant, event_id, known, given
+        where = "is given twice in this batch" if in_batch else "was already sent from this process"
         message = (
-            f"event_id {event_id!r} was already published in tenant {tenant!r} with different content "
-            f"(fingerprint {known} here {given}); resend the same event to retry, or use a new event_id"
+            f"event_id {event_id!r} {where} in tenant {tenant!r} with different content "
+            f"(fingerprint {known} there, {given} here); resend the same event to retry, or use a new event_id"
         )
         super().__init__("event_id_conflict", message, "event_id")
 
@@ -273,7 +280,7 @@ class LedgerProducer:
             return self._producer
         with self._lock:
             if self._closed:
-                raise PublishError(event_id, "the producer is closed", "closed")
+                raise PublishError(event_id, "the producer is closed", "closed", sent=False)
             if self._producer is None:
                 try:
                     if self._create_topics:
@@ -281,7 +288,7 @@ class LedgerProducer:
                     self._producer = kafka_producer(self.settings, **self._config())
                 except Exception as exc:  # noqa: BLE001 - any failure to connect is reported as unavailable
                     reason = f"no usable broker at {self.settings.kafka_bootstrap}: {_reason(exc)}"
-                    raise PublishError(event_id, reason, "unavailable") from exc
+                    raise PublishError(event_id, reason, "unavailable", sent=False) from exc
             return self._producer
 
     def connect(self) -> LedgerProducer:
@@ -343,7 +350,7 @@ class LedgerProducer:
                 key = (tenant, event_id)
                 known = batch.get(key) or self._sent.get(key)
                 if known is not None and known != fingerprint:
-                    conflict = EventIdConflict(tenant, event_id, known, fingerprint)
+                    conflict = EventIdConflict(tenant, event_id, known, fingerprint, in_batch=key in batch)
                     if not report:
                         raise conflict
                     prepared[i] = conflict
@@ -390,10 +397,25 @@ class LedgerProducer:
             ]
             pending = self._append(to_send) if to_send else []
         sent = iter(self._await([item[0] for item in to_send], pending)) if to_send else iter(())
-        return [
+        outcomes = [
             item if isinstance(item, InvalidEvent) else refused[i] if i in refused else next(sent)
             for i, item in enumerate(prepared)
         ]
+        self._release_ids([item for item, out in zip(prepared, outcomes, strict=True)
+                           if isinstance(out, PublishError) and not out.sent])  # fmt: skip
+        return outcomes
+
+    def _release_ids(self, unsent: list[_Ready | InvalidEvent]) -> None:
+        """Forget the claims of events whose records never left this process: such an id names nothing yet, and a
+        retry with corrected content is no conflict."""
+        if not unsent:
+            return
+        with self._ids_lock:
+            for item in unsent:
+                assert not isinstance(item, InvalidEvent)
+                event_id, tenant, _subject, _value, fingerprint, _event = item
+                if self._sent.get((tenant, event_id)) == fingerprint:
+                    del self._sent[(tenant, event_id)]
 
     def _seal(
         self,
@@ -428,7 +450,7 @@ class LedgerProducer:
                 log.warning("erasure %s refused: the subject's key was not retired (%s)", event.event_id, _reason(exc))
                 refused[i] = PublishError(
                     event.event_id, f"the subject's data key was not retired: {_reason(exc)}", "unavailable",
-                    store=_key_store(exc),
+                    store=_key_store(exc), sent=False,
                 )  # fmt: skip
         self._seal_with_keys(prepared, todo, refused, report_invalid)
 
@@ -452,7 +474,9 @@ class LedgerProducer:
         except Exception as exc:  # noqa: BLE001 - the key service failed: reported per event, nothing sent clear
             store = _key_store(exc)
             for i, event in todo.items():
-                refused[i] = PublishError(event.event_id, f"no data key: {_reason(exc)}", "unavailable", store=store)
+                refused[i] = PublishError(
+                    event.event_id, f"no data key: {_reason(exc)}", "unavailable", store=store, sent=False
+                )
             return
         for i, event in todo.items():
             event_id, tenant, subject, clear, fingerprint, _event = prepared[i]  # type: ignore[misc]
@@ -470,17 +494,17 @@ class LedgerProducer:
         try:
             producer = self._connected(ids[0])
         except PublishError as exc:
-            return [PublishError(event_id, exc.reason, exc.code) for event_id in ids]
+            return [PublishError(event_id, exc.reason, exc.code, sent=False) for event_id in ids]
         pending: list[Any] = []
         abort: PublishError | None = None
         for event_id, tenant, subject, value, _fingerprint, _event in prepared:
             if abort is not None:  # the broker is unusable: fail fast instead of waiting per event
-                pending.append(PublishError(event_id, abort.reason, abort.code))
+                pending.append(PublishError(event_id, abort.reason, abort.code, sent=False))
                 continue
             try:
                 pending.append(producer.send(self.topic, value=value, key=kafka_key(tenant, subject)))
             except Exception as exc:  # noqa: BLE001 - reported per event
-                err = PublishError(event_id, f"topic {self.topic!r}: {_reason(exc)}", _code(exc))
+                err = PublishError(event_id, f"topic {self.topic!r}: {_reason(exc)}", _code(exc), sent=False)
                 pending.append(err)
                 if err.code in ("timeout", "unavailable", "closed"):
                     abort = err

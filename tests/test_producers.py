@@ -276,10 +276,11 @@ def test_a_reused_event_id_with_other_content_raises_event_id_conflict(ledger: S
             assert (info.value.code, info.value.field, info.value.event_id) == ("event_id_conflict", "event_id", "id-1")
         with pytest.raises(EventIdConflict):  # within one batch too, and nothing of the batch is sent
             producer.publish_many([{**_event("p", 2, "user:3"), "event_id": "id-2"}, *changed[:1]])
-        with pytest.raises(EventIdConflict):
+        with pytest.raises(EventIdConflict) as twice:
             producer.publish_many(
                 [{**_event("p", 3, "user:3"), "event_id": "id-3"}, {**_event("p", 4, "user:3"), "event_id": "id-3"}]
             )
+        assert "given twice in this batch" in str(twice.value) and "already sent" in str(info.value), twice.value
         producer.publish({**changed[0], "tenant": "globex"})  # ids are per tenant: another tenant's id-1 is its own
         outcomes = producer.send_many([first, changed[0]], report_invalid=True)
         assert isinstance(outcomes[0], PublishResult) and isinstance(outcomes[1], EventIdConflict)
@@ -303,10 +304,15 @@ def test_unreachable_broker_gives_a_clear_error_quickly(settings: Settings) -> N
     with LedgerProducer(nowhere, timeout_s=2) as producer:
         with pytest.raises(PublishError) as info:
             producer.publish(event)
-    assert time.monotonic() - t0 < 15
+        # nothing left the process: the id is not taken, so the same id with corrected content is no conflict
+        corrected = from_dict({**event.to_wire(), "value": "corrected"})
+        with pytest.raises(PublishError) as again:
+            producer.publish(corrected)
+    assert time.monotonic() - t0 < 30
     assert info.value.event_id == event.event_id
-    assert info.value.code == "unavailable"
+    assert info.value.code == "unavailable" and info.value.sent is False
     assert "127.0.0.1:1" in info.value.reason
+    assert again.value.code == "unavailable" and again.value.event_id == event.event_id
 
 
 def test_a_missing_topic_times_out_and_is_not_auto_created(settings: Settings) -> None:
