@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,6 +26,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 from urllib.parse import quote
 
 import httpx
+import orjson
 from pydantic import BaseModel, ValidationError
 
 from api.schemas import (
@@ -121,13 +124,20 @@ class _Route(Generic[P, Answer]):
         return self if client is None else MethodType(self.ask, client)  # a client's own method shadows this
 
     def method(self, asynchronous: bool) -> Callable[..., Any]:
-        ask = self.ask
+        ask, signature = self.ask, inspect.signature(self.ask)
+
+        def call(client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call[Any]:
+            # a lone surrogate has no UTF-8 bytes for a URL or a body to carry: refused as the API refuses one
+            for name, value in signature.bind(client, *args, **kwargs).arguments.items():
+                if _lone_surrogate_in(value):
+                    raise _local(name, "contains a lone surrogate, which is not valid Unicode text", "unstorable_text")
+            return ask(client, *args, **kwargs)
 
         def sent(client: Any, /, *args: Any, **kwargs: Any) -> Any:
-            return client._send(ask(client, *args, **kwargs))
+            return client._send(call(client, args, kwargs))
 
         async def awaited(client: Any, /, *args: Any, **kwargs: Any) -> Any:
-            return await client._send(ask(client, *args, **kwargs))
+            return await client._send(call(client, args, kwargs))
 
         method: Any = functools.update_wrapper(awaited if asynchronous else sent, ask)
         # annotations are text here (postponed): the method answers the X of the call's `_Call[X]`
@@ -199,6 +209,26 @@ def _closed(http: httpx.Client | httpx.AsyncClient) -> None:
         raise LedgerError(None, [ErrorItem(code="client_closed", field=None, message=message)])
 
 
+_HEADER_TEXT = re.compile(r"[\x21-\x7e]+(?: [\x21-\x7e]+)*")  # what an API key can be sent as
+
+
+def _local(field: str, message: str, code: str = "invalid_value") -> LedgerError:
+    """A call this client refuses before sending it: the API's error shape, no status (nothing was asked)."""
+    return LedgerError(None, [ErrorItem(code=code, field=field, message=message)])
+
+
+def _lone_surrogate_in(value: Any) -> bool:
+    """Whether a call's argument holds a lone surrogate anywhere (orjson writes none; what it cannot write otherwise,
+    a model or a time, is judged by the call itself)."""
+    if isinstance(value, str):
+        return not value.isascii() and any("\ud800" <= c <= "\udfff" for c in value)
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        return "surrogates" in str(exc)
+    return False
+
+
 def _unreachable(url: str, exc: httpx.TransportError) -> LedgerError:
     code = "api_timeout" if isinstance(exc, httpx.TimeoutException) else "api_unreachable"
     message = f"api: no answer from {url} ({type(exc).__name__}: {exc})"[:500]
@@ -225,6 +255,10 @@ class _Base(Generic[Http]):
             url = url or s.url
             api_key = api_key if api_key is not None else s.api_key
             timeout = timeout if timeout is not None else s.timeout_s
+        if not (isinstance(timeout, int | float) and 0 < timeout < math.inf):
+            raise _local("timeout", f"{timeout!r} is no time to wait: a number of seconds above 0")
+        if api_key and not _HEADER_TEXT.fullmatch(api_key):  # httpx would refuse it at each request, as unreachable
+            raise _local("api_key", "holds a character no HTTP header carries (a line break, a control, non-ASCII)")
         self.url, self.tenant, self.timeout = url.rstrip("/"), tenant, timeout
         self._headers = {"X-API-Key": api_key} if api_key else {}
         self._owned = http is None

@@ -595,3 +595,41 @@ def test_an_id_or_subject_that_is_a_dot_segment_is_refused_at_the_door_and_reach
     stack.pipe.settle()
     with stack.client(KEY_B, B) as c:
         assert c.facts(name).facts == []
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("client_class", [LedgerClient, AsyncLedgerClient])
+def test_every_failure_is_a_ledger_error_even_one_no_request_can_carry(client_class: type) -> None:
+    """The class: `every failure one LedgerError`. A lone surrogate in any text argument of any method (no URL or
+    body can carry it: httpx raised UnicodeEncodeError), a timeout that is no time, or a key no header can carry
+    (refused by httpx at each request and reported as an API that does not answer) is refused before anything is
+    sent, in the API's error shape, naming the argument. Nothing here reaches a server (nobody listens on it)."""
+    from api.client import _Base, _Route
+
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    refused = [({"timeout": 0}, "timeout"), ({"timeout": -1}, "timeout"), ({"timeout": float("nan")}, "timeout"),
+               ({"api_key": "k\r\nX-Other: 1"}, "api_key"), ({"api_key": "ké"}, "api_key")]  # fmt: skip
+    for kwargs, named in refused:
+        with pytest.raises(LedgerError) as err:
+            client_class(nowhere, **kwargs)
+        assert (err.value.status, err.value.code, err.value.field) == (None, "invalid_value", named), err.value
+    client = client_class(nowhere, api_key="k", tenant=A, timeout=2)
+    bad = "x\ud800y"
+    samples = {"int": 1, "Mapping[str, Any]": {"k": "v"}, "Mapping[str, Any] | BaseModel": {"k": "v"}}
+    checked = 0
+    for name, route in vars(_Base).items():
+        if not isinstance(route, _Route):
+            continue
+        params = [p for p in inspect.signature(route.ask).parameters.values() if p.name != "self"]
+        required = {p.name: samples.get(p.annotation, "ok") for p in params if p.default is inspect.Parameter.empty}
+        for p in params:
+            if "str" not in str(p.annotation) or p.name == "mode":
+                continue
+            value = {"k": bad} if "Mapping" in str(p.annotation) else bad
+            with pytest.raises(LedgerError) as err:
+                answer = getattr(client, name)(**{**required, p.name: value})
+                if inspect.isawaitable(answer):
+                    asyncio.run(answer)
+            assert (err.value.code, err.value.field) == ("unstorable_text", p.name), (name, p.name, err.value)
+            checked += 1
+    assert checked >= 30, checked
