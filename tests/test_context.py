@@ -119,6 +119,8 @@ def test_quote_escapes_every_control_format_separator_and_private_character() ->
     kinds = {"Cc", "Cf", "Zs", "Zl", "Zp", "Co"}
     hidden = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) in kinds and c != 0x20]
     hidden += ["\u034f", "\u115f", "\u1160", "\u17b4", "\u2800", "\u3164", "\ufe0f", "\uffa0", "\ufffc", "\U000e0100"]
+    # default-ignorable code points not assigned yet (they show as nothing) and the BMP's noncharacters
+    hidden += ["\u2065", "\ufff0", "\ufff8", "\U000e0080", "\U000e0fff", "\U000e01f0", "\ufdd0", "\uffff"]
     text = quote("".join(hidden))
     assert text.isascii() and orjson.loads(text) == "".join(hidden)
     assert quote("héllo 中文 😀 a b") == '"héllo 中文 😀 a b"'  # letters, marks, symbols and the space stay as they are

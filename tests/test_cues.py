@@ -485,7 +485,8 @@ def test_an_ids_words_inside_an_alias_the_question_uses_are_that_alias_not_an_en
     """The class: a subject whose bare id is an ordinary word (`other:weight`, `project:backend`) made that word an
     entity wherever a question held it, so "what is the weight" was narrowed to that subject and lost every other
     subject's weight. Inside an alias the question uses, the word is the attribute asked about; an id written out
-    with its marks, or a word no alias holds, still names the entity."""
+    with its marks, or a word no alias holds, still names the entity, and an alias inside an id written out is no
+    key cue (`drink` of `p6x:drink` asked for every subject's drink)."""
     vocab = Vocabulary.build(
         subjects=["item:a", "other:weight", "project:backend", "project:P1", "user:alice"],
         key_aliases=[
@@ -503,6 +504,10 @@ def test_an_ids_words_inside_an_alias_the_question_uses_are_that_alias_not_an_en
         ("project:backend backend port", ("project:backend",), ("project.backend_port",)),
         ("what about backend", ("backend",), ()),
         ("what does alice drink", ("alice",), ("user.drink",)),
+        # the other way round: an alias inside an id written out is part of its name, not an attribute asked about
+        ("other:weight", ("other:weight",), ()),
+        ("what does user:alice drink", ("user:alice",), ("user.drink",)),
+        ("what is the weight of order:drink9", (), ("item.weight",)),
     ]:
         cues = extract(question, vocab, NOW)
         assert (cues.known_entities, cues.keys) == (entities, keys), question

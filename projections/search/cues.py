@@ -753,7 +753,16 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
         for e in named(phrase):
             know(e)
     token_table = {c: True for c in map(canonical, tokens) if c}
-    cover(_spans(seq, token_table))
+    token_spans = _spans(seq, token_table)
+    cover(token_spans)
+    # and the other way round: an alias's words inside an id the question writes out (`drink` of `p6x:drink`, of
+    # `order:drink9`) are part of that name, not the attribute asked about (an alias that is the whole id-shaped
+    # token, a product code, is that alias)
+    written = [(i, j) for i, j, phrase in ent_spans if phrase in marked] + [(i, j) for i, j, _ in token_spans]
+    in_ids = {k for i, j in written for k in range(i, j)}
+    alias_spans = [
+        (a, b, p) for a, b, p in alias_spans if not any(i <= a and b <= j and (a, b) != (i, j) for i, j in written)
+    ]
     unknown: dict[str, None] = {}
     for tok in tokens:
         for cand in candidates(tok):  # `project:P1` is known as such or by its bare id
@@ -765,7 +774,7 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
     # attribute keys through aliases (longest phrase wins over the shorter ones inside it)
     cover(alias_spans)
     found = [(frozenset(range(i, j)), phrase) for i, j, phrase in alias_spans]
-    found += _word_set_matches(seq, vocab, {p for _, _, p in alias_spans})
+    found += [m for m in _word_set_matches(seq, vocab, {p for _, _, p in alias_spans}) if not m[0] <= in_ids]
     for positions, _ in found:
         cover((k, k + 1, "") for k in positions)
     found = _maximal(found)
