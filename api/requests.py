@@ -289,7 +289,8 @@ class ForgetParams(TenantRequest):
         default=False,
         strict=True,
         description="with erase_subject: erase exactly this subject even though it has no event and another "
-        "subject reads the same (its case, width, Unicode form or white space at its ends aside)",
+        "subject reads the same (its case, width, Unicode form, white space at its ends, invisible characters or "
+        "a dash's kind aside)",
     )
     reason: Storable | None = Field(
         default=None,

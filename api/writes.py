@@ -402,7 +402,8 @@ async def _refuse_a_look_alike(res: Resources, tenant: str, subject: str) -> Non
             422,
             "invalid_value",
             f"the subject {subject!r} has no record, and the tenant's {', '.join(map(repr, meant))} reads the same "
-            "(case, width, Unicode form or white space at its ends aside): erase that one by its own spelling, or "
+            "(case, width, Unicode form, white space at its ends, invisible characters or a dash's kind aside): "
+            "erase that one by its own spelling, or "
             f"set literal=true to erase {subject!r} itself (its events may not be applied yet)",
             "subject",
         )

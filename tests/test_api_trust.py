@@ -708,7 +708,7 @@ def applied(base_settings: Settings) -> Iterator[Pipeline]:
 
 def test_class10_an_erasure_of_a_look_alike_spelling_is_refused_naming_the_subject_meant(applied: Pipeline) -> None:
     """The class: a subject with no event, erased while another subject of the tenant reads the same (its case,
-    width, Unicode form or white space at its ends aside), used to answer 202 and purge nothing while the subject
+    width, Unicode form, white space at its ends, invisible characters or a dash's kind aside), used to answer 202 and purge nothing while the subject
     meant stayed readable. Over HTTP and MCP it is a 422 naming the subject meant; said literally, it is erased as
     asked; a subject with events of its own, or one another tenant holds, is erased as ever."""
     c = applied.client
@@ -731,6 +731,10 @@ def test_class10_an_erasure_of_a_look_alike_spelling_is_refused_naming_the_subje
         "user:Café-5\t",
         "user:Café-5\u00a0",
         "user:Ｃafé-５",
+        "user:Café-5\u200b",  # invisible characters, and a dash of another kind: on a screen, the same id
+        "\u2060user:Café\u00ad-5",
+        "user:Café\u20115",
+        "user:Café\u22125",
     ]
     meant = {s: real for s in spellings} | {s: sharp for s in ("USER:STRASSE-5", "user:strasse-5", f"{sharp}\u2003")}
     for spelling, subject in meant.items():

@@ -28,7 +28,8 @@ router = APIRouter(tags=["erasure"], route_class=OrjsonBodyRoute)
 REASON_NOTE = "why, kept readable for good (an erasure is never sealed): say why, never who"
 LITERAL_NOTE = (
     "true: the whole path is the subject, even when it ends in `/facts`, `/events` or `/`, or has no record while "
-    "another subject reads the same (case, width, Unicode form or white space at its ends aside)"
+    "another subject reads the same (case, width, Unicode form, white space at its ends, invisible characters or a "
+    "dash's kind aside)"
 )
 # the last path segments of the read routes under /v1/subjects/{subject} (api.routes.subjects)
 READ_ROUTE_NAMES = frozenset({"facts", "events"})

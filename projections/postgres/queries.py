@@ -27,7 +27,7 @@ from producers.contract import EventType, rfc3339
 from projections import shapes
 from projections.postgres.counts import ACCESS_COUNTERS, ACCESSES_ACTIVE, FACTS_ACTIVE, FACTS_ACTIVE_SERVED
 from projections.postgres.recorder import VERSION_COLUMNS, row_to_version
-from projections.search.cues import about_entry, normalize_entity
+from projections.search.cues import about_entry, look_alike_forms
 from projections.versions import (
     ERASED_EFFECT,
     NO_EFFECT,
@@ -567,12 +567,13 @@ def _ledger_events(
 
 
 # the subjects of a tenant whose own id reads as %(s)s (case, width, Unicode form, white space at the ends: the cues'
-# normal form, as recall reads ids) and that hold facts, when %(s)s itself has no record: no event, no refused record
-# filed under it. A version's `about` (schema.sql) holds its subject's whole id first (cues.about_entries), so the
-# GIN index finds the versions naming the id, and the first entry keeps those whose subject is it
+# normal form, as recall reads ids; invisible characters and a dash's kind too: cues.look_alike_forms) and that hold
+# facts, when %(s)s itself has no record: no event, no refused record filed under it. A version's `about`
+# (schema.sql) holds its subject's whole id first (cues.about_entries), so the GIN index finds the versions naming
+# one of the forms, and the first entry keeps those whose subject is it
 _LOOK_ALIKES = (
     "SELECT DISTINCT f.subject FROM fact_versions f WHERE f.tenant = %(t)s AND f.subject <> %(s)s "
-    "AND f.about && %(about)s::text[] AND f.about[1] = %(own)s "
+    "AND f.about && %(about)s::text[] AND f.about[1] = ANY(%(about)s::text[]) "
     "AND NOT EXISTS (SELECT 1 FROM events e WHERE e.tenant = %(t)s AND e.subject = %(s)s) "
     "AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.tenant = %(t)s AND d.subject = %(s)s) "
     "ORDER BY 1 LIMIT 5"
@@ -582,8 +583,8 @@ _LOOK_ALIKES = (
 async def look_alike_subjects(conn: psycopg.AsyncConnection, tenant: str, subject: str) -> list[str]:
     """Up to five other subjects of `tenant` that read as `subject` and hold facts, when `subject` has no record
     (no event, no refused record filed under it): what a caller erasing `subject` most likely meant."""
-    own = about_entry(normalize_entity(subject))
-    cur = await conn.execute(_LOOK_ALIKES, {"t": tenant, "s": subject, "about": [own], "own": own})
+    own = [about_entry(form) for form in look_alike_forms(subject)]
+    cur = await conn.execute(_LOOK_ALIKES, {"t": tenant, "s": subject, "about": own})
     return [row[0] for row in await cur.fetchall()]
 
 
