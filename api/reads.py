@@ -215,10 +215,12 @@ async def recall(
     receipt: bool = True,
     record: bool = True,
     below: dict[int, int] | None = None,
+    served: dict[str, float] | None = None,
 ) -> shapes.RecallResponse:
     """`POST /v1/recall`: hits (exact first, then keyword/semantic), the query's cues and a per-stage trace (and
     its receipt; `record`: the hits count as served, which a receipt's replay does not; `below`: with known_at, each
-    hit re-read from the events logged below those positions too, as a replay does)."""
+    hit re-read from the events logged below those positions too, as a replay does; `served`: with known_at, the
+    access signals a receipt says ordered its ties, by which a replay orders them)."""
     check_tenant(body.tenant, tenants)
     seen = await _after(res, body.tenant, body.after, recall_stage(body.mode))
     query = RecallQuery(
@@ -234,6 +236,7 @@ async def recall(
         context_turns=body.context_turns,
         known_at=body.known_at,
         below=below if body.known_at is not None else None,
+        served=served if body.known_at is not None else None,
     )
     signed = receipt and body.receipt and res.settings.receipts
     # the receipt's rows are read by the engine's verification, in its statement (none of their own)

@@ -311,6 +311,7 @@ async def issue(
         **await _digests(answer, body, many=len(ids) > _INLINE_CITED),
         "cited": cited,
         "ranking": ranks,
+        **({"served": dict(sorted(basis.served.items()))} if ranked and basis is not None and basis.served else {}),
         "key_id": None if signer is None else signer.key_id,
         "public_key": None if signer is None else base64.b64encode(signer.public).decode(),
     }
@@ -329,12 +330,19 @@ async def _sign(signer: ChainSigner, message: bytes) -> bytes:
 def _signed_bytes(receipt: dict[str, Any], ranking_plain: Any) -> bytes:
     """canonical(receipt) without walking it: a receipt's fields are strings, integers, None and objects and lists of
     them under ASCII keys, whose canonical JSON is orjson's sorted bytes, but for its ranking (settings: floats),
-    whose plain form was made once with it (`_ranked`). A field that is not so would fail its signature's check."""
-    if receipt["ranking"] is None:
-        return orjson.dumps(receipt, option=orjson.OPT_SORT_KEYS)
-    if ranking_plain is None:
-        return canonical(receipt)
-    return orjson.dumps({**receipt, "ranking": ranking_plain}, option=orjson.OPT_SORT_KEYS)
+    whose plain form was made once with it (`_ranked`), and the access signals it was `served` (floats, made plain
+    here). A field that is not so would fail its signature's check."""
+    plain: dict[str, Any] = {}
+    if receipt["ranking"] is not None:
+        if ranking_plain is None:
+            return canonical(receipt)
+        plain["ranking"] = ranking_plain
+    if "served" in receipt:
+        try:
+            plain["served"] = _plain(receipt["served"])
+        except _NotPlain:
+            return canonical(receipt)
+    return orjson.dumps({**receipt, **plain} if plain else receipt, option=orjson.OPT_SORT_KEYS)
 
 
 def basis(settings: Settings) -> rows.Basis:
@@ -669,7 +677,8 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
         assert isinstance(params, RecallBody)
         differ = _differ(receipt.get("ranking"), ranking(settings))
         ask = params.model_copy(update={"as_of": as_of, "known_at": known_at, "after": None})
-        again = await reads.recall(res, tenants, ask, receipt=False, record=False, below=below)
+        served = receipt.get("served") or {}  # how often facts were served then, which the ledger does not hold
+        again = await reads.recall(res, tenants, ask, receipt=False, record=False, below=below, served=served)
     digests = await _digests(answer, again)  # a replayed profile can be as large as the answer it replays
     now = digests["parts"]
     differs = "differs"

@@ -206,6 +206,15 @@ class Receipt(TypedDict):
     ]
     cited: Annotated[list[ReceiptCited], doc("the events behind what the answer shows, in its order")]
     ranking: Annotated[ReceiptRanking | None, doc("recall (and a context block's question): what ranked it")]
+    served: NotRequired[
+        Annotated[
+            dict[str, float],
+            doc(
+                "recall, when how often facts were served ordered hits the other signals left equal: memory_id -> "
+                "its access signal then (not in the ledger: a replay orders those hits by these)"
+            ),
+        ]
+    ]
     key_id: Annotated[str | None, doc("the signing key's id (null: unsigned, no key configured)")]
     public_key: Annotated[str | None, doc("its Ed25519 public key, base64")]
     signature: Annotated[

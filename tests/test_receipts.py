@@ -452,10 +452,10 @@ def test_replay_of_a_recall_before_a_supersession_gives_the_first_answer(stack: 
     assert {p["part"]: p["same"] for p in replayed["parts"]} == {"cues": True, "exact": True, "ranked": True}
     assert replayed["models_differ"] == []
     again = _replay(stack, second["receipt"], asked).json()
-    # the second: the same; byte for byte only if the fact's access from the first recall was not projected yet when
-    # the second ran: how often a hit was served (its `access` score) is no part of the ledger and is not replayed
+    # the second: the same, byte for byte, its `access` score too: how often a hit was served is no part of the
+    # ledger, and its receipt carries the access signals its answer was ordered by (`served`)
     assert again["same"] is True and [h["value"] for h in again["replayed"]["hits"]] == [7002]
-    assert again["identical"] is ("access" not in second["hits"][0]["match"]["scores"])
+    assert again["identical"] is True
 
     for answer, request in (
         (facts, {"subject": subject}),
@@ -476,6 +476,46 @@ def test_replay_of_a_recall_before_a_supersession_gives_the_first_answer(stack: 
     forged = {**first["receipt"], "known_at": second["receipt"]["known_at"]}
     r = _replay(stack, forged, asked)
     assert r.status_code == 422 and r.json()["detail"][0]["field"] == "receipt.signature"
+
+
+def test_replay_of_a_recall_whose_ties_were_ordered_by_access_gives_its_answer(stack: Any) -> None:
+    """The class: how often a fact was served is not in the ledger, so a replay (as known then) ordered the hits the
+    other signals left equal by version id where the recall had ordered them by access, and such a recall never
+    replayed the same. Its receipt carries the access signals that ordered it (`served`: ids and numbers), and the
+    replay orders by them: the same hits, in the same order, byte for byte."""
+    subject = "project:R7"
+    text = "the quokka ledger probe tie phrase"
+    stack.publish([_fact(subject, f"tie.0{n}", n, f"r7-{n}", entities=[], aliases=[], content=text) for n in range(3)])
+    stack.settle()
+    asked = {"subject": subject, "query": "quokka ledger probe tie phrase", "mode": "keyword", "top_k": 1}
+    [unserved] = _recall(stack, **asked)["hits"]  # ties in version id order: nothing was served yet
+    facts = _get(stack, f"/v1/subjects/{subject}/facts").json()["facts"]
+    other = next(f for f in facts if f["memory_id"] != unserved["memory_id"])
+    for _ in range(4):  # an exact recall serves it
+        assert [h["memory_id"] for h in _recall(stack, subject=subject, query=other["key"])["hits"]] == [
+            other["memory_id"]
+        ]
+
+    def counted() -> bool:
+        with pg(stack.settings) as conn:
+            row = conn.execute(
+                "SELECT accesses FROM access_counts WHERE tenant = %s AND memory_id = %s", (TENANT, other["memory_id"])
+            ).fetchone()
+        return row is not None and row[0] >= 4
+
+    deadline = time.monotonic() + 60
+    while not counted():
+        assert time.monotonic() < deadline, "the accesses were never projected"
+        time.sleep(0.2)
+    served = _recall(stack, **asked)
+    assert [h["memory_id"] for h in served["hits"]] == [other["memory_id"]], served["hits"]  # access broke the tie
+    assert served["receipt"].get("served", {}).get(other["memory_id"], 0) > 0, served["receipt"]
+    assert _verify(stack, served["receipt"], served).json()["valid"] is True
+    r = _replay(stack, served["receipt"], asked)
+    assert r.status_code == 200, r.text
+    replayed = r.json()
+    assert replayed["same"] is True and replayed["identical"] is True, replayed["parts"]
+    assert replayed["replayed"]["hits"] == served["hits"]
 
 
 def test_an_erased_cited_version_verifies_as_erased_showing_nothing(stack: Any) -> None:
@@ -773,7 +813,7 @@ async def _read_with_the_answer(stack: Any) -> None:
                 as_of=answer["trace"]["as_of"],
                 ranked=True,
             )
-            volatile = ("issued_at", "as_of", "known_at", "signature", "positions")  # "now" when asked
+            volatile = ("issued_at", "as_of", "known_at", "signature", "positions", "served")  # "now"; served: grows
             assert {k: v for k, v in receipt.items() if k not in volatile} == {
                 k: v for k, v in own.items() if k not in volatile
             }, mode
@@ -831,7 +871,7 @@ async def _without_the_columns(stack: Any) -> None:
                     "AND f.tenant = %s",
                     (settings.processor_group, settings.topic, TENANT),
                 )
-    volatile = ("issued_at", "as_of", "known_at", "signature", "positions")  # "now" when asked
+    volatile = ("issued_at", "as_of", "known_at", "signature", "positions", "served")  # "now"; served: grows
     assert answer["hits"] and [h["event_id"] for h in answer["hits"]] == [h["event_id"] for h in before["hits"]]
     assert {k: v for k, v in answer["receipt"].items() if k not in volatile} == {
         k: v for k, v in before["receipt"].items() if k not in volatile

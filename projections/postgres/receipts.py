@@ -127,6 +127,7 @@ class Basis:
     salt: bytes = b""
     positions: dict[int, int] | None = None
     found: dict[str, CitedRow] = field(default_factory=dict)
+    served: dict[str, float] = field(default_factory=dict)  # recall's: the access signals that ordered its ties
 
     # what a read of fact_versions rows `f` adds to its select list, in this order (take_versions reads them so)
     COLUMNS: ClassVar[tuple[str, str]] = (CITED_COLUMNS, BASIS_COLUMNS)

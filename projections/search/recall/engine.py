@@ -195,6 +195,7 @@ class RecallEngine:
                                     self.access_weight,
                                     self.subject_factor,
                                     self.time_factor,
+                                    q.served if q.known_at is not None else None,
                                 )
                             )
 
@@ -203,6 +204,9 @@ class RecallEngine:
             if self.reranker.wanted(q):  # fuzzy hits only, never above an exact one; timed `cross_encoder` apart
                 hits = await self.reranker.rerank(q, hits, trace)
             hits = prefer_scopes(hits, cues.scopes, BAND)  # a fact's named (else default) scope first (recall.prefer)
+        if basis is not None:  # the access signals that ordered the answer, which its replay must order by too
+            basis.served = {**ctx.served, **{h.row["memory_id"]: h.access for h in hits[: q.top_k + GROUP_SLACK]
+                                             if h.access}}  # fmt: skip
         with trace.timed("groups"):  # one hit per group of near-duplicate episodes (recall.groups)
             hits = await collapse(self.pool, q.tenant, hits[: q.top_k + GROUP_SLACK], at, q.known_at, q.below)
             shown = [hit(h) for h in hits[: q.top_k]]
@@ -300,8 +304,11 @@ class RecallEngine:
                 # ties a stage cannot break go by access, then version id (recall.access); not by access as known
                 # at an earlier time, when the accesses recorded since would decide (verify leaves them out then too)
                 if tied := tied_memory_ids(found):
-                    at_now = ctx.query.known_at is None
-                    signals = await access_signals(self.pool, ctx.query.tenant, tied, ctx.at) if at_now else {}
+                    if ctx.query.known_at is None:
+                        signals = await access_signals(self.pool, ctx.query.tenant, tied, ctx.at)
+                    else:  # a replay's: the receipt's signals, the ones that ordered these ties then
+                        signals = {m: a for m, a in (ctx.query.served or {}).items() if m in set(tied)}
+                    ctx.served.update(signals)
                     found = order_ties(found, signals)
                 matches = rrf(found, ctx)
         elif found:

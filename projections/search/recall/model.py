@@ -65,6 +65,9 @@ class RecallQuery:
     # with known_at, a receipt's positions (partition -> next offset): verification knows only the versions logged
     # below them, so a version logged since with an earlier observed_at does not stand for the one the receipt cites
     below: Mapping[int, int] | None = None
+    # with known_at, a receipt's access signals (memory_id -> signal) that ordered its answer's ties: how often the
+    # facts were served is not in the ledger, so a replay takes them from the receipt and orders the ties the same
+    served: Mapping[str, float] | None = None
 
 
 class Scope(NamedTuple):

@@ -9,7 +9,7 @@ ties, and a fact never served has a signal of 0. Deterministic for a given state
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -143,8 +143,10 @@ def scored(
     access_weight: float = 0.0,
     subject_factor: float = SUBJECT_FACTOR,
     time_factor: float = TIME_FACTOR,
+    served: Mapping[str, float] | None = None,
 ) -> Scored:
-    a = access_signal(row, at)
+    # `served`: a replay's access signals, from its receipt (the ledger has no record of what was served)
+    a = access_signal(row, at) if served is None else served.get(row["memory_id"], 0.0)
     p = prior(row, at, a, access_weight)
     found, overlap = matched(row, cues)
     factor, why = subject_preference(row, found.get("entities", ()), cues, subject_factor)

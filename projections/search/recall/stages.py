@@ -57,6 +57,7 @@ class RecallContext:
     # what the stage found
     vocab_unchecked: Vocabulary | None = None
     vocab_newest: int | None = None
+    served: dict[str, float] = field(default_factory=dict)  # the access signals that ordered ties (recall.access)
 
     @classmethod
     def of(
