@@ -708,9 +708,10 @@ def applied(base_settings: Settings) -> Iterator[Pipeline]:
 
 def test_class10_an_erasure_of_a_look_alike_spelling_is_refused_naming_the_subject_meant(applied: Pipeline) -> None:
     """The class: a subject with no event, erased while another subject of the tenant reads the same (its case,
-    width, Unicode form, white space at its ends, invisible characters or a dash's kind aside), used to answer 202 and purge nothing while the subject
-    meant stayed readable. Over HTTP and MCP it is a 422 naming the subject meant; said literally, it is erased as
-    asked; a subject with events of its own, or one another tenant holds, is erased as ever."""
+    width, Unicode form, white space at its ends, invisible characters or a dash's kind aside), used to answer 202
+    and purge nothing while the subject meant stayed readable. Over HTTP and MCP it is a 422 naming the subject
+    meant; said literally, it is erased as asked; a subject with events of its own, or one another tenant holds, is
+    erased as ever."""
     c = applied.client
     real = "user:Café-5"  # NFC
     sharp = "user:Straße-5"  # a sharp s: casefold reads it `ss`, as recall reads ids
