@@ -125,10 +125,15 @@ class _Route(Generic[P, Answer]):
 
     def method(self, asynchronous: bool) -> Callable[..., Any]:
         ask, signature = self.ask, inspect.signature(self.ask)
+        # the text parameters, and whether each is required (annotations are text here: postponed)
+        kinds = {n: p.annotation for n, p in signature.parameters.items()}
+        texts = {n: kind == "str" for n, kind in kinds.items() if kind in ("str", "str | None")}
 
         def call(client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call[Any]:
-            # a lone surrogate has no UTF-8 bytes for a URL or a body to carry: refused as the API refuses one
             for name, value in signature.bind(client, *args, **kwargs).arguments.items():
+                if name in texts and not isinstance(value, str) and (value is not None or texts[name]):  # no text
+                    raise _local(name, f"must be text, not {type(value).__name__}", "wrong_type")
+                # a lone surrogate has no UTF-8 bytes for a URL or a body to carry: refused as the API refuses one
                 if _lone_surrogate_in(value):
                     raise _local(name, "contains a lone surrogate, which is not valid Unicode text", "unstorable_text")
             return ask(client, *args, **kwargs)
@@ -223,7 +228,7 @@ def _lone_surrogate_in(value: Any) -> bool:
     if isinstance(value, str):
         return not value.isascii() and any("\ud800" <= c <= "\udfff" for c in value)
     try:
-        orjson.dumps(value)
+        orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)  # a number key is written as text: its value judged too
     except orjson.JSONEncodeError as exc:
         return "surrogates" in str(exc)
     return False
@@ -255,8 +260,13 @@ class _Base(Generic[Http]):
             url = url or s.url
             api_key = api_key if api_key is not None else s.api_key
             timeout = timeout if timeout is not None else s.timeout_s
-        if not (isinstance(timeout, int | float) and 0 < timeout < math.inf):
+        if isinstance(timeout, bool) or not (isinstance(timeout, int | float) and 0 < timeout < math.inf):
             raise _local("timeout", f"{timeout!r} is no time to wait: a number of seconds above 0")
+        for name, text in (("url", url), ("api_key", api_key), ("tenant", tenant)):
+            if text is not None and not isinstance(text, str):
+                raise _local(name, f"must be text, not {type(text).__name__}", "wrong_type")
+            if _lone_surrogate_in(text):
+                raise _local(name, "contains a lone surrogate, which is not valid Unicode text", "unstorable_text")
         if api_key and not _HEADER_TEXT.fullmatch(api_key):  # httpx would refuse it at each request, as unreachable
             raise _local("api_key", "holds a character no HTTP header carries (a line break, a control, non-ASCII)")
         self.url, self.tenant, self.timeout = url.rstrip("/"), tenant, timeout
@@ -549,6 +559,8 @@ class LedgerClient(_Base[httpx.Client]):
             response = self._http.request(**self._request(call))
         except httpx.TransportError as exc:
             raise _unreachable(self.url, exc) from exc
+        except httpx.InvalidURL as exc:  # a path or query longer than a URL may be
+            raise _local("url", f"the request cannot be sent: {exc}") from None
         return _result(call, response)
 
     def close(self) -> None:
@@ -574,6 +586,8 @@ class AsyncLedgerClient(_Base[httpx.AsyncClient]):
             response = await self._http.request(**self._request(call))
         except httpx.TransportError as exc:
             raise _unreachable(self.url, exc) from exc
+        except httpx.InvalidURL as exc:  # a path or query longer than a URL may be
+            raise _local("url", f"the request cannot be sent: {exc}") from None
         return _result(call, response)
 
     async def aclose(self) -> None:

@@ -608,11 +608,13 @@ def test_every_failure_is_a_ledger_error_even_one_no_request_can_carry(client_cl
 
     nowhere = f"http://127.0.0.1:{free_port()}"
     refused = [({"timeout": 0}, "timeout"), ({"timeout": -1}, "timeout"), ({"timeout": float("nan")}, "timeout"),
-               ({"api_key": "k\r\nX-Other: 1"}, "api_key"), ({"api_key": "ké"}, "api_key")]  # fmt: skip
-    for kwargs, named in refused:
+               ({"timeout": True}, "timeout"), ({"api_key": "k\r\nX-Other: 1"}, "api_key"),
+               ({"api_key": "ké"}, "api_key")]  # fmt: skip
+    refused += [({"api_key": b"k"}, "api_key", "wrong_type"), ({"tenant": "a\ud800"}, "tenant", "unstorable_text")]
+    for kwargs, named, *code in refused:
         with pytest.raises(LedgerError) as err:
             client_class(nowhere, **kwargs)
-        assert (err.value.status, err.value.code, err.value.field) == (None, "invalid_value", named), err.value
+        assert (err.value.status, err.value.code, err.value.field) == (None, *(code or ["invalid_value"]), named)
     client = client_class(nowhere, api_key="k", tenant=A, timeout=2)
     bad = "x\ud800y"
     samples = {"int": 1, "Mapping[str, Any]": {"k": "v"}, "Mapping[str, Any] | BaseModel": {"k": "v"}}
@@ -632,4 +634,20 @@ def test_every_failure_is_a_ledger_error_even_one_no_request_can_carry(client_cl
                     asyncio.run(answer)
             assert (err.value.code, err.value.field) == ("unstorable_text", p.name), (name, p.name, err.value)
             checked += 1
+            if p.annotation in ("str", "str | None"):  # bytes or a number for a text: the wrong type, named
+                with pytest.raises(LedgerError) as err:
+                    answer = getattr(client, name)(**{**required, p.name: b"x"})
+                    if inspect.isawaitable(answer):
+                        asyncio.run(answer)
+                assert (err.value.code, err.value.field) == ("wrong_type", p.name), (name, p.name, err.value)
     assert checked >= 30, checked
+    with pytest.raises(LedgerError) as err:  # a number key holding a lone surrogate, deep in a filter
+        answer = client.recall("x", filters={1: "\ud800"})
+        if inspect.isawaitable(answer):
+            asyncio.run(answer)
+    assert (err.value.code, err.value.field) == ("unstorable_text", "filters"), err.value
+    with pytest.raises(LedgerError) as err:  # a path longer than a URL may be
+        answer = client.facts("x" * 1_000_000)
+        if inspect.isawaitable(answer):
+            asyncio.run(answer)
+    assert (err.value.status, err.value.field) == (None, "url"), err.value

@@ -129,14 +129,17 @@ _IGNORABLE = re.compile(
     "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f"
     "\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
 )
-_DASHES = str.maketrans(dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212\ufe58\ufe63", "-"))
+_DASHES = str.maketrans(
+    dict.fromkeys("\u02d7\u058a\u1806\u2010\u2011\u2012\u2013\u2014\u2015\u2043\u2212\u2e3a\u2e3b\ufe58\ufe63", "-")
+)
 
 
 def look_alike_forms(subject: str) -> list[str]:
     """The normal forms an id shown like `subject` may have: its own (`normalize_entity`), and that of `subject`
     without its invisible characters and with its dashes as `-` (`user:42\u200b`, `user\u2011x` read as `user:42`,
     `user-x` on a screen)."""
-    forms = [normalize_entity(subject), normalize_entity(_IGNORABLE.sub("", subject).translate(_DASHES))]
+    own = normalize_entity(subject)  # NFKC first: a compatibility form of a dash (`︲`) becomes the dash it is
+    forms = [own, normalize_entity(_IGNORABLE.sub("", own).translate(_DASHES))]
     return list(dict.fromkeys(forms))
 
 
