@@ -199,14 +199,13 @@ class RecallEngine:
                                 )
                             )
 
+        if basis is not None:  # the access signals the answer was ordered by (the rerank's window too): a replay's
+            basis.served = {**ctx.served, **{h.row["memory_id"]: h.access for h in hits if h.access}}
         with trace.timed("rerank"):
             hits.sort(key=attrgetter("order"))
             if self.reranker.wanted(q):  # fuzzy hits only, never above an exact one; timed `cross_encoder` apart
                 hits = await self.reranker.rerank(q, hits, trace)
             hits = prefer_scopes(hits, cues.scopes, BAND)  # a fact's named (else default) scope first (recall.prefer)
-        if basis is not None:  # the access signals that ordered the answer, which its replay must order by too
-            basis.served = {**ctx.served, **{h.row["memory_id"]: h.access for h in hits[: q.top_k + GROUP_SLACK]
-                                             if h.access}}  # fmt: skip
         with trace.timed("groups"):  # one hit per group of near-duplicate episodes (recall.groups)
             hits = await collapse(self.pool, q.tenant, hits[: q.top_k + GROUP_SLACK], at, q.known_at, q.below)
             shown = [hit(h) for h in hits[: q.top_k]]
