@@ -50,13 +50,15 @@ _PARTIAL_ESCAPE = re.compile(r"((?:\\\\)*)\\(?:u[0-9a-fA-F]{0,3})?$")  # an esca
 # bidi marks and overrides, zero-width, word joiners, BOM, tag characters, ...), separator (Zs but the space, Zl,
 # Zp), private-use and surrogate categories, found once from the interpreter's Unicode database (a few dozen
 # ranges: the regex stays fast); plus Unicode's default-ignorable code points, which show as nothing, unassigned
-# ones too (a fixed list: the standard keeps those ranges so), the noncharacters of the BMP, and the invisible
-# characters of other categories (a blank braille pattern, the object replacement character)
+# ones too (a fixed list: the standard keeps those ranges so), every plane's noncharacters, the hieroglyph format
+# controls (format characters newer than some interpreters' databases), and the invisible characters of other
+# categories (a blank braille pattern, the object replacement character)
 _CATEGORIES = frozenset(("Cc", "Cf", "Zs", "Zl", "Zp", "Co", "Cs"))
 _INVISIBLE = (
     "\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f"
     "\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
-    "\U000e0000-\U000e0fff\ufdd0-\ufdef\ufffe\uffff\u2800\ufffc"
+    "\U000e0000-\U000e0fff\ufdd0-\ufdef\ufffe\uffff\u2800\ufffc\U00013430-\U0001343f"
+    + "".join(f"{chr(plane * 0x10000 + 0xFFFE)}-{chr(plane * 0x10000 + 0xFFFF)}" for plane in range(1, 17))
 )
 
 

@@ -452,7 +452,7 @@ def _hidden(text: str) -> list[str]:
     import unicodedata
 
     invisible = {"\u034f", "\u115f", "\u1160", "\u2800", "\u3164", "\ufe0f", "\uffa0", "\ufffc", "\ufffe", "\uffff"}
-    ignorable = ((0x2060, 0x206F), (0xFFF0, 0xFFF8), (0xFDD0, 0xFDEF), (0xE0000, 0xE0FFF))  # unassigned ones too
+    ignorable = ((0x2060, 0x206F), (0xFFF0, 0xFFF8), (0xFDD0, 0xFDEF), (0xE0000, 0xE0FFF), (0x13430, 0x1343F))
     return [
         f"U+{ord(c):04X}"
         for c in text
@@ -462,6 +462,7 @@ def _hidden(text: str) -> list[str]:
             and unicodedata.category(c) not in ("Cn", "Cs")
             or c in invisible
             or any(a <= ord(c) <= b for a, b in ignorable)
+            or ord(c) & 0xFFFE == 0xFFFE  # a noncharacter of any plane
         )
     ]
 

@@ -121,6 +121,8 @@ def test_quote_escapes_every_control_format_separator_and_private_character() ->
     hidden += ["\u034f", "\u115f", "\u1160", "\u17b4", "\u2800", "\u3164", "\ufe0f", "\uffa0", "\ufffc", "\U000e0100"]
     # default-ignorable code points not assigned yet (they show as nothing) and the BMP's noncharacters
     hidden += ["\u2065", "\ufff0", "\ufff8", "\U000e0080", "\U000e0fff", "\U000e01f0", "\ufdd0", "\uffff"]
+    # every plane's noncharacters, and format controls newer than some interpreters' Unicode databases
+    hidden += ["\U0001fffe", "\U0010ffff", "\U00013439", "\U0001343f"]
     text = quote("".join(hidden))
     assert text.isascii() and orjson.loads(text) == "".join(hidden)
     assert quote("héllo 中文 😀 a b") == '"héllo 中文 😀 a b"'  # letters, marks, symbols and the space stay as they are

@@ -44,12 +44,12 @@
   // what stored text could reorder or hide the page with: Unicode's control characters (but tab, line feed and
   // carriage return), format characters (bidirectional controls, zero-width, word joiners, tags...), separators (but
   // the space), private-use characters, the default-ignorable code points, which show as nothing (unassigned ones
-  // too: a fixed list, the standard keeps those ranges so), the noncharacters of the BMP, and a blank braille
+  // too: a fixed list, the standard keeps those ranges so), every noncharacter, the hieroglyph format controls, and a blank braille
   // pattern and the object replacement character. A right-to-left override read "txt.exe" for "exe.txt", the
   // console's own words around it too; a zero-width space made two subjects look the same. The server's context
   // blocks escape the same set (api/context.py)
   const HIDDEN =
-    /[\p{Cc}\p{Cf}\p{Z}\p{Co}\u00AD\u034F\u061C\u115F\u1160\u17B4\u17B5\u180B-\u180F\u200B-\u200F\u202A-\u202E\u2060-\u206F\u3164\uFE00-\uFE0F\uFEFF\uFFA0\uFFF0-\uFFF8\u{1BCA0}-\u{1BCA3}\u{1D173}-\u{1D17A}\u{E0000}-\u{E0FFF}\uFDD0-\uFDEF\uFFFE\uFFFF\u2800\uFFFC]/gu;
+    /[\p{Cc}\p{Cf}\p{Z}\p{Co}\u00AD\u034F\u061C\u115F\u1160\u17B4\u17B5\u180B-\u180F\u200B-\u200F\u202A-\u202E\u2060-\u206F\u3164\uFE00-\uFE0F\uFEFF\uFFA0\uFFF0-\uFFF8\u{1BCA0}-\u{1BCA3}\u{1D173}-\u{1D17A}\u{E0000}-\u{E0FFF}\uFDD0-\uFDEF\u2800\uFFFC\u{13430}-\u{1343F}]|\p{Noncharacter_Code_Point}/gu;
   const KEPT = new Set([" ", "\t", "\n", "\r"]);
   const escaped = (c) =>
     Array.from({ length: c.length }, (_, i) => "\\u" + c.charCodeAt(i).toString(16).toUpperCase().padStart(4, "0"));
