@@ -37,6 +37,7 @@ class Summary:
     rejected: list[Rejection] = field(default_factory=list)
     partitions: Counter[int] = field(default_factory=Counter)
     stopped: str | None = None  # why the run stopped early, if it did
+    interrupted: bool = False  # by Ctrl-C (exit 130, after the summary)
     unreachable: Exception | None = None  # the SDK's error when that was a broker it could not reach
 
 
@@ -53,10 +54,20 @@ def _settings(topic: str | None) -> Any:
     return s
 
 
-def _lines(stream: IO[bytes]):
-    """(1-based line number, raw size for the progress bar, stripped bytes) for every line; blank ones are b""."""
-    for number, raw in enumerate(stream, start=1):
-        yield number, len(raw), raw.strip()
+def _lines(stream: IO[bytes], longest: int):
+    """(1-based line number, raw size for the progress bar, stripped bytes) for every line; blank ones are b"", one
+    longer than `longest` bytes None: the rest of it is read on and dropped, never held (a file without a line
+    break, `/dev/zero`, would otherwise be read whole into memory)."""
+    number = 0
+    while raw := stream.readline(longest + 1):
+        number += 1
+        size = len(raw)
+        if len(raw) > longest and not raw.endswith(b"\n"):
+            while (more := stream.readline(longest + 1)) and not more.endswith(b"\n"):
+                size += len(more)
+            yield number, size + len(more), None
+            continue
+        yield number, size, raw.strip()
 
 
 class _Publisher:
@@ -65,6 +76,7 @@ class _Publisher:
     def __init__(self, producer: Any, summary: Summary, batch_size: int) -> None:
         self.producer, self.summary, self.batch_size = producer, summary, batch_size
         self.batch: list[tuple[int, Any]] = []
+        self.sending: list[tuple[int, Any]] = []
 
     def add(self, line: int, event: Any) -> None:
         self.batch.append((line, event))
@@ -78,6 +90,7 @@ class _Publisher:
         if not self.batch:
             return
         batch, self.batch = self.batch, []
+        self.sending = batch  # until its outcomes are in: an interrupted run says these lines' fate is unknown
         # report_invalid: what only the SDK can judge (encoded size, clock skew, an event_id re-used
         # for other content) rejects that line alone, like a contract refusal
         outcomes = self.producer.send_many((event for _, event in batch), report_invalid=True)
@@ -93,13 +106,12 @@ class _Publisher:
             else:
                 self.summary.accepted += 1
                 self.summary.partitions[outcome.partition] += 1
+        self.sending = []
 
 
 def _run(stream: IO[bytes], total: int | None, producer: Any, batch_size: int, quiet: bool) -> Summary:
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from producers.contract import InvalidEvent, decode
 
     summary = Summary()
     publisher = _Publisher(producer, summary, batch_size)
@@ -114,21 +126,35 @@ def _run(stream: IO[bytes], total: int | None, producer: Any, batch_size: int, q
     )
     with progress:
         task = progress.add_task("publish", total=total, counts="")
-        for number, size, raw in _lines(stream):
-            if raw:
-                try:
-                    publisher.add(
-                        number, decode(raw, mint_event_id=True)
-                    )  # a line without an id gets one, as at the door
-                except InvalidEvent as exc:
-                    summary.rejected.append(Rejection(number, exc.code, exc.field, exc.message))
-            progress.update(task, advance=size, counts=f"{summary.accepted} accepted, {len(summary.rejected)} rejected")
-            if summary.stopped:
-                break
-        if not summary.stopped:
-            publisher.flush()
+        try:
+            _publish_lines(stream, summary, publisher, progress, task)
+        except KeyboardInterrupt:  # Ctrl-C: say how far it got instead of vanishing (the caller exits 130)
+            sending = [line for line, _ in publisher.sending]
+            unsure = f"; lines {sending[0]}-{sending[-1]} were being sent, and may or may not be" if sending else ""
+            summary.stopped = f"interrupted: {summary.accepted} lines published as counted{unsure}"
+            summary.interrupted = True
         progress.update(task, counts=f"{summary.accepted} accepted, {len(summary.rejected)} rejected")
     return summary
+
+
+def _publish_lines(stream: IO[bytes], summary: Summary, publisher: _Publisher, progress: Any, task: Any) -> None:
+    """Every line of `stream` decoded and handed to `publisher`, the progress bar following; the last batch sent."""
+    from producers.contract import MAX_EVENT_BYTES, InvalidEvent, decode
+
+    longest = 2 * MAX_EVENT_BYTES  # room for spaces around the largest event
+    for number, size, raw in _lines(stream, longest):
+        if raw is None:
+            message = f"a line of over {longest} bytes: no event is that large"
+            summary.rejected.append(Rejection(number, "too_large", None, message))
+        elif raw:
+            try:  # a line without an id gets one, as at the door
+                publisher.add(number, decode(raw, mint_event_id=True))
+            except InvalidEvent as exc:
+                summary.rejected.append(Rejection(number, exc.code, exc.field, exc.message))
+        progress.update(task, advance=size, counts=f"{summary.accepted} accepted, {len(summary.rejected)} rejected")
+        if summary.stopped:
+            return
+    publisher.flush()
 
 
 def _report(summary: Summary, show: int) -> None:
@@ -164,6 +190,8 @@ def publish(
 
     settings = _settings(topic)
     if file == "-":
+        if sys.stdin is None:
+            raise typer.BadParameter("- reads standard input, which is closed here", param_hint="FILE")
         stream, total = sys.stdin.buffer, None
     else:
         path = Path(file)
@@ -181,6 +209,8 @@ def publish(
         if stream is not sys.stdin.buffer:
             stream.close()
     _report(summary, show)
+    if summary.interrupted:
+        raise typer.Exit(130)
     if summary.unreachable is not None:  # one line naming the broker and its address, exit 3 (infra.cli)
         raise summary.unreachable
     if summary.stopped:

@@ -27,6 +27,11 @@ _KAFKA_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _ES_INDEX = re.compile(r"^[a-z0-9][a-z0-9._-]{0,254}$")
 
 
+# a duration or a bound on a wait, in seconds: above 0 and finite (0 would spin a loop or time out at once, and
+# `inf` or `nan` never end one)
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
 class UnsafeSettings(ValueError):
     """A setting that must not reach a deployment (a development secret) or an unsafe name."""
 
@@ -132,9 +137,9 @@ class PostgresSettings(BaseModel):
     pg_dsn: str = "postgresql://ledger:ledger@127.0.0.1:5433/ledger"
     pg_schema: str = "ledger"  # the projection's tables live in this schema
     pg_pool_size: int = 10
-    pg_pool_timeout_s: float = 3.0  # the API's longest wait for a pooled connection: then 503 naming postgres
+    pg_pool_timeout_s: Seconds = 3.0  # the API's longest wait for a pooled connection: then 503 naming postgres
     pg_connect_timeout_s: int = 3  # libpq connect_timeout (whole seconds, at least 2)
-    pg_door_check_timeout_s: float = 1.0  # POST /v1/events' idempotency lookup; skipped (not blocking) past it
+    pg_door_check_timeout_s: Seconds = 1.0  # POST /v1/events' idempotency lookup; skipped (not blocking) past it
 
     @model_validator(mode="after")
     def _pg_dsn_reads(self) -> PostgresSettings:
@@ -160,7 +165,7 @@ class ElasticsearchSettings(BaseModel):
     # them and sends a request again to another node when one is unreachable (`es_urls`)
     es_url: str = "http://127.0.0.1:9200"
     es_index: str = "memory-facts"  # the alias; physical indices get a suffix
-    es_request_timeout_s: float = 10.0  # the API's bound on one Elasticsearch request
+    es_request_timeout_s: Seconds = 10.0  # the API's bound on one Elasticsearch request
     # copies of each shard beside its primary, in the indices the indexer and `ledger reindex` create (1 on a
     # cluster: a node can stop and every document is still searchable); an existing index keeps its own
     es_replicas: int = Field(default=0, ge=0)
@@ -218,12 +223,12 @@ class WorkerSettings(BaseModel):
     indexer_batch_size: int = 500  # outbox rows per batch
     indexer_rewrite_batch_size: int = Field(default=100, ge=1)  # rows per batch of vector rewrites (indexer.py)
     # the longest wait for work: a NOTIFY of the commit that gave it wakes a worker at once (projections.search.drain)
-    indexer_poll_s: float = 2.0
-    indexer_max_backoff_s: float = 4.0  # longest wait between retries while Elasticsearch or PostgreSQL is away
+    indexer_poll_s: Seconds = 2.0
+    indexer_max_backoff_s: Seconds = 4.0  # longest wait between retries while Elasticsearch or PostgreSQL is away
     # the embedding stage (`ledger embedder`, projections.search.embedder): any number of embedders claim versions
     # lacking vectors from embed_queue
     embedder_batch_size: int = 64  # versions per claim (one embedding call per model)
-    embedder_poll_s: float = 2.0  # the longest wait for work, as indexer_poll_s
+    embedder_poll_s: Seconds = 2.0  # the longest wait for work, as indexer_poll_s
     # the embedder's CPU priority (projections.search.drain.lower_priority): on a shared host the projection and
     # the documents get the cores first, the vectors what is left; 0 on a host of its own
     embedder_nice: int = Field(default=10, ge=0, le=19)
@@ -232,7 +237,8 @@ class WorkerSettings(BaseModel):
 class ProducerSettings(BaseModel):
     """Publishing: the SDK's broker waits and the contract's clock window."""
 
-    producer_timeout_s: float = 30.0  # bound on connecting, metadata and delivery (retries included)
+    # bound on connecting, metadata and delivery (retries included)
+    producer_timeout_s: Seconds = 30.0
     # an event observed further than this into the future is refused (`clock_skew`): it would win
     # over every later update until that time; the worker applies the same window to the broker time
     max_future_skew_s: float = 300.0
@@ -243,7 +249,7 @@ class AccessSettings(BaseModel):
 
     access_recording: bool = True  # False: the API records no accesses (the bench's baseline)
     access_queue_size: int = 10_000  # servings waiting for the background flush; beyond it they are dropped (counted)
-    access_flush_s: float = 0.2  # how often the API's flush thread hands queued accesses to the producer
+    access_flush_s: Seconds = 0.2  # how often the API's flush thread hands queued accesses to the producer
     access_batch_size: int = 500  # access records per flush of the API, and per projector transaction
 
 
@@ -282,7 +288,7 @@ class RecallSettings(BaseModel):
     time_preference: float = Field(default=0.6, ge=0.0, le=1.0)
     # recall's context turns (projections.search.recall.neighbours): the turns around an episode hit, when a
     # recall asks for them, are those of its tenant and source.service observed within this many seconds of it
-    recall_context_window_s: float = Field(default=1800.0, gt=0, le=7 * 86400)
+    recall_context_window_s: float = Field(default=1800.0, gt=0, le=7 * 86400, allow_inf_nan=False)
 
 
 class ApiSettings(BaseModel):
@@ -292,7 +298,7 @@ class ApiSettings(BaseModel):
     api_keys: dict[str, list[str]] = Field(default_factory=lambda: {"dev-key": ["demo", "acme", "globex"]})
     api_host: str = "127.0.0.1"
     api_port: int = 8000
-    api_kafka_timeout_s: float = 5.0  # the API's bound on a broker wait (connect, delivery): then 503 naming kafka
+    api_kafka_timeout_s: Seconds = 5.0  # the API's bound on a broker wait (connect, delivery): then 503 naming kafka
     # the largest request body the API reads (api.request_guard): past it 413 `too_large`, before the key is checked
     api_max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     # the MCP server (`ledger mcp`, api.mcp): where its Streamable HTTP transport binds (callers send
@@ -308,7 +314,7 @@ class ApiSettings(BaseModel):
     receipts: bool = True
     # a process's own calls to the API (a producer's data keys from key_endpoint): the bound on each phase of one
     # request (connect, write, read, pool wait). The read client has its settings apart (ClientSettings)
-    client_timeout_s: float = 10.0
+    client_timeout_s: Seconds = 10.0
 
 
 class MetricsSettings(BaseModel):
@@ -321,7 +327,7 @@ class MetricsSettings(BaseModel):
     indexer_metrics_port: int = 9102  # several indexers on one host: one port each
     embedder_metrics_port: int = 9120  # infra gives its k-th embedder (and indexer) this port + k - 1
     metrics_host: str = "127.0.0.1"  # where the worker's and the indexer's exporters bind
-    metrics_refresh_s: float = 5.0  # how often gauges that need a query are refreshed (outbox depth, consumer lag)
+    metrics_refresh_s: Seconds = 5.0  # how often gauges that need a query are refreshed (outbox depth, consumer lag)
 
 
 class EncryptionSettings(BaseModel):
@@ -339,7 +345,7 @@ class EncryptionSettings(BaseModel):
     # producers without PostgreSQL credentials get their data keys from the API (POST /v1/keys) with an API key
     key_endpoint: str | None = None  # the API's base URL, e.g. http://127.0.0.1:8000; None: the key store directly
     key_api_key: str | None = None
-    key_cache_ttl_s: float = 30.0  # how long a producer reuses a subject's data key before asking again
+    key_cache_ttl_s: Seconds = 30.0  # how long a producer reuses a subject's data key before asking again
     key_cache_size: int = 10_000  # subjects whose data key a producer keeps in memory
 
 
@@ -351,7 +357,7 @@ class ChainSettings(BaseModel):
     # seconds per partition. chain_trusted_keys: public keys (base64) `ledger verify` accepts besides the key's own
     chain_key_file: Path | None = None
     chain_checkpoint_records: int = Field(default=1000, ge=1)
-    chain_checkpoint_s: float = Field(default=60.0, gt=0)
+    chain_checkpoint_s: Seconds = 60.0
     chain_trusted_keys: list[str] = Field(default_factory=list)
 
 
@@ -545,4 +551,4 @@ class ClientSettings(BaseSettings):
 
     url: str = "http://127.0.0.1:8000"  # the API's base URL (`ledger serve` binds 127.0.0.1:8000 by default)
     api_key: str | None = None  # None: no key is sent (every route but health and the schema answers 401)
-    timeout_s: float = 10.0  # bound on each phase of one request (connect, write, read, pool wait)
+    timeout_s: Seconds = 10.0  # bound on each phase of one request (connect, write, read, pool wait)

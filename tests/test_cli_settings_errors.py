@@ -170,3 +170,22 @@ def test_a_refused_value_is_never_repeated(monkeypatch: pytest.MonkeyPatch) -> N
 def test_other_errors_are_not_taken_for_settings() -> None:
     assert settings_problem(ValueError("no")) is None
     assert settings_problem(KeyError("LEDGER_API_PORT")) is None
+
+
+@pytest.mark.unit
+def test_every_duration_setting_refuses_no_time_naming_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The class: a duration of 0, below 0 or not finite was taken, and showed up later as something else (a broker
+    said "not reachable" while Kafka ran, for LEDGER_PRODUCER_TIMEOUT_S=-1). Every setting in seconds refuses it at
+    load, in one line naming its variable."""
+    import annotated_types
+
+    durations = [
+        name
+        for name, info in Settings.model_fields.items()
+        if any(isinstance(m, annotated_types.Gt) and m.gt == 0 for m in info.metadata) and name.endswith("_s")
+    ]
+    assert {"producer_timeout_s", "api_kafka_timeout_s", "access_flush_s", "pg_pool_timeout_s"} <= set(durations)
+    for name in durations:
+        for value in ("0", "-1", "nan", "inf"):
+            line = settings_problem(refusal(monkeypatch, LEDGER_DEVELOPMENT="1", **{f"LEDGER_{name.upper()}": value}))
+            assert line is not None and f"LEDGER_{name.upper()}" in line, (name, value, line)

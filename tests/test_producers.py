@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import re
 import subprocess
@@ -21,7 +22,7 @@ from producers.contract import MAX_EVENT_BYTES, InvalidEvent, MemoryEvent, decod
 from producers.sdk import EventIdConflict, LedgerProducer, PublishError, PublishResult
 from producers.settings import Settings
 from producers.topics import ensure_topics
-from tests.support import drop_topics, publish_raw, read_topic
+from tests.support import drop_topics, end_offsets, publish_raw, read_topic
 
 SUBJECTS = [f"user:{i}" for i in range(24)]  # shared by every producer, so their writes interleave
 
@@ -487,3 +488,44 @@ def test_cli_a_bad_topic_option_is_named_as_the_option(command: str) -> None:
         err = " ".join(proc.stderr.replace("│", " ").split())
         assert proc.returncode == 2, proc.stderr
         assert "'--topic'" in err and says in err and "LEDGER_TOPIC" not in err, proc.stderr
+
+
+def test_cli_publish_holds_no_line_whole_and_says_how_far_it_got_when_stopped(ledger: Settings) -> None:
+    """The class: what `ledger publish` is fed or how it is stopped never ends in a traceback or a silence. A stream
+    without a line break (`/dev/zero`) was read whole into memory (MemoryError on a bounded host), Ctrl-C printed
+    nothing of what was sent, closed stdin was an AttributeError. Now the over-long line is refused by its number,
+    holding at most a bounded piece of it; an interrupted run prints its summary and exits 130; closed stdin is a
+    usage error."""
+    import signal
+
+    import psutil
+
+    proc = subprocess.Popen(["bash", "-c", f'head -c 200000000 /dev/zero | "{LEDGER_BIN}" publish - --topic '
+                             f"{ledger.topic} --quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    peak = 0
+    while proc.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            peak = max([peak, *(c.memory_info().rss for c in psutil.Process(proc.pid).children(recursive=True))])
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    assert proc.returncode == 1 and b"line 1: too_large" in out and b"Traceback" not in err, (out, err[-500:])
+    assert peak < 300 * 2**20, peak  # the whole line would be ~500 MB
+
+    lines = "".join(orjson.dumps({**_event("int", i, "user:9"), "event_id": f"int-{i}"}).decode() + "\n"
+                    for i in range(1000))  # fmt: skip
+    proc = subprocess.Popen([LEDGER_BIN, "publish", "-", "--topic", ledger.topic, "--quiet"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdin is not None
+    proc.stdin.write(lines.encode())
+    proc.stdin.flush()  # then it waits for more: stopped there
+    deadline = time.monotonic() + 60
+    while sum(end_offsets(ledger).values()) < 1000 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and b"Traceback" not in err, (out, err[-500:])
+    assert b"accepted: 1000" in out and b"interrupted: 1000 lines published" in out, out
+
+    closed = subprocess.run(["bash", "-c", f'"{LEDGER_BIN}" publish - --topic {ledger.topic} <&-'],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert closed.returncode == 2 and "closed" in closed.stderr and "Traceback" not in closed.stderr, closed.stderr
