@@ -26,7 +26,7 @@ from typing_extensions import TypedDict, is_typeddict
 
 from api import schemas
 from api.main import create_app
-from producers.consistency import encode_token
+from producers.consistency import token_of
 from producers.contract import EventType, MemoryEvent, parse_rfc3339, rfc3339
 from producers.records import decode_record
 from producers.settings import Settings
@@ -55,7 +55,17 @@ def _event(**over: Any) -> dict[str, Any]:
 
 # (label, method, path template, request kwargs, expected status); {memory_id} is filled in from the data; kwargs
 # may be a function of the answers before (a receipt's checks take a receipt an answer gave)
-REACHED = encode_token({0: 0})
+
+
+def _after(place: str, **given: Any) -> Callable[[dict[str, Answer]], dict[str, Any]]:
+    """The request with `after` = the token of a write the projection has applied: the subject's first logged event
+    (listed by the audit replay asked before)."""
+
+    def made(done: dict[str, Answer]) -> dict[str, Any]:
+        first = done["events"].response.json()["events"][0]
+        return {place: {**given, "after": token_of([(first["partition"], first["offset"])])}}
+
+    return made
 
 
 def _receipt_of(label: str, **more: Any) -> Callable[[dict[str, Answer]], dict[str, Any]]:
@@ -109,9 +119,9 @@ REQUESTS: list[tuple[str, str, str, Any, int]] = [
         200,
     ),
     # read-your-writes: a token every partition has reached (offset 0), so the answer carries `consistency`
-    ("facts after", "GET", "/v1/subjects/{subject}/facts", {"params": {"tenant": TENANT, "after": REACHED}}, 200),
-    ("history after", "GET", "/v1/facts/{memory_id}/history", {"params": {"tenant": TENANT, "after": REACHED}}, 200),
-    ("recall after", "POST", "/v1/recall", {"json": {"tenant": TENANT, "query": "P1 port", "after": REACHED}}, 200),
+    ("facts after", "GET", "/v1/subjects/{subject}/facts", _after("params", tenant=TENANT), 200),
+    ("history after", "GET", "/v1/facts/{memory_id}/history", _after("params", tenant=TENANT), 200),
+    ("recall after", "POST", "/v1/recall", _after("json", tenant=TENANT, query="P1 port"), 200),
     (
         "context",
         "POST",
@@ -187,7 +197,10 @@ def world(base_settings: Settings) -> Iterator[dict[str, Any]]:
     settings = base_settings.private(unique("schema"), api_keys={KEY: [TENANT]}, kek=kek)
     ensure_topics(settings)
     try:
-        with private_store(settings) as (conn, es), RecorderWriter(settings) as ledger:
+        with (
+            private_store(settings) as (conn, es),
+            RecorderWriter(settings, consumer=settings.processor_group) as ledger,
+        ):
             port = ledger.assert_fact(
                 TENANT,
                 "project:P1",

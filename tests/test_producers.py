@@ -513,8 +513,10 @@ def test_cli_publish_holds_no_line_whole_and_says_how_far_it_got_when_stopped(le
 
     lines = "".join(orjson.dumps({**_event("int", i, "user:9"), "event_id": f"int-{i}"}).decode() + "\n"
                     for i in range(1000))  # fmt: skip
+    # as a terminal's Ctrl-C reaches it: SIGINT not ignored (a background job's children inherit it ignored)
     proc = subprocess.Popen([LEDGER_BIN, "publish", "-", "--topic", ledger.topic, "--quiet"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     assert proc.stdin is not None
     proc.stdin.write(lines.encode())
     proc.stdin.flush()  # then it waits for more: stopped there
