@@ -26,6 +26,7 @@ from api.errors import ApiError
 from api.requests import ContextBody
 from producers.contract import SourceType, parse_rfc3339, rfc3339
 from projections import shapes
+from projections.search.cues import DEFAULT_IGNORABLE
 
 __all__ = ["CHARS_PER_TOKEN", "ContextBlock", "build_context", "literal", "quote"]
 
@@ -55,9 +56,8 @@ _PARTIAL_ESCAPE = re.compile(r"((?:\\\\)*)\\(?:u[0-9a-fA-F]{0,3})?$")  # an esca
 # categories (a blank braille pattern, the object replacement character)
 _CATEGORIES = frozenset(("Cc", "Cf", "Zs", "Zl", "Zp", "Co", "Cs"))
 _INVISIBLE = (
-    "\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f"
-    "\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
-    "\U000e0000-\U000e0fff\ufdd0-\ufdef\ufffe\uffff\u2800\ufffc\U00013430-\U0001343f"
+    DEFAULT_IGNORABLE
+    + "\ufdd0-\ufdef\ufffe\uffff\u2800\ufffc\U00013430-\U0001343f"
     + "".join(f"{chr(plane * 0x10000 + 0xFFFE)}-{chr(plane * 0x10000 + 0xFFFF)}" for plane in range(1, 17))
 )
 

@@ -33,6 +33,7 @@ __all__ = [
     "extract",
     "key_phrases",
     "look_alike_forms",
+    "DEFAULT_IGNORABLE",
     "normalize_entity",
     "normalize_text",
     "scope_phrases",
@@ -125,10 +126,13 @@ def normalize_entity(entity: str) -> str:
 # what a look-alike of an id drops or reads otherwise (an erasure's look-alike check: `look_alike_subjects`): the
 # default-ignorable code points, which show as nothing (soft hyphen, zero-width, joiners, bidi controls, tags), and
 # the hyphens and minus signs that show as `-`
-_IGNORABLE = re.compile(
-    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f"
-    "\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
+# Unicode's Default_Ignorable_Code_Point ranges, unassigned ones included (a fixed list: the standard keeps them
+# so), as a regex character class's body (api.context escapes them too)
+DEFAULT_IGNORABLE = (
+    "\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f"
+    "\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
 )
+_IGNORABLE = re.compile(f"[{DEFAULT_IGNORABLE}]")
 _DASHES = str.maketrans(
     dict.fromkeys("\u02d7\u058a\u1806\u2010\u2011\u2012\u2013\u2014\u2015\u2043\u2212\u2e3a\u2e3b\ufe58\ufe63", "-")
 )

@@ -306,7 +306,8 @@ class RecallEngine:
                     if ctx.query.known_at is None:
                         signals = await access_signals(self.pool, ctx.query.tenant, tied, ctx.at)
                     else:  # a replay's: the receipt's signals, the ones that ordered these ties then
-                        signals = {m: a for m, a in (ctx.query.served or {}).items() if m in set(tied)}
+                        served = ctx.query.served or {}
+                        signals = {m: served[m] for m in tied if m in served}
                     ctx.served.update(signals)
                     found = order_ties(found, signals)
                 matches = rrf(found, ctx)
