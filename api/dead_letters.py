@@ -10,7 +10,6 @@ a duplicate and any other, even one sent before the first is applied, is 409 `de
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from typing import Any, Literal
 
@@ -31,7 +30,7 @@ from producers.settings import Settings
 from projections import shapes
 from projections.postgres import connection
 from projections.postgres.dead_letters import State, dead_letter, list_dead_letters
-from projections.postgres.idempotency import claim_events, release_claims
+from projections.postgres.idempotency import claim_events, letter_claim, release_claims
 
 __all__ = [
     "DISCARD_SUBJECT",
@@ -253,8 +252,7 @@ async def _claim_letter(
         parsed = from_dict(event)
     except InvalidEvent:
         return None
-    fingerprint = hashlib.sha256(f"{parsed.fingerprint}\n{parsed.event_id}".encode()).hexdigest()
-    claim_of = (tenant, letter_id(partition, offset), fingerprint)
+    claim_of = letter_claim(parsed)
     async with res.pool.connection() as conn:
         (claim,) = await claim_events(conn, [claim_of])
     if claim.state == "conflict" or claim.state == "erased":

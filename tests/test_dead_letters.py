@@ -609,6 +609,36 @@ def test_one_resolution_a_letter_even_before_the_worker_applies_the_first(world:
         assert [(f["key"], f["value"]) for f in facts] == [("pref.seat", "first")], (subject, facts)
 
 
+def test_a_redrive_the_worker_refuses_leaves_its_letter_open_to_another_action(world: World) -> None:
+    """A re-drive under an id of its own claims the letter's id beside it. If a producer that claims no ids (the SDK,
+    a raw producer) took that id with other content first, the worker refuses the re-drive's record
+    (`event_id_conflict`): the letter was not resolved, so its claim goes with the refusal and the letter can be
+    re-driven or discarded again, not 409 for good."""
+    record = wire("user:41", tenant=A, event_id="ev-refused-41", content=...)
+    [(p, o)] = publish_raw(world.settings, [(b"dl-acme|user:41", orjson.dumps(record))])
+    wait_for(lambda: (p, o) in world.letters(), 90, what="the letter listed")
+    key = {"X-API-Key": "key-a"}
+    own = {"type": "memory.asserted", "subject": "user:41", "key": "pref.seat", "value": "door", "content": "door"}
+    with frozen(world.worker):  # the same subject, so one partition: the SDK's record is applied first
+        with LedgerProducer(world.settings) as producer:
+            producer.publish_many([wire("user:41", tenant=A, event_id="ev-taken-41", value="sdk", content="sdk")])
+        body = {"tenant": A, "partition": p, "offset": o, "event": {**own, "event_id": "ev-taken-41"}}
+        r = world.http.post("/v1/dead-letters/redrive", json=body, headers=key)
+        assert r.status_code == 200, r.text
+        refused_at = (r.json()["partition"], r.json()["offset"])
+    world.caught_up()
+    letters = world.letters()
+    assert letters[refused_at]["reason"]["code"] == "event_id_conflict", letters.get(refused_at)
+    assert letters[(p, o)]["state"] == "open", letters[(p, o)]
+    again = {**body, "event": {**own, "event_id": "ev-again-41", "value": "again"}}
+    r = world.http.post("/v1/dead-letters/redrive", json=again, headers=key)
+    assert r.status_code == 200, r.text
+    world.caught_up()
+    assert world.letters()[(p, o)]["resolution"]["event_id"] == "ev-again-41", world.letters()[(p, o)]
+    facts = world.get("/v1/subjects/user:41/facts", tenant=A)["facts"]
+    assert [(f["key"], f["value"]) for f in facts] == [("pref.seat", "again")], facts
+
+
 def test_no_other_write_can_take_the_id_a_letters_resolution_claims(world: World) -> None:
     """Every resolution of the letter at (p, o) claims the id `deadletter:<p>:<o>`, so that one action resolves it.
     An ordinary write holding such an id (of a letter listed, or of one not there yet), over HTTP or MCP `remember`

@@ -9,6 +9,7 @@ refused before sending are released. `event_fate` only ever reads the tenant's o
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -16,7 +17,20 @@ from typing import Any, Literal
 import orjson
 import psycopg
 
-__all__ = ["FP_HASH_SQL", "ID_HASH_SQL", "Claim", "Fate", "claim_events", "erased_sql", "event_fate", "release_claims"]
+from producers.contract import MemoryEvent, letter_id
+
+__all__ = [
+    "FP_HASH_SQL",
+    "ID_HASH_SQL",
+    "Claim",
+    "Fate",
+    "claim_events",
+    "erased_sql",
+    "event_fate",
+    "letter_claim",
+    "release_claims",
+    "release_letter_claims",
+]
 
 _SALT = "decode((SELECT value FROM meta WHERE name = 'erasure_salt'), 'hex')"
 # the hash of an event id as erased_events keeps it; `{}` is the SQL expression of the event id
@@ -116,17 +130,38 @@ async def claim_events(conn: psycopg.AsyncConnection, events: list[tuple[str, st
     return out
 
 
+_RELEASE = (
+    "DELETE FROM event_claims c USING unnest(%s::text[], %s::text[], %s::text[]) AS x(t, id, fp) "
+    "WHERE c.tenant = x.t AND c.event_id = x.id AND c.fingerprint = x.fp"
+)
+
+
+def _columns(events: list[tuple[str, str, str]]) -> tuple[list[str], ...]:
+    return tuple(list(col) for col in zip(*events, strict=True))
+
+
 async def release_claims(conn: psycopg.AsyncConnection, events: list[tuple[str, str, str]]) -> None:
     """Drop the claims of (tenant, event_id, fingerprint) that were certainly not published (the producer refused
     them before sending, e.g. too large once encoded), so the id is free for a corrected event. A claim whose
     publishing failed at the broker stays: the record may have been written."""
     if events:
-        tenants, ids, fps = (list(col) for col in zip(*events, strict=True))
-        await conn.execute(
-            "DELETE FROM event_claims c USING unnest(%s::text[], %s::text[], %s::text[]) AS x(t, id, fp) "
-            "WHERE c.tenant = x.t AND c.event_id = x.id AND c.fingerprint = x.fp",
-            (tenants, ids, fps),
-        )
+        await conn.execute(_RELEASE, _columns(events))
+
+
+def letter_claim(event: MemoryEvent) -> tuple[str, str, str]:
+    """The claim a re-drive under an id of its own takes of its letter's id (the door's, before publishing): the
+    letter's id with a fingerprint of the corrected event and its id, so that only the same re-drive again passes."""
+    assert event.dead_letter is not None
+    fingerprint = hashlib.sha256(f"{event.fingerprint}\n{event.event_id}".encode()).hexdigest()
+    return event.tenant, letter_id(event.dead_letter.partition, event.dead_letter.offset), fingerprint
+
+
+def release_letter_claims(cur: psycopg.Cursor, refused: list[MemoryEvent]) -> None:
+    """In the worker's transaction: the letter claims of re-drives it refuses (their id was taken by other content
+    meanwhile), so each letter stays open to another action rather than read as being resolved for good."""
+    claims = [c for e in refused if e.dead_letter is not None and (c := letter_claim(e))[1] != e.event_id]
+    if claims:
+        cur.execute(_RELEASE, _columns(claims))
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,7 @@ from producers.records import DeadLetter, Incoming, decode_record, open_record
 from projections.postgres.accesses import active_transitions, erase_accesses, transition_deltas
 from projections.postgres.chain import Checkpoints
 from projections.postgres.counts import EVENTS, OUTBOX, VERSIONS, dead_letters_name
-from projections.postgres.idempotency import FP_HASH_SQL, ID_HASH_SQL, erased_sql
+from projections.postgres.idempotency import FP_HASH_SQL, ID_HASH_SQL, erased_sql, release_letter_claims
 from projections.postgres.positioned import (
     CoreRefused,
     Decode,
@@ -387,6 +387,7 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
             refused.append(dataclasses.replace(r, event=None, error=error))
         result.conflicts += len(refused)
         self.dead_letters(cur, refused, result)
+        release_letter_claims(cur, [r.event for r, _ in found if r.event is not None])
 
     def _apply_events(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult) -> None:
         if not records:
