@@ -79,7 +79,7 @@ def _accepted(event: MemoryEvent, partition: int | None, offset: int | None, **f
         "partition": partition,
         "offset": offset,
         **effect_pending(
-            event.tenant, event.event_id, duplicate=flags.get("duplicate", False), erased=flags.get("erased", False)
+            event.tenant, event.event_id, applied=flags.get("applied", False), erased=flags.get("erased", False)
         ),
     }
 
@@ -169,11 +169,11 @@ async def publish_events(
         for key, (i, event) in first.items():
             claim = claims.get(key)
             if key in published:
-                results[i] = _accepted(event, *published[key], duplicate=True)
+                results[i] = _accepted(event, *published[key], duplicate=True)  # published, still pending
             elif claim is None or claim.state in ("new", "claimed"):  # "claimed": another process's, applied once
                 to_send.append((i, event))
             elif claim.state == "applied":  # a retry of an applied event: nothing published again
-                results[i] = _accepted(event, claim.partition, claim.offset, duplicate=True)
+                results[i] = _accepted(event, claim.partition, claim.offset, duplicate=True, applied=True)
             elif claim.state == "erased":  # a retry of an erased event: never published again
                 results[i] = _accepted(event, None, None, duplicate=True, erased=True)
             elif claim.holder == "applied":
@@ -433,7 +433,7 @@ async def erase_subject(
     if event_id is not None:  # the caller's id: a retry of the same erasure is a duplicate
         event["event_id"] = event_id
     result = await publish_one(res, tenants, event)
-    duplicate = bool(result.get("duplicate"))  # a retry of an applied erasure: nothing published again
+    duplicate = bool(result.get("duplicate"))  # a retry: nothing published again (applied, or a moment ago)
     return {
         "event_id": result["event_id"],
         "type": "subject.erased",
@@ -442,20 +442,21 @@ async def erase_subject(
         "partition": result["partition"],
         "offset": result["offset"],
         **({"duplicate": True} if duplicate else {}),
-        **effect_pending(tenant, result["event_id"], duplicate=duplicate),
+        **effect_pending(tenant, result["event_id"], applied=result["effect"] == "applied"),
         "consistency_token": result["consistency_token"],
     }
 
 
-def effect_pending(tenant: str, event_id: str, *, duplicate: bool = False, erased: bool = False) -> dict[str, Any]:
+def effect_pending(tenant: str, event_id: str, *, applied: bool = False, erased: bool = False) -> dict[str, Any]:
     """What a write answers of its effect: only what is known when it answers.
 
-    The event is in the ledger; the projection applies it moments later (`pending`), or had applied it already
-    when this was a retry (`applied`; `erased` when its subject was erased since, so it does nothing now). What it
-    did (or why it did nothing, a dead letter) is the event's status.
+    The event is in the ledger; the projection applies it moments later (`pending`, also for a retry of one
+    published a moment ago), or had applied it already when this was a retry (`applied`; `erased` when its subject
+    was erased since, so it does nothing now). What it did (or why it did nothing, a dead letter) is the event's
+    status.
     """
     path = f"/v1/events/{path_segment(event_id)}?tenant={quote(tenant, safe='')}"
-    return {"effect": "erased" if erased else "applied" if duplicate else "pending", "status_url": path}
+    return {"effect": "erased" if erased else "applied" if applied else "pending", "status_url": path}
 
 
 def _retraction(p: ForgetParams) -> dict[str, Any]:

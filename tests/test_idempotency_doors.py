@@ -202,6 +202,45 @@ def test_an_id_names_one_content_across_doors_and_api_processes(doors: Doors) ->
     assert {i: applied.get(i) for i in winners} == winners
 
 
+def test_a_retry_of_an_event_not_applied_yet_says_pending_at_every_door(doors: Doors) -> None:
+    """A retry answered from its first copy's publish in the same process (at once with it, or after it) is a
+    duplicate whose effect is `pending` while the worker has not applied it, as its status says; `applied` only once
+    it is. An answer never claims an effect before it happened."""
+    doors.pause()
+
+    async def effect(mcp: Client, door: str, event: dict[str, Any]) -> tuple[bool, str]:
+        if door == "mcp":
+            is_error, body = await _tool(mcp, "remember", {k: v for k, v in event.items() if k != "type"})
+            assert not is_error, body
+            return body["duplicate"], body["effect"]
+        async with httpx.AsyncClient(headers={"X-API-Key": "key-a"}, timeout=60) as http:
+            r = await http.post(doors.apis[0] + "/v1/events", json={"events": [event]})
+        assert r.status_code == 200, r.text
+        [res] = r.json()["results"]
+        return res["duplicate"], res["effect"]
+
+    events = {door: wire("user:retry", tenant=A, event_id=_id(), value=door) for door in ("api0", "mcp")}
+
+    async def retried(after_apply: bool) -> list[tuple[str, bool, str]]:
+        out = []
+        async with _session(doors.mcp) as mcp:
+            for door, event in events.items():
+                sends = [effect(mcp, door, event) for _ in range(1 if after_apply else 2)]
+                out += [(door, *got) for got in await asyncio.gather(*sends)]
+                if not after_apply:
+                    out.append((door, *await effect(mcp, door, event)))
+        return out
+
+    before = asyncio.run(retried(after_apply=False))
+    assert sum(duplicate for _, duplicate, _ in before) >= 4, before  # two retries a door
+    assert [effect for *_, effect in before] == ["pending"] * 6, before
+    for event in events.values():
+        assert _status(doors, event["event_id"]).json()["status"] == "pending"
+    doors.apply()
+    after = asyncio.run(retried(after_apply=True))
+    assert after == [("api0", True, "applied"), ("mcp", True, "applied")], after
+
+
 # -- the status of an event by its id -------------------------------------------------------------------------------
 
 
