@@ -174,10 +174,15 @@ def _digest_and_parts(answer: str, body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _ledger_only(hit: Mapping[str, Any]) -> dict[str, Any]:
-    """A hit without its access score: how often it was served is not the ledger's (a recall as known at a time
-    leaves it out), so a replay could never give it back."""
+    """A hit as the ledger decides it, which a replay can give back: without its access score (how often it was
+    served is not the ledger's; a recall as known at a time leaves it out), and verified as the version it is,
+    whichever version the index proposed for it (`verified.replaced_by`: the index's times are kept to the
+    millisecond, its documents follow the ledger a moment later)."""
     scores = {k: v for k, v in hit["match"]["scores"].items() if k != "access"}
-    return {**hit, "match": {**hit["match"], "scores": scores}}
+    match = {**hit["match"], "scores": scores}
+    if "verified" in match:
+        match["verified"] = {"candidate": hit["version_id"]}
+    return {**hit, "match": match}
 
 
 _ROWS = {"facts": "facts", "history": "versions", "events": "events", "context": "lines"}

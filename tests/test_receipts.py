@@ -377,6 +377,27 @@ def test_replay_of_a_recall_is_the_same_after_a_backdated_write(stack: Any, mode
     assert [h["value"] for h in replayed["replayed"]["hits"]] == ["blue"]
 
 
+@pytest.mark.parametrize("as_of", ["2022-06-15T12:00:00.123000Z", "2022-06-15T12:00:00.123455Z"])
+def test_replay_of_a_recall_inside_the_millisecond_before_a_version_began_is_the_same(stack: Any, as_of: str) -> None:
+    """The index keeps times to the millisecond, so at an as_of in the millisecond before a version's microsecond
+    start it proposes that version, and verification gives the one that held then (`verified.replaced_by`). The
+    replay re-derives the same hits: `same`, whichever version the index proposed."""
+    subject = f"project:R5{as_of[-4:-1]}"
+    first = _fact(subject, "city", "Paris", f"r5-{as_of[-4:-1]}-1", entities=[], aliases=[])
+    then = _fact(subject, "city", "Berlin", f"r5-{as_of[-4:-1]}-2", entities=[], aliases=[])
+    first |= {"valid_from": "2020-01-01T00:00:00Z", "observed_at": "2020-01-01T00:00:00Z"}
+    then |= {"valid_from": "2022-06-15T12:00:00.123456Z", "observed_at": "2022-06-15T12:00:00.123456Z"}
+    stack.publish([first, then])
+    stack.settle()
+    for mode in ("auto", "exact"):
+        asked = {"subject": subject, "query": "city", "mode": mode, "as_of": as_of}
+        answer = _recall(stack, **asked)
+        assert [h["value"] for h in answer["hits"]] == ["Paris"], (mode, answer["hits"])
+        assert answer["hits"][0]["match"]["verified"].get("replaced_by"), answer["hits"][0]["match"]
+        replayed = _replay(stack, answer["receipt"], asked).json()
+        assert replayed["same"] is True, (mode, answer["hits"], replayed["replayed"]["hits"], replayed["parts"])
+
+
 def test_replay_of_a_recall_with_context_turns_is_the_same_after_backdated_turns(stack: Any) -> None:
     """An import of the past after a receipt: a turn observed between the hit and its neighbour, a near-duplicate
     of the hit, and a retraction of the hit, all observed before the receipt was issued but logged after it. The
