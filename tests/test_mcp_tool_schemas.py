@@ -252,3 +252,28 @@ def test_every_number_and_flag_argument_refuses_text_and_the_other_kind(stack: d
 
     outcome = asyncio.run(_session(stack["url"], work))
     assert [o for o in outcome if o[3] is not True] == [], outcome
+
+
+def test_remember_takes_null_exactly_where_its_schema_says(stack: dict[str, Any]) -> None:
+    """remember's input schema is the event contract's: a null stands for "not given" in every argument but the three
+    a memory must have, so a memory sent with each of the others as null is the same event as without them (a
+    retry: `duplicate`), and each of the three as null is refused naming it."""
+    schema = next(t for t in _tools(stack) if t.name == "remember").input_schema
+    required = set(schema["required"])
+    nullable = {name for name, prop in schema["properties"].items() if "null" in _typed(prop)}
+    assert nullable == set(schema["properties"]) - required, (required, nullable)
+    subject = f"user:{uuid.uuid4().hex[:8]}"
+    memory = {"event_id": f"null-{subject}", "subject": subject, "content": f"{subject} likes tea", "value": "tea"}
+    memory["key"] = "pref.drink"
+
+    async def work(client: Client) -> list[Any]:
+        first = await client.call_tool("remember", memory | dict.fromkeys(nullable - {"value", "key"}))
+        again = await client.call_tool("remember", memory)
+        refused = [await client.call_tool("remember", memory | {name: None}) for name in sorted(required)]
+        return [first, again, *refused]
+
+    first, again, *refused = asyncio.run(_session(stack["url"], work))
+    assert not first.is_error and not again.is_error, (tool_body(first), tool_body(again))
+    assert tool_body(again)["duplicate"] is True, tool_body(again)
+    for name, result in zip(sorted(required), refused, strict=True):
+        assert result.is_error and tool_body(result)["detail"][0]["field"] == name, (name, tool_body(result))

@@ -54,7 +54,8 @@ from api.schemas import (
     ReceiptVerification,
 )
 from producers.consistency import merge_tokens
-from producers.contract import EventType, MemoryEvent
+from producers.contract import EventType
+from producers.event_schema import event_schema
 
 __all__ = ["SESSIONS", "TOOLS", "SessionTokens", "ToolSpec", "error_result", "run_tool"]
 
@@ -78,15 +79,24 @@ class ToolSpec:
     admin: bool = False  # an operator tool: only keys of settings.mcp_admin_keys may call it (api.mcp.auth)
 
 
+def _optional_tenant(prop: dict[str, Any]) -> dict[str, Any]:
+    """A tool's `tenant`: left out or null (mcp.auth), the key's one tenant is meant."""
+    text = {k: v for k, v in prop.items() if k not in ("anyOf", "description", "title", "default")}
+    branches = prop.get("anyOf") or [text]
+    if not any(branch.get("type") == "null" for branch in branches):
+        branches = [*branches, {"type": "null"}]
+    return {
+        "anyOf": branches,
+        "description": "the tenant; may be left out (or null) when the API key is bound to one tenant",
+    }
+
+
 def _schema(model: type[BaseModel], *, drop: tuple[str, ...] = ()) -> dict:
     """The model's JSON schema for a tool: references inlined, `drop` left out, `tenant` optional. The arguments'
     descriptions are the model's fields' (the HTTP API's OpenAPI has the same)."""
     schema = inline_refs(model.model_json_schema())
     props = {k: v for k, v in schema["properties"].items() if k not in drop}
-    props["tenant"] = {
-        **props["tenant"],
-        "description": "the tenant; may be left out when the API key is bound to one tenant",
-    }
+    props["tenant"] = _optional_tenant(props["tenant"])
     required = [k for k in schema.get("required", []) if k in props and k != "tenant"]
     out = {"type": "object", "properties": props, "additionalProperties": False}
     return out | ({"required": required} if required else {})
@@ -157,19 +167,28 @@ _SOURCE_NOTES = {
 _JSON_VALUE = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "object", "array", "null")]}
 
 
+_REMEMBER_REQUIRED = ("event_id", "subject", "content")
+
+
 def _remember_schema() -> dict[str, Any]:
-    schema = inline_refs(MemoryEvent.model_json_schema())
+    """The event contract's published schema (what it takes: null for "not given" too), with notes for a model."""
+    schema = inline_refs(event_schema())
     props = {k: schema["properties"][k] for k in _REMEMBER_FIELDS}
     for name, note in _REMEMBER_NOTES.items():
         props[name] = {**props[name], "description": note}
-    props["value"] |= _JSON_VALUE
-    source = props["source"]
+    props["value"] = {**{k: v for k, v in props["value"].items() if k != "anyOf"}, **_JSON_VALUE}
+    for name in _REMEMBER_REQUIRED:  # a memory has them: no null
+        node = props[name]
+        kept = [branch for branch in node.get("anyOf", []) if branch.get("type") != "null"]
+        if kept:
+            props[name] = {**{k: v for k, v in node.items() if k not in ("anyOf", "default")}, **kept[0]}
+    source = next(branch for branch in props["source"].get("anyOf", [props["source"]]) if "properties" in branch)
     source["properties"] = {k: {**v, "description": _SOURCE_NOTES[k]} for k, v in source["properties"].items()}
-    props["tenant"] = {**props["tenant"], "description": "the tenant; may be left out when the key has one tenant"}
+    props["tenant"] = _optional_tenant(props["tenant"])
     return {
         "type": "object",
         "properties": props,
-        "required": ["event_id", "subject", "content"],
+        "required": list(_REMEMBER_REQUIRED),
         "additionalProperties": False,
     }
 
