@@ -567,6 +567,34 @@ def test_an_erased_cited_version_verifies_as_erased_showing_nothing(stack: Any) 
     assert r.status_code == 200 and r.json()["same"] is False and r.json()["replayed"]["versions"] == [], r.text
 
 
+def test_an_erased_subjects_audit_replay_receipt_verifies_every_event_erased(stack: Any) -> None:
+    """An audit replay cites every event of its subject, assertions or not; once the subject is erased, each of them
+    verifies `erased` (a confirmation or a retraction too, which make no version of their own), and the receipt is
+    valid."""
+    subject = "user:r10"
+    fact = _fact(subject, "contact.phone", "555-0100", "r10-phone", entities=[], aliases=[])
+    gone = _fact(subject, "contact.fax", "555-0199", "r10-fax", entities=[], aliases=[])
+    confirmed = {k: fact[k] for k in ("tenant", "subject", "key")} | {"type": "memory.confirmed", "event_id": "r10-ok"}
+    retracted = {k: gone[k] for k in ("tenant", "subject", "key")} | {"type": "memory.retracted", "event_id": "r10-no"}
+    stack.publish([fact, gone])
+    stack.settle()
+    stack.publish([confirmed, retracted])
+    stack.settle()
+    events = _get(stack, f"/v1/subjects/{subject}/events").json()
+    assert [e["type"] for e in events["events"]] == [
+        "memory.asserted",
+        "memory.asserted",
+        "memory.confirmed",
+        "memory.retracted",
+    ], events["events"]
+    r = stack.client.delete(f"/v1/subjects/{subject}", params={"tenant": TENANT}, headers=H)
+    assert r.status_code == 202, r.text
+    stack.settle()
+    checked = _verify(stack, events["receipt"]).json()
+    assert [c["state"] for c in checked["cited"]] == ["erased"] * 4, checked
+    assert checked["valid"] is True and checked["erased"] == 4, checked
+
+
 def test_another_tenants_receipt_is_refused(stack: Any) -> None:
     theirs = _get(stack, f"/v1/subjects/{SUBJECT}/facts", tenant=OTHER).json()["receipt"]
     ours = _get(stack, f"/v1/subjects/{SUBJECT}/facts").json()["receipt"]

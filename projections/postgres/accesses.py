@@ -26,6 +26,7 @@ __all__ = [
     "active_transitions",
     "erase_accesses",
     "erased_version_ids",
+    "keep_erased_versions",
     "lock_access_facts",
     "recount",
     "served_deltas",
@@ -138,6 +139,17 @@ def recount(cur: psycopg.Cursor, tenant: str, memory_ids: list[str]) -> None:
     )
 
 
+def keep_erased_versions(cur: psycopg.Cursor, tenant: str, version_ids: list[str]) -> None:
+    """Keep erased version ids as salted hashes (`erased_versions`): an access of one arriving later is dropped, a
+    receipt citing one verifies erased."""
+    if version_ids:
+        cur.execute(
+            "INSERT INTO erased_versions (tenant, id_hash) "
+            f"SELECT %s, {ID_HASH_SQL.format('v')} FROM unnest(%b::text[]) AS x(v) ON CONFLICT DO NOTHING",
+            (tenant, version_ids),
+        )
+
+
 def erase_accesses(cur: psycopg.Cursor, tenant: str, subject: str) -> None:
     """`subject.erased`, before the subject's fact_versions are deleted: forget the accesses of its versions.
 
@@ -159,10 +171,6 @@ def erase_accesses(cur: psycopg.Cursor, tenant: str, subject: str) -> None:
     # subject's partition: its events share one key, so this batch holds that partition's position row locked
     gone = {(tenant, m): -1 for m, _, status, _ in rows if status == ACTIVE}
     add_counts(cur, transition_deltas(cur, gone), shard=min(p for *_, p in rows))
-    cur.execute(
-        "INSERT INTO erased_versions (tenant, id_hash) "
-        f"SELECT %s, {ID_HASH_SQL.format('v')} FROM unnest(%b::text[]) AS x(v) ON CONFLICT DO NOTHING",
-        (tenant, version_ids),
-    )
+    keep_erased_versions(cur, tenant, version_ids)
     cur.execute("DELETE FROM accesses WHERE tenant = %s AND version_id = ANY(%s)", (tenant, version_ids))
     recount(cur, tenant, memory_ids)

@@ -28,6 +28,7 @@ from producers.contract import (
     MemoryEvent,
     claimed_fields,
     parse_rfc3339,
+    version_id_for,
     wire_fingerprint,
 )
 from producers.keys.envelope import SEALED, has_personal
@@ -42,7 +43,12 @@ from producers.keys.store import (
     record_erasure,
 )
 from producers.records import DeadLetter, Incoming, decode_record, open_record
-from projections.postgres.accesses import active_transitions, erase_accesses, transition_deltas
+from projections.postgres.accesses import (
+    active_transitions,
+    erase_accesses,
+    keep_erased_versions,
+    transition_deltas,
+)
 from projections.postgres.chain import Checkpoints
 from projections.postgres.counts import EVENTS, OUTBOX, VERSIONS, dead_letters_name
 from projections.postgres.idempotency import FP_HASH_SQL, ID_HASH_SQL, erased_sql, release_letter_claims
@@ -628,6 +634,14 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
             (e.tenant, e.subject),
         )
         erase_accesses(cur, e.tenant, e.subject)  # its versions' accesses and aggregates, while the versions exist
+        # a receipt cites every event by the version id its id gives (version_id_for), assertions or not: the other
+        # events' are kept beside the versions', so a receipt citing a retraction or a confirmation verifies erased
+        cur.execute(
+            "SELECT event_id FROM events WHERE tenant = %s AND subject = %s "
+            "AND type NOT IN ('memory.asserted', 'subject.erased')",
+            (e.tenant, e.subject),
+        )
+        keep_erased_versions(cur, e.tenant, [version_id_for(e.tenant, eid) for (eid,) in cur.fetchall()])
         cur.execute(  # the letters of records naming it logged before it in its partition go with it (a replay never
             # makes them: it cannot open them); one refused after it is news the erasure did not cover
             'DELETE FROM dead_letters WHERE tenant = %s AND subject = %s AND topic = %s AND "partition" = %s '
