@@ -280,7 +280,8 @@ def _being_resolved(partition: int, offset: int) -> ApiError:
         409,
         "dead_letter_resolved",
         f"the dead letter at partition {partition}, offset {offset} is resolved already, or being resolved, by "
-        f"another event (one resolution a letter; its status: event {letter_id(partition, offset)!r})",
+        f"another event (one resolution a letter; what resolved it: GET /v1/dead-letters/{partition}/{offset}, or "
+        f"the status of the event that resolves it)",
         "offset",
     )
 

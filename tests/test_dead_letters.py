@@ -637,6 +637,13 @@ def test_a_redrive_the_worker_refuses_leaves_its_letter_open_to_another_action(w
     assert world.letters()[(p, o)]["resolution"]["event_id"] == "ev-again-41", world.letters()[(p, o)]
     facts = world.get("/v1/subjects/user:41/facts", tenant=A)["facts"]
     assert [(f["key"], f["value"]) for f in facts] == [("pref.seat", "again")], facts
+    # resolved by an event of its own id: the letter's id is no event's, so nothing reads it pending (a claim left
+    # behind read `pending`, then `unpublished`: "send it again"); a further action is 409 naming the event
+    assert world.get(f"/v1/events/deadletter:{p}:{o}", tenant=A)["status"] == "unknown"
+    r = world.http.post(
+        "/v1/dead-letters/discard", json={"tenant": A, "partition": p, "offset": o, "reason": "r"}, headers=key
+    )
+    assert r.status_code == 409 and "ev-again-41" in r.json()["detail"][0]["message"], r.text
 
 
 def test_no_other_write_can_take_the_id_a_letters_resolution_claims(world: World) -> None:

@@ -156,10 +156,11 @@ def letter_claim(event: MemoryEvent) -> tuple[str, str, str]:
     return event.tenant, letter_id(event.dead_letter.partition, event.dead_letter.offset), fingerprint
 
 
-def release_letter_claims(cur: psycopg.Cursor, refused: list[MemoryEvent]) -> None:
-    """In the worker's transaction: the letter claims of re-drives it refuses (their id was taken by other content
-    meanwhile), so each letter stays open to another action rather than read as being resolved for good."""
-    claims = [c for e in refused if e.dead_letter is not None and (c := letter_claim(e))[1] != e.event_id]
+def release_letter_claims(cur: psycopg.Cursor, redrives: list[MemoryEvent]) -> None:
+    """In the worker's transaction: the letter claims of re-drives under ids of their own that it applies or refuses.
+    Applied, the letter's resolution guards it from then on (and its id is no event's: no status reads it pending);
+    refused (their id taken by other content meanwhile), the letter stays open to another action."""
+    claims = [c for e in redrives if e.dead_letter is not None and (c := letter_claim(e))[1] != e.event_id]
     if claims:
         cur.execute(_RELEASE, _columns(claims))
 
