@@ -4,7 +4,8 @@ Before a door publishes, `claim_events` claims each id with its `MemoryEvent.fin
 (new, claimed, applied, erased or conflict): two doors racing on one id with two contents upsert the same row, so
 the second sees the first's fingerprint. Claims hold ids and fingerprints only, and an erasure leaves only salted
 digests (`erased_events`). A claim outlives a failed publish, as the record may have been written; only events
-refused before sending are released. `event_fate` only ever reads the tenant's own ids.
+refused before sending are released, and a re-drive's claim of its letter's id once the worker has applied or
+refused the re-drive (`release_letter_claims`). `event_fate` only ever reads the tenant's own ids.
 """
 
 from __future__ import annotations
