@@ -81,8 +81,8 @@ class ToolSpec:
 
 def _optional_tenant(prop: dict[str, Any]) -> dict[str, Any]:
     """A tool's `tenant`: left out or null (mcp.auth), the key's one tenant is meant."""
-    text = {k: v for k, v in prop.items() if k not in ("anyOf", "description", "title", "default")}
-    branches = prop.get("anyOf") or [text]
+    constraints = {k: v for k, v in prop.items() if k not in ("anyOf", "description", "title", "default")}
+    branches = prop.get("anyOf") or [constraints]
     if not any(branch.get("type") == "null" for branch in branches):
         branches = [*branches, {"type": "null"}]
     return {
