@@ -9,7 +9,9 @@ the idempotency claim by (tenant, event_id) in PostgreSQL shared by every proces
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
@@ -26,6 +28,7 @@ from api.requests import ForgetParams
 from api.resources import Position, Publishes, Resources
 from producers.consistency import token_of
 from producers.contract import (
+    LETTER_ID_PREFIX,
     EventType,
     InvalidEvent,
     MemoryEvent,
@@ -36,6 +39,7 @@ from producers.contract import (
 )
 from producers.sdk import PublishError
 from producers.settings import Settings
+from projections.postgres.dead_letters import dead_letter
 from projections.postgres.idempotency import Claim, Fate, claim_events, event_fate, release_claims
 from projections.postgres.positions import stored_positions_async
 from projections.postgres.queries import event_effect, look_alike_subjects
@@ -320,6 +324,12 @@ async def event_status(res: Resources, tenants: frozenset[str], tenant: str, eve
     check_tenant(tenant, tenants)
     async with res.pool.connection() as conn:
         fate = await event_fate(conn, tenant, event_id, res.settings.topic)
+        if (
+            fate.applied is None
+            and fate.claimed_at is not None
+            and await _resolved_by_another(res, conn, tenant, event_id)
+        ):
+            fate = dataclasses.replace(fate, claimed_at=None)
         unpublished = await _never_delivered(res, conn, fate, tenant, event_id)
         if unpublished is not None:
             fate = unpublished
@@ -352,6 +362,20 @@ async def event_status(res: Resources, tenants: frozenset[str], tenant: str, eve
     if fate.dead_letters:
         body["dead_letters"] = fate.dead_letters
     return {k: v for k, v in body.items() if v is not None}
+
+
+_LETTER_ID = re.compile(re.escape(LETTER_ID_PREFIX) + r"([0-9]{1,9}):([0-9]{1,19})")
+
+
+async def _resolved_by_another(res: Resources, conn: psycopg.AsyncConnection, tenant: str, event_id: str) -> bool:
+    """`event_id` is a letter's id whose letter an event of another id resolved: a re-drive under an id of its own
+    claims the letter's id beside its own, and the claim stays (it refuses a second action), but nothing is pending
+    under that id."""
+    named = _LETTER_ID.fullmatch(event_id)
+    if named is None:
+        return False
+    found = await dead_letter(conn, tenant, res.settings.topic, int(named[1]), int(named[2]))
+    return found is not None and found[0]["state"] != "open"
 
 
 # after its claim, a door's record reaches the broker within the producer's delivery bound or never (the SDK's

@@ -509,7 +509,7 @@ class Source(BaseModel):
     actor: str | None = Field(default=None, max_length=256)
 
 
-LETTER_ID_PREFIX = "deadletter:"  # the ids of dead letters' resolutions: `letter_id_of`
+LETTER_ID_PREFIX = "deadletter:"  # the ids of dead letters' resolutions: `letter_id`
 
 
 def letter_id(partition: int, offset: int) -> str:

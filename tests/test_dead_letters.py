@@ -637,9 +637,15 @@ def test_a_redrive_the_worker_refuses_leaves_its_letter_open_to_another_action(w
     assert world.letters()[(p, o)]["resolution"]["event_id"] == "ev-again-41", world.letters()[(p, o)]
     facts = world.get("/v1/subjects/user:41/facts", tenant=A)["facts"]
     assert [(f["key"], f["value"]) for f in facts] == [("pref.seat", "again")], facts
-    # resolved by an event of its own id: the letter's id is no event's, so nothing reads it pending (a claim left
-    # behind read `pending`, then `unpublished`: "send it again"); a further action is 409 naming the event
+    # resolved by an event of its own id: the letter's id is no event's, so nothing reads it pending (its claim
+    # read `pending`, then `unpublished`: "send it again"); the claim itself stays, so that a door which found the
+    # letter open a moment before the resolution committed is still refused; a further action is 409 naming the event
     assert world.get(f"/v1/events/deadletter:{p}:{o}", tenant=A)["status"] == "unknown"
+    with pg(world.settings) as conn:
+        held = conn.execute(
+            "SELECT 1 FROM event_claims WHERE tenant = %s AND event_id = %s", (A, f"deadletter:{p}:{o}")
+        )
+        assert held.fetchall() == [(1,)]
     r = world.http.post(
         "/v1/dead-letters/discard", json={"tenant": A, "partition": p, "offset": o, "reason": "r"}, headers=key
     )

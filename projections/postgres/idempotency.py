@@ -4,8 +4,8 @@ Before a door publishes, `claim_events` claims each id with its `MemoryEvent.fin
 (new, claimed, applied, erased or conflict): two doors racing on one id with two contents upsert the same row, so
 the second sees the first's fingerprint. Claims hold ids and fingerprints only, and an erasure leaves only salted
 digests (`erased_events`). A claim outlives a failed publish, as the record may have been written; only events
-refused before sending are released, and a re-drive's claim of its letter's id once the worker has applied or
-refused the re-drive (`release_letter_claims`). `event_fate` only ever reads the tenant's own ids.
+refused before sending are released, and a re-drive's claim of its letter's id once the worker has refused the
+re-drive (`release_letter_claims`). `event_fate` only ever reads the tenant's own ids.
 """
 
 from __future__ import annotations
@@ -157,11 +157,11 @@ def letter_claim(event: MemoryEvent) -> tuple[str, str, str]:
     return event.tenant, letter_id(event.dead_letter.partition, event.dead_letter.offset), fingerprint
 
 
-def release_letter_claims(cur: psycopg.Cursor, redrives: list[MemoryEvent]) -> None:
-    """In the worker's transaction: the letter claims of re-drives under ids of their own that it applies or refuses.
-    Applied, the letter's resolution guards it from then on (and its id is no event's: no status reads it pending);
-    refused (their id taken by other content meanwhile), the letter stays open to another action."""
-    claims = [c for e in redrives if e.dead_letter is not None and (c := letter_claim(e))[1] != e.event_id]
+def release_letter_claims(cur: psycopg.Cursor, refused: list[MemoryEvent]) -> None:
+    """In the worker's transaction: the letter claims of re-drives under ids of their own that it refuses (their id
+    was taken by other content meanwhile), so each letter stays open to another action. An applied re-drive's claim
+    stays: a door that found the letter open a moment before its resolution committed must still be refused."""
+    claims = [c for e in refused if e.dead_letter is not None and (c := letter_claim(e))[1] != e.event_id]
     if claims:
         cur.execute(_RELEASE, _columns(claims))
 

@@ -401,9 +401,7 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         resolved = self._retraction_targets(cur, records)
         new = self._log_events(cur, records, result, resolved)
         result.applied += len(new)
-        redrives = [r for r in new if r.event is not None and r.event.dead_letter is not None]
-        self._resolve_dead_letters(cur, redrives)
-        release_letter_claims(cur, [r.event for r in redrives if r.event is not None])
+        self._resolve_dead_letters(cur, [r for r in new if r.event is not None and r.event.dead_letter is not None])
         try:  # the pure core's one dispatch on the event type (projections.versions.additions)
             added = additions(((r.event, r.partition, r.offset) for r in new if r.event is not None), resolved)
         except _CORE_ERRORS as exc:
