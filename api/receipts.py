@@ -563,7 +563,9 @@ def _check(
             and _keyed(salt, _SUBJECT, [tenant, e.subject])[:32] == c["subject"]
         ):
             return state("erased", f"erased at {rfc3339(e.at)} (partition {e.partition} offset {e.offset})")
-    return state("erased", "erased (its erasure is not in the projection any more)")
+    # its subject's erasure is not after it in its partition: the event was sent under another subject's key (its
+    # partition has no order with the erasure's), or the erasure is no longer in the projection
+    return state("erased", "erased (by an erasure of its subject not logged after it in its partition)")
 
 
 # -- replaying a receipt -------------------------------------------------------------------------------------
