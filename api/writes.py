@@ -316,7 +316,8 @@ async def event_status(res: Resources, tenants: frozenset[str], tenant: str, eve
       has passed) and the worker has read the whole log without meeting it: the record never reached the ledger
       (the broker refused it or did not answer), so the same event is to be sent again;
     - `unknown`: no door claimed it and the worker has not seen it (yet: a record written straight to Kafka is
-      unknown until the worker reaches it), or it is another tenant's (nothing tells one tenant about another).
+      unknown until the worker reaches it), or it is another tenant's (nothing tells one tenant about another); a
+      letter's id whose letter an event of another id resolved reads so too (the letter says by which).
 
     `dead_letters` (when any) lists every refused record that carried the id, e.g. a conflicting re-use of an
     applied id. A key not bound to `tenant` is a 403 (check_tenant).
