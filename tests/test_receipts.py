@@ -499,6 +499,32 @@ def test_replay_of_a_recall_before_a_supersession_gives_the_first_answer(stack: 
     assert r.status_code == 422 and r.json()["detail"][0]["field"] == "receipt.signature"
 
 
+@pytest.mark.parametrize("mode", ["auto", "keyword"])
+def test_replay_of_a_recall_of_a_fact_with_more_earlier_versions_than_the_pool_gives_its_answer(
+    stack: Any, mode: str
+) -> None:
+    """A fact with more earlier versions than a stage's candidate pool (LEDGER_RECALL_POOL), each matching the
+    question better than the one in force: the read saw only the version in force, and its replay, as known at
+    the receipt, must not let the versions ended by then crowd that one out of its candidates."""
+    subject = f"project:R6{mode}"
+    pool = stack.settings.recall_pool
+    began = datetime(2020, 1, 1, tzinfo=UTC)
+    versions = []
+    for n in range(pool + 5):
+        fact = _fact(subject, "deploy.cluster", f"c{n}", f"r6-{mode}-{n}", entities=[subject], aliases=[])
+        fact["valid_from"] = rfc3339(began + timedelta(hours=n))
+        fact["content"] = "cobalt cluster cobalt cluster cobalt cluster" if n < pool + 4 else "cobalt cluster"
+        versions.append(fact)
+    stack.publish(versions)
+    stack.settle()
+    asked = {"subject": subject, "query": "cobalt cluster", "mode": mode}
+    answer = _recall(stack, **asked)
+    assert [h["value"] for h in answer["hits"]] == [f"c{pool + 4}"], answer["hits"]
+    replayed = _replay(stack, answer["receipt"], asked).json()
+    assert replayed["same"] is True, (replayed["replayed"]["hits"], replayed["parts"])
+    assert [h["value"] for h in replayed["replayed"]["hits"]] == [f"c{pool + 4}"]
+
+
 def test_replay_of_a_recall_whose_ties_were_ordered_by_access_gives_its_answer(stack: Any) -> None:
     """The class: how often a fact was served is not in the ledger, so a replay (as known then) ordered the hits the
     other signals left equal by version id where the recall had ordered them by access, and such a recall never

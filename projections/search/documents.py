@@ -24,7 +24,7 @@ from projections.search.cues import (
 )
 from projections.search.stemming import STEM_FIELD, stem_text
 
-__all__ = ["ROW_COLUMNS", "build_doc", "embedding_text_for", "rows_sql", "status_fields"]
+__all__ = ["ROW_COLUMNS", "SUCCESSOR_COLUMNS", "build_doc", "embedding_text_for", "rows_sql", "status_fields"]
 
 # every column of `f` (the recorder's one list), its end (`effective_to`: the document's valid_to) and whether
 # it is an override
@@ -37,10 +37,21 @@ ROW_COLUMNS = sql.SQL(", ").join(
 )
 
 
+# when and where the ledger logged a version's successor (`s`): a recall as known at a time leaves out the versions
+# whose successor it knew by then (index._in_force), since they can no longer speak for their fact
+SUCCESSOR_COLUMNS = sql.SQL(
+    's.observed_at AS successor_observed_at, s."partition" AS successor_partition, s."offset" AS successor_offset'
+)
+
+
 def rows_sql(where: sql.Composable, extra: sql.Composable | None = None) -> sql.Composed:
-    """SELECT the ROW_COLUMNS (and `extra` columns before them) of the fact_versions rows `f` matching `where`."""
+    """SELECT the ROW_COLUMNS (and `extra` columns before them) of the fact_versions rows `f` matching `where`,
+    with their successor's SUCCESSOR_COLUMNS."""
     cols = ROW_COLUMNS if extra is None else sql.SQL("{}{}").format(extra, sql.SQL(", ") + ROW_COLUMNS)
-    return sql.SQL("SELECT {cols} FROM fact_versions f WHERE {where}").format(cols=cols, where=where)
+    return sql.SQL(
+        "SELECT {cols}, {successor} FROM fact_versions f "
+        "LEFT JOIN fact_versions s ON s.version_id = f.superseded_by WHERE {where}"
+    ).format(cols=cols, successor=SUCCESSOR_COLUMNS, where=where)
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -52,13 +63,22 @@ def _source_type(source: Any) -> str | None:
 
 
 def status_fields(row: dict[str, Any]) -> dict[str, Any]:
-    """The fields that change after a version is written (supersession, retraction, late history)."""
-    return {
+    """The fields that change after a version is written (supersession, retraction, late history); `superseded_at`
+    and the successor's `successor_*` (rows_sql) only where a successor is known."""
+    out = {
         "status": row["status"],
         "superseded_by": row["superseded_by"],
         "valid_to": _iso(row["effective_to"]),
         "version": row["version"],
     }
+    if row["superseded_by"] is not None and row.get("successor_observed_at") is not None:
+        out |= {
+            "superseded_at": _iso(row["superseded_at"]),
+            "successor_observed_at": _iso(row["successor_observed_at"]),
+            "successor_partition": row["successor_partition"],
+            "successor_offset": row["successor_offset"],
+        }
+    return out
 
 
 def embedding_text_for(row: dict[str, Any]) -> str:

@@ -25,11 +25,19 @@ from projections.models import model_spec
 __all__ = ["ensure_index", "index_body", "new_physical_name", "physical_indices", "create_physical"]
 
 STEM_MAPPING = {"type": "text", "analyzer": "whitespace"}  # built in: the stems are computed before indexing
+# a superseded version's successor: its valid_from, when it was observed, where it was logged (documents.status_fields)
+SUCCESSOR_FIELDS = {
+    "superseded_at": {"type": "date"},
+    "successor_observed_at": {"type": "date"},
+    "successor_partition": {"type": "integer"},
+    "successor_offset": {"type": "long"},
+}
 # fields added after indices existed: ensure_index puts them on an existing index (a mapping only grows)
 ADDED_FIELDS = {
     "content_stem": STEM_MAPPING,
     # the near-duplicate group an episode belongs to (projections.search.duplicates): its first episode
     "episode_group": {"type": "keyword"},
+    **SUCCESSOR_FIELDS,
 }
 
 ANALYSIS = {
@@ -89,6 +97,7 @@ def index_body(
                 "episode_group": keyword,  # a near-duplicate episode's group (its first episode's id)
                 "valid_from": {"type": "date"},
                 "valid_to": {"type": "date"},  # effective end: min(valid_to, superseded_at)
+                **SUCCESSOR_FIELDS,
                 "observed_at": {"type": "date"},
                 "version": {"type": "integer"},
                 "confidence": {"type": "float"},
@@ -129,7 +138,7 @@ _GROWN: set[str] = set()  # physical indices this process has put ADDED_FIELDS o
 def _grow(es: Elasticsearch, name: str, settings: Settings) -> None:
     """Put ADDED_FIELDS on an index created before them, once per process (idempotent: the same definitions).
 
-    The issue-15 vector field only where it is missing: an index whose `embedding_en` has another dimension than
+    The English vector field only where it is missing: an index whose `embedding_en` has another dimension than
     the configured English model's keeps it (its documents then fail to index, loudly: switching is a reindex)."""
     if name not in _GROWN:
         have = es.indices.get_mapping(index=name)[name]["mappings"].get("properties", {})

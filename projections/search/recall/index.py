@@ -88,15 +88,35 @@ def holds_at_filter(at: datetime) -> list[dict[str, Any]]:
     ]
 
 
+def _ms(t: datetime) -> str:
+    """`t` cut to the millisecond a `date` field holds: a stored time below it is below `t` itself."""
+    return t.replace(microsecond=t.microsecond // 1000 * 1000).isoformat()
+
+
 def _in_force(scope: Scope) -> list[dict[str, Any]]:
     """The versions a scope may find: those that hold at `at`, or, as known at `known_at`, those logged by then
     that began by `at` (their end as the index holds it may come from a retraction or successor logged later, so
-    verification decides, as known then: recall.verify)."""
+    verification decides, as known then: recall.verify), but for the versions whose successor, begun by `at`, was
+    also known then (observed by `known_at` and logged below `below`, if given): as known then, the successor, or
+    one after it, is what verification keeps of their fact, so they could only crowd a stage's candidates. Each
+    comparison is strict at the millisecond the index keeps, so a successor in the millisecond of `at` or
+    `known_at` leaves its version a candidate."""
     if scope.known_at is None:
         return holds_at_filter(scope.at)
+    replaced: list[dict[str, Any]] = [
+        {"range": {"superseded_at": {"lt": _ms(scope.at)}}},
+        {"range": {"successor_observed_at": {"lt": _ms(scope.known_at)}}},
+    ]
+    if scope.below is not None:
+        logged = [
+            {"bool": {"filter": [{"term": {"successor_partition": p}}, {"range": {"successor_offset": {"lt": o}}}]}}
+            for p, o in sorted(scope.below.items())
+        ]
+        replaced.append({"bool": {"should": logged, "minimum_should_match": 1}})
     return [
         {"range": {"valid_from": {"lte": scope.at.isoformat()}}},
         {"range": {"observed_at": {"lte": scope.known_at.isoformat()}}},
+        {"bool": {"must_not": {"bool": {"filter": replaced}}}},
     ]
 
 

@@ -95,6 +95,8 @@ class Scope(NamedTuple):
     outside: bool = False  # the reverse narrowing: documents of `open_kinds` about none of `entities`
     # transaction time: the versions logged by then that began by `at`, however they ended since (index.filters)
     known_at: datetime | None = None
+    # with known_at, a receipt's positions (partition -> next offset): only a successor logged below them is known
+    below: Mapping[int, int] | None = None
 
     def about(
         self, entities: tuple[str, ...] = (), mentions: tuple[str, ...] = (), open_kinds: tuple[str, ...] = ()

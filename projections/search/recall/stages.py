@@ -71,7 +71,7 @@ class RecallContext:
         settings: Settings | None = None,
         pool: AsyncConnectionPool | None = None,
     ) -> RecallContext:
-        scope = Scope(q.tenant, at, q.subject, q.filters, cues.time, known_at=q.known_at)
+        scope = Scope(q.tenant, at, q.subject, q.filters, cues.time, known_at=q.known_at, below=q.below)
         return cls(q, at, cues, scope, index, trace, embedder, settings, pool=pool)
 
     def fuzzy_scope(self) -> Scope:
