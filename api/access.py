@@ -243,16 +243,11 @@ class AccessRecorder:
                 batch_size=64 * 1024,
                 allow_auto_create_topics=False,  # created by producers.topics.ensure_topics, never by accident
                 timeout_ms=timeout_ms,
-                request_timeout_ms=max(500, timeout_ms // 2),
             )
         except Exception as exc:  # noqa: BLE001 - any failure to connect: drop, and try again after a backoff
             log.warning("access producer cannot connect to %s: %s: %s", self.settings.kafka_bootstrap, type(exc), exc)
             self._back_off()
             return None
-        # kafka-python 3.0.12 does not pass allow_auto_create_topics on to its metadata (as in producers.sdk)
-        metadata_config = getattr(getattr(producer, "_metadata", None), "config", None)
-        if isinstance(metadata_config, dict):
-            metadata_config["allow_auto_create_topics"] = False
         self._producer = producer
         return producer
 

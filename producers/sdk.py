@@ -253,26 +253,17 @@ class LedgerProducer:
 
     # -- lifecycle -------------------------------------------------------------------------
     def _config(self) -> dict[str, Any]:
-        timeout_ms = max(1000, int(self.timeout_s * 1000))
-        linger_ms = int(self._overrides.get("linger_ms", 5))
-        config: dict[str, Any] = {  # on the brokers of kafka_connection(settings), as every client
+        """kafka_producer's arguments: durable, bounded by this producer's timeout, and what a publisher adds."""
+        return {
             "client_id": "memory-ledger-producer",
-            "acks": "all",
-            "enable_idempotence": True,
-            "retries": 2**31 - 1,  # bounded in time by delivery_timeout_ms, not by count
-            "max_in_flight_requests_per_connection": 5,  # <= 5 keeps order under idempotence
-            "linger_ms": linger_ms,
+            "timeout_ms": max(1000, int(self.timeout_s * 1000)),
+            "linger_ms": int(self._overrides.get("linger_ms", 5)),
             "batch_size": 256 * 1024,  # a partition's share of a 2,000-event send_many in one batch: fewer requests
             "max_request_size": MAX_MESSAGE_BYTES,
             "partitioner": _KeyPartitioner(),
             "allow_auto_create_topics": False,  # the ledger topic is created by ensure_topics, never by accident
-            "bootstrap_timeout_ms": timeout_ms,
-            "max_block_ms": timeout_ms,
-            "request_timeout_ms": max(500, (timeout_ms - linger_ms) // 2),
-            "delivery_timeout_ms": timeout_ms,
+            **{k: v for k, v in self._overrides.items() if k != "linger_ms"},
         }
-        config.update(self._overrides)
-        return config
 
     def _connected(self, event_id: str | None) -> KafkaProducer:
         """The KafkaProducer, created (and the topics ensured) on first use."""
