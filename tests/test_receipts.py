@@ -525,6 +525,65 @@ def test_replay_of_a_recall_of_a_fact_with_more_earlier_versions_than_the_pool_g
     assert [h["value"] for h in replayed["replayed"]["hits"]] == [f"c{pool + 4}"]
 
 
+@pytest.mark.parametrize("mode", ["auto", "keyword", "exact"])
+def test_replay_of_a_recall_answered_by_a_version_observed_ahead_of_the_clock_gives_its_answer(
+    stack: Any, mode: str
+) -> None:
+    """A version observed a little in the future (inside the contract's skew) answers a recall as known now; its
+    receipt was issued before that observed time, yet the version is below its positions, so the replay knows it."""
+    subject = f"project:R7{mode}"
+    now = datetime.now(UTC)
+    old = _fact(subject, "deploy.cluster", "c-old", f"r7-{mode}-1", entities=[subject], aliases=[])
+    new = _fact(subject, "deploy.cluster", "c-new", f"r7-{mode}-2", entities=[subject], aliases=[])
+    old |= {"content": "the deploy cluster is cobalt", "valid_from": rfc3339(now - timedelta(days=2))}
+    old["observed_at"] = old["valid_from"]
+    new |= {"content": "the deploy cluster is cobalt", "valid_from": rfc3339(now - timedelta(hours=1))}
+    new["observed_at"] = rfc3339(now + timedelta(seconds=120))
+    stack.publish([old, new])
+    stack.settle()
+    query = f"{subject} deploy.cluster" if mode == "exact" else "deploy cluster cobalt"
+    asked = {"subject": subject, "query": query, "mode": mode}
+    answer = _recall(stack, **asked)
+    assert [h["value"] for h in answer["hits"]] == ["c-new"], answer["hits"]
+    assert parse_rfc3339(answer["receipt"]["known_at"]) < parse_rfc3339(new["observed_at"])
+    replayed = _replay(stack, answer["receipt"], asked).json()
+    assert replayed["same"] is True, (replayed["replayed"]["hits"], replayed["parts"])
+    assert [h["value"] for h in replayed["replayed"]["hits"]] == ["c-new"]
+
+
+@pytest.mark.parametrize("mode", ["auto", "keyword"])
+def test_replay_of_a_recall_is_the_same_after_more_backdated_versions_than_the_pool(stack: Any, mode: str) -> None:
+    """More versions than a stage's candidate pool, each matching the question better than the one that answered,
+    observed before the receipt but logged after its positions: the replay reads only what was logged below them,
+    so they cannot crowd the answer out of its candidates."""
+    subject = f"project:R8{mode}"
+    pool = stack.settings.recall_pool
+    began = datetime(2022, 1, 1, tzinfo=UTC)
+    observed = rfc3339(datetime.now(UTC) - timedelta(days=1))
+    first = []
+    for n in range(3):
+        fact = _fact(subject, "deploy.cluster", f"c{n}", f"r8-{mode}-{n}", entities=[subject], aliases=[])
+        first.append(fact | {"content": "cobalt cluster", "valid_from": rfc3339(began + timedelta(days=n))})
+        first[-1]["observed_at"] = observed
+    stack.publish(first)
+    stack.settle()
+    asked = {"subject": subject, "query": "cobalt cluster", "mode": mode}
+    answer = _recall(stack, **asked)
+    assert [h["value"] for h in answer["hits"]] == ["c2"], answer["hits"]
+    late = []
+    for n in range(pool + 1):  # between c1 and c2, observed an hour before the others
+        fact = _fact(subject, "deploy.cluster", f"l{n}", f"r8-{mode}-late-{n}", entities=[subject], aliases=[])
+        fact["content"] = "cobalt cluster cobalt cluster cobalt cluster"
+        fact["valid_from"] = rfc3339(began + timedelta(days=1, minutes=n + 1))
+        fact["observed_at"] = rfc3339(datetime.now(UTC) - timedelta(days=1, hours=1))
+        late.append(fact)
+    stack.publish(late)
+    stack.settle()
+    replayed = _replay(stack, answer["receipt"], asked).json()
+    assert replayed["same"] is True, (replayed["replayed"]["hits"], replayed["parts"])
+    assert [h["value"] for h in replayed["replayed"]["hits"]] == ["c2"]
+
+
 def test_replay_of_a_recall_whose_ties_were_ordered_by_access_gives_its_answer(stack: Any) -> None:
     """The class: how often a fact was served is not in the ledger, so a replay (as known then) ordered the hits the
     other signals left equal by version id where the recall had ordered them by access, and such a recall never

@@ -119,6 +119,8 @@ def build_doc(
         STEM_FIELD: stem_text(row["content"]),  # English stems: the server has no stemmer (mapping)
         "valid_from": _iso(row["valid_from"]),
         "observed_at": _iso(row["observed_at"]),
+        "partition": row["partition"],  # where it was logged: a replay reads only what was below its positions
+        "offset": row["offset"],
         "confidence": row["confidence"],
         "importance": row["importance"],
         **status_fields(row),

@@ -25,8 +25,11 @@ from projections.models import model_spec
 __all__ = ["ensure_index", "index_body", "new_physical_name", "physical_indices", "create_physical"]
 
 STEM_MAPPING = {"type": "text", "analyzer": "whitespace"}  # built in: the stems are computed before indexing
-# a superseded version's successor: its valid_from, when it was observed, where it was logged (documents.status_fields)
-SUCCESSOR_FIELDS = {
+# where a version was logged, and a superseded version's successor: its valid_from, when it was observed and where it
+# was logged (documents.build_doc, status_fields)
+LOGGED_FIELDS = {
+    "partition": {"type": "integer"},
+    "offset": {"type": "long"},
     "superseded_at": {"type": "date"},
     "successor_observed_at": {"type": "date"},
     "successor_partition": {"type": "integer"},
@@ -37,7 +40,7 @@ ADDED_FIELDS = {
     "content_stem": STEM_MAPPING,
     # the near-duplicate group an episode belongs to (projections.search.duplicates): its first episode
     "episode_group": {"type": "keyword"},
-    **SUCCESSOR_FIELDS,
+    **LOGGED_FIELDS,
 }
 
 ANALYSIS = {
@@ -97,7 +100,7 @@ def index_body(
                 "episode_group": keyword,  # a near-duplicate episode's group (its first episode's id)
                 "valid_from": {"type": "date"},
                 "valid_to": {"type": "date"},  # effective end: min(valid_to, superseded_at)
-                **SUCCESSOR_FIELDS,
+                **LOGGED_FIELDS,
                 "observed_at": {"type": "date"},
                 "version": {"type": "integer"},
                 "confidence": {"type": "float"},

@@ -8,7 +8,7 @@ Another backend (OpenSearch, pgvector, an in-memory index for tests) implements 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -93,31 +93,42 @@ def _ms(t: datetime) -> str:
     return t.replace(microsecond=t.microsecond // 1000 * 1000).isoformat()
 
 
+def _logged_below(below: Mapping[int, int], partition: str, offset: str) -> dict[str, Any]:
+    """The documents whose `partition` and `offset` fields place a record below the positions `below` (a partition
+    they do not name: none of it, as queries.below_sql)."""
+    if not below:
+        return {"match_none": {}}
+    places = [
+        {"bool": {"filter": [{"term": {partition: p}}, {"range": {offset: {"lt": o}}}]}} for p, o in below.items()
+    ]
+    return {"bool": {"should": places, "minimum_should_match": 1}}
+
+
 def _in_force(scope: Scope) -> list[dict[str, Any]]:
     """The versions a scope may find: those that hold at `at`, or, as known at `known_at`, those logged by then
-    that began by `at` (their end as the index holds it may come from a retraction or successor logged later, so
-    verification decides, as known then: recall.verify), but for the versions whose successor, begun by `at`, was
-    also known then (observed by `known_at` and logged below `below`, if given): as known then, the successor, or
-    one after it, is what verification keeps of their fact, so they could only crowd a stage's candidates. Each
-    comparison is strict at the millisecond the index keeps, so a successor in the millisecond of `at` or
-    `known_at` leaves its version a candidate."""
+    (and below `below`, if given) that began by `at` (their end as the index holds it may come from a retraction or
+    successor logged later, so verification decides, as known then: recall.verify), but for the versions whose
+    successor, begun by `at`, was also known then (observed by `known_at`, and logged below `below`): as known then,
+    the successor, or one after it, is what verification keeps of their fact, so they could only crowd a stage's
+    candidates. Each comparison with a successor is strict at the millisecond the index keeps, so a successor in
+    the millisecond of `at` or `known_at` leaves its version a candidate. A document written before the index held
+    these places lacks them and stays a candidate (`ledger reindex` writes them)."""
     if scope.known_at is None:
         return holds_at_filter(scope.at)
     replaced: list[dict[str, Any]] = [
         {"range": {"superseded_at": {"lt": _ms(scope.at)}}},
         {"range": {"successor_observed_at": {"lt": _ms(scope.known_at)}}},
     ]
-    if scope.below is not None:
-        logged = [
-            {"bool": {"filter": [{"term": {"successor_partition": p}}, {"range": {"successor_offset": {"lt": o}}}]}}
-            for p, o in sorted(scope.below.items())
-        ]
-        replaced.append({"bool": {"should": logged, "minimum_should_match": 1}})
-    return [
+    known: list[dict[str, Any]] = [
         {"range": {"valid_from": {"lte": scope.at.isoformat()}}},
         {"range": {"observed_at": {"lte": scope.known_at.isoformat()}}},
-        {"bool": {"must_not": {"bool": {"filter": replaced}}}},
     ]
+    if scope.below is not None:
+        replaced.append(_logged_below(scope.below, "successor_partition", "successor_offset"))
+        unplaced = {"bool": {"must_not": {"exists": {"field": "offset"}}}}
+        logged = [_logged_below(scope.below, "partition", "offset"), unplaced]
+        known.append({"bool": {"should": logged, "minimum_should_match": 1}})
+    return [*known, {"bool": {"must_not": {"bool": {"filter": replaced}}}}]
 
 
 def _terms_any(fields: dict[str, Sequence[str]]) -> dict[str, Any]:
