@@ -259,6 +259,9 @@ _VERSION_FIELDS = ("version_id", "event_id", "version", "value", "content", "kin
 _VERSION_FIELDS += ("observed_at", "source")
 
 
+LOGGED = datetime.max.replace(tzinfo=UTC)  # known at: whenever observed, so the positions alone decide (a replay)
+
+
 async def _as_known(
     res: Resources,
     tenant: str,
@@ -292,7 +295,8 @@ async def _as_known(
             "match": {**h["match"], "verified": verified},
         }
         hits.append(h)
-    trace = {**answer["trace"], "known_at": rfc3339(known_at), "known_at_left_out": len(answer["hits"]) - len(hits)}
+    when = None if known_at == LOGGED else rfc3339(known_at)  # None: whatever was logged below the positions
+    trace = {**answer["trace"], "known_at": when, "known_at_left_out": len(answer["hits"]) - len(hits)}
     return {**answer, "hits": hits, "trace": trace}
 
 

@@ -356,7 +356,6 @@ def basis(settings: Settings) -> rows.Basis:
 
 
 _T = TypeVar("_T")
-LOGGED = datetime.max.replace(tzinfo=UTC)  # known at: whenever observed, so what the positions hold decides
 _INLINE_BYTES = 64 * 1024  # an answer up to this size is digested on the event loop (a thread hop costs more)
 _INLINE_CITED = 100  # cited events cited or checked on the event loop (~15 µs each); more in a worker thread
 
@@ -686,7 +685,7 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
         differ = _differ(receipt.get("ranking"), ranking(settings))
         # a read as known now knew every version logged below its positions, one observed a little ahead of the
         # clock too (the contract allows a skew): its replay knows them all, whenever observed
-        known = known_at if params.known_at is not None else LOGGED
+        known = known_at if params.known_at is not None else reads.LOGGED
         ask = params.model_copy(update={"as_of": as_of, "known_at": known, "after": None})
         served = receipt.get("served") or {}  # how often facts were served then, which the ledger does not hold
         again = await reads.recall(res, tenants, ask, receipt=False, record=False, below=below, served=served)

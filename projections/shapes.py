@@ -642,7 +642,12 @@ class RecallTrace(TypedDict):
     ]
     total_ms: Annotated[float, doc("the whole recall, in ms")]
     as_of: Annotated[Timestamp, doc("the valid time the hits hold at (the request's as_of, or now)")]
-    known_at: NotRequired[Annotated[Timestamp | None, doc("given known_at: the hits as the ledger knew them then")]]
+    known_at: NotRequired[
+        Annotated[
+            Timestamp | None,
+            doc("given known_at: the hits as the ledger knew them then (null: a replay's, from its positions alone)"),
+        ]
+    ]
     known_at_left_out: NotRequired[Annotated[int | None, doc("hits left out: their fact was not known at known_at")]]
     candidates: NotRequired[
         Annotated[

@@ -584,6 +584,60 @@ def test_replay_of_a_recall_is_the_same_after_more_backdated_versions_than_the_p
     assert [h["value"] for h in replayed["replayed"]["hits"]] == ["c2"]
 
 
+@pytest.mark.parametrize("by", ["target", "time"])
+def test_replay_of_a_recall_after_a_retraction_asks_the_next_stage_as_its_read_did(stack: Any, by: str) -> None:
+    """A fact retracted before the read: the read's exact stage found nothing holding and the fuzzy stages answered
+    with another fact. As known then, the exact stage also proposes the retracted version: it must not answer
+    with it (to be dropped later, leaving nothing), but find nothing and ask the next stage, as the read did; and a
+    recall as known now, asked with known_at, answers as the read without it."""
+    subject = f"project:R9{by}"
+    url = _fact(subject, "api.url", "u1", f"r9-{by}-url", entities=[subject], aliases=[])
+    name = _fact(subject, "api.key", "k1", f"r9-{by}-key", entities=[subject], aliases=[])
+    url["content"], name["content"] = "api url is u1", "api key name is k1"
+    url["valid_from"] = name["valid_from"] = "2025-01-01T00:00:00Z"
+    stack.publish([url, name])
+    stack.settle()
+    retraction = {k: url[k] for k in ("tenant", "subject", "key")} | {"type": "memory.retracted"}
+    retraction["event_id"] = f"r9-{by}-no"
+    if by == "target":
+        retraction["target_version"] = _recall(stack, subject=subject, query="api url")["hits"][0]["version_id"]
+    stack.publish([retraction])
+    stack.settle()
+    asked = {"subject": subject, "query": "what is the api url?"}
+    answer = _recall(stack, **asked)
+    assert [h["value"] for h in answer["hits"]] == ["k1"], answer["hits"]
+    replayed = _replay(stack, answer["receipt"], asked).json()
+    assert replayed["same"] is True, (replayed["replayed"]["hits"], replayed["parts"])
+    assert [h["value"] for h in replayed["replayed"]["hits"]] == ["k1"]
+    assert replayed["replayed"]["trace"]["known_at"] is None  # a replay knows what its positions hold
+    known = _recall(stack, **asked, known_at=rfc3339(datetime.now(UTC)))
+    assert [h["value"] for h in known["hits"]] == ["k1"], known["hits"]
+
+
+@pytest.mark.parametrize("mode", ["keyword", "semantic"])
+def test_replay_of_a_recall_is_the_same_beside_more_ended_facts_than_the_pool(stack: Any, mode: str) -> None:
+    """More facts than a stage's candidate pool, each ended by its own asserted valid_to before the recall's time
+    and matching the question better than the fact in force: the read never saw them, nor may its replay."""
+    subject = f"project:R10{mode}"
+    pool = stack.settings.recall_pool
+    ended = []
+    for n in range(pool + 10):
+        fact = _fact(subject, f"old.codename.{n}", f"a{n}", f"r10-{mode}-{n}", entities=[subject], aliases=[])
+        fact |= {"content": f"launch codename alpha alpha alpha launch codename {n}"}
+        fact |= {"valid_from": "2025-01-01T00:00:00Z", "valid_to": "2025-06-01T00:00:00Z"}
+        ended.append(fact)
+    live = _fact(subject, "codename", "zeta", f"r10-{mode}-live", entities=[subject], aliases=[])
+    live |= {"content": "the current launch codename is zeta", "valid_from": "2025-07-01T00:00:00Z"}
+    stack.publish([*ended, live])
+    stack.settle()
+    asked = {"subject": subject, "query": "launch codename alpha", "mode": mode}
+    answer = _recall(stack, **asked)
+    assert [h["value"] for h in answer["hits"]] == ["zeta"], answer["hits"]
+    replayed = _replay(stack, answer["receipt"], asked).json()
+    assert replayed["same"] is True, (replayed["replayed"]["hits"], replayed["parts"])
+    assert [h["value"] for h in replayed["replayed"]["hits"]] == ["zeta"]
+
+
 def test_replay_of_a_recall_whose_ties_were_ordered_by_access_gives_its_answer(stack: Any) -> None:
     """The class: how often a fact was served is not in the ledger, so a replay (as known then) ordered the hits the
     other signals left equal by version id where the recall had ordered them by access, and such a recall never

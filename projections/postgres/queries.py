@@ -61,6 +61,7 @@ __all__ = [
     "invariant_counts",
     "look_alike_subjects",
     "one_snapshot",
+    "picked_holds_sql",
     "projection_checksum",
     "shaped",
     "subject_events",
@@ -112,6 +113,25 @@ def episode_holds_sql(t: str = "t", known: str | None = None, below: str | None 
         "WHERE r.memory_id = f.memory_id AND r.type = 'memory.retracted' AND r.target_version = f.version_id "
         f"AND r.observed_at <= %({known})s{retraction_logged} AND r.valid_from >= f.valid_from "
         f"AND r.valid_from <= %({t})s AND (f.asserted_valid_to IS NULL OR r.valid_from < f.asserted_valid_to))"
+    )
+
+
+def picked_holds_sql(t: str = "t", known: str = "known_at", below: str | None = None) -> str:
+    """The version `f` that a fact's chain shows at %(<t>)s as known at %(<known>)s (the latest begun by then, an
+    override in force first) holds there, as the fold has it: episode_holds_sql (its asserted window, a retraction
+    of it by id), and no retraction by time (no target: the version visible then) observed by then inside its
+    window, unless the fact had an override then, which such a retraction may have ended instead (the fold decides
+    that one: kept here). `below`: only what was logged below those positions."""
+    logged = f" AND {below_sql('r', below)}" if below else ""
+    override_logged = f" AND {below_sql('o', below)}" if below else ""
+    override = OVERRIDE.replace("f.", "o.")
+    return (
+        episode_holds_sql(t, known, below)
+        + " AND NOT EXISTS (SELECT 1 FROM events r WHERE r.memory_id = f.memory_id AND r.type = 'memory.retracted' "
+        f"AND r.target_version IS NULL AND r.observed_at <= %({known})s{logged} AND r.valid_from >= f.valid_from "
+        f"AND r.valid_from <= %({t})s AND (f.asserted_valid_to IS NULL OR r.valid_from < f.asserted_valid_to) "
+        f"AND NOT EXISTS (SELECT 1 FROM fact_versions o WHERE o.memory_id = f.memory_id AND {override} "
+        f"AND o.observed_at <= %({known})s{override_logged}))"
     )
 
 

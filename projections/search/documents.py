@@ -119,6 +119,8 @@ def build_doc(
         STEM_FIELD: stem_text(row["content"]),  # English stems: the server has no stemmer (mapping)
         "valid_from": _iso(row["valid_from"]),
         "observed_at": _iso(row["observed_at"]),
+        # its end as its own event asserted it (a recall as known then leaves out a version already ended by it)
+        "asserted_valid_to": _iso(row["asserted_valid_to"]),
         "partition": row["partition"],  # where it was logged: a replay reads only what was below its positions
         "offset": row["offset"],
         "confidence": row["confidence"],

@@ -25,9 +25,10 @@ from projections.models import model_spec
 __all__ = ["ensure_index", "index_body", "new_physical_name", "physical_indices", "create_physical"]
 
 STEM_MAPPING = {"type": "text", "analyzer": "whitespace"}  # built in: the stems are computed before indexing
-# where a version was logged, and a superseded version's successor: its valid_from, when it was observed and where it
-# was logged (documents.build_doc, status_fields)
+# a version's asserted end and where it was logged, and a superseded version's successor: its valid_from, when it was
+# observed and where it was logged (documents.build_doc, status_fields): what a recall as known then filters on
 LOGGED_FIELDS = {
+    "asserted_valid_to": {"type": "date"},  # the end the version's own event asserted
     "partition": {"type": "integer"},
     "offset": {"type": "long"},
     "superseded_at": {"type": "date"},

@@ -108,10 +108,11 @@ def _in_force(scope: Scope) -> list[dict[str, Any]]:
     """The versions a scope may find: those that hold at `at`, or, as known at `known_at`, those logged by then
     (and below `below`, if given) that began by `at` (their end as the index holds it may come from a retraction or
     successor logged later, so verification decides, as known then: recall.verify), but for the versions whose
-    successor, begun by `at`, was also known then (observed by `known_at`, and logged below `below`): as known then,
-    the successor, or one after it, is what verification keeps of their fact, so they could only crowd a stage's
-    candidates. Each comparison with a successor is strict at the millisecond the index keeps, so a successor in
-    the millisecond of `at` or `known_at` leaves its version a candidate. A document written before the index held
+    successor, begun by `at`, was also known then (observed by `known_at`, and logged below `below`), and those
+    whose own event asserted an end before `at`: as known then, verification keeps the successor (or one after it)
+    of the first, and nothing of the second, so they could only crowd a stage's candidates. Each comparison with an
+    end or a successor is strict at the millisecond the index keeps, so one in the millisecond of `at` or `known_at`
+    leaves its version a candidate. A document written before the index held
     these places lacks them and stays a candidate (`ledger reindex` writes them)."""
     if scope.known_at is None:
         return holds_at_filter(scope.at)
@@ -122,6 +123,7 @@ def _in_force(scope: Scope) -> list[dict[str, Any]]:
     known: list[dict[str, Any]] = [
         {"range": {"valid_from": {"lte": scope.at.isoformat()}}},
         {"range": {"observed_at": {"lte": scope.known_at.isoformat()}}},
+        {"bool": {"must_not": {"range": {"asserted_valid_to": {"lt": _ms(scope.at)}}}}},  # ended by its own event
     ]
     if scope.below is not None:
         replaced.append(_logged_below(scope.below, "successor_partition", "successor_offset"))

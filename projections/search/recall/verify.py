@@ -4,9 +4,9 @@ What the index says is only ever a candidate: a lagging index can delay a new va
 A candidate whose fact has a newer version that holds at `at` is answered by that version
 (`match.verified.replaced_by`); one whose fact does not hold at `at` (retracted, erased, out of its window), or
 fails the caller's filters, is dropped. As known at `known_at`, the index also proposes versions ended since, so
-a fact is found only through the version the ledger knew then: a version it had already replaced by then matching
-the question never answers with its successor's text (recall as known now is recall without `known_at`); the
-caller re-folds each hit as known then (api.reads).
+a fact is found only through the version the ledger knew then, and only if it held then as known then: a version
+it had already replaced by then matching the question never answers with its successor's text (recall as known
+now is recall without `known_at`); the caller re-folds each hit as known then (api.reads).
 """
 
 from __future__ import annotations
@@ -18,7 +18,14 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from projections.postgres.queries import OVERRIDE, below_json, below_sql, episode_holds_sql, visible_sql
+from projections.postgres.queries import (
+    OVERRIDE,
+    below_json,
+    below_sql,
+    episode_holds_sql,
+    picked_holds_sql,
+    visible_sql,
+)
 from projections.postgres.receipts import BASIS_COLUMNS, CITED_COLUMNS, Basis
 from projections.search.documents import ROW_COLUMNS
 from projections.search.recall.model import Match, RecallQuery
@@ -56,8 +63,9 @@ _VERIFY_SQL = {(s, b): _verify_sql(s, b) for s in (False, True) for b in (False,
 def _known_sql(with_subject: bool, basis: bool = False, below: bool = False) -> str:
     """As known at %(known_at)s: of each candidate's fact, the version the ledger knew then at %(at)s (the fold's
     pick: an override in force, else the latest version logged by then that began by %(at)s), whatever ended it
-    since. Only a candidate of that version speaks for the fact (verify); the caller re-folds the fact as known then
-    (api.reads, queries.current_facts with known_at), which shows the version that held then or drops the hit. An
+    since, if it held then as the ledger knew it (queries.picked_holds_sql). Only a candidate of that version speaks
+    for the fact (verify); the caller re-folds the fact as known then (api.reads, queries.current_facts with
+    known_at), which shows the version that held then or drops the hit. An
     episode or an override (one version that supersedes nothing) is kept only if it held then
     (queries.episode_holds_sql), so that an ended override does not stand for the long-term value, and the
     near-duplicate groups and context turns built on the hits are built on what held. No access aggregate: it
@@ -72,7 +80,7 @@ def _known_sql(with_subject: bool, basis: bool = False, below: bool = False) -> 
         + (" AND f.subject = %(subject)s" if with_subject else "")
         + (f" AND {below_sql('f')}" if below else "")
     )
-    return (
+    picked = (
         sql.SQL(
             "SELECT DISTINCT ON (f.memory_id) {cols}, NULL::bigint AS accesses, NULL::timestamptz AS last_accessed_at "
             "FROM fact_versions f WHERE " + where + " ORDER BY f.memory_id, " + OVERRIDE + " DESC, f.valid_from DESC, "
@@ -81,6 +89,11 @@ def _known_sql(with_subject: bool, basis: bool = False, below: bool = False) -> 
         .format(cols=_columns(basis))
         .as_string()
     )
+    # a pick that no longer held then (ended in its own window, or retracted) shows its fact as nothing: dropped
+    # here, not left to the caller's re-fold, so a stage that found only such facts found nothing (as a read
+    # then did) and the next stage is asked
+    holds = picked_holds_sql("at", "known_at", "below" if below else None)
+    return f"SELECT f.* FROM ({picked}) f WHERE {holds} ORDER BY f.memory_id"
 
 
 def _known_basis_sql(with_subject: bool, below: bool) -> str:
