@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from api.schemas import ErrorBody, ErrorItem  # the models of the shapes (projections.shapes), as all bodies'
 from producers.contract import MAX_ERROR_FIELD_CHARS, MAX_ERROR_MESSAGE_CHARS, bounded, error_code
@@ -337,11 +338,26 @@ def _unreadable(cause: BaseException) -> str:
     return f"the body is not readable JSON ({type(cause).__name__})"
 
 
-async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+def _without_final_slash(request: Request) -> str | None:
+    """The request's path without its final '/', if a route takes that path and method: Starlette does not redirect
+    when another route's path parameter swallows the slash (a 405), and a 404 naming the path says why."""
+    path = request.url.path
+    if len(path) < 2 or not path.endswith("/"):
+        return None
+    bare = path.rstrip("/")
+    scope = {**request.scope, "path": bare}
+    routes = getattr(request.app, "routes", [])
+    return bare if any(route.matches(scope)[0] == Match.FULL for route in routes) else None
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """Starlette's 404/405 and any HTTPException still raised somewhere, in the one shape."""
     if exc.status_code == 400 and exc.__cause__ is not None and exc.detail == _FASTAPI_BODY_ERROR:
         # FastAPI could not read the body at all (not UTF-8, nested past the JSON parser's recursion limit)
         return _json(422, {"code": "bad_json", "field": "body", "message": _unreadable(exc.__cause__)})
+    if exc.status_code in (404, 405) and (bare := _without_final_slash(request)) is not None:
+        message = f"no route ends with '/': ask {request.method} {bare}"
+        return _json(404, {"code": "not_found", "field": None, "message": message})
     headers = getattr(exc, "headers", None)
     return _json(exc.status_code, *_http_items(exc.status_code, exc.detail), headers=headers)
 

@@ -146,6 +146,10 @@ def test_class13_every_error_status_has_the_one_documented_shape(client: TestCli
     assert "not UTF-8 text (byte 0" in assert_error(cases[13][0], 422)["message"]  # where, not an exception's name
     assert "nested deeper" in assert_error(cases[14][0], 422)["message"]
     assert cases[0][0].headers.get("www-authenticate") == "Bearer"
+    # a final '/' that another route's path parameter swallows (a 405 from Starlette) says which path to ask
+    slashed = client.get("/v1/subjects/s/facts/", params={"tenant": A}, headers=HA)
+    assert "ask GET /v1/subjects/s/facts" in assert_error(slashed, 404, "not_found", None)["message"]
+    assert "ask" not in assert_error(client.get("/v1/no/such/route/"), 404, "not_found", None)["message"]
 
     # the spec documents it: every operation lists ErrorBody (or its events extension) for its error statuses
     spec = client.get("/openapi.json").json()
