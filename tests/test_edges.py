@@ -158,6 +158,8 @@ def test_context_answers_as_accept_prefers_unless_the_body_says_format(client: T
         ({"Accept": "application/json"}, body, "application/json"),
         ({"Accept": "text/plain;q=0.5, application/json"}, body, "application/json"),
         ({"Accept": "application/json;q=0.2, text/*"}, body, "text/plain"),
+        ({"Accept": "application/json;q=abc, text/plain;q=0"}, body, "application/json"),  # a bad q: as if absent
+        ({"Accept": "application/json;q=nan, text/plain;q=0.5"}, body, "application/json"),
         ({"Accept": "application/json"}, {**body, "format": "text"}, "text/plain"),  # the body wins
         ({"Accept": "text/plain"}, {**body, "format": "json"}, "application/json"),
     ]

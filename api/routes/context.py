@@ -53,7 +53,9 @@ async def context(body: ContextBody, res: ResourcesDep, tenants: TenantsDep, req
 
 
 def _prefers_json(accept: str) -> bool:
-    """Whether an Accept header ranks application/json above text/plain (q values; a wildcard ranks both)."""
+    """Whether an Accept header ranks application/json above text/plain (q values; a wildcard ranks both). A q
+    value that is not a number from 0 to 1 counts as absent (1): the client named the type, and a type it ruled
+    out with q=0 is not chosen over it."""
     weights: dict[str, float] = {}
     for part in accept.split(","):
         media, *params = (p.strip() for p in part.split(";"))
@@ -64,7 +66,9 @@ def _prefers_json(accept: str) -> bool:
                 try:
                     q = float(value)
                 except ValueError:
-                    q = 0.0
+                    q = 1.0
+                if not 0.0 <= q <= 1.0:  # NaN too
+                    q = 1.0
         weights[media.lower()] = max(q, weights.get(media.lower(), 0.0))
 
     def weight(media: str) -> float:
