@@ -363,7 +363,8 @@ class LedgerProducer:
 
         Raises InvalidEvent (nothing sent) if any event is invalid, unless `report_invalid`: then
         each invalid event comes back as its InvalidEvent and the others are sent. Broker failures
-        come back as PublishError values in the list, not raised.
+        come back as PublishError values in the list, not raised. The same event twice is sent once,
+        and both are answered alike (its one position), as the HTTP door answers them.
         """
         prepared: list[_Ready | InvalidEvent] = []
         for e in events:
@@ -373,7 +374,22 @@ class LedgerProducer:
                 if not report_invalid:
                     raise
                 prepared.append(exc)
-        self._claim_ids(prepared, report_invalid)
+        self._claim_ids(prepared, report_invalid)  # the same id with other content is an InvalidEvent by now
+        first: dict[tuple[str, str], int] = {}
+        repeats: dict[int, int] = {}  # index -> the index of the same event earlier in the batch
+        for i, item in enumerate(prepared):
+            if not isinstance(item, InvalidEvent):
+                repeats[i] = first.setdefault((item[1], item[0]), i)
+        unique = [i for i in range(len(prepared)) if repeats.get(i, i) == i]
+        if len(unique) == len(prepared):
+            return self._send_prepared(prepared, report_invalid)
+        sent = dict(zip(unique, self._send_prepared([prepared[i] for i in unique], report_invalid), strict=True))
+        return [sent[repeats.get(i, i)] for i in range(len(prepared))]
+
+    def _send_prepared(
+        self, prepared: list[_Ready | InvalidEvent], report_invalid: bool
+    ) -> list[PublishResult | PublishError | InvalidEvent]:
+        """send_many's sending: seal (with encryption), hand to the producer, wait; one outcome per item."""
         refused: dict[int, PublishError] = {}
         # With encryption, a subject's events are sealed and handed to the producer (which keeps that order in the
         # partition) under the subject's lock, as an erasure's retirement and hand-over are: an event sealed with

@@ -200,6 +200,19 @@ def test_a_batch_does_each_events_work_once_and_reports_each_event(
     assert on_topic == dict.fromkeys(valid_ids, 1)
 
 
+def test_the_same_event_twice_in_a_batch_is_sent_once_and_both_are_answered_its_position(ledger: Settings) -> None:
+    """An event given twice in one batch (a dict and its copy, or a dict and its MemoryEvent) is one record on the
+    ledger, and both answers name that record: a second copy's own offset would be a place no read attributes to
+    the event."""
+    one = {**_event("p", 1, SUBJECTS[0]), "event_id": "twice-1"}
+    two = {**_event("p", 2, SUBJECTS[1]), "event_id": "twice-2"}
+    with LedgerProducer(ledger) as producer:
+        results = producer.publish_many([one, dict(one), two, MemoryEvent.model_validate(one)])
+    assert results[0] == results[1] == results[3] and results[2] != results[0], results
+    on_topic = Counter(decode(r.value).event_id for r in read_topic(ledger))
+    assert on_topic == {one["event_id"]: 1, two["event_id"]: 1}, on_topic
+
+
 def test_the_sdk_puts_a_subject_where_any_kafka_client_would(ledger: Settings) -> None:
     """The SDK remembers each key's hash; the partition is still the default partitioner's (murmur2), so a subject
     written by the SDK and by another client (the API, a raw producer) stays in one partition."""
