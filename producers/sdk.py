@@ -12,6 +12,9 @@ Usage::
         )
         print(r.event_id, r.partition, r.offset, r.token)  # token: pass as `after` to a read to see this write
 
+Outside development, settings refuse the development defaults in every process: a machine that only publishes sets
+LEDGER_API_KEYS='{}' and LEDGER_PG_DSN (the key store's, with encryption on; otherwise unused).
+
 Guarantees: acks=all, an idempotent producer, Kafka key `tenant|subject` (a subject's events stay in order). The
 event_id is the idempotency key: to retry a publish of unknown outcome, publish the same event again, with the same
 event_id (an event given without one gets a new random id at each publish, so its retry would be a second event:
