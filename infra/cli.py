@@ -7,11 +7,13 @@ LEDGER_DEVELOPMENT, a variable that does not parse) end any of them the same way
 variable (`producers.settings.settings_problem`) and exit code 2, never a traceback.
 A store a command cannot reach (Kafka, PostgreSQL, Elasticsearch, or the API for `demo`) ends it the same way:
 one line naming the store, its configured address and the setting to change (`store_problem`), exit code 3.
-The servers (serve, mcp, worker, indexer, embedder) wait for an absent store by design instead.
+The servers (serve, mcp, worker, indexer, embedder) wait for an absent store by design instead. An error of the
+system (output that cannot be written: a full disk) is one line with its reason, exit code 1.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from typing import Any
@@ -144,10 +146,24 @@ class _Ledger(typer.Typer):
                 print(f"ledger: the settings do not load: {problem}", file=sys.stderr)
                 raise SystemExit(2) from None
             problem = store_problem(exc)
+            if problem is None and isinstance(exc, OSError) and exc.errno is not None:
+                _quiet_stdout()  # its output could not be written (a full disk, a closed pipe): said once, on stderr
+                where = f": {exc.filename}" if exc.filename else ""
+                print(f"ledger: {exc.strerror or exc}{where}", file=sys.stderr)
+                raise SystemExit(1) from None
             if problem is None:
                 raise
             print(f"ledger: {problem}", file=sys.stderr)
             raise SystemExit(STORE_UNREACHABLE) from None
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of what could not be written raises nothing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no stdout to point anywhere: nothing to flush either
+        pass
 
 
 app = _Ledger(add_completion=False, no_args_is_help=True, help="memory-ledger command line")

@@ -460,6 +460,20 @@ def test_cli_reads_stdin_and_exits_zero_when_all_are_accepted(ledger: Settings) 
     assert [decode(r.value).event_id for r in sorted(records, key=lambda r: r.offset)] == [e.event_id for e in events]
 
 
+def test_cli_whose_report_cannot_be_written_says_so_in_one_line(ledger: Settings) -> None:
+    """Standard output on a full device: the events are published, and the report that cannot be written is one
+    line on stderr and exit code 1, not a traceback (nor the interpreter's own complaint at its last flush)."""
+    data = orjson.dumps(from_dict(_event("full", 1, "user:9")).to_wire()) + b"\n"
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run(
+            [LEDGER_BIN, "publish", "-", "--topic", ledger.topic, "--quiet"],
+            input=data, stdout=full, stderr=subprocess.PIPE, timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.decode().strip().splitlines() == ["ledger: No space left on device"], proc.stderr
+    assert len(read_topic(ledger)) == 1
+
+
 def test_cli_reads_any_readable_path_and_names_what_it_cannot(ledger: Settings, tmp_path: Path) -> None:
     """A pipe (`<(...)`) and a device read as a file does; a directory or a path that cannot be opened is one line
     saying which (not "no such file" for a path that exists), exit 2."""
