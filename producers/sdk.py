@@ -113,7 +113,9 @@ class PublishError(Exception):
         self, event_id: str | None, reason: str, code: str = "refused", *, store: str = "kafka", sent: bool = True
     ) -> None:
         self.event_id, self.reason, self.code, self.store = event_id, reason, code, store
-        self.sent = sent  # False: the record never left this process (its id is free for other content again)
+        # False: the record never left this process (its id is free for other content again, unless a record of it
+        # left before)
+        self.sent = sent
         self.outcomes: list[PublishResult | PublishError] | None = None  # set by publish_many
         super().__init__(f"event {event_id} not published ({code}): {reason}")
 
@@ -246,6 +248,7 @@ class LedgerProducer:
         self._closed = False
         self._remember = max(0, remember_ids)
         self._sent: OrderedDict[tuple[str, str], str] = OrderedDict()  # (tenant, event_id) -> fingerprint
+        self._left: set[tuple[str, str]] = set()  # of those, the ids a record of which left this process
         self._ids_lock = threading.Lock()
         self._subject_locks = _SubjectLocks()
         # with encryption on, every event but an erasure is sealed with its subject's data key; the key
@@ -355,8 +358,12 @@ class LedgerProducer:
             for key, fingerprint in batch.items():
                 self._sent[key] = fingerprint
                 self._sent.move_to_end(key)
-            while len(self._sent) > self._remember:
-                self._sent.popitem(last=False)
+            self._forget_oldest()
+
+    def _forget_oldest(self) -> None:
+        """Keep the last `remember_ids` ids (under the ids lock)."""
+        while len(self._sent) > self._remember:
+            self._left.discard(self._sent.popitem(last=False)[0])
 
     # -- publishing ------------------------------------------------------------------------
     def send_many(
@@ -411,21 +418,30 @@ class LedgerProducer:
             item if isinstance(item, InvalidEvent) else refused[i] if i in refused else next(sent)
             for i, item in enumerate(prepared)
         ]
-        self._release_ids([item for item, out in zip(prepared, outcomes, strict=True)
-                           if isinstance(out, PublishError) and not out.sent])  # fmt: skip
+        self._settle_ids(prepared, outcomes)
         return outcomes
 
-    def _release_ids(self, unsent: list[_Ready | InvalidEvent]) -> None:
-        """Forget the claims of events whose records never left this process: such an id names nothing yet, and a
-        retry with corrected content is no conflict."""
-        if not unsent:
+    def _settle_ids(
+        self, prepared: list[_Ready | InvalidEvent], outcomes: list[PublishResult | PublishError | InvalidEvent]
+    ) -> None:
+        """What each send did to its id. A record that left this process holds the id for good (remembered again,
+        should a copy that failed in another thread have released it meanwhile). A record that never left releases
+        the id, so that a retry with corrected content is no conflict, unless a record of that id left before."""
+        if not self._remember:
             return
         with self._ids_lock:
-            for item in unsent:
-                assert not isinstance(item, InvalidEvent)
+            for item, out in zip(prepared, outcomes, strict=True):
+                if isinstance(item, InvalidEvent) or isinstance(out, InvalidEvent):
+                    continue
                 event_id, tenant, _subject, _value, fingerprint, _event = item
-                if self._sent.get((tenant, event_id)) == fingerprint:
-                    del self._sent[(tenant, event_id)]
+                key = (tenant, event_id)
+                if isinstance(out, PublishError) and not out.sent:
+                    if key not in self._left and self._sent.get(key) == fingerprint:
+                        del self._sent[key]
+                else:
+                    self._left.add(key)
+                    self._sent.setdefault(key, fingerprint)
+            self._forget_oldest()
 
     def _seal(
         self,

@@ -374,6 +374,23 @@ def test_a_record_the_broker_refuses_fails_alone(settings: Settings) -> None:
         drop_topics(settings)
 
 
+def test_an_id_a_record_left_with_is_kept_when_a_later_copy_never_leaves(ledger: Settings) -> None:
+    """A copy of a sent event that fails before leaving the process (here: the producer closed) does not free the
+    id: the record sent first holds it, so other content under it is still refused here, not dead-lettered later."""
+    event = {**_event("p", 1, SUBJECTS[0]), "event_id": "held-1"}
+    producer = LedgerProducer(ledger)
+    first = producer.publish(event)
+    fingerprint = producer.known_fingerprint("acme", "held-1")
+    producer.close()
+    with pytest.raises(PublishError) as info:
+        producer.publish(event)
+    assert info.value.sent is False
+    assert producer.known_fingerprint("acme", "held-1") == fingerprint is not None
+    with pytest.raises(EventIdConflict):
+        producer.check({**event, "content": "other content"})
+    assert [(r.partition, r.offset) for r in read_topic(ledger)] == [(first.partition, first.offset)]
+
+
 def test_a_closed_producer_refuses_clearly(ledger: Settings) -> None:
     producer = LedgerProducer(ledger)
     producer.publish(_event("p", 1, "user:1"))
