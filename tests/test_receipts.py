@@ -584,7 +584,7 @@ def test_replay_of_a_recall_is_the_same_after_more_backdated_versions_than_the_p
     assert [h["value"] for h in replayed["replayed"]["hits"]] == ["c2"]
 
 
-@pytest.mark.parametrize("by", ["target", "time"])
+@pytest.mark.parametrize("by", ["target", "time", "time-override-later"])
 def test_replay_of_a_recall_after_a_retraction_asks_the_next_stage_as_its_read_did(stack: Any, by: str) -> None:
     """A fact retracted before the read: the read's exact stage found nothing holding and the fuzzy stages answered
     with another fact. As known then, the exact stage also proposes the retracted version: it must not answer
@@ -595,15 +595,20 @@ def test_replay_of_a_recall_after_a_retraction_asks_the_next_stage_as_its_read_d
     name = _fact(subject, "api.key", "k1", f"r9-{by}-key", entities=[subject], aliases=[])
     url["content"], name["content"] = "api url is u1", "api key name is k1"
     url["valid_from"] = name["valid_from"] = "2025-01-01T00:00:00Z"
-    stack.publish([url, name])
+    later = []
+    if by == "time-override-later":  # an override of the fact, but not in force when the retraction ended it
+        later = [_fact(subject, "api.url", "u9", f"r9-{by}-ovr", entities=[subject], aliases=[], kind="preference")]
+        later[0] |= {"valid_from": "2025-06-01T00:00:00Z", "valid_to": "2025-06-10T00:00:00Z", "content": "v9"}
+    stack.publish([url, name, *later])
     stack.settle()
     retraction = {k: url[k] for k in ("tenant", "subject", "key")} | {"type": "memory.retracted"}
     retraction["event_id"] = f"r9-{by}-no"
     if by == "target":
         retraction["target_version"] = _recall(stack, subject=subject, query="api url")["hits"][0]["version_id"]
+    retraction["valid_from"] = "2025-02-01T00:00:00Z"
     stack.publish([retraction])
     stack.settle()
-    asked = {"subject": subject, "query": "what is the api url?"}
+    asked = {"subject": subject, "query": "what is the api url?", "as_of": "2025-04-01T00:00:00Z"}
     answer = _recall(stack, **asked)
     assert [h["value"] for h in answer["hits"]] == ["k1"], answer["hits"]
     replayed = _replay(stack, answer["receipt"], asked).json()
@@ -612,6 +617,50 @@ def test_replay_of_a_recall_after_a_retraction_asks_the_next_stage_as_its_read_d
     assert replayed["replayed"]["trace"]["known_at"] is None  # a replay knows what its positions hold
     known = _recall(stack, **asked, known_at=rfc3339(datetime.now(UTC)))
     assert [h["value"] for h in known["hits"]] == ["k1"], known["hits"]
+
+
+def test_an_override_a_retraction_by_time_ended_does_not_stand_for_its_fact_as_known_then(stack: Any) -> None:
+    """A retraction by time ends the version visible then: an override in force then, not the long-term value. As
+    known then, the ended override must not be the fact's version, or the long-term value's hit is dropped."""
+    subject = "user:r12"
+    tea = _fact(subject, "pref.drink", "tea", "r12-tea", entities=[], aliases=[], kind="preference")
+    tea |= {"content": "drinks green tea", "valid_from": "2025-01-01T00:00:00Z"}
+    coffee = _fact(subject, "pref.drink", "coffee", "r12-coffee", entities=[], aliases=[], kind="preference")
+    coffee |= {"content": "drinks coffee", "valid_from": "2025-03-01T00:00:00Z", "valid_to": "2025-03-31T00:00:00Z"}
+    retraction = {"type": "memory.retracted", "tenant": TENANT, "event_id": "r12-no", "subject": subject}
+    retraction |= {"key": "pref.drink", "valid_from": "2025-03-10T00:00:00Z"}
+    stack.publish([tea, coffee, retraction])
+    stack.settle()
+    asked = {"subject": subject, "query": "green tea", "as_of": "2025-03-20T00:00:00Z"}
+    answer = _recall(stack, **asked)
+    assert [h["value"] for h in answer["hits"]] == ["tea"], answer["hits"]
+    known = _recall(stack, **asked, known_at=rfc3339(datetime.now(UTC)))
+    assert [h["value"] for h in known["hits"]] == ["tea"], known["hits"]
+    replayed = _replay(stack, answer["receipt"], asked).json()
+    assert replayed["same"] is True, (replayed["replayed"]["hits"], replayed["parts"])
+
+
+@pytest.mark.parametrize("mode", ["auto", "exact"])
+def test_replay_of_an_exact_recall_is_the_same_after_more_late_versions_than_its_ask(stack: Any, mode: str) -> None:
+    """The exact ask (from PostgreSQL: entity and key) reads a bounded number of versions, latest first: versions of
+    the fact valid since it began and logged after a receipt must not fill it in the receipt's replay."""
+    subject = f"project:R11{mode}"
+    first = _fact(subject, "api.url", "u1", f"r11-{mode}-1", entities=[subject], aliases=[])
+    first |= {"content": "api url is u1", "valid_from": "2025-01-01T00:00:00Z"}
+    stack.publish([first])
+    stack.settle()
+    asked = {"subject": subject, "query": f"what is the api.url of {subject}?", "mode": mode}
+    answer = _recall(stack, **asked)
+    assert [h["value"] for h in answer["hits"]] == ["u1"], answer["hits"]
+    late = []
+    for n in range(25):
+        fact = _fact(subject, "api.url", f"l{n}", f"r11-{mode}-late-{n}", entities=[subject], aliases=[])
+        late.append(fact | {"content": f"api url is l{n}", "valid_from": f"2025-02-{n + 1:02d}T00:00:00Z"})
+    stack.publish(late)
+    stack.settle()
+    replayed = _replay(stack, answer["receipt"], asked).json()
+    assert replayed["same"] is True, (replayed["replayed"]["hits"], replayed["parts"])
+    assert [h["value"] for h in replayed["replayed"]["hits"]] == ["u1"]
 
 
 @pytest.mark.parametrize("mode", ["keyword", "semantic"])

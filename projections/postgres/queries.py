@@ -61,7 +61,7 @@ __all__ = [
     "invariant_counts",
     "look_alike_subjects",
     "one_snapshot",
-    "picked_holds_sql",
+    "held_then_sql",
     "projection_checksum",
     "shaped",
     "subject_events",
@@ -116,22 +116,39 @@ def episode_holds_sql(t: str = "t", known: str | None = None, below: str | None 
     )
 
 
-def picked_holds_sql(t: str = "t", known: str = "known_at", below: str | None = None) -> str:
-    """The version `f` that a fact's chain shows at %(<t>)s as known at %(<known>)s (the latest begun by then, an
-    override in force first) holds there, as the fold has it: episode_holds_sql (its asserted window, a retraction
-    of it by id), and no retraction by time (no target: the version visible then) observed by then inside its
-    window, unless the fact had an override then, which such a retraction may have ended instead (the fold decides
-    that one: kept here). `below`: only what was logged below those positions."""
-    logged = f" AND {below_sql('r', below)}" if below else ""
-    override_logged = f" AND {below_sql('o', below)}" if below else ""
-    override = OVERRIDE.replace("f.", "o.")
+def _live_override_sql(at: str, known: str, below: str | None, later_than_f: bool) -> str:
+    """An override of `f`'s fact observed by %(<known>)s (and logged below %(<below>)s) inside whose asserted window
+    the time `at` (an SQL expression) lies; `later_than_f`: one after `f` in the fold's order. Its retractions are
+    not looked at: an override ended before `at` counts as live (the rule that uses this keeps a version then)."""
+    logged = f" AND {below_sql('o', below)}" if below else ""
+    later = " AND (o.valid_from, o.observed_at, o.version_id) > (f.valid_from, f.observed_at, f.version_id)"
     return (
-        episode_holds_sql(t, known, below)
-        + " AND NOT EXISTS (SELECT 1 FROM events r WHERE r.memory_id = f.memory_id AND r.type = 'memory.retracted' "
+        "SELECT 1 FROM fact_versions o WHERE o.memory_id = f.memory_id AND " + OVERRIDE.replace("f.", "o.")
+        + f" AND o.observed_at <= %({known})s{logged} AND o.valid_from <= {at} AND {at} < o.asserted_valid_to"
+        + (later if later_than_f else "")
+    )  # fmt: skip
+
+
+def held_then_sql(t: str = "t", known: str = "known_at", below: str | None = None) -> str:
+    """The version `f` held at %(<t>)s as the ledger knew it at %(<known>)s (`below`: from what was logged below
+    those positions), by the fold's rules (projections.versions) for a version that is the latest of its lane begun
+    by then: episode_holds_sql (its asserted window, a retraction of it by id), and no retraction by time (no
+    target: it ends the version visible then) observed by then inside its window that ended it: the override in
+    force then, latest first, else the long-term version. An override that such a retraction may have ended
+    instead counts whatever ended it before (the version is then kept, and the caller's re-fold decides).
+    tests/test_known_pick.py checks it against the fold."""
+    logged = f" AND {below_sql('r', below)}" if below else ""
+    by_time = (
+        "EXISTS (SELECT 1 FROM events r WHERE r.memory_id = f.memory_id AND r.type = 'memory.retracted' "
         f"AND r.target_version IS NULL AND r.observed_at <= %({known})s{logged} AND r.valid_from >= f.valid_from "
         f"AND r.valid_from <= %({t})s AND (f.asserted_valid_to IS NULL OR r.valid_from < f.asserted_valid_to) "
-        f"AND NOT EXISTS (SELECT 1 FROM fact_versions o WHERE o.memory_id = f.memory_id AND {override} "
-        f"AND o.observed_at <= %({known})s{override_logged}))"
+        "AND NOT EXISTS ({}))"
+    )
+    override_ended = by_time.format(_live_override_sql("r.valid_from", known, below, later_than_f=True))
+    long_term_ended = by_time.format(_live_override_sql("r.valid_from", known, below, later_than_f=False))
+    return (
+        f"{episode_holds_sql(t, known, below)} AND NOT CASE WHEN {OVERRIDE} THEN {override_ended} "
+        f"ELSE {long_term_ended} END"
     )
 
 

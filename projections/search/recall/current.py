@@ -16,7 +16,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from projections.postgres.queries import holds_at_sql
+from projections.postgres.queries import below_json, below_sql, holds_at_sql
 from projections.search.cues import about_entry, event_types_in, key_phrases, normalize_entity, subject_ids
 from projections.search.recall.model import Candidate, Scope
 from projections.search.vocab import NEWEST_SQL
@@ -30,7 +30,13 @@ _COLUMNS = (
     "f.version_id, f.memory_id, f.subject, f.entities, f.key, f.scope, f.kind, f.content, f.aliases, f.tags, "
     "f.source, f.valid_from, f.observed_at"
 )
-_KNOWN = "f.valid_from <= %(at)s AND f.observed_at <= %(known_at)s"  # recall.index._in_force, as known then
+# recall.index._in_force, as known then: begun by then, and not ended by then by its own valid_to or a successor
+# known then (`_SUCCESSOR_BELOW` too for a replay: logged below its positions)
+_KNOWN = (
+    "f.valid_from <= %(at)s AND f.observed_at <= %(known_at)s "
+    "AND (f.asserted_valid_to IS NULL OR %(at)s < f.asserted_valid_to) AND NOT EXISTS (SELECT 1 FROM fact_versions s "
+    "WHERE s.version_id = f.superseded_by AND s.valid_from <= %(at)s AND s.observed_at <= %(known_at)s{})"
+)
 _HOLDS = holds_at_sql("at").as_string()
 _FILTERS = {  # RecallFilters, as the index's terms filters on the document's fields
     "kind": "f.kind = ANY(%(kind)s)",
@@ -57,8 +63,12 @@ def _query(
     params: dict[str, Any] = {"tenant": scope.tenant, "at": scope.at, "about": about, "size": size}
     where = ["f.tenant = %(tenant)s", _ABOUT]
     if scope.known_at is not None:
-        where.append(_KNOWN)
         params["known_at"] = scope.known_at
+        if scope.below is None:
+            where.append(_KNOWN.format(""))
+        else:  # a replay: only what was logged below its receipt's positions (index._in_force)
+            where += [_KNOWN.format(" AND " + below_sql("s")), below_sql("f")]
+            params["below"] = below_json(scope.below)
     else:
         where.append(_HOLDS)
     if scope.subject:

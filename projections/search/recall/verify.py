@@ -22,8 +22,7 @@ from projections.postgres.queries import (
     OVERRIDE,
     below_json,
     below_sql,
-    episode_holds_sql,
-    picked_holds_sql,
+    held_then_sql,
     visible_sql,
 )
 from projections.postgres.receipts import BASIS_COLUMNS, CITED_COLUMNS, Basis
@@ -63,11 +62,11 @@ _VERIFY_SQL = {(s, b): _verify_sql(s, b) for s in (False, True) for b in (False,
 def _known_sql(with_subject: bool, basis: bool = False, below: bool = False) -> str:
     """As known at %(known_at)s: of each candidate's fact, the version the ledger knew then at %(at)s (the fold's
     pick: an override in force, else the latest version logged by then that began by %(at)s), whatever ended it
-    since, if it held then as the ledger knew it (queries.picked_holds_sql). Only a candidate of that version speaks
+    since, if it held then as the ledger knew it (queries.held_then_sql). Only a candidate of that version speaks
     for the fact (verify); the caller re-folds the fact as known then (api.reads, queries.current_facts with
     known_at), which shows the version that held then or drops the hit. An
     episode or an override (one version that supersedes nothing) is kept only if it held then
-    (queries.episode_holds_sql), so that an ended override does not stand for the long-term value, and the
+    (queries.held_then_sql), so that an ended override does not stand for the long-term value, and the
     near-duplicate groups and context turns built on the hits are built on what held. No access aggregate: it
     counts accesses up to now, recorded after known_at, and an answer as known then must not rank by them.
     `below`: only the versions (and an episode's retractions) logged below %(below)s (a receipt's positions,
@@ -75,7 +74,7 @@ def _known_sql(with_subject: bool, basis: bool = False, below: bool = False) -> 
     where = (
         "f.tenant = %(tenant)s AND f.memory_id = ANY(%(mids)s) AND f.observed_at <= %(known_at)s "
         f"AND f.valid_from <= %(at)s AND (NOT (f.kind = 'episodic' OR {OVERRIDE}) OR "
-        + episode_holds_sql("at", "known_at", "below" if below else None)
+        + held_then_sql("at", "known_at", "below" if below else None)
         + ")"
         + (" AND f.subject = %(subject)s" if with_subject else "")
         + (f" AND {below_sql('f')}" if below else "")
@@ -92,7 +91,7 @@ def _known_sql(with_subject: bool, basis: bool = False, below: bool = False) -> 
     # a pick that no longer held then (ended in its own window, or retracted) shows its fact as nothing: dropped
     # here, not left to the caller's re-fold, so a stage that found only such facts found nothing (as a read
     # then did) and the next stage is asked
-    holds = picked_holds_sql("at", "known_at", "below" if below else None)
+    holds = held_then_sql("at", "known_at", "below" if below else None)
     return f"SELECT f.* FROM ({picked}) f WHERE {holds} ORDER BY f.memory_id"
 
 
