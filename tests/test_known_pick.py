@@ -1,8 +1,10 @@
-"""A recall as known at a time keeps, of each fact, the version the fold shows then: its SQL rule against the fold.
+"""A recall as known at a time keeps, of each fact, the version the fold shows then: its rules against the fold.
 
 Recall's verification as known at `known_at` (projections.search.recall.verify, queries.held_then_sql) picks the
-version of each candidate's fact that the ledger knew then and keeps it only if it held at `at`. The oracle is the
-pure fold (projections.versions) of the events observed by `known_at`: the version visible at `at`. Random worlds
+version of each candidate's fact that the ledger knew then and keeps it only if it held at `at`; the search
+index's filter as known then (recall.index.ElasticIndex.filters) must propose that version whatever else it leaves
+out, with a receipt's positions (`below`) too. The oracle is the pure fold (projections.versions) of the events
+observed by `known_at`: the version visible at `at`. Random worlds
 (seeded) of facts with long-term versions (some with their own end), overrides, retractions by id and by time, all
 observed out of order, written through the real recorder into a private schema; every fact asked at every edge of
 every window (1 us either side) as known at every instant an event was observed.
@@ -18,11 +20,13 @@ from typing import Any
 import pytest
 
 from producers.contract import EventType, MemoryEvent, from_dict, rfc3339, version_id_for
+from projections.search.recall.index import ElasticIndex
+from projections.search.recall.model import Scope
 from projections.search.recall.verify import _KNOWN_SQL
 from projections.versions import fold, mark_of, new_version, visible_at
 from tests.conftest import unique
 from tests.support import private_store
-from tests.support.writer import RecorderWriter
+from tests.support.writer import RecorderWriter, drain_all
 
 TENANT, SUBJECT = "kp", "user:kp"
 DAY = timedelta(days=1)
@@ -104,4 +108,33 @@ def test_the_version_kept_as_known_then_is_the_one_the_fold_shows(base_settings:
                 got = {r[0]: r[1] for r in conn.execute(f"SELECT memory_id, version_id FROM ({query}) q", params)}
                 assert got == _shown(events, known, at), (seed, rfc3339(known), rfc3339(at))
                 checked += 1
+    assert checked > 200
+
+
+@pytest.mark.parametrize("seed", range(1, 4))
+def test_the_index_as_known_then_proposes_every_version_the_fold_shows(base_settings: Any, seed: int) -> None:
+    """Whatever the index's filter as known then leaves out (ended by its own valid_to, a successor known then,
+    logged at or past a replay's positions), it never leaves out the version the fold shows: as known at each
+    instant, and as a replay knows (whenever observed, below the positions of that instant)."""
+    settings = base_settings.private(unique("kpi"))
+    events = _world(seed)
+    edges = {t for e in events for t in (e.valid_from, e.valid_to) if t is not None}
+    near = (-timedelta(microseconds=1), timedelta(0), timedelta(microseconds=1), timedelta(milliseconds=1))
+    times = sorted({t + d for t in edges for d in near})
+    checked = 0
+    with private_store(settings) as (conn, es):
+        with RecorderWriter(settings, conn) as ledger:
+            for e in events:  # in observed order, at offsets 0, 1, ...: the first n observed are those below n
+                ledger.apply(e)
+        drain_all(settings, conn, es, None)
+        for n in range(1, len(events) + 1, max(1, len(events) // 8)):
+            known = events[n - 1].observed_at
+            for scope_known, below in ((known, None), (known, {0: n}), (datetime.max.replace(tzinfo=UTC), {0: n})):
+                for at in times:
+                    scope = Scope(TENANT, at, known_at=scope_known, below=below)
+                    body = {"query": {"bool": {"filter": ElasticIndex.filters(scope)}}, "size": 1000, "_source": False}
+                    proposed = {h["_id"] for h in es.search(index=settings.es_index, **body)["hits"]["hits"]}
+                    shown = set(_shown(events, known, at).values())
+                    assert shown <= proposed, (seed, n, rfc3339(at), below, shown - proposed)
+                    checked += 1
     assert checked > 200
