@@ -259,7 +259,8 @@ _VERSION_FIELDS = ("version_id", "event_id", "version", "value", "content", "kin
 _VERSION_FIELDS += ("observed_at", "source")
 
 
-LOGGED = datetime.max.replace(tzinfo=UTC)  # known at: whenever observed, so the positions alone decide (a replay)
+# a replay's known_at: whenever observed, so its positions alone decide what was known
+WHENEVER_OBSERVED = datetime.max.replace(tzinfo=UTC)
 
 
 async def _as_known(
@@ -295,7 +296,7 @@ async def _as_known(
             "match": {**h["match"], "verified": verified},
         }
         hits.append(h)
-    when = None if known_at == LOGGED else rfc3339(known_at)  # None: whatever was logged below the positions
+    when = None if known_at == WHENEVER_OBSERVED else rfc3339(known_at)  # None: whatever was logged below the positions
     trace = {**answer["trace"], "known_at": when, "known_at_left_out": len(answer["hits"]) - len(hits)}
     return {**answer, "hits": hits, "trace": trace}
 

@@ -685,7 +685,7 @@ async def replay(res: Resources, tenants: frozenset[str], body: ReplayBody) -> s
         differ = _differ(receipt.get("ranking"), ranking(settings))
         # a read as known now knew every version logged below its positions, one observed a little ahead of the
         # clock too (the contract allows a skew): its replay knows them all, whenever observed
-        known = known_at if params.known_at is not None else reads.LOGGED
+        known = known_at if params.known_at is not None else reads.WHENEVER_OBSERVED
         ask = params.model_copy(update={"as_of": as_of, "known_at": known, "after": None})
         served = receipt.get("served") or {}  # how often facts were served then, which the ledger does not hold
         again = await reads.recall(res, tenants, ask, receipt=False, record=False, below=below, served=served)

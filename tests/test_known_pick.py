@@ -1,17 +1,18 @@
 """A recall as known at a time keeps, of each fact, the version the fold shows then: its rules against the fold.
 
-Recall's verification as known at `known_at` (projections.search.recall.verify, queries.held_then_sql) picks the
-version of each candidate's fact that the ledger knew then and keeps it only if it held at `at`; the search
-index's filter as known then (recall.index.ElasticIndex.filters) must propose that version whatever else it leaves
-out, with a receipt's positions (`below`) too. The oracle is the pure fold (projections.versions) of the events
-observed by `known_at`: the version visible at `at`. Random worlds
-(seeded) of facts with long-term versions (some with their own end), overrides, retractions by id and by time, all
-observed out of order, written through the real recorder into a private schema; every fact asked at every edge of
-every window (1 us either side) as known at every instant an event was observed.
+Recall's verification as known at `known_at` (projections.search.recall.verify) lets a candidate speak for its
+fact only if its version held at `at` as the ledger knew it then, and answers with the version the fold shows
+then; the search index's filter as known then (recall.index.ElasticIndex.filters) must propose every version that
+held then, whatever else it leaves out, with a receipt's positions (`below`) too. The oracle is the pure fold
+(projections.versions) of the events observed by `known_at`. Random worlds (seeded) of facts with long-term
+versions (some with an end of their own), overrides, retractions by id and by time, observed out of order and
+written through the real recorder into a private schema; each fact asked at every edge of every window (1 us
+either side) as known at instants an event was observed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
@@ -21,11 +22,11 @@ import pytest
 
 from producers.contract import EventType, MemoryEvent, from_dict, rfc3339, version_id_for
 from projections.search.recall.index import ElasticIndex
-from projections.search.recall.model import Scope
-from projections.search.recall.verify import _KNOWN_SQL
-from projections.versions import fold, mark_of, new_version, visible_at
+from projections.search.recall.model import Match, RecallQuery, Scope
+from projections.search.recall.verify import verify
+from projections.versions import fold, holds_at, mark_of, new_version, visible_at
 from tests.conftest import unique
-from tests.support import private_store
+from tests.support import async_pool, private_store
 from tests.support.writer import RecorderWriter, drain_all
 
 TENANT, SUBJECT = "kp", "user:kp"
@@ -70,8 +71,9 @@ def _world(seed: int) -> list[MemoryEvent]:
     return sorted(events, key=lambda e: e.observed_at)  # the log's order: as observed
 
 
-def _shown(events: list[MemoryEvent], known: datetime, at: datetime) -> dict[str, str]:
-    """memory_id -> the version the fold of the events observed by `known` shows at `at`."""
+def _as_known(events: list[MemoryEvent], known: datetime, at: datetime) -> tuple[dict[str, str], set[str]]:
+    """By the fold of the events observed by `known`: memory_id -> the version it shows at `at`, and the versions
+    that held at `at` (any lane)."""
     seen = [e for e in events if e.observed_at <= known]
     versions = {e.version_id: new_version(e, 0, i) for i, e in enumerate(seen) if e.type is EventType.ASSERTED}
     by_fact: dict[str, list[Any]] = defaultdict(list)
@@ -83,32 +85,51 @@ def _shown(events: list[MemoryEvent], known: datetime, at: datetime) -> dict[str
             target = versions.get(e.target_version or "")
             marks[target.memory_id if target is not None else e.memory_id].append(mark_of(e))
     folded = [v for mid, vs in by_fact.items() for v in fold(vs, marks.get(mid, []))]
-    return {v.memory_id: v.version_id for v in visible_at(folded, at)}
+    held = {v.version_id for v in folded if holds_at(v, at)}
+    return {v.memory_id: v.version_id for v in visible_at(folded, at)}, held
 
 
-@pytest.mark.parametrize("seed", range(1, 11))
-def test_the_version_kept_as_known_then_is_the_one_the_fold_shows(base_settings: Any, seed: int) -> None:
+@pytest.mark.parametrize("seed", range(1, 7))
+def test_a_candidate_speaks_as_known_then_only_if_it_held_then(base_settings: Any, seed: int) -> None:
+    """Each fact asked through one candidate, each of its versions in turn: answered, with the version the fold
+    shows, exactly when that candidate held then."""
     settings = base_settings.private(unique("kp"))
     events = _world(seed)
     edges = {t for e in events for t in (e.valid_from, e.valid_to) if t is not None}
-    times = sorted(
-        {t + d for t in edges for d in (-timedelta(microseconds=1), timedelta(0), timedelta(microseconds=1))}
-    )
+    near = (-timedelta(microseconds=1), timedelta(0), timedelta(microseconds=1))
+    times = sorted({t + d for t in edges for d in near})
     knowns = sorted({e.observed_at for e in events})
-    mids = sorted({e.memory_id for e in events})
-    query = _KNOWN_SQL[False, False, False]
-    checked = 0
+    of_fact: dict[str, list[str]] = defaultdict(list)
+    for e in events:
+        if e.type is EventType.ASSERTED:
+            of_fact[e.memory_id].append(e.version_id)
+    rnd = random.Random(seed)
+
+    async def check(pool: Any) -> int:
+        checked = 0
+        for known in knowns[:: max(1, len(knowns) // 8)] + [knowns[-1]]:
+            for at in rnd.sample(times, min(len(times), 40)):
+                shown, held = _as_known(events, known, at)
+                for k in range(max(len(vs) for vs in of_fact.values())):  # each version of a fact in turn
+                    asked = {mid: vs[k] for mid, vs in of_fact.items() if k < len(vs)}
+                    matches = [Match(vid, mid, "keyword", {"rrf": 1.0}) for mid, vid in asked.items()]
+                    answer = await verify(pool, RecallQuery(TENANT, "q", known_at=known), at, matches)
+                    got = {row["memory_id"]: (row["version_id"], m.version_id) for row, m in answer}
+                    want = {mid: (shown[mid], vid) for mid, vid in asked.items() if vid in held and mid in shown}
+                    assert got == want, (seed, rfc3339(known), rfc3339(at))
+                    checked += 1
+        return checked
+
     with private_store(settings) as (conn, _es):
         with RecorderWriter(settings, conn) as ledger:
             for e in events:
                 ledger.apply(e)
-        for known in knowns[:: max(1, len(knowns) // 12)] + [knowns[-1]]:
-            for at in times:
-                params = {"tenant": TENANT, "mids": mids, "at": at, "subject": None, "known_at": known}
-                got = {r[0]: r[1] for r in conn.execute(f"SELECT memory_id, version_id FROM ({query}) q", params)}
-                assert got == _shown(events, known, at), (seed, rfc3339(known), rfc3339(at))
-                checked += 1
-    assert checked > 200
+
+        async def run() -> int:
+            async with async_pool(settings) as pool:
+                return await check(pool)
+
+        assert asyncio.run(run()) > 200
 
 
 @pytest.mark.parametrize("seed", range(1, 4))
@@ -134,7 +155,7 @@ def test_the_index_as_known_then_proposes_every_version_the_fold_shows(base_sett
                     scope = Scope(TENANT, at, known_at=scope_known, below=below)
                     body = {"query": {"bool": {"filter": ElasticIndex.filters(scope)}}, "size": 1000, "_source": False}
                     proposed = {h["_id"] for h in es.search(index=settings.es_index, **body)["hits"]["hits"]}
-                    shown = set(_shown(events, known, at).values())
-                    assert shown <= proposed, (seed, n, rfc3339(at), below, shown - proposed)
+                    _shown, held = _as_known(events, known, at)
+                    assert held <= proposed, (seed, n, rfc3339(at), below, held - proposed)
                     checked += 1
     assert checked > 200

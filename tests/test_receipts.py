@@ -640,6 +640,28 @@ def test_an_override_a_retraction_by_time_ended_does_not_stand_for_its_fact_as_k
     assert replayed["same"] is True, (replayed["replayed"]["hits"], replayed["parts"])
 
 
+@pytest.mark.parametrize("mode", ["auto", "keyword"])
+def test_a_recall_answered_through_an_override_in_force_replays_the_same(stack: Any, mode: str) -> None:
+    """The question matches the long-term value's words while an override is in force: the fact answers with the
+    override (`replaced_by`), as known now, as known then, and in the replay, which the long-term value's candidate
+    speaks for as it did for the read (it held then too)."""
+    subject = f"user:r13{mode}"
+    tea = _fact(subject, "pref.drink", "tea", f"r13-{mode}-tea", entities=[], aliases=[], kind="preference")
+    tea |= {"content": "user drinks green tea every morning", "valid_from": "2025-01-01T00:00:00Z"}
+    coffee = _fact(subject, "pref.drink", "coffee", f"r13-{mode}-coffee", entities=[], aliases=[], kind="preference")
+    coffee |= {"content": "black coffee this month", "valid_from": "2025-03-01T00:00:00Z"}
+    coffee["valid_to"] = "2025-03-31T00:00:00Z"
+    stack.publish([tea, coffee])
+    stack.settle()
+    asked = {"subject": subject, "query": "green tea", "as_of": "2025-03-15T00:00:00Z", "mode": mode}
+    answer = _recall(stack, **asked)
+    assert [h["value"] for h in answer["hits"]] == ["coffee"], answer["hits"]
+    known = _recall(stack, **asked, known_at=rfc3339(datetime.now(UTC)))
+    assert [h["value"] for h in known["hits"]] == ["coffee"], known["hits"]
+    replayed = _replay(stack, answer["receipt"], asked).json()
+    assert replayed["same"] is True, (replayed["replayed"]["hits"], replayed["parts"])
+
+
 @pytest.mark.parametrize("mode", ["auto", "exact"])
 def test_replay_of_an_exact_recall_is_the_same_after_more_late_versions_than_its_ask(stack: Any, mode: str) -> None:
     """The exact ask (from PostgreSQL: entity and key) reads a bounded number of versions, latest first: versions of
@@ -1069,7 +1091,7 @@ def test_a_version_row_carries_what_its_receipt_cites(stack: Any) -> None:
     row carries its event's fingerprint and its record's chain link (written with the row), the verification
     statements read no chain link of their own, and a row without them (written before the columns) still gets its
     receipt, by a read of its own: the same receipt, verified."""
-    from projections.search.recall.verify import _KNOWN_SQL, _VERIFY_SQL
+    from projections.search.recall.verify import _ROWS_SQL, _VERIFY_SQL
 
     settings = stack.settings
     with pg(settings) as conn:
@@ -1082,7 +1104,7 @@ def test_a_version_row_carries_what_its_receipt_cites(stack: Any) -> None:
             (settings.processor_group, settings.topic),
         ).fetchall()
     assert rows and all(fp and link and linked for _, fp, link, linked in rows), rows
-    for statement in (*_VERIFY_SQL.values(), *_KNOWN_SQL.values()):
+    for statement in (*_VERIFY_SQL.values(), *_ROWS_SQL.values()):
         assert "chain_links" not in statement, statement
     asyncio.run(_without_the_columns(stack))
 

@@ -36,6 +36,7 @@ from projections.versions import (
     Version,
     effects,
     fold,
+    holds_at,
     is_override,
     route,
     visible_at,
@@ -61,7 +62,7 @@ __all__ = [
     "invariant_counts",
     "look_alike_subjects",
     "one_snapshot",
-    "held_then_sql",
+    "shown_as_known",
     "projection_checksum",
     "shaped",
     "subject_events",
@@ -113,42 +114,6 @@ def episode_holds_sql(t: str = "t", known: str | None = None, below: str | None 
         "WHERE r.memory_id = f.memory_id AND r.type = 'memory.retracted' AND r.target_version = f.version_id "
         f"AND r.observed_at <= %({known})s{retraction_logged} AND r.valid_from >= f.valid_from "
         f"AND r.valid_from <= %({t})s AND (f.asserted_valid_to IS NULL OR r.valid_from < f.asserted_valid_to))"
-    )
-
-
-def _live_override_sql(at: str, known: str, below: str | None, later_than_f: bool) -> str:
-    """An override of `f`'s fact observed by %(<known>)s (and logged below %(<below>)s) inside whose asserted window
-    the time `at` (an SQL expression) lies; `later_than_f`: one after `f` in the fold's order. Its retractions are
-    not looked at: an override ended before `at` counts as live (the rule that uses this keeps a version then)."""
-    logged = f" AND {below_sql('o', below)}" if below else ""
-    later = " AND (o.valid_from, o.observed_at, o.version_id) > (f.valid_from, f.observed_at, f.version_id)"
-    return (
-        "SELECT 1 FROM fact_versions o WHERE o.memory_id = f.memory_id AND " + OVERRIDE.replace("f.", "o.")
-        + f" AND o.observed_at <= %({known})s{logged} AND o.valid_from <= {at} AND {at} < o.asserted_valid_to"
-        + (later if later_than_f else "")
-    )  # fmt: skip
-
-
-def held_then_sql(t: str = "t", known: str = "known_at", below: str | None = None) -> str:
-    """The version `f` held at %(<t>)s as the ledger knew it at %(<known>)s (`below`: from what was logged below
-    those positions), by the fold's rules (projections.versions) for a version that is the latest of its lane begun
-    by then: episode_holds_sql (its asserted window, a retraction of it by id), and no retraction by time (no
-    target: it ends the version visible then) observed by then inside its window that ended it: the override in
-    force then, latest first, else the long-term version. An override that such a retraction may have ended
-    instead counts whatever ended it before (the version is then kept, and the caller's re-fold decides).
-    tests/test_known_pick.py checks it against the fold."""
-    logged = f" AND {below_sql('r', below)}" if below else ""
-    by_time = (
-        "EXISTS (SELECT 1 FROM events r WHERE r.memory_id = f.memory_id AND r.type = 'memory.retracted' "
-        f"AND r.target_version IS NULL AND r.observed_at <= %({known})s{logged} AND r.valid_from >= f.valid_from "
-        f"AND r.valid_from <= %({t})s AND (f.asserted_valid_to IS NULL OR r.valid_from < f.asserted_valid_to) "
-        "AND NOT EXISTS ({}))"
-    )
-    override_ended = by_time.format(_live_override_sql("r.valid_from", known, below, later_than_f=True))
-    long_term_ended = by_time.format(_live_override_sql("r.valid_from", known, below, later_than_f=False))
-    return (
-        f"{episode_holds_sql(t, known, below)} AND NOT CASE WHEN {OVERRIDE} THEN {override_ended} "
-        f"ELSE {long_term_ended} END"
     )
 
 
@@ -385,6 +350,29 @@ async def _subject_chains(
     return _chains(*await _chain_rows(conn, "subject", _known(known_at, below), args))
 
 
+async def shown_as_known(
+    conn: psycopg.AsyncConnection,
+    tenant: str,
+    memory_ids: list[str],
+    at: datetime,
+    known_at: datetime,
+    below: Mapping[int, int] | None = None,
+) -> tuple[dict[str, str], set[str]]:
+    """As the ledger knew the facts `memory_ids` at `known_at` (from the events logged below `below`, if given), by
+    the fold of their chains: the version each shows at `at` (memory_id -> version_id; a fact showing none is left
+    out), and every version of them that held at `at` then, in any lane."""
+    args = {"tenant": tenant, "memory_ids": memory_ids, "known_at": known_at, "below": below_json(below)}
+    chain_rows = await _chain_rows(conn, "facts", _known(known_at, below), args)
+
+    def fold_them() -> tuple[dict[str, str], set[str]]:
+        by_fact, marks = _chains(*chain_rows)
+        folded = [v for mid, versions in by_fact.items() for v in fold(versions, marks.get(mid, []))]
+        shown = {v.memory_id: v.version_id for v in visible_at(folded, at)}
+        return shown, {v.version_id for v in folded if holds_at(v, at)}
+
+    return await shaped(len(chain_rows[0]), fold_them)
+
+
 def _known(known_at: datetime | None, below: Mapping[int, int] | None) -> sql.Composable:
     known = sql.SQL("") if known_at is None else sql.SQL(" AND observed_at <= %(known_at)s")
     return known if below is None else known + BELOW
@@ -401,6 +389,7 @@ _CHAIN_OF = {
     "memory_id": sql.SQL("memory_id = %(memory_id)s"),
     # an audit replay page's facts: an event's effect is decided by its own fact's chain alone
     "memory_ids": sql.SQL("subject = %(subject)s AND memory_id = ANY(%(memory_ids)s)"),
+    "facts": sql.SQL("memory_id = ANY(%(memory_ids)s)"),  # some facts, of any subjects
 }
 
 
@@ -408,7 +397,8 @@ async def _chain_rows(
     conn: psycopg.AsyncConnection, of: str, known: sql.Composable, args: Mapping[str, Any]
 ) -> tuple[list[tuple], list[tuple]]:
     """The version rows and the marks' event rows (memory_id first) of one subject's facts, of one fact or of some
-    facts of one subject (`of`: "subject", "memory_id" or "memory_ids", named in `args` with the tenant), both
+    facts of one subject, or of some facts of any (`of`: "subject", "memory_id", "memory_ids" or "facts", named in
+    `args` with the tenant), both
     filtered by `known`."""
     of_sql = _CHAIN_OF[of]
     cur = await conn.execute(

@@ -27,7 +27,7 @@ __all__ = ["ensure_index", "index_body", "new_physical_name", "physical_indices"
 STEM_MAPPING = {"type": "text", "analyzer": "whitespace"}  # built in: the stems are computed before indexing
 # a version's asserted end and where it was logged, and a superseded version's successor: its valid_from, when it was
 # observed and where it was logged (documents.build_doc, status_fields): what a recall as known then filters on
-LOGGED_FIELDS = {
+KNOWN_THEN_FIELDS = {
     "asserted_valid_to": {"type": "date"},  # the end the version's own event asserted
     "partition": {"type": "integer"},
     "offset": {"type": "long"},
@@ -41,7 +41,7 @@ ADDED_FIELDS = {
     "content_stem": STEM_MAPPING,
     # the near-duplicate group an episode belongs to (projections.search.duplicates): its first episode
     "episode_group": {"type": "keyword"},
-    **LOGGED_FIELDS,
+    **KNOWN_THEN_FIELDS,
 }
 
 ANALYSIS = {
@@ -101,7 +101,7 @@ def index_body(
                 "episode_group": keyword,  # a near-duplicate episode's group (its first episode's id)
                 "valid_from": {"type": "date"},
                 "valid_to": {"type": "date"},  # effective end: min(valid_to, superseded_at)
-                **LOGGED_FIELDS,
+                **KNOWN_THEN_FIELDS,
                 "observed_at": {"type": "date"},
                 "version": {"type": "integer"},
                 "confidence": {"type": "float"},

@@ -31,7 +31,7 @@ _COLUMNS = (
     "f.source, f.valid_from, f.observed_at"
 )
 # recall.index._in_force, as known then: begun by then, and not ended by then by its own valid_to or a successor
-# known then (`_SUCCESSOR_BELOW` too for a replay: logged below its positions)
+# known then (for a replay, one logged below its positions: the `{}`)
 _KNOWN = (
     "f.valid_from <= %(at)s AND f.observed_at <= %(known_at)s "
     "AND (f.asserted_valid_to IS NULL OR %(at)s < f.asserted_valid_to) AND NOT EXISTS (SELECT 1 FROM fact_versions s "

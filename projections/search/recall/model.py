@@ -73,8 +73,9 @@ class RecallQuery:
 class Scope(NamedTuple):
     """Which documents one search may return.
 
-    Always: the tenant's versions that hold at `at` (valid time; as known at `known_at`: those logged by then that
-    began by `at`, index._in_force), the subject if given, the caller's filters,
+    Always: the tenant's versions that hold at `at` (valid time; as known at `known_at`: those logged by then, and
+    below `below`, that began by `at` and were not known to have ended by then, index._in_force), the subject if
+    given, the caller's filters,
     and, when the query has a time cue, only those events and episodes that happened (or were told) in it.
     Then at most one narrowing: about one of `entities` (entity ids or subject ids), or, failing those, at least
     one of `mentions` in the text (id-shaped tokens nobody knows). `open_kinds`: kinds the entity narrowing prefers
@@ -93,9 +94,11 @@ class Scope(NamedTuple):
     mentions: tuple[str, ...] = ()
     open_kinds: tuple[str, ...] = ()
     outside: bool = False  # the reverse narrowing: documents of `open_kinds` about none of `entities`
-    # transaction time: the versions logged by then that began by `at`, however they ended since (index.filters)
+    # transaction time: the versions logged by then that began by `at` and were not known then to have ended by
+    # then (index._in_force); the rest, however they ended since
     known_at: datetime | None = None
-    # with known_at, a receipt's positions (partition -> next offset): only a successor logged below them is known
+    # with known_at, a receipt's positions (partition -> next offset): only versions (and successors) logged below
+    # them are known
     below: Mapping[int, int] | None = None
 
     def about(
