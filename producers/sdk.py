@@ -34,7 +34,7 @@ import functools
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -249,6 +249,7 @@ class LedgerProducer:
         self._remember = max(0, remember_ids)
         self._sent: OrderedDict[tuple[str, str], str] = OrderedDict()  # (tenant, event_id) -> fingerprint
         self._left: set[tuple[str, str]] = set()  # of those, the ids a record of which left this process
+        self._sending: Counter[tuple[str, str]] = Counter()  # the ids of batches still being sent, how many each
         self._ids_lock = threading.Lock()
         self._subject_locks = _SubjectLocks()
         # with encryption on, every event but an erasure is sealed with its subject's data key; the key
@@ -355,6 +356,7 @@ class LedgerProducer:
                 batch[key] = fingerprint
             if not self._remember:
                 return
+            self._sending.update(batch.keys())
             for key, fingerprint in batch.items():
                 self._sent[key] = fingerprint
                 self._sent.move_to_end(key)
@@ -400,6 +402,7 @@ class LedgerProducer:
         self, prepared: list[_Ready | InvalidEvent], report_invalid: bool
     ) -> list[PublishResult | PublishError | InvalidEvent]:
         """send_many's sending: seal (with encryption), hand to the producer, wait; one outcome per item."""
+        claimed = list(prepared)  # sealing may turn an item into its InvalidEvent: its id was claimed all the same
         refused: dict[int, PublishError] = {}
         # With encryption, a subject's events are sealed and handed to the producer (which keeps that order in the
         # partition) under the subject's lock, as an erasure's retirement and hand-over are: an event sealed with
@@ -418,30 +421,32 @@ class LedgerProducer:
             item if isinstance(item, InvalidEvent) else refused[i] if i in refused else next(sent)
             for i, item in enumerate(prepared)
         ]
-        self._settle_ids(prepared, outcomes)
+        self._settle_ids(claimed, outcomes)
         return outcomes
 
     def _settle_ids(
         self, prepared: list[_Ready | InvalidEvent], outcomes: list[PublishResult | PublishError | InvalidEvent]
     ) -> None:
-        """What each send did to its id. A record that left this process holds the id for good (remembered again,
-        should a copy that failed in another thread have released it meanwhile). A record that never left releases
-        the id, so that a retry with corrected content is no conflict, unless a record of that id left before."""
+        """What each send did to its id. A record that left this process holds the id for good. A record that never
+        left releases the id, so that a retry with corrected content is no conflict, unless a record of that id left
+        before or a copy of it is still being sent (by another thread: its record may yet leave)."""
         if not self._remember:
             return
         with self._ids_lock:
             for item, out in zip(prepared, outcomes, strict=True):
-                if isinstance(item, InvalidEvent) or isinstance(out, InvalidEvent):
+                if isinstance(item, InvalidEvent):  # refused before its id was claimed
                     continue
                 event_id, tenant, _subject, _value, fingerprint, _event = item
                 key = (tenant, event_id)
-                if isinstance(out, PublishError) and not out.sent:
-                    if key not in self._left and self._sent.get(key) == fingerprint:
-                        del self._sent[key]
-                else:
+                self._sending[key] -= 1
+                if self._sending[key] <= 0:
+                    del self._sending[key]
+                if isinstance(out, InvalidEvent):  # refused while sealed: its id stays claimed, as it always did
+                    continue
+                if not isinstance(out, PublishError) or out.sent:
                     self._left.add(key)
-                    self._sent.setdefault(key, fingerprint)
-            self._forget_oldest()
+                elif key not in self._left and key not in self._sending and self._sent.get(key) == fingerprint:
+                    del self._sent[key]
 
     def _seal(
         self,

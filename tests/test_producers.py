@@ -391,6 +391,23 @@ def test_an_id_a_record_left_with_is_kept_when_a_later_copy_never_leaves(ledger:
     assert [(r.partition, r.offset) for r in read_topic(ledger)] == [(first.partition, first.offset)]
 
 
+def test_a_copy_that_never_leaves_keeps_the_id_while_another_copy_is_being_sent(settings: Settings) -> None:
+    """Two threads send the same event; one copy fails before leaving the process while the other is still being
+    sent: the id stays claimed (the other's record may yet leave), so other content under it is refused here."""
+    event = {**_event("p", 1, SUBJECTS[0]), "event_id": "race-1"}
+    producer = LedgerProducer(settings)  # never connects: the ids' bookkeeping alone
+    first, second = [producer._ready(event)], [producer._ready(event)]
+    producer._claim_ids(first, False)  # thread A: claimed, its record on its way
+    producer._claim_ids(second, False)  # thread B: the same event, claimed again
+    producer._settle_ids(second, [PublishError("race-1", "metadata timeout", "timeout", sent=False)])
+    with pytest.raises(EventIdConflict):
+        producer.check({**event, "content": "other content"})
+    producer._settle_ids(first, [PublishResult("race-1", 0, 7)])  # A's record left
+    producer._settle_ids([producer._ready(event)], [PublishError("race-1", "closed", "closed", sent=False)])
+    with pytest.raises(EventIdConflict):  # a later copy that never left does not free it either
+        producer.check({**event, "content": "other content"})
+
+
 def test_a_closed_producer_refuses_clearly(ledger: Settings) -> None:
     producer = LedgerProducer(ledger)
     producer.publish(_event("p", 1, "user:1"))
