@@ -8,11 +8,13 @@ variable (`producers.settings.settings_problem`) and exit code 2, never a traceb
 A store a command cannot reach (Kafka, PostgreSQL, Elasticsearch, or the API for `demo`) ends it the same way:
 one line naming the store, its configured address and the setting to change (`store_problem`), exit code 3.
 The servers (serve, mcp, worker, indexer, embedder) wait for an absent store by design instead. An error of the
-system (output that cannot be written: a full disk) is one line with its reason, exit code 1.
+system (output that cannot be written: a full disk) is one line with its reason, exit code 74 (EX_IOERR), apart
+from a check's verdict (1).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -21,6 +23,8 @@ from typing import Any
 import typer
 
 STORE_UNREACHABLE = 3  # the exit code of a command that could not reach Kafka, PostgreSQL, Elasticsearch or the API
+SYSTEM_ERROR = 74  # EX_IOERR: the system failed the command (its output could not be written): not a verdict's 1
+_OUTPUT_LOST = {errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT}
 
 
 def _address(store: str, exc: BaseException) -> tuple[str, str]:
@@ -147,10 +151,11 @@ class _Ledger(typer.Typer):
                 raise SystemExit(2) from None
             problem = store_problem(exc)
             if problem is None and isinstance(exc, OSError) and exc.errno is not None:
-                _quiet_stdout()  # its output could not be written (a full disk, a closed pipe): said once, on stderr
+                if exc.filename is None and exc.errno in _OUTPUT_LOST:
+                    _quiet_stdout()  # what could not be written is not tried again at the interpreter's exit
                 where = f": {exc.filename}" if exc.filename else ""
                 print(f"ledger: {exc.strerror or exc}{where}", file=sys.stderr)
-                raise SystemExit(1) from None
+                raise SystemExit(SYSTEM_ERROR) from None
             if problem is None:
                 raise
             print(f"ledger: {problem}", file=sys.stderr)

@@ -496,14 +496,15 @@ def test_cli_reads_stdin_and_exits_zero_when_all_are_accepted(ledger: Settings) 
 
 def test_cli_whose_report_cannot_be_written_says_so_in_one_line(ledger: Settings) -> None:
     """Standard output on a full device: the events are published, and the report that cannot be written is one
-    line on stderr and exit code 1, not a traceback (nor the interpreter's own complaint at its last flush)."""
+    line on stderr and exit code 74 (EX_IOERR: not 1, a check's verdict), not a traceback (nor the interpreter's
+    own complaint at its last flush)."""
     data = orjson.dumps(from_dict(_event("full", 1, "user:9")).to_wire()) + b"\n"
     with open("/dev/full", "wb") as full:
         proc = subprocess.run(
             [LEDGER_BIN, "publish", "-", "--topic", ledger.topic, "--quiet"],
             input=data, stdout=full, stderr=subprocess.PIPE, timeout=120,
         )  # fmt: skip
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 74, proc.stderr
     assert proc.stderr.decode().strip().splitlines() == ["ledger: No space left on device"], proc.stderr
     assert len(read_topic(ledger)) == 1
 
