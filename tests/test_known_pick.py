@@ -4,7 +4,8 @@ Recall's verification as known at `known_at` (projections.search.recall.verify) 
 fact only if its version held at `at` as the ledger knew it then, and answers with the version the fold shows
 then; the search index's filter as known then (recall.index.ElasticIndex.filters) must propose every version that
 held then, whatever else it leaves out, with a receipt's positions (`below`) too. The oracle is the pure fold
-(projections.versions) of the events observed by `known_at`. Random worlds (seeded) of facts with long-term
+(projections.versions) of the events observed by `known_at`. A world of one override retracted by its id after a
+retraction by time was known (seed 0), and random worlds (seeded) of facts with long-term
 versions (some with an end of their own), overrides, retractions by id and by time, observed out of order and
 written through the real recorder into a private schema; each fact asked at every edge of every window (1 us
 either side) as known at instants an event was observed.
@@ -37,6 +38,8 @@ START = datetime(2025, 1, 1, tzinfo=UTC)
 def _world(seed: int) -> list[MemoryEvent]:
     """Facts of one subject: 1-4 long-term versions (a third with an end of their own), 0-2 overrides (a preference
     with an end), 0-3 retractions (by id of one of its versions, or by time), observed in a shuffled order."""
+    if seed == 0:
+        return _override_retracted_later()
     rnd = random.Random(seed)
     out: list[dict[str, Any]] = []
     for f in range(6):
@@ -71,9 +74,39 @@ def _world(seed: int) -> list[MemoryEvent]:
     return sorted(events, key=lambda e: e.observed_at)  # the log's order: as observed
 
 
+def _override_retracted_later() -> list[MemoryEvent]:
+    """A retraction by time inside an override's window, known early, and a retraction of that override by its id
+    before it, known late: as known between the two, the first ended the override (in force then) and the
+    long-term value held on; as known after both, it ended the long-term value."""
+    base = {"tenant": TENANT, "subject": SUBJECT, "key": "k0"}
+    observed = iter(START + 100 * DAY + i * timedelta(hours=1) for i in range(10))
+
+    def event(**fields: Any) -> MemoryEvent:
+        times = {k: rfc3339(v) for k, v in fields.items() if isinstance(v, datetime)}
+        return from_dict({**base, **fields, **times, "observed_at": rfc3339(next(observed))})
+
+    tea = event(type="memory.asserted", event_id="z-tea", value="tea", content="tea", valid_from=START)
+    coffee = event(type="memory.asserted", event_id="z-coffee", value="coffee", content="coffee", kind="preference",
+                   valid_from=START + 59 * DAY, valid_to=START + 89 * DAY)  # fmt: skip
+    by_time = event(type="memory.retracted", event_id="z-by-time", valid_from=START + 68 * DAY)
+    by_id = event(type="memory.retracted", event_id="z-by-id", valid_from=START + 63 * DAY,
+                  target_version=coffee.version_id)  # fmt: skip
+    return [tea, coffee, by_time, by_id]
+
+
+def _ms(t: datetime) -> datetime:
+    return t.replace(microsecond=t.microsecond // 1000 * 1000)
+
+
+def _in_millisecond(v: Any, at: datetime) -> bool:
+    """`v` holds at `at` as the index's `date` fields judge it: begun by the millisecond of `at`, not ended before."""
+    ends = [t for t in (v.valid_to, v.superseded_at) if t is not None]
+    return _ms(v.valid_from) <= _ms(at) and (not ends or _ms(min(ends)) >= _ms(at))
+
+
 def _as_known(events: list[MemoryEvent], known: datetime, at: datetime) -> tuple[dict[str, str], set[str]]:
     """By the fold of the events observed by `known`: memory_id -> the version it shows at `at`, and the versions
-    that held at `at` (any lane)."""
+    that held at `at` (any lane) to the millisecond the index keeps."""
     seen = [e for e in events if e.observed_at <= known]
     versions = {e.version_id: new_version(e, 0, i) for i, e in enumerate(seen) if e.type is EventType.ASSERTED}
     by_fact: dict[str, list[Any]] = defaultdict(list)
@@ -85,11 +118,12 @@ def _as_known(events: list[MemoryEvent], known: datetime, at: datetime) -> tuple
             target = versions.get(e.target_version or "")
             marks[target.memory_id if target is not None else e.memory_id].append(mark_of(e))
     folded = [v for mid, vs in by_fact.items() for v in fold(vs, marks.get(mid, []))]
-    held = {v.version_id for v in folded if holds_at(v, at)}
+    held = {v.version_id for v in folded if _in_millisecond(v, at)}
+    assert {v.version_id for v in folded if holds_at(v, at)} <= held
     return {v.memory_id: v.version_id for v in visible_at(folded, at)}, held
 
 
-@pytest.mark.parametrize("seed", range(1, 7))
+@pytest.mark.parametrize("seed", range(7))
 def test_a_candidate_speaks_as_known_then_only_if_it_held_then(base_settings: Any, seed: int) -> None:
     """Each fact asked through one candidate, each of its versions in turn: answered, with the version the fold
     shows, exactly when that candidate held then."""
@@ -129,10 +163,10 @@ def test_a_candidate_speaks_as_known_then_only_if_it_held_then(base_settings: An
             async with async_pool(settings) as pool:
                 return await check(pool)
 
-        assert asyncio.run(run()) > 200
+        assert asyncio.run(run()) > 100
 
 
-@pytest.mark.parametrize("seed", range(1, 4))
+@pytest.mark.parametrize("seed", range(4))
 def test_the_index_as_known_then_proposes_every_version_the_fold_shows(base_settings: Any, seed: int) -> None:
     """Whatever the index's filter as known then leaves out (ended by its own valid_to, a successor known then,
     logged at or past a replay's positions), it never leaves out the version the fold shows: as known at each

@@ -662,6 +662,27 @@ def test_a_recall_answered_through_an_override_in_force_replays_the_same(stack: 
     assert replayed["same"] is True, (replayed["replayed"]["hits"], replayed["parts"])
 
 
+def test_a_recall_at_the_millisecond_an_override_ended_replays_the_same(stack: Any) -> None:
+    """An override retracted by time at its own start, asked at that instant: the index proposes it (its end lies in
+    the millisecond asked), so the read answered its fact; as known then and in the replay, it speaks the same."""
+    subject = "user:r14"
+    tea = _fact(subject, "pref.drink", "tea", "r14-tea", entities=[], aliases=[], kind="preference")
+    tea |= {"content": "user drinks green tea every morning", "valid_from": "2025-01-01T00:00:00Z"}
+    coffee = _fact(subject, "pref.drink", "coffee", "r14-coffee", entities=[], aliases=[], kind="preference")
+    coffee |= {"content": "black coffee this month", "valid_from": "2025-03-01T00:00:00Z"}
+    coffee["valid_to"] = "2025-03-31T00:00:00Z"
+    retraction = {"type": "memory.retracted", "tenant": TENANT, "event_id": "r14-no", "subject": subject}
+    retraction |= {"key": "pref.drink", "valid_from": "2025-03-01T00:00:00Z"}
+    stack.publish([tea, coffee, retraction])
+    stack.settle()
+    asked = {"subject": subject, "query": "black coffee", "as_of": "2025-03-01T00:00:00Z", "mode": "keyword"}
+    answer = _recall(stack, **asked)
+    known = _recall(stack, **asked, known_at=rfc3339(datetime.now(UTC)))
+    assert [h["value"] for h in known["hits"]] == [h["value"] for h in answer["hits"]], (known["hits"], answer)
+    replayed = _replay(stack, answer["receipt"], asked).json()
+    assert replayed["same"] is True, (answer["hits"], replayed["replayed"]["hits"], replayed["parts"])
+
+
 @pytest.mark.parametrize("mode", ["auto", "exact"])
 def test_replay_of_an_exact_recall_is_the_same_after_more_late_versions_than_its_ask(stack: Any, mode: str) -> None:
     """The exact ask (from PostgreSQL: entity and key) reads a bounded number of versions, latest first: versions of

@@ -36,7 +36,6 @@ from projections.versions import (
     Version,
     effects,
     fold,
-    holds_at,
     is_override,
     route,
     visible_at,
@@ -360,7 +359,8 @@ async def shown_as_known(
 ) -> tuple[dict[str, str], set[str]]:
     """As the ledger knew the facts `memory_ids` at `known_at` (from the events logged below `below`, if given), by
     the fold of their chains: the version each shows at `at` (memory_id -> version_id; a fact showing none is left
-    out), and every version of them that held at `at` then, in any lane."""
+    out), and every version of them that held at `at` then, in any lane, to the millisecond the search index keeps
+    (so also one that began or ended in the millisecond of `at`, which the index proposes as holding then)."""
     args = {"tenant": tenant, "memory_ids": memory_ids, "known_at": known_at, "below": below_json(below)}
     chain_rows = await _chain_rows(conn, "facts", _known(known_at, below), args)
 
@@ -368,9 +368,20 @@ async def shown_as_known(
         by_fact, marks = _chains(*chain_rows)
         folded = [v for mid, versions in by_fact.items() for v in fold(versions, marks.get(mid, []))]
         shown = {v.memory_id: v.version_id for v in visible_at(folded, at)}
-        return shown, {v.version_id for v in folded if holds_at(v, at)}
+        return shown, {v.version_id for v in folded if _holds_in_millisecond(v, at)}
 
     return await shaped(len(chain_rows[0]), fold_them)
+
+
+def _ms(t: datetime) -> datetime:
+    return t.replace(microsecond=t.microsecond // 1000 * 1000)
+
+
+def _holds_in_millisecond(v: Version, at: datetime) -> bool:
+    """`v` holds at `at` as the search index's `date` fields judge it (recall.index.holds_at_filter): begun by the
+    millisecond of `at`, and not ended before it."""
+    ends = [t for t in (v.valid_to, v.superseded_at) if t is not None]
+    return _ms(v.valid_from) <= _ms(at) and (not ends or _ms(min(ends)) >= _ms(at))
 
 
 def _known(known_at: datetime | None, below: Mapping[int, int] | None) -> sql.Composable:

@@ -24,7 +24,7 @@ from projections.search.cues import (
 )
 from projections.search.stemming import STEM_FIELD, stem_text
 
-__all__ = ["ROW_COLUMNS", "SUCCESSOR_COLUMNS", "build_doc", "embedding_text_for", "rows_sql", "status_fields"]
+__all__ = ["ENDED_BY_COLUMNS", "ROW_COLUMNS", "build_doc", "embedding_text_for", "rows_sql", "status_fields"]
 
 # every column of `f` (the recorder's one list), its end (`effective_to`: the document's valid_to) and whether
 # it is an override
@@ -37,21 +37,32 @@ ROW_COLUMNS = sql.SQL(", ").join(
 )
 
 
-# when and where the ledger logged a version's successor (`s`): a recall as known at a time leaves out the versions
-# whose successor it knew by then (index._in_force), since they can no longer speak for their fact
-SUCCESSOR_COLUMNS = sql.SQL(
-    's.observed_at AS successor_observed_at, s."partition" AS successor_partition, s."offset" AS successor_offset'
+# when and where the ledger logged what ended a version: its successor (`s`), and the retraction (`rt`) that ended
+# it, if that one ended it whatever else the ledger knew (by its id, or by its time where no override's window
+# holds that time); a recall as known at a time leaves out the versions whose end it knew by then
+# (index._in_force), since they can no longer speak for their fact
+ENDED_BY_COLUMNS = sql.SQL(
+    's.observed_at AS successor_observed_at, s."partition" AS successor_partition, s."offset" AS successor_offset, '
+    'rt.observed_at AS retraction_observed_at, rt."partition" AS retraction_partition, '
+    'rt."offset" AS retraction_offset'
+)
+_ENDED_BY = (
+    "LEFT JOIN fact_versions s ON s.version_id = f.superseded_by "
+    'LEFT JOIN LATERAL (SELECT r.observed_at, r."partition", r."offset" FROM events r WHERE f.status = \'retracted\' '
+    "AND r.memory_id = f.memory_id AND r.type = 'memory.retracted' AND r.valid_from = f.valid_to "
+    "AND (r.target_version = f.version_id OR (r.target_version IS NULL AND NOT EXISTS (SELECT 1 FROM fact_versions o "
+    "WHERE o.memory_id = f.memory_id AND " + OVERRIDE.replace("f.", "o.") + " AND o.valid_from <= r.valid_from "
+    'AND r.valid_from < o.asserted_valid_to))) ORDER BY r."partition", r."offset" LIMIT 1) rt ON true'
 )
 
 
 def rows_sql(where: sql.Composable, extra: sql.Composable | None = None) -> sql.Composed:
     """SELECT the ROW_COLUMNS (and `extra` columns before them) of the fact_versions rows `f` matching `where`,
-    with their successor's SUCCESSOR_COLUMNS."""
+    with what ended them: ENDED_BY_COLUMNS."""
     cols = ROW_COLUMNS if extra is None else sql.SQL("{}{}").format(extra, sql.SQL(", ") + ROW_COLUMNS)
-    return sql.SQL(
-        "SELECT {cols}, {successor} FROM fact_versions f "
-        "LEFT JOIN fact_versions s ON s.version_id = f.superseded_by WHERE {where}"
-    ).format(cols=cols, successor=SUCCESSOR_COLUMNS, where=where)
+    return sql.SQL("SELECT {cols}, {ended} FROM fact_versions f " + _ENDED_BY + " WHERE {where}").format(
+        cols=cols, ended=ENDED_BY_COLUMNS, where=where
+    )
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -64,7 +75,8 @@ def _source_type(source: Any) -> str | None:
 
 def status_fields(row: dict[str, Any]) -> dict[str, Any]:
     """The fields that change after a version is written (supersession, retraction, late history); `superseded_at`
-    and the successor's `successor_*` (rows_sql) only where a successor is known."""
+    and the successor's `successor_*` (rows_sql) only where a successor is known, `retracted_at` and the
+    retraction's `retraction_*` only where a retraction ended it (rows_sql's rule)."""
     out = {
         "status": row["status"],
         "superseded_by": row["superseded_by"],
@@ -77,6 +89,13 @@ def status_fields(row: dict[str, Any]) -> dict[str, Any]:
             "successor_observed_at": _iso(row["successor_observed_at"]),
             "successor_partition": row["successor_partition"],
             "successor_offset": row["successor_offset"],
+        }
+    if row["status"] == "retracted" and row.get("retraction_observed_at") is not None:
+        out |= {
+            "retracted_at": _iso(row["valid_to"]),
+            "retraction_observed_at": _iso(row["retraction_observed_at"]),
+            "retraction_partition": row["retraction_partition"],
+            "retraction_offset": row["retraction_offset"],
         }
     return out
 

@@ -25,8 +25,9 @@ from projections.models import model_spec
 __all__ = ["ensure_index", "index_body", "new_physical_name", "physical_indices", "create_physical"]
 
 STEM_MAPPING = {"type": "text", "analyzer": "whitespace"}  # built in: the stems are computed before indexing
-# a version's asserted end and where it was logged, and a superseded version's successor: its valid_from, when it was
-# observed and where it was logged (documents.build_doc, status_fields): what a recall as known then filters on
+# a version's asserted end and where it was logged, a superseded version's successor (its valid_from, when it was
+# observed and where it was logged), a retracted one's retraction (the same) (documents.build_doc, status_fields):
+# what a recall as known then filters on
 KNOWN_THEN_FIELDS = {
     "asserted_valid_to": {"type": "date"},  # the end the version's own event asserted
     "partition": {"type": "integer"},
@@ -35,6 +36,10 @@ KNOWN_THEN_FIELDS = {
     "successor_observed_at": {"type": "date"},
     "successor_partition": {"type": "integer"},
     "successor_offset": {"type": "long"},
+    "retracted_at": {"type": "date"},  # the time a retraction ended it, and when and where that one was logged
+    "retraction_observed_at": {"type": "date"},
+    "retraction_partition": {"type": "integer"},
+    "retraction_offset": {"type": "long"},
 }
 # fields added after indices existed: ensure_index puts them on an existing index (a mapping only grows)
 ADDED_FIELDS = {

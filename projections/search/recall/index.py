@@ -108,9 +108,10 @@ def _in_force(scope: Scope) -> list[dict[str, Any]]:
     """The versions a scope may find: those that hold at `at`, or, as known at `known_at`, those logged by then
     (and below `below`, if given) that began by `at` (their end as the index holds it may come from a retraction or
     successor logged later, so verification decides, as known then: recall.verify), but for the versions whose
-    successor, begun by `at`, was also known then (observed by `known_at`, and logged below `below`), and those
-    whose own event asserted an end before `at`: as known then, verification keeps the successor (or one after it)
-    of the first, and nothing of the second, so they could only crowd a stage's candidates. Each comparison with an
+    successor, begun by `at`, was also known then (observed by `known_at`, and logged below `below`), those whose
+    own event asserted an end before `at`, and those a retraction known then ended before `at` (one that ended it
+    whatever else was known: documents.rows_sql): as known then, none of them held at `at`, so they could only
+    crowd a stage's candidates. Each comparison with an
     end or a successor is strict at the millisecond the index keeps, so one in the millisecond of `at` or `known_at`
     leaves its version a candidate. A document written before the index held
     these places lacks them and stays a candidate (`ledger reindex` writes them)."""
@@ -120,6 +121,10 @@ def _in_force(scope: Scope) -> list[dict[str, Any]]:
         {"range": {"superseded_at": {"lt": _ms(scope.at)}}},
         {"range": {"successor_observed_at": {"lt": _ms(scope.known_at)}}},
     ]
+    retracted: list[dict[str, Any]] = [
+        {"range": {"retracted_at": {"lt": _ms(scope.at)}}},
+        {"range": {"retraction_observed_at": {"lt": _ms(scope.known_at)}}},
+    ]
     known: list[dict[str, Any]] = [
         {"range": {"valid_from": {"lte": scope.at.isoformat()}}},
         {"range": {"observed_at": {"lte": scope.known_at.isoformat()}}},
@@ -127,10 +132,12 @@ def _in_force(scope: Scope) -> list[dict[str, Any]]:
     ]
     if scope.below is not None:
         replaced.append(_logged_below(scope.below, "successor_partition", "successor_offset"))
+        retracted.append(_logged_below(scope.below, "retraction_partition", "retraction_offset"))
         unplaced = {"bool": {"must_not": {"exists": {"field": "offset"}}}}
         logged = [_logged_below(scope.below, "partition", "offset"), unplaced]
         known.append({"bool": {"should": logged, "minimum_should_match": 1}})
-    return [*known, {"bool": {"must_not": {"bool": {"filter": replaced}}}}]
+    ended = [{"bool": {"filter": replaced}}, {"bool": {"filter": retracted}}]
+    return [*known, {"bool": {"must_not": ended}}]
 
 
 def _terms_any(fields: dict[str, Sequence[str]]) -> dict[str, Any]:

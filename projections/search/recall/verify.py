@@ -109,7 +109,8 @@ async def _verify_as_known(
 ) -> list[tuple[dict[str, Any], Match]]:
     """verify as known at `known_at` (and below `q.below`): the fold of each candidate's fact as the ledger knew
     it then decides (queries.shown_as_known), as the current state decides as known now. A candidate speaks for
-    its fact only if its version held at `at` then, as the index proposes only versions that hold now: a version
+    its fact only if its version held at `at` then (to the index's millisecond), as the index proposes only versions
+    that hold now (to the same): a version
     already replaced or ended by then that matches the question never answers with another's words. Of those,
     the best-fused speaks, and the fact answers with the version the fold shows then (an override in force
     first)."""
