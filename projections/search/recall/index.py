@@ -111,10 +111,9 @@ def _in_force(scope: Scope) -> list[dict[str, Any]]:
     successor, begun by `at`, was also known then (observed by `known_at`, and logged below `below`), those whose
     own event asserted an end before `at`, and those a retraction known then ended before `at` (one that ended it
     whatever else was known: documents.rows_sql): as known then, none of them held at `at`, so they could only
-    crowd a stage's candidates. Each comparison with an
-    end or a successor is strict at the millisecond the index keeps, so one in the millisecond of `at` or `known_at`
-    leaves its version a candidate. A document written before the index held
-    these places lacks them and stays a candidate (`ledger reindex` writes them)."""
+    crowd a stage's candidates. Each comparison with an end is strict at the millisecond the index keeps, so an
+    end in the millisecond of `at` (or known in that of `known_at`) leaves its version a candidate. A document
+    written before the index held these fields lacks them and stays a candidate (`ledger reindex` writes them)."""
     if scope.known_at is None:
         return holds_at_filter(scope.at)
     replaced: list[dict[str, Any]] = [
