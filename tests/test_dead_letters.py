@@ -528,6 +528,31 @@ def test_a_resolution_naming_a_letter_after_it_in_its_partition_is_refused(world
     assert _replayed(world) == _states(world.settings, world.settings.pg_schema)
 
 
+def test_resolutions_of_one_letter_in_one_batch_leave_the_first_and_the_worker_going_on(world: World) -> None:
+    """The class: a batch's rows written by one statement that updates on conflict. Two re-drives and a discard of
+    one letter, published raw while the worker waits so that one batch holds them, made that statement touch the
+    letter's row twice, which PostgreSQL refuses: the batch was retried forever and every partition stalled. The
+    first in ledger position resolves the letter, the others are applied as events that resolve nothing, and the
+    event after them is applied."""
+    key = f"{A}|user:twice".encode()
+    refused = wire("user:twice", tenant=A, event_id="ev-twice-bad", content=...)
+    [(p, o)] = publish_raw(world.settings, [(key, orjson.dumps(refused))])
+    world.caught_up()
+    link = {"dead_letter": {"partition": p, "offset": o}}
+    fixes = [wire("user:twice", tenant=A, event_id=f"ev-twice-{n}", value=f"v{n}") | link for n in (1, 2)]
+    discard = {"type": "deadletter.discarded", "tenant": A, "subject": "user:twice", "event_id": f"deadletter:{p}:{o}"}
+    after = wire("user:twice-after", tenant=A, event_id="ev-twice-after")
+    records = [(key, orjson.dumps(e)) for e in (*fixes, discard | link | {"reason": "late"})]
+    with frozen(world.worker):
+        positions = publish_raw(world.settings, [*records, (f"{A}|user:twice-after".encode(), orjson.dumps(after))])
+    assert [q for q, _ in positions[:3]] == [p] * 3, positions
+    world.caught_up()
+    letter = world.letters()[(p, o)]
+    assert letter["state"] == "redriven" and letter["resolution"]["event_id"] == "ev-twice-1", letter
+    assert all(_applied(world.settings, A, i) for i in ("ev-twice-1", "ev-twice-2", "ev-twice-after"))
+    assert _replayed(world) == _states(world.settings, world.settings.pg_schema)
+
+
 def _letter_resolved_by_user_1(world: World) -> dict[str, Any]:
     """A letter of user:3's refused record, re-driven as a user:1 event: its position and resolution."""
     broken = wire("user:3", tenant=A, event_id="ev-u3-bad", value="x", content=...)

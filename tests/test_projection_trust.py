@@ -87,6 +87,7 @@ def test_failures_are_sorted_into_retry_and_dead_letter():
         pg_errors.NumericValueOutOfRange(),
         pg_errors.InvalidTextRepresentation(),
         pg_errors.ProgramLimitExceeded(),
+        pg_errors.CardinalityViolation(),  # rows of one batch that collide: bisecting parts them
         CoreRefused("ValueError: memory.frobbed has no route"),
     ]
     transient = [

@@ -50,10 +50,16 @@ DlqSink = Callable[[Sequence[DeadLetter]], None]
 # topic, partition, offset, key, value, timestamp (ms): what the worker's agents and the rebuild read off Kafka
 Decode = Callable[[str, int, int, bytes | None, bytes | None, int | None], Any]
 
-# SQLSTATE classes that no retry changes: 22 data exception (e.g. 22P05 untranslatable character,
-# 22003 numeric out of range), 23 integrity constraint violation, 54 program limit exceeded (a
-# value too large for an index or a tsvector; psycopg files it under OperationalError).
-_PERMANENT_DB = (psycopg.DataError, psycopg.IntegrityError, pg_errors.ProgramLimitExceeded)
+# SQLSTATE classes that no retry changes: 21 cardinality violation (a statement given rows that collide with
+# each other), 22 data exception (e.g. 22P05 untranslatable character, 22003 numeric out of range), 23 integrity
+# constraint violation, 54 program limit exceeded (a value too large for an index or a tsvector; psycopg files it
+# under OperationalError).
+_PERMANENT_DB = (
+    pg_errors.CardinalityViolation,
+    psycopg.DataError,
+    psycopg.IntegrityError,
+    pg_errors.ProgramLimitExceeded,
+)
 
 
 class CoreRefused(Exception):

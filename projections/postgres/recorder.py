@@ -475,8 +475,17 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         resolutions of one letter and tenant the one first in ledger position stays, in whatever order they are
         applied (a rebuild applies partitions in any order), so the row is a function of the log. One naming a
         letter at or after its own place in its own partition resolves nothing: no record there was refused before
-        it (a raw producer could otherwise close its next refusal in advance)."""
-        rows = [row for row in rows if not (row[0] == row[5] and row[1] >= row[6])]
+        it (a raw producer could otherwise close its next refusal in advance). A batch may hold several of one
+        letter (raw producers): only its first in ledger position is written, as one statement may not update a
+        row twice."""
+        first: dict[tuple[int, int, str], tuple] = {}
+        for row in rows:
+            if row[0] == row[5] and row[1] >= row[6]:
+                continue
+            held = first.get(row[:3])
+            if held is None or (row[5], row[6]) < (held[5], held[6]):
+                first[row[:3]] = row
+        rows = list(first.values())
         if not rows:
             return
         cols = list(zip(*rows, strict=True))
