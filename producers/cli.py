@@ -42,9 +42,9 @@ class Summary:
 
 
 def _settings(topic: str | None) -> Any:
-    from producers.settings import UnsafeSettings, check_names, get_settings
+    from producers.settings import UnsafeSettings, check_names, get_publisher_settings
 
-    s = get_settings()
+    s = get_publisher_settings()
     if topic:
         s = s.model_copy(update={"topic": topic, "dlq_topic": f"{topic}.dlq", "access_topic": f"{topic}.access"})
         try:  # model_copy does not validate: a bad --topic is refused by the rule a bad LEDGER_TOPIC is

@@ -2,18 +2,18 @@
 
 Usage::
 
-    from producers.settings import get_settings
+    from producers.settings import get_publisher_settings
     from producers.sdk import LedgerProducer, PublishError
 
-    with LedgerProducer(get_settings()) as ledger:
+    with LedgerProducer(get_publisher_settings()) as ledger:
         r = ledger.assert_fact(
             "acme", "project:P1", "project.port", 8080, "Project P1's backend listens on port 8080",
             entities=["P1"], aliases=["backend port"], source={"type": "explicit", "ref": "msg-17"},
         )
         print(r.event_id, r.partition, r.offset, r.token)  # token: pass as `after` to a read to see this write
 
-Outside development, settings refuse the development defaults in every process: a machine that only publishes sets
-LEDGER_API_KEYS='{}' and LEDGER_PG_DSN (the key store's, with encryption on; otherwise unused).
+A publisher's settings (`get_publisher_settings`) refuse only the development secrets it uses: outside development,
+with encryption on and no key endpoint, the development PostgreSQL password (the key store's); never the API's keys.
 
 Guarantees: acks=all, an idempotent producer, Kafka key `tenant|subject` (a subject's events stay in order). The
 event_id is the idempotency key: to retry a publish of unknown outcome, publish the same event again, with the same

@@ -403,17 +403,20 @@ class Settings(
     def _safe(self) -> Settings:
         check_names(self)
         if not self.development:
-            if DEV_API_KEY in self.api_keys:
-                raise UnsafeSettings(
-                    f"LEDGER_API_KEYS holds the development key {DEV_API_KEY!r}: set your own keys, "
-                    "or LEDGER_DEVELOPMENT=1 on a development machine"
-                )
-            if urlsplit(self.pg_dsn).password == DEV_PG_PASSWORD:
-                raise UnsafeSettings(
-                    "LEDGER_PG_DSN uses the local default password: set the real one, "
-                    "or LEDGER_DEVELOPMENT=1 on a development machine"
-                )
+            self._refuse_development_secrets(api_keys=True, postgres=True)
         return self
+
+    def _refuse_development_secrets(self, *, api_keys: bool, postgres: bool) -> None:
+        if api_keys and DEV_API_KEY in self.api_keys:
+            raise UnsafeSettings(
+                f"LEDGER_API_KEYS holds the development key {DEV_API_KEY!r}: set your own keys, "
+                "or LEDGER_DEVELOPMENT=1 on a development machine"
+            )
+        if postgres and urlsplit(self.pg_dsn).password == DEV_PG_PASSWORD:
+            raise UnsafeSettings(
+                "LEDGER_PG_DSN uses the local default password: set the real one, "
+                "or LEDGER_DEVELOPMENT=1 on a development machine"
+            )
 
     def private(self, name: str, **update: object) -> Settings:
         """A copy whose topic, DLQ, consumer group, schema and index are all named after `name`.
@@ -522,7 +525,11 @@ def settings_problem(exc: BaseException) -> str | None:
         found = re.search(r'field "(\w+)"', str(exc))
         name = f"LEDGER_{found.group(1).upper()}" if found else "a LEDGER_* variable"
         return f"{name} is not valid JSON (a list or mapping setting is written as JSON)"
-    if isinstance(exc, ValidationError) and exc.title in (Settings.__name__, ClientSettings.__name__):
+    if isinstance(exc, ValidationError) and exc.title in (
+        Settings.__name__,
+        PublisherSettings.__name__,
+        ClientSettings.__name__,
+    ):
         prefix = "LEDGER_CLIENT_" if exc.title == ClientSettings.__name__ else "LEDGER_"
         problems = []
         for error in exc.errors(include_input=False, include_url=False):
@@ -538,6 +545,26 @@ def settings_problem(exc: BaseException) -> str | None:
 def get_settings() -> Settings:
     """The process-wide settings, read once."""
     return Settings()
+
+
+class PublisherSettings(Settings):
+    """The settings of a process that only publishes (the SDK in a service, `ledger publish`): the stack's, refusing
+    only the development secrets it uses. It serves no API key, and opens PostgreSQL only for the key store, with
+    encryption on and no key endpoint; so a service's machine need not set what only the servers read."""
+
+    @model_validator(mode="after")
+    def _safe(self) -> PublisherSettings:
+        check_names(self)
+        if not self.development:
+            key_store = self.encryption != "off" and self.key_endpoint is None
+            self._refuse_development_secrets(api_keys=False, postgres=key_store)
+        return self
+
+
+@functools.lru_cache(maxsize=1)
+def get_publisher_settings() -> PublisherSettings:
+    """A publishing process's settings (`PublisherSettings`), read once."""
+    return PublisherSettings()
 
 
 class ClientSettings(BaseSettings):

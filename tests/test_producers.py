@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import multiprocessing
 import re
 import subprocess
@@ -492,6 +493,36 @@ def test_cli_reads_stdin_and_exits_zero_when_all_are_accepted(ledger: Settings) 
     assert b"accepted: 20" in proc.stdout and b"rejected: 0" in proc.stdout
     records = read_topic(ledger)
     assert [decode(r.value).event_id for r in sorted(records, key=lambda r: r.offset)] == [e.event_id for e in events]
+
+
+def test_a_machine_that_only_publishes_needs_none_of_the_servers_settings(ledger: Settings) -> None:
+    """A service's machine outside development, holding only where Kafka is and the topic: the SDK as its docstring
+    shows and `ledger publish` both publish (the development key and the local password are defaults it never
+    uses); with encryption on and its key store there, the local password is refused, naming LEDGER_PG_DSN."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
+    env |= {"LEDGER_KAFKA_BOOTSTRAP": ledger.kafka_bootstrap, "LEDGER_TOPIC": ledger.topic}
+    events = [from_dict(_event("publisher", i, "user:8")) for i in range(3)]
+    sdk = (
+        "from producers.settings import get_publisher_settings\n"
+        "from producers.sdk import LedgerProducer\n"
+        "with LedgerProducer(get_publisher_settings()) as ledger:\n"
+        "    r = ledger.assert_fact('demo', 'user:8', 'pref.seat', 'window', 'User 8 prefers window seats',"
+        f" event_id={events[0].event_id!r})\n"
+        "    print(r.event_id)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", sdk], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == events[0].event_id, proc.stderr[-2000:]
+    data = b"".join(orjson.dumps(e.to_wire()) + b"\n" for e in events[1:])
+    proc = subprocess.run(
+        [LEDGER_BIN, "publish", "-", "--quiet"], env=env, input=data, capture_output=True, timeout=120
+    )
+    assert proc.returncode == 0 and b"accepted: 2" in proc.stdout, proc.stderr[-2000:]
+    assert sorted(decode(r.value).event_id for r in read_topic(ledger)) == sorted(e.event_id for e in events)
+    sealed = {**env, "LEDGER_ENCRYPTION": "on"}
+    proc = subprocess.run([LEDGER_BIN, "publish", "-"], env=sealed, input=data, capture_output=True, timeout=120)
+    lines = proc.stderr.decode().strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "LEDGER_PG_DSN" in lines[0], proc.stderr[-2000:]
+    assert len(read_topic(ledger)) == len(events)
 
 
 def test_cli_whose_report_cannot_be_written_says_so_in_one_line(ledger: Settings) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from producers.settings import DEV_API_KEY, Settings, UnsafeSettings
+from producers.settings import DEV_API_KEY, PublisherSettings, Settings, UnsafeSettings
 
 pytestmark = pytest.mark.unit
 
@@ -17,6 +17,19 @@ def test_a_deployment_refuses_the_development_key_and_password() -> None:
     with pytest.raises(ValueError, match="LEDGER_PG_DSN"):
         Settings(development=False, api_keys=SAFE["api_keys"])  # the default DSN has the local password
     assert Settings(development=False, **SAFE).development is False
+
+
+def test_a_publisher_refuses_only_the_development_secret_it_uses() -> None:
+    """It serves no key, and opens PostgreSQL only for the key store (encryption on, no key endpoint)."""
+    assert DEV_API_KEY in PublisherSettings(development=False).api_keys
+    with pytest.raises(ValueError, match="LEDGER_PG_DSN"):
+        PublisherSettings(development=False, encryption="on")
+    with pytest.raises(ValueError, match="LEDGER_PG_DSN"):
+        PublisherSettings(development=False, encryption="required")
+    assert PublisherSettings(development=False, encryption="on", key_endpoint="http://api:8000").encryption == "on"
+    assert PublisherSettings(development=False, encryption="on", pg_dsn=SAFE["pg_dsn"]).encryption == "on"
+    with pytest.raises(ValueError, match="LEDGER_TOPIC"):  # names are checked as for every process
+        PublisherSettings(development=False, topic="a b")
 
 
 def test_development_mode_allows_them() -> None:
