@@ -29,12 +29,15 @@ _OUTPUT_LOST = {errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT}
 
 def _address(store: str, exc: BaseException) -> tuple[str, str]:
     """The configured address of `store` (never a DSN's password) and the setting that changes it."""
-    from producers.settings import get_settings
+    from producers.settings import get_publisher_settings
 
     if store == "api":  # the address the command used (`demo --url` overrides the settings)
         url = exc.request.url  # type: ignore[attr-defined]
         return f"{url.host}:{url.port}", "--url or LEDGER_API_HOST/LEDGER_API_PORT"
-    s = get_settings()
+    # only addresses are read: the settings that refuse least (a publisher's), which loaded if the command's did
+    s = get_publisher_settings()
+    if store == "key endpoint":
+        return str(s.key_endpoint), "LEDGER_KEY_ENDPOINT"
     if store == "kafka":
         return s.kafka_bootstrap, "LEDGER_KAFKA_BOOTSTRAP"
     if store == "elasticsearch":
@@ -83,14 +86,17 @@ def store_problem(exc: BaseException) -> str | None:
     if said_no is not None:
         return said_no
     for seen in chain:
-        if isinstance(seen, PublishError) and seen.code == "unavailable":  # the SDK's word for a broker away
-            store, reason = "kafka", "unavailable"
+        if isinstance(seen, PublishError) and seen.code == "unavailable":  # the SDK's word for a store away
+            if seen.store == "keys":  # the key store answered but handed out no key (its key-encryption key)
+                return f"no data key: {seen.reason}"
+            # the broker, or where a sealed event's data key comes from: the key store's database or the API
+            store, reason = {"api": "key endpoint"}.get(seen.store, seen.store), "unavailable"
         else:
             store = next((name for name, kinds in unreachable.items() if isinstance(seen, kinds)), "")
             reason = type(seen).__name__
         if store:
             address, setting = _address(store, seen)
-            start = "`ledger serve`" if store == "api" else "`python -m infra up`"
+            start = "`ledger serve`" if store in ("api", "key endpoint") else "`python -m infra up`"
             return f"{store} at {address} is not reachable ({reason}): start it ({start}) or set {setting}"
     return None
 

@@ -106,8 +106,10 @@ class Published(list[PublishResult]):
 
 
 class PublishError(Exception):
-    """The broker did not take the event. `code`: unavailable | timeout | refused | closed. `store`: the one that
-    failed (the broker, or the key store a sealed event needed its data key from)."""
+    """The event was not published: the broker did not take it, or no data key came for it.
+    `code`: unavailable | timeout | refused | closed. `refused`: by the broker or by the key endpoint; `store`: the
+    one that failed (the broker, or where a sealed event's data key comes from: the key store's database or the
+    API)."""
 
     def __init__(
         self, event_id: str | None, reason: str, code: str = "refused", *, store: str = "kafka", sent: bool = True
@@ -131,6 +133,13 @@ def _key_store(exc: BaseException) -> str:
     from producers.keys.provider import KeyServiceError
 
     return "postgres" if isinstance(exc, psycopg.Error) else "api" if isinstance(exc, KeyServiceError) else "keys"
+
+
+def _without_key(event_id: str, reason: str, exc: BaseException) -> PublishError:
+    """The error of an event not sent for want of a data key: `refused` when the key endpoint said no (a retry
+    changes nothing: the key or tenant to fix), otherwise `unavailable`, naming the store that failed."""
+    code = "refused" if getattr(exc, "refused", False) else "unavailable"
+    return PublishError(event_id, f"{reason}: {_reason(exc)}", code, store=_key_store(exc), sent=False)
 
 
 class EventIdConflict(InvalidEvent):
@@ -479,10 +488,7 @@ class LedgerProducer:
                 # the subject's next events with (their records then opened by nobody); refused, the caller retries
                 # once the key store answers, as for any event that needs a data key.
                 log.warning("erasure %s refused: the subject's key was not retired (%s)", event.event_id, _reason(exc))
-                refused[i] = PublishError(
-                    event.event_id, f"the subject's data key was not retired: {_reason(exc)}", "unavailable",
-                    store=_key_store(exc), sent=False,
-                )  # fmt: skip
+                refused[i] = _without_key(event.event_id, "the subject's data key was not retired", exc)
         self._seal_with_keys(prepared, todo, refused, report_invalid)
 
     def _seal_with_keys(
@@ -494,22 +500,24 @@ class LedgerProducer:
         also: tuple[str, str] | None = None,
     ) -> None:
         """Seal the events `todo` (index in `prepared` -> event) with their subjects' keys as the key source hands
-        them out now (one ask, for the subject `also` too); without a data key, nothing of them is sent
-        (unavailable)."""
+        them out now (one ask per tenant, for the subject `also` too); without a data key, nothing of them is sent.
+        Tenant by tenant, so that a key endpoint refusing one tenant (a key bound to others) refuses only its
+        events."""
         assert self.keys is not None
-        pairs = {(event.tenant, event.subject) for event in todo.values()} | ({also} if also else set())
-        if not pairs:
-            return
-        try:
-            keys = self.keys.sealing_keys(pairs)
-        except Exception as exc:  # noqa: BLE001 - the key service failed: reported per event, nothing sent clear
-            store = _key_store(exc)
-            for i, event in todo.items():
-                refused[i] = PublishError(
-                    event.event_id, f"no data key: {_reason(exc)}", "unavailable", store=store, sent=False
-                )
-            return
+        by_tenant: dict[str, set[tuple[str, str]]] = {}
+        for pair in [(event.tenant, event.subject) for event in todo.values()] + ([also] if also else []):
+            by_tenant.setdefault(pair[0], set()).add(pair)
+        keys: dict[tuple[str, str], Any] = {}
+        for tenant, pairs in by_tenant.items():
+            try:
+                keys |= self.keys.sealing_keys(pairs)
+            except Exception as exc:  # noqa: BLE001 - the key service failed: reported per event, nothing sent clear
+                for i, event in todo.items():
+                    if event.tenant == tenant:
+                        refused[i] = _without_key(event.event_id, "no data key", exc)
         for i, event in todo.items():
+            if i in refused:
+                continue
             event_id, tenant, subject, clear, fingerprint, _event = prepared[i]  # type: ignore[misc]
             try:
                 sealed = encode_sealed(event, keys[(tenant, subject)], clear=clear)

@@ -5,9 +5,9 @@ new one is covered without being listed. Each runs as a user runs it, `ledger <c
 whose settings do not load: the default development key without LEDGER_DEVELOPMENT (what a new user's shell
 holds); two of them also with a variable that does not parse (pydantic-settings' own refusal). Each must end
 with one line on stderr naming the variable and exit 2, never a traceback; the commands that need no settings
-(`schema`, `keys new-kek`) answer as usual, and so do `publish` and `topics` in the new user's shell (a publisher refuses only
-the development secret it uses: tests/test_producers.py). The line itself is `settings_problem`, tested here as a pure function
-on every kind of refusal `Settings` makes.
+(`schema`, `keys new-kek`) answer as usual, and so do `publish` and `topics` in the new user's shell (a publisher
+refuses only the development secret it uses: tests/test_producers.py). The line itself is `settings_problem`,
+tested here as a pure function on every kind of refusal `Settings` makes.
 """
 
 from __future__ import annotations

@@ -67,3 +67,29 @@ def test_every_command_says_in_one_line_which_store_is_unreachable() -> None:
         assert f"127.0.0.1:{port}" in line and "LEDGER_" in line, f"ledger {name}: {line}"
         assert any(store in line for store in ("kafka", "postgres", "elasticsearch", "api")), line
         assert SECRET not in line, f"ledger {name} printed the DSN's password: {line}"
+
+
+def test_a_publish_names_the_store_its_data_keys_come_from_and_runs_outside_development() -> None:
+    """With encryption on, a publish needs a data key before the broker: the key endpoint (LEDGER_KEY_ENDPOINT) or
+    the key store's database (LEDGER_PG_DSN), away, is the one line's store, not Kafka; and on a machine that only
+    publishes (no LEDGER_DEVELOPMENT), Kafka away is the same one line, not the settings' refusal of what the servers
+    read."""
+    port = dead_port()
+    runs = {
+        "key endpoint": user_env(
+            LEDGER_ENCRYPTION="on", LEDGER_KEY_ENDPOINT=f"http://127.0.0.1:{port}", LEDGER_KEY_API_KEY="k"
+        ),
+        "postgres": user_env(
+            LEDGER_DEVELOPMENT="1",
+            LEDGER_ENCRYPTION="on",
+            LEDGER_KEK=new_kek(),
+            LEDGER_PG_DSN=f"postgresql://ledger:{SECRET}@127.0.0.1:{port}/ledger",
+        ),
+        "kafka": user_env(LEDGER_KAFKA_BOOTSTRAP=f"127.0.0.1:{port}", LEDGER_PRODUCER_TIMEOUT_S="2"),
+    }
+    for store, env in runs.items():
+        proc = run(("publish",), env, EVENT)
+        assert "Traceback" not in proc.stderr and proc.returncode == 3, f"{store}: {proc.stderr[-2000:]}"
+        line = proc.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"ledger: {store} at ") and f"127.0.0.1:{port}" in line, f"{store}: {line}"
+        assert SECRET not in line, line

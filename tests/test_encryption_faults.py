@@ -338,6 +338,38 @@ def test_kek_env_and_file_together_or_an_unreadable_file_are_refused(tmp_path):
 # -- 3. a producer without database credentials ---------------------------------------------------------------------
 
 
+def test_a_key_endpoint_refusing_one_tenant_refuses_only_its_events(enc):
+    """The class: a batch's data keys were asked for in one call, so the key endpoint's 403 for one tenant (a key
+    bound to others) failed every event of the batch, and as `unavailable`, a store to wait for. Asked tenant by
+    tenant, the refused tenant's events are `refused` (a retry changes nothing) and the others are published; an
+    endpoint away is `unavailable`, naming the API as the store that failed."""
+    from producers.sdk import PublishError
+
+    subject = f"user:kr-{uuid.uuid4().hex[:6]}"
+    events = [
+        asserted(subject, "profile.k1", "a", 1, tenant=TENANT, content="a"),
+        asserted(subject, "profile.k1", "b", 1, tenant="globex", content="b"),
+        asserted(subject, "profile.k2", "c", 2, tenant=TENANT, content="c"),
+    ]
+    with ApiServer(enc) as api:
+        remote = enc.model_copy(update={"kek": None, "kek_file": None, "key_endpoint": api.url, "key_api_key": KEY})
+        with LedgerProducer(remote) as producer:
+            outcomes = producer.send_many(events)
+    refused = outcomes[1]
+    assert isinstance(refused, PublishError) and (refused.code, refused.store, refused.sent) == (
+        "refused",
+        "api",
+        False,
+    )
+    assert "403" in refused.reason, refused.reason
+    assert [type(o).__name__ for o in outcomes] == ["PublishResult", "PublishError", "PublishResult"], outcomes
+    assert sorted(r.key for r in read_topic(enc)) == [f"{TENANT}|{subject}".encode()] * 2
+    away = remote.model_copy(update={"key_endpoint": "http://127.0.0.1:1"})
+    with LedgerProducer(away) as producer:
+        outcomes = producer.send_many(events[:1])
+    assert [(o.code, o.store) for o in outcomes] == [("unavailable", "api")], outcomes  # type: ignore[union-attr]
+
+
 def test_a_producer_without_database_credentials_seals_with_keys_from_the_api(enc):
     markers = {s: f"{s.split(':')[1].upper()}-{os.urandom(4).hex()}" for s in (GONE, KEPT)}
     events = [

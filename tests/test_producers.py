@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import multiprocessing
+import os
 import re
 import subprocess
 import sys

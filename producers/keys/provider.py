@@ -38,7 +38,19 @@ log = logging.getLogger(__name__)
 
 
 class KeyServiceError(RuntimeError):
-    """The key service (the store or the API) did not hand out a data key: nothing is published unsealed."""
+    """The key service (the store or the API) did not hand out a data key: nothing is published unsealed.
+    `refused`: the key endpoint answered and said no (a key it does not know, a tenant the key may not use, a
+    request it rejects): asking again changes nothing, unlike an endpoint away or busy."""
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+def _answered(response: httpx.Response) -> KeyServiceError:
+    """The error of a key endpoint's answer other than 200: a refusal for a 4xx but a timeout or a rate limit."""
+    refused = 400 <= response.status_code < 500 and response.status_code not in (408, 429)
+    return KeyServiceError(f"the key endpoint answered {response.status_code}: {response.text[:300]}", refused=refused)
 
 
 class SealingKeys(Protocol):
@@ -69,7 +81,7 @@ class RemoteKeys:
                 except httpx.HTTPError as exc:
                     raise KeyServiceError(f"the key endpoint did not answer: {type(exc).__name__}: {exc}") from exc
                 if response.status_code != 200:
-                    raise KeyServiceError(f"the key endpoint answered {response.status_code}: {response.text[:300]}")
+                    raise _answered(response)
                 for item in response.json()["keys"]:
                     out[(tenant, item["subject"])] = DataKey(item["key_id"], base64.b64decode(item["key"]))
         return out
@@ -82,7 +94,7 @@ class RemoteKeys:
         except httpx.HTTPError as exc:
             raise KeyServiceError(f"the key endpoint did not answer: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
-            raise KeyServiceError(f"the key endpoint answered {response.status_code}: {response.text[:300]}")
+            raise _answered(response)
         return int(response.json()["retired"])
 
     def close(self) -> None:
