@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 
 from producers.contract import EventType, MemoryEvent, from_dict, rfc3339, version_id_for
+from projections.postgres.queries import below_json
+from projections.search.recall.current import known_sql
 from projections.search.recall.index import ElasticIndex
 from projections.search.recall.model import Match, RecallQuery, Scope
 from projections.search.recall.verify import verify
@@ -168,9 +170,10 @@ def test_a_candidate_speaks_as_known_then_only_if_it_held_then(base_settings: An
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_index_as_known_then_proposes_every_version_the_fold_shows(base_settings: Any, seed: int) -> None:
-    """Whatever the index's filter as known then leaves out (ended by its own valid_to, a successor known then,
-    logged at or past a replay's positions), it never leaves out the version the fold shows: as known at each
-    instant, and as a replay knows (whenever observed, below the positions of that instant)."""
+    """Whatever the index's filter as known then leaves out (ended by its own valid_to, a successor known then, a
+    retraction known then, logged at or past a replay's positions), it never leaves out the version the fold shows:
+    as known at each instant, and as a replay knows (whenever observed, below the positions of that instant). The
+    same of PostgreSQL's exact ask."""
     settings = base_settings.private(unique("kpi"))
     events = _world(seed)
     edges = {t for e in events for t in (e.valid_from, e.valid_to) if t is not None}
@@ -185,11 +188,16 @@ def test_the_index_as_known_then_proposes_every_version_the_fold_shows(base_sett
         for n in range(1, len(events) + 1, max(1, len(events) // 8)):
             known = events[n - 1].observed_at
             for scope_known, below in ((known, None), (known, {0: n}), (datetime.max.replace(tzinfo=UTC), {0: n})):
+                pg_known = known_sql(below is not None)  # the exact ask's as PostgreSQL answers it (recall.current)
                 for at in times:
                     scope = Scope(TENANT, at, known_at=scope_known, below=below)
                     body = {"query": {"bool": {"filter": ElasticIndex.filters(scope)}}, "size": 1000, "_source": False}
                     proposed = {h["_id"] for h in es.search(index=settings.es_index, **body)["hits"]["hits"]}
+                    params = {"tenant": TENANT, "at": at, "known_at": scope_known, "below": below_json(below or {})}
+                    asked = f"SELECT version_id FROM fact_versions f WHERE f.tenant = %(tenant)s AND {pg_known}"
+                    from_pg = {row[0] for row in conn.execute(asked, params).fetchall()}
                     _shown, held = _as_known(events, known, at)
                     assert held <= proposed, (seed, n, rfc3339(at), below, held - proposed)
+                    assert held <= from_pg, ("postgres", seed, n, rfc3339(at), below, held - from_pg)
                     checked += 1
     assert checked > 200

@@ -48,6 +48,7 @@ __all__ = [
     "BELOW",
     "EFFECTIVE_TO",
     "OVERRIDE",
+    "RETRACTION_ENDED",
     "current_facts",
     "facts_page",
     "episode_holds_sql",
@@ -79,6 +80,15 @@ _F_COLS = sql.SQL(", ").join(sql.Identifier("f", c) for c in VERSION_COLUMNS)
 
 EFFECTIVE_TO = "LEAST(f.valid_to, f.superseded_at)"  # a version's end: LEAST ignores NULLs (NULL only when both are)
 OVERRIDE = "(f.kind = 'preference' AND f.asserted_valid_to IS NOT NULL)"  # projections.versions.is_override
+# the `events` row `r` is a retraction that ended the retracted version `f` whatever else the ledger knew: by its
+# id, or by its time where no override's window holds that time (an override's would end the override instead)
+RETRACTION_ENDED = (
+    "f.status = 'retracted' AND r.memory_id = f.memory_id AND r.type = 'memory.retracted' "
+    "AND r.valid_from = f.valid_to AND (r.target_version = f.version_id OR (r.target_version IS NULL "
+    "AND NOT EXISTS (SELECT 1 FROM fact_versions o WHERE o.memory_id = f.memory_id AND "
+    + OVERRIDE.replace("f.", "o.")
+    + " AND o.valid_from <= r.valid_from AND r.valid_from < o.asserted_valid_to)))"
+)
 
 
 def holds_at_sql(t: str = "t") -> sql.SQL:

@@ -12,7 +12,7 @@ from typing import Any
 
 from psycopg import sql
 
-from projections.postgres.queries import EFFECTIVE_TO, OVERRIDE
+from projections.postgres.queries import EFFECTIVE_TO, OVERRIDE, RETRACTION_ENDED
 from projections.postgres.recorder import VERSION_COLUMNS
 from projections.search.cues import (
     canonical,
@@ -48,11 +48,9 @@ ENDED_BY_COLUMNS = sql.SQL(
 )
 _ENDED_BY = (
     "LEFT JOIN fact_versions s ON s.version_id = f.superseded_by "
-    'LEFT JOIN LATERAL (SELECT r.observed_at, r."partition", r."offset" FROM events r WHERE f.status = \'retracted\' '
-    "AND r.memory_id = f.memory_id AND r.type = 'memory.retracted' AND r.valid_from = f.valid_to "
-    "AND (r.target_version = f.version_id OR (r.target_version IS NULL AND NOT EXISTS (SELECT 1 FROM fact_versions o "
-    "WHERE o.memory_id = f.memory_id AND " + OVERRIDE.replace("f.", "o.") + " AND o.valid_from <= r.valid_from "
-    'AND r.valid_from < o.asserted_valid_to))) ORDER BY r."partition", r."offset" LIMIT 1) rt ON true'
+    'LEFT JOIN LATERAL (SELECT r.observed_at, r."partition", r."offset" FROM events r WHERE '
+    + RETRACTION_ENDED
+    + ' ORDER BY r."partition", r."offset" LIMIT 1) rt ON true'
 )
 
 

@@ -16,12 +16,12 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from projections.postgres.queries import below_json, below_sql, holds_at_sql
+from projections.postgres.queries import RETRACTION_ENDED, below_json, below_sql, holds_at_sql
 from projections.search.cues import about_entry, event_types_in, key_phrases, normalize_entity, subject_ids
 from projections.search.recall.model import Candidate, Scope
 from projections.search.vocab import NEWEST_SQL
 
-__all__ = ["exact_current", "exact_current_marked"]
+__all__ = ["exact_current", "exact_current_marked", "known_sql"]
 
 # what a version is about (schema.sql's `about`, GIN-indexed): its ids normalized as the cues are, and with keys the
 # (id, key) pairs, so an ask for one key of an entity with thousands of facts reads that key's versions
@@ -30,13 +30,32 @@ _COLUMNS = (
     "f.version_id, f.memory_id, f.subject, f.entities, f.key, f.scope, f.kind, f.content, f.aliases, f.tags, "
     "f.source, f.valid_from, f.observed_at"
 )
-# recall.index._in_force, as known then: begun by then, and not ended by then by its own valid_to or a successor
-# known then (for a replay, one logged below its positions: the `{}`)
-_KNOWN = (
-    "f.valid_from <= %(at)s AND f.observed_at <= %(known_at)s "
-    "AND (f.asserted_valid_to IS NULL OR %(at)s < f.asserted_valid_to) AND NOT EXISTS (SELECT 1 FROM fact_versions s "
-    "WHERE s.version_id = f.superseded_by AND s.valid_from <= %(at)s AND s.observed_at <= %(known_at)s{})"
-)
+
+
+def _ms(t: str) -> str:
+    """`t` cut to the millisecond, as the index's `date` fields hold times and recall.index._ms cuts the asked ones."""
+    return f"date_trunc('milliseconds', {t})"
+
+
+def known_sql(below: bool) -> str:
+    """recall.index._in_force, as known then, compared as the index compares (each time cut to the millisecond):
+    begun by then, and not ended before then by its own valid_to, a successor known before then or a retraction
+    known before then that ended it whatever else was known (queries.RETRACTION_ENDED); with `below` (a replay),
+    each only if logged below the receipt's positions."""
+    at, known = _ms("%(at)s"), _ms("%(known_at)s")
+    s_below, r_below = (f" AND {below_sql('s')}", f" AND {below_sql('r')}") if below else ("", "")
+    return (
+        f"{_ms('f.valid_from')} <= {at} AND {_ms('f.observed_at')} <= {known} "
+        f"AND (f.asserted_valid_to IS NULL OR {_ms('f.asserted_valid_to')} >= {at}) "
+        f"AND NOT ({_ms('f.superseded_at')} < {at} AND EXISTS (SELECT 1 FROM fact_versions s "
+        f"WHERE s.version_id = f.superseded_by AND {_ms('s.observed_at')} < {known}{s_below})) "
+        f"AND NOT ({_ms('f.valid_to')} < {at} AND EXISTS (SELECT 1 FROM events r "
+        f"WHERE {RETRACTION_ENDED} AND {_ms('r.observed_at')} < {known}{r_below}))"
+        + (f" AND {below_sql('f')}" if below else "")
+    )
+
+
+_KNOWN, _KNOWN_BELOW = known_sql(False), known_sql(True)
 _HOLDS = holds_at_sql("at").as_string()
 _FILTERS = {  # RecallFilters, as the index's terms filters on the document's fields
     "kind": "f.kind = ANY(%(kind)s)",
@@ -65,9 +84,9 @@ def _query(
     if scope.known_at is not None:
         params["known_at"] = scope.known_at
         if scope.below is None:
-            where.append(_KNOWN.format(""))
+            where.append(_KNOWN)
         else:  # a replay: only what was logged below its receipt's positions (index._in_force)
-            where += [_KNOWN.format(" AND " + below_sql("s")), below_sql("f")]
+            where.append(_KNOWN_BELOW)
             params["below"] = below_json(scope.below)
     else:
         where.append(_HOLDS)
