@@ -416,7 +416,8 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
             (facts,),
         )
         versions = self._load_versions(cur, facts)
-        fresh_marks = {m.event_id for ms in new_marks.values() for m in ms}
+        # the batch's marks, just logged: left out of the stored ones read back (by tenant: ids are a tenant's)
+        fresh_marks = {(r.event.tenant, r.event.event_id) for r in new if r.event is not None}
         marks = self._load_marks(cur, facts, exclude=fresh_marks)
         inserts: list[Version] = []
         updates: list[Version] = []
@@ -525,11 +526,10 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         )
         for vid, tenant, subject, mid, episodic in cur.fetchall():
             logged[vid] = (tenant, subject, mid, episodic, None)
-        for r in records:
+        for r in self._logged_assertions(cur, records, {e.target_version for e in wanted} - logged.keys()):
             e = r.event
-            if e is not None and e.type is EventType.ASSERTED:
-                episodic = e.kind.value == "episodic"
-                logged.setdefault(e.version_id, (e.tenant, e.subject, e.memory_id, episodic, (r.partition, r.offset)))
+            episodic = e.kind.value == "episodic"
+            logged[e.version_id] = (e.tenant, e.subject, e.memory_id, episodic, (r.partition, r.offset))
         out: dict[tuple[str, str], str] = {}
         for r in records:
             e = r.event
@@ -545,6 +545,33 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
                 out[(e.tenant, e.event_id)] = found[2]
         return out
 
+    def _logged_assertions(self, cur: psycopg.Cursor, records: list[Incoming], versions: set[str]) -> list[Incoming]:
+        """The batch's assertions of `versions` that this batch logs: the first record of their
+        (tenant, event_id) in the batch, an id neither logged before (`events`) nor an erased event's. A refused one
+        (a duplicate, a conflict) never made its version, however it is batched."""
+        first: dict[tuple[str, str], int] = {}
+        for i, r in enumerate(records):
+            if r.event is not None:
+                first.setdefault((r.event.tenant, r.event.event_id), i)
+        found = [
+            (i, r)
+            for i, r in enumerate(records)
+            if r.event is not None
+            and r.event.type is EventType.ASSERTED
+            and r.event.version_id in versions
+            and first[(r.event.tenant, r.event.event_id)] == i
+        ]
+        if not found:
+            return []
+        cur.execute(
+            "SELECT x.i FROM unnest(%s::int[], %s::text[], %s::text[]) AS x(i, t, id) "
+            "WHERE EXISTS (SELECT 1 FROM events e WHERE e.tenant = x.t AND e.event_id = x.id)",
+            ([i for i, _ in found], [r.event.tenant for _, r in found], [r.event.event_id for _, r in found]),
+        )
+        taken = {row[0] for row in cur.fetchall()}
+        erased = self._erased(cur, [r for _, r in found])
+        return [r for n, (i, r) in enumerate(found) if i not in taken and n not in erased]
+
     def _load_versions(self, cur: psycopg.Cursor, facts: list[str]) -> dict[str, list[Version]]:
         """The stored chains of `facts`, with the columns the fold and the writers read (`CHAIN_COLUMNS`).
 
@@ -559,16 +586,18 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
             out[v.memory_id].append(v)
         return out
 
-    def _load_marks(self, cur: psycopg.Cursor, facts: list[str], exclude: set[str]) -> dict[str, list[Mark]]:
-        """The stored retractions and confirmations of `facts` (a memory_id is one tenant's: ids are unique in it)."""
+    def _load_marks(
+        self, cur: psycopg.Cursor, facts: list[str], exclude: set[tuple[str, str]]
+    ) -> dict[str, list[Mark]]:
+        """The stored retractions and confirmations of `facts` but those of the (tenant, event_id) `exclude`."""
         cur.execute(
-            "SELECT memory_id, event_id, type, valid_from, observed_at, target_version FROM events "
+            "SELECT memory_id, tenant, event_id, type, valid_from, observed_at, target_version FROM events "
             "WHERE memory_id = ANY(%s) AND type IN ('memory.retracted', 'memory.confirmed')",
             (facts,),
         )
         out: dict[str, list[Mark]] = defaultdict(list)
-        for mid, eid, typ, vf, obs, target in cur.fetchall():
-            if eid not in exclude:
+        for mid, tenant, eid, typ, vf, obs, target in cur.fetchall():
+            if (tenant, eid) not in exclude:
                 out[mid].append(Mark(eid, typ, vf, obs, target=target))
         return out
 

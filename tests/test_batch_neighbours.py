@@ -1,0 +1,100 @@
+"""A record's batch neighbours never change what it does: the same records in one batch or one at a time give the
+same projection (`projection_checksum`, what `ledger verify` compares with a rebuild, which batches otherwise).
+
+Against the real PostgreSQL, through the recorder: each case is a history applied one event at a time, then records
+a raw producer could put in one batch, applied as one batch into one schema and one by one into another. The
+cases are the neighbours that made a difference: another tenant's mark sharing an event id (its stored twin was
+left out of a refold: a retracted fact of the other tenant came back), and an assertion refused for its id (a
+retraction naming its version was filed under that version's fact, as though it had been logged).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import psycopg
+import pytest
+
+from producers.contract import EventType, MemoryEvent, version_id_for
+from producers.settings import Settings
+from projections.postgres.queries import projection_checksum
+from tests.conftest import unique
+from tests.support import RecorderWriter
+from tests.support.events import asserted, marked
+from tests.support.stores import private_schema
+
+Case = tuple[list[MemoryEvent], list[MemoryEvent]]  # (the history before, one batch's records)
+
+
+def _other_tenants_mark_with_the_same_id(mark: EventType) -> Case:
+    history = [
+        asserted("user:g", "seat", "window", 1, tenant="globex", event_id="g-1"),
+        marked(EventType.RETRACTED, "user:g", "seat", 2, tenant="globex", event_id="shared-id"),
+    ]
+    batch = [
+        marked(EventType.CONFIRMED, "user:g", "seat", 3, tenant="globex", event_id="g-confirm"),
+        asserted("user:a", "seat", "aisle", 3, tenant="acme", event_id="a-1"),
+        marked(mark, "user:a", "seat", 4, tenant="acme", event_id="shared-id"),
+    ]
+    return history, batch
+
+
+def _a_refused_assertion_before_a_retraction_of_its_version() -> Case:
+    history = [
+        asserted("user:r", "seat", "window", 1, event_id="r-1"),
+        marked(EventType.CONFIRMED, "user:r", "seat", 2, event_id="taken-id"),
+    ]
+    batch = [
+        asserted("user:r", "seat", "aisle", 3, event_id="taken-id"),  # the id is a confirmation's: refused
+        MemoryEvent(
+            type=EventType.RETRACTED,
+            tenant="acme",
+            subject="user:r",
+            valid_from=history[0].valid_from,
+            observed_at=history[1].observed_at,
+            event_id="r-retract",
+            target_version=version_id_for("acme", "taken-id"),
+        ),  # fmt: skip
+        asserted("user:r", "seat", "middle", 4, event_id="r-2"),
+    ]
+    return history, batch
+
+
+CASES: dict[str, Callable[[], Case]] = {
+    "another tenant's retraction with the same id": lambda: _other_tenants_mark_with_the_same_id(EventType.RETRACTED),
+    "another tenant's confirmation with the same id": lambda: _other_tenants_mark_with_the_same_id(EventType.CONFIRMED),
+    "a refused assertion before a retraction of its version": _a_refused_assertion_before_a_retraction_of_its_version,
+}
+
+
+def _applied(settings: Settings, history: list[MemoryEvent], batch: list[MemoryEvent], *, together: bool) -> str:
+    with private_schema(settings), RecorderWriter(settings) as ledger:
+        for event in history:
+            ledger.apply(event)
+        if together:
+            ledger.apply(*batch)
+        else:
+            for event in batch:
+                ledger.apply(event)
+        with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+            return projection_checksum(conn, settings.pg_schema)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_one_batch_and_one_record_at_a_time_give_the_same_projection(base_settings: Settings, case: str) -> None:
+    history, batch = CASES[case]()
+    together = _applied(base_settings.private(unique("nb")), history, batch, together=True)
+    alone = _applied(base_settings.private(unique("nb")), history, batch, together=False)
+    assert together == alone, case
+
+
+def test_another_tenants_mark_with_the_same_id_leaves_a_retracted_fact_retracted(base_settings: Settings) -> None:
+    """The case as a tenant sees it: globex's retracted fact stays retracted whatever acme's batch holds."""
+    settings = base_settings.private(unique("nb"))
+    history, batch = _other_tenants_mark_with_the_same_id(EventType.CONFIRMED)
+    with private_schema(settings) as conn, RecorderWriter(settings) as ledger:
+        for event in history:
+            ledger.apply(event)
+        ledger.apply(*batch)
+        rows = conn.execute("SELECT status FROM fact_versions WHERE tenant = 'globex'").fetchall()
+    assert rows == [("retracted",)], rows
