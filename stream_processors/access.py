@@ -6,7 +6,8 @@ A second agent in the projector's faust App (same group, same worker processes),
 (topic = `Settings.access_topic`), and the App's seek hook covers its partitions too, so after every rebalance
 they resume where PostgreSQL says. A transient failure (PostgreSQL away, a deadlock) is retried with backoff until
 the batch commits; an access is never skipped by the stream moving on without it. Its dead letters stay rows
-(no DLQ topic) and it adds nothing to the worker's metrics, which count the ledger's records.
+(no DLQ topic). Of the worker's metrics it has its topic's lag and counts its retries; the record and dead-letter
+counts are the ledger's.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from producers.settings import Settings
 from projections.postgres.access_projector import AccessBatchResult, AccessProjector
 from stream_processors.agents import BatchRunner, attach_projection
 from stream_processors.app import LedgerApp
+from stream_processors.metrics import record_retry
 
 __all__ = ["attach_access"]
 
@@ -25,7 +27,7 @@ log = logging.getLogger(__name__)
 
 def attach_access(app: LedgerApp, settings: Settings) -> BatchRunner:
     """Add the access agent to `app` (after `agents.attach`) and let the seek hook cover its partitions too."""
-    runner = BatchRunner(settings, AccessProjector, what="access batch")
+    runner = BatchRunner(settings, AccessProjector, what="access batch", on_retry=record_retry)
 
     def report(result: AccessBatchResult, records: int, seconds: float) -> None:
         log.info(

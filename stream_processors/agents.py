@@ -121,15 +121,16 @@ def attach_projection(
     name: str,
     batch_size: int,
     report: Callable[[Any, int, float], None],
-    on_positions: Callable[[Mapping[int, int]], None] | None = None,
 ) -> None:
     """Add an agent `name` that feeds `runner.topic` to `runner`, and extend the App's seek hook to its partitions.
 
-    `report(result, records, seconds)` after each committed batch (its log line, metrics); `on_positions` with the
-    positions read at assignment.
+    `report(result, records, seconds)` after each committed batch (its log line, metrics). The topic's lag
+    (`ledger_worker_consumer_lag{topic}`) follows the positions read at assignment and committed by each batch,
+    and is refreshed between batches too, so an idle or stuck agent's lag still moves.
     """
     topic = app.topic(runner.topic, schema=RawSchema())
     earlier = app.stored_positions  # the hooks of the agents attached before this one
+    lag = LagGauge(runner.topic)
 
     async def stored(assigned: Set[TP]) -> Mapping[TP, int]:
         out = dict(await earlier(assigned)) if earlier is not None else {}
@@ -139,8 +140,7 @@ def attach_projection(
         for attempt in range(1, 6):
             try:
                 by_partition = await asyncio.to_thread(runner.positions, {tp.partition for tp in mine})
-                if on_positions is not None:
-                    on_positions(by_partition)
+                lag.positions(by_partition)
                 out.update({tp: by_partition[tp.partition] for tp in mine})
                 return out
             except Exception:  # noqa: BLE001 - retried, then fatal (below)
@@ -174,21 +174,25 @@ def attach_projection(
                 log.exception("%s failed outside the retry loop; exiting so a restart resumes from PostgreSQL", name)
                 logging.shutdown()
                 os._exit(70)
+            lag.positions(result.positions)
+            lag.refresh(app.consumer)
             report(result, len(raw), time.perf_counter() - started)
             unbind_ids(batch_ids)
 
     app.agent(topic, name=name, concurrency=1)(project)
 
+    async def refresh_lag(*_: object) -> None:
+        lag.refresh(app.consumer)
+
+    app.timer(settings.metrics_refresh_s, name=f"{name}-consumer-lag")(refresh_lag)
+
 
 def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
     """Add the ledger's agent to `app` and point its consumer's seeks at the PostgreSQL positions."""
     runner = BatchRunner(settings, Recorder, dlq=DlqProducer(settings), on_retry=record_retry)
-    lag = LagGauge(settings.topic)  # ledger_worker_consumer_lag (stream_processors.metrics)
 
     def report(result: BatchResult, records: int, seconds: float) -> None:
         record_batch(result, seconds)
-        lag.positions(result.positions)
-        lag.refresh(app.consumer)
         log.info(
             "batch: %d records, %d applied, %d duplicate, %d conflict, %d erased replay, %d skipped, %d dead "
             "in %.0f ms, positions %s",
@@ -210,13 +214,7 @@ def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
         name="ledger-projector",
         batch_size=settings.processor_batch_size,
         report=report,
-        on_positions=lag.positions,
     )
-
-    async def refresh_lag(*_: object) -> None:  # between batches too: an idle or stuck worker's lag still moves
-        lag.refresh(app.consumer)
-
-    app.timer(settings.metrics_refresh_s, name="ledger-consumer-lag")(refresh_lag)
     letters = DeadLetterGauge(settings)  # ledger_worker_dead_letters_by_state{state}
 
     async def refresh_dead_letters(*_: object) -> None:  # a query: off the event loop

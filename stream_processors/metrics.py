@@ -45,7 +45,8 @@ BATCH_SECONDS = histogram(
 )
 RETRIES = counter(
     "worker_batch_retries_total",
-    "Batches retried after a transient failure, by cause (postgres, dlq: the DLQ topic, other)",
+    "Batches (of the ledger or the access topic) retried after a transient failure, by cause (postgres, dlq: the "
+    "DLQ topic, other)",
     ("cause",),
 )
 LAG = gauge(

@@ -33,12 +33,15 @@ def publish(settings: Settings, events: Iterable[MemoryEvent | dict]) -> list:
         return producer.publish_many(list(events))
 
 
-def publish_raw(settings: Settings, records: Sequence[tuple[bytes | None, bytes | None]]) -> list[tuple[int, int]]:
-    """Write (key, value) records as they are, like a non-SDK client; returns (partition, offset) each."""
+def publish_raw(
+    settings: Settings, records: Sequence[tuple[bytes | None, bytes | None]], *, topic: str | None = None
+) -> list[tuple[int, int]]:
+    """Write (key, value) records as they are, like a non-SDK client, to the ledger topic (or `topic`, one of the
+    settings' three); returns (partition, offset) each."""
     ensure_topics(settings)
     producer = KafkaProducer(**kafka_connection(settings), acks="all", linger_ms=5)
     try:
-        futures = [producer.send(settings.topic, key=k, value=v) for k, v in records]
+        futures = [producer.send(topic or settings.topic, key=k, value=v) for k, v in records]
         producer.flush(30)
         return [(m.partition, m.offset) for m in (f.get(30) for f in futures)]
     finally:
