@@ -396,6 +396,32 @@ def test_class8_a_store_that_is_down_is_a_prompt_503_naming_it_on_every_route(
                     assert not r.json()["parts"][store]["ok"], r.text[:300]
 
 
+def test_health_says_degraded_while_the_elasticsearch_cluster_is_red(client: TestClient) -> None:
+    """A cluster that answers but is red (a primary shard unassigned: here an index whose shard may live on no node)
+    fails searches and writes: the health part is not ok (503 naming elasticsearch), as infra counts it down."""
+    from projections.search.client import es_client
+
+    settings: Settings = client.app.state.settings
+    red = unique("red")
+    with es_client(settings, 10) as es:
+        es.indices.create(
+            index=red,
+            settings={"number_of_shards": 1, "number_of_replicas": 0, "routing.allocation.require._name": "nowhere"},
+            wait_for_active_shards="0",
+        )
+        try:
+            wait_for(lambda: es.cluster.health()["status"] == "red", 30, what="the cluster red")
+            r = client.get("/v1/health")
+            assert r.status_code == 503 and r.json()["status"] == "degraded", r.text
+            part = r.json()["parts"]["elasticsearch"]
+            assert not part["ok"] and "red" in part["error"], part
+            item = assert_error(r, 503, "store_unavailable", None)
+            assert item["message"].startswith("elasticsearch: "), item
+        finally:
+            es.indices.delete(index=red)
+    wait_for(lambda: client.get("/v1/health").status_code == 200, 30, what="health ok again")
+
+
 def test_class8_inputs_that_were_500_or_503_are_4xx_naming_the_field(client: TestClient) -> None:
     before = end_offsets(client.app.state.settings)
     cases = [  # (method, url, kwargs, field)

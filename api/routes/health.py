@@ -1,4 +1,4 @@
-"""`GET /v1/health`: is each part of the stack reachable right now? (no API key needed)
+"""`GET /v1/health`: is each part of the stack reachable right now, and Elasticsearch not red? (no API key needed)
 
 200 `{"status": "ok", "parts": {...}}`, or 503 `degraded` with the same parts plus `detail` in the
 one error shape (a `store_unavailable` item naming each store that is down). The broker's answer
@@ -40,6 +40,8 @@ async def _pg(res: Resources) -> dict:
 
 async def _es(res: Resources) -> dict:
     health = await res.es.cluster.health(timeout="2s")
+    if health["status"] == "red":  # a primary shard unassigned: searches and writes fail (infra's own view too)
+        raise ConnectionError(f"the cluster is red: {health['unassigned_shards']} shards unassigned")
     return {"status": health["status"]}
 
 
