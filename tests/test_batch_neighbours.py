@@ -4,8 +4,9 @@ same projection (`projection_checksum`, what `ledger verify` compares with a reb
 Against the real PostgreSQL, through the recorder: each case is a history applied one event at a time, then records
 a raw producer could put in one batch, applied as one batch into one schema and one by one into another. The
 cases are the neighbours that made a difference: another tenant's mark sharing an event id (its stored twin was
-left out of a refold: a retracted fact of the other tenant came back), and an assertion refused for its id (a
-retraction naming its version was filed under that version's fact, as though it had been logged).
+left out of a refold: a retracted fact of the other tenant came back), an assertion refused for its id (a
+retraction naming its version was filed under that version's fact, as though it had been logged), and a retraction
+refused for its id (the record logged under that id was filed under the fact the refused one aimed at).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from producers.settings import Settings
 from projections.postgres.queries import projection_checksum
 from tests.conftest import unique
 from tests.support import RecorderWriter
-from tests.support.events import asserted, marked
+from tests.support.events import asserted, at, episode, marked
 from tests.support.stores import private_schema
 
 Case = tuple[list[MemoryEvent], list[MemoryEvent]]  # (the history before, one batch's records)
@@ -60,10 +61,33 @@ def _a_refused_assertion_before_a_retraction_of_its_version() -> Case:
     return history, batch
 
 
+def _a_refused_retraction_of_an_episode_sharing_a_logged_records_id(logged: EventType) -> Case:
+    history = [
+        episode("user:e", "we talked about seats", at(1), "chat", event_id="e-ep"),
+        asserted("user:e", "seat", "window", 2, event_id="e-1"),
+    ]
+    first = (
+        asserted("user:e", "seat", "aisle", 3, event_id="shared")
+        if logged is EventType.ASSERTED
+        else marked(logged, "user:e", "seat", 3, event_id="shared")
+    )
+    refused = MemoryEvent(
+        type=EventType.RETRACTED, tenant="acme", subject="user:e", valid_from=at(3), observed_at=at(3),
+        event_id="shared", target_version=version_id_for("acme", "e-ep"),
+    )  # fmt: skip
+    return history, [first, refused]
+
+
 CASES: dict[str, Callable[[], Case]] = {
     "another tenant's retraction with the same id": lambda: _other_tenants_mark_with_the_same_id(EventType.RETRACTED),
     "another tenant's confirmation with the same id": lambda: _other_tenants_mark_with_the_same_id(EventType.CONFIRMED),
     "a refused assertion before a retraction of its version": _a_refused_assertion_before_a_retraction_of_its_version,
+    **{
+        f"a refused retraction of an episode with the id of a logged {t.value}": (
+            lambda t=t: _a_refused_retraction_of_an_episode_sharing_a_logged_records_id(t)
+        )
+        for t in (EventType.RETRACTED, EventType.CONFIRMED, EventType.ASSERTED)
+    },
 }
 
 

@@ -415,10 +415,10 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
             "ORDER BY i",
             (facts,),
         )
-        versions = self._load_versions(cur, facts)
+        versions = self.load_versions(cur, facts)
         # the batch's marks, just logged: left out of the stored ones read back (by tenant: ids are a tenant's)
         fresh_marks = {(r.event.tenant, r.event.event_id) for r in new if r.event is not None}
-        marks = self._load_marks(cur, facts, exclude=fresh_marks)
+        marks = self.load_marks(cur, facts, exclude=fresh_marks)
         inserts: list[Version] = []
         updates: list[Version] = []
         for mid in facts:
@@ -503,38 +503,46 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         )
 
     def _retraction_targets(self, cur: psycopg.Cursor, records: list[Incoming]) -> dict[tuple[str, str], str]:
-        """(tenant, event_id) of each retraction whose target_version is a version of its tenant and subject logged
-        before it (stored, or earlier in this batch) -> that version's memory_id (projections.versions.fact_of),
-        when the target is an episode (whose id is not its key's) or the retraction names no key (the contract
-        lets target_version alone say which fact it ends).
+        """(tenant, event_id) of each retraction this batch logs whose target_version is a version of its tenant and
+        subject logged before it (stored, or earlier in this batch) -> that version's memory_id
+        (projections.versions.fact_of), when the target is an episode (whose id is not its key's) or the retraction
+        names no key (the contract lets target_version alone say which fact it ends).
 
         "Before" is ledger order: a subject's events share a partition, so a replay resolves each retraction as the
-        first run did, however the records are batched.
+        first run did, however the records are batched. Only records the batch logs count, on either side: a
+        refused one (a duplicate, a conflict) is filed nowhere, and its id is another record's.
         """
-        wanted = [
-            r.event
+        targeted = [
+            r
             for r in records
             if r.event is not None and r.event.type is EventType.RETRACTED and r.event.target_version is not None
         ]
+        if not targeted:
+            return {}
+        wanted = self._logged(cur, records, targeted)
         if not wanted:
             return {}
         logged: dict[str, tuple[str, str, str, bool, tuple[int, int] | None]] = {}
         cur.execute(
             "SELECT version_id, tenant, subject, memory_id, kind = 'episodic' FROM fact_versions "
             "WHERE version_id = ANY(%s)",
-            ([e.target_version for e in wanted],),
+            ([r.event.target_version for r in wanted],),
         )
         for vid, tenant, subject, mid, episodic in cur.fetchall():
             logged[vid] = (tenant, subject, mid, episodic, None)
-        for r in self._logged_assertions(cur, records, {e.target_version for e in wanted} - logged.keys()):
+        versions = {r.event.target_version for r in wanted} - logged.keys()
+        asserted = [
+            r
+            for r in records
+            if r.event is not None and r.event.type is EventType.ASSERTED and r.event.version_id in versions
+        ]
+        for r in self._logged(cur, records, asserted):
             e = r.event
             episodic = e.kind.value == "episodic"
             logged[e.version_id] = (e.tenant, e.subject, e.memory_id, episodic, (r.partition, r.offset))
         out: dict[tuple[str, str], str] = {}
-        for r in records:
+        for r in wanted:
             e = r.event
-            if e is None or e.type is not EventType.RETRACTED or e.target_version is None:
-                continue
             found = logged.get(e.target_version)
             if (
                 found is not None
@@ -545,34 +553,27 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
                 out[(e.tenant, e.event_id)] = found[2]
         return out
 
-    def _logged_assertions(self, cur: psycopg.Cursor, records: list[Incoming], versions: set[str]) -> list[Incoming]:
-        """The batch's assertions of `versions` that this batch logs: the first record of their
-        (tenant, event_id) in the batch, an id neither logged before (`events`) nor an erased event's. A refused one
-        (a duplicate, a conflict) never made its version, however it is batched."""
-        first: dict[tuple[str, str], int] = {}
-        for i, r in enumerate(records):
+    def _logged(self, cur: psycopg.Cursor, records: list[Incoming], some: list[Incoming]) -> list[Incoming]:
+        """Those of `some` (records of the batch `records`) that this batch logs: the first record of their
+        (tenant, event_id) in the batch, an id neither logged before (`events`) nor an erased event's. The others
+        are refused (a duplicate, a conflict) or replays of an erased event, whatever the batching."""
+        first: dict[tuple[str, str], Incoming] = {}
+        for r in records:
             if r.event is not None:
-                first.setdefault((r.event.tenant, r.event.event_id), i)
-        found = [
-            (i, r)
-            for i, r in enumerate(records)
-            if r.event is not None
-            and r.event.type is EventType.ASSERTED
-            and r.event.version_id in versions
-            and first[(r.event.tenant, r.event.event_id)] == i
-        ]
+                first.setdefault((r.event.tenant, r.event.event_id), r)
+        found = [r for r in some if first[(r.event.tenant, r.event.event_id)] is r]
         if not found:
             return []
         cur.execute(
             "SELECT x.i FROM unnest(%s::int[], %s::text[], %s::text[]) AS x(i, t, id) "
             "WHERE EXISTS (SELECT 1 FROM events e WHERE e.tenant = x.t AND e.event_id = x.id)",
-            ([i for i, _ in found], [r.event.tenant for _, r in found], [r.event.event_id for _, r in found]),
+            (list(range(len(found))), [r.event.tenant for r in found], [r.event.event_id for r in found]),
         )
         taken = {row[0] for row in cur.fetchall()}
-        erased = self._erased(cur, [r for _, r in found])
-        return [r for n, (i, r) in enumerate(found) if i not in taken and n not in erased]
+        erased = self._erased(cur, found)
+        return [r for n, r in enumerate(found) if n not in taken and n not in erased]
 
-    def _load_versions(self, cur: psycopg.Cursor, facts: list[str]) -> dict[str, list[Version]]:
+    def load_versions(self, cur: psycopg.Cursor, facts: list[str]) -> dict[str, list[Version]]:
         """The stored chains of `facts`, with the columns the fold and the writers read (`CHAIN_COLUMNS`).
 
         The content columns (`UNREAD_COLUMNS`) are left empty: a stored version is only ever refolded, counted
@@ -586,8 +587,8 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
             out[v.memory_id].append(v)
         return out
 
-    def _load_marks(
-        self, cur: psycopg.Cursor, facts: list[str], exclude: set[tuple[str, str]]
+    def load_marks(
+        self, cur: psycopg.Cursor, facts: list[str], exclude: set[tuple[str, str]] = frozenset()
     ) -> dict[str, list[Mark]]:
         """The stored retractions and confirmations of `facts` but those of the (tenant, event_id) `exclude`."""
         cur.execute(
@@ -836,7 +837,7 @@ _INSERT_VERSIONS = sql.SQL(
     partition=sql.SQL(str(VERSION_COLUMNS.index("partition"))),
     offset=sql.SQL(str(VERSION_COLUMNS.index("offset"))),
 )
-# what Recorder._load_versions leaves out of a stored version (never read from it: see there), and its empty values
+# what Recorder.load_versions leaves out of a stored version (never read from it: see there), and its empty values
 UNREAD_COLUMNS = {"value": None, "content": "", "entities": (), "aliases": (), "tags": (), "source": {}}
 CHAIN_COLUMNS = [c for c in VERSION_COLUMNS if c not in UNREAD_COLUMNS]
 _LOAD_CHAINS = sql.SQL("SELECT {} FROM fact_versions WHERE memory_id = ANY(%s)").format(
