@@ -283,6 +283,33 @@ def test_an_edited_events_row_is_found_at_its_position(ledger) -> None:
     assert verify(settings).intact  # restored: nothing else was wrong
 
 
+def test_a_version_row_edited_or_taken_from_its_assertion_is_found_at_its_position(ledger) -> None:
+    """The rows the fold derives are checked too: a fact in force edited to retracted is not what its events fold
+    to, and a version row moved off its assertion leaves the assertion without one."""
+    settings = ledger.settings
+    with pg(settings) as conn:
+        p, o = conn.execute(
+            'SELECT "partition", "offset" FROM fact_versions '
+            "WHERE subject = 'user:1' AND key = 'pref.seat' AND status = 'active'"
+        ).fetchone()
+        where = 'WHERE "partition" = %s AND "offset" = %s'
+        conn.execute(f"UPDATE fact_versions SET status = 'retracted', valid_to = valid_from {where}", (p, o))
+        try:
+            retracted = verify(settings)
+        finally:
+            conn.execute(f"UPDATE fact_versions SET status = 'active', valid_to = NULL {where}", (p, o))
+        conn.execute(f"UPDATE fact_versions SET event_id = event_id || '-moved' {where}", (p, o))
+        try:
+            moved = verify(settings)
+        finally:
+            conn.execute(f"UPDATE fact_versions SET event_id = left(event_id, -6) {where}", (p, o))
+    assert [(d.kind, d.partition, d.offset) for d in retracted.divergences] == [("projection", p, o)], retracted
+    assert "fold to: valid_to, status" in retracted.first.message, retracted.first
+    found = sorted(d.message for d in moved.divergences if (d.partition, d.offset) == (p, o))
+    assert len(found) == 2 and "has no version row" in found[0] and "has no assertion" in found[1], found
+    assert verify(settings).intact  # restored: nothing else was wrong
+
+
 def test_a_changed_checkpoint_fails_its_signature_and_another_key_is_not_trusted(ledger) -> None:
     settings = ledger.settings
     cp = _checkpoints(settings)[-1]
