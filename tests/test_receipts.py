@@ -930,6 +930,39 @@ def test_receipts_of_reads_taken_while_their_subject_is_written_replay_the_same(
     assert replayed >= 15 and not differed, (replayed, differed)
 
 
+def test_a_recall_as_known_then_shows_nothing_its_receipt_s_positions_leave_out(
+    stack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recall as known at a time reads the fold of each hit's fact after the engine's verification, which read the
+    receipt's positions: a retraction applied between the two was shown (the hit's end) though its record lies past
+    the positions, and the receipt replayed as changed. Here the retraction is applied just then, every time."""
+    subject, t0 = "project:raced", datetime(2026, 2, 1, 12, 0, 0, 777400, tzinfo=UTC)
+    stack.publish([_fact(subject, "project.port", 7401, "raced-1", entities=["RC1"], valid_from=rfc3339(t0),
+                         observed_at=rfc3339(t0))])  # fmt: skip
+    stack.settle()
+    retraction = {
+        "type": "memory.retracted", "tenant": TENANT, "event_id": "raced-r", "subject": subject, "key": "project.port",
+        "valid_from": rfc3339(t0 + timedelta(microseconds=300)),
+        "observed_at": rfc3339(t0 + timedelta(microseconds=400)),
+    }  # fmt: skip
+    engine = stack.client.app.state.resources.recall
+    verified = engine.recall
+
+    async def then_retracted(*args: Any, **kwargs: Any) -> Any:
+        answer = await verified(*args, **kwargs)
+        await asyncio.to_thread(lambda: (stack.publish([retraction]), stack.caught_up()))
+        return answer
+
+    monkeypatch.setattr(engine, "recall", then_retracted)
+    asked = {"subject": subject, "query": "RC1 project port", "mode": "exact"}
+    at = {"as_of": rfc3339(t0 + timedelta(microseconds=100)), "known_at": rfc3339(t0 + timedelta(microseconds=500))}
+    answer = _recall(stack, **asked, **at)
+    monkeypatch.undo()
+    assert [(h["value"], h["valid_to"]) for h in answer["hits"]] == [(7401, None)], answer["hits"]
+    r = _replay(stack, answer["receipt"], {**asked, **at})
+    assert r.status_code == 200 and r.json()["same"] is True, r.json()["parts"]
+
+
 def test_a_replays_parameters_are_judged_as_their_reads_route_judges_them(stack: Any) -> None:
     """Parameters that are not a read's: the error its own route gives (the caller's path, text counted in
     characters, a time's own code), under `request`."""
