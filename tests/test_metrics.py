@@ -96,6 +96,18 @@ def lags(samples: Samples, topic: str) -> dict[int, float]:
     }
 
 
+def lag_shows(url: str, topic: str, late: Counter[int]) -> None:
+    """Wait until the exporter at `url` shows `topic`'s lag as the records `late` (partition -> count) make it."""
+    total = sum(late.values())
+    waiting = wait_for(
+        lambda: (lag := lags(scrape(url), topic)) and sum(lag.values()) == total and lag,
+        30,
+        0.3,
+        f"a consumer lag of {total} on {topic}",
+    )
+    assert {p: v for p, v in waiting.items() if v} == dict(late)
+
+
 # -- unit: names and route templates -------------------------------------------------------------------------------
 
 
@@ -215,13 +227,7 @@ def test_every_process_counts_a_real_ingest_exactly(metered: Settings) -> None:
             )
             late = Counter(p for p, _ in publish_raw(s, [(e.kafka_key, encode(e)) for e in more]))
             assert set(late) <= touched  # same subjects, same partitions
-            waiting = wait_for(
-                lambda: (lag := lags(scrape(worker_url), s.topic)) and sum(lag.values()) == M and lag,
-                30,
-                0.3,
-                f"a consumer lag of {M}",
-            )
-            assert {p: v for p, v in waiting.items() if v} == dict(late)
+            lag_shows(worker_url, s.topic, late)
         wait_caught_up(s, timeout=90, worker=worker)
         wait_for(lambda: sum(lags(scrape(worker_url), s.topic).values()) == 0, 30, 0.3, "lag back to 0")
 
@@ -230,13 +236,7 @@ def test_every_process_counts_a_real_ingest_exactly(metered: Settings) -> None:
         with pg(s) as conn, conn.transaction():
             conn.execute("LOCK TABLE positions IN SHARE MODE")
             late = Counter(p for p, _ in publish_raw(s, [(b"acme|x", b"{}")] * M, topic=s.access_topic))
-            waiting = wait_for(
-                lambda: (lag := lags(scrape(worker_url), s.access_topic)) and sum(lag.values()) == M and lag,
-                30,
-                0.3,
-                f"an access topic lag of {M}",
-            )
-            assert {p: v for p, v in waiting.items() if v} == dict(late)
+            lag_shows(worker_url, s.access_topic, late)
         wait_for(lambda: sum(lags(scrape(worker_url), s.access_topic).values()) == 0, 30, 0.3, "access lag back to 0")
         w2 = scrape(worker_url)
         assert delta(w2, w0, "ledger_worker_records_total", outcome="applied") == N + M
