@@ -11,16 +11,19 @@ refused for its id (the record logged under that id was filed under the fact the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
+import orjson
 import psycopg
 import pytest
 
 from producers.contract import EventType, MemoryEvent, version_id_for
+from producers.records import decode_record
 from producers.settings import Settings
 from projections.postgres.queries import projection_checksum
 from tests.conftest import unique
-from tests.support import RecorderWriter
+from tests.support import RecorderWriter, wire
 from tests.support.events import asserted, at, episode, marked
 from tests.support.stores import private_schema
 
@@ -122,3 +125,23 @@ def test_another_tenants_mark_with_the_same_id_leaves_a_retracted_fact_retracted
         ledger.apply(*batch)
         rows = conn.execute("SELECT status FROM fact_versions WHERE tenant = 'globex'").fetchall()
     assert rows == [("retracted",)], rows
+
+
+def test_resolutions_of_one_letter_in_one_batch_are_written_without_bisecting(
+    base_settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two re-drives and a discard of one letter in one batch: its first resolution in ledger position is written
+    by the batch's one statement, not after a bisection parting them (which would also keep the first)."""
+    settings = base_settings.private(unique("nb"))
+    link = {"dead_letter": {"partition": 0, "offset": 0}}
+    fixes = [wire("user:l", event_id=f"fix-{n}", value=n) | link for n in (1, 2)]
+    discard = {"type": "deadletter.discarded", "tenant": "acme", "subject": "user:l", "event_id": "deadletter:0:0"}
+    raws = [orjson.dumps(wire("user:l", event_id="bad", content=...)), *map(orjson.dumps, [*fixes, discard | link])]
+    records = [decode_record(settings.topic, 0, o, raw, timestamp_ms=0) for o, raw in enumerate(raws)]
+    with private_schema(settings) as conn, RecorderWriter(settings) as ledger:
+        ledger.recorder.apply_batch(records[:1])
+        with caplog.at_level(logging.WARNING):
+            ledger.recorder.apply_batch(records[1:])
+        rows = conn.execute("SELECT state, event_id FROM dead_letter_resolutions").fetchall()
+    assert not [r for r in caplog.records if "bisecting" in r.getMessage()], caplog.text
+    assert rows == [("redriven", "fix-1")], rows

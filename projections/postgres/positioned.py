@@ -50,10 +50,11 @@ DlqSink = Callable[[Sequence[DeadLetter]], None]
 # topic, partition, offset, key, value, timestamp (ms): what the worker's agents and the rebuild read off Kafka
 Decode = Callable[[str, int, int, bytes | None, bytes | None, int | None], Any]
 
-# SQLSTATE classes that no retry changes: 21 cardinality violation (a statement given rows that collide with
-# each other), 22 data exception (e.g. 22P05 untranslatable character, 22003 numeric out of range), 23 integrity
-# constraint violation, 54 program limit exceeded (a value too large for an index or a tsvector; psycopg files it
-# under OperationalError).
+# SQLSTATE classes that no retry changes: 21 cardinality violation (a statement given rows of one batch that
+# collide with each other: a writer's bug, but bisection parts the records, which then apply one by one, where a
+# retry would stall every partition; one that fails alone is dead-lettered, re-drivable), 22 data exception (e.g.
+# 22P05 untranslatable character, 22003 numeric out of range), 23 integrity constraint violation, 54 program limit
+# exceeded (a value too large for an index or a tsvector; psycopg files it under OperationalError).
 _PERMANENT_DB = (
     pg_errors.CardinalityViolation,
     psycopg.DataError,
@@ -67,7 +68,8 @@ class CoreRefused(Exception):
 
     Only errors raised inside a pure-core call are wrapped: the same exception types from the
     recorder's own code (a bug, a deploy that does not match the schema) stay retryable, so a bug
-    never dead-letters good records.
+    never dead-letters good records (but a statement that refuses a batch's rows for colliding with each other:
+    `_PERMANENT_DB`).
     """
 
 
