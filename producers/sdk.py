@@ -132,7 +132,7 @@ def _key_store(exc: BaseException) -> str:
 
     from producers.keys.provider import KeyServiceError
 
-    return "postgres" if isinstance(exc, psycopg.Error) else "api" if isinstance(exc, KeyServiceError) else "keys"
+    return "postgres" if isinstance(exc, psycopg.Error) else exc.store if isinstance(exc, KeyServiceError) else "keys"
 
 
 def _without_key(event_id: str, reason: str, exc: BaseException) -> PublishError:

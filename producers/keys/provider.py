@@ -42,9 +42,10 @@ class KeyServiceError(RuntimeError):
     `refused`: the key endpoint answered and said no (a key it does not know, a tenant the key may not use, a
     request it rejects): asking again changes nothing, unlike an endpoint away or busy."""
 
-    def __init__(self, message: str, *, refused: bool = False) -> None:
+    def __init__(self, message: str, *, refused: bool = False, store: str = "api") -> None:
         super().__init__(message)
         self.refused = refused
+        self.store = store  # api: the key endpoint; keys: the key source answered without every key asked for
 
 
 def _answered(response: httpx.Response) -> KeyServiceError:
@@ -123,7 +124,7 @@ class CachedKeys:
             fetched = self.inner.sealing_keys(missing)
             absent = [p for p in missing if p not in fetched]
             if absent:
-                raise KeyServiceError(f"no data key was handed out for {len(absent)} subjects")
+                raise KeyServiceError(f"no data key was handed out for {len(absent)} subjects", store="keys")
             out.update(fetched)
             with self._lock:
                 for pair in missing:
