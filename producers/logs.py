@@ -44,11 +44,12 @@ __all__ = [
 # the ids a line may carry, in the order a JSON line lists them
 CONTEXT_FIELDS = ("request_id", "tenant", "event_id", "batch_id", "topic", "partition", "offset")
 # loggers that are too chatty at INFO for a service log (one line per HTTP request to Elasticsearch)
-# below WARNING: a request each (elastic_transport); each connection's life (kafka-python: a one-shot command's
-# stderr would open with twenty such lines)
-QUIET = {"elastic_transport": logging.WARNING, "kafka": logging.WARNING}
+QUIET = {"elastic_transport": logging.WARNING}  # below WARNING: a line per request
 # the Kafka clients' DEBUG lines hold each request as sent, a SASL login's password too: INFO at the most
 KAFKA_CLIENTS = ("kafka", "aiokafka")
+# kafka-python's INFO is each connection's life (a one-shot command's stderr would open with twenty such lines):
+# shown only when DEBUG is asked for
+CHATTY = ("kafka",)
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 _context: ContextVar[Mapping[str, Any]] = ContextVar("ledger_log_context", default=_EMPTY)
@@ -249,8 +250,9 @@ def logging_config(settings: Settings, process: str, *, level: str | int | None 
         },
         "root": {"level": number, "handlers": ["stderr"]},
         "loggers": {
-            **{name: {"level": max(number, logging.INFO)} for name in KAFKA_CLIENTS},
             **{name: {"level": lvl} for name, lvl in QUIET.items()},
+            **{name: {"level": max(number, logging.INFO)} for name in KAFKA_CLIENTS},
+            **{name: {"level": max(number, logging.WARNING)} for name in CHATTY if number > logging.DEBUG},
             **{name: dict(through_root) for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")},
         },
     }
