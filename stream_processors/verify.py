@@ -38,6 +38,7 @@ from projections.postgres.chain import (
 from projections.postgres.idempotency import erased_sql
 from projections.postgres.positioned import claimed_subject, connect, letter_tenant
 from projections.postgres.positions import stored_positions
+from projections.postgres.queries import below_sql
 from projections.postgres.recorder import BatchResult, Recorder
 from projections.versions import DERIVED, Route, fold, route
 
@@ -261,10 +262,10 @@ def verify(settings: Settings, *, batch_size: int = 2000) -> VerifyReport:
                     mine = [cp for cp in valid if cp.head.partition == p]
                     part.checkpoints_valid = len(mine)
                     _check_partition(report, part, kafka, cur, recorder, decode, mine, batch_size, stall_s)
-                    _check_versions(report, cur, recorder, p, part.position)
                     report.partitions.append(part)
             finally:
                 kafka.close()
+            _check_versions(report, cur, recorder, positions)
     report._trim()
     return report
 
@@ -451,50 +452,46 @@ def _check_partition(
         report.diverged(Divergence("projection", p, offset, f"a dead letter at offset {offset}, which the log lacks"))
 
 
-def _check_versions(
-    report: VerifyReport, cur: psycopg.Cursor, recorder: Recorder, partition: int, position: int
-) -> None:
-    """The version rows of one partition against its events rows (checked against the log before): one row for
-    each assertion logged and none other, and each fact's chain columns (its end, status, successor, number,
-    confirmations) what the fold of its assertions and marks gives (projections.versions.fold), as a rebuild would
-    write them."""
-    p = partition
+def _check_versions(report: VerifyReport, cur: psycopg.Cursor, recorder: Recorder, positions: dict[int, int]) -> None:
+    """The version rows against the events rows (each checked against the log before): one row at the place of each
+    assertion logged below the positions and none elsewhere, and each fact's chain columns (its end, status,
+    successor, number, confirmations) what the fold of its assertions and marks gives (projections.versions.fold),
+    as a rebuild would write them. One pass over the tables whatever the partitions; the facts a chunk at a time."""
+    below = {"below": orjson.dumps({str(q): n for q, n in positions.items()}).decode()}
     cur.execute(
-        'SELECT e."offset", e.tenant, e.event_id FROM events e WHERE e."partition" = %s AND e."offset" < %s '
-        "AND e.type = 'memory.asserted' AND NOT EXISTS (SELECT 1 FROM fact_versions f WHERE f.tenant = e.tenant "
+        'SELECT e."partition", e."offset", e.tenant, e.event_id FROM events e WHERE ' + below_sql("e")
+        + " AND e.type = 'memory.asserted' AND NOT EXISTS (SELECT 1 FROM fact_versions f WHERE f.tenant = e.tenant "
         'AND f.event_id = e.event_id AND f."partition" = e."partition" AND f."offset" = e."offset")',
-        (p, position),
-    )
-    for o, tenant, event_id in cur.fetchall():
+        below,
+    )  # fmt: skip
+    for p, o, tenant, event_id in cur.fetchall():
         report.diverged(Divergence("projection", p, o, f"the assertion ({tenant!r}, {event_id!r}) has no version row"))
     cur.execute(
-        'SELECT f."offset", f.version_id FROM fact_versions f WHERE f."partition" = %s AND NOT EXISTS (SELECT 1 '
-        "FROM events e WHERE e.tenant = f.tenant AND e.event_id = f.event_id AND e.type = 'memory.asserted' "
-        'AND e."partition" = f."partition" AND e."offset" = f."offset" AND e."offset" < %s)',
-        (p, position),
-    )
-    for o, version_id in cur.fetchall():
+        'SELECT f."partition", f."offset", f.version_id FROM fact_versions f WHERE NOT (' + below_sql("f") + " AND "
+        "EXISTS (SELECT 1 FROM events e WHERE e.tenant = f.tenant AND e.event_id = f.event_id AND "
+        "e.type = 'memory.asserted' AND e.\"partition\" = f.\"partition\" AND e.\"offset\" = f.\"offset\"))",
+        below,
+    )  # fmt: skip
+    for p, o, version_id in cur.fetchall():
         report.diverged(Divergence("projection", p, o, f"the version row {version_id} has no assertion logged there"))
-    cur.execute('SELECT DISTINCT memory_id FROM fact_versions WHERE "partition" = %s ORDER BY 1', (p,))
-    facts = [row[0] for row in cur.fetchall()]
-    for start in range(0, len(facts), _FACTS_PER_READ):
-        chunk = facts[start : start + _FACTS_PER_READ]
-        stored, marks = recorder.load_versions(cur, chunk), recorder.load_marks(cur, chunk)
-        for memory_id in chunk:
-            held = {v.version_id: v for v in stored[memory_id]}
-            for v in fold(held.values(), marks.get(memory_id, ())):
-                wrong = [
-                    c for c, a, b in zip(DERIVED, v.derived(), held[v.version_id].derived(), strict=True) if a != b
-                ]
-                if wrong:
-                    o = v.offset
-                    report.diverged(
-                        Divergence(
-                            "projection", p, o,
-                            f"the version row of offset {o} does not hold what its fact's events fold to: "
-                            + ", ".join(wrong),
-                        )
-                    )  # fmt: skip
+    with cur.connection.cursor(name="verify_facts") as facts:  # server-side: the fact ids are never held whole
+        facts.itersize = _FACTS_PER_READ
+        facts.execute("SELECT DISTINCT memory_id FROM fact_versions ORDER BY 1")
+        while chunk := [row[0] for row in facts.fetchmany(_FACTS_PER_READ)]:
+            stored, marks = recorder.load_versions(cur, chunk), recorder.load_marks(cur, chunk)
+            for memory_id in chunk:
+                held = {v.version_id: v for v in stored[memory_id]}
+                for v in fold(held.values(), marks.get(memory_id, ())):
+                    was = held[v.version_id].derived()
+                    wrong = [c for c, a, b in zip(DERIVED, v.derived(), was, strict=True) if a != b]
+                    if wrong:
+                        report.diverged(
+                            Divergence(
+                                "projection", v.partition, v.offset,
+                                f"the version row of offset {v.offset} does not hold what its fact's events fold "
+                                "to: " + ", ".join(wrong),
+                            )
+                        )  # fmt: skip
 
 
 _FACTS_PER_READ = 1000  # facts whose chains one statement reads (verify holds one chunk at a time)
