@@ -244,9 +244,9 @@ async def recall(
     # a store that fails is a 503 naming it (api.errors), never a guessed answer
     answer = await res.recall.recall(query, basis)
     if body.known_at is not None:
-        # the fold is read again, after the verification: of the records below the positions that read saw (its
-        # receipt's), so that nothing applied since shows in an answer its receipt says it predates (no positions:
-        # rows no projector of this consumer wrote, whose place nothing records)
+        # the fold is read again, after the verification: of the records below the positions that read saw (those
+        # its receipt names), so that nothing applied since shows in an answer its receipt says it predates (no
+        # positions: rows no projector of this consumer wrote, whose place nothing records; unsigned, the latest)
         seen_below = below if below is not None or basis is None else basis.positions or None
         answer = await _as_known(res, body.tenant, answer, body.known_at, seen_below)
     if seen:  # the trace says which positions the answer reflects

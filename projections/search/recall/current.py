@@ -38,10 +38,11 @@ def _ms(t: str) -> str:
 
 
 def known_sql(below: bool) -> str:
-    """recall.index._in_force, as known then, compared as the index compares (each time cut to the millisecond):
-    begun by then, and not ended before then by its own valid_to, a successor known before then or a retraction
-    known before then that ended it whatever else was known (queries.RETRACTION_ENDED); with `below` (a replay),
-    each only if logged below the receipt's positions."""
+    """recall.index._in_force, as known then, each time cut to the millisecond as the index's are: begun by then,
+    and not ended before then by its own valid_to, a successor known before then or a retraction known before then
+    that ended it whatever else was known (queries.RETRACTION_ENDED); with `below` (a replay), each only if logged
+    below the receipt's positions. Any such retraction counts here, where a document keeps its first in the log:
+    this may leave out more than the index, never a version that held then (both propose supersets of the fold's)."""
     at, known = _ms("%(at)s"), _ms("%(known_at)s")
     s_below, r_below = (f" AND {below_sql('s')}", f" AND {below_sql('r')}") if below else ("", "")
     return (
