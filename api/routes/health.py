@@ -40,7 +40,9 @@ async def _pg(res: Resources) -> dict:
 
 async def _es(res: Resources) -> dict:
     health = await res.es.cluster.health(timeout="2s")
-    if health["status"] == "red":  # a primary shard unassigned: searches and writes fail (infra's own view too)
+    # a primary shard unassigned: searches and writes may fail. The cluster's status, as infra judges it: the
+    # ledger's alias may not exist yet (the indexer makes it), and a red index of another user counts too
+    if health["status"] == "red":
         raise ConnectionError(f"the cluster is red: {health['unassigned_shards']} shards unassigned")
     return {"status": health["status"]}
 
