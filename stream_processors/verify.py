@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -58,7 +59,7 @@ MAX_DIVERGENCES = 1000  # the first ones kept in a report (by partition and offs
 _NO_FACT = (Route.ERASURE, Route.RESOLUTION)  # logged under no fact (memory_id NULL), as the recorder does
 EVENT_COLUMNS = (
     "tenant event_id fingerprint subject memory_id type kind key scope observed_at valid_from valid_to "
-    "target_version payload key_id"
+    "target_version payload key_id logged_at"
 ).split()
 _CLEAR_COLUMNS = ("tenant", "event_id", "subject", "type", "key", "scope")  # a sealed record's clear fields
 
@@ -161,8 +162,9 @@ class VerifyReport:
 # -- pure: what an events row must hold -------------------------------------------------------------------------
 
 
-def expected_event_row(event: MemoryEvent, key_id: str | None) -> dict[str, Any]:
-    """The `events` columns the recorder writes for `event` (its opened form; `key_id`: the data key that sealed it).
+def expected_event_row(event: MemoryEvent, key_id: str | None, logged_at: datetime | None = None) -> dict[str, Any]:
+    """The `events` columns the recorder writes for `event` (its opened form; `key_id`: the data key that sealed it;
+    `logged_at`: its record's timestamp, kept for an erasure).
 
     `memory_id` is left out for a retraction of one version (the recorder may file it under an episode it finds in
     the database); the payload as JSON reads it back."""
@@ -182,6 +184,7 @@ def expected_event_row(event: MemoryEvent, key_id: str | None) -> dict[str, Any]
         "target_version": event.target_version,
         "payload": orjson.loads(orjson.dumps(wire)),
         "key_id": key_id,
+        "logged_at": logged_at if event.type is EventType.ERASED else None,
     }
     if route(event.type) in _NO_FACT:
         row["memory_id"] = None
@@ -584,7 +587,10 @@ def _check_projection(
             continue
         if row is not None:
             report.events_checked += 1
-            wrong = row_differences(expected_event_row(x.event, x.key_id), row)
+            expected = expected_event_row(x.event, x.key_id, x.timestamp)
+            if expected["logged_at"] is not None and row["logged_at"] is None:
+                del expected["logged_at"]  # an erasure logged before the recorder kept its timestamp
+            wrong = row_differences(expected, row)
             if wrong:
                 report.diverged(_row_differs(p, o, wrong))
             continue

@@ -7,6 +7,9 @@ cases are the neighbours that made a difference: another tenant's mark sharing a
 left out of a refold: a retracted fact of the other tenant came back), an assertion refused for its id (a
 retraction naming its version was filed under that version's fact, as though it had been logged), and a retraction
 refused for its id (the record logged under that id was filed under the fact the refused one aimed at).
+
+Records of one subject in two partitions (a raw producer keying it otherwise) have no offset order: an erasure covers
+those of another partition logged at or before it by the log's timestamps, whichever the worker reaches first.
 """
 
 from __future__ import annotations
@@ -18,13 +21,13 @@ import orjson
 import psycopg
 import pytest
 
-from producers.contract import EventType, MemoryEvent, version_id_for
-from producers.records import decode_record
+from producers.contract import EventType, MemoryEvent, encode, version_id_for
+from producers.records import Incoming, decode_record
 from producers.settings import Settings
 from projections.postgres.queries import projection_checksum
 from tests.conftest import unique
 from tests.support import RecorderWriter, wire
-from tests.support.events import asserted, at, episode, marked
+from tests.support.events import asserted, at, episode, erased, marked
 from tests.support.stores import private_schema
 
 Case = tuple[list[MemoryEvent], list[MemoryEvent]]  # (the history before, one batch's records)
@@ -145,3 +148,45 @@ def test_resolutions_of_one_letter_in_one_batch_are_written_without_bisecting(
         rows = conn.execute("SELECT state, event_id FROM dead_letter_resolutions").fetchall()
     assert not [r for r in caplog.records if "bisecting" in r.getMessage()], caplog.text
     assert rows == [("redriven", "fix-1")], rows
+
+
+def _cross_partition(settings: Settings, logged_after: bool) -> tuple[Incoming, Incoming]:
+    """An erasure of user:x at partition 0 and an assertion of user:x at partition 1, logged a second before it
+    (or after it: `logged_after`)."""
+    t = 1_700_000_000_000
+    erasure = decode_record(settings.topic, 0, 0, encode(erased("user:x", event_id="x-erased", observed_at=at(2))), timestamp_ms=t)
+    fact = encode(asserted("user:x", "seat", "window", 1, event_id="x-1"))
+    return erasure, decode_record(settings.topic, 1, 0, fact, timestamp_ms=t + (1000 if logged_after else -1000))
+
+
+@pytest.mark.parametrize("logged_after", [False, True], ids=["logged before", "logged after"])
+def test_an_erasure_covers_its_subjects_records_in_another_partition_by_log_time(
+    base_settings: Settings, logged_after: bool
+) -> None:
+    """Logged before the erasure, the other partition's record goes with the subject in every order and batching,
+    and re-sent it is an erased replay; logged after it, it is news when the worker reaches it after the erasure."""
+    found: dict[tuple[str, bool], tuple[str, list[tuple[str, str]]]] = {}
+    for order in ("erasure first", "assertion first"):
+        for together in (True, False):
+            settings = base_settings.private(unique("nb"))
+            erasure, fact = _cross_partition(settings, logged_after)
+            records = [erasure, fact] if order == "erasure first" else [fact, erasure]
+            with private_schema(settings) as conn, RecorderWriter(settings) as ledger:
+                if together:
+                    ledger.recorder.apply_batch(records)
+                else:
+                    for r in records:
+                        ledger.recorder.apply_batch([r])
+                again = decode_record(settings.topic, 1, 1, fact.raw, timestamp_ms=1_800_000_000_000)
+                replay = ledger.recorder.apply_batch([again])
+                rows = conn.execute("SELECT event_id, status FROM fact_versions").fetchall()
+                found[(order, together)] = (projection_checksum(conn, settings.pg_schema), rows)
+                if not logged_after:
+                    assert (replay.erased_replays, replay.applied) == (1, 0), (order, together)
+    if not logged_after:
+        assert all(v[1] == [] for v in found.values()), found
+        assert len({v[0] for v in found.values()}) == 1, found
+    else:  # news once the erasure is applied; applied before it, it went with the subject (in doubt, erased)
+        assert found[("erasure first", True)][1] == [("x-1", "active")], found
+        assert found[("erasure first", False)] == found[("erasure first", True)], found
+        assert all(v[1] == [] for k, v in found.items() if k[0] == "assertion first"), found

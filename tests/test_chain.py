@@ -25,6 +25,7 @@ import stat
 import struct
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
@@ -194,6 +195,9 @@ def test_an_events_row_must_hold_what_its_record_says() -> None:
     assert row_differences(row, {**stored, "payload": {**row["payload"], "value": "aisle"}}) == ["payload"]
     assert row_differences(row, {**stored, "fingerprint": "0" * 32, "key_id": None}) == ["fingerprint", "key_id"]
     assert expected_event_row(erased("user:1"), None)["memory_id"] is None
+    logged = datetime(2026, 1, 2, tzinfo=UTC)  # kept for an erasure only: it orders it against other partitions
+    assert expected_event_row(erased("user:1"), None, logged)["logged_at"] == logged
+    assert expected_event_row(event, "kid-1", logged)["logged_at"] is None
 
 
 @pytest.mark.unit
@@ -456,6 +460,13 @@ def test_an_erasure_with_encryption_on_keeps_the_chain_and_checkpoints_valid(bas
         assert {p: (h.head, h.offset, h.count) for p, h in _heads(settings).items()} == _recomputed(settings)
         report = verify(settings)
         assert report.intact, report.as_json()
+        with pg(settings) as conn:  # the erasure's log time decides which records of other partitions it covers
+            conn.execute("UPDATE events SET logged_at = logged_at + interval '1 day' WHERE type = 'subject.erased'")
+            try:
+                moved = verify(settings)
+            finally:
+                conn.execute("UPDATE events SET logged_at = logged_at - interval '1 day' WHERE type = 'subject.erased'")
+        assert moved.first is not None and "logged_at" in moved.first.message, moved.as_json()
         no_kek = verify(settings.model_copy(update={"kek": None}))  # the chain needs no secret
         assert no_kek.intact and no_kek.sealed_unopened > 0, no_kek.as_json()
         assert any("not opened" in n for n in no_kek.notes)

@@ -326,6 +326,7 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         """
         if not records:
             return []
+        self._cover_elsewhere(cur, records)
         erased = self._erased(cur, records)
         if erased:
             result.erased_replays += sum(erased.values())
@@ -378,6 +379,38 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         if conflicts:
             self._conflicts(cur, conflicts, result)
         return new
+
+    def _cover_elsewhere(self, cur: psycopg.Cursor, records: list[Incoming]) -> None:
+        """Give `erased_events` the ids of `records` that an erasure of their subject in another partition covers:
+        logged at or before it by the log's timestamps (a record with none: in doubt, covered), and not logged.
+
+        Two partitions have no offset order, and the worker reads each at its own pace: this makes such a record an
+        erased replay (`_erased` judges it next) whether the worker reaches it after the erasure or before (then
+        `_erase` purges it). One logged after the erasure is news, as one later in the erasure's own partition.
+        """
+        named = [(r, r.event) for r in records if r.event is not None and r.event.type is not EventType.ERASED]
+        if not named:
+            return
+        cur.execute(  # and the doors' claims of those ids go: erased_events answers for them now, as after `_erase`
+            "WITH x AS (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::timestamptz[], "
+            "%s::text[]) WITH ORDINALITY AS x(t, s, id, p, ts, fp, n)), "
+            "covered AS (SELECT * FROM x WHERE EXISTS (SELECT 1 FROM events e WHERE e.tenant = x.t "
+            "AND e.subject = x.s AND e.type = 'subject.erased' AND e.\"partition\" <> x.p "
+            "AND (x.ts IS NULL OR coalesce(e.logged_at, e.observed_at) >= x.ts)) "
+            "AND NOT EXISTS (SELECT 1 FROM events e WHERE e.tenant = x.t AND e.event_id = x.id)), "
+            "kept AS (INSERT INTO erased_events (tenant, id_hash, fp_hash) "
+            f"SELECT t, {ID_HASH_SQL.format('id')}, {FP_HASH_SQL.format(fp='fp', id='id')} FROM covered ORDER BY n "
+            "ON CONFLICT DO NOTHING) "
+            "DELETE FROM event_claims c USING covered WHERE c.tenant = covered.t AND c.event_id = covered.id",
+            (
+                [e.tenant for _, e in named],
+                [e.subject for _, e in named],
+                [e.event_id for _, e in named],
+                [r.partition for r, _ in named],
+                [r.timestamp for r, _ in named],
+                [e.fingerprint for _, e in named],
+            ),
+        )
 
     def _conflicts(self, cur: psycopg.Cursor, found: list[tuple[Incoming, str]], result: BatchResult) -> None:
         """Dead-letter records whose (tenant, event_id) already names other content (`where`: by what)."""
@@ -649,6 +682,10 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         if not self._log_events(cur, [record], result):
             return set()  # a duplicate, a conflict (dead-lettered) or a replay: no erasure happens again
         result.applied += 1
+        cur.execute(  # its place in time against records of the subject in other partitions (`_cover_elsewhere`)
+            'UPDATE events SET logged_at = %s WHERE "partition" = %s AND "offset" = %s',
+            (record.timestamp, record.partition, record.offset),
+        )
         cur.execute(
             'SELECT count(*), count(key_id), min("offset") FROM events '
             "WHERE tenant = %s AND subject = %s AND type <> 'subject.erased'",
