@@ -392,6 +392,38 @@ def test_an_event_sealed_with_a_key_its_erasure_destroyed_is_a_dead_letter_never
     assert _facts(client, subject) == []
 
 
+@pytest.mark.parametrize("worker_frozen", [False, True], ids=["erasure-applied-first", "one-batch"])
+def test_another_subjects_event_sealed_with_an_erased_subjects_key_is_a_key_mismatch_in_any_batching(on, worker_frozen):
+    """A record after an erasure in its partition, naming another subject and sealed with the erased subject's key,
+    is refused for the key's owner (`key_mismatch`), whether its batch held the erasure or came after it."""
+    settings = on.settings
+    subject, other = f"user:owner-{uuid.uuid4().hex[:8]}", f"user:not-owner-{uuid.uuid4().hex[:8]}"
+    with LedgerProducer(settings) as producer:
+        producer.publish(asserted(subject, "k.before", 1, 1, tenant=TENANT, content="before"))
+    on.settle()
+    store = _key_store(settings)
+    try:
+        owners_key = store.sealing_keys([(TENANT, subject)])[(TENANT, subject)]
+    finally:
+        store.close()
+    forged = encode_sealed(asserted(other, "k.forged", 2, 2, tenant=TENANT, content="forged"), owners_key)
+
+    def erase_then_forge() -> tuple[int, int]:
+        with LedgerProducer(settings) as producer:
+            producer.erase_subject(TENANT, subject, reason="test")
+        if not worker_frozen:
+            on.settle()
+        return publish_raw(settings, [(kafka_key(TENANT, subject), forged)])[0]
+
+    if worker_frozen:
+        with frozen(on.worker):
+            where = erase_then_forge()
+    else:
+        where = erase_then_forge()
+    on.settle()
+    assert _dead_letters(settings, [where]) == {where: ("key_mismatch", "sealed.kid")}
+
+
 def _kid_at_offset(settings, answer: dict) -> str:
     return next(
         parse_envelope(orjson.loads(r.value)).key_id

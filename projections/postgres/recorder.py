@@ -247,9 +247,10 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         counted as an erased replay, never a dead letter (one naming another subject stays `key_mismatch`, as when
         it was first applied); but one published after that erasure (later in its partition) is an event a producer
         sealed with a key it held past the erasure, which nobody can open now: a dead letter (`key_destroyed`),
-        so the accepted event is not lost unseen. An unknown key, another subject's key or a ciphertext that does
-        not open is a dead letter (`unknown_key`, `key_mismatch`, `bad_ciphertext`). With encryption required, a
-        clear record that carries personal fields is one too (`not_encrypted`).
+        so the accepted event is not lost unseen (one naming another subject: `key_mismatch`, whatever the
+        batching). An unknown key, another subject's key or a ciphertext that does not open is a dead letter
+        (`unknown_key`, `key_mismatch`, `bad_ciphertext`). With encryption required, a clear record that carries
+        personal fields is one too (`not_encrypted`).
         """
         sealed = [r for r in records if r.envelope is not None]
         required = self.keys is not None and self.keys.required
@@ -272,7 +273,9 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
                 if state is None:
                     r = open_record(r, None)
                 elif state.destroyed_by is not None and _after(r, state.destroyed_by):
-                    r = _key_destroyed(r)
+                    # another subject's record is judged as when its batch opened it before the erasure applied
+                    mismatch = open_record(r, None, destroyed=True, owner=state.owns)
+                    r = mismatch if mismatch.error is not None else _key_destroyed(r)
                 else:
                     r = open_record(r, state.key, destroyed=state.destroyed, owner=state.owns)
                 if r.erased:
