@@ -150,43 +150,118 @@ def test_resolutions_of_one_letter_in_one_batch_are_written_without_bisecting(
     assert rows == [("redriven", "fix-1")], rows
 
 
-def _cross_partition(settings: Settings, logged_after: bool) -> tuple[Incoming, Incoming]:
-    """An erasure of user:x at partition 0 and an assertion of user:x at partition 1, logged a second before it
-    (or after it: `logged_after`)."""
-    t = 1_700_000_000_000
-    erasure = decode_record(settings.topic, 0, 0, encode(erased("user:x", event_id="x-erased", observed_at=at(2))), timestamp_ms=t)
-    fact = encode(asserted("user:x", "seat", "window", 1, event_id="x-1"))
-    return erasure, decode_record(settings.topic, 1, 0, fact, timestamp_ms=t + (1000 if logged_after else -1000))
+_T = 1_700_000_000_000  # the erasure's log time (ms)
+
+
+def _record(settings: Settings, partition: int, offset: int, value: bytes, dt_ms: int) -> Incoming:
+    return decode_record(settings.topic, partition, offset, value, timestamp_ms=_T + dt_ms)
+
+
+def _erasure(settings: Settings) -> Incoming:
+    return _record(settings, 0, 0, encode(erased("user:x", event_id="x-erased", observed_at=at(2))), 0)
+
+
+def _state(conn: psycopg.Connection, settings: Settings) -> tuple:
+    """The projection's checksum and what it leaves out that an erasure writes: letters' resolutions, the erased
+    ids and version ids (how many), the letters."""
+    return (
+        projection_checksum(conn, settings.pg_schema),
+        *(
+            tuple(conn.execute(q).fetchall())
+            for q in (
+                "SELECT event_id, status FROM fact_versions ORDER BY 1",
+                'SELECT "partition", "offset", state, event_id FROM dead_letter_resolutions',
+                "SELECT count(*), count(fp_hash) FROM erased_events",  # salted per schema: counted
+                "SELECT count(*) FROM erased_versions",
+                'SELECT "partition", "offset", code, raw IS NULL FROM dead_letters ORDER BY 1, 2',
+            )
+        ),
+    )
+
+
+def _ends(base_settings: Settings, orders: dict[str, Callable[[Settings], list[Incoming]]]) -> dict[tuple, tuple]:
+    """Each order of records applied as one batch and one record at a time, each into a schema of its own, and a
+    re-send of every record after them: (order, together) -> `_state`, the re-sends' result."""
+    found = {}
+    for name, records_of in orders.items():
+        for together in (True, False):
+            settings = base_settings.private(unique("nb"))
+            records = records_of(settings)
+            with private_schema(settings) as conn, RecorderWriter(settings) as ledger:
+                for batch in [records] if together else [[r] for r in records]:
+                    ledger.recorder.apply_batch(batch)
+                again = [_record(settings, 3, n, r.raw, 10**8) for n, r in enumerate(x for x in records if x.partition)]
+                replay = ledger.recorder.apply_batch(again)
+                found[(name, together)] = (_state(conn, settings), (replay.applied, replay.erased_replays))
+    return found
+
+
+def _cross_partition(settings: Settings, logged_after: bool) -> list[Incoming]:
+    """A refused record of user:x and a re-drive of its letter asserting a fact, at partition 1, logged before the
+    erasure of user:x at partition 0 (the re-drive a second after it: `logged_after`)."""
+    bad = orjson.dumps({**orjson.loads(encode(asserted("user:x", "seat", "aisle", 1))), "content": None})
+    fix = asserted("user:x", "seat", "window", 1, event_id="x-1").model_copy(
+        update={"dead_letter": {"partition": 1, "offset": 0}}
+    )
+    return [_record(settings, 1, 0, bad, -2000), _record(settings, 1, 1, encode(fix), 1000 if logged_after else -1000)]
 
 
 @pytest.mark.parametrize("logged_after", [False, True], ids=["logged before", "logged after"])
 def test_an_erasure_covers_its_subjects_records_in_another_partition_by_log_time(
     base_settings: Settings, logged_after: bool
 ) -> None:
-    """Logged before the erasure, the other partition's record goes with the subject in every order and batching,
-    and re-sent it is an erased replay; logged after it, it is news when the worker reaches it after the erasure."""
-    found: dict[tuple[str, bool], tuple[str, list[tuple[str, str]]]] = {}
-    for order in ("erasure first", "assertion first"):
-        for together in (True, False):
-            settings = base_settings.private(unique("nb"))
-            erasure, fact = _cross_partition(settings, logged_after)
-            records = [erasure, fact] if order == "erasure first" else [fact, erasure]
-            with private_schema(settings) as conn, RecorderWriter(settings) as ledger:
-                if together:
-                    ledger.recorder.apply_batch(records)
-                else:
-                    for r in records:
-                        ledger.recorder.apply_batch([r])
-                again = decode_record(settings.topic, 1, 1, fact.raw, timestamp_ms=1_800_000_000_000)
-                replay = ledger.recorder.apply_batch([again])
-                rows = conn.execute("SELECT event_id, status FROM fact_versions").fetchall()
-                found[(order, together)] = (projection_checksum(conn, settings.pg_schema), rows)
-                if not logged_after:
-                    assert (replay.erased_replays, replay.applied) == (1, 0), (order, together)
+    """Logged before the erasure, the other partition's records go with the subject in every order and batching:
+    the projection, the letter's resolution, the erased ids and version ids end the same, and a re-send is an erased
+    replay; logged after it, the re-drive is news when the worker reaches it after the erasure."""
+    found = _ends(
+        base_settings,
+        {
+            "erasure first": lambda st: [_erasure(st), *_cross_partition(st, logged_after)],
+            "erasure last": lambda st: [*_cross_partition(st, logged_after), _erasure(st)],
+        },
+    )
     if not logged_after:
-        assert all(v[1] == [] for v in found.values()), found
-        assert len({v[0] for v in found.values()}) == 1, found
+        assert len(set(found.values())) == 1, found
+        (state, replay) = found[("erasure first", True)]
+        assert state[1] == () and state[2] == ((1, 0, "redriven", None),) and replay == (0, 1), found
     else:  # news once the erasure is applied; applied before it, it went with the subject (in doubt, erased)
-        assert found[("erasure first", True)][1] == [("x-1", "active")], found
-        assert found[("erasure first", False)] == found[("erasure first", True)], found
-        assert all(v[1] == [] for k, v in found.items() if k[0] == "assertion first"), found
+        first = found[("erasure first", True)]
+        assert first[0][1] == (("x-1", "active"),) and first[0][2] == ((1, 0, "redriven", "x-1"),), found
+        assert found[("erasure first", False)] == first, found
+        assert all(v[0][1] == () for k, v in found.items() if k[0] == "erasure last"), found
+
+
+def test_a_covered_record_never_takes_the_id_of_news_before_it_in_the_batch(base_settings: Settings) -> None:
+    """One id in two other partitions: news logged after the erasure, then a record logged before it. One batch or
+    one at a time, the news is applied and the covered one is refused for its id (a conflict), as first come."""
+
+    def records(settings: Settings) -> list[Incoming]:
+        news = encode(asserted("user:x", "seat", "window", 3, event_id="same-id"))
+        old = encode(asserted("user:x", "seat", "aisle", 1, event_id="same-id"))
+        return [_erasure(settings), _record(settings, 2, 0, news, 1000), _record(settings, 1, 0, old, -1000)]
+
+    found = _ends(base_settings, {"news first": records})
+    assert found[("news first", True)] == found[("news first", False)], found
+    assert found[("news first", True)][0][1] == (("same-id", "active"),), found
+
+
+def test_news_retracting_a_covered_records_version_is_filed_as_when_that_record_was_never_logged(
+    base_settings: Settings,
+) -> None:
+    """A retraction logged after the erasure names the version of a record it covers, both in other partitions:
+    one batch or one at a time, the covered record is not there to file the retraction under."""
+
+    def records(settings: Settings) -> list[Incoming]:
+        old = encode(asserted("user:x", "seat", "aisle", 1, event_id="x-old"))
+        retraction = MemoryEvent(
+            type=EventType.RETRACTED, tenant="acme", subject="user:x", valid_from=at(3), observed_at=at(3),
+            event_id="x-retract", target_version=version_id_for("acme", "x-old"),
+        )  # fmt: skip
+        return [
+            _erasure(settings),
+            _record(settings, 1, 0, old, -1000),
+            _record(settings, 2, 0, encode(retraction), 1000),
+        ]
+
+    found = _ends(base_settings, {"erasure first": records})
+    assert found[("erasure first", True)] == found[("erasure first", False)], found

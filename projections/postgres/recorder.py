@@ -329,7 +329,6 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         """
         if not records:
             return []
-        self._cover_elsewhere(cur, records)
         erased = self._erased(cur, records)
         if erased:
             result.erased_replays += sum(erased.values())
@@ -384,36 +383,53 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         return new
 
     def _cover_elsewhere(self, cur: psycopg.Cursor, records: list[Incoming]) -> None:
-        """Give `erased_events` the ids of `records` that an erasure of their subject in another partition covers:
-        logged at or before it by the log's timestamps (a record with none: in doubt, covered), and not logged.
+        """Make the records that an erasure of their subject in another partition covers its erased past: logged at
+        or before it by the log's timestamps (a record with none: in doubt, covered), their id not logged.
 
-        Two partitions have no offset order, and the worker reads each at its own pace: this makes such a record an
-        erased replay (`_erased` judges it next) whether the worker reaches it after the erasure or before (then
-        `_erase` purges it). One logged after the erasure is news, as one later in the erasure's own partition.
+        Two partitions have no offset order and the worker reads each at its own pace, so such a record ends as if
+        the worker had applied it before the erasure, which then purged it (`_erase`): its id and fingerprint in
+        `erased_events` (`_erased` then counts it an erased replay), a door's claim of it gone, its version id kept
+        (`erased_versions`), a letter it resolved resolved without its id and reason. One logged after the erasure
+        is news, as one later in the erasure's own partition. Only the first record of an id in the batch is
+        judged: the others are its duplicates or conflicts, as one record at a time.
         """
-        named = [(r, r.event) for r in records if r.event is not None and r.event.type is not EventType.ERASED]
-        if not named:
+        firsts: dict[tuple[str, str], Incoming] = {}
+        for r in records:
+            if r.event is not None and r.event.type is not EventType.ERASED:
+                firsts.setdefault((r.event.tenant, r.event.event_id), r)
+        if not firsts:
             return
-        cur.execute(  # and the doors' claims of those ids go: erased_events answers for them now, as after `_erase`
-            "WITH x AS (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::timestamptz[], "
-            "%s::text[]) WITH ORDINALITY AS x(t, s, id, p, ts, fp, n)), "
-            "covered AS (SELECT * FROM x WHERE EXISTS (SELECT 1 FROM events e WHERE e.tenant = x.t "
-            "AND e.subject = x.s AND e.type = 'subject.erased' AND e.\"partition\" <> x.p "
-            "AND (x.ts IS NULL OR coalesce(e.logged_at, e.observed_at) >= x.ts)) "
-            "AND NOT EXISTS (SELECT 1 FROM events e WHERE e.tenant = x.t AND e.event_id = x.id)), "
-            "kept AS (INSERT INTO erased_events (tenant, id_hash, fp_hash) "
-            f"SELECT t, {ID_HASH_SQL.format('id')}, {FP_HASH_SQL.format(fp='fp', id='id')} FROM covered ORDER BY n "
-            "ON CONFLICT DO NOTHING) "
-            "DELETE FROM event_claims c USING covered WHERE c.tenant = covered.t AND c.event_id = covered.id",
+        named = list(firsts.values())
+        cur.execute(
+            "SELECT x.n FROM unnest(%b::text[], %b::text[], %b::text[], %b::int[], %b::timestamptz[]) "
+            "WITH ORDINALITY AS x(t, s, id, p, ts, n) "
+            "WHERE EXISTS (SELECT 1 FROM events e WHERE e.tenant = x.t AND e.subject = x.s "
+            "AND e.type = 'subject.erased' AND e.\"partition\" <> x.p "
+            # a tombstone logged before `logged_at` existed: the later of its two times, so it rather covers more
+            "AND (x.ts IS NULL OR coalesce(e.logged_at, greatest(e.observed_at, e.recorded_at)) >= x.ts)) "
+            "AND NOT EXISTS (SELECT 1 FROM events e WHERE e.tenant = x.t AND e.event_id = x.id)",
             (
-                [e.tenant for _, e in named],
-                [e.subject for _, e in named],
-                [e.event_id for _, e in named],
-                [r.partition for r, _ in named],
-                [r.timestamp for r, _ in named],
-                [e.fingerprint for _, e in named],
+                [r.event.tenant for r in named],  # type: ignore[union-attr]
+                [r.event.subject for r in named],  # type: ignore[union-attr]
+                [r.event.event_id for r in named],  # type: ignore[union-attr]
+                [r.partition for r in named],
+                [r.timestamp for r in named],
             ),
         )
+        covered = [named[n - 1] for (n,) in cur.fetchall()]
+        if not covered:
+            return
+        evs: list[MemoryEvent] = [r.event for r in covered]  # type: ignore[misc]
+        cur.execute(  # fingerprints only for the covered (rare): every other record paid one probe
+            "WITH x AS (SELECT * FROM unnest(%b::text[], %b::text[], %b::text[]) AS x(t, id, fp)), "
+            f"kept AS (INSERT INTO erased_events (tenant, id_hash, fp_hash) SELECT t, {ID_HASH_SQL.format('id')}, "
+            f"{FP_HASH_SQL.format(fp='fp', id='id')} FROM x ON CONFLICT DO NOTHING) "
+            "DELETE FROM event_claims c USING x WHERE c.tenant = x.t AND c.event_id = x.id",
+            ([e.tenant for e in evs], [e.event_id for e in evs], [e.fingerprint for e in evs]),
+        )
+        for tenant in sorted({e.tenant for e in evs}):
+            keep_erased_versions(cur, tenant, [e.version_id for e in evs if e.tenant == tenant])
+        self._resolve_dead_letters(cur, [r for r in covered if r.event.dead_letter is not None], erased=True)  # type: ignore[union-attr]
 
     def _conflicts(self, cur: psycopg.Cursor, found: list[tuple[Incoming, str]], result: BatchResult) -> None:
         """Dead-letter records whose (tenant, event_id) already names other content (`where`: by what)."""
@@ -434,6 +450,7 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
     def _apply_events(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult) -> None:
         if not records:
             return
+        self._cover_elsewhere(cur, records)  # before the targets: a covered record is not logged
         resolved = self._retraction_targets(cur, records)
         new = self._log_events(cur, records, result, resolved)
         result.applied += len(new)
