@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import kafka.errors as Errors
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.admin import ConfigResource, ConfigResourceType
 
 from producers.contract import MAX_EVENT_BYTES
 from producers.kafka_producer import kafka_connection
@@ -43,9 +44,13 @@ class TopicStatus:
 
 
 def topic_configs(replication: int) -> dict[str, str]:
-    """Unlimited retention, delete policy (never compaction: every event matters), bounded records."""
+    """Unlimited retention, delete policy (never compaction: every event matters), bounded records, the broker's
+    clock on every record."""
     return {
         "cleanup.policy": "delete",
+        # a record's timestamp is the ledger's time, not a producer's: the default observed_at and the reference of
+        # the clock-skew window, and what orders an erasure against its subject's records in other partitions
+        "message.timestamp.type": "LogAppendTime",
         "retention.ms": "-1",
         "retention.bytes": "-1",
         "max.message.bytes": str(MAX_MESSAGE_BYTES),
@@ -85,6 +90,8 @@ def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[TopicS
                 raise error(f"creating topic {topic['name']!r}: {topic.get('error_message') or error.__name__}")
         admin.wait_for_topics(names, timeout_ms=timeout_ms)
         described = {t["name"]: len(t["partitions"]) for t in admin.describe_topics(names)}
+        if settings.topic not in created:
+            _warn_producer_clock(admin, settings.topic)
     finally:
         admin.close()
     out = [TopicStatus(name, name in created, described[name]) for name in names]
@@ -97,6 +104,24 @@ def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[TopicS
                 settings.topic_partitions,
             )
     return out
+
+
+def _warn_producer_clock(admin: KafkaAdminClient, topic: str) -> None:
+    """Say so when an existing ledger topic stamps records with the producer's clock (left as it is: a mirrored
+    topic may keep its source's times on purpose)."""
+    try:
+        configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])["topic"][topic]
+        kind = configs.get("message.timestamp.type", {}).get("value", "CreateTime")
+    except Exception as exc:  # noqa: BLE001 - a report, not a condition of starting
+        log.info("could not read the configuration of topic %s: %s", topic, exc)
+        return
+    if kind != "LogAppendTime":
+        log.warning(
+            "topic %s stamps records with the producer's clock (%s): set message.timestamp.type=LogAppendTime on "
+            "it so the ledger's time is the broker's (docs/deploy.md)",
+            topic,
+            kind,
+        )
 
 
 class EndOffsetReader:

@@ -17,9 +17,10 @@ from typing import Any
 
 import orjson
 import pytest
-from kafka import KafkaAdminClient
+from kafka import KafkaAdminClient, KafkaProducer
 
 from producers.contract import MAX_EVENT_BYTES, InvalidEvent, MemoryEvent, decode, from_dict
+from producers.kafka_producer import kafka_connection
 from producers.sdk import EventIdConflict, LedgerProducer, PublishError, PublishResult
 from producers.settings import Settings
 from producers.topics import ensure_topics
@@ -223,6 +224,24 @@ def test_the_sdk_puts_a_subject_where_any_kafka_client_would(ledger: Settings) -
     raw = publish_raw(ledger, [(f"acme|{s}".encode(), b"{}") for s in subjects])
     assert [r.partition for r in sdk] == [p for p, _ in raw] * 2
     assert len({p for p, _ in raw}) > 1
+
+
+def test_the_ledgers_topics_stamp_each_record_with_the_brokers_clock(ledger: Settings) -> None:
+    """A producer's timestamp, an hour ahead or at 1970, is not the record's: the broker's time is (the default
+    observed_at, the skew window's reference, and an erasure's place in time against other partitions)."""
+    producer = KafkaProducer(**kafka_connection(ledger), acks="all")
+    try:
+        before = time.time() * 1000
+        for topic in (ledger.topic, ledger.dlq_topic, ledger.access_topic):
+            for stamp in (int(before) + 3_500_000, 1000):
+                producer.send(topic, key=b"acme|user:clock", value=b"{}", timestamp_ms=stamp)
+        producer.flush(30)
+        after = time.time() * 1000
+    finally:
+        producer.close(5)
+    for topic in (ledger.topic, ledger.dlq_topic, ledger.access_topic):
+        stamps = [m.timestamp for m in read_topic(ledger, topic)]
+        assert len(stamps) == 2 and all(before - 5000 <= t <= after + 5000 for t in stamps), (topic, stamps)
 
 
 # -- errors -----------------------------------------------------------------------------------
