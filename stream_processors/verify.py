@@ -590,6 +590,11 @@ def _check_projection(
             expected = expected_event_row(x.event, x.key_id, x.timestamp)
             if expected["logged_at"] is not None and row["logged_at"] is None:
                 del expected["logged_at"]  # an erasure logged before the recorder kept its timestamp
+                report.notes.append(
+                    f"partition {p} offset {o}: an erasure without its log time (logged before the column; the "
+                    "recorder covers other partitions by the later of its observed and recorded times; "
+                    "`ledger rebuild` writes it)"
+                )
             wrong = row_differences(expected, row)
             if wrong:
                 report.diverged(_row_differs(p, o, wrong))

@@ -467,6 +467,14 @@ def test_an_erasure_with_encryption_on_keeps_the_chain_and_checkpoints_valid(bas
             finally:
                 conn.execute("UPDATE events SET logged_at = logged_at - interval '1 day' WHERE type = 'subject.erased'")
         assert moved.first is not None and "logged_at" in moved.first.message, moved.as_json()
+        with pg(settings) as conn:  # one from before the column: let be, and said
+            (stamp,) = conn.execute("SELECT logged_at FROM events WHERE type = 'subject.erased'").fetchone()
+            conn.execute("UPDATE events SET logged_at = NULL WHERE type = 'subject.erased'")
+            try:
+                unstamped = verify(settings)
+            finally:
+                conn.execute("UPDATE events SET logged_at = %s WHERE type = 'subject.erased'", (stamp,))
+        assert unstamped.intact and any("without its log time" in n for n in unstamped.notes), unstamped.as_json()
         no_kek = verify(settings.model_copy(update={"kek": None}))  # the chain needs no secret
         assert no_kek.intact and no_kek.sealed_unopened > 0, no_kek.as_json()
         assert any("not opened" in n for n in no_kek.notes)
