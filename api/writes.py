@@ -563,6 +563,10 @@ async def forget(res: Resources, tenants: frozenset[str], p: ForgetParams, after
             raise ApiError(422, "invalid_value", f"{field} retracts one fact: leave it out to erase the subject", field)
         erased = await erase_subject(res, tenants, p.tenant, p.subject, p.reason, p.event_id, literal=p.literal)
         return {"action": "erase", **erased}
+    if p.literal:  # a retraction names a stored fact or version exactly: literal would be ignored, so it is refused
+        raise ApiError(
+            422, "invalid_value", "literal goes with erase_subject: a retraction names its target", "literal"
+        )
     if p.key is None and p.target_version is None:
         message = "key (or target_version) is required to retract a fact or an episode (or set erase_subject)"
         raise ApiError(422, "missing_field", message, "key")

@@ -60,6 +60,7 @@ __all__ = [
     "claimed_fields",
     "door_refusal",
     "load_record",
+    "number_read_as_zero",
     "read_json",
     "read_record",
     "parse_rfc3339",
@@ -295,6 +296,9 @@ def check_storable(text: str, field: str) -> str:
     return text
 
 
+READ_AS_ZERO = "is too small for a number to keep: it would be read as 0"  # a literal like 1e-400
+
+
 def _refuse(code: str, path: str, message: str) -> PydanticCustomError:
     return PydanticCustomError(code, "{path} " + message, {"path": path})
 
@@ -314,7 +318,7 @@ def _check_json(value: Any, path: str, depth: int = 0) -> None:
         if not math.isfinite(value):
             raise _refuse("number_out_of_range", path, "is not a finite number (NaN and infinities are not JSON)")
         if type(value) is _TooSmall:
-            raise _refuse("number_out_of_range", path, "is too small for a number to keep: it would be read as 0")
+            raise _refuse("number_out_of_range", path, READ_AS_ZERO)
         if value == 0.0 and math.copysign(1.0, value) < 0 and path.split(".", 1)[0] == "value":  # jsonb keeps 0
             raise _refuse("number_out_of_range", path, "is -0.0, which the stores keep as 0: send 0")
     elif isinstance(value, dict | list | tuple):
@@ -947,6 +951,24 @@ class _TooSmall(float):
 # an exponent of -100 or less: the only way a number shorter than a run of 19 digits reads as a double of another
 # order (past -308 it is subnormal, then 0), so only records holding one leave orjson for `_float`
 _TINY_EXPONENT = re.compile(rb"[eE]-0*[1-9][0-9]{2}")
+
+
+def number_read_as_zero(raw: bytes, value: Any) -> str | None:
+    """In `value`, what `read_json` made of `raw`: the path (`value.a.0`) of the first number whose literal is not
+    zero but reads as 0 (1e-400), else None. A door whose own parser takes such a literal for 0.0 asks this of the
+    bytes first, to refuse it as every other door does (`number_out_of_range`, READ_AS_ZERO)."""
+    return _zero_at(value, "") if _TINY_EXPONENT.search(raw) is not None else None
+
+
+def _zero_at(value: Any, path: str) -> str | None:
+    if type(value) is _TooSmall:
+        return path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, item in items:
+        found = _zero_at(item, f"{path}.{k}" if path else str(k))
+        if found is not None:
+            return found
+    return None
 
 
 def _float(text: str) -> float:

@@ -265,6 +265,7 @@ BAD = [
     ),
     ("forget", {"subject": "s"}, "key", "missing_field"),
     ("forget", {"subject": "s", "key": "k", "erase_subject": True}, "key", "invalid_value"),
+    ("forget", {"subject": "s", "key": "k", "literal": True}, "literal", "invalid_value"),  # never ignored
     ("context", {"subject": "s", "budget_tokens": 10}, "budget_tokens", "invalid_value"),
     ("context", {"subject": "s", "format": "xml"}, "format", "unknown_value"),
     # too large only once encoded as one event, each field within its own limit: the event as a whole
@@ -453,6 +454,8 @@ def test_a_call_of_no_tool_or_with_arguments_that_are_no_object_is_a_tool_error_
         (b'"recall"', b'["q"]', 422, "not_an_object", "arguments"),
         (b'"recall"', b'"q"', 422, "not_an_object", "arguments"),
         (b'"nope"', b'["q"]', 404, "not_found", "name"),
+        (b"null", b"{}", 422, "missing_field", "name"),
+        (b"5", b"{}", 422, "wrong_type", "name"),
         *(
             (b'"remember"', b'{"subject": "u", "key": "k", "content": "c", "value": %s}' % v, 422, "too_deep", too_deep)
             for v in deep.values()
@@ -471,6 +474,27 @@ def test_a_call_of_no_tool_or_with_arguments_that_are_no_object_is_a_tool_error_
             notified = b'{"jsonrpc": "2.0", "method": %s, %s}' % (method, params)
             r = httpx.post(stack["mcp_url"], headers=headers, content=notified, timeout=60)
             assert (r.status_code, r.content) == (202, b""), (method, name, r.status_code, r.text[:300])
+
+
+def test_a_number_that_reads_as_zero_is_refused_by_remember_as_by_the_http_api(stack: dict[str, Any]) -> None:
+    """The SDK's parser reads 1e-400 as 0.0 before a tool sees it; the HTTP API refuses the literal by name
+    (`number_out_of_range`), and so does `remember`, at any depth of its value. A small number that is one stays."""
+    headers = {"authorization": "Bearer k-acme", "accept": "application/json, text/event-stream"}
+    headers["content-type"] = "application/json"
+    for n, (value, refused) in enumerate(
+        ((b"1e-400", "value"), (b"-2.5E-0400", "value"), (b'{"a": [1, 1e-400]}', "value.a.1"), (b"1e-300", None))
+    ):
+        arguments = b'{"event_id": "tiny-%d", "subject": "user:tiny", "key": "k%d", "content": "c", "value": %s}'
+        call = b'{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "remember", "arguments": %s}}'
+        r = httpx.post(stack["mcp_url"], headers=headers, content=call % (arguments % (n, n, value)), timeout=60)
+        assert r.status_code == 200, r.text
+        result = r.json()["result"]
+        if refused is None:
+            assert not result.get("isError"), result
+            continue
+        body = orjson.loads(result["content"][0]["text"])
+        got = (body["status"], body["detail"][0]["code"], body["detail"][0]["field"])
+        assert got == (422, "number_out_of_range", refused), body
 
 
 def test_stdio_refuses_to_start_without_a_known_key(stack: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ from api.mcp.auth import KeyVerifier, caller_tenants, check_admin, with_tenant
 from api.mcp.tools import TOOLS, ToolSpec, error_result, run_tool
 from api.request_guard import replay
 from api.resources import Resources
-from producers.contract import MAX_VALUE_DEPTH, read_json
+from producers.contract import MAX_VALUE_DEPTH, READ_AS_ZERO, number_read_as_zero, read_json
 from producers.settings import Settings
 
 __all__ = ["INSTRUCTIONS", "MCP_PATH", "build_server", "http_app"]
@@ -222,15 +222,19 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 _TOOL_NAMES = frozenset(spec.name for spec in TOOLS)
+# the tools that publish an event: the contract refuses a number literal that reads as 0 (1e-400), which the SDK's
+# parser reads as 0.0 before any tool sees it
+_PUBLISHING = frozenset({"remember", "redrive_dead_letter"})
 
 
 def _tool_call_refusal(body: bytes) -> Response | None:
     """The JSON-RPC answer to a tool call the SDK would refuse in its own words, as the tool error of the one shape:
-    a name no tool has (404 naming `name`; the SDK answered plain text), arguments that are no object (422 naming
-    `arguments`; the SDK answered a JSON-RPC error), a lone surrogate in them (a JSON escape of one, which a
-    JavaScript string cut inside an emoji gives: 422 `unstorable_text` naming the argument, where the SDK's parser
-    would answer a parse error of valid JSON), arguments nested past the SDK's parser (422 `too_deep` naming the
-    path). A notification of such a call is answered nothing (202). None for any other request."""
+    a name no tool has (404 naming `name`; the SDK answered plain text) or none (422 naming it), arguments that are
+    no object (422 naming `arguments`; the SDK answered a JSON-RPC error), a lone surrogate in them (a JSON escape of
+    one, which a JavaScript string cut inside an emoji gives: 422 `unstorable_text` naming the argument, where the
+    SDK's parser would answer a parse error of valid JSON), arguments nested past the SDK's parser (422 `too_deep`
+    naming the path), a number an event would carry that the SDK's parser reads as 0 (422 `number_out_of_range`
+    naming it). A notification of such a call is answered nothing (202). None for any other request."""
     try:  # every body, not only those spelling `tools/call` as such: JSON may escape any of its characters
         message = read_json(body)
     except (ValueError, RecursionError):
@@ -242,10 +246,15 @@ def _tool_call_refusal(body: bytes) -> Response | None:
     item: dict[str, Any] | None = None
     if isinstance(name, str) and name not in _TOOL_NAMES:
         item = {"code": "not_found", "field": "name", "message": "no tool has this name (tools/list lists them)"}
+    elif not isinstance(name, str):
+        code, what = ("missing_field", "is required") if name is None else ("wrong_type", "is text")
+        item = {"code": code, "field": "name", "message": f"the tool's name {what} (tools/list lists them)"}
     elif not isinstance(arguments, dict):
         item = {"code": "not_an_object", "field": "arguments", "message": "a tool's arguments are a JSON object"}
     elif (deep := _nested_past_the_parser(body, arguments)) is not None:
         item = {"code": "too_deep", "field": deep, "message": f"is nested deeper than {MAX_VALUE_DEPTH} levels"}
+    elif name in _PUBLISHING and (zero := number_read_as_zero(body, arguments)) is not None:
+        item = {"code": "number_out_of_range", "field": zero, "message": READ_AS_ZERO}
     elif _SURROGATE_ESCAPE.search(body) is not None:
         for key, value in arguments.items():
             field = "arguments" if _lone_surrogate_in(key) else key if _lone_surrogate_in(value) else None
