@@ -15,6 +15,7 @@ those of another partition logged at or before it by the log's timestamps, which
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 import orjson
@@ -265,3 +266,35 @@ def test_news_retracting_a_covered_records_version_is_filed_as_when_that_record_
 
     found = _ends(base_settings, {"erasure first": records})
     assert found[("erasure first", True)] == found[("erasure first", False)], found
+
+
+@pytest.mark.parametrize("erasing", [True, False], ids=["an erasure's batch", "another batch"])
+def test_an_erasure_and_a_record_of_another_worker_never_commit_unseen_by_each_other(
+    base_settings: Settings, erasing: bool
+) -> None:
+    """Two workers apply their partitions at once, each in its own transaction: a batch holding an erasure waits for
+    every batch under way in the schema (here one of another worker, held open), and any other batch waits for a
+    batch holding an erasure; batches without one never wait for each other."""
+    settings = base_settings.private(unique("nb"))
+    with private_schema(settings) as conn, RecorderWriter(settings) as ledger:
+        ledger.apply(asserted("user:w", "seat", "window", 1, event_id="w-1"))
+        gate = "hashtextextended(current_schema() || '/erasure gate', 0)"
+        with psycopg.connect(settings.pg_dsn) as other:  # another worker's transaction, under way
+            other.execute(f"SET search_path TO {settings.pg_schema}")
+            other.execute(f"SELECT pg_advisory_xact_lock{'_shared' if erasing else ''}({gate})")
+            erasure = encode(erased("user:x", event_id="x-erased", observed_at=at(2)))
+            fact = encode(asserted("user:v", "k", 1, 2))
+            record = _record(settings, 0, 1, erasure, 0) if erasing else _record(settings, 1, 0, fact, 0)
+            done = threading.Event()
+            worker = threading.Thread(target=lambda: (ledger.recorder.apply_batch([record]), done.set()))
+            worker.start()
+            assert not done.wait(1.0), "applied while the other worker's batch was under way"
+            other.rollback()
+            assert done.wait(30), "never applied"
+            worker.join(5)
+        with psycopg.connect(settings.pg_dsn) as third:  # two batches without an erasure share the gate
+            third.execute(f"SET search_path TO {settings.pg_schema}")
+            third.execute(f"SELECT pg_advisory_xact_lock_shared({gate})")
+            result = ledger.recorder.apply_batch([_record(settings, 2, 0, encode(asserted("user:u", "k", 1, 3)), 0)])
+            assert result.applied == 1
+        assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 3

@@ -109,6 +109,9 @@ _INSERT_EVENTS = (
 )
 
 
+_ERASURE_GATE = "SELECT pg_advisory_xact_lock{}(hashtextextended(current_schema() || '/erasure gate', 0))"
+
+
 @dataclass
 class BatchResult(PositionedResult):
     # applied: events recorded (new (tenant, event_id)); duplicates: valid events whose (tenant, event_id) was
@@ -210,6 +213,11 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         return {i for i, later, _ in found if later}, {i for i, later, other in found if other and not later}
 
     def prepare(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult) -> list[Incoming]:
+        # workers apply their partitions at once: a batch holding an erasure takes the schema's erasure gate alone,
+        # every other batch shares it (before any key is read), so a record of the erased subject in another
+        # partition is never written unseen by the erasure's purge, nor the erasure by `_cover_elsewhere`
+        erasing = any(r.event is not None and r.event.type is EventType.ERASED for r in records)
+        cur.execute(_ERASURE_GATE.format("" if erasing else "_shared"))
         opened, erased = self.open_sealed(cur, records, result)
         self._resolve_erased(cur, erased)
         return [_named_ahead(r) for r in opened]
