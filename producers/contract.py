@@ -396,7 +396,7 @@ def storable_json(raw: bytes) -> bool:
     (no exponent of -100 or less) and nesting deeper than MAX_VALUE_DEPTH (no more brackets than that in the whole
     record). `read_record` reads with it, a record holding such an exponent never by orjson (`read_json`).
     """
-    tiny = (b"e-" in raw or b"E-" in raw) and _TINY_EXPONENT.search(raw) is not None
+    tiny = _may_read_as_zero(raw)
     return _storable_but_digits(raw) and not has_long_digit_run(raw) and not tiny
 
 
@@ -935,7 +935,7 @@ def _read_json(raw: bytes) -> tuple[Any, bool]:
     surrogate is in it, nor an integer outside 64 bits: `storable_json` but for its first two rules holds)."""
     zeros = raw.translate(_DIGITS_AS_ZEROS)
     start = zeros.find(_LONG_RUN)
-    tiny = (b"e-" in raw or b"E-" in raw) and _TINY_EXPONENT.search(raw) is not None
+    tiny = _may_read_as_zero(raw)
     if not tiny and (start == -1 or not _may_hold_a_long_integer(raw, zeros, start)):
         try:
             return orjson.loads(raw), start == -1
@@ -951,13 +951,20 @@ class _TooSmall(float):
 # an exponent of -100 or less: the only way a number shorter than a run of 19 digits reads as a double of another
 # order (past -308 it is subnormal, then 0), so only records holding one leave orjson for `_float`
 _TINY_EXPONENT = re.compile(rb"[eE]-0*[1-9][0-9]{2}")
+# or a fraction written out: a double's smallest is ~4.9e-324, so only 300 zeros after a point and more can be 0
+_TINY_FRACTION = b"." + b"0" * 300
 
 
 def number_read_as_zero(raw: bytes, value: Any) -> str | None:
     """In `value`, what `read_json` made of `raw`: the path (`value.a.0`) of the first number whose literal is not
     zero but reads as 0 (1e-400), else None. A door whose own parser takes such a literal for 0.0 asks this of the
     bytes first, to refuse it as every other door does (`number_out_of_range`, READ_AS_ZERO)."""
-    return _zero_at(value, "") if _TINY_EXPONENT.search(raw) is not None else None
+    return _zero_at(value, "") if _may_read_as_zero(raw) else None
+
+
+def _may_read_as_zero(raw: bytes) -> bool:
+    """Whether `raw` may hold a number literal that is not zero but reads as 0 (then `_float` reads it)."""
+    return ((b"e-" in raw or b"E-" in raw) and _TINY_EXPONENT.search(raw) is not None) or _TINY_FRACTION in raw
 
 
 def _zero_at(value: Any, path: str) -> str | None:

@@ -581,7 +581,18 @@ def test_class9_nothing_is_silently_changed(client: TestClient) -> None:
         b'"content": "c", "value": %s}]}'
     )
     # and what the stores would read as another number: -0.0 (jsonb keeps 0), 1e-400 (a double reads 0)
-    for literal in (b"NaN", b"Infinity", b"-Infinity", b"1e999", b'{"x": [NaN]}', b"-0.0", b"1e-400", b"[-0.0]"):
+    tiny_fraction = b"0." + b"0" * 400 + b"1"  # written out, no exponent
+    for literal in (
+        b"NaN",
+        b"Infinity",
+        b"-Infinity",
+        b"1e999",
+        b'{"x": [NaN]}',
+        b"-0.0",
+        b"1e-400",
+        b"[-0.0]",
+        tiny_fraction,
+    ):
         r = client.post("/v1/events", content=template % literal, headers=json_headers)
         item = assert_error(r, 422, "number_out_of_range")
         assert item["field"].startswith("events.0.value"), item
