@@ -482,7 +482,13 @@ def test_a_number_that_reads_as_zero_is_refused_by_remember_as_by_the_http_api(s
     headers = {"authorization": "Bearer k-acme", "accept": "application/json, text/event-stream"}
     headers["content-type"] = "application/json"
     for n, (value, refused) in enumerate(
-        ((b"1e-400", "value"), (b"-2.5E-0400", "value"), (b'{"a": [1, 1e-400]}', "value.a.1"), (b"1e-300", None))
+        (
+            (b"1e-400", "value"),
+            (b"-2.5E-0400", "value"),
+            (b'{"a": [1, 1e-400]}', "value.a.1"),
+            (b"0." + b"0" * 400 + b"1", "value"),
+            (b"1e-300", None),
+        )
     ):
         arguments = b'{"event_id": "tiny-%d", "subject": "user:tiny", "key": "k%d", "content": "c", "value": %s}'
         call = b'{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "remember", "arguments": %s}}'
@@ -495,6 +501,19 @@ def test_a_number_that_reads_as_zero_is_refused_by_remember_as_by_the_http_api(s
         body = orjson.loads(result["content"][0]["text"])
         got = (body["status"], body["detail"][0]["code"], body["detail"][0]["field"])
         assert got == (422, "number_out_of_range", refused), body
+    # a re-drive's event is its `event` argument, named so; its other arguments are no event's, judged by the tool
+    for arguments, refused in (
+        (b'{"partition": 0, "offset": 0, "event": {"subject": "u", "value": [1e-400]}}', "event.value.0"),
+        (b'{"partition": 1e-400, "offset": 0, "event": {"subject": "u"}}', None),
+    ):
+        call = b'{"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "redrive_dead_letter", '
+        r = httpx.post(stack["mcp_url"], headers=headers, content=call + b'"arguments": %s}}' % arguments, timeout=60)
+        body = orjson.loads(r.json()["result"]["content"][0]["text"])
+        item = body["detail"][0]
+        if refused is None:
+            assert item["code"] != "number_out_of_range", body
+        else:
+            assert (body["status"], item["code"], item["field"]) == (422, "number_out_of_range", refused), body
 
 
 def test_stdio_refuses_to_start_without_a_known_key(stack: dict[str, Any]) -> None:

@@ -222,9 +222,18 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 _TOOL_NAMES = frozenset(spec.name for spec in TOOLS)
-# the tools that publish an event: the contract refuses a number literal that reads as 0 (1e-400), which the SDK's
-# parser reads as 0.0 before any tool sees it
-_PUBLISHING = frozenset({"remember", "redrive_dead_letter"})
+# the tools that publish an event -> the argument holding it (None: the arguments are the event): the contract
+# refuses a number literal that reads as 0 (1e-400), which the SDK's parser reads as 0.0 before any tool sees it
+_PUBLISHING: dict[str, str | None] = {"remember": None, "redrive_dead_letter": "event"}
+
+
+def _read_as_zero(body: bytes, name: str, arguments: dict[str, Any]) -> str | None:
+    """The path of a number in the tool's event that reads as 0, named as the tool names its fields."""
+    field = _PUBLISHING[name]
+    if field is None:
+        return number_read_as_zero(body, arguments)
+    found = number_read_as_zero(body, arguments.get(field))
+    return None if found is None else f"{field}.{found}" if found else field
 
 
 def _tool_call_refusal(body: bytes) -> Response | None:
@@ -253,7 +262,7 @@ def _tool_call_refusal(body: bytes) -> Response | None:
         item = {"code": "not_an_object", "field": "arguments", "message": "a tool's arguments are a JSON object"}
     elif (deep := _nested_past_the_parser(body, arguments)) is not None:
         item = {"code": "too_deep", "field": deep, "message": f"is nested deeper than {MAX_VALUE_DEPTH} levels"}
-    elif name in _PUBLISHING and (zero := number_read_as_zero(body, arguments)) is not None:
+    elif name in _PUBLISHING and (zero := _read_as_zero(body, name, arguments)) is not None:
         item = {"code": "number_out_of_range", "field": zero, "message": READ_AS_ZERO}
     elif _SURROGATE_ESCAPE.search(body) is not None:
         for key, value in arguments.items():
