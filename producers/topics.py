@@ -91,7 +91,7 @@ def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[TopicS
         admin.wait_for_topics(names, timeout_ms=timeout_ms)
         described = {t["name"]: len(t["partitions"]) for t in admin.describe_topics(names)}
         if settings.topic not in created:
-            _warn_producer_clock(admin, settings.topic)
+            _warn_producer_clock(admin, settings.kafka_bootstrap, settings.topic)
     finally:
         admin.close()
     out = [TopicStatus(name, name in created, described[name]) for name in names]
@@ -106,21 +106,30 @@ def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[TopicS
     return out
 
 
-def _warn_producer_clock(admin: KafkaAdminClient, topic: str) -> None:
-    """Say so when an existing ledger topic stamps records with the producer's clock (left as it is: a mirrored
-    topic may keep its source's times on purpose)."""
-    try:
-        configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])["topic"][topic]
-        kind = configs.get("message.timestamp.type", {}).get("value", "CreateTime")
+_WARNED: set[tuple[str, str]] = set()  # (bootstrap, topic): said once a process (every client start ensures topics)
+
+
+def _warn_producer_clock(admin: KafkaAdminClient, bootstrap: str, topic: str) -> None:
+    """Say so, once, when an existing ledger topic stamps records with the producer's clock; it is left as it is (a
+    topic a ledger was copied into keeps its source's times on purpose)."""
+    if (bootstrap, topic) in _WARNED:
+        return
+    _WARNED.add((bootstrap, topic))
+    try:  # `all`: the value in force, also when it is the broker's default and not the topic's own
+        asked = ConfigResource(ConfigResourceType.TOPIC, topic, ["message.timestamp.type"])
+        kind = admin.describe_configs([asked], config_filter="all")["topic"][topic]["message.timestamp.type"]["value"]
     except Exception as exc:  # noqa: BLE001 - a report, not a condition of starting
         log.info("could not read the configuration of topic %s: %s", topic, exc)
         return
     if kind != "LogAppendTime":
         log.warning(
-            "topic %s stamps records with the producer's clock (%s): set message.timestamp.type=LogAppendTime on "
-            "it so the ledger's time is the broker's (docs/deploy.md)",
+            "warning: topic %s stamps records with the producer's clock (%s) and is left as it is; for the "
+            "broker's: kafka-configs.sh --bootstrap-server %s --alter --entity-type topics --entity-name %s "
+            "--add-config message.timestamp.type=LogAppendTime (docs/deploy.md)",
             topic,
             kind,
+            bootstrap,
+            topic,
         )
 
 

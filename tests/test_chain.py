@@ -407,7 +407,7 @@ def test_a_topic_rewritten_with_one_record_changed_is_found_at_that_record(base_
         pipe.worker.stop()
         original = read_topic(settings)
         assert verify(settings).intact
-        # the topic deleted and produced again with the same records but one, each with its own time
+        # the topic deleted and produced again with the same records but one (the broker stamps them anew)
         drop_topics(settings, settings.topic)
         wait_for(lambda: not _topic_exists(settings), 60, 0.5, "the topic to be deleted")
         ensure_topics(settings)
@@ -415,7 +415,7 @@ def test_a_topic_rewritten_with_one_record_changed_is_found_at_that_record(base_
         try:
             for m in original:
                 value = m.value.replace(b'"value":5', b'"value":6') if m.offset == 5 else m.value
-                producer.send(settings.topic, key=m.key, value=value, partition=0, timestamp_ms=m.timestamp)
+                producer.send(settings.topic, key=m.key, value=value, partition=0)
             producer.flush(30)
         finally:
             producer.close(5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import re
@@ -18,12 +19,14 @@ from typing import Any
 import orjson
 import pytest
 from kafka import KafkaAdminClient, KafkaProducer
+from kafka.admin import NewTopic
 
 from producers.contract import MAX_EVENT_BYTES, InvalidEvent, MemoryEvent, decode, from_dict
 from producers.kafka_producer import kafka_connection
 from producers.sdk import EventIdConflict, LedgerProducer, PublishError, PublishResult
 from producers.settings import Settings
 from producers.topics import ensure_topics
+from tests.conftest import unique
 from tests.support import drop_topics, end_offsets, publish_raw, read_topic
 
 SUBJECTS = [f"user:{i}" for i in range(24)]  # shared by every producer, so their writes interleave
@@ -242,6 +245,37 @@ def test_the_ledgers_topics_stamp_each_record_with_the_brokers_clock(ledger: Set
     for topic in (ledger.topic, ledger.dlq_topic, ledger.access_topic):
         stamps = [m.timestamp for m in read_topic(ledger, topic)]
         assert len(stamps) == 2 and all(before - 5000 <= t <= after + 5000 for t in stamps), (topic, stamps)
+
+
+def test_an_existing_ledger_topic_on_the_producers_clock_is_left_and_said_once(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ledger topic made before (or by another tool) with CreateTime keeps it: `ensure_topics` says so once a
+    process, with the command that changes it; a topic it made itself says nothing."""
+    admin = KafkaAdminClient(**kafka_connection(settings))
+    try:
+        stamped = {"message.timestamp.type": "CreateTime"}
+        admin.create_topics([NewTopic(settings.topic, settings.topic_partitions, 1, topic_configs=stamped)])
+    finally:
+        admin.close()
+    try:
+        with caplog.at_level(logging.WARNING, logger="producers.topics"):
+            ensure_topics(settings)
+            ensure_topics(settings)
+        said = [r.getMessage() for r in caplog.records if "clock" in r.getMessage()]
+        assert len(said) == 1 and "CreateTime" in said[0] and "left as it is" in said[0], said
+        assert f"--entity-name {settings.topic} --add-config message.timestamp.type=LogAppendTime" in said[0]
+    finally:
+        drop_topics(settings)
+    other = settings.private(unique("t"))
+    try:
+        with caplog.at_level(logging.WARNING, logger="producers.topics"):
+            caplog.clear()
+            ensure_topics(other)  # made here: LogAppendTime
+            ensure_topics(other)
+        assert not [r for r in caplog.records if "clock" in r.getMessage()], caplog.text
+    finally:
+        drop_topics(other)
 
 
 # -- errors -----------------------------------------------------------------------------------
