@@ -26,6 +26,7 @@ from producers.keys.kek import KekError
 from producers.keys.signing import key_id, load_signer, parse_public_key
 from producers.records import Incoming
 from producers.settings import Settings
+from producers.topics import probe
 from projections.postgres.chain import (
     GENESIS,
     Checkpoint,
@@ -216,6 +217,9 @@ def trusted_keys(settings: Settings) -> dict[str, bytes]:
 def verify(settings: Settings, *, batch_size: int = 2000) -> VerifyReport:
     """Verify `settings.topic` against the chain, the checkpoints and the projection in `settings.pg_schema`."""
     consumer, topic = settings.processor_group, settings.topic
+    wait_s = max(1.0, settings.producer_timeout_s)
+    if not probe(settings, timeout=wait_s):  # at once, as `ledger topics` finds it, not after the stall's wait
+        raise KafkaTimeoutError(f"no broker of {settings.kafka_bootstrap} answered within {wait_s:g} s")
     report = VerifyReport(topic=topic, schema=settings.pg_schema, consumer=consumer)
     trusted = trusted_keys(settings)
     report.trusted_keys = sorted(trusted)

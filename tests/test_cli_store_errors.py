@@ -93,3 +93,21 @@ def test_a_publish_names_the_store_its_data_keys_come_from_and_runs_outside_deve
         line = proc.stderr.strip().splitlines()[-1]
         assert line.startswith(f"ledger: {store} at ") and f"127.0.0.1:{port}" in line, f"{store}: {line}"
         assert SECRET not in line, line
+
+
+def test_verify_with_only_kafka_away_says_so_in_its_one_line_and_nothing_else(base_settings) -> None:
+    """PostgreSQL answers, no broker does: the one line names Kafka, found at once by a probe, with none of
+    kafka-python's own lines about each connection retried before it."""
+    port = dead_port()
+    env = user_env(
+        LEDGER_DEVELOPMENT="1",
+        LEDGER_KAFKA_BOOTSTRAP=f"127.0.0.1:{port}",
+        LEDGER_PG_DSN=base_settings.pg_dsn,
+        LEDGER_PRODUCER_TIMEOUT_S="2",
+    )
+    proc = run(("verify",), env)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"ledger: kafka at 127.0.0.1:{port} is not reachable (KafkaTimeoutError): start it (`python -m infra up`) "
+        "or set LEDGER_KAFKA_BOOTSTRAP"
+    ], proc.stderr[-2000:]
