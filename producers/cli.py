@@ -45,7 +45,7 @@ def _settings(topic: str | None) -> Any:
     from producers.settings import UnsafeSettings, check_names, get_publisher_settings
 
     s = get_publisher_settings()
-    if topic:
+    if topic and topic != s.topic:  # the configured ledger topic keeps its configured DLQ and access topics
         s = s.model_copy(update={"topic": topic, "dlq_topic": f"{topic}.dlq", "access_topic": f"{topic}.access"})
         try:  # model_copy does not validate: a bad --topic is refused by the rule a bad LEDGER_TOPIC is
             check_names(s, topics_from="--topic")
@@ -131,7 +131,9 @@ def _run(stream: IO[bytes], total: int | None, producer: Any, batch_size: int, q
         except KeyboardInterrupt:  # Ctrl-C: say how far it got instead of vanishing (the caller exits 130)
             sending = [line for line, _ in publisher.sending]
             unsure = f"; lines {sending[0]}-{sending[-1]} were being sent, and may or may not be" if sending else ""
-            summary.stopped = f"interrupted: {summary.accepted} lines published as counted{unsure}"
+            waiting = [line for line, _ in publisher.batch]  # read and valid, held for the next batch: never sent
+            unsent = f"; the valid lines {waiting[0]}-{waiting[-1]} were read and not sent" if waiting else ""
+            summary.stopped = f"interrupted: {summary.accepted} lines published as counted{unsure}{unsent}"
             summary.interrupted = True
         progress.update(task, counts=f"{summary.accepted} accepted, {len(summary.rejected)} rejected")
     return summary
@@ -220,7 +222,7 @@ def publish(
 
 def topics(
     topic: str | None = typer.Option(
-        None, help="ledger topic (default: LEDGER_TOPIC); its DLQ is TOPIC.dlq, its access topic TOPIC.access"
+        None, help="ledger topic (default: LEDGER_TOPIC); another one's DLQ is TOPIC.dlq, its access topic TOPIC.access"
     ),
 ) -> None:
     """Create the ledger topic, its dead-letter topic and the access topic (idempotent)."""

@@ -278,6 +278,19 @@ def test_an_existing_ledger_topic_on_the_producers_clock_is_left_and_said_once(
         drop_topics(other)
 
 
+def test_cli_topic_option_naming_the_configured_topic_keeps_its_dlq_and_access_topics() -> None:
+    """`--topic` spelling the configured ledger topic changes nothing (no stray `<topic>.access` is made); another
+    topic brings its own DLQ and access topic."""
+    from producers.cli import _settings
+    from producers.settings import get_publisher_settings
+
+    configured = get_publisher_settings()
+    same = _settings(configured.topic)
+    assert (same.dlq_topic, same.access_topic) == (configured.dlq_topic, configured.access_topic)
+    other = _settings("x.events")
+    assert (other.topic, other.dlq_topic, other.access_topic) == ("x.events", "x.events.dlq", "x.events.access")
+
+
 # -- errors -----------------------------------------------------------------------------------
 
 
@@ -658,7 +671,7 @@ def test_cli_publish_holds_no_line_whole_and_says_how_far_it_got_when_stopped(le
     assert peak < 300 * 2**20, peak  # the whole line would be ~500 MB
 
     lines = "".join(orjson.dumps({**_event("int", i, "user:9"), "event_id": f"int-{i}"}).decode() + "\n"
-                    for i in range(1000))  # fmt: skip
+                    for i in range(1003))  # fmt: skip
     # as a terminal's Ctrl-C reaches it: SIGINT not ignored (a background job's children inherit it ignored)
     proc = subprocess.Popen([LEDGER_BIN, "publish", "-", "--topic", ledger.topic, "--quiet"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -669,10 +682,12 @@ def test_cli_publish_holds_no_line_whole_and_says_how_far_it_got_when_stopped(le
     deadline = time.monotonic() + 60
     while sum(end_offsets(ledger).values()) < 1000 and time.monotonic() < deadline:
         time.sleep(0.2)
+    time.sleep(1)  # the last three lines read into the next batch, which waits to fill
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and b"Traceback" not in err, (out, err[-500:])
     assert b"accepted: 1000" in out and b"interrupted: 1000 lines published" in out, out
+    assert b"the valid lines 1001-1003 were read and not sent" in out, out  # named, never silently dropped
 
     closed = subprocess.run(["bash", "-c", f'"{LEDGER_BIN}" publish - --topic {ledger.topic} <&-'],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
