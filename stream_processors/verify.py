@@ -689,7 +689,11 @@ def render(report: VerifyReport) -> str:
     if report.intact:
         lines.append("intact")
         return "\n".join(lines)
-    lines.append(f"DIVERGED: {report.divergence_count} divergence(s); the first:")
+    shown = min(10, len(report.divergences))
+    lines.append(
+        f"DIVERGED: {report.divergence_count} divergence(s)"
+        + (":" if shown == report.divergence_count else f"; the first {shown}:")
+    )
     for d in report.divergences[:10]:
         after = "" if d.after is None else f" (after offset {d.after})"
         lines.append(f"  partition {d.partition} offset {d.offset}{after} [{d.kind}]: {d.message}")
