@@ -89,8 +89,8 @@ class _Publisher:
 
         if not self.batch:
             return
-        batch, self.batch = self.batch, []
-        self.sending = batch  # until its outcomes are in: an interrupted run says these lines' fate is unknown
+        batch = self.sending = self.batch  # until its outcomes are in: an interrupted run says their fate is unknown
+        self.batch = []
         # report_invalid: what only the SDK can judge (encoded size, clock skew, an event_id re-used
         # for other content) rejects that line alone, like a contract refusal
         outcomes = self.producer.send_many((event for _, event in batch), report_invalid=True)
@@ -132,7 +132,11 @@ def _run(stream: IO[bytes], total: int | None, producer: Any, batch_size: int, q
             sending = [line for line, _ in publisher.sending]
             unsure = f"; lines {sending[0]}-{sending[-1]} were being sent, and may or may not be" if sending else ""
             waiting = [line for line, _ in publisher.batch]  # read and valid, held for the next batch: never sent
-            unsent = f"; the valid lines {waiting[0]}-{waiting[-1]} were read and not sent" if waiting else ""
+            unsent = (
+                f"; {len(waiting)} valid lines from line {waiting[0]} to {waiting[-1]} were read and not sent"
+                if waiting
+                else ""
+            )
             summary.stopped = f"interrupted: {summary.accepted} lines published as counted{unsure}{unsent}"
             summary.interrupted = True
         progress.update(task, counts=f"{summary.accepted} accepted, {len(summary.rejected)} rejected")

@@ -951,8 +951,9 @@ class _TooSmall(float):
 # an exponent of -100 or less: the only way a number shorter than a run of 19 digits reads as a double of another
 # order (past -308 it is subnormal, then 0), so only records holding one leave orjson for `_float`
 _TINY_EXPONENT = re.compile(rb"[eE]-0*[1-9][0-9]{2}")
-# or a fraction written out: a double's smallest is ~4.9e-324, so only 300 zeros after a point and more can be 0
-_TINY_FRACTION = b"." + b"0" * 300
+# or a fraction written out, alone or with an exponent of two digits (three are the regex's): a double's smallest is
+# ~4.9e-324, so 200 zeros after a point is where such a literal may start to read as 0 (`_float` decides)
+_TINY_FRACTION = b"." + b"0" * 200
 
 
 def number_read_as_zero(raw: bytes, value: Any) -> str | None:

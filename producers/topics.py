@@ -114,13 +114,13 @@ def _warn_producer_clock(admin: KafkaAdminClient, bootstrap: str, topic: str) ->
     topic a ledger was copied into keeps its source's times on purpose)."""
     if (bootstrap, topic) in _WARNED:
         return
-    _WARNED.add((bootstrap, topic))
     try:  # `all`: the value in force, also when it is the broker's default and not the topic's own
         asked = ConfigResource(ConfigResourceType.TOPIC, topic, ["message.timestamp.type"])
         kind = admin.describe_configs([asked], config_filter="all")["topic"][topic]["message.timestamp.type"]["value"]
-    except Exception as exc:  # noqa: BLE001 - a report, not a condition of starting
+    except Exception as exc:  # noqa: BLE001 - a report, not a condition of starting (asked again next time)
         log.info("could not read the configuration of topic %s: %s", topic, exc)
         return
+    _WARNED.add((bootstrap, topic))
     if kind != "LogAppendTime":
         log.warning(
             "warning: topic %s stamps records with the producer's clock (%s) and is left as it is; for the "

@@ -44,10 +44,6 @@ def verify(
 
     settings = get_settings()
     configure_logging(settings, "verify")
-    if settings.log_level != "DEBUG":  # a broker away is this command's one line (exit 3), not each retry's
-        import logging
-
-        logging.getLogger("kafka").setLevel(logging.CRITICAL)
     try:
         report = run(settings)
     except SigningKeyError as exc:  # a chain key that is configured and unusable: a configuration error, no verdict

@@ -214,11 +214,24 @@ def trusted_keys(settings: Settings) -> dict[str, bytes]:
     return out
 
 
+def _broker_answers(settings: Settings, wait_s: float) -> bool:
+    """`probe`, without kafka-python's line for each connection it retries meanwhile (its answer is the one line a
+    broker away gets); at DEBUG they stay."""
+    chatty = logging.getLogger("kafka")
+    level = chatty.level
+    if settings.log_level != "DEBUG":
+        chatty.setLevel(logging.CRITICAL)
+    try:
+        return probe(settings, timeout=wait_s)
+    finally:
+        chatty.setLevel(level)
+
+
 def verify(settings: Settings, *, batch_size: int = 2000) -> VerifyReport:
     """Verify `settings.topic` against the chain, the checkpoints and the projection in `settings.pg_schema`."""
     consumer, topic = settings.processor_group, settings.topic
     wait_s = max(1.0, settings.producer_timeout_s)
-    if not probe(settings, timeout=wait_s):  # at once, as `ledger topics` finds it, not after the stall's wait
+    if not _broker_answers(settings, wait_s):  # at once, as `ledger topics` finds it, not after the stall's wait
         raise KafkaTimeoutError(f"no broker of {settings.kafka_bootstrap} answered within {wait_s:g} s")
     report = VerifyReport(topic=topic, schema=settings.pg_schema, consumer=consumer)
     trusted = trusted_keys(settings)

@@ -277,6 +277,8 @@ def test_an_erasure_and_a_record_of_another_worker_never_commit_unseen_by_each_o
     batch holding an erasure; batches without one never wait for each other."""
     settings = base_settings.private(unique("nb"))
     with private_schema(settings) as conn, RecorderWriter(settings) as ledger:
+        ledger.conn.execute("SET lock_timeout = '20s'")  # a gate that never opens fails here, not at the suite's end
+        ledger.conn.commit()
         ledger.apply(asserted("user:w", "seat", "window", 1, event_id="w-1"))
         gate = "hashtextextended(current_schema() || '/erasure gate', 0)"
         with psycopg.connect(settings.pg_dsn) as other:  # another worker's transaction, under way

@@ -403,7 +403,8 @@ def test_numbers_outside_int64_non_finite_or_a_negative_zero_are_refused(value: 
     ("literal", "refused"),
     [(b"-0.0", True), (b"-0", False), (b"-0e5", True), (b"1e-400", True), (b"-2.5E-0400", True),
      (b"0e-400", False), (b"0.0000e-999", False), (b"1e-300", False), (b"5e-324", False), (b"-0.5", False),
-     (b"[1, {\"a\": 4.9e-999}]", True), (b"0." + b"0" * 400 + b"1", True), (b"0." + b"0" * 300 + b"1", False)],
+     (b"[1, {\"a\": 4.9e-999}]", True), (b"0." + b"0" * 400 + b"1", True), (b"0." + b"0" * 300 + b"1", False),
+     (b"0." + b"0" * 250 + b"1e-80", True), (b"0." + b"0" * 230 + b"1E-099", True)],
 )  # fmt: skip
 def test_a_number_the_stores_would_read_as_another_is_refused_from_the_bytes(literal: bytes, refused: bool) -> None:
     """A record's bytes as the worker and the door read them: a negative zero, and a non-zero literal too small for

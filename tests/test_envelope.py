@@ -155,6 +155,9 @@ def test_an_erasure_is_never_sealable() -> None:
     erasure = MemoryEvent(type=EventType.ERASED, tenant="acme", subject="user:42", reason="asked by the user")
     assert not sealable(erasure)
     assert all(sealable(_event(k, _markers())) for k in KINDS)
+    # one sealed by hand (a raw producer) is no erasure: its key's destruction would leave it unreadable to a replay
+    err = _refused(encode_sealed(erasure, KEY), "bad_envelope")
+    assert err.field == "type", err
 
 
 # -- any change to the sealed record: opening fails, never an event --------------------------------------------

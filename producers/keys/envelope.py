@@ -169,6 +169,10 @@ def parse_envelope(data: Any) -> Envelope | None:
     ciphertext = _b64(sealed.get("ct"), "ct")
     clear = dict(data)
     del clear[SEALED]
+    if clear.get("type") == "subject.erased":  # what destroys the key must stay readable once it is gone
+        raise _bad(
+            "an erasure is never sealed: it carries no personal field, and must outlive its subject's key", "type"
+        )
     if not clear.keys().isdisjoint(PERSONAL):
         raise _bad(f"a sealed record carries personal fields in clear: {[k for k in PERSONAL if k in clear]}")
     source = clear.get("source")
