@@ -216,15 +216,16 @@ def trusted_keys(settings: Settings) -> dict[str, bytes]:
 
 def _broker_answers(settings: Settings, wait_s: float) -> bool:
     """`probe`, without kafka-python's line for each connection it retries meanwhile (its answer is the one line a
-    broker away gets); at DEBUG they stay."""
+    broker away gets); at DEBUG they stay. A broker away leaves them quiet: the probe's thread goes on retrying
+    after its answer, while the caller reports it."""
     chatty = logging.getLogger("kafka")
     level = chatty.level
     if settings.log_level != "DEBUG":
         chatty.setLevel(logging.CRITICAL)
-    try:
-        return probe(settings, timeout=wait_s)
-    finally:
+    answered = probe(settings, timeout=wait_s)
+    if answered:
         chatty.setLevel(level)
+    return answered
 
 
 def verify(settings: Settings, *, batch_size: int = 2000) -> VerifyReport:
