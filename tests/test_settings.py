@@ -11,6 +11,16 @@ pytestmark = pytest.mark.unit
 SAFE = {"api_keys": {"k-9f2c": ["acme"]}, "pg_dsn": "postgresql://ledger:s3cret@db.internal:5432/ledger"}
 
 
+@pytest.fixture(autouse=True)
+def _no_ledger_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The validators judge the arguments given: pydantic-settings merges a dict from the environment into a dict
+    argument (LEDGER_API_KEYS holding the development key would join `api_keys`), so none is read here."""
+    import os
+
+    for name in [n for n in os.environ if n.startswith("LEDGER_")]:
+        monkeypatch.delenv(name)
+
+
 def test_a_deployment_refuses_the_development_key_and_password() -> None:
     with pytest.raises(ValueError, match="LEDGER_API_KEYS"):
         Settings(development=False, pg_dsn=SAFE["pg_dsn"])  # the default key is the development key
