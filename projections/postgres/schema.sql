@@ -283,8 +283,9 @@ CREATE INDEX IF NOT EXISTS fact_versions_suspect ON fact_versions (tenant) WHERE
 
 -- the data key that sealed each event (NULL: a clear record); an erasure record counts both kinds
 ALTER TABLE events ADD COLUMN IF NOT EXISTS key_id text;
--- an erasure's log timestamp (NULL on other events, and on an erasure logged before this column: its observed_at
--- stands for it): orders it against its subject's records in other partitions, which have no offset order with it
+-- an erasure's log timestamp (NULL on other events, and on an erasure logged before this column: the later of its
+-- observed_at and recorded_at stands for it): orders it against its subject's records in other partitions, which
+-- have no offset order with it
 ALTER TABLE events ADD COLUMN IF NOT EXISTS logged_at timestamptz;
 -- every record of a batch asks whether its subject has an erasure: the tombstones alone, not each subject's events
 CREATE INDEX IF NOT EXISTS events_erasures ON events (tenant, subject) WHERE type = 'subject.erased';
