@@ -1,19 +1,24 @@
 """`ledger publish FILE.jsonl` (or `-` for stdin), `ledger topics` and `ledger schema`.
 
-`publish` streams one event per line through the SDK in batches, with a progress bar, and ends
-with a summary: accepted, rejected (line number, code, field, message), partitions used. An
-invalid line never stops the run: the valid lines around it are still published. Exit code 0 when
-every line was accepted, 1 when any was rejected, 2 when the broker stopped the run or the settings (or
-`--topic`) are not usable (one line naming the variable: infra.cli), 3 when the broker could not be reached (one
-line naming it and its address: infra.cli).
+`publish` streams one event per line through the SDK in batches (from a pipe, a partial batch is sent once its
+lines have waited `--linger`), with a progress bar, and ends with a summary: accepted, rejected (line number, code,
+field, message), partitions used. An invalid line never stops the run: the valid lines around it are still
+published. Exit code 0 when every line was accepted, 1 when any was rejected, 2 when the broker stopped the run or
+the settings (or `--topic`) are not usable (one line naming the variable: infra.cli), 3 when the broker could not be
+reached (one line naming it and its address: infra.cli).
 
 Only typer is imported at module level, so `ledger --help` stays fast.
 """
 
 from __future__ import annotations
 
+import io
+import os
+import select
+import stat
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -70,6 +75,38 @@ def _lines(stream: IO[bytes], longest: int):
         yield number, size, raw.strip()
 
 
+class _Lingering(io.RawIOBase):
+    """A pipe or terminal read so that lines it delivers slowly are not held: before a read that would wait, a
+    batch pending longer than `linger` seconds is sent (`idle`), as a Kafka producer's linger sends a partial batch.
+    A run the broker stopped reads as the end of its input (else it would wait on a quiet pipe for nothing)."""
+
+    def __init__(
+        self, fd: int, linger: float, pending: Callable[[], bool], idle: Callable[[], None], stopped: Callable[[], bool]
+    ) -> None:
+        super().__init__()
+        self.fd, self.linger, self.pending, self.idle, self.stopped = fd, linger, pending, idle, stopped
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.pending() and not select.select([self.fd], [], [], self.linger)[0]:
+            self.idle()
+        if self.stopped():
+            return 0
+        data = os.read(self.fd, len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _waits(stream: IO[bytes]) -> bool:
+    """Whether reading `stream` can wait for its writer (a pipe, a terminal, a socket), unlike a file's."""
+    try:
+        return not stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
+
+
 class _Publisher:
     """Collects decoded events into batches and sends each batch through the SDK."""
 
@@ -109,12 +146,17 @@ class _Publisher:
         self.sending = []
 
 
-def _run(stream: IO[bytes], total: int | None, producer: Any, batch_size: int, quiet: bool) -> Summary:
+def _run(stream: IO[bytes], total: int | None, producer: Any, batch_size: int, quiet: bool, linger: float) -> Summary:
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     summary = Summary()
     publisher = _Publisher(producer, summary, batch_size)
+    if _waits(stream):
+        raw = _Lingering(
+            stream.fileno(), linger, lambda: bool(publisher.batch), publisher.flush, lambda: summary.stopped is not None
+        )
+        stream = io.BufferedReader(raw)
     progress = Progress(
         TextColumn("[bold]publishing"),
         BarColumn(),
@@ -190,6 +232,9 @@ def publish(
     ),
     show: int = typer.Option(50, min=0, help="how many rejected lines to list in the summary"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+    linger: float = typer.Option(
+        0.5, min=0.0, help="seconds valid lines from a pipe or terminal wait for more before a partial batch is sent"
+    ),
 ) -> None:
     """Publish events from a JSONL file (or stdin) to the ledger."""
     from producers.sdk import LedgerProducer
@@ -210,7 +255,7 @@ def publish(
         total = path.stat().st_size if path.is_file() else None
     try:
         with LedgerProducer(settings, timeout_s=timeout) as producer:
-            summary = _run(stream, total, producer, batch_size, quiet)
+            summary = _run(stream, total, producer, batch_size, quiet, linger)
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()

@@ -606,6 +606,31 @@ def test_cli_whose_report_cannot_be_written_says_so_in_one_line(ledger: Settings
     assert len(read_topic(ledger)) == 1
 
 
+def test_cli_publishes_lines_of_a_quiet_pipe_without_waiting_for_a_full_batch(ledger: Settings) -> None:
+    """A service's log piped in (`tail -f ... | ledger publish -`) delivers a few lines and then nothing for a while:
+    those lines are published after the linger, not held until 500 more arrive or the pipe closes (a kill meanwhile
+    lost them unsent)."""
+    events = [from_dict(_event("trickle", i, "user:9")) for i in range(5)]
+    wire = [orjson.dumps(e.to_wire()) + b"\n" for e in events]
+    proc = subprocess.Popen([LEDGER_BIN, "publish", "-", "--topic", ledger.topic, "--quiet", "--linger", "0.2"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdin is not None
+    try:
+        for start, sent in ((0, 3), (3, 5)):
+            proc.stdin.write(b"".join(wire[start:sent]))
+            proc.stdin.flush()
+            deadline = time.monotonic() + 60
+            while sum(end_offsets(ledger).values()) < sent and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert sum(end_offsets(ledger).values()) == sent, "lines held while the pipe stays open"
+        out, err = proc.communicate(timeout=60)  # closes the pipe: the end of the input
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and b"accepted: 5" in out, (out, err[-500:])
+    records = sorted(read_topic(ledger), key=lambda r: (r.partition, r.offset))
+    assert sorted(decode(r.value).event_id for r in records) == sorted(e.event_id for e in events)
+
+
 def test_cli_reads_any_readable_path_and_names_what_it_cannot(ledger: Settings, tmp_path: Path) -> None:
     """A pipe (`<(...)`) and a device read as a file does; a directory or a path that cannot be opened is one line
     saying which (not "no such file" for a path that exists), exit 2."""
@@ -673,8 +698,9 @@ def test_cli_publish_holds_no_line_whole_and_says_how_far_it_got_when_stopped(le
     lines = "".join(orjson.dumps({**_event("int", i, "user:9"), "event_id": f"int-{i}"}).decode() + "\n"
                     for i in range(1003))  # fmt: skip
     # as a terminal's Ctrl-C reaches it: SIGINT not ignored (a background job's children inherit it ignored)
-    proc = subprocess.Popen([LEDGER_BIN, "publish", "-", "--topic", ledger.topic, "--quiet"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    # (a long linger: the lines of the partial batch stay held until the signal)
+    proc = subprocess.Popen([LEDGER_BIN, "publish", "-", "--topic", ledger.topic, "--quiet", "--linger", "600"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     assert proc.stdin is not None
     proc.stdin.write(lines.encode())
