@@ -177,6 +177,8 @@ def parse_rfc3339(text: str) -> datetime:
         normal = text[:10] + "T" + text[11:]
         if normal[-1] == "z":
             normal = normal[:-1] + "+00:00"
+    if normal.startswith("0000-12-31") and normal[-6] == "-":
+        return _year_zero_eve(normal)
     try:
         value = datetime.fromisoformat(normal)
     except ValueError as exc:
@@ -184,6 +186,18 @@ def parse_rfc3339(text: str) -> datetime:
             raise ValueError(_OFFSET_RANGE) from None
         raise ValueError(f"is not a valid time: {exc}") from None
     return _utc(value)
+
+
+def _year_zero_eve(normal: str) -> datetime:
+    """The last day of year 0000 behind UTC, which a negative offset can bring into 0001 in UTC (the rule is the
+    year once converted): Python holds no year 0, so the day after it is read and the day taken back in UTC."""
+    local = datetime.fromisoformat("0001-01-01" + normal[10:])
+    offset = local.utcoffset()
+    assert offset is not None  # the pattern requires one
+    try:
+        return (local.replace(tzinfo=None) + (-offset - timedelta(days=1))).replace(tzinfo=UTC)
+    except OverflowError:
+        raise ValueError("is outside the representable range (years 0001-9999 in UTC)") from None
 
 
 def _time_input(v: Any) -> Any:

@@ -490,6 +490,11 @@ def test_encode_refuses_what_the_worker_would_refuse_for_size(over: dict) -> Non
         "2026-01-01T24:00:00Z",
         "9999-12-31T23:59:59-01:00",  # past year 9999 once in UTC
         "0001-01-01T00:00:00+01:00",  # before year 1 once in UTC
+        "0000-12-31T21:59:59.5-02:00",  # year 0 still, once in UTC
+        "0000-12-31T23:00:00Z",
+        "0000-12-31T23:00:00+02:00",
+        "0000-12-30T23:00:00-23:59",
+        "0000-12-31T25:00:00-02:00",
         "+2026-01-01T00:00:00Z",
         "2026-01-01T00:00:00+00:60",  # offset minutes run 00-59: Python would fold these into hours
         "2026-01-01T00:00:00+00:99",
@@ -523,6 +528,10 @@ def test_a_number_is_never_read_as_a_unix_time(number: Any) -> None:
         ("0001-01-01T00:00:00Z", datetime(1, 1, 1, tzinfo=UTC)),
         ("2026-01-01T23:59:00+23:59", datetime(2026, 1, 1, tzinfo=UTC)),
         ("2026-01-01T00:00:00-23:59", datetime(2026, 1, 1, 23, 59, tzinfo=UTC)),
+        # the year is judged once in UTC: the last hours of year 0000 behind UTC are in 0001
+        ("0000-12-31T22:00:00-02:00", datetime(1, 1, 1, tzinfo=UTC)),
+        ("0000-12-31T23:59:59.999999-00:01", datetime(1, 1, 1, 0, 0, 59, 999999, tzinfo=UTC)),
+        ("0000-12-31t10:00:00-23:59", datetime(1, 1, 1, 9, 59, tzinfo=UTC)),
     ],
 )
 def test_valid_rfc3339_times_parse_to_utc(text: str, expected: datetime) -> None:
