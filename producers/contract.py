@@ -598,6 +598,13 @@ class MemoryEvent(BaseModel):
     def _rfc3339_only(cls, v: Any) -> Any:
         return _time_input(v)  # None, or an aware UTC datetime, which the datetime validation keeps as it is
 
+    @field_validator("confidence", "importance")
+    @classmethod
+    def _no_negative_zero(cls, v: float | None) -> float | None:
+        """-0.0 is 0 (a score, unlike `value`, has no spelling to keep): stored, read back and fingerprinted as 0.0,
+        so the event as it reads back is the same event."""
+        return 0.0 if v == 0.0 else v
+
     @field_validator("entities", "aliases", "tags")
     @classmethod
     def _clean_list(cls, v: list[str]) -> list[str]:

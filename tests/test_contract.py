@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -423,6 +424,20 @@ def test_a_number_the_stores_would_read_as_another_is_refused_from_the_bytes(lit
 def test_numbers_kept_exactly_pass_and_round_trip(value: Any) -> None:
     event = from_dict(_asserted(value=value))
     assert decode(encode(event)).value == value
+
+
+@pytest.mark.parametrize("field", ["importance", "confidence"])
+def test_a_negative_zero_score_is_zero_as_written_read_and_fingerprinted(field: str) -> None:
+    """A score of -0.0 is the score 0: stored as 0 (no store keeps its sign), so it must be the event of 0.0 too; it
+    was kept in the fingerprint, and the event as it read back was an `event_id_conflict` with itself."""
+    source = {"source": {"type": "inferred", "service": "s"}, "event_id": "z", "observed_at": "2026-01-01T00:00:00Z"}
+    zero, negative = (from_dict(_asserted(**{field: v}, **source)) for v in (0.0, -0.0))
+    assert math.copysign(1.0, getattr(negative, field)) == 1.0
+    assert negative.fingerprint == zero.fingerprint and encode(negative) == encode(zero)
+    raw = orjson.dumps(_asserted(**{field: 0.0}, **source)).replace(b":0.0", b":-0.0")
+    assert b"-0.0" in raw
+    value, _ = contract.read_record(raw, 10**6)
+    assert from_dict(value).fingerprint == zero.fingerprint
 
 
 @pytest.mark.parametrize("field", ["importance", "confidence"])
