@@ -11,6 +11,7 @@ import base64
 import functools
 import hashlib
 import hmac
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -46,7 +47,18 @@ from producers.settings import EmbeddingSettings, RecallSettings, Settings
 from projections import shapes
 from projections.postgres import receipts as rows
 
-__all__ = ["NotCanonical", "answer_digest", "basis", "canonical", "issue", "replay", "request_fields", "verify"]
+__all__ = [
+    "NotCanonical",
+    "answer_digest",
+    "basis",
+    "canonical",
+    "issue",
+    "names_once",
+    "repeated_name",
+    "replay",
+    "request_fields",
+    "verify",
+]
 
 log = logging.getLogger(__name__)
 
@@ -463,6 +475,42 @@ def _signed_here(settings: Settings, receipt: Mapping[str, Any]) -> None:
         "unsigned": "is missing: this ledger signs its receipts",
     }[state]
     raise ApiError(422, "invalid_value", f"the receipt's signature {why} (verify it)", "receipt.signature")
+
+
+class _Repeated(Exception):
+    """A member name that stands twice in one object."""
+
+
+def _names_once(pairs: list[tuple[str, Any]]) -> None:
+    """json's object hook: raises _Repeated at the first name an object repeats (the values are not kept)."""
+    seen: set[str] = set()
+    for name, _ in pairs:
+        if name in seen:
+            raise _Repeated(name)
+        seen.add(name)
+
+
+def repeated_name(body: bytes) -> str | None:
+    """The first member name that stands twice in one object of the JSON `body`, else None. A parser keeps one of
+    the two, orjson the last, others the first: a receipt so spelled could verify here and be read otherwise by its
+    holder, so neither door checks one (RFC 8785 takes I-JSON, which names each member once). What the standard
+    parser cannot read (nesting past its recursion) is judged by the other checks."""
+    try:
+        json.loads(body, object_pairs_hook=_names_once)
+    except _Repeated as repeated:
+        return str(repeated.args[0])
+    except (ValueError, RecursionError):
+        return None
+    return None
+
+
+async def names_once(body: bytes) -> None:
+    """422 naming the body when a name stands twice in one of its objects (`repeated_name`); a large body is read
+    in a worker thread."""
+    name = await run_in_threadpool(repeated_name, body) if len(body) > _INLINE_BYTES else repeated_name(body)
+    if name is not None:
+        message = f"the name {name!r} stands twice in one object: a receipt and its answer name each member once"
+        raise ApiError(422, "invalid_value", message, "body")
 
 
 def _positions(receipt: Mapping[str, Any]) -> dict[int, int]:

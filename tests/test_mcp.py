@@ -516,6 +516,63 @@ def test_a_number_that_reads_as_zero_is_refused_by_remember_as_by_the_http_api(s
             assert (body["status"], item["code"], item["field"]) == (422, "number_out_of_range", refused), body
 
 
+def test_a_receipt_naming_a_member_twice_is_refused_at_both_doors(stack: dict[str, Any]) -> None:
+    """Parsers differ on a name given twice in one object (orjson keeps the last, others the first): a receipt with a
+    second `answer_digest` verified here as `valid` while its holder's parser could read the other one. Both doors
+    refuse such a body, wherever the name repeats (the envelope, the receipt, a cited event, the answer), naming it;
+    the same receipt spelled otherwise but once (an escaped name) still verifies."""
+    headers = {"authorization": "Bearer k-acme", "x-api-key": "k-acme", "content-type": "application/json"}
+    facts = httpx.get(f"{stack['api_url']}/v1/subjects/project:P1/facts", params={"tenant": "acme"}, headers=headers)
+    assert facts.status_code == 200, facts.text
+    answer = facts.json()
+    receipt = answer.pop("receipt")
+    assert receipt["cited"], receipt
+    body = orjson.dumps({"tenant": "acme", "receipt": receipt, "answer": answer})
+    asked = orjson.dumps({"tenant": "acme", "receipt": receipt, "request": {"subject": "project:P1"}})
+    zeros = b'"' + b"0" * 64 + b'"'
+
+    def doubled(raw: bytes, name: bytes, value: bytes, first: bytes = zeros) -> bytes:
+        out = raw.replace(b'"%s":%s' % (name, value), b'"%s":%s,"%s":%s' % (name, first, name, value), 1)
+        assert out != raw, name
+        return out
+
+    def twice(raw: bytes) -> dict[str, bytes]:
+        return {
+            "answer_digest": doubled(raw, b"answer_digest", orjson.dumps(receipt["answer_digest"])),
+            "tenant": doubled(raw, b"tenant", b'"acme"', b'"globex"'),
+            "digest": doubled(raw, b"digest", orjson.dumps(receipt["cited"][0]["digest"])),
+            "subject": doubled(raw, b"subject", b'"project:P1"', b'"x"'),
+            "signature": doubled(raw, b"signature", orjson.dumps(receipt["signature"]), b'"AAAA"'),
+            # the repeated name spelled otherwise: a parser reads the escape as the letter
+            "answer": doubled(raw, b"answer", b'"facts"', b'"recall"').replace(b'"answer":"r', b'"\\u0061nswer":"r'),
+        }
+
+    call = b'{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"%s","arguments":%s}}'
+    mcp_headers = {**headers, "accept": "application/json, text/event-stream"}
+    for path, raw in (("verify", body), ("replay", asked)):
+        for name, hostile in twice(raw).items():
+            r = httpx.post(f"{stack['api_url']}/v1/receipts/{path}", headers=headers, content=hostile, timeout=60)
+            item = r.json()["detail"][0]
+            assert (r.status_code, item["code"], item["field"]) == (422, "invalid_value", "body"), (name, r.text)
+            assert repr(name) in item["message"], (name, item)
+            tool = b"verify_receipt" if path == "verify" else b"replay_receipt"
+            r = httpx.post(stack["mcp_url"], headers=mcp_headers, content=call % (tool, hostile), timeout=60)
+            result = orjson.loads(r.json()["result"]["content"][0]["text"])
+            item = result["detail"][0]
+            assert (result["status"], item["code"], item["field"]) == (422, "invalid_value", "arguments"), result
+    escaped = body.replace(b'"answer_digest":', b'"\\u0061nswer_digest":')  # one name, spelled otherwise
+    verified = []
+    for raw in (body, escaped):
+        r = httpx.post(f"{stack['api_url']}/v1/receipts/verify", headers=headers, content=raw, timeout=60)
+        assert r.status_code == 200 and r.json()["answer"] is True, r.text
+        verified.append(r.json())
+        r = httpx.post(stack["mcp_url"], headers=mcp_headers, content=call % (b"verify_receipt", raw), timeout=60)
+        verified.append(r.json()["result"]["structuredContent"])
+    assert all(v == verified[0] for v in verified), verified
+    r = httpx.post(f"{stack['api_url']}/v1/receipts/replay", headers=headers, content=asked, timeout=60)
+    assert r.status_code == 200 and r.json()["same"] is True, r.text
+
+
 def test_stdio_refuses_to_start_without_a_known_key(stack: dict[str, Any]) -> None:
     import subprocess
 

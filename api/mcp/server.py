@@ -36,6 +36,7 @@ from api.deps import AUTHORIZATION_HEADER, two_keys
 from api.errors import ApiError, error_body
 from api.mcp.auth import KeyVerifier, caller_tenants, check_admin, with_tenant
 from api.mcp.tools import TOOLS, ToolSpec, error_result, run_tool
+from api.receipts import repeated_name
 from api.request_guard import replay
 from api.resources import Resources
 from producers.contract import MAX_VALUE_DEPTH, READ_AS_ZERO, number_read_as_zero, read_json
@@ -225,6 +226,8 @@ _TOOL_NAMES = frozenset(spec.name for spec in TOOLS)
 # the tools that publish an event -> the argument holding it (None: the arguments are the event): the contract
 # refuses a number literal that reads as 0 (1e-400), which the SDK's parser reads as 0.0 before any tool sees it
 _PUBLISHING: dict[str, str | None] = {"remember": None, "redrive_dead_letter": "event"}
+# the tools that judge a receipt a client holds: its JSON must say one thing to every parser (api.receipts)
+_RECEIPT_TOOLS = frozenset(("verify_receipt", "replay_receipt"))
 
 
 def _read_as_zero(body: bytes, name: str, arguments: dict[str, Any]) -> str | None:
@@ -243,7 +246,8 @@ def _tool_call_refusal(body: bytes) -> Response | None:
     one, which a JavaScript string cut inside an emoji gives: 422 `unstorable_text` naming the argument, where the
     SDK's parser would answer a parse error of valid JSON), arguments nested past the SDK's parser (422 `too_deep`
     naming the path), a number an event would carry that the SDK's parser reads as 0 (422 `number_out_of_range`
-    naming it). A notification of such a call is answered nothing (202). None for any other request."""
+    naming it), a receipt tool's call naming a member twice in one object (422 naming `arguments`). A notification
+    of such a call is answered nothing (202). None for any other request."""
     try:  # every body, not only those spelling `tools/call` as such: JSON may escape any of its characters
         message = read_json(body)
     except (ValueError, RecursionError):
@@ -264,6 +268,9 @@ def _tool_call_refusal(body: bytes) -> Response | None:
         item = {"code": "too_deep", "field": deep, "message": f"is nested deeper than {MAX_VALUE_DEPTH} levels"}
     elif name in _PUBLISHING and (zero := _read_as_zero(body, name, arguments)) is not None:
         item = {"code": "number_out_of_range", "field": zero, "message": READ_AS_ZERO}
+    elif name in _RECEIPT_TOOLS and (repeated := repeated_name(body)) is not None:
+        said = f"the name {repeated!r} stands twice in one object: a receipt and its answer name each member once"
+        item = {"code": "invalid_value", "field": "arguments", "message": said}
     elif _SURROGATE_ESCAPE.search(body) is not None:
         for key, value in arguments.items():
             field = "arguments" if _lone_surrogate_in(key) else key if _lone_surrogate_in(value) else None

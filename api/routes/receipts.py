@@ -11,7 +11,7 @@ not use a 403. The MCP tools `verify_receipt` and `replay_receipt` call the same
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 
 from api import receipts
 from api.deps import ResourcesDep, TenantsDep
@@ -23,12 +23,14 @@ router = APIRouter(prefix="/receipts", tags=["receipts"], route_class=OrjsonBody
 
 
 @router.post("/verify", response_model=ReceiptVerification)
-async def verify_receipt(body: ReceiptBody, res: ResourcesDep, tenants: TenantsDep) -> Response:
+async def verify_receipt(body: ReceiptBody, request: Request, res: ResourcesDep, tenants: TenantsDep) -> Response:
     """Whether the receipt is this ledger's and what it cites is (or was, before an erasure) in the ledger."""
+    await receipts.names_once(await request.body())
     return json_response(await receipts.verify(res, tenants, body))
 
 
 @router.post("/replay", response_model=ReceiptReplay)
-async def replay_receipt(body: ReplayBody, res: ResourcesDep, tenants: TenantsDep) -> Response:
+async def replay_receipt(body: ReplayBody, request: Request, res: ResourcesDep, tenants: TenantsDep) -> Response:
     """The receipt's answer re-derived as known at its positions, and whether it is the same."""
+    await receipts.names_once(await request.body())
     return json_response(await receipts.replay(res, tenants, body))
