@@ -17,6 +17,7 @@ import os
 import select
 import stat
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -75,25 +76,37 @@ def _lines(stream: IO[bytes], longest: int):
         yield number, size, raw.strip()
 
 
+class _Stopped(Exception):
+    """The broker stopped the run while its input was being waited for."""
+
+
 class _Lingering(io.RawIOBase):
-    """A pipe or terminal read so that lines it delivers slowly are not held: before a read that would wait, a
-    batch pending longer than `linger` seconds is sent (`idle`), as a Kafka producer's linger sends a partial batch.
-    A run the broker stopped reads as the end of its input (else it would wait on a quiet pipe for nothing)."""
+    """A pipe or terminal read so that lines it delivers slowly are not held: a partial batch is sent (`idle`) once
+    its first line has waited `linger` seconds, whether the pipe is quiet or trickles, as a Kafka producer's linger
+    sends a partial batch. A run the broker stopped ends the reading (else it would wait on a quiet pipe)."""
 
     def __init__(
-        self, fd: int, linger: float, pending: Callable[[], bool], idle: Callable[[], None], stopped: Callable[[], bool]
+        self,
+        fd: int,
+        linger: float,
+        since: Callable[[], float | None],
+        idle: Callable[[], None],
+        stopped: Callable[[], bool],
     ) -> None:
         super().__init__()
-        self.fd, self.linger, self.pending, self.idle, self.stopped = fd, linger, pending, idle, stopped
+        self.fd, self.linger, self.since, self.idle, self.stopped = fd, linger, since, idle, stopped
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        if self.pending() and not select.select([self.fd], [], [], self.linger)[0]:
+        while (since := self.since()) is not None:  # a batch is pending since then
+            wait = since + self.linger - time.monotonic()
+            if wait > 0 and select.select([self.fd], [], [], wait)[0]:
+                break  # more input before its time is up
             self.idle()
         if self.stopped():
-            return 0
+            raise _Stopped
         data = os.read(self.fd, len(buffer))
         buffer[: len(data)] = data
         return len(data)
@@ -113,9 +126,12 @@ class _Publisher:
     def __init__(self, producer: Any, summary: Summary, batch_size: int) -> None:
         self.producer, self.summary, self.batch_size = producer, summary, batch_size
         self.batch: list[tuple[int, Any]] = []
+        self.since: float | None = None  # when the first line of `batch` was read (monotonic)
         self.sending: list[tuple[int, Any]] = []
 
     def add(self, line: int, event: Any) -> None:
+        if not self.batch:
+            self.since = time.monotonic()
         self.batch.append((line, event))
         if len(self.batch) >= self.batch_size:
             self.flush()
@@ -127,7 +143,7 @@ class _Publisher:
         if not self.batch:
             return
         batch = self.sending = self.batch  # until its outcomes are in: an interrupted run says their fate is unknown
-        self.batch = []
+        self.batch, self.since = [], None
         # report_invalid: what only the SDK can judge (encoded size, clock skew, an event_id re-used
         # for other content) rejects that line alone, like a contract refusal
         outcomes = self.producer.send_many((event for _, event in batch), report_invalid=True)
@@ -152,11 +168,6 @@ def _run(stream: IO[bytes], total: int | None, producer: Any, batch_size: int, q
 
     summary = Summary()
     publisher = _Publisher(producer, summary, batch_size)
-    if _waits(stream):
-        raw = _Lingering(
-            stream.fileno(), linger, lambda: bool(publisher.batch), publisher.flush, lambda: summary.stopped is not None
-        )
-        stream = io.BufferedReader(raw)
     progress = Progress(
         TextColumn("[bold]publishing"),
         BarColumn(),
@@ -168,6 +179,16 @@ def _run(stream: IO[bytes], total: int | None, producer: Any, batch_size: int, q
     )
     with progress:
         task = progress.add_task("publish", total=total, counts="")
+
+        def send_waiting() -> None:
+            publisher.flush()
+            progress.update(task, counts=f"{summary.accepted} accepted, {len(summary.rejected)} rejected")
+
+        if _waits(stream):
+            lingering = _Lingering(
+                stream.fileno(), linger, lambda: publisher.since, send_waiting, lambda: summary.stopped is not None
+            )
+            stream = io.BufferedReader(lingering)
         try:
             _publish_lines(stream, summary, publisher, progress, task)
         except KeyboardInterrupt:  # Ctrl-C: say how far it got instead of vanishing (the caller exits 130)
@@ -190,18 +211,22 @@ def _publish_lines(stream: IO[bytes], summary: Summary, publisher: _Publisher, p
     from producers.contract import MAX_EVENT_BYTES, InvalidEvent, decode
 
     longest = 2 * MAX_EVENT_BYTES  # room for spaces around the largest event
-    for number, size, raw in _lines(stream, longest):
-        if raw is None:
-            message = f"a line of over {longest} bytes: no event is that large"
-            summary.rejected.append(Rejection(number, "too_large", None, message))
-        elif raw:
-            try:  # a line without an id gets one, as at the door
-                publisher.add(number, decode(raw, mint_event_id=True))
-            except InvalidEvent as exc:
-                summary.rejected.append(Rejection(number, exc.code, exc.field, exc.message))
-        progress.update(task, advance=size, counts=f"{summary.accepted} accepted, {len(summary.rejected)} rejected")
-        if summary.stopped:
-            return
+    try:
+        for number, size, raw in _lines(stream, longest):
+            if raw is None:
+                message = f"a line of over {longest} bytes: no event is that large"
+                summary.rejected.append(Rejection(number, "too_large", None, message))
+            elif raw:
+                try:  # a line without an id gets one, as at the door
+                    publisher.add(number, decode(raw, mint_event_id=True))
+                except InvalidEvent as exc:
+                    summary.rejected.append(Rejection(number, exc.code, exc.field, exc.message))
+            counts = f"{summary.accepted} accepted, {len(summary.rejected)} rejected"
+            progress.update(task, advance=size, counts=counts)
+            if summary.stopped:
+                return
+    except _Stopped:  # stopped while its input was awaited: a line being read then was not whole, and is no line
+        return
     publisher.flush()
 
 
@@ -233,7 +258,10 @@ def publish(
     show: int = typer.Option(50, min=0, help="how many rejected lines to list in the summary"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
     linger: float = typer.Option(
-        0.5, min=0.0, help="seconds valid lines from a pipe or terminal wait for more before a partial batch is sent"
+        0.5,
+        min=0.0,
+        max=3600.0,
+        help="seconds the first valid line of a partial batch from a pipe or terminal waits before the batch is sent",
     ),
 ) -> None:
     """Publish events from a JSONL file (or stdin) to the ledger."""

@@ -606,27 +606,36 @@ def test_cli_whose_report_cannot_be_written_says_so_in_one_line(ledger: Settings
     assert len(read_topic(ledger)) == 1
 
 
-def test_cli_publishes_lines_of_a_quiet_pipe_without_waiting_for_a_full_batch(ledger: Settings) -> None:
-    """A service's log piped in (`tail -f ... | ledger publish -`) delivers a few lines and then nothing for a while:
-    those lines are published after the linger, not held until 500 more arrive or the pipe closes (a kill meanwhile
-    lost them unsent)."""
-    events = [from_dict(_event("trickle", i, "user:9")) for i in range(5)]
+def test_cli_publishes_lines_of_a_quiet_or_trickling_pipe_without_waiting_for_a_full_batch(ledger: Settings) -> None:
+    """A service's log piped in (`tail -f ... | ledger publish -`) delivers a few lines and then nothing for a while,
+    or a line every moment: each line is published once it has waited the linger, not held until 500 more arrive or
+    the pipe closes (a kill meanwhile lost them unsent)."""
+    events = [from_dict(_event("trickle", i, "user:9")) for i in range(25)]
     wire = [orjson.dumps(e.to_wire()) + b"\n" for e in events]
-    proc = subprocess.Popen([LEDGER_BIN, "publish", "-", "--topic", ledger.topic, "--quiet", "--linger", "0.2"],
+    proc = subprocess.Popen([LEDGER_BIN, "publish", "-", "--topic", ledger.topic, "--quiet", "--linger", "0.5"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     assert proc.stdin is not None
+
+    def on_topic() -> int:
+        return sum(end_offsets(ledger).values())
+
     try:
-        for start, sent in ((0, 3), (3, 5)):
+        for start, sent in ((0, 3), (3, 5)):  # a few lines, then quiet
             proc.stdin.write(b"".join(wire[start:sent]))
             proc.stdin.flush()
             deadline = time.monotonic() + 60
-            while sum(end_offsets(ledger).values()) < sent and time.monotonic() < deadline:
+            while on_topic() < sent and time.monotonic() < deadline:
                 time.sleep(0.1)
-            assert sum(end_offsets(ledger).values()) == sent, "lines held while the pipe stays open"
+            assert on_topic() == sent, "lines held while the pipe stays open"
+        for line in wire[5:]:  # a line every 0.2 s, never quiet for the linger
+            proc.stdin.write(line)
+            proc.stdin.flush()
+            time.sleep(0.2)
+        assert on_topic() >= 15, "lines held while the pipe trickles"
         out, err = proc.communicate(timeout=60)  # closes the pipe: the end of the input
     finally:
         proc.kill()
-    assert proc.returncode == 0 and b"accepted: 5" in out, (out, err[-500:])
+    assert proc.returncode == 0 and b"accepted: 25" in out, (out, err[-500:])
     records = sorted(read_topic(ledger), key=lambda r: (r.partition, r.offset))
     assert sorted(decode(r.value).event_id for r in records) == sorted(e.event_id for e in events)
 
