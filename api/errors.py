@@ -93,8 +93,8 @@ ERROR_CODES: dict[str, str] = {
         "refuses it); in a path or query, a percent-escape that is not UTF-8"
     ),
     "number_out_of_range": (
-        "an integer outside signed 64 bits, NaN or an infinity, -0.0 (PostgreSQL's jsonb keeps 0), a non-zero "
-        "literal too small for a double (`1e-400` reads as 0)"
+        "an integer outside signed 64 bits, NaN or an infinity, -0.0 in `value` (PostgreSQL's jsonb keeps 0; an "
+        "`importance` or `confidence` of -0.0 is 0), a non-zero literal too small for a double (`1e-400` reads as 0)"
     ),
     "too_deep": "`value` nested deeper than 32 levels",
     "too_large": (

@@ -179,19 +179,22 @@ def parse_rfc3339(text: str) -> datetime:
             normal = normal[:-1] + "+00:00"
     if normal.startswith("0000-12-31") and normal[-6] == "-":
         return _year_zero_eve(normal)
+    return _utc(_from_iso(normal))
+
+
+def _from_iso(normal: str) -> datetime:
     try:
-        value = datetime.fromisoformat(normal)
+        return datetime.fromisoformat(normal)
     except ValueError as exc:
         if "timedelta" in str(exc):  # the offset: Python says so in its own terms (timedelta(hours=24)...)
             raise ValueError(_OFFSET_RANGE) from None
         raise ValueError(f"is not a valid time: {exc}") from None
-    return _utc(value)
 
 
 def _year_zero_eve(normal: str) -> datetime:
     """The last day of year 0000 behind UTC, which a negative offset can bring into 0001 in UTC (the rule is the
     year once converted): Python holds no year 0, so the day after it is read and the day taken back in UTC."""
-    local = datetime.fromisoformat("0001-01-01" + normal[10:])
+    local = _from_iso("0001-01-01" + normal[10:])
     offset = local.utcoffset()
     assert offset is not None  # the pattern requires one
     try:
