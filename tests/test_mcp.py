@@ -573,6 +573,48 @@ def test_a_receipt_naming_a_member_twice_is_refused_at_both_doors(stack: dict[st
     assert r.status_code == 200 and r.json()["same"] is True, r.text
 
 
+# tool calls the SDK would answer in its own words, or run with what its parser made of them (tests above)
+_REFUSED_CALLS = {
+    "tiny number": ("remember", b'{"subject": "user:s", "key": "k", "content": "c", "value": [1, 1e-400]}'),
+    "unknown tool": ("no_such_tool", b"{}"),
+    "arguments not an object": ("recall", b"[1]"),
+    "lone surrogate": ("recall", b'{"tenant": "acme", "query": "\\ud800"}'),
+    "nested past the parser": ("remember", b'{"subject": "u", "value": ' + b"[" * 120 + b"]" * 120 + b"}"),
+    "repeated name": ("verify_receipt", b'{"tenant": "acme", "tenant": "acme", "receipt": {}}'),
+}
+
+
+def test_stdio_refuses_what_the_http_door_refuses_in_the_same_words(stack: dict[str, Any]) -> None:
+    """The SDK's stdio transport parsed each line before any tool saw it, so what the HTTP door refuses in the one
+    error shape was, over stdio, answered in the SDK's words ("Unknown tool: ...") or run as its parser read it (a
+    `remember` of 1e-400 stored 0). Each call gets the same answer at both doors, and the session goes on."""
+    import subprocess
+
+    call = b'{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "%s", "arguments": %s}}'
+    lines = [call % (n, name.encode(), arguments) for n, (name, arguments) in enumerate(_REFUSED_CALLS.values())]
+    headers = {"authorization": "Bearer k-acme", "accept": "application/json, text/event-stream"}
+    over_http = []
+    for line in lines:
+        r = httpx.post(stack["mcp_url"], headers={**headers, "content-type": "application/json"}, content=line)
+        assert r.status_code == 200, r.text
+        over_http.append(r.json()["result"])
+    params = mcp_stdio(stack["settings"], "k-acme")
+    hello = (
+        b'{"jsonrpc": "2.0", "id": 100, "method": "initialize", "params": {"protocolVersion": "2025-06-18", '
+        b'"capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}\n'
+        b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
+    )
+    after = b'{"jsonrpc": "2.0", "id": 101, "method": "tools/list"}\n'
+    done = subprocess.run([params.command, *params.args], env=params.env, cwd=params.cwd, capture_output=True,
+                          timeout=120, input=hello + b"\n".join(lines) + b"\n" + after)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    answers = {m["id"]: m for m in map(orjson.loads, done.stdout.splitlines())}
+    for n, (what, result) in enumerate(zip(_REFUSED_CALLS, over_http, strict=True)):
+        assert result.get("isError"), (what, result)
+        assert answers[n]["result"] == result, (what, answers[n], result)
+    assert len(answers[101]["result"]["tools"]) == len(TOOLS)
+
+
 def test_stdio_refuses_to_start_without_a_known_key(stack: dict[str, Any]) -> None:
     import subprocess
 

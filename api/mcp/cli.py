@@ -36,7 +36,7 @@ def mcp(
         from api.deps import tenants_for_key
         from api.errors import ApiError
         from api.mcp.auth import STDIO_KEY
-        from api.mcp.server import build_server
+        from api.mcp.server import build_server, run_stdio
 
         key = api_key or s.mcp_api_key
         try:
@@ -47,7 +47,7 @@ def mcp(
                 file=sys.stderr,
             )
             raise typer.Exit(2) from None
-        build_server(s, stdio_key=key).run("stdio")
+        run_stdio(build_server(s, stdio_key=key))
     elif transport == "http":
         import uvicorn
 

@@ -9,21 +9,26 @@ stream would stay open forever. Tools carry our own schemas, so validation is th
 
 from __future__ import annotations
 
+import io
 import re
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
 from typing import Any
 
+import anyio
 import orjson
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
+from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http import CONTENT_TYPE_JSON, MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
-from mcp_types import CallToolResult, JSONRPCMessage, JSONRPCResponse
+from mcp.shared.message import SessionMessage
+from mcp_types import CallToolResult, JSONRPCMessage, JSONRPCResponse, jsonrpc_message_adapter
 from pydantic import ConfigDict
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -170,7 +175,7 @@ def http_app(settings: Settings) -> Starlette:
 
 def _in_one_shape(endpoint: ASGIApp) -> ASGIApp:
     """The SDK's endpoint, except that a caller without a known key and a GET get the API's one error shape, and a
-    tool call the SDK would refuse in its own words the tool error of that shape (`_tool_call_refusal`)."""
+    tool call the SDK would refuse in its own words the tool error of that shape (`_refused_call`)."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -190,15 +195,13 @@ def _in_one_shape(endpoint: ASGIApp) -> ASGIApp:
             await JSONResponse(error_body(item), 405, headers={"Allow": "POST"})(scope, receive, send)
             return
         body, receive = await _whole_body(receive)
-        # reading a large body (and walking its arguments) is CPU work: off the event loop, as the API's judging is
         if len(body) > DEFAULT_MAX_REQUEST_BODY_SIZE:  # the SDK's 413, in the one shape below: nothing to read
-            refused = None
-        elif len(body) <= _INLINE_BODY:
-            refused = _tool_call_refusal(body)
+            answer = None
         else:
-            refused = await run_in_threadpool(_tool_call_refusal, body)
-        if refused is not None:
-            await refused(scope, receive, send)
+            answer = await _judged(body)
+        if answer is not None:
+            reply = Response(status_code=202) if answer is _NOTIFIED else JSONResponse(answer)
+            await reply(scope, receive, send)
             return
         await endpoint(scope, receive, _plain_refusals_in_one_shape(send))
 
@@ -239,7 +242,16 @@ def _read_as_zero(body: bytes, name: str, arguments: dict[str, Any]) -> str | No
     return None if found is None else f"{field}.{found}" if found else field
 
 
-def _tool_call_refusal(body: bytes) -> Response | None:
+async def _judged(body: bytes) -> dict[str, Any] | None:
+    """`_refused_call(body)`; a large body read (and its arguments walked) off the event loop, as the API's judging
+    is."""
+    return _refused_call(body) if len(body) <= _INLINE_BODY else await run_in_threadpool(_refused_call, body)
+
+
+_NOTIFIED: dict[str, Any] = {}  # the answer to a refused notification: none (HTTP: 202)
+
+
+def _refused_call(body: bytes) -> dict[str, Any] | None:
     """The JSON-RPC answer to a tool call the SDK would refuse in its own words, as the tool error of the one shape:
     a name no tool has (404 naming `name`; the SDK answered plain text) or none (422 naming it), arguments that are
     no object (422 naming `arguments`; the SDK answered a JSON-RPC error), a lone surrogate in them (a JSON escape of
@@ -247,7 +259,7 @@ def _tool_call_refusal(body: bytes) -> Response | None:
     SDK's parser would answer a parse error of valid JSON), arguments nested past the SDK's parser (422 `too_deep`
     naming the path), a number an event would carry that the SDK's parser reads as 0 (422 `number_out_of_range`
     naming it), a receipt tool's call naming a member twice in one object (422 naming `arguments`). A notification
-    of such a call is answered nothing (202). None for any other request."""
+    of such a call is answered nothing (`_NOTIFIED`). None for any other request."""
     try:  # every body, not only those spelling `tools/call` as such: JSON may escape any of its characters
         message = read_json(body)
     except (ValueError, RecursionError):
@@ -280,10 +292,39 @@ def _tool_call_refusal(body: bytes) -> Response | None:
     if item is None:
         return None
     if "id" not in message:  # a notification: answered nothing, as the SDK answers one it takes
-        return Response(status_code=202)
+        return _NOTIFIED
     status = 404 if item["code"] == "not_found" else 422
     result = error_result(status, item).model_dump(by_alias=True, exclude_none=True, mode="json")
-    return JSONResponse({"jsonrpc": "2.0", "id": message.get("id"), "result": result})
+    return {"jsonrpc": "2.0", "id": message.get("id"), "result": result}
+
+
+def run_stdio(server: MCPServer) -> None:
+    """`server.run("stdio")`, but each line judged first as the HTTP door judges a body (`_refused_call`): the SDK's
+    stdio transport parses a line before any tool sees it, so a call the HTTP door refuses in the one error shape
+    (an unknown tool, a number the parser reads as 0, a name repeated in a receipt...) was answered in the SDK's
+    words, or run with what its parser made of it. A refused call is answered on the transport's own stream."""
+    anyio.run(_serve_stdio, server)
+
+
+async def _serve_stdio(server: MCPServer) -> None:
+    lines = anyio.wrap_file(io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace"))
+    answers: list[Any] = []  # the transport's write stream, once it is open
+    ready = anyio.Event()
+
+    async def judged() -> AsyncIterator[str]:
+        async for line in lines:
+            answer = await _judged(line.encode("utf-8"))
+            if answer is None:
+                yield line
+            elif answer is not _NOTIFIED:
+                await ready.wait()
+                await answers[0].send(SessionMessage(jsonrpc_message_adapter.validate_python(answer)))
+
+    async with stdio_server(stdin=judged()) as (read_stream, write_stream):  # type: ignore[arg-type]  # lines
+        answers.append(write_stream)
+        ready.set()
+        lowlevel = server._lowlevel_server  # what MCPServer.run_stdio_async serves
+        await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
 
 
 _LONE_SURROGATE = "contains a lone surrogate, which is not valid Unicode text"
