@@ -258,6 +258,21 @@ def test_a_dead_letter_can_be_linked(world: ConsoleWorld, tab: OfflinePage) -> N
     assert tab.page.is_visible("#letter-detail")
 
 
+def test_a_linked_letter_that_is_no_place_asks_nothing(world: ConsoleWorld, tab: OfflinePage) -> None:
+    """A link's `letter` went into a request path as it stood: `..%2Fstats%2Fconsistency%23%3A1` made the operator's
+    browser run the whole-tenant consistency scan on every load. Only `partition:offset` numbers are a letter."""
+    console = in_ops(tab)
+    asked: list[str] = []
+    tab.page.on("request", lambda request: asked.append(request.url))
+    for letter in ("..%2Fstats%2Fconsistency%23%3A1", "1%3A..", "x%3A1", "1%3A2%3A3"):
+        tab.page.goto(f"/console#tenant={TENANT}&view=ops&letter={letter}")
+        tab.page.reload()  # a link opened anew (signed in for this tab)
+        console.wait_panel("ops", "ready")
+        assert tab.page.is_hidden("#letter-detail"), letter
+        assert any("/v1/dead-letters?" in url for url in asked), asked  # the view did load
+        assert not [url for url in asked if "/consistency" in url or "/dead-letters/" in url], (letter, asked)
+
+
 def test_the_view_of_a_tenant_the_key_may_not_use_is_the_apis_403(world: ConsoleWorld, tab: OfflinePage) -> None:
     console = ConsolePage(tab.page).open(f"#tenant={FOREIGN}&view=ops")
     console.login(AUDITOR_KEY)

@@ -252,9 +252,11 @@
       view: h.get("view"),
       memory: h.get("fact"),
       erasure: h.get("erasure"),
-      letter: h.get("letter"),
+      letter: LETTER_PLACE.test(h.get("letter") ?? "") ? h.get("letter") : null, // a path of ours: numbers only
     };
   }
+
+  const LETTER_PLACE = /^\d{1,10}:\d{1,19}$/; // a dead letter's partition:offset
 
   function writeHash() {
     const h = new URLSearchParams();
