@@ -15,6 +15,7 @@ from typing import Any
 import fastapi.routing
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.console import install_console
 from api.docs_ui import install_docs
@@ -90,6 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_docs(app)
     install_console(app)
     install_metrics(app, settings)  # HTTP metrics by route template, GET /metrics (api.metrics, docs/metrics.md)
+    app.add_middleware(AnswerHeaders)
 
     @app.get("/", include_in_schema=False)
     async def index() -> dict[str, Any]:
@@ -97,6 +99,33 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"service": "memory-ledger", "version": app.version, "links": INDEX_LINKS}
 
     return app
+
+
+class AnswerHeaders:
+    """Headers every answer carries unless it sets its own: `nosniff`, no framing (the docs page holds a typed key),
+    and under /v1 `no-store`, since an answer there is a tenant's data read with a key, which no cache or proxy
+    should keep (the console's own page and assets set theirs: api.console)."""
+
+    _EVERY = ((b"x-content-type-options", b"nosniff"), (b"content-security-policy", b"frame-ancestors 'none'"))
+    _API = (*_EVERY, (b"cache-control", b"no-store"))
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        extra = self._API if scope["path"].startswith("/v1/") else self._EVERY
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                have = {name.lower() for name, _ in headers}
+                message["headers"] = headers + [(name, value) for name, value in extra if name not in have]
+            await send(message)
+
+        await self.app(scope, receive, sending)
 
 
 INDEX_LINKS = {

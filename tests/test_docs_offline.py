@@ -132,5 +132,37 @@ def test_swagger_ui_renders_every_operation_offline_and_authorize_works(
         body = page.locator(".live-responses-table .response-col_description pre").first.inner_text()
         assert TENANT in body
 
+        # the key lives in the page only: nothing the origin's other pages could read, nothing kept after the tab
+        stored = page.evaluate("() => JSON.stringify([{...localStorage}, {...sessionStorage}, document.cookie])")
+        assert KEY not in stored, stored
+        page.reload()
+        page.wait_for_selector(".opblock")
+        assert execute_tenants() == "401"
+
         assert tab.blocked == [], "the docs asked for something outside the service"
         assert tab.errors == [], "the docs page threw"
+
+
+def test_every_answer_says_not_to_sniff_frame_or_keep_it(server: ApiServer) -> None:
+    """The docs page holds a key once it is typed: no other origin may frame it. An answer under /v1 is a tenant's
+    data read with a key: no cache or proxy may keep it. None is read as another content type than it says. The
+    console's page keeps its own, stricter policy."""
+    answers = {
+        "/docs": httpx.get(f"{server.url}/docs"),
+        "/": httpx.get(f"{server.url}/"),
+        "/v1/tenants": httpx.get(f"{server.url}/v1/tenants", headers={"X-API-Key": KEY}),
+        "/v1/tenants (no key)": httpx.get(f"{server.url}/v1/tenants"),
+        "/v1/subjects?bad": httpx.get(f"{server.url}/v1/subjects", params={"tenant": TENANT, "x": 1},
+                                      headers={"X-API-Key": KEY}),
+    }  # fmt: skip
+    for what, r in answers.items():
+        assert r.status_code in (200, 401, 422), (what, r.status_code)
+        assert r.headers.get("x-content-type-options") == "nosniff", (what, r.headers)
+        assert "frame-ancestors 'none'" in r.headers.get("content-security-policy", ""), (what, r.headers)
+        if what.startswith("/v1"):
+            assert r.headers.get("cache-control") == "no-store", (what, r.headers)
+    console = httpx.get(f"{server.url}/console")
+    assert (
+        console.headers["cache-control"] == "no-cache"
+        and "script-src 'self'" in console.headers["content-security-policy"]
+    )

@@ -8,7 +8,9 @@ bundle would be a second copy of a UI we have): create the app with `docs_url=No
 Swagger UI 5 is needed, not 4: FastAPI writes OpenAPI 3.1, which Swagger UI 4 refuses to render.
 
 The spec's security schemes (api.deps: `ApiKeyAuth` = X-API-Key, `BearerAuth`) give the page its
-Authorize button; `persistAuthorization` keeps the key across reloads of that one browser tab's page.
+Authorize button. A key typed there stays in the page until it is left or reloaded: Swagger UI's
+`persistAuthorization` would keep it in the origin's localStorage, readable by any page of the origin and kept
+after the browser closes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ __all__ = ["DOCS_PATH", "STATIC_DIR", "install_docs"]
 DOCS_PATH = "/docs"
 STATIC_DIR = Path(__file__).parent / "static"
 _STATIC = f"{DOCS_PATH}/static"
-_PARAMETERS = {"validatorUrl": None, "persistAuthorization": True, "displayRequestDuration": True}
+_PARAMETERS = {"validatorUrl": None, "persistAuthorization": False, "displayRequestDuration": True}
 
 
 def install_docs(app: FastAPI) -> None:
