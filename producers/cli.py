@@ -1,11 +1,13 @@
 """`ledger publish FILE.jsonl` (or `-` for stdin), `ledger topics` and `ledger schema`.
 
-`publish` streams one event per line through the SDK in batches (from a pipe, a partial batch is sent once its
-lines have waited `--linger`), with a progress bar, and ends with a summary: accepted, rejected (line number, code,
+`publish` streams one event per line through the SDK in batches (from a pipe, a partial batch is sent once its first
+line has waited `--linger`), with a progress bar, and ends with a summary: accepted, rejected (line number, code,
 field, message), partitions used. An invalid line never stops the run: the valid lines around it are still
 published. Exit code 0 when every line was accepted, 1 when any was rejected, 2 when the broker stopped the run or
 the settings (or `--topic`) are not usable (one line naming the variable: infra.cli), 3 when the broker could not be
-reached (one line naming it and its address: infra.cli).
+reached (one line naming it and its address: infra.cli), 130 after Ctrl-C (the summary names the lines read and not
+sent), 143 after SIGTERM (a service manager's stop: the lines read are sent first), 141 (SIGPIPE) when the
+summary's reader went away, 74 when the summary cannot be written otherwise (infra.cli).
 
 Only typer is imported at module level, so `ledger --help` stays fast.
 """
@@ -15,8 +17,10 @@ from __future__ import annotations
 import io
 import os
 import select
+import signal
 import stat
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -44,6 +48,7 @@ class Summary:
     partitions: Counter[int] = field(default_factory=Counter)
     stopped: str | None = None  # why the run stopped early, if it did
     interrupted: bool = False  # by Ctrl-C (exit 130, after the summary)
+    terminated: bool = False  # by SIGTERM (exit 143, after the lines read were sent and the summary)
     unreachable: Exception | None = None  # the SDK's error when that was a broker it could not reach
 
 
@@ -191,9 +196,16 @@ def _run(stream: IO[bytes], total: int | None, producer: Any, batch_size: int, q
             stream = io.BufferedReader(lingering)
         try:
             _publish_lines(stream, summary, publisher, progress, task)
+        except _Terminated:  # a service manager's stop: what was read is sent, then the summary (exit 143)
+            unsure = _unsure(publisher)
+            publisher.sending = []
+            publisher.flush()
+            summary.stopped = (
+                f"terminated: {summary.accepted} lines published as counted, none read left unsent{unsure}"
+            )
+            summary.terminated = True
         except KeyboardInterrupt:  # Ctrl-C: say how far it got instead of vanishing (the caller exits 130)
-            sending = [line for line, _ in publisher.sending]
-            unsure = f"; lines {sending[0]}-{sending[-1]} were being sent, and may or may not be" if sending else ""
+            unsure = _unsure(publisher)
             waiting = [line for line, _ in publisher.batch]  # read and valid, held for the next batch: never sent
             unsent = (
                 f"; {len(waiting)} valid lines from line {waiting[0]} to {waiting[-1]} were read and not sent"
@@ -204,6 +216,21 @@ def _run(stream: IO[bytes], total: int | None, producer: Any, batch_size: int, q
             summary.interrupted = True
         progress.update(task, counts=f"{summary.accepted} accepted, {len(summary.rejected)} rejected")
     return summary
+
+
+def _unsure(publisher: _Publisher) -> str:
+    """What a stop in the middle of a send leaves unknown, in the summary's words ("" when nothing was being sent)."""
+    sending = [line for line, _ in publisher.sending]
+    return f"; lines {sending[0]}-{sending[-1]} were being sent, and may or may not be" if sending else ""
+
+
+class _Terminated(BaseException):
+    """SIGTERM (a service manager stopping the command): raised where the main thread is, as Ctrl-C is."""
+
+
+def _on_terminate(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one does not cut the last send short
+    raise _Terminated
 
 
 def _publish_lines(stream: IO[bytes], summary: Summary, publisher: _Publisher, progress: Any, task: Any) -> None:
@@ -281,15 +308,26 @@ def publish(
         except OSError as exc:
             raise typer.BadParameter(f"cannot be read: {file} ({exc.strerror or exc})", param_hint="FILE") from None
         total = path.stat().st_size if path.is_file() else None
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_terminate)
+    summary: Summary | None = None
     try:
         with LedgerProducer(settings, timeout_s=timeout) as producer:
             summary = _run(stream, total, producer, batch_size, quiet, linger)
+    except (KeyboardInterrupt, _Terminated) as stop:  # connecting to the broker, or closing the producer
+        if summary is None:
+            summary = Summary(stopped="stopped before any line was read: nothing published")
+        summary.interrupted, summary.terminated = isinstance(stop, KeyboardInterrupt), isinstance(stop, _Terminated)
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()
+    if threading.current_thread() is threading.main_thread():
+        # everything is sent: a reader of the summary that went away (`| head`) ends the process as it ends a Unix
+        # filter, by SIGPIPE (exit 141), not as a verdict's exit 1 without a word
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     _report(summary, show)
-    if summary.interrupted:
-        raise typer.Exit(130)
+    if summary.interrupted or summary.terminated:
+        raise typer.Exit(130 if summary.interrupted else 143)
     if summary.unreachable is not None:  # one line naming the broker and its address, exit 3 (infra.cli)
         raise summary.unreachable
     if summary.stopped:

@@ -640,6 +640,49 @@ def test_cli_publishes_lines_of_a_quiet_or_trickling_pipe_without_waiting_for_a_
     assert sorted(decode(r.value).event_id for r in records) == sorted(e.event_id for e in events)
 
 
+def test_cli_publish_stopped_by_a_service_manager_or_early_or_unread_says_so(ledger: Settings) -> None:
+    """The class: however `ledger publish` is stopped, no line it read is lost without a word. SIGTERM (systemd,
+    docker stop, `timeout`) ended it at once, silently, the lines read and held for the linger unsent: now they are
+    sent, then the summary, exit 143. Ctrl-C while its broker does not answer: a summary of nothing sent.
+    A reader of its summary that went away (`| true`) was exit 1, a verdict's code, with no word: now SIGPIPE's,
+    as for a Unix filter."""
+    import signal
+    import socket
+
+    lines = b"".join(orjson.dumps(from_dict(_event("term", i, "user:9")).to_wire()) + b"\n" for i in range(3))
+    proc = subprocess.Popen([LEDGER_BIN, "publish", "-", "--topic", ledger.topic, "--quiet", "--linger", "600"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdin is not None
+    proc.stdin.write(lines)
+    proc.stdin.flush()
+    time.sleep(3)  # read, and held for the linger
+    assert sum(end_offsets(ledger).values()) == 0
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and b"Traceback" not in err, (out, err[-500:])
+    assert b"accepted: 3" in out and b"terminated: 3 lines published" in out, out
+    assert len(read_topic(ledger)) == 3
+
+    with socket.socket() as silent:  # a "broker" that takes the connection and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        env = {**os.environ, "LEDGER_KAFKA_BOOTSTRAP": f"127.0.0.1:{silent.getsockname()[1]}"}
+        proc = subprocess.Popen([LEDGER_BIN, "publish", "-", "--topic", ledger.topic, "--quiet"], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(lines, timeout=60)
+    assert proc.returncode == 130 and b"Traceback" not in err, (out, err[-500:])
+    assert b"accepted: 0" in out and b"stopped early" in out, out
+
+    proc = subprocess.run(["bash", "-c", f'"{LEDGER_BIN}" publish - --topic {ledger.topic} --quiet | true; '
+                           'echo "rc=${PIPESTATUS[0]}" >&2'], input=lines[: lines.index(b"\n") + 1],
+                          capture_output=True, timeout=120)  # fmt: skip
+    assert b"rc=141" in proc.stderr and b"Traceback" not in proc.stderr, proc.stderr[-500:]
+    assert len(read_topic(ledger)) == 4  # sent before the summary was written (a redelivery the worker drops)
+
+
 def test_cli_reads_any_readable_path_and_names_what_it_cannot(ledger: Settings, tmp_path: Path) -> None:
     """A pipe (`<(...)`) and a device read as a file does; a directory or a path that cannot be opened is one line
     saying which (not "no such file" for a path that exists), exit 2."""
