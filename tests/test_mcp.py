@@ -604,14 +604,18 @@ def test_stdio_refuses_what_the_http_door_refuses_in_the_same_words(stack: dict[
         b'"capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}\n'
         b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
     )
+    early = call % (200, b"no_such_tool", b"{}") + b"\n"  # before initialize: the SDK's answer, as ever
+    # ids no JSON-RPC answer carries (a refusal of one must not end the server): left to the SDK, as over HTTP
+    odd = b"".join(call.replace(b"%d", id_) % (b"no_such_tool", b"{}") + b"\n" for id_ in (b"null", b"true", b"1.5"))
     after = b'{"jsonrpc": "2.0", "id": 101, "method": "tools/list"}\n'
     done = subprocess.run([params.command, *params.args], env=params.env, cwd=params.cwd, capture_output=True,
-                          timeout=120, input=hello + b"\n".join(lines) + b"\n" + after)  # fmt: skip
+                          timeout=120, input=early + hello + b"\n".join(lines) + b"\n" + odd + after)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    answers = {m["id"]: m for m in map(orjson.loads, done.stdout.splitlines())}
+    answers = {m.get("id"): m for m in map(orjson.loads, done.stdout.splitlines())}
     for n, (what, result) in enumerate(zip(_REFUSED_CALLS, over_http, strict=True)):
         assert result.get("isError"), (what, result)
         assert answers[n]["result"] == result, (what, answers[n], result)
+    assert "error" in answers[200] and "result" not in answers[200], answers[200]
     assert len(answers[101]["result"]["tools"]) == len(TOOLS)
 
 

@@ -10,8 +10,8 @@ stream would stay open forever. Tools carry our own schemas, so validation is th
 from __future__ import annotations
 
 import io
+import os
 import re
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
@@ -259,12 +259,17 @@ def _refused_call(body: bytes) -> dict[str, Any] | None:
     SDK's parser would answer a parse error of valid JSON), arguments nested past the SDK's parser (422 `too_deep`
     naming the path), a number an event would carry that the SDK's parser reads as 0 (422 `number_out_of_range`
     naming it), a receipt tool's call naming a member twice in one object (422 naming `arguments`). A notification
-    of such a call is answered nothing (`_NOTIFIED`). None for any other request."""
+    of such a call is answered nothing (`_NOTIFIED`). None for any other message, and for a call whose JSON-RPC the
+    SDK refuses itself (no `"jsonrpc": "2.0"`, an id that is no number or text)."""
     try:  # every body, not only those spelling `tools/call` as such: JSON may escape any of its characters
         message = read_json(body)
     except (ValueError, RecursionError):
         return None
-    params = message.get("params") if isinstance(message, dict) and message.get("method") == "tools/call" else None
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or message.get("method") != "tools/call":
+        return None
+    if "id" in message and type(message["id"]) not in (int, str):  # no id a JSON-RPC answer can carry back
+        return None
+    params = message.get("params")
     if not isinstance(params, dict):
         return None
     name, arguments = params.get("name"), params.get("arguments", {})
@@ -307,14 +312,22 @@ def run_stdio(server: MCPServer) -> None:
 
 
 async def _serve_stdio(server: MCPServer) -> None:
-    lines = anyio.wrap_file(io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace"))
+    # the protocol is read from a copy of fd 0, and fd 0 itself points at /dev/null, as the SDK's own stdio does: a
+    # child or a library reading stdin must not swallow protocol lines
+    protocol = os.dup(0)
+    nothing = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(nothing, 0)
+    os.close(nothing)
+    lines = anyio.wrap_file(io.TextIOWrapper(os.fdopen(protocol, "rb"), encoding="utf-8", errors="replace"))
     answers: list[Any] = []  # the transport's write stream, once it is open
     ready = anyio.Event()
 
     async def judged() -> AsyncIterator[str]:
+        initialized = False  # until the client says so, every line is the SDK's (it answers calls made too early)
         async for line in lines:
-            answer = await _judged(line.encode("utf-8"))
+            answer = await _judged(line.encode("utf-8")) if initialized else None
             if answer is None:
+                initialized = initialized or _says_initialized(line)
                 yield line
             elif answer is not _NOTIFIED:
                 await ready.wait()
@@ -325,6 +338,15 @@ async def _serve_stdio(server: MCPServer) -> None:
         ready.set()
         lowlevel = server._lowlevel_server  # what MCPServer.run_stdio_async serves
         await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+
+
+def _says_initialized(line: str) -> bool:
+    """Whether a line is the client's `notifications/initialized` (read whole: JSON may escape any letter)."""
+    try:
+        message = read_json(line.encode("utf-8"))
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(message, dict) and message.get("method") == "notifications/initialized"
 
 
 _LONE_SURROGATE = "contains a lone surrogate, which is not valid Unicode text"
