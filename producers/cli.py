@@ -49,6 +49,7 @@ class Summary:
     stopped: str | None = None  # why the run stopped early, if it did
     interrupted: bool = False  # by Ctrl-C (exit 130, after the summary)
     terminated: bool = False  # by SIGTERM (exit 143, after the lines read were sent and the summary)
+    last_line: int = 0  # the last line read and judged
     unreachable: Exception | None = None  # the SDK's error when that was a broker it could not reach
 
 
@@ -167,11 +168,12 @@ class _Publisher:
         self.sending = []
 
 
-def _run(stream: IO[bytes], total: int | None, producer: Any, batch_size: int, quiet: bool, linger: float) -> Summary:
+def _run(
+    stream: IO[bytes], total: int | None, producer: Any, batch_size: int, quiet: bool, linger: float, summary: Summary
+) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-    summary = Summary()
     publisher = _Publisher(producer, summary, batch_size)
     progress = Progress(
         TextColumn("[bold]publishing"),
@@ -200,8 +202,10 @@ def _run(stream: IO[bytes], total: int | None, producer: Any, batch_size: int, q
             unsure = _unsure(publisher)
             publisher.sending = []
             publisher.flush()
+            why = f"; {summary.stopped}" if summary.stopped else ""  # the last send's own failure, if it failed
             summary.stopped = (
-                f"terminated: {summary.accepted} lines published as counted, none read left unsent{unsure}"
+                f"terminated after line {summary.last_line}: the valid lines up to it were sent, {summary.accepted} "
+                f"published as counted{unsure}; nothing after it was read{why}"
             )
             summary.terminated = True
         except KeyboardInterrupt:  # Ctrl-C: say how far it got instead of vanishing (the caller exits 130)
@@ -215,7 +219,6 @@ def _run(stream: IO[bytes], total: int | None, producer: Any, batch_size: int, q
             summary.stopped = f"interrupted: {summary.accepted} lines published as counted{unsure}{unsent}"
             summary.interrupted = True
         progress.update(task, counts=f"{summary.accepted} accepted, {len(summary.rejected)} rejected")
-    return summary
 
 
 def _unsure(publisher: _Publisher) -> str:
@@ -248,6 +251,7 @@ def _publish_lines(stream: IO[bytes], summary: Summary, publisher: _Publisher, p
                     publisher.add(number, decode(raw, mint_event_id=True))
                 except InvalidEvent as exc:
                     summary.rejected.append(Rejection(number, exc.code, exc.field, exc.message))
+            summary.last_line = number
             counts = f"{summary.accepted} accepted, {len(summary.rejected)} rejected"
             progress.update(task, advance=size, counts=counts)
             if summary.stopped:
@@ -308,24 +312,30 @@ def publish(
         except OSError as exc:
             raise typer.BadParameter(f"cannot be read: {file} ({exc.strerror or exc})", param_hint="FILE") from None
         total = path.stat().st_size if path.is_file() else None
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_terminate)
-    summary: Summary | None = None
+    main = threading.current_thread() is threading.main_thread()  # where signal handlers can be set
+    on_term = signal.signal(signal.SIGTERM, _on_terminate) if main else None
+    summary = Summary()
     try:
         with LedgerProducer(settings, timeout_s=timeout) as producer:
-            summary = _run(stream, total, producer, batch_size, quiet, linger)
+            _run(stream, total, producer, batch_size, quiet, linger, summary)
     except (KeyboardInterrupt, _Terminated) as stop:  # connecting to the broker, or closing the producer
-        if summary is None:
-            summary = Summary(stopped="stopped before any line was read: nothing published")
+        summary.stopped = summary.stopped or (
+            f"stopped after line {summary.last_line}" if summary.last_line else "stopped before any line was read"
+        )
         summary.interrupted, summary.terminated = isinstance(stop, KeyboardInterrupt), isinstance(stop, _Terminated)
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()
-    if threading.current_thread() is threading.main_thread():
-        # everything is sent: a reader of the summary that went away (`| head`) ends the process as it ends a Unix
-        # filter, by SIGPIPE (exit 141), not as a verdict's exit 1 without a word
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    _report(summary, show)
+        if main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if on_term is None else on_term)
+    # everything is sent: a reader of the summary that went away (`| head`) ends the process as it ends a Unix filter,
+    # by SIGPIPE (exit 141), not as a verdict's exit 1 without a word
+    on_pipe = signal.signal(signal.SIGPIPE, signal.SIG_DFL) if main else None
+    try:
+        _report(summary, show)
+    finally:
+        if main:
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN if on_pipe is None else on_pipe)
     if summary.interrupted or summary.terminated:
         raise typer.Exit(130 if summary.interrupted else 143)
     if summary.unreachable is not None:  # one line naming the broker and its address, exit 3 (infra.cli)

@@ -660,7 +660,16 @@ def test_cli_publish_stopped_by_a_service_manager_or_early_or_unread_says_so(led
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143 and b"Traceback" not in err, (out, err[-500:])
-    assert b"accepted: 3" in out and b"terminated: 3 lines published" in out, out
+    assert b"accepted: 3" in out and b"terminated after line 3: the valid lines up to it were sent, 3 pub" in out, out
+    # in a process of its own caller (a test's CliRunner, a script), the command leaves the signals as it found them
+    from typer.testing import CliRunner
+
+    from infra.cli import app
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGPIPE)
+    ran = CliRunner().invoke(app, ["publish", "-", "--topic", ledger.topic, "--quiet"], input=lines[:10])
+    assert ran.exit_code == 1 and "rejected: 1" in ran.stdout, ran.stdout  # a piece of a line: bad JSON
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGPIPE)) == before
     assert len(read_topic(ledger)) == 3
 
     with socket.socket() as silent:  # a "broker" that takes the connection and never answers
