@@ -91,7 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_docs(app)
     install_console(app)
     install_metrics(app, settings)  # HTTP metrics by route template, GET /metrics (api.metrics, docs/metrics.md)
-    app.add_middleware(AnswerHeaders)
+    install_answer_headers(app)
 
     @app.get("/", include_in_schema=False)
     async def index() -> dict[str, Any]:
@@ -99,6 +99,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"service": "memory-ledger", "version": app.version, "links": INDEX_LINKS}
 
     return app
+
+
+def install_answer_headers(app: FastAPI) -> None:
+    """`AnswerHeaders` outside every other layer, Starlette's error middleware too, so that a 500 says them as well."""
+    build = app.build_middleware_stack
+    app.build_middleware_stack = lambda: AnswerHeaders(build())  # type: ignore[method-assign]
 
 
 class AnswerHeaders:

@@ -36,7 +36,7 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from api.errors import ErrorBody, install_error_handlers
-from api.main import create_app
+from api.main import create_app, install_answer_headers
 from api.resources import Resources
 from api.writes import JUDGED_IN_A_CHILD
 from producers.contract import MAX_EVENT_BYTES, decode
@@ -177,8 +177,10 @@ def test_class13_unexpected_errors_and_framework_exceptions_keep_the_shape() -> 
     """A bug is a 500 in the same shape (no traceback leaked); HTTPException details of any form are normalized."""
     app = FastAPI()
     install_error_handlers(app)
+    install_answer_headers(app)
 
     @app.get("/boom")
+    @app.get("/v1/boom")
     async def boom() -> None:
         raise RuntimeError("secret internals")
 
@@ -193,6 +195,9 @@ def test_class13_unexpected_errors_and_framework_exceptions_keep_the_shape() -> 
     with TestClient(app, raise_server_exceptions=False) as c:
         item = assert_error(c.get("/boom"), 500, "internal_error", None)
         assert "secret" not in item["message"] and "RuntimeError" in item["message"]
+        answer = c.get("/v1/boom")  # a 500 says what every answer says (api.main.AnswerHeaders)
+        assert answer.status_code == 500 and answer.headers["cache-control"] == "no-store", answer.headers
+        assert answer.headers["x-content-type-options"] == "nosniff", answer.headers
         assert_error(c.get("/str"), 409, "error", None)
         assert_error(c.get("/dict"), 403, "forbidden", "tenant")
 
