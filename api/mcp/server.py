@@ -305,9 +305,10 @@ def _refused_call(body: bytes) -> dict[str, Any] | None:
 
 def run_stdio(server: MCPServer) -> None:
     """`server.run("stdio")`, but each line judged first as the HTTP door judges a body (`_refused_call`): the SDK's
-    stdio transport parses a line before any tool sees it, so a call the HTTP door refuses in the one error shape
-    (an unknown tool, a number the parser reads as 0, a name repeated in a receipt...) was answered in the SDK's
-    words, or run with what its parser made of it. A refused call is answered on the transport's own stream."""
+    stdio transport parses a line before any tool sees it, so without this a call the HTTP door refuses in the one
+    error shape (an unknown tool, a number the parser reads as 0, a name repeated in a receipt...) would be answered
+    in the SDK's words, or run with what its parser made of it. A refused call is answered on the transport's own
+    stream."""
     anyio.run(_serve_stdio, server)
 
 
