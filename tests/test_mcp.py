@@ -619,6 +619,45 @@ def test_stdio_refuses_what_the_http_door_refuses_in_the_same_words(stack: dict[
     assert len(answers[101]["result"]["tools"]) == len(TOOLS)
 
 
+# lines that are no JSON-RPC message: the HTTP transport answers each with a JSON-RPC error (id null)
+_NO_MESSAGE = {
+    "invalid UTF-8 in a value": b'{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "remember", '
+    b'"arguments": {"subject": "user:u", "key": "k", "content": "c", "value": "ab\xff\xfecd"}}}',
+    "not JSON": b"not json",
+    "nested past the parser": b'{"jsonrpc": "2.0", "id": 8, "method": "ping", "params": ' + b"[" * 1100 + b"]" * 1100
+    + b"}",
+    "a batch": b'[{"jsonrpc": "2.0", "id": 9, "method": "ping"}]',
+}  # fmt: skip
+
+
+def test_stdio_answers_a_line_that_is_no_message_as_http_answers_that_body(stack: dict[str, Any]) -> None:
+    """The SDK's stdio replaced invalid UTF-8 (a `remember` stored U+FFFD where its caller sent other bytes, which
+    both HTTP doors refuse) and answered no line that was no message at all, nor a JSON "\r" inside one (read as a
+    line break), so a caller waited forever. Each is now answered as the Streamable HTTP transport answers it."""
+    import subprocess
+
+    headers = {"authorization": "Bearer k-acme", "accept": "application/json, text/event-stream"}
+    over_http = []
+    for line in _NO_MESSAGE.values():
+        r = httpx.post(stack["mcp_url"], headers={**headers, "content-type": "application/json"}, content=line)
+        over_http.append(r.json())
+    params = mcp_stdio(stack["settings"], "k-acme")
+    hello = (
+        b'{"jsonrpc": "2.0", "id": 100, "method": "initialize", "params": {"protocolVersion": "2025-06-18", '
+        b'"capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}\n'
+        b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
+    )
+    spaced = b'{"jsonrpc": "2.0", "id": 101,\r"method": "tools/call", "params": {"name": "nope", "arguments": {}}}\n'
+    done = subprocess.run([params.command, *params.args], env=params.env, cwd=params.cwd, capture_output=True,
+                          timeout=120, input=hello + b"\n".join(_NO_MESSAGE.values()) + b"\n" + spaced)  # fmt: skip
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr[-2000:]
+    answers = [orjson.loads(line) for line in done.stdout.splitlines()]
+    errors = [a for a in answers if a.get("id") is None]
+    for what, http, stdio in zip(_NO_MESSAGE, over_http, errors, strict=True):
+        assert http["id"] is None and stdio["error"] == http["error"], (what, stdio, http)
+    assert next(a for a in answers if a.get("id") == 101)["result"]["isError"]  # a "\r" is JSON whitespace
+
+
 def test_stdio_refuses_to_start_without_a_known_key(stack: dict[str, Any]) -> None:
     import subprocess
 

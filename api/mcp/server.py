@@ -9,7 +9,6 @@ stream would stay open forever. Tools carry our own schemas, so validation is th
 
 from __future__ import annotations
 
-import io
 import os
 import re
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ from typing import Any
 
 import anyio
 import orjson
+import pydantic_core
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
@@ -28,8 +28,15 @@ from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http import CONTENT_TYPE_JSON, MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 from mcp.shared.message import SessionMessage
-from mcp_types import CallToolResult, JSONRPCMessage, JSONRPCResponse, jsonrpc_message_adapter
-from pydantic import ConfigDict
+from mcp_types import (
+    INVALID_PARAMS,
+    PARSE_ERROR,
+    CallToolResult,
+    JSONRPCMessage,
+    JSONRPCResponse,
+    jsonrpc_message_adapter,
+)
+from pydantic import ConfigDict, ValidationError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -319,26 +326,52 @@ async def _serve_stdio(server: MCPServer) -> None:
     nothing = os.open(os.devnull, os.O_RDONLY)
     os.dup2(nothing, 0)
     os.close(nothing)
-    lines = anyio.wrap_file(io.TextIOWrapper(os.fdopen(protocol, "rb"), encoding="utf-8", errors="replace"))
+    lines = anyio.wrap_file(os.fdopen(protocol, "rb"))  # bytes, split at "\n" only (a "\r" is JSON whitespace)
     answers: list[Any] = []  # the transport's write stream, once it is open
     ready = anyio.Event()
 
+    async def answer(message: dict[str, Any]) -> None:
+        await ready.wait()
+        await answers[0].send(SessionMessage(jsonrpc_message_adapter.validate_python(message)))
+
     async def judged() -> AsyncIterator[str]:
-        initialized = False  # until the client says so, every line is the SDK's (it answers calls made too early)
+        initialized = False  # until the client says so, every call is the SDK's (it answers calls made too early)
         async for line in lines:
-            answer = await _judged(line.encode("utf-8")) if initialized else None
-            if answer is None:
-                initialized = initialized or _says_initialized(line)
-                yield line
-            elif answer is not _NOTIFIED:
-                await ready.wait()
-                await answers[0].send(SessionMessage(jsonrpc_message_adapter.validate_python(answer)))
+            if not line.strip():
+                continue
+            refused = await _judged(line) if initialized else None  # first, as the HTTP door judges a body
+            if refused is not None:
+                if refused is not _NOTIFIED:
+                    await answer(refused)
+                continue
+            text, error = _stdio_message(line)
+            if error is not None:
+                await answer(error)
+                continue
+            initialized = initialized or _says_initialized(text)
+            yield text
 
     async with stdio_server(stdin=judged()) as (read_stream, write_stream):  # type: ignore[arg-type]  # lines
         answers.append(write_stream)
         ready.set()
         lowlevel = server._lowlevel_server  # what MCPServer.run_stdio_async serves
         await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+
+
+def _stdio_message(line: bytes) -> tuple[str, dict[str, Any] | None]:
+    """A stdio line as text, or the JSON-RPC error the Streamable HTTP transport answers a body that is no message
+    (its words: -32700 for what is not JSON, -32602 for JSON that is no JSON-RPC message). The SDK's stdio reads a
+    line with its invalid UTF-8 replaced (a value changed before any check) and answers no such line at all."""
+    try:
+        parsed = pydantic_core.from_json(line)  # the bytes, as the HTTP transport reads a body (UTF-8 checked)
+    except ValueError as exc:
+        return "", {"jsonrpc": "2.0", "id": None, "error": {"code": PARSE_ERROR, "message": f"Parse error: {exc}"}}
+    try:
+        jsonrpc_message_adapter.validate_python(parsed, by_name=False)
+    except ValidationError as exc:
+        error = {"code": INVALID_PARAMS, "message": f"Validation error: {exc}"}
+        return "", {"jsonrpc": "2.0", "id": None, "error": error}
+    return line.decode("utf-8"), None
 
 
 def _says_initialized(line: str) -> bool:
