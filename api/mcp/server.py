@@ -344,12 +344,12 @@ async def _serve_stdio(server: MCPServer) -> None:
                 if refused is not _NOTIFIED:
                     await answer(refused)
                 continue
-            text, error = _stdio_message(line)
+            message, error = _stdio_message(line)
             if error is not None:
                 await answer(error)
                 continue
-            initialized = initialized or _says_initialized(text)
-            yield text
+            initialized = initialized or getattr(message, "method", None) == "notifications/initialized"
+            yield line.decode("utf-8")
 
     async with stdio_server(stdin=judged()) as (read_stream, write_stream):  # type: ignore[arg-type]  # lines
         answers.append(write_stream)
@@ -358,29 +358,19 @@ async def _serve_stdio(server: MCPServer) -> None:
         await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
 
 
-def _stdio_message(line: bytes) -> tuple[str, dict[str, Any] | None]:
-    """A stdio line as text, or the JSON-RPC error the Streamable HTTP transport answers a body that is no message
-    (its words: -32700 for what is not JSON, -32602 for JSON that is no JSON-RPC message). The SDK's stdio reads a
-    line with its invalid UTF-8 replaced (a value changed before any check) and answers no such line at all."""
+def _stdio_message(line: bytes) -> tuple[Any, dict[str, Any] | None]:
+    """A stdio line's JSON-RPC message, or the JSON-RPC error the Streamable HTTP transport answers a body that is no
+    message (its words: -32700 for what is not JSON, -32602 for JSON that is no JSON-RPC message). The SDK's stdio
+    reads a line with its invalid UTF-8 replaced (a value changed before any check) and answers no such line at all."""
     try:
         parsed = pydantic_core.from_json(line)  # the bytes, as the HTTP transport reads a body (UTF-8 checked)
     except ValueError as exc:
-        return "", {"jsonrpc": "2.0", "id": None, "error": {"code": PARSE_ERROR, "message": f"Parse error: {exc}"}}
+        return None, {"jsonrpc": "2.0", "id": None, "error": {"code": PARSE_ERROR, "message": f"Parse error: {exc}"}}
     try:
-        jsonrpc_message_adapter.validate_python(parsed, by_name=False)
+        return jsonrpc_message_adapter.validate_python(parsed, by_name=False), None
     except ValidationError as exc:
         error = {"code": INVALID_PARAMS, "message": f"Validation error: {exc}"}
-        return "", {"jsonrpc": "2.0", "id": None, "error": error}
-    return line.decode("utf-8"), None
-
-
-def _says_initialized(line: str) -> bool:
-    """Whether a line is the client's `notifications/initialized` (read whole: JSON may escape any letter)."""
-    try:
-        message = read_json(line.encode("utf-8"))
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(message, dict) and message.get("method") == "notifications/initialized"
+        return None, {"jsonrpc": "2.0", "id": None, "error": error}
 
 
 _LONE_SURROGATE = "contains a lone surrogate, which is not valid Unicode text"
