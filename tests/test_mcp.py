@@ -658,6 +658,32 @@ def test_stdio_answers_a_line_that_is_no_message_as_http_answers_that_body(stack
     assert next(a for a in answers if a.get("id") == 101)["result"]["isError"]  # a "\r" is JSON whitespace
 
 
+def test_stdio_drops_a_line_longer_than_the_http_body_limit_and_reads_on(stack: dict[str, Any]) -> None:
+    """A line had no bound: the stdio door held it whole, however long, where the HTTP door reads 4 MiB of a body. A
+    longer line is answered as no message and dropped; one of exactly the limit is read, and so is the next."""
+    import subprocess
+
+    from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE as limit
+
+    params = mcp_stdio(stack["settings"], "k-acme")
+    hello = (
+        b'{"jsonrpc": "2.0", "id": 100, "method": "initialize", "params": {"protocolVersion": "2025-06-18", '
+        b'"capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}\n'
+        b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
+    )
+    ping = b'{"jsonrpc": "2.0", "id": %d, "method": "ping"' % 1
+    at_limit = ping + b" " * (limit - len(ping) - 1) + b"}"
+    over = b'{"jsonrpc": "2.0", "id": 2, "method": "ping"' + b" " * limit + b"}"
+    last = b'{"jsonrpc": "2.0", "id": 3, "method": "ping"}'
+    done = subprocess.run([params.command, *params.args], env=params.env, cwd=params.cwd, capture_output=True,
+                          timeout=120, input=hello + b"\n".join((at_limit, over, last)) + b"\n")  # fmt: skip
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr[-2000:]
+    answers = [orjson.loads(line) for line in done.stdout.splitlines()]
+    assert [a.get("id") for a in answers] == [100, 1, None, 3], answers
+    assert answers[1]["result"] == {} and answers[3]["result"] == {}
+    assert f"{limit:,} bytes" in answers[2]["error"]["message"] and answers[2]["error"]["code"] == -32600
+
+
 def test_stdio_refuses_to_start_without_a_known_key(stack: dict[str, Any]) -> None:
     import subprocess
 

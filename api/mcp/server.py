@@ -14,7 +14,7 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
-from typing import Any
+from typing import Any, BinaryIO
 
 import anyio
 import orjson
@@ -30,6 +30,7 @@ from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 from mcp.shared.message import SessionMessage
 from mcp_types import (
     INVALID_PARAMS,
+    INVALID_REQUEST,
     PARSE_ERROR,
     CallToolResult,
     JSONRPCMessage,
@@ -326,7 +327,7 @@ async def _serve_stdio(server: MCPServer) -> None:
     nothing = os.open(os.devnull, os.O_RDONLY)
     os.dup2(nothing, 0)
     os.close(nothing)
-    lines = anyio.wrap_file(os.fdopen(protocol, "rb"))  # bytes, split at "\n" only (a "\r" is JSON whitespace)
+    lines = os.fdopen(protocol, "rb")  # bytes, split at "\n" only (a "\r" is JSON whitespace)
     answers: list[Any] = []  # the transport's write stream, once it is open
     ready = anyio.Event()
 
@@ -336,7 +337,10 @@ async def _serve_stdio(server: MCPServer) -> None:
 
     async def judged() -> AsyncIterator[str]:
         initialized = False  # until the client says so, every call is the SDK's (it answers calls made too early)
-        async for line in lines:
+        while (line := await anyio.to_thread.run_sync(_stdio_line, lines)) != b"":
+            if line is None:
+                await answer(_TOO_LONG)
+                continue
             if not line.strip():
                 continue
             refused = await _judged(line) if initialized else None  # first, as the HTTP door judges a body
@@ -356,6 +360,25 @@ async def _serve_stdio(server: MCPServer) -> None:
         ready.set()
         lowlevel = server._lowlevel_server  # what MCPServer.run_stdio_async serves
         await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+
+
+# a line longer than the HTTP transport's body limit is answered as no message, not read into memory whole
+_TOO_LONG = {
+    "jsonrpc": "2.0",
+    "id": None,
+    "error": {"code": INVALID_REQUEST, "message": f"a line over {DEFAULT_MAX_REQUEST_BODY_SIZE:,} bytes is not read"},
+}
+
+
+def _stdio_line(lines: BinaryIO) -> bytes | None:
+    """The next line (b"" at the end of the stream), or None for one longer than the HTTP transport's body limit: the
+    rest of that line is read and dropped piece by piece, so no line is ever held whole past the limit."""
+    line = lines.readline(DEFAULT_MAX_REQUEST_BODY_SIZE + 1)
+    if len(line) <= DEFAULT_MAX_REQUEST_BODY_SIZE or line.endswith(b"\n"):
+        return line
+    while (rest := lines.readline(DEFAULT_MAX_REQUEST_BODY_SIZE)) and not rest.endswith(b"\n"):
+        pass
+    return None
 
 
 def _stdio_message(line: bytes) -> tuple[Any, dict[str, Any] | None]:
