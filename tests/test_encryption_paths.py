@@ -24,8 +24,10 @@ import base64
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
+from unittest.mock import ANY
 
 import orjson
 import pytest
@@ -35,10 +37,24 @@ from producers.contract import MAX_CONTENT_CHARS, MAX_EVENT_BYTES, InvalidEvent,
 from producers.keys.envelope import MAX_SEALED_BYTES, DataKey, encode_sealed, parse_envelope
 from producers.keys.kek import load_keks
 from producers.keys.store import KeyStore, key_states
+from producers.records import decode_record
 from producers.sdk import LedgerProducer
+from projections.postgres.idempotency import erased_sql
 from tests.conftest import unique
-from tests.support import asserted, dlq_envelopes, erased, marked, pg, pipeline, publish_raw, read_topic, wait_for
+from tests.support import (
+    RecorderWriter,
+    asserted,
+    dlq_envelopes,
+    erased,
+    marked,
+    pg,
+    pipeline,
+    publish_raw,
+    read_topic,
+    wait_for,
+)
 from tests.support.processes import frozen
+from tests.support.stores import private_schema
 
 API_KEY = "enc-paths-key"
 TENANT = "acme"
@@ -390,6 +406,65 @@ def test_an_event_sealed_with_a_key_its_erasure_destroyed_is_a_dead_letter_never
     status = client.get(f"/v1/events/{late.event_id}", params={"tenant": TENANT}, headers=HEADERS).json()
     assert status["status"] == "dead_lettered" and status["reason"]["code"] == "key_destroyed", status
     assert _facts(client, subject) == []
+
+
+def test_an_event_between_two_erasures_of_its_subject_stays_erased_when_sent_again(on):
+    """The `key_destroyed` letter of an event logged between two erasures of its subject is the second erasure's
+    past: it goes with it and its id answers for the event, so a re-send through the door is an erased duplicate
+    and nothing comes back."""
+    settings, client = on.settings, on.client
+    subject = f"user:twice-erased-{uuid.uuid4().hex[:8]}"
+    between = asserted(subject, "k.between", 2, 2, tenant=TENANT, content="between")
+    with LedgerProducer(settings) as stale, LedgerProducer(settings) as other:
+        stale.publish(asserted(subject, "k.before", 1, 1, tenant=TENANT, content="before"))
+        on.settle()
+        other.erase_subject(TENANT, subject, reason="first")
+        on.settle()
+        late = stale.publish(between)  # sealed with the key the first erasure destroyed (the stale cache's)
+        on.settle()
+        assert _dead_letters(settings, [(late.partition, late.offset)]) == {(late.partition, late.offset): ANY}
+        other.erase_subject(TENANT, subject, reason="second")
+        on.settle()
+    assert _dead_letters(settings, [(late.partition, late.offset)]) == {}  # gone with the second erasure
+    again = client.post("/v1/events", json={"events": [between.to_wire()]}, headers=HEADERS)
+    (result,) = again.json()["results"]
+    assert result["accepted"] and result["duplicate"] and result.get("erased"), result
+    on.settle()
+    assert _facts(client, subject) == []
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["one-at-a-time", "one-batch"])
+def test_a_letter_between_two_erasures_of_its_subject_goes_with_the_second_in_any_batching(on, together):
+    """The two erasures and the record sealed with the key the first destroys, logged between them, in one batch:
+    its letter was written after both and dropped as their past, its id kept by nothing (a re-send through a door
+    was applied after the erasure asked for after it). Now it ends as one record at a time: the second erasure
+    takes the letter and keeps its id."""
+    settings = on.settings.model_copy(update={"pg_schema": unique("encb")})
+    subject = f"user:twice-{uuid.uuid4().hex[:8]}"
+    store = _key_store(settings)
+    try:
+        key = store.sealing_keys([(TENANT, subject)])[(TENANT, subject)]
+    finally:
+        store.close()
+    between = asserted(subject, "k.between", 2, 2, tenant=TENANT, content="between")
+    raws = [
+        encode_sealed(asserted(subject, "k.before", 1, 1, tenant=TENANT, content="before"), key),
+        encode(erased(subject, tenant=TENANT, reason="first")),
+        encode_sealed(between, key),
+        encode(erased(subject, tenant=TENANT, reason="second")),
+    ]
+    now = int(time.time() * 1000)
+    records = [
+        decode_record(settings.topic, 0, n, raw, key=kafka_key(TENANT, subject), timestamp_ms=now + n)
+        for n, raw in enumerate(raws)
+    ]
+    with private_schema(settings) as conn, RecorderWriter(settings) as writer:
+        batches = [records[:1], records[1:]] if together else [[r] for r in records]
+        for batch in batches:
+            writer.recorder.apply_batch(batch)
+        letters = conn.execute("SELECT count(*) FROM dead_letters").fetchone()[0]
+        kept = conn.execute(erased_sql(with_fingerprints=False), ([TENANT], [between.event_id])).fetchall()
+    assert letters == 0 and kept == [(TENANT, between.event_id)], (letters, kept)
 
 
 @pytest.mark.parametrize("worker_frozen", [False, True], ids=["erasure-applied-first", "one-batch"])

@@ -223,7 +223,8 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
         return [_named_ahead(r) for r in opened]
 
     def apply(self, cur: psycopg.Cursor, records: list[Incoming], result: BatchResult, shard: int) -> None:
-        """The valid records in ledger order; an erasure is a barrier: what came before it is applied first."""
+        """The valid records in ledger order; an erasure is a barrier: what came before it is applied (or
+        dead-lettered) first."""
         segment: list[Incoming] = []
         destroyed: dict[str, int] = {}  # keys an erasure earlier in this batch destroyed -> the erasure's partition
         late: list[Incoming] = []
@@ -238,7 +239,10 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
                 continue
             if _route(r) is Route.ERASURE:
                 self._apply_events(cur, segment, result)
-                segment = []
+                # the letters before it too: another erasure of their subject takes them with its past (their ids
+                # then answer for them), as when each came in a batch of its own
+                self.dead_letters(cur, late, result)
+                segment, late = [], []
                 destroyed |= dict.fromkeys(self._erase(cur, r, result), r.partition)
             else:
                 segment.append(r)
