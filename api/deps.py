@@ -177,12 +177,12 @@ Time = Annotated[Rfc3339, WrapValidator(_invalid_time)]
 
 
 _CURSOR = re.compile(r"([0-9]+):([0-9]+)")  # ASCII digits: int() would also read other scripts' digits
-_WHOLE_NUMBER = re.compile(r"-?[0-9]+")
+_WHOLE_NUMBER = re.compile(r"(?!-0+\Z)-?[0-9]+")  # not "-0": zero is written without a sign
 
 
 def _whole_number(value: Any) -> Any:
-    """A query parameter's integer written in ASCII digits only: pydantic would read `1.0`, `+1`, ` 1`, `1_0` and
-    other scripts' digits as numbers, where a body's numbers are strict (`wrong_type`, as `1e3` already is)."""
+    """A query parameter's integer written in ASCII digits only: pydantic would read `1.0`, `+1`, `-0`, ` 1`, `1_0`
+    and other scripts' digits as numbers, where a body's numbers are strict (`wrong_type`, as `1e3` already is)."""
     if isinstance(value, str) and _WHOLE_NUMBER.fullmatch(value) is None:
         raise PydanticCustomError("wrong_type", "Input should be a whole number written in digits (0-9)")
     return value

@@ -64,10 +64,12 @@ JUDGED_IN_A_CHILD = 100
 
 
 def _memory_id_at_the_door(event: MemoryEvent) -> str | None:
-    """The fact an accepted event is about, as the door knows it: none for an erasure, nor for a retraction naming
-    its target_version (the worker files it under the target's fact when that is an episode or no key is named,
-    which only the projection knows)."""
-    if event.type is EventType.ERASED or (event.type is EventType.RETRACTED and event.target_version is not None):
+    """The fact an accepted event is about, as the door knows it: none for an erasure or a letter's discard (no fact
+    is), nor for a retraction naming its target_version (the worker files it under the target's fact when that is
+    an episode or no key is named, which only the projection knows)."""
+    if event.type in (EventType.ERASED, EventType.DISCARDED) or (
+        event.type is EventType.RETRACTED and event.target_version is not None
+    ):
         return None
     return event.memory_id
 

@@ -866,7 +866,7 @@ def test_a_page_cursor_past_the_log_is_refused_naming_it(applied: Pipeline) -> N
 
 
 def test_every_integer_parameter_takes_digits_only(applied: Pipeline) -> None:
-    """The class: pydantic reads a parameter's `1.0`, `+1`, ` 1`, `1_0` or another script's digits as an integer
+    """The class: pydantic reads a parameter's `1.0`, `+1`, `-0`, ` 1`, `1_0` or another script's digits as an integer
     (while `1e3` is refused), so `limit=1.0` answered a page where a body's `1.0` for an integer is `wrong_type`.
     Every integer query or path parameter of every GET route (from the OpenAPI document) refuses them so, naming
     itself, and the document still states its bounds as JSON Schema's `minimum`/`maximum`."""
@@ -882,7 +882,7 @@ def test_every_integer_parameter_takes_digits_only(applied: Pipeline) -> None:
             if param["in"] not in ("query", "path") or "integer" not in [x.get("type") for x in schemas]:
                 continue
             assert not {"ge", "le", "gt", "lt"} & {k for x in schemas for k in x}, (path, param)
-            for bad in ("1.0", "+1", " 1", "1_0", "\u0661"):
+            for bad in ("1.0", "+1", "-0", " 1", "1_0", "\u0661"):
                 url = re.sub(r"\{[^}]+\}", "1", path.replace("{" + param["name"] + "}", quote(bad)))
                 query = {"tenant": A} | ({param["name"]: bad} if param["in"] == "query" else {})
                 r = c.get(url, params=query, headers=HA)
