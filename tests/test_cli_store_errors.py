@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import pytest
 
 from producers.keys.kek import new_kek
 from tests.test_cli_settings_errors import NEED_NO_SETTINGS, commands, run, user_env
@@ -40,12 +44,29 @@ def dead_port() -> int:
         return s.getsockname()[1]
 
 
-def test_every_command_says_in_one_line_which_store_is_unreachable() -> None:
-    port = dead_port()
+@contextmanager
+def silent_port() -> Iterator[int]:
+    """A loopback port that takes connections and never answers (a server hung, or a firewall that drops)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield s.getsockname()[1]
+
+
+@pytest.mark.parametrize("postgres", ["refusing", "silent"])
+def test_every_command_says_in_one_line_which_store_is_unreachable(postgres: str) -> None:
+    """PostgreSQL silent too: `ledger verify` connected without a timeout and waited for ever."""
+    with silent_port() as silent:
+        _every_command_says_which_store(dead_port(), silent if postgres == "silent" else None)
+
+
+def _every_command_says_which_store(port: int, pg_port: int | None) -> None:
+    pg_port = pg_port or port
     env = user_env(
         LEDGER_DEVELOPMENT="1",
         LEDGER_KAFKA_BOOTSTRAP=f"127.0.0.1:{port}",
-        LEDGER_PG_DSN=f"postgresql://ledger:{SECRET}@127.0.0.1:{port}/ledger",
+        LEDGER_PG_DSN=f"postgresql://ledger:{SECRET}@127.0.0.1:{pg_port}/ledger",
+        LEDGER_PG_CONNECT_TIMEOUT_S="2",
         LEDGER_ES_URL=f"http://127.0.0.1:{port}",
         LEDGER_API_PORT=str(port),
         LEDGER_PRODUCER_TIMEOUT_S="2",  # kafka-python retries a refused bootstrap until its timeout
@@ -64,7 +85,7 @@ def test_every_command_says_in_one_line_which_store_is_unreachable() -> None:
         line = lines[0]
         assert proc.stderr.strip().endswith(line), f"ledger {name}: the line is not the last word: {proc.stderr}"
         assert line.startswith("ledger: ") and "is not reachable" in line, f"ledger {name}: {line}"
-        assert f"127.0.0.1:{port}" in line and "LEDGER_" in line, f"ledger {name}: {line}"
+        assert (f"127.0.0.1:{port}" in line or f"127.0.0.1:{pg_port}" in line) and "LEDGER_" in line, line
         assert any(store in line for store in ("kafka", "postgres", "elasticsearch", "api")), line
         assert SECRET not in line, f"ledger {name} printed the DSN's password: {line}"
 
@@ -111,3 +132,18 @@ def test_verify_with_only_kafka_away_says_so_in_its_one_line_and_nothing_else(ba
         f"ledger: kafka at 127.0.0.1:{port} is not reachable (KafkaTimeoutError): start it (`python -m infra up`) "
         "or set LEDGER_KAFKA_BOOTSTRAP"
     ], proc.stderr[-2000:]
+
+
+def test_verify_with_postgres_silent_says_so_in_its_one_line(base_settings) -> None:
+    """The broker answers and PostgreSQL takes the connection but never answers: verify connected without a
+    timeout there and waited for ever; now it ends in LEDGER_PG_CONNECT_TIMEOUT_S with the one line."""
+    with silent_port() as port:
+        env = user_env(
+            LEDGER_DEVELOPMENT="1",
+            LEDGER_KAFKA_BOOTSTRAP=base_settings.kafka_bootstrap,
+            LEDGER_PG_DSN=f"postgresql://ledger:{SECRET}@127.0.0.1:{port}/ledger",
+            LEDGER_PG_CONNECT_TIMEOUT_S="2",
+        )
+        proc = run(("verify",), env)
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"ledger: postgres at 127.0.0.1:{port}/"), proc.stderr
