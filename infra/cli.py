@@ -183,8 +183,8 @@ app = _Ledger(add_completion=False, no_args_is_help=True, help="memory-ledger co
 @app.command()
 def serve(
     host: str | None = typer.Option(None, help="bind address (default: LEDGER_API_HOST)"),
-    port: int | None = typer.Option(None, help="port (default: LEDGER_API_PORT)"),
-    workers: int = typer.Option(1, help="uvicorn worker processes"),
+    port: int | None = typer.Option(None, min=0, max=65535, help="port (default: LEDGER_API_PORT)"),
+    workers: int = typer.Option(1, min=1, help="uvicorn worker processes"),
 ) -> None:
     """Run the HTTP API."""
     import uvicorn

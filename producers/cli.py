@@ -284,7 +284,10 @@ def publish(
     topic: str | None = typer.Option(None, help="topic to write to (default: LEDGER_TOPIC)"),
     batch_size: int = typer.Option(500, min=1, help="events sent per batch before waiting for acks"),
     timeout: float | None = typer.Option(
-        None, min=0.5, help="seconds to wait for the broker before giving up (default: LEDGER_PRODUCER_TIMEOUT_S)"
+        None,
+        min=0.5,
+        max=300.0,
+        help="seconds to wait for the broker before giving up (default: LEDGER_PRODUCER_TIMEOUT_S)",
     ),
     show: int = typer.Option(50, min=0, help="how many rejected lines to list in the summary"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),

@@ -30,6 +30,11 @@ _ES_INDEX = re.compile(r"^[a-z0-9][a-z0-9._-]{0,254}$")
 # a duration or a bound on a wait, in seconds: above 0 and finite (0 would spin a loop or time out at once, and
 # `inf` or `nan` never end one)
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# a bound on a broker wait: kafka-python refuses a request timeout past a connection's idle limit (540 s)
+BrokerSeconds = Annotated[float, Field(gt=0, le=300, allow_inf_nan=False)]
+Port = Annotated[int, Field(ge=0, le=65535)]  # 0: the system picks one (a metrics port: none is served)
+# one bootstrap server as kafka-python reads it: a host or [IPv6 address], then an optional :port
+_BROKER = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^\s:,\[\]]+)(:([0-9]{1,5}))?$")
 
 
 class UnsafeSettings(ValueError):
@@ -68,7 +73,7 @@ class InstallSettings(BaseModel):
     cache_dir: Path = Path.home() / ".cache" / "memory-ledger"
     # parts that `infra up` installs and starts; the others are external and only health-checked
     managed: list[str] = Field(default_factory=lambda: list(PARTS))
-    kafka_controller_port: int = 9093
+    kafka_controller_port: Port = 9093
     kafka_version: str = "4.1.1"
     kafka_heap: str = "1g"
     java_home: Path | None = None  # Java 17+ for Kafka; None: `java` on PATH
@@ -102,6 +107,16 @@ class KafkaSettings(BaseModel):
     kafka_ssl_cafile: Path | None = None
     kafka_ssl_certfile: Path | None = None
     kafka_ssl_keyfile: Path | None = None
+
+    @model_validator(mode="after")
+    def _kafka_bootstrap(self) -> KafkaSettings:
+        for server in self.kafka_bootstrap.split(","):
+            found = _BROKER.match(server.strip())
+            if found is None or (found[3] is not None and not 0 < int(found[3]) <= 65535):
+                raise ValueError(
+                    f"LEDGER_KAFKA_BOOTSTRAP: {server.strip()!r} is not host:port (a comma-separated list of them)"
+                )
+        return self
 
     @model_validator(mode="after")
     def _kafka_security(self) -> KafkaSettings:
@@ -138,7 +153,7 @@ class PostgresSettings(BaseModel):
     pg_schema: str = "ledger"  # the projection's tables live in this schema
     pg_pool_size: int = 10
     pg_pool_timeout_s: Seconds = 3.0  # the API's longest wait for a pooled connection: then 503 naming postgres
-    pg_connect_timeout_s: int = 3  # libpq connect_timeout (whole seconds, at least 2)
+    pg_connect_timeout_s: int = Field(default=3, le=300)  # libpq connect_timeout (whole seconds, at least 2)
     pg_door_check_timeout_s: Seconds = 1.0  # POST /v1/events' idempotency lookup; skipped (not blocking) past it
 
     @model_validator(mode="after")
@@ -238,7 +253,7 @@ class ProducerSettings(BaseModel):
     """Publishing: the SDK's broker waits and the contract's clock window."""
 
     # bound on connecting, metadata and delivery (retries included)
-    producer_timeout_s: Seconds = 30.0
+    producer_timeout_s: BrokerSeconds = 30.0
     # an event observed further than this into the future is refused (`clock_skew`): it would win
     # over every later update until that time; the worker applies the same window to the broker time
     max_future_skew_s: float = 300.0
@@ -297,14 +312,15 @@ class ApiSettings(BaseModel):
     # API: key -> tenants it may read and write, e.g. {"dev-key": ["acme"]}
     api_keys: dict[str, list[str]] = Field(default_factory=lambda: {"dev-key": ["demo", "acme", "globex"]})
     api_host: str = "127.0.0.1"
-    api_port: int = 8000
-    api_kafka_timeout_s: Seconds = 5.0  # the API's bound on a broker wait (connect, delivery): then 503 naming kafka
+    api_port: Port = 8000
+    # the API's bound on a broker wait (connect, delivery): then 503 naming kafka
+    api_kafka_timeout_s: BrokerSeconds = 5.0
     # the largest request body the API reads (api.request_guard): past it 413 `too_large`, before the key is checked
     api_max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     # the MCP server (`ledger mcp`, api.mcp): where its Streamable HTTP transport binds (callers send
     # an API key of api_keys as a bearer token); a stdio server acts with mcp_api_key (or `--api-key`)
     mcp_host: str = "127.0.0.1"
-    mcp_port: int = 8001
+    mcp_port: Port = 8001
     mcp_api_key: str | None = None
     # the keys of api_keys that get the MCP server's operator tools (the dead-letter workflow), so an agent's key is
     # refused them (403 `forbidden`) even for its own tenants; the HTTP routes take any key of the tenant
@@ -323,9 +339,9 @@ class MetricsSettings(BaseModel):
     # Prometheus metrics (docs/metrics.md): the API serves them on its own app at a path, without an API
     # key (no label holds tenant data); the worker and the indexer each on a port of their own (0: no exporter)
     api_metrics_path: str = "/metrics"  # "": the API serves no metrics
-    worker_metrics_port: int = 9101  # several workers on one host: one port each
-    indexer_metrics_port: int = 9102  # several indexers on one host: one port each
-    embedder_metrics_port: int = 9120  # infra gives its k-th embedder (and indexer) this port + k - 1
+    worker_metrics_port: Port = 9101  # several workers on one host: one port each
+    indexer_metrics_port: Port = 9102  # several indexers on one host: one port each
+    embedder_metrics_port: Port = 9120  # infra gives its k-th embedder (and indexer) this port + k - 1
     metrics_host: str = "127.0.0.1"  # where the worker's and the indexer's exporters bind
     metrics_refresh_s: Seconds = 5.0  # how often gauges that need a query are refreshed (outbox depth, consumer lag)
 

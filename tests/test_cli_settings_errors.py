@@ -153,6 +153,12 @@ def refusal(monkeypatch: pytest.MonkeyPatch, **env: str) -> Exception:
         ({"LEDGER_DEVELOPMENT": "maybe"}, "LEDGER_DEVELOPMENT", "boolean"),
         ({"LEDGER_DEVELOPMENT": "1", "LEDGER_PG_DSN": "garbage"}, "LEDGER_PG_DSN", "connection string"),
         ({"LEDGER_DEVELOPMENT": "1", "LEDGER_PG_DSN": "host=x port"}, "LEDGER_PG_DSN", "connection string"),
+        # kafka-python's own refusals came later as a traceback, or as "kafka is not reachable" while it ran
+        ({"LEDGER_DEVELOPMENT": "1", "LEDGER_KAFKA_BOOTSTRAP": "host:notaport"}, "LEDGER_KAFKA_BOOTSTRAP", "host:port"),
+        ({"LEDGER_DEVELOPMENT": "1", "LEDGER_KAFKA_BOOTSTRAP": "a:9092, :1"}, "LEDGER_KAFKA_BOOTSTRAP", "host:port"),
+        ({"LEDGER_DEVELOPMENT": "1", "LEDGER_KAFKA_BOOTSTRAP": "a:99999"}, "LEDGER_KAFKA_BOOTSTRAP", "host:port"),
+        ({"LEDGER_DEVELOPMENT": "1", "LEDGER_PRODUCER_TIMEOUT_S": "600"}, "LEDGER_PRODUCER_TIMEOUT_S", "300"),
+        ({"LEDGER_DEVELOPMENT": "1", "LEDGER_PG_CONNECT_TIMEOUT_S": "9" * 23}, "LEDGER_PG_CONNECT_TIMEOUT_S", "300"),
     ],
 )
 def test_a_refusal_is_one_line_naming_the_variable(
@@ -194,3 +200,17 @@ def test_every_duration_setting_refuses_no_time_naming_its_variable(monkeypatch:
         for value in ("0", "-1", "nan", "inf"):
             line = settings_problem(refusal(monkeypatch, LEDGER_DEVELOPMENT="1", **{f"LEDGER_{name.upper()}": value}))
             assert line is not None and f"LEDGER_{name.upper()}" in line, (name, value, line)
+
+
+@pytest.mark.unit
+def test_every_port_setting_refuses_what_no_socket_binds_naming_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The class: a port past 65535 or below 0 was taken, and `ledger serve` then failed in uvicorn's tracebacks
+    after "startup complete" (the MCP server in a pydantic error of the SDK's)."""
+    ports = [name for name in Settings.model_fields if name.endswith("_port")]
+    assert {"api_port", "mcp_port", "worker_metrics_port"} <= set(ports)
+    for name in ports:
+        for value in ("-1", "65536", "99999"):
+            line = settings_problem(refusal(monkeypatch, LEDGER_DEVELOPMENT="1", **{f"LEDGER_{name.upper()}": value}))
+            assert line is not None and f"LEDGER_{name.upper()}" in line, (name, value, line)
+        monkeypatch.setenv(f"LEDGER_{name.upper()}", "65535")
+        assert getattr(Settings(), name) == 65535

@@ -22,7 +22,7 @@ def mcp(
         None, help="stdio: the API key every call acts with (default LEDGER_MCP_API_KEY)"
     ),
     host: str | None = typer.Option(None, help="http: bind address (default LEDGER_MCP_HOST)"),
-    port: int | None = typer.Option(None, help="http: port (default LEDGER_MCP_PORT)"),
+    port: int | None = typer.Option(None, min=0, max=65535, help="http: port (default LEDGER_MCP_PORT)"),
 ) -> None:
     """Run the MCP server (its tools, for agents and for operators: docs/mcp.md)."""
     from producers.logs import configure_logging, logging_config
