@@ -215,10 +215,19 @@ def probe(settings: Settings, timeout: float = 5.0) -> bool:
     result: list[bool] = []
 
     def ask() -> None:
-        admin = KafkaAdminClient(**kafka_connection(settings), request_timeout_ms=int(timeout * 1000))
+        try:
+            wait_ms = max(1000, int(timeout * 1000))  # the thread ends soon after its caller stops waiting
+            admin = KafkaAdminClient(
+                **kafka_connection(settings), request_timeout_ms=wait_ms, bootstrap_timeout_ms=wait_ms
+            )
+        except Exception as exc:  # noqa: BLE001  # no broker answered: the probe's answer is no (its caller says so)
+            log.debug("kafka probe: %s: %s", type(exc).__name__, exc)
+            return
         try:
             admin.list_topics()
             result.append(True)
+        except Exception as exc:  # noqa: BLE001  # as above: also after the caller stopped waiting, never a crash
+            log.debug("kafka probe: %s: %s", type(exc).__name__, exc)
         finally:
             admin.close()
 

@@ -147,3 +147,22 @@ def test_verify_with_postgres_silent_says_so_in_its_one_line(base_settings) -> N
         proc = run(("verify",), env)
     assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(f"ledger: postgres at 127.0.0.1:{port}/"), proc.stderr
+
+
+def test_the_kafka_probe_ends_quietly_when_no_broker_answers(base_settings) -> None:
+    """The probe's thread outlives its caller's wait: kafka-python's refusal then ended it as an uncaught exception,
+    which the crash hook logged with its traceback in the middle of `ledger verify` (its one line came after)."""
+    import threading
+
+    from producers.topics import probe
+
+    caught: list[threading.ExceptHookArgs] = []
+    before, threading.excepthook = threading.excepthook, caught.append
+    try:
+        dead = base_settings.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{dead_port()}", "producer_timeout_s": 1})
+        assert probe(dead, timeout=0.2) is False  # the caller's wait ends before the thread's
+        for thread in [t for t in threading.enumerate() if t.name == "kafka-probe"]:
+            thread.join(30)
+    finally:
+        threading.excepthook = before
+    assert caught == [], [f"{c.exc_type.__name__}: {c.exc_value}" for c in caught]
