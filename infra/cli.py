@@ -142,6 +142,10 @@ def _refused(chain: list[BaseException]) -> str | None:
 
 class _Ledger(typer.Typer):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from producers.settings import unknown_names
+
+        for line in unknown_names():  # a misspelt setting is said before the command runs on the default
+            print(f"ledger: warning: {line}", file=sys.stderr)
         try:
             return super().__call__(*args, **kwargs)
         except Exception as exc:

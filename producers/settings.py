@@ -7,10 +7,12 @@ against external clusters. Nothing else in the project reads ``os.environ``.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -555,6 +557,19 @@ def settings_problem(exc: BaseException) -> str | None:
             problems.append(message)
         return "; ".join(problems)
     return None
+
+
+def unknown_names(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """A line for each LEDGER_* variable no setting reads, naming the setting it most looks like: the settings
+    ignore a name they do not know, so a typo (`LEDGER_ENCRYPTON=on`) would leave its setting at its default unsaid.
+    The read client's LEDGER_CLIENT_* are its own."""
+    known = [name.upper() for name in Settings.model_fields]
+    lines = []
+    for name in sorted(n for n in environ if n.startswith("LEDGER_") and not n.startswith("LEDGER_CLIENT_")):
+        if name[len("LEDGER_") :] not in known:
+            like = difflib.get_close_matches(name[len("LEDGER_") :], known, n=1, cutoff=0.8)
+            lines.append(f"{name} is no setting, ignored" + (f" (did you mean LEDGER_{like[0]}?)" if like else ""))
+    return lines
 
 
 @functools.lru_cache(maxsize=1)

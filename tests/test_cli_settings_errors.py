@@ -214,3 +214,15 @@ def test_every_port_setting_refuses_what_no_socket_binds_naming_its_variable(mon
             assert line is not None and f"LEDGER_{name.upper()}" in line, (name, value, line)
         monkeypatch.setenv(f"LEDGER_{name.upper()}", "65535")
         assert getattr(Settings(), name) == 65535
+
+
+def test_a_misspelt_setting_is_said_before_the_command_runs_on_its_default() -> None:
+    """The settings ignore a name they do not know: `LEDGER_ENCRYPTON=on` left encryption off, unsaid."""
+    env = user_env(LEDGER_DEVELOPMENT="1", LEDGER_ENCRYPTON="on", LEDGER_NOTHING_LIKE_IT="1", LEDGER_CLIENT_URL="x")
+    proc = run(("schema",), env)
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("ledger: warning: ")]
+    assert warnings == [
+        "ledger: warning: LEDGER_ENCRYPTON is no setting, ignored (did you mean LEDGER_ENCRYPTION?)",
+        "ledger: warning: LEDGER_NOTHING_LIKE_IT is no setting, ignored",
+    ], proc.stderr  # the read client's LEDGER_CLIENT_* are its own
+    assert proc.returncode == 0, proc.stderr
