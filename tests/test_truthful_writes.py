@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx2
@@ -61,6 +62,16 @@ SEED = [
     asserted("user:9", "pref.seat", "aisle", 0, tenant=TENANT, content="user 9 prefers the aisle seat"),
 ]
 SEAT, MEAL, LISBON_EP, PORTO_EP, HIKE_EP, USER9 = SEED
+LATER = datetime(9999, 12, 31, tzinfo=UTC)  # what holds only from then: a fact, an episode
+FUTURE_FACT = MemoryEvent(
+    type=EventType.ASSERTED, tenant=TENANT, subject="user:10", key="plan.city", value="Oslo",
+    content="user 10 moves to Oslo", valid_from=LATER, observed_at=at(0),
+)  # fmt: skip
+FUTURE_EPISODE = MemoryEvent(
+    type=EventType.ASSERTED, tenant=TENANT, subject="user:10", kind="episodic", content="the farewell party",
+    valid_from=LATER, observed_at=at(0), source=Source(type=SourceType.IMPORTED, service="chat"),
+)  # fmt: skip
+SEED += [FUTURE_FACT, FUTURE_EPISODE]
 
 
 @pytest.fixture(scope="module")
@@ -219,6 +230,16 @@ def test_forgetting_what_does_not_exist_is_refused_naming_it(answered, door) -> 
     assert status == 404, body
     field = "key" if door.endswith("key") else "target_version"
     assert body["detail"][0] == {**body["detail"][0], "code": "not_found", "field": field}
+
+
+@pytest.mark.parametrize("field", ["key", "target_version"])
+def test_forgetting_what_holds_only_later_is_refused_not_published_to_end_nothing(stack, field) -> None:
+    """A retraction ends what holds at its time: `forget` of a fact or an episode that holds only from a later time
+    was published to end nothing (`no_effect`), and the memory held once its time came. Refused, naming it."""
+    target = {"key": "plan.city"} if field == "key" else {"target_version": FUTURE_EPISODE.version_id}
+    status, body = _mcp(stack["mcp"], "forget", {"tenant": TENANT, "subject": "user:10", **target})
+    assert status == 422 and body["detail"][0]["field"] == field, body
+    assert "holds from 9999-12-31" in body["detail"][0]["message"], body
 
 
 def test_an_episode_is_retracted_by_its_version(stack, answered) -> None:
