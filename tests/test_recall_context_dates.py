@@ -229,6 +229,11 @@ def test_context_turns_out_of_bounds_is_a_422_naming_the_field(world, bad):
         ("2023年", (2023, None, None)),
         ("5月份", (None, 5, None)),
         ("february 29", (None, 2, 29)),  # exists in some year
+        # with a day and a month, any year of the calendar (a year alone stays 1800-2999: "march 5000" is a count)
+        ("on 31 december 9999", (9999, 12, 31)),
+        ("0001-01-01", (1, 1, 1)),
+        ("january 2, 0100", (100, 1, 2)),
+        ("9999年12月31日", (9999, 12, 31)),
     ],
 )
 def test_every_written_form_of_a_date_is_read(text, want):
@@ -247,6 +252,8 @@ def test_every_written_form_of_a_date_is_read(text, want):
         "february 30",
         "june2023x",
         "in 123456",
+        "0000-01-01",  # no year 0
+        "march 5000",
         "1.5 days",
         "x" * 100_000,
         "\x00 in \x00 june",  # a NUL is no space between words

@@ -29,7 +29,9 @@ _MONTHS |= {name.lower(): i for i, name in enumerate(calendar.month_abbr) if nam
 _MONTHS["sept"] = 9
 _MONTH = r"(?P<{g}>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
 _DAY = r"(?P<{g}>[12]\d|3[01]|0?[1-9])(?:st|nd|rd|th)?"
-_YEAR = r"(?P<{g}>1[89]\d\d|2\d\d\d)"
+_YEAR = r"(?P<{g}>1[89]\d\d|2\d\d\d)"  # a year alone or with a month only: one of these, not a count ("march 5000")
+# with a day and a month a year is unmistakable: any the calendar has (0001-9999)
+_ANY_YEAR = r"(?P<{g}>000[1-9]|00[1-9]\d|0[1-9]\d\d|[1-9]\d\d\d)"
 _B, _E = r"(?<![\w])", r"(?![\w])"  # word edges (not inside "mayor", "2023rd", "12345")
 _PREP = r"(?:in|on|during|since|until|till|before|after|of|from|by)\s+"
 
@@ -39,6 +41,7 @@ def _p(template: str) -> str:
         template.replace("{M}", _MONTH.format(g="m"))
         .replace("{D}", _DAY.format(g="d"))
         .replace("{Y}", _YEAR.format(g="y"))
+        .replace("{AY}", _ANY_YEAR.format(g="y"))
     )
 
 
@@ -46,9 +49,9 @@ def _p(template: str) -> str:
 _PATTERNS: tuple[re.Pattern[str], ...] = tuple(
     re.compile(_B + _p(t) + _E)
     for t in (
-        r"{Y}-(?P<m>0[1-9]|1[0-2])-(?P<d>0[1-9]|[12]\d|3[01])",  # 2023-05-08
-        r"{M}\s+{D},?\s+{Y}",  # October 13, 2023
-        r"{D}\s+(?:of\s+)?{M},?\s+{Y}",  # 13 October 2023, 1 February, 2023
+        r"{AY}-(?P<m>0[1-9]|1[0-2])-(?P<d>0[1-9]|[12]\d|3[01])",  # 2023-05-08
+        r"{M}\s+{D},?\s+{AY}",  # October 13, 2023
+        r"{D}\s+(?:of\s+)?{M},?\s+{AY}",  # 13 October 2023, 1 February, 2023
         r"{Y}-(?P<m>0[1-9]|1[0-2])",  # 2023-05
         r"{M},?\s+{Y}",  # July 2023
         r"{M}\s+{D}",  # May 23
@@ -60,7 +63,7 @@ _PATTERNS: tuple[re.Pattern[str], ...] = tuple(
 _ZH: tuple[re.Pattern[str], ...] = tuple(
     re.compile(_p(t))
     for t in (
-        r"(?<!\d){Y}\s*年\s*(?P<m>1[0-2]|0?[1-9])\s*月\s*(?P<d>[12]\d|3[01]|0?[1-9])\s*[日号]",
+        r"(?<!\d){AY}\s*年\s*(?P<m>1[0-2]|0?[1-9])\s*月\s*(?P<d>[12]\d|3[01]|0?[1-9])\s*[日号]",
         r"(?<!\d){Y}\s*年\s*(?P<m>1[0-2]|0?[1-9])\s*月",
         r"(?<![\d年])(?P<m>1[0-2]|0?[1-9])\s*月\s*(?P<d>[12]\d|3[01]|0?[1-9])\s*[日号]",
         r"(?<!\d){Y}\s*年",
