@@ -548,6 +548,17 @@ def _letter_rows(cur: psycopg.Cursor, topic: str, partition: int, position: int)
     return {o: None if raw is None else bytes(raw) for o, raw in cur.fetchall()}
 
 
+def last_erasures(rows: dict[int, dict[str, Any]]) -> dict[tuple[str, str], int]:
+    """Each erased (tenant, subject) of one partition's events rows -> the offset of its last erasure, which took the
+    letters of the records naming it before it. The rows come in no order: of two erasures, the later counts."""
+    erasures: dict[tuple[str, str], int] = {}
+    for offset, row in rows.items():
+        if row["type"] == EventType.ERASED.value:
+            named = (row["tenant"], row["subject"])
+            erasures[named] = max(offset, erasures.get(named, -1))
+    return erasures
+
+
 def _check_projection(
     report: VerifyReport,
     cur: psycopg.Cursor,
@@ -557,8 +568,7 @@ def _check_projection(
     letters: dict[int, bytes | None],
 ) -> None:
     """Account for each record of one partition's batch (`rows` and `letters` lose the ones matched)."""
-    # each erased subject -> the offset of its erasure here: it took the letters of the records naming it before it
-    erasures = {(v["tenant"], v["subject"]): o for o, v in rows.items() if v["type"] == EventType.ERASED.value}
+    erasures = last_erasures(rows)
     unopened = {r.offset for r in decoded if r.envelope is not None and recorder.keys is None}
     openable = [r for r in decoded if r.offset not in unopened]
     opened = {r.offset: r for r in recorder.open_sealed(cur, openable, BatchResult())[0]}  # shredded ones drop out

@@ -59,7 +59,7 @@ from projections.postgres.chain import (
 )
 from projections.postgres.schema import create_schema
 from stream_processors.rebuild import rebuild
-from stream_processors.verify import expected_event_row, row_differences, verify
+from stream_processors.verify import expected_event_row, last_erasures, row_differences, verify
 from tests.conftest import unique
 from tests.support import (
     Worker,
@@ -593,3 +593,14 @@ def test_a_malformed_trusted_key_names_its_problem(text: str, problem: str) -> N
     with pytest.raises(SigningKeyError, match=problem):
         parse_public_key(text)
     assert parse_public_key(f" {public_key_text(b'p' * 32)}\n") == b"p" * 32  # as configured, spaces around
+
+
+@pytest.mark.unit
+def test_a_subject_erased_twice_is_taken_at_its_last_erasure_whatever_order_the_rows_come_in() -> None:
+    """The rows come from PostgreSQL in no order: a subject erased twice took the erasure read last, the first
+    of them when the rows came backwards, and the refused records between its two erasures (whose letters the
+    second took) read as records with no dead letter."""
+    erasure = {"type": "subject.erased", "tenant": "acme", "subject": "user:1"}
+    rows = {859: erasure, 851: {**erasure, "type": "memory.asserted"}, 849: erasure, 7: {**erasure, "subject": "u:2"}}
+    for ordered in (rows, dict(sorted(rows.items()))):
+        assert last_erasures(ordered) == {("acme", "user:1"): 859, ("acme", "u:2"): 7}
