@@ -753,3 +753,23 @@ def test_a_refused_records_id_goes_with_its_subjects_erasure(world: World) -> No
     r = world.http.post("/v1/events", json={"events": [again]}, headers=key)
     (result,) = r.json()["results"]
     assert result["duplicate"] and result["erased"] and result.get("partition") is None, r.text
+
+
+def test_a_letters_log_line_quotes_nothing_of_its_record(world: World) -> None:
+    """The worker's line for a dead letter named the field at fault and gave the reason in its words: a name inside
+    a value, or an unknown field's name, can be personal (an address, a number), and a log is a copy no erasure
+    reaches. The line says the code and the contract field it concerns; the letter keeps the rest."""
+    name, inner = "p jane.doe@example.com", "ssn 123-45-6789"
+    unknown = {**wire("user:31", tenant=A, event_id="ev-log-1"), name: "x"}
+    nested = wire("user:31", tenant=A, event_id="ev-log-2", value={inner: "a\x00b"})
+    key = f"{A}|user:31".encode()
+    [(p1, o1), (p2, o2)] = publish_raw(world.settings, [(key, orjson.dumps(unknown)), (key, orjson.dumps(nested))])
+    wait_for(lambda: {(p1, o1), (p2, o2)} <= set(world.letters()), 90, what="the two letters listed")
+    log = world.worker.log()
+    assert "jane.doe" not in log and "123-45-6789" not in log, log[-3000:]
+    first = [line for line in log.splitlines() if f"/{p1}/{o1}: " in line]
+    second = [line for line in log.splitlines() if f"/{p2}/{o2}: " in line]
+    assert len(first) == 1 and "unknown_field" in first[0] and "(" + name not in first[0], first
+    assert len(second) == 1 and "unstorable_text (value)" in second[0], second
+    letters = world.letters()
+    assert letters[(p1, o1)]["reason"]["field"] == name and letters[(p2, o2)]["reason"]["field"] == f"value.{inner}"

@@ -146,6 +146,9 @@ class PositionedProjection(Generic[R, Res]):
     # True: records are keyed `tenant|subject` (contract.kafka_key), so a refused record naming no subject an event
     # could name is filed under its key's subject, and goes with that subject's erasure
     keyed_by_subject: ClassVar[bool] = False
+    # the field names a dead letter's log line may show: a path below them, another name, or the reason's words could
+    # quote the record (a name or a value of the subject's), and a log is a copy no erasure reaches
+    logged_fields: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, conn: psycopg.Connection, *, consumer: str, topic: str, dlq_sink: DlqSink | None = None):
         self.conn = conn
@@ -291,18 +294,22 @@ class PositionedProjection(Generic[R, Res]):
         return letters
 
     def _log_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
-        """One line per dead letter, after its transaction committed, with the record's ids (producers.logs)."""
+        """One line per dead letter, after its transaction committed, with the record's ids (producers.logs): its
+        code and the contract field it concerns (`logged_fields`); the whole reason is the letter's."""
         for letter in letters:
             r, err = letter.record, letter.error
+            top = (err.field or "").split(".")[0]
+            field = top if top in self.logged_fields else None
             self.log.warning(
-                "dead letter %s/%d/%d: %s%s: %s",
+                "dead letter %s/%d/%d: %s%s (its reason: the letter's, GET /v1/dead-letters/%d/%d)",
                 r.topic,
                 r.partition,
                 r.offset,
                 err.code,
-                f" ({err.field})" if err.field else "",
-                err.message,
-                extra={**record_ids(r), "code": err.code, "field": err.field},
+                f" ({field})" if field else "",
+                r.partition,
+                r.offset,
+                extra={**record_ids(r), "code": err.code, "field": field},
             )
 
 

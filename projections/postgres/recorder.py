@@ -130,6 +130,7 @@ class Recorder(PositionedProjection[Incoming, BatchResult]):
     result_type = BatchResult
     chained = True  # the ledger: every record taken is chained, its heads signed (projections.postgres.chain)
     keyed_by_subject = True
+    logged_fields = frozenset(_TOP_FIELDS)
 
     def __init__(
         self,
