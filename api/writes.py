@@ -517,20 +517,23 @@ async def _forget_target(res: Resources, p: ForgetParams) -> tuple[dict[str, Any
     event = _retraction(p)
     try:
         async with res.pool.connection(timeout=res.settings.pg_door_check_timeout_s) as conn:
+            now = datetime.now(UTC)  # the retraction's valid time: the door dates it when it publishes
+            # -> what it names, and when it next holds if nothing of it holds now (None: something does, or never)
             if p.target_version is not None:
                 cur = await conn.execute(
-                    "SELECT key, scope, kind, memory_id, valid_from FROM fact_versions "
-                    "WHERE tenant = %s AND subject = %s AND version_id = %s",
-                    (p.tenant, p.subject, p.target_version),
+                    "SELECT key, scope, kind, memory_id, CASE WHEN valid_from > %s THEN valid_from END "
+                    "FROM fact_versions WHERE tenant = %s AND subject = %s AND version_id = %s",
+                    (now, p.tenant, p.subject, p.target_version),
                 )
             else:
                 cur = await conn.execute(
-                    "SELECT key, scope, kind, memory_id, min(valid_from) OVER () FROM fact_versions "
-                    "WHERE tenant = %s AND memory_id = %s LIMIT 1",
-                    (p.tenant, memory_id_for(p.tenant, p.subject, p.key, p.scope)),
+                    "SELECT key, scope, kind, memory_id, CASE WHEN NOT bool_or(valid_from <= %(now)s AND "
+                    "coalesce(least(valid_to, superseded_at) > %(now)s, true)) OVER () "  # its end: either
+                    "THEN min(valid_from) FILTER (WHERE valid_from > %(now)s) OVER () END "
+                    "FROM fact_versions WHERE tenant = %(tenant)s AND memory_id = %(memory_id)s LIMIT 1",
+                    {"now": now, "tenant": p.tenant, "memory_id": memory_id_for(p.tenant, p.subject, p.key, p.scope)},
                 )
             row = await cur.fetchone()
-            now = datetime.now(UTC)  # the retraction's valid time: the door dates it when it publishes
     except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:  # cannot tell: publish, and say so
         log.warning("forget: the target was not looked up: %s: %s", type(exc).__name__, exc)
         return event, None, f"postgres could not be asked whether it exists ({type(exc).__name__})"
@@ -541,16 +544,16 @@ async def _forget_target(res: Resources, p: ForgetParams) -> tuple[dict[str, Any
     if row is None:
         message = f"no fact {p.key!r} (scope {p.scope!r}) of subject {p.subject!r} in tenant {p.tenant!r}: {pending}"
         raise ApiError(404, "not_found", message, "key")
-    key, scope, kind, memory_id, starts = row
+    key, scope, kind, memory_id, later = row
     if p.target_version is not None and p.key is not None and (p.key, p.scope) != (key, scope):
         what = "an episode" if kind == "episodic" else f"a version of key {key!r} (scope {scope!r})"
         message = f"target_version {p.target_version!r} is {what}: leave key out, or name its own"
         raise ApiError(422, "invalid_value", message, "key")
-    if starts > now:  # a retraction ends what holds at its time: published now, it would end nothing
+    if later is not None:  # a retraction ends what holds at its time: published now, it would end nothing
         field = "target_version" if p.target_version is not None else "key"
         what = f"version {p.target_version!r}" if p.target_version is not None else f"fact {p.key!r}"
         message = (
-            f"{what} holds from {starts.isoformat()}, after now: a retraction now would end nothing (forget it once "
+            f"{what} holds from {rfc3339(later)}, after now: a retraction now would end nothing (forget it once "
             "it holds, or publish memory.retracted with valid_from at or after its start)"
         )
         raise ApiError(422, "invalid_value", message, field)
