@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, DotEnvSettingsSource, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("kafka", "elasticsearch", "postgres", "model")
@@ -35,8 +35,16 @@ Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 # a bound on a broker wait: kafka-python refuses a request timeout past a connection's idle limit (540 s)
 BrokerSeconds = Annotated[float, Field(gt=0, le=300, allow_inf_nan=False)]
 Port = Annotated[int, Field(ge=0, le=65535)]  # 0: the system picks one (a metrics port: none is served)
-# one bootstrap server as kafka-python reads it: a host or [IPv6 address], then an optional :port
-_BROKER = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^\s:,\[\]]+)(:([0-9]{1,5}))?$")
+# one bootstrap server: an optional SCHEME:// (kafka-python drops it), a host or [IPv6 address], then :port
+_BROKER = re.compile(r"^(?:[A-Za-z_]+://)?(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\s:,\[\]/]+)):(?P<port>[0-9]{1,5})$")
+
+
+def broker_address(server: str) -> tuple[str, int] | None:
+    """(host, port) of one bootstrap server as LEDGER_KAFKA_BOOTSTRAP lists it, else None."""
+    found = _BROKER.match(server.strip())
+    if found is None or not 0 < int(found["port"]) <= 65535:
+        return None
+    return found["v6"] or found["host"], int(found["port"])
 
 
 class UnsafeSettings(ValueError):
@@ -113,8 +121,7 @@ class KafkaSettings(BaseModel):
     @model_validator(mode="after")
     def _kafka_bootstrap(self) -> KafkaSettings:
         for server in self.kafka_bootstrap.split(","):
-            found = _BROKER.match(server.strip())
-            if found is None or (found[3] is not None and not 0 < int(found[3]) <= 65535):
+            if broker_address(server) is None:
                 raise ValueError(
                     f"LEDGER_KAFKA_BOOTSTRAP: {server.strip()!r} is not host:port (a comma-separated list of them)"
                 )
@@ -492,9 +499,9 @@ class Settings(
 
     @property
     def kafka_host_port(self) -> tuple[str, int]:
-        first = self.kafka_bootstrap.split(",")[0]
-        host, _, port = first.rpartition(":")
-        return host or "127.0.0.1", int(port)
+        first = broker_address(self.kafka_bootstrap.split(",")[0])
+        assert first is not None  # the settings refuse a list that does not read
+        return first
 
     @property
     def es_host_port(self) -> tuple[str, int]:
@@ -559,15 +566,19 @@ def settings_problem(exc: BaseException) -> str | None:
     return None
 
 
-def unknown_names(environ: Mapping[str, str] = os.environ) -> list[str]:
-    """A line for each LEDGER_* variable no setting reads, naming the setting it most looks like: the settings
-    ignore a name they do not know, so a typo (`LEDGER_ENCRYPTON=on`) would leave its setting at its default unsaid.
-    The read client's LEDGER_CLIENT_* are its own."""
+def unknown_names(environ: Mapping[str, str] | None = None) -> list[str]:
+    """A line for each LEDGER_* variable (of the environment or the `.env` file the settings read) that no setting
+    reads, naming the setting it most looks like: the settings ignore a name they do not know, so a typo
+    (`LEDGER_ENCRYPTON=on`) would leave its setting at its default unsaid. Names are read in any case, as the
+    settings read them; the read client's LEDGER_CLIENT_* are its own."""
+    written = {n.upper(): n for n in (os.environ if environ is None else environ)}  # name -> as written
+    if environ is None:  # pydantic-settings reads .env names in lower case
+        written |= {n.upper(): f"{n.upper()} (in .env)" for n in DotEnvSettingsSource(Settings).env_vars}
     known = [name.upper() for name in Settings.model_fields]
     lines = []
-    for name in sorted(n for n in environ if n.startswith("LEDGER_") and not n.startswith("LEDGER_CLIENT_")):
-        if name[len("LEDGER_") :] not in known:
-            like = difflib.get_close_matches(name[len("LEDGER_") :], known, n=1, cutoff=0.8)
+    for upper, name in sorted(written.items()):
+        if upper.startswith("LEDGER_") and not upper.startswith("LEDGER_CLIENT_") and upper[7:] not in known:
+            like = difflib.get_close_matches(upper[7:], known, n=1, cutoff=0.8)
             lines.append(f"{name} is no setting, ignored" + (f" (did you mean LEDGER_{like[0]}?)" if like else ""))
     return lines
 

@@ -226,3 +226,33 @@ def test_a_misspelt_setting_is_said_before_the_command_runs_on_its_default() -> 
         "ledger: warning: LEDGER_NOTHING_LIKE_IT is no setting, ignored",
     ], proc.stderr  # the read client's LEDGER_CLIENT_* are its own
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.unit
+def test_a_bootstrap_list_reads_as_kafka_python_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each server is host:port, a scheme before it dropped (kafka-python's reading), an IPv6 address bracketed; a
+    server without a port, which infra's health check could not read, is refused with the rest."""
+    for value, first in (
+        ("PLAINTEXT://kafka-1.internal:9092", ("kafka-1.internal", 9092)),
+        ("[::1]:9092, b_2:9093", ("::1", 9092)),
+        ("10.0.0.7:19092,10.0.0.8:19092", ("10.0.0.7", 19092)),
+    ):
+        monkeypatch.setenv("LEDGER_KAFKA_BOOTSTRAP", value)
+        monkeypatch.setenv("LEDGER_DEVELOPMENT", "1")
+        assert Settings().kafka_host_port == first, value
+    for value in ("kafka-1", "::1", "a:9092,", "a:0"):
+        line = settings_problem(refusal(monkeypatch, LEDGER_DEVELOPMENT="1", LEDGER_KAFKA_BOOTSTRAP=value))
+        assert line is not None and "LEDGER_KAFKA_BOOTSTRAP" in line, (value, line)
+
+
+@pytest.mark.unit
+def test_a_misspelt_name_in_dotenv_is_said_and_a_name_in_another_case_is_read(monkeypatch, tmp_path) -> None:
+    """The settings read names in any case and from `.env` too: neither is a name they ignore, nor a typo there."""
+    from producers.settings import unknown_names
+
+    for name in [k for k in os.environ if k.upper().startswith("LEDGER_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("LEDGER_ENCRYPTON=on\nLEDGER_API_PORT=8124\n")
+    monkeypatch.setenv("LEDGER_Mcp_Port", "8125")
+    assert unknown_names() == ["LEDGER_ENCRYPTON (in .env) is no setting, ignored (did you mean LEDGER_ENCRYPTION?)"]
