@@ -216,11 +216,11 @@ def probe(settings: Settings, timeout: float = 5.0) -> bool:
 
     def ask() -> None:
         try:
-            wait_ms = max(1000, int(timeout * 1000))  # the thread ends soon after its caller stops waiting
+            wait_ms = max(1000, int(timeout * 1000))  # the thread ends within about twice its caller's wait
             admin = KafkaAdminClient(
                 **kafka_connection(settings), request_timeout_ms=wait_ms, bootstrap_timeout_ms=wait_ms
             )
-        except Exception as exc:  # noqa: BLE001  # no broker answered: the probe's answer is no (its caller says so)
+        except Exception as exc:  # noqa: BLE001  # any failure to reach one (a setting too) is the answer no
             log.debug("kafka probe: %s: %s", type(exc).__name__, exc)
             return
         try:

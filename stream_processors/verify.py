@@ -216,8 +216,8 @@ def trusted_keys(settings: Settings) -> dict[str, bytes]:
 
 def _broker_answers(settings: Settings, wait_s: float) -> bool:
     """`probe`, without kafka-python's line for each connection it retries meanwhile (its answer is the one line a
-    broker away gets); at DEBUG they stay. A broker away leaves them quiet: the probe's thread goes on retrying
-    after its answer, while the caller reports it."""
+    broker away gets); at DEBUG they stay. A broker away leaves them quiet: the probe's thread may go on retrying
+    for about its wait again after its answer, while the caller reports it."""
     chatty = logging.getLogger("kafka")
     level = chatty.level
     if settings.log_level != "DEBUG":
