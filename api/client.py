@@ -18,6 +18,7 @@ import functools
 import inspect
 import math
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,6 +26,7 @@ from types import MethodType
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 from urllib.parse import quote
 
+import anyio
 import httpx
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -185,23 +187,24 @@ def _json_of(value: Mapping[str, Any] | BaseModel) -> dict[str, Any]:
 # -- what each answer means: one reading, for either client --------------------------------------------------------
 
 
-def _result(call: _Call[Answer], response: httpx.Response) -> Answer:
+def _result(call: _Call[Answer], response: httpx.Response, content: bytes) -> Answer:
+    """The answer's model from its `content` (the body as read), else the LedgerError it is."""
     if response.status_code in call.answers:
         try:
-            return call.model.model_validate_json(response.content)
+            return call.model.model_validate_json(content)
         except ValidationError as exc:
             if response.status_code == 200:  # the server answered, but not with the shape it documents
                 item = ErrorItem(code="bad_response", field=None, message=f"not a {call.model.__name__}: {exc}"[:500])
                 raise LedgerError(200, [item]) from exc
             # a 503 that is not a health body (a proxy's page): an error like any other
-    raise _error(response)
+    raise _error(response, content)
 
 
-def _error(response: httpx.Response) -> LedgerError:
+def _error(response: httpx.Response, content: bytes) -> LedgerError:
     try:
-        return LedgerError(response.status_code, ErrorBody.model_validate_json(response.content).detail)
+        return LedgerError(response.status_code, ErrorBody.model_validate_json(content).detail)
     except ValidationError:  # not the API's error shape (a proxy's page, a server of another kind)
-        text = response.text.strip()[:300] or response.reason_phrase
+        text = content.decode(response.encoding or "utf-8", "replace").strip()[:300] or response.reason_phrase
         return LedgerError(
             response.status_code, [ErrorItem(code=f"http_{response.status_code}", field=None, message=text)]
         )
@@ -555,13 +558,19 @@ class LedgerClient(_Base[httpx.Client]):
 
     def _send(self, call: _Call[Answer]) -> Answer:
         _closed(self._http)
+        deadline = time.monotonic() + self.timeout  # httpx bounds each read, not the answer: a trickle would not end
         try:
-            response = self._http.request(**self._request(call))
+            with self._http.stream(**self._request(call)) as response:
+                chunks = []
+                for chunk in response.iter_bytes():
+                    chunks.append(chunk)
+                    if time.monotonic() > deadline:
+                        raise httpx.ReadTimeout(f"the answer took longer than the client's timeout ({self.timeout} s)")
         except httpx.TransportError as exc:
             raise _unreachable(self.url, exc) from exc
         except httpx.InvalidURL as exc:  # a path or query longer than a URL may be
             raise _local("url", f"the request cannot be sent: {exc}") from None
-        return _result(call, response)
+        return _result(call, response, b"".join(chunks))
 
     def close(self) -> None:
         if self._owned:
@@ -583,12 +592,16 @@ class AsyncLedgerClient(_Base[httpx.AsyncClient]):
     async def _send(self, call: _Call[Answer]) -> Answer:
         _closed(self._http)
         try:
-            response = await self._http.request(**self._request(call))
+            with anyio.fail_after(self.timeout):  # the whole answer (httpx bounds each read: a trickle would not end)
+                response = await self._http.request(**self._request(call))
+        except TimeoutError as exc:
+            message = f"the answer took longer than the client's timeout ({self.timeout} s)"
+            raise _unreachable(self.url, httpx.ReadTimeout(message)) from exc
         except httpx.TransportError as exc:
             raise _unreachable(self.url, exc) from exc
         except httpx.InvalidURL as exc:  # a path or query longer than a URL may be
             raise _local("url", f"the request cannot be sent: {exc}") from None
-        return _result(call, response)
+        return _result(call, response, response.content)
 
     async def aclose(self) -> None:
         if self._owned:

@@ -651,3 +651,46 @@ def test_every_failure_is_a_ledger_error_even_one_no_request_can_carry(client_cl
         if inspect.isawaitable(answer):
             asyncio.run(answer)
     assert (err.value.status, err.value.field) == (None, "url"), err.value
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("client_class", [LedgerClient, AsyncLedgerClient])
+def test_an_answer_trickled_past_the_timeout_is_an_api_timeout(client_class: type) -> None:
+    """httpx bounds each read, not the answer: a server sending its body a byte at a time (a read never waits long)
+    held a call for as long as it liked (a 55-byte answer at a byte a second: 54 s with a 2 s timeout)."""
+    import socket
+    import threading
+    import time
+
+    body = b'{"status": "ok", "stores": {}, "padding": "' + b"x" * 200 + b'"}'
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(head)  # the answer begins at once; its body comes slowly
+            for byte in body:
+                if stop.wait(0.05):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+
+    threading.Thread(target=trickle, daemon=True).start()
+    client = client_class(f"http://127.0.0.1:{server.getsockname()[1]}", api_key="k", timeout=1)
+    began = time.monotonic()
+    try:
+        with pytest.raises(LedgerError) as err:
+            answer = client.health()
+            if inspect.isawaitable(answer):
+                asyncio.run(answer)
+    finally:
+        stop.set()
+        server.close()
+    took = time.monotonic() - began
+    assert (err.value.status, err.value.code) == (None, "api_timeout") and took < 5, (err.value, took)
