@@ -43,6 +43,7 @@ from typing import Any
 import kafka.errors as Errors
 from kafka import KafkaProducer
 from kafka.partitioner.default import DefaultPartitioner, murmur2
+from pydantic import TypeAdapter, ValidationError
 
 from producers.consistency import token_of
 from producers.contract import (
@@ -59,7 +60,7 @@ from producers.contract import (
 from producers.kafka_producer import kafka_producer
 from producers.keys.envelope import encode_sealed, sealable
 from producers.keys.provider import SealingKeys, sealing_keys_for
-from producers.settings import Settings
+from producers.settings import BrokerSeconds, Settings
 from producers.topics import MAX_MESSAGE_BYTES, ensure_topics
 
 __all__ = [  # InvalidEvent: re-exported
@@ -103,6 +104,16 @@ class Published(list[PublishResult]):
     @property
     def token(self) -> str | None:
         return token_of((r.partition, r.offset) for r in self)
+
+
+def _broker_wait(timeout_s: Any) -> float:
+    """`timeout_s` as LEDGER_PRODUCER_TIMEOUT_S is read (seconds, above 0, at most 300), else ValueError naming it:
+    a wait of no time, of text or past kafka-python's limit failed later, as a broker "not reachable" or a TypeError
+    after the record was handed over."""
+    try:
+        return TypeAdapter(BrokerSeconds).validate_python(timeout_s, strict=True)
+    except ValidationError as exc:
+        raise ValueError(f"timeout_s: {exc.errors()[0]['msg']} (seconds to wait for the broker)") from None
 
 
 class PublishError(Exception):
@@ -248,7 +259,7 @@ class LedgerProducer:
         self.settings = settings
         self._resolutions = resolutions  # the dead-letter workflow's producer: events may name a dead letter
         self.topic = settings.topic
-        self.timeout_s = settings.producer_timeout_s if timeout_s is None else timeout_s
+        self.timeout_s = settings.producer_timeout_s if timeout_s is None else _broker_wait(timeout_s)
         self.max_future_skew = timedelta(seconds=settings.max_future_skew_s)
         self._create_topics = create_topics
         self._overrides = kafka_overrides

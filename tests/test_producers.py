@@ -779,3 +779,14 @@ def test_cli_publish_holds_no_line_whole_and_says_how_far_it_got_when_stopped(le
     closed = subprocess.run(["bash", "-c", f'"{LEDGER_BIN}" publish - --topic {ledger.topic} <&-'],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert closed.returncode == 2 and "closed" in closed.stderr and "Traceback" not in closed.stderr, closed.stderr
+
+
+@pytest.mark.unit
+def test_a_producers_timeout_is_judged_as_its_setting_is(settings: Settings) -> None:
+    """`timeout_s` was taken as given: no time, or `nan`, failed later as a broker "not reachable" while it ran, text
+    as a TypeError after the record was handed over, and past 300 s kafka-python's own refusal. Each is refused when
+    the producer is made, naming it."""
+    for bad in (0, -1, float("nan"), float("inf"), "3", True, 301):
+        with pytest.raises(ValueError, match="^timeout_s: "):
+            LedgerProducer(settings, timeout_s=bad)
+    assert LedgerProducer(settings, timeout_s=2).timeout_s == 2.0
