@@ -603,54 +603,33 @@ class LedgerProducer:
         return self.publish_many([event])[0]
 
     # -- convenience -----------------------------------------------------------------------
+    def _publish_typed(self, event_type: EventType, event: dict[str, Any], fields: dict[str, Any]) -> PublishResult:
+        """Publish `event` of `event_type`, `fields` beside it: a `type` among them would publish another kind of
+        event than the method says (an erase_subject that asserts), so it is refused."""
+        if "type" in fields:
+            raise TypeError(f"the type is {event_type.value} here: publish() takes an event of another type")
+        return self.publish({"type": event_type.value, **event, **fields})
+
     def assert_fact(
         self, tenant: str, subject: str, key: str | None, value: Any, content: str, **fields: Any
     ) -> PublishResult:
         """`memory.asserted`: the fact (tenant, subject, key, scope) now has this value."""
-        return self.publish(
-            {
-                "type": EventType.ASSERTED.value,
-                "tenant": tenant,
-                "subject": subject,
-                "key": key,
-                "value": value,
-                "content": content,
-                **fields,
-            }
-        )
+        event = {"tenant": tenant, "subject": subject, "key": key, "value": value, "content": content}
+        return self._publish_typed(EventType.ASSERTED, event, fields)
 
     def retract(
         self, tenant: str, subject: str, key: str | None, scope: str = "", reason: str | None = None, **fields: Any
     ) -> PublishResult:
         """`memory.retracted`: the fact's active version ends; with `target_version=` only that version (key None
         for an episode's: an episode has no key)."""
-        return self.publish(
-            {
-                "type": EventType.RETRACTED.value,
-                "tenant": tenant,
-                "subject": subject,
-                "key": key,
-                "scope": scope,
-                "reason": reason,
-                **fields,
-            }
-        )
+        event = {"tenant": tenant, "subject": subject, "key": key, "scope": scope, "reason": reason}
+        return self._publish_typed(EventType.RETRACTED, event, fields)
 
     def confirm(self, tenant: str, subject: str, key: str, scope: str = "", **fields: Any) -> PublishResult:
         """`memory.confirmed`: the fact was re-confirmed (no new value)."""
-        return self.publish(
-            {
-                "type": EventType.CONFIRMED.value,
-                "tenant": tenant,
-                "subject": subject,
-                "key": key,
-                "scope": scope,
-                **fields,
-            }
-        )
+        event = {"tenant": tenant, "subject": subject, "key": key, "scope": scope}
+        return self._publish_typed(EventType.CONFIRMED, event, fields)
 
     def erase_subject(self, tenant: str, subject: str, reason: str | None = None, **fields: Any) -> PublishResult:
         """`subject.erased`: the projections purge everything about the subject."""
-        return self.publish(
-            {"type": EventType.ERASED.value, "tenant": tenant, "subject": subject, "reason": reason, **fields}
-        )
+        return self._publish_typed(EventType.ERASED, {"tenant": tenant, "subject": subject, "reason": reason}, fields)

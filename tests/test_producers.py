@@ -790,3 +790,18 @@ def test_a_producers_timeout_is_judged_as_its_setting_is(settings: Settings) -> 
         with pytest.raises(ValueError, match="^timeout_s: "):
             LedgerProducer(settings, timeout_s=bad)
     assert LedgerProducer(settings, timeout_s=2).timeout_s == 2.0
+
+
+@pytest.mark.unit
+def test_a_helper_publishes_only_its_own_type(settings: Settings) -> None:
+    """`type=` among a helper's fields replaced its type: erase_subject published an assertion."""
+    producer = LedgerProducer(settings)
+    helpers = {
+        "assert_fact": ("t", "s", "k", 1, "c"),
+        "retract": ("t", "s", "k"),
+        "confirm": ("t", "s", "k"),
+        "erase_subject": ("t", "s"),
+    }
+    for name, args in helpers.items():
+        with pytest.raises(TypeError, match="^the type is "):
+            getattr(producer, name)(*args, type="memory.asserted")
