@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import math
 import re
 import time
@@ -138,7 +139,12 @@ class _Route(Generic[P, Answer]):
                 # a lone surrogate has no UTF-8 bytes for a URL or a body to carry: refused as the API refuses one
                 if _lone_surrogate_in(value):
                     raise _local(name, "contains a lone surrogate, which is not valid Unicode text", "unstorable_text")
-            return ask(client, *args, **kwargs)
+                if _non_finite_in(value):  # JSON has no NaN nor infinity: httpx raised ValueError
+                    raise _local(name, "holds a number that is not finite (NaN or infinity), which JSON has not")
+            try:
+                return ask(client, *args, **kwargs)
+            except (TypeError, ValueError, AttributeError) as exc:  # an argument of a shape the call cannot read
+                raise _local(None, f"the call cannot be made of these arguments: {exc}") from None
 
         def sent(client: Any, /, *args: Any, **kwargs: Any) -> Any:
             return client._send(call(client, args, kwargs))
@@ -220,7 +226,17 @@ def _closed(http: httpx.Client | httpx.AsyncClient) -> None:
 _HEADER_TEXT = re.compile(r"[\x21-\x7e]+(?: [\x21-\x7e]+)*")  # what an API key can be sent as
 
 
-def _local(field: str, message: str, code: str = "invalid_value") -> LedgerError:
+def _non_finite_in(value: Any) -> bool:
+    """Whether a call's argument holds a float that is not finite anywhere (a datetime or a model is read by the
+    call itself)."""
+    try:
+        json.dumps(value, allow_nan=False, default=str)
+    except ValueError:
+        return True
+    return False
+
+
+def _local(field: str | None, message: str, code: str = "invalid_value") -> LedgerError:
     """A call this client refuses before sending it: the API's error shape, no status (nothing was asked)."""
     return LedgerError(None, [ErrorItem(code=code, field=field, message=message)])
 

@@ -694,3 +694,26 @@ def test_an_answer_trickled_past_the_timeout_is_an_api_timeout(client_class: typ
         server.close()
     took = time.monotonic() - began
     assert (err.value.status, err.value.code) == (None, "api_timeout") and took < 5, (err.value, took)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("client_class", [LedgerClient, AsyncLedgerClient])
+def test_an_argument_of_a_shape_no_call_reads_is_a_ledger_error(client_class: type) -> None:
+    """A NaN, a filter that is text, a receipt that is no object: each raised Python's own error (ValueError,
+    AttributeError, TypeError) where every failure is one LedgerError. Nothing here reaches a server."""
+    client = client_class(f"http://127.0.0.1:{free_port()}", api_key="k", tenant=A, timeout=2)
+    calls = [
+        (lambda: client.recall("x", top_k=float("nan")), "top_k"),
+        (lambda: client.verify_receipt({"x": float("inf")}), "receipt"),
+        (lambda: client.recall("x", filters="abc"), None),
+        (lambda: client.recall("x", filters={"tags": 5}), None),
+        (lambda: client.redrive_dead_letter(0, 1, [1, 2]), None),
+        (lambda: client.verify_receipt("abc"), None),
+        (lambda: client.replay_receipt({}, "abc"), None),
+    ]
+    for make, named in calls:
+        with pytest.raises(LedgerError) as err:
+            answer = make()
+            if inspect.isawaitable(answer):
+                asyncio.run(answer)
+        assert (err.value.status, err.value.code, err.value.field) == (None, "invalid_value", named), err.value
