@@ -108,7 +108,9 @@ def _create_role_and_db(s: Settings, bin_dir: Path) -> None:
     exists = run([*psql, f"SELECT 1 FROM pg_roles WHERE rolname = '{user}'"], PART, p["log"], **_as_postgres())
     pw = password.replace("'", "''")
     verb = "ALTER" if exists.stdout.strip() == "1" else "CREATE"
-    run([*psql, f"{verb} ROLE \"{user}\" LOGIN PASSWORD '{pw}'"], PART, p["log"], **_as_postgres())
+    # the statement goes in on stdin: a command line is in the log and in `ps` for every user to read
+    statement = f"{verb} ROLE \"{user}\" LOGIN PASSWORD '{pw}'"
+    run([*psql[:-1], "-tA"], PART, p["log"], input=statement, **_as_postgres())
     has_db = run([*psql, f"SELECT 1 FROM pg_database WHERE datname = '{db}'"], PART, p["log"], **_as_postgres())
     if has_db.stdout.strip() != "1":
         run([*psql, f'CREATE DATABASE "{db}" OWNER "{user}"'], PART, p["log"], **_as_postgres())

@@ -160,3 +160,26 @@ def test_fastembed_loads_the_on_disk_model_and_ranks_chinese_sensibly(embedder) 
     for v in (q, near, far):
         assert abs(float(np.linalg.norm(v)) - 1.0) < 1e-3
     assert float(q @ near) > float(q @ far) + 0.1
+
+
+def test_infra_sets_a_roles_password_without_writing_it_where_others_read(settings: Settings) -> None:
+    """infra's statement setting the role's password ran as `psql -c ...`: the password stood in postgres.log, which
+    every user of the machine reads, and in `ps`. It goes in on stdin: the log has the command, not the statement."""
+    import secrets
+    from urllib.parse import urlsplit
+
+    from infra import postgres
+
+    password, role = "pw-" + secrets.token_hex(12), f"r_{uuid.uuid4().hex[:8]}"
+    parts = urlsplit(settings.pg_dsn)
+    dsn = f"postgresql://{role}:{password}@{parts.hostname}:{parts.port}{parts.path}"
+    s = settings.model_copy(update={"pg_dsn": dsn})
+    try:
+        postgres._create_role_and_db(s, postgres.install(s))
+        with psycopg.connect(settings.pg_dsn) as conn:
+            assert conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() == (1,)
+        assert password not in postgres._paths(s)["log"].read_text(errors="replace")
+    finally:  # as infra itself speaks to its server: the superuser over the socket
+        sock = str(postgres._paths(s)["sock"])
+        with psycopg.connect(host=sock, port=parts.port, user="postgres", dbname="postgres", autocommit=True) as c:
+            c.execute(f'DROP ROLE IF EXISTS "{role}"')
