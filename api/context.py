@@ -91,15 +91,18 @@ def literal(value: Any, limit: int) -> tuple[str, bool]:
     """`quote(value)`, or, if it is longer than `limit` characters, its start marked as cut, `limit` at most (unless
     `limit` is shorter than the mark); (text, cut).
 
-    A string is cut before it is quoted (quoting never shortens), so a long value costs `limit`, not its size."""
+    A string is cut before it is quoted (quoting never shortens), so a long value costs `limit`, not its size. A cut
+    start is a whole literal, its closing quote written, with the mark outside it (a value's own words never pass for
+    the mark, nor the line's fields for the value's); a value that is no string is cut as the string of its JSON."""
     size = len(value) if isinstance(value, str) else None
     text = quote(value[: limit + 1] if size is not None else value)
     if len(text) <= limit and (size is None or size <= limit):
         return text, False
     if size is None:
-        size = len(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
+        written = orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+        size, text = len(written), quote(written[: limit + 1])
     marker = f"...(cut: the value has {size} characters)"
-    return _cut(text, max(limit - len(marker), 1)) + marker, True
+    return _cut(text, max(limit - len(marker) - 1, 1)) + '"' + marker, True
 
 
 def _escape(match: re.Match[str]) -> str:

@@ -457,3 +457,21 @@ def test_another_tenants_data_is_never_in_the_block(stack: dict[str, Any]) -> No
         url, {"tenant": "globex", "subject": SUBJECT, "question": "meal", "format": "json"}, key="k-both"
     ).json()
     assert [line["value"] for line in doc["lines"]] == ["halal"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("limit", [40, 61, 100])
+def test_a_cut_value_is_a_whole_literal_with_the_mark_outside_it(limit: int) -> None:
+    """A cut value was shown as an open string (`"BBB...(cut: ...)`): the line's own fields after it read as inside
+    the value, and a value holding the mark's words passed for a cut one. The start shown is a whole JSON string, the
+    start of the value (of its JSON when it is no string), and the mark follows it."""
+    from api.context import literal
+
+    values = ["B" * 500, "ab\\" * 200, "\u202e" * 300, "x...(cut: the value has 3 characters)" * 20, {"a": "x" * 300}]
+    for value in values:
+        shown, cut = literal(value, limit)
+        assert cut, value
+        head, mark, tail = shown.rpartition("...(cut: the value has ")
+        start = orjson.loads(head)  # a whole literal: it parses
+        written = value if isinstance(value, str) else orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+        assert isinstance(start, str) and written.startswith(start) and tail == f"{len(written)} characters)", shown
