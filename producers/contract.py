@@ -965,7 +965,8 @@ def _read_json(raw: bytes) -> tuple[Any, bool]:
             return orjson.loads(raw), start == -1
         except orjson.JSONDecodeError:
             pass
-    return json.loads(raw, parse_float=_float), False
+    # text, as UTF-8 (one BOM before it let be): given bytes, json.loads would also read UTF-16 and UTF-32
+    return json.loads(raw.decode("utf-8-sig"), parse_float=_float), False
 
 
 class _TooSmall(float):

@@ -61,6 +61,17 @@ def _same(body: bytes) -> None:
     assert type(got) is type(expected), body[:80]
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32", "utf-32-be"])
+def test_a_body_not_in_utf8_is_refused_where_the_standard_parser_guesses_its_encoding(encoding: str) -> None:
+    """JSON between systems is UTF-8 (RFC 8259), as every refusal here says; given bytes, `json.loads` also guesses
+    UTF-16 and UTF-32, so the fallback to it accepted them (a door, and a worker reading a raw record)."""
+    body = json.dumps({"events": [{"value": "café 😀"}]}, ensure_ascii=False).encode(encoding)
+    assert json.loads(body)["events"][0]["value"] == "café 😀"  # the standard parser guesses
+    with pytest.raises(ValueError):
+        read_json(body)
+    assert read_json(b"\xef\xbb\xbf" + body.decode(encoding).encode()) == json.loads(body)  # one UTF-8 BOM: read
+
+
 @pytest.mark.parametrize("body", TRICKY, ids=range(len(TRICKY)))
 def test_each_body_where_the_parsers_differ_reads_as_the_standard_parser_reads_it(body: bytes) -> None:
     _same(body)
