@@ -888,7 +888,7 @@ def from_dict(
     `storable_json` cleared (the checks for what no store could keep are then known to pass).
     """
     if not isinstance(data, dict):
-        raise InvalidEvent("not_an_object", f"an event is a JSON object, got {type(data).__name__}")
+        raise InvalidEvent("not_an_object", f"an event is a JSON object, got {json_kind(data)}")
     data = upcast(data)
     if default_observed_at is not None and data.get("observed_at") is None:
         data = {**data, "observed_at": default_observed_at}
@@ -944,6 +944,25 @@ def _may_hold_a_long_integer(raw: bytes, zeros: bytes, start: int) -> bool:
         end = zeros.find(b" ", start)
         start = -1 if end == -1 else zeros.find(_LONG_RUN, end)
     return True
+
+
+def json_kind(value: Any) -> str:
+    """What JSON calls `value`'s kind (a refusal speaks of the JSON its sender wrote, not of Python's types)."""
+    match value:
+        case None:
+            return "null"
+        case bool():
+            return "a boolean"
+        case int() | float():
+            return "a number"
+        case str():
+            return "a string"
+        case list():
+            return "an array"
+        case dict():
+            return "an object"
+        case _:
+            return type(value).__name__
 
 
 def read_json(raw: bytes) -> Any:
@@ -1217,7 +1236,7 @@ def decode_access(raw: bytes | None) -> AccessEvent:
     """Access record bytes to an AccessEvent, or InvalidEvent with the reason (as `decode` does for the ledger)."""
     data = load_record(raw, MAX_ACCESS_BYTES)
     if not isinstance(data, dict):
-        raise InvalidEvent("not_an_object", f"an access is a JSON object, got {type(data).__name__}")
+        raise InvalidEvent("not_an_object", f"an access is a JSON object, got {json_kind(data)}")
     try:
         return AccessEvent.model_validate(data)
     except ValidationError as exc:

@@ -360,6 +360,17 @@ def test_bad_json_and_non_objects_are_refused_with_a_code(raw: bytes | None, cod
     assert code in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("raw", "kind"),
+    [(b"null", "null"), (b"[1]", "an array"), (b"7", "a number"), (b"true", "a boolean"), (b'"x"', "a string")],
+)
+def test_what_is_no_object_is_named_as_json_names_it(raw: bytes, kind: str) -> None:
+    """The refusal said Python's type (`got NoneType`, `got list`): its reader wrote JSON."""
+    with pytest.raises(InvalidEvent) as info:
+        decode(raw)
+    assert info.value.message == f"an event is a JSON object, got {kind}"
+
+
 # -- everything the projector could never store is refused at the door -------------
 
 _NUL, _SURROGATE = "a\x00b", "a\ud800b"
