@@ -122,7 +122,7 @@ ERROR_CODES: dict[str, str] = {
     "publish_closed": "the producer was closing",
     "bad_request": "a request the server could not read",
     "forbidden": "not allowed",
-    "unsupported_media_type": "a body of a type the route does not take",
+    "unsupported_media_type": "a body of a type the route does not take, or sent with a Content-Encoding",
     "invalid": "the request is invalid",
     "internal_error": "an unexpected server error (a bug: it is logged)",
     "unavailable": "the service is not available",

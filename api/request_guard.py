@@ -10,6 +10,8 @@ feed in its path but in a text parameter, and no query parameter its route does 
 - A line feed in the path (`%0A`) is read as part of a text parameter (a subject, an event id: api.routes._paths),
   and refused with 422 `invalid_value` anywhere else: after a route's last literal (`.../facts%0A`, which a route's
   pattern would read as `.../facts`), naming "path", or in a number, naming the parameter.
+- A body sent with a Content-Encoding (gzip...) is refused with 415 `unsupported_media_type` naming the header:
+  read as it came, a compressed body was "not UTF-8" and an uncompressed one under the header was taken.
 - A query parameter the route does not take (`asof` for `as_of`, `after` on a route that reads it from its body) is
   refused with 422 `unknown_field` naming it, as a body's unknown field is, and one given twice with 422
   `invalid_value`: ignored, or the last one taken, it would answer another question than the one asked.
@@ -204,8 +206,14 @@ class RequestGuard:
         if refused is not None:
             await _answer(send, 422, *refused)
             return
+        headers = dict(scope.get("headers") or ())
+        coding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
+        if coding not in ("", "identity"):  # read as it came, a gzip body was "not UTF-8" and a plain one taken
+            message = f"the body is read as sent: Content-Encoding {coding!r} is not taken (send it unencoded)"
+            await _answer(send, 415, "unsupported_media_type", "Content-Encoding", message)
+            return
         limit = self.max_body_bytes
-        length = dict(scope.get("headers") or ()).get(b"content-length")
+        length = headers.get(b"content-length")
         if length is not None:  # the server reads no byte past it: the declared length is the body's
             if length.isdigit() and int(length) > limit:
                 await _answer(send, 413, "too_large", "body", _too_large_message(limit))

@@ -128,6 +128,26 @@ def test_a_json_body_sent_without_its_content_type_is_told_to_send_application_j
             assert "Content-Type: application/json" in item["message"], item
 
 
+def test_a_body_sent_with_a_content_encoding_is_refused_naming_the_header(client: TestClient) -> None:
+    """The body was read as it came: a gzip body was "not UTF-8 text" (the client looked in the wrong place), and an
+    uncompressed one under `Content-Encoding: gzip` was taken. Every body route refuses the header, 415."""
+    import gzip
+
+    bodies = [
+        (m, p) for m, p, op in _operations(client) if "application/json" in op.get("requestBody", {}).get("content", {})
+    ]
+    assert len(bodies) >= 5, bodies
+    plain = orjson.dumps({"tenant": TENANT})
+    for method, path in bodies:
+        for coding, body in (("gzip", gzip.compress(plain)), ("gzip", plain), ("br", plain), ("deflate, gzip", plain)):
+            headers = {**KEY, "Content-Type": "application/json", "Content-Encoding": coding}
+            item = _only_item(client.request(method, path, content=body, headers=headers), 415)
+            assert (item["code"], item["field"]) == ("unsupported_media_type", "Content-Encoding"), (path, item)
+    identity = {**KEY, "Content-Type": "application/json", "Content-Encoding": "identity"}
+    ok = client.request("POST", "/v1/recall", content=orjson.dumps({"tenant": TENANT, "query": "x"}), headers=identity)
+    assert ok.status_code != 415, ok.text
+
+
 def test_a_refused_key_is_blamed_on_the_header_it_came_in(client: TestClient) -> None:
     guarded = [(m, p) for m, p, op in _operations(client) if op.get("security")]
     assert len(guarded) >= 10, guarded
