@@ -45,6 +45,9 @@ class Judged:
     first: dict[tuple[str, str], tuple[int, MemoryEvent]] = field(default_factory=dict)  # each id's first event
     fingerprints: dict[tuple[str, str], str] = field(default_factory=dict)  # of each first: what the claim holds
     repeats: list[tuple[int, MemoryEvent, int]] = field(default_factory=list)  # (index, event, its first's index)
+    # the same id with other content than its first: a conflict with it, unless the ledger holds this content and
+    # refuses the first (answered once the ledger is asked, so the answer never depends on the order)
+    others: list[tuple[int, MemoryEvent, int]] = field(default_factory=list)
 
 
 def judge(events: list[Any], now: datetime, skew: timedelta, resolutions: bool) -> Judged:
@@ -67,5 +70,5 @@ def judge(events: list[Any], now: datetime, skew: timedelta, resolutions: bool) 
         elif out.fingerprints[key] == event.fingerprint:
             out.repeats.append((i, event, out.first[key][0]))
         else:
-            out.results[i] = conflict(i, event, f"events.{out.first[key][0]} of this request")
+            out.others.append((i, event, out.first[key][0]))
     return out

@@ -99,6 +99,35 @@ def _status(results: list[dict[str, Any]], broker_failed: bool) -> int:
     return 503 if broker_failed else 422
 
 
+async def _answer_others(
+    res: Resources,
+    settings: Settings,
+    others: list[tuple[int, MemoryEvent, int]],
+    claims: dict[tuple[str, str], Claim],
+    results: list[dict[str, Any] | None],
+) -> None:
+    """Answer each event whose id came earlier in the request with other content: a conflict with that one, unless
+    the ledger holds the id (applied or erased) and refused the earlier one, when the ledger is asked about this
+    one's content (a retry of what it holds is a duplicate wherever it stands in the request). Asking never claims:
+    an id the ledger holds takes no claim."""
+    refused = {k for k, c in claims.items() if c.state == "conflict" and c.holder in ("applied", "erased")}
+    held = {(e.tenant, e.event_id) for _, e, _ in others} & refused
+    ask = {(e.tenant, e.event_id, e.fingerprint) for _, e, _ in others if (e.tenant, e.event_id) in held}
+    asked: dict[tuple[str, str, str], Claim] = {}
+    for fingerprint in {f for _, _, f in ask}:  # one statement per content (ids are distinct within one)
+        batch = [k for k in ask if k[2] == fingerprint]
+        found, _ = await _claims(res, settings, batch)
+        asked |= {(*key, fingerprint): claim for key, claim in found.items()}
+    for i, event, j in others:
+        claim = asked.get((event.tenant, event.event_id, event.fingerprint))
+        if claim is not None and claim.state == "applied":
+            results[i] = _accepted(event, claim.partition, claim.offset, duplicate=True, applied=True)
+        elif claim is not None and claim.state == "erased":
+            results[i] = _accepted(event, None, None, duplicate=True, erased=True)
+        else:
+            results[i] = conflict(i, event, f"events.{j} of this request")
+
+
 async def _claims(
     res: Resources, settings: Settings, ids: list[tuple[str, str, str]]
 ) -> tuple[dict[tuple[str, str], Claim], str | None]:
@@ -215,6 +244,7 @@ async def publish_events(
             res.publishes.finish((*key, fingerprints[key]), (done["partition"], done["offset"]) if sent else None)
     if unsent and skipped is None:
         await _release(res, settings, unsent)
+    await _answer_others(res, settings, judged.others, claims, results)
     for i, event, j in repeats:  # the same event twice in one request: published once, both answered alike
         earlier = results[j]
         assert earlier is not None  # every first occurrence was answered above

@@ -950,6 +950,18 @@ def test_class2_3_7_idempotency_by_tenant_and_event_id_at_the_door(applied: Pipe
     assert res[2]["error"]["code"] == "event_id_conflict" and "events.0" in res[2]["error"]["message"]
     assert sum(1 for rec in read_topic(settings) if decode(rec.value).event_id == "E3") == 1
 
+    # a retry of what the ledger holds is a duplicate wherever it stands: after another content of its id too (it was
+    # refused as a conflict with that one, which the ledger refused, where [stored, other] answered it a duplicate)
+    before = end_offsets(settings)
+    for batch in ([event("user:1", event_id="E1", value="aisle"), event("user:1", event_id="E1")],
+                  [event("user:1", event_id="E1"), event("user:1", event_id="E1", value="aisle")]):  # fmt: skip
+        res = c.post("/v1/events", json={"events": batch}, headers=HA).json()["results"]
+        stored, other = (res[1], res[0]) if batch[0]["value"] == "aisle" else (res[0], res[1])
+        assert stored["accepted"] and stored["duplicate"], res
+        assert (stored["partition"], stored["offset"]) == placed["E1"], res
+        assert not other["accepted"] and other["error"]["code"] == "event_id_conflict", res
+    assert end_offsets(settings) == before, "a retry or a conflict must publish nothing"
+
     # another tenant's ids are its own, and nothing tells it that tenant A has them
     theirs = [event("user:1", tenant=B, event_id="E1", value="aisle"), event("user:2", tenant=B, event_id="E2")]
     r = c.post("/v1/events", json={"events": theirs}, headers=HB)

@@ -60,6 +60,7 @@ def _verdicts(judged: Judged) -> tuple:
         {k: (i, e.model_dump()) for k, (i, e) in judged.first.items()},
         judged.fingerprints,
         [(i, e.model_dump(), j) for i, e, j in judged.repeats],
+        [(i, e.model_dump(), j) for i, e, j in judged.others],
     )
 
 
@@ -88,10 +89,11 @@ def test_a_child_judges_every_request_as_this_process_does() -> None:
             "not_an_object",
             "invalid_value",
             None,
-            "event_id_conflict",
+            None,  # an earlier event's id with other content: answered once the ledger is asked (`others`)
         ], verdicts[0][3:9]
         assert verdicts[0][11]["error"]["code"] == "too_deep", verdicts[0][11]
         assert [(i, j) for i, _, j in verdicts[3]] == [(7, 0)]
+        assert [(i, j) for i, _, j in verdicts[4]] == [(8, 1)]
 
     _with_offload(body)
 
