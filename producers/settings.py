@@ -35,8 +35,9 @@ Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 # a bound on a broker wait: kafka-python refuses a request timeout past a connection's idle limit (540 s)
 BrokerSeconds = Annotated[float, Field(gt=0, le=300, allow_inf_nan=False)]
 Port = Annotated[int, Field(ge=0, le=65535)]  # 0: the system picks one (a metrics port: none is served)
-# one bootstrap server: an optional SCHEME:// (kafka-python drops it), a host or [IPv6 address], then :port
-_BROKER = re.compile(r"^(?:[A-Za-z_]+://)?(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\s:,\[\]/]+)):(?P<port>[0-9]{1,5})$")
+# one bootstrap server: a host or [IPv6 address], then :port (no SCHEME://: kafka-python drops one, but the worker's
+# faust reads `kafka://SSL://host:9093` as a host named "ssl")
+_BROKER = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\s:,\[\]/]+)):(?P<port>[0-9]{1,5})$")
 
 
 def broker_address(server: str) -> tuple[str, int] | None:

@@ -230,17 +230,17 @@ def test_a_misspelt_setting_is_said_before_the_command_runs_on_its_default() -> 
 
 @pytest.mark.unit
 def test_a_bootstrap_list_reads_as_kafka_python_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each server is host:port, a scheme before it dropped (kafka-python's reading), an IPv6 address bracketed; a
-    server without a port, which infra's health check could not read, is refused with the rest."""
+    """Each server is host:port, an IPv6 address bracketed; a server without a port, which infra's health check could
+    not read, and one with a scheme, which the worker's faust reads as a host named after it, are refused."""
     for value, first in (
-        ("PLAINTEXT://kafka-1.internal:9092", ("kafka-1.internal", 9092)),
+        ("kafka-1.internal:9092", ("kafka-1.internal", 9092)),
         ("[::1]:9092, b_2:9093", ("::1", 9092)),
         ("10.0.0.7:19092,10.0.0.8:19092", ("10.0.0.7", 19092)),
     ):
         monkeypatch.setenv("LEDGER_KAFKA_BOOTSTRAP", value)
         monkeypatch.setenv("LEDGER_DEVELOPMENT", "1")
         assert Settings().kafka_host_port == first, value
-    for value in ("kafka-1", "::1", "a:9092,", "a:0"):
+    for value in ("kafka-1", "::1", "a:9092,", "a:0", "PLAINTEXT://kafka-1:9092", "SSL://b:9093"):
         line = settings_problem(refusal(monkeypatch, LEDGER_DEVELOPMENT="1", LEDGER_KAFKA_BOOTSTRAP=value))
         assert line is not None and "LEDGER_KAFKA_BOOTSTRAP" in line, (value, line)
 
