@@ -207,9 +207,8 @@ class RequestGuard:
             await _answer(send, 422, *refused)
             return
         headers = dict(scope.get("headers") or ())
-        coding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
-        if coding not in ("", "identity"):  # read as it came, a gzip body was "not UTF-8" and a plain one taken
-            message = f"the body is read as sent: Content-Encoding {coding!r} is not taken (send it unencoded)"
+        message = encoded_body(headers)
+        if message is not None:
             await _answer(send, 415, "unsupported_media_type", "Content-Encoding", message)
             return
         limit = self.max_body_bytes
@@ -236,6 +235,15 @@ class RequestGuard:
                 break
         whole: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
         await self.app(scope, replay([whole], receive), send)
+
+
+def encoded_body(headers: dict[bytes, bytes]) -> str | None:
+    """Why a request's Content-Encoding is refused (None: it has none, or `identity`): the body is read as it came,
+    so a gzip body was "not UTF-8" and a plain one under the header was taken. The MCP server's door asks it too."""
+    coding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
+    if coding in ("", "identity"):
+        return None
+    return f"the body is read as sent: Content-Encoding {coding!r} is not taken (send it unencoded)"
 
 
 def replay(first: list[Message], receive: Receive) -> Receive:

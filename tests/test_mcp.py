@@ -735,3 +735,20 @@ def test_the_servers_json_response_says_what_the_sdks_would(result: dict[str, An
     assert response.headers["content-type"] == "application/json"
     assert response.headers["mcp-session-id"] == "s-1"
     assert int(response.headers["content-length"]) == len(response.body)
+
+
+def test_a_body_sent_with_a_content_encoding_is_refused_as_the_api_refuses_it(stack: dict[str, Any]) -> None:
+    """The MCP door read the body as it came: a tool call under `Content-Encoding: gzip` but not compressed was run
+    (a `remember` written), a compressed one was a parse error. 415 naming the header, as the HTTP API answers."""
+    import gzip
+
+    call = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    headers = {"authorization": "Bearer k-acme", "accept": "application/json, text/event-stream"}
+    headers |= {"content-type": "application/json"}
+    for coding, body in (("gzip", call), ("gzip", gzip.compress(call)), ("br", call)):
+        r = httpx.post(stack["mcp_url"], headers={**headers, "content-encoding": coding}, content=body)
+        assert r.status_code == 415, r.text
+        assert r.json()["detail"][0] | {"message": ""} == {
+            "code": "unsupported_media_type", "field": "Content-Encoding", "message": ""
+        }, r.text  # fmt: skip
+    assert httpx.post(stack["mcp_url"], headers={**headers, "content-encoding": "identity"}, content=call).is_success

@@ -50,7 +50,7 @@ from api.errors import ApiError, error_body
 from api.mcp.auth import KeyVerifier, caller_tenants, check_admin, with_tenant
 from api.mcp.tools import TOOLS, ToolSpec, error_result, run_tool
 from api.receipts import repeated_name
-from api.request_guard import replay
+from api.request_guard import encoded_body, replay
 from api.resources import Resources
 from producers.contract import MAX_VALUE_DEPTH, READ_AS_ZERO, number_read_as_zero, read_json
 from producers.settings import Settings
@@ -196,6 +196,11 @@ def _in_one_shape(endpoint: ASGIApp) -> ASGIApp:
         if refused is not None:
             answer = JSONResponse(error_body(refused.item()), refused.status, headers=refused.headers)
             await answer(scope, receive, send)
+            return
+        encoded = encoded_body(dict(scope.get("headers") or ()))
+        if encoded is not None:
+            item = {"code": "unsupported_media_type", "field": "Content-Encoding", "message": encoded}
+            await JSONResponse(error_body(item), 415)(scope, receive, send)
             return
         if scope["method"] != "POST":  # stateless: no stream to GET (it would never end), no session to DELETE
             message = f"this MCP server is stateless (no event stream, no session): POST JSON-RPC to {MCP_PATH}"
