@@ -244,15 +244,15 @@ class WorkerSettings(BaseModel):
     """The projector (`ledger worker`) and the search stages (`ledger indexer`, `ledger embedder`)."""
 
     processor_group: str = "memory-ledger-projector"
-    processor_batch_size: int = 500
-    indexer_batch_size: int = 500  # outbox rows per batch
+    processor_batch_size: int = Field(default=500, ge=1)
+    indexer_batch_size: int = Field(default=500, ge=1)  # outbox rows per batch
     indexer_rewrite_batch_size: int = Field(default=100, ge=1)  # rows per batch of vector rewrites (indexer.py)
     # the longest wait for work: a NOTIFY of the commit that gave it wakes a worker at once (projections.search.drain)
     indexer_poll_s: Seconds = 2.0
     indexer_max_backoff_s: Seconds = 4.0  # longest wait between retries while Elasticsearch or PostgreSQL is away
     # the embedding stage (`ledger embedder`, projections.search.embedder): any number of embedders claim versions
     # lacking vectors from embed_queue
-    embedder_batch_size: int = 64  # versions per claim (one embedding call per model)
+    embedder_batch_size: int = Field(default=64, ge=1)  # versions per claim (one embedding call per model)
     embedder_poll_s: Seconds = 2.0  # the longest wait for work, as indexer_poll_s
     # the embedder's CPU priority (projections.search.drain.lower_priority): on a shared host the projection and
     # the documents get the cores first, the vectors what is left; 0 on a host of its own
@@ -275,7 +275,9 @@ class AccessSettings(BaseModel):
     access_recording: bool = True  # False: the API records no accesses (the bench's baseline)
     access_queue_size: int = 10_000  # servings waiting for the background flush; beyond it they are dropped (counted)
     access_flush_s: Seconds = 0.2  # how often the API's flush thread hands queued accesses to the producer
-    access_batch_size: int = 500  # access records per flush of the API, and per projector transaction
+    access_batch_size: int = Field(
+        default=500, ge=1
+    )  # access records per flush of the API, and per projector transaction
 
 
 class RecallSettings(BaseModel):

@@ -17,7 +17,7 @@ def worker(
 
 def rebuild(
     keep_old: bool = typer.Option(True, help="keep the replaced schema as <schema>_old_<ts> (else drop it)"),
-    batch_size: int = typer.Option(2000, help="records per transaction"),
+    batch_size: int = typer.Option(2000, min=1, help="records per transaction"),
 ) -> None:
     """Replay the ledger from offset 0 into a fresh schema, switch over, and compare checksums."""
     from producers.logs import configure_logging

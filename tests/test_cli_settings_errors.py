@@ -256,3 +256,14 @@ def test_a_misspelt_name_in_dotenv_is_said_and_a_name_in_another_case_is_read(mo
     (tmp_path / ".env").write_text("LEDGER_ENCRYPTON=on\nLEDGER_API_PORT=8124\n")
     monkeypatch.setenv("LEDGER_Mcp_Port", "8125")
     assert unknown_names() == ["LEDGER_ENCRYPTON (in .env) is no setting, ignored (did you mean LEDGER_ENCRYPTION?)"]
+
+
+@pytest.mark.unit
+def test_every_batch_size_setting_refuses_less_than_one_naming_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The class: a batch of 0 or fewer was taken at load (an indexer claiming no rows, for ever)."""
+    sizes = [name for name in Settings.model_fields if name.endswith("_batch_size")]
+    assert {"processor_batch_size", "indexer_batch_size", "embedder_batch_size", "access_batch_size"} <= set(sizes)
+    for name in sizes:
+        for value in ("0", "-5"):
+            line = settings_problem(refusal(monkeypatch, LEDGER_DEVELOPMENT="1", **{f"LEDGER_{name.upper()}": value}))
+            assert line is not None and f"LEDGER_{name.upper()}" in line, (name, value, line)

@@ -6,8 +6,10 @@ import typer
 
 
 def indexer(
-    poll: float | None = typer.Option(None, help="longest wait for work, if no NOTIFY (LEDGER_INDEXER_POLL_S)"),
-    batch_size: int | None = typer.Option(None, help="outbox rows per bulk request (LEDGER_INDEXER_BATCH_SIZE)"),
+    poll: float | None = typer.Option(
+        None, min=0.001, max=3600, help="longest wait for work, if no NOTIFY (LEDGER_INDEXER_POLL_S)"
+    ),
+    batch_size: int | None = typer.Option(None, min=1, help="outbox rows per bulk request (LEDGER_INDEXER_BATCH_SIZE)"),
 ) -> None:
     """Drain the search outbox into Elasticsearch forever (run as many as you like: they share the outbox)."""
     from producers.logs import configure_logging
@@ -20,8 +22,10 @@ def indexer(
 
 
 def embedder(
-    poll: float | None = typer.Option(None, help="longest wait for work, if no NOTIFY (LEDGER_EMBEDDER_POLL_S)"),
-    batch_size: int | None = typer.Option(None, help="versions per claim (LEDGER_EMBEDDER_BATCH_SIZE)"),
+    poll: float | None = typer.Option(
+        None, min=0.001, max=3600, help="longest wait for work, if no NOTIFY (LEDGER_EMBEDDER_POLL_S)"
+    ),
+    batch_size: int | None = typer.Option(None, min=1, help="versions per claim (LEDGER_EMBEDDER_BATCH_SIZE)"),
 ) -> None:
     """Embed the versions whose documents lack vectors, forever (run as many as you like: they share the queue)."""
     from producers.logs import configure_logging
@@ -34,7 +38,7 @@ def embedder(
 
 
 def reindex(
-    batch_size: int = typer.Option(256, help="documents per bulk request (and per embedding batch)"),
+    batch_size: int = typer.Option(256, min=1, help="documents per bulk request (and per embedding batch)"),
     embed: bool = typer.Option(
         True, help="embed versions without a stored vector of the configured models now (--no-embed: queue them)"
     ),
