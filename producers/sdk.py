@@ -315,12 +315,15 @@ class LedgerProducer:
         return self
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Deliver what is buffered (bounded by timeout_s), then release the connection (and the key source)."""
+        """Deliver what is buffered (bounded by timeout_s, judged as the constructor's before anything is closed:
+        a wait that is no time would leave the buffer undelivered), then release the connection (and the key
+        source)."""
+        wait = self.timeout_s if timeout_s is None else _broker_wait(timeout_s)
         with self._lock:
             self._closed = True
             producer, self._producer = self._producer, None
         if producer is not None:
-            producer.close(timeout=self.timeout_s if timeout_s is None else timeout_s)
+            producer.close(timeout=wait)
         if self.keys is not None:
             self.keys.close()
 

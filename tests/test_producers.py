@@ -790,6 +790,11 @@ def test_a_producers_timeout_is_judged_as_its_setting_is(settings: Settings) -> 
         with pytest.raises(ValueError, match="^timeout_s: "):
             LedgerProducer(settings, timeout_s=bad)
     assert LedgerProducer(settings, timeout_s=2).timeout_s == 2.0
+    producer = LedgerProducer(settings)
+    for bad in ("soon", float("nan"), -1):  # close() closed first, then failed: its buffer never delivered
+        with pytest.raises(ValueError, match="^timeout_s: "):
+            producer.close(timeout_s=bad)
+        assert not producer._closed
 
 
 @pytest.mark.unit
