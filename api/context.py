@@ -173,11 +173,14 @@ class _Line:
         text is (its other fields are of bounded size)."""
         r = self.row
         value, content = r.get("value"), r.get("content")
+        clipped = False
         if shown is not None and r.get("key") is None:
             value, content = None, shown
         elif r.get("key") is not None:
             value = value if shown is None else shown
-            content = None if content is None else _clipped(content, chars if shown is None else len(shown))
+            limit = chars if shown is None else len(shown)
+            clipped = content is not None and len(content) > limit  # said by `cut`, which no content's words set
+            content = None if content is None else _clipped(content, limit)
         return {
             "status": self.status,
             "detail": self.detail,
@@ -194,7 +197,7 @@ class _Line:
             "valid_from": r.get("valid_from"),
             "valid_to": r.get("valid_to"),
             "tokens": tokens,
-            "cut": shown is not None,
+            "cut": shown is not None or clipped,
         }
 
 

@@ -868,8 +868,8 @@ class ContextLine(TypedDict):
     cut: Annotated[
         bool,
         doc(
-            "its value (or content) is cut in the text, which says how long it is; then `value` (an episode: "
-            "`content`) is that cut text, and a fact's `content` is cut alike"
+            "its value or its content is cut (a content's own words never set it), the text saying how long it "
+            "is; then `value` (an episode: `content`) is that cut text, and a fact's `content` is cut alike"
         ),
     ]
 

@@ -259,7 +259,8 @@ def test_a_huge_subject_costs_what_the_budget_costs_and_long_values_are_cut() ->
 @pytest.mark.unit
 def test_a_short_value_with_a_long_content_keeps_the_json_form_within_the_budget() -> None:
     """The text line of a keyed fact shows its value, not its content: the JSON line's content is cut to what the
-    line shows, so facts of short values and 16,000-character contents cannot make the JSON form megabytes."""
+    line shows, so facts of short values and 16,000-character contents cannot make the JSON form megabytes; `cut`
+    says it was (it said so only of a value: a content's mark was the only sign, which its own words could forge)."""
     long = "filler " * 2_285  # 15,995 characters
     facts = [_row(f"k{i:02d}", "v", content=long) for i in range(40)]
     for budget in (256, 4000):
@@ -267,11 +268,13 @@ def test_a_short_value_with_a_long_content_keeps_the_json_form_within_the_budget
         assert block.doc["lines"], budget
         for line, text in zip(block.doc["lines"], (t for t in block.text.split("\n") if t.startswith("- ")),
                               strict=True):  # fmt: skip
-            assert line["value"] == "v" and not line["cut"], line
+            assert line["value"] == "v" and line["cut"], line  # its content is cut: `cut` says so
             assert len(line["content"]) <= len(text) + 60 and line["content"].endswith("15995 characters)"), line
         assert len(orjson.dumps(block.doc)) <= 3 * (budget * 4 + 2000), (budget, len(orjson.dumps(block.doc)))
     short = _build([_row("k", "v", content="user 1 k is v")]).doc["lines"][0]
-    assert short["content"] == "user 1 k is v"  # a content no longer than its line: as it is
+    assert short["content"] == "user 1 k is v" and not short["cut"]  # a content no longer than its line: as it is
+    forged = "k is v...(cut: the text has 9999 characters)"  # the mark's words in a content: no flag
+    assert not _build([_row("k", "v", content=forged)]).doc["lines"][0]["cut"]
 
 
 @pytest.mark.unit
