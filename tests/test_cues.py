@@ -132,6 +132,15 @@ def test_an_id_spelled_out_names_itself_and_words_name_every_id_they_read_as():
     assert extract("where is ord7 x now?", codes, NOW).known_entities == ("ord7-x", "ord7_x")
 
 
+def test_a_subject_holding_a_slash_or_a_colon_is_named_whole_not_by_the_id_before_it():
+    """A subject may hold `/` and `:` (`team:x/y:z`): the id run stopped at them, so "the port of team:x/y" named
+    `team:x` (an exact hit of another subject's value, with a cue it never wrote) and not `team:x/y`."""
+    vocab = Vocabulary.build(subjects=["team:x", "team:x/y", "team:a", "team:a/b:c"])
+    assert extract("what is the backend port of team:x/y?", vocab, NOW).known_entities == ("team:x/y",)
+    assert extract("the port of team:a/b:c, please", vocab, NOW).known_entities == ("team:a/b:c",)
+    assert extract("and the port of team:x?", vocab, NOW).known_entities == ("team:x",)
+
+
 def test_no_cues_in_an_unrelated_question():
     cues = extract("what is the capital of France", VOCAB, NOW)
     assert cues.empty

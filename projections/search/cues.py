@@ -78,7 +78,9 @@ _SPACELESS = (
 _MARKS = f"[{_mark_class()}]"
 _UNIT = re.compile(rf"{_HAN}|(?:(?=[^\W_]|{_MARKS}){_SPACELESS})+|(?:(?!{_HAN}|{_SPACELESS})[^\W_]|{_MARKS})+")
 # entity-looking tokens: namespaced ids (user:42, project:P1) and letters followed by digits (P1, OD20241102)
-_NAMESPACED = re.compile(r"(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9_.-]*:[A-Za-z0-9][A-Za-z0-9_.\-]*(?<![.-])")
+# a subject may hold `/` and `:` (`team:x/y:z`): read whole, the id before them (`team:x`) is not one the question
+# names
+_NAMESPACED = re.compile(r"(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9_.-]*:[A-Za-z0-9][A-Za-z0-9_./:\-]*(?<![./:-])")
 _CODE = re.compile(r"(?<![A-Za-z0-9:])[A-Za-z]{1,12}[0-9][A-Za-z0-9_-]*(?![A-Za-z0-9:])")
 MAX_SPAN_UNITS = 12  # longest alias/entity looked up, in units
 # Bounds on what one query can produce: a 2,000-character query of repeated short tokens
@@ -646,7 +648,7 @@ def _is_han(phrase: str) -> bool:
     return bool(re.match(_HAN, phrase))
 
 
-_ID_RUN = re.compile(r"[A-Za-z0-9_.:\-]+")  # every character an id token can have: ids never cross a run's ends
+_ID_RUN = re.compile(r"[A-Za-z0-9_.:/\-]+")  # every character an id token can have: ids never cross a run's ends
 
 
 def _id_runs(nfkc: str) -> Iterator[str]:
