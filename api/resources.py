@@ -170,7 +170,7 @@ class Resources:
                 configure=configure_pool(settings.pg_schema, generic_plans=True),  # its reads are keyed lookups
                 open=False,
                 timeout=settings.pg_pool_timeout_s,  # a dead server is a prompt 503, not a 30 s wait
-                kwargs={"autocommit": True, "connect_timeout": max(2, settings.pg_connect_timeout_s)},
+                kwargs={"autocommit": True, "connect_timeout": settings.pg_connect_timeout_s},
             )
             await pool.open(wait=False)
             stack.push_async_callback(pool.close)

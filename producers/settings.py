@@ -163,7 +163,8 @@ class PostgresSettings(BaseModel):
     pg_schema: str = "ledger"  # the projection's tables live in this schema
     pg_pool_size: int = 10
     pg_pool_timeout_s: Seconds = 3.0  # the API's longest wait for a pooled connection: then 503 naming postgres
-    pg_connect_timeout_s: int = Field(default=3, le=300)  # libpq connect_timeout (whole seconds, at least 2)
+    # libpq's connect_timeout, whole seconds: below 2 libpq waits 2 all the same, so a smaller one is refused
+    pg_connect_timeout_s: int = Field(default=3, ge=2, le=300)
     pg_door_check_timeout_s: Seconds = 1.0  # POST /v1/events' idempotency lookup; skipped (not blocking) past it
 
     @model_validator(mode="after")
@@ -275,9 +276,8 @@ class AccessSettings(BaseModel):
     access_recording: bool = True  # False: the API records no accesses (the bench's baseline)
     access_queue_size: int = 10_000  # servings waiting for the background flush; beyond it they are dropped (counted)
     access_flush_s: Seconds = 0.2  # how often the API's flush thread hands queued accesses to the producer
-    access_batch_size: int = Field(
-        default=500, ge=1
-    )  # access records per flush of the API, and per projector transaction
+    # access records per flush of the API, and per projector transaction
+    access_batch_size: int = Field(default=500, ge=1)
 
 
 class RecallSettings(BaseModel):

@@ -245,7 +245,7 @@ def verify(settings: Settings, *, batch_size: int = 2000) -> VerifyReport:
     decode = Recorder.decoder(settings)
     stall_s = max(30.0, 2 * settings.producer_timeout_s)  # a broker that delivers nothing this long: KafkaTimeoutError
     # a server that takes the connection and never answers ends in connect_timeout, as every other command's does
-    with connect(settings.pg_dsn, settings.pg_schema, connect_timeout=max(2, settings.pg_connect_timeout_s)) as conn:
+    with connect(settings.pg_dsn, settings.pg_schema, connect_timeout=settings.pg_connect_timeout_s) as conn:
         try:
             recorder = Recorder.for_settings(settings, conn)
         except KekError as exc:  # the chain needs no secret: go on, checking sealed records on their clear fields

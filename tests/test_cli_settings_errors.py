@@ -159,6 +159,7 @@ def refusal(monkeypatch: pytest.MonkeyPatch, **env: str) -> Exception:
         ({"LEDGER_DEVELOPMENT": "1", "LEDGER_KAFKA_BOOTSTRAP": "a:99999"}, "LEDGER_KAFKA_BOOTSTRAP", "host:port"),
         ({"LEDGER_DEVELOPMENT": "1", "LEDGER_PRODUCER_TIMEOUT_S": "600"}, "LEDGER_PRODUCER_TIMEOUT_S", "300"),
         ({"LEDGER_DEVELOPMENT": "1", "LEDGER_PG_CONNECT_TIMEOUT_S": "9" * 23}, "LEDGER_PG_CONNECT_TIMEOUT_S", "300"),
+        ({"LEDGER_DEVELOPMENT": "1", "LEDGER_PG_CONNECT_TIMEOUT_S": "-1"}, "LEDGER_PG_CONNECT_TIMEOUT_S", "2"),
     ],
 )
 def test_a_refusal_is_one_line_naming_the_variable(

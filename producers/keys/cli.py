@@ -62,7 +62,7 @@ def _keks(settings: Any) -> Any:
 def _connect(settings: Any) -> Any:
     import psycopg
 
-    return psycopg.connect(settings.pg_dsn, autocommit=True, connect_timeout=max(2, settings.pg_connect_timeout_s))
+    return psycopg.connect(settings.pg_dsn, autocommit=True, connect_timeout=settings.pg_connect_timeout_s)
 
 
 @dataclass

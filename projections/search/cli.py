@@ -59,7 +59,7 @@ def reindex(
     s = get_settings()
     configure_logging(s, "reindex")
     with (
-        psycopg.connect(s.pg_dsn, autocommit=True, connect_timeout=max(2, s.pg_connect_timeout_s)) as conn,
+        psycopg.connect(s.pg_dsn, autocommit=True, connect_timeout=s.pg_connect_timeout_s) as conn,
         es_client(s, request_timeout=60) as es,
         Progress(
             TextColumn("reindex"),
