@@ -40,7 +40,7 @@ from producers.contract import (
 from producers.sdk import PublishError
 from producers.settings import Settings
 from projections.postgres.dead_letters import dead_letter
-from projections.postgres.idempotency import Claim, Fate, claim_events, event_fate, release_claims
+from projections.postgres.idempotency import Claim, Fate, claim_events, erased_sql, event_fate, release_claims
 from projections.postgres.positions import stored_positions_async
 from projections.postgres.queries import event_effect, look_alike_subjects
 
@@ -107,22 +107,32 @@ async def _answer_others(
     results: list[dict[str, Any] | None],
 ) -> None:
     """Answer each event whose id came earlier in the request with other content: a conflict with that one, unless
-    the ledger holds the id (applied or erased) and refused the earlier one, when the ledger is asked about this
-    one's content (a retry of what it holds is a duplicate wherever it stands in the request). Asking never claims:
-    an id the ledger holds takes no claim."""
+    the ledger holds the id (applied or erased) and refused the earlier one, and holds this one's content: then a
+    retry of it, a duplicate wherever it stands in the request. Two reads whatever their number (at most one content
+    of an id is the ledger's), and no claim; PostgreSQL failing leaves them conflicts."""
     refused = {k for k, c in claims.items() if c.state == "conflict" and c.holder in ("applied", "erased")}
-    held = {(e.tenant, e.event_id) for _, e, _ in others} & refused
-    ask = {(e.tenant, e.event_id, e.fingerprint) for _, e, _ in others if (e.tenant, e.event_id) in held}
-    asked: dict[tuple[str, str, str], Claim] = {}
-    for fingerprint in {f for _, _, f in ask}:  # one statement per content (ids are distinct within one)
-        batch = [k for k in ask if k[2] == fingerprint]
-        found, _ = await _claims(res, settings, batch)
-        asked |= {(*key, fingerprint): claim for key, claim in found.items()}
+    asked = [e for _, e, _ in others if (e.tenant, e.event_id) in refused]
+    stored: dict[tuple[str, str], tuple[str, int, int]] = {}  # (tenant, id) -> (fingerprint, partition, offset)
+    erased: set[tuple[str, str, str]] = set()  # (tenant, id, fingerprint) an erasure kept
+    if asked:
+        tenants, ids, fps = [e.tenant for e in asked], [e.event_id for e in asked], [e.fingerprint for e in asked]
+        try:
+            async with res.pool.connection(timeout=settings.pg_door_check_timeout_s) as conn:
+                cur = await conn.execute(
+                    'SELECT tenant, event_id, fingerprint, "partition", "offset" FROM events '
+                    "WHERE (tenant, event_id) IN (SELECT * FROM unnest(%b::text[], %b::text[]))",
+                    (tenants, ids),
+                )
+                stored = {(t, i): (fp, p, o) for t, i, fp, p, o in await cur.fetchall()}
+                cur = await conn.execute(erased_sql(with_fingerprints=True), (tenants, ids, fps))
+                erased = {(tenants[n - 1], ids[n - 1], fps[n - 1]) for n, same in await cur.fetchall() if same}
+        except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
+            log.warning("POST /v1/events: a repeated id's content was not looked up: %s: %s", type(exc).__name__, exc)
     for i, event, j in others:
-        claim = asked.get((event.tenant, event.event_id, event.fingerprint))
-        if claim is not None and claim.state == "applied":
-            results[i] = _accepted(event, claim.partition, claim.offset, duplicate=True, applied=True)
-        elif claim is not None and claim.state == "erased":
+        key = (event.tenant, event.event_id)
+        if key in stored and stored[key][0] == event.fingerprint:
+            results[i] = _accepted(event, *stored[key][1:], duplicate=True, applied=True)
+        elif key in refused and key not in stored and (*key, event.fingerprint) in erased:
             results[i] = _accepted(event, None, None, duplicate=True, erased=True)
         else:
             results[i] = conflict(i, event, f"events.{j} of this request")

@@ -960,6 +960,11 @@ def test_class2_3_7_idempotency_by_tenant_and_event_id_at_the_door(applied: Pipe
         assert stored["accepted"] and stored["duplicate"], res
         assert (stored["partition"], stored["offset"]) == placed["E1"], res
         assert not other["accepted"] and other["error"]["code"] == "event_id_conflict", res
+    # an attacker's 999 contents of one stored id, the stored one last: asked of the ledger together, not one by one
+    many = [event("user:1", event_id="E1", value=f"v{n}") for n in range(999)] + [event("user:1", event_id="E1")]
+    res = c.post("/v1/events", json={"events": many}, headers=HA).json()["results"]
+    assert res[-1]["accepted"] and res[-1]["duplicate"] and (res[-1]["partition"], res[-1]["offset"]) == placed["E1"]
+    assert {r["error"]["code"] for r in res[:-1]} == {"event_id_conflict"}, res[:3]
     assert end_offsets(settings) == before, "a retry or a conflict must publish nothing"
 
     # another tenant's ids are its own, and nothing tells it that tenant A has them
