@@ -141,6 +141,26 @@ def test_a_subject_holding_a_slash_or_a_colon_is_named_whole_not_by_the_id_befor
     assert extract("and the port of team:x?", vocab, NOW).known_entities == ("team:x",)
 
 
+def test_an_unknown_id_written_out_names_itself_not_the_known_id_its_first_words_spell():
+    """An id the question writes out whose first words are a known id (`p7-alpha-2` beside `p7-alpha`) named the
+    known one: an exact hit of another subject's value. Written out, it is an unknown id of its own; in words, or
+    with the known id written whole, the known id is still named."""
+    vocab = Vocabulary.build(subjects=["p7-alpha", "team:a", "order:OD7"], entities=["P1"])
+    for question, unknown in [
+        ("what is the port of p7-alpha-2?", "p7-alpha-2"),
+        ("the port of team:a/zzz", "team:a/zzz"),
+        ("the port of P1-x", "p1-x"),
+        ("the status of order:OD7-b", "order:od7-b"),
+    ]:
+        cues = extract(question, vocab, NOW)
+        assert cues.known_entities == (), question
+        assert unknown in cues.unknown_entities, question
+    assert extract("the port of p7-alpha?", vocab, NOW).known_entities == ("p7-alpha",)
+    assert extract("the port of p7 alpha 2", vocab, NOW).known_entities == ("p7-alpha",)
+    assert extract("the ports of P1/P2", vocab, NOW).known_entities == ("p1",)
+    assert extract("the status of order:OD7, please", vocab, NOW).known_entities == ("order:od7",)
+
+
 def test_no_cues_in_an_unrelated_question():
     cues = extract("what is the capital of France", VOCAB, NOW)
     assert cues.empty

@@ -770,18 +770,21 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
     # both, the question was narrowed to that entity and missed the attribute everyone else has. An id written out
     # with its marks (`item:weight`) still names itself
     alias_spans = _spans(seq, vocab.aliases, heads=vocab.alias_heads)
+    token_table = {c: True for c in map(canonical, tokens) if c}
+    token_spans = _spans(seq, token_table)
+    # and an id the question writes out names itself, not the known id its first words spell: `p7-alpha-2`,
+    # `team:a/zzz` and `P1-x` are ids of their own (unknown: nothing exact), not `p7-alpha`, `team:a` and `P1`
     ent_spans = [  # of stop words only, a span names its ids only as the whole question (`_names_a_cue`)
         (i, j, phrase)
         for i, j, phrase in _spans(seq, vocab.entities, heads=vocab.entity_heads)
         if (_names_a_cue(phrase) or (i, j) == (0, len(seq)))
         and (phrase in marked or not any(a <= i and j <= b for a, b, _ in alias_spans))
+        and not any(a <= i and j <= b and (i, j) != (a, b) for a, b, _ in token_spans)
     ]
     cover(ent_spans)
     for _, _, phrase in ent_spans:
         for e in named(phrase):
             know(e)
-    token_table = {c: True for c in map(canonical, tokens) if c}
-    token_spans = _spans(seq, token_table)
     cover(token_spans)
     # and the other way round: an alias's words inside an id the question writes out (`drink` of `p6x:drink`, of
     # `order:drink9`) are part of that name, not the attribute asked about (an alias that is the whole id-shaped
