@@ -499,6 +499,28 @@ def test_replay_of_a_recall_before_a_supersession_gives_the_first_answer(stack: 
     assert r.status_code == 422 and r.json()["detail"][0]["field"] == "receipt.signature"
 
 
+@pytest.mark.parametrize("scoped", [True, False])
+def test_replay_of_a_recall_reads_its_question_with_the_vocabulary_of_its_positions(stack: Any, scoped: bool) -> None:
+    """A name the question holds became known after the receipt (a fact listing it was written since): the replay
+    read the question with today's vocabulary, so its cues differed and an honest receipt failed its replay. It reads
+    it with the vocabulary of the versions logged below the receipt's positions."""
+    name, subject = f"r7zeta{int(scoped)}", f"project:R7{int(scoped)}"
+    asked = {"query": f"what does {name} like?", "subject": subject if scoped else None}
+    first = _recall(stack, **asked)
+    assert first["cues"]["known_entities"] == [], first["cues"]
+    stack.publish([_fact(subject, "preference.food", "figs", f"r7-{int(scoped)}", entities=[name], aliases=[])])
+    stack.settle()
+    second = _recall(stack, **asked)
+    assert second["cues"]["known_entities"] == [name], second["cues"]
+    r = _replay(stack, first["receipt"], asked)
+    assert r.status_code == 200, r.text
+    replayed = r.json()
+    assert replayed["same"] is True and replayed["identical"] is True, replayed["parts"]
+    assert replayed["replayed"]["cues"] == first["cues"]
+    again = _replay(stack, second["receipt"], asked).json()  # and the later one with the name known
+    assert again["same"] is True and again["replayed"]["cues"]["known_entities"] == [name], again["parts"]
+
+
 @pytest.mark.parametrize("mode", ["auto", "keyword"])
 def test_replay_of_a_recall_of_a_fact_with_more_earlier_versions_than_the_pool_gives_its_answer(
     stack: Any, mode: str

@@ -14,13 +14,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import orjson
 import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from projections.postgres.queries import below_json, below_sql
 from projections.search.cues import Vocabulary
 from projections.search.drain import ERASURE_CHANNEL, INDEXED_CHANNEL, OUTBOX_CHANNEL
 
@@ -59,29 +60,37 @@ def log_indexed(conn: psycopg.Connection, indexed: list[tuple[str, str]]) -> Non
     conn.execute("DELETE FROM vocab_log WHERE seq <= (SELECT max(seq) FROM vocab_log) - %s", (VOCAB_LOG_KEEP,))
 
 
-_SQL = """
-SELECT 'e', e, NULL::text[] FROM (SELECT DISTINCT unnest(entities) AS e FROM fact_versions WHERE tenant = %(t)s) x
+def _vocabulary_sql(below: bool) -> str:
+    """The tenant's entities, subjects, keys with their aliases and scopes; `below`: of the versions logged below
+    the positions %(below)s only (a replay's: the vocabulary the ledger had then)."""
+    of = f"tenant = %(t)s AND {below_sql('f')}" if below else "tenant = %(t)s"
+    return f"""
+SELECT 'e', e, NULL::text[] FROM (SELECT DISTINCT unnest(entities) AS e FROM fact_versions f WHERE {of}) x
 UNION ALL
-SELECT 's', subject, NULL::text[] FROM (SELECT DISTINCT subject FROM fact_versions WHERE tenant = %(t)s) y
+SELECT 's', subject, NULL::text[] FROM (SELECT DISTINCT subject FROM fact_versions f WHERE {of}) y
 UNION ALL
 SELECT 'a', key, aliases FROM (
     SELECT key, array_agg(DISTINCT a) FILTER (WHERE a IS NOT NULL) AS aliases
-    FROM fact_versions LEFT JOIN LATERAL unnest(aliases) a ON true
-    WHERE tenant = %(t)s AND key IS NOT NULL GROUP BY key
+    FROM fact_versions f LEFT JOIN LATERAL unnest(f.aliases) a ON true
+    WHERE {of} AND key IS NOT NULL GROUP BY key
 ) z
 UNION ALL
-SELECT 'c', scope, NULL::text[] FROM (SELECT DISTINCT scope FROM fact_versions WHERE tenant = %(t)s AND scope <> '') w
+SELECT 'c', scope, NULL::text[] FROM (SELECT DISTINCT scope FROM fact_versions f WHERE {of} AND scope <> '') w
 """
+
+
+_SQL = {below: _vocabulary_sql(below) for below in (False, True)}
 
 
 _Rows = tuple[list[str], list[str], list[tuple[str, list[str]]], list[str]]
 
 
-async def _rows(conn: AsyncConnection, tenant: str) -> _Rows:
-    """(entities, subjects, (key, aliases), scopes other than the default) of the tenant's versions."""
+async def _rows(conn: AsyncConnection, tenant: str, below: Mapping[int, int] | None = None) -> _Rows:
+    """(entities, subjects, (key, aliases), scopes other than the default) of the tenant's versions (logged below
+    `below`, if given)."""
     entities, subjects, key_aliases, scopes = [], [], [], []
     async with conn.cursor() as cur:
-        await cur.execute(_SQL, {"t": tenant})
+        await cur.execute(_SQL[below is not None], {"t": tenant, "below": below_json(below)})
         for kind, name, aliases in await cur.fetchall():
             if kind == "e":
                 entities.append(name)
@@ -94,9 +103,10 @@ async def _rows(conn: AsyncConnection, tenant: str) -> _Rows:
     return entities, subjects, key_aliases, scopes
 
 
-async def load_vocabulary(conn: AsyncConnection, tenant: str) -> Vocabulary:
-    """Build the vocabulary of one tenant from its fact versions (all of them: history is findable too)."""
-    entities, subjects, key_aliases, scopes = await _rows(conn, tenant)
+async def load_vocabulary(conn: AsyncConnection, tenant: str, below: Mapping[int, int] | None = None) -> Vocabulary:
+    """Build the vocabulary of one tenant from its fact versions (all of them: history is findable too); `below`:
+    from those logged below these positions only (a receipt's, whose replay reads the question as it was read)."""
+    entities, subjects, key_aliases, scopes = await _rows(conn, tenant, below)
     return Vocabulary.build(entities=entities, subjects=subjects, key_aliases=key_aliases, scopes=scopes)
 
 
