@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import orjson
 import psycopg
 from elasticsearch import ApiError
-from elasticsearch import ConnectionError as ESConnectionError
+from elasticsearch import TransportError as ESTransportError
 from psycopg import sql
 
 from producers.logs import bind_ids, new_id, unbind_ids
@@ -110,7 +110,7 @@ def _connect(settings: Settings, channels: Sequence[str]) -> psycopg.Connection:
 
 def _store(exc: BaseException) -> str:
     """Which store an error came from (the error counters' label)."""
-    if isinstance(exc, (ESConnectionError, ApiError)):
+    if isinstance(exc, (ESTransportError, ApiError)):  # a connection lost or refused, a timeout, a node's answer
         return "elasticsearch"
     return "postgres" if isinstance(exc, psycopg.Error) else "other"
 
