@@ -126,9 +126,36 @@ def test_signing_in_lists_the_keys_tenants_and_their_subjects(world: ConsoleWorl
     tab.page.reload()
     tab.page.wait_for_selector("#app:not([hidden])")
     assert tab.page.evaluate(f"sessionStorage.getItem('{KEY_STORE}')") == AUDITOR_KEY
-    tab.page.click("#sign-out")
+    console.sign_out()
     assert tab.page.is_visible("#login") and not console.signed_in()
     assert tab.page.evaluate(f"sessionStorage.getItem('{KEY_STORE}')") is None
+
+
+def test_signing_out_leaves_nothing_the_key_read_for_the_next_key(world: ConsoleWorld, tab: OfflinePage) -> None:
+    """Sign out hid the app and kept its page: the next key, signed in on the same tab, saw the last one's recall hits
+    under its own tenant, and the page held the last receipt and drafts, hidden. Signing out starts a new page; a
+    tenant picked in the picker empties the playground too."""
+    console = signed_in(tab)
+    console.open_subject(SUBJECT)
+    facts = api(world, f"/v1/subjects/{SUBJECT}/facts", tenant=TENANT)["facts"]
+    seen = [shown(f["value"]) for f in facts if isinstance(f["value"], str) and len(f["value"]) > 3]
+    text = "document.documentElement.textContent"  # hidden views too
+    assert seen and all(v in tab.page.evaluate(text) for v in seen), seen  # so the checks below can fail
+    hits = console.recall(SUBJECT).json()["hits"]
+    assert hits and console.rows("recall-hits")
+    console.pick_tenant("initech")
+    assert console.rows("recall-hits") == [] and not tab.page.is_visible("#recall-receipt")
+    console.pick_tenant(TENANT)
+    console.recall(SUBJECT)
+    console.sign_out()
+    page = tab.page.evaluate(text)
+    assert SUBJECT not in page and not [v for v in seen if v in page]
+    console.login(FOREIGN_KEY)
+    assert console.tenants() == [FOREIGN]
+    page = tab.page.evaluate(text)  # globex has a user:42 of its own: its values are not acme's
+    assert not [v for v in seen if v in page]
+    tab.page.click('#tabs button[data-view="recall"]')
+    assert console.rows("recall-hits") == []
 
 
 def test_the_subject_finder_pages_on_with_the_apis_cursor(world: ConsoleWorld, tab: OfflinePage) -> None:
@@ -591,7 +618,7 @@ def test_another_tenants_subject_is_not_reachable(world: ConsoleWorld, tab: Offl
     assert SECRET_VALUE not in tab.page.inner_text("body")
 
     # with globex's own key the subject is there (so the checks above could fail)
-    tab.page.click("#sign-out")
+    console.sign_out()
     console.login(FOREIGN_KEY)
     assert console.tenants() == [FOREIGN] and SECRET_SUBJECT in console.subjects()
 

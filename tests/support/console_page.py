@@ -85,6 +85,12 @@ class ConsolePage:
         self.page.click("#sign-in")
         self.page.wait_for_selector("#app:not([hidden]), #login-error:not([hidden])")
 
+    def sign_out(self) -> None:
+        """Click Sign out and wait for the new page's login (signing out reloads the page)."""
+        with self.page.expect_navigation():
+            self.page.click("#sign-out")
+        self.page.wait_for_selector("#login:not([hidden])")
+
     def signed_in(self) -> bool:
         return self.page.is_visible("#app")
 

@@ -13,6 +13,7 @@
 
 (() => {
   const KEY_STORE = "memory-ledger.console.api-key";
+  const SIGNED_OUT_STORE = "memory-ledger.console.signed-out"; // why the last key was signed out, for the login
   const API = new URL("v1/", document.baseURI); // the page is <root>/console, the API <root>/v1/
   const VIEWS = ["facts", "chain", "asof", "recall", "erasures", "receipt", "ops"];
   const SUBJECTS_LIMIT = 50; // subjects listed per request; "More" pages on with the API's cursor
@@ -272,8 +273,24 @@
 
   // -- sign in / out ---------------------------------------------------------------------------------------------
 
+  // Signing out (or a key refused) forgets the key and reloads the page: everything shown or typed with it (answers,
+  // receipts, drafts, hidden views) goes with the old page, so the next key starts from an empty one. Why it ended
+  // is kept for the login screen of the new page.
   function signOut(items) {
     sessionStorage.removeItem(KEY_STORE);
+    if (items) sessionStorage.setItem(SIGNED_OUT_STORE, JSON.stringify(items));
+    location.reload();
+  }
+
+  function showLogin() {
+    const stored = sessionStorage.getItem(SIGNED_OUT_STORE);
+    sessionStorage.removeItem(SIGNED_OUT_STORE);
+    let items = null;
+    try {
+      items = stored ? JSON.parse(stored) : null;
+    } catch {
+      items = null;
+    }
     $("app").hidden = true;
     $("who").hidden = true;
     $("login").hidden = false;
@@ -341,6 +358,7 @@
     resetErasures();
     resetOps();
     resetReceipt();
+    resetRecall();
     if (write) writeHash();
     await searchSubjects();
     if (write && state.view === "erasures") await loadErasures();
@@ -966,6 +984,17 @@
       ),
     );
     say($("recall-count"), `${hits.length}`);
+  }
+
+  /** The recall playground emptied: another tenant's answer is not this one's. */
+  function resetRecall() {
+    state.recall = null;
+    $("panel-recall").dataset.state = "empty";
+    $("recall-cues").replaceChildren();
+    $("recall-trace").tBodies[0].replaceChildren();
+    $("recall-hits").tBodies[0].replaceChildren();
+    say($("recall-count"), "");
+    $("recall-receipt").hidden = true;
   }
 
   async function runRecall() {
@@ -2044,5 +2073,5 @@
 
   wire();
   if (apiKey()) enter();
-  else signOut();
+  else showLogin();
 })();
