@@ -136,11 +136,20 @@ def bounded(text: str, limit: int) -> str:
 class InvalidEvent(ValueError):
     """A record that is not a valid event: `code` is stable, `field` names the culprit (both bounded)."""
 
+    index: int | None = None  # the event's place in the batch it came in (`at`), if it came in one
+
     def __init__(self, code: str, message: str, field: str | None = None) -> None:
         message = bounded(message, MAX_ERROR_MESSAGE_CHARS)
         field = None if field is None else bounded(field, MAX_ERROR_FIELD_CHARS)
         self.code, self.message, self.field = code, message, field
         super().__init__(f"{code}: {message}" + (f" (field: {field})" if field else ""))
+
+    def at(self, index: int) -> InvalidEvent:
+        """This refusal, of the event at `index` of a batch (said in its text too: which of 10,000 events it is)."""
+        if self.index is None:
+            self.args = (f"{self.args[0]} (event {index} of the batch)",)
+        self.index = index
+        return self
 
     def as_dict(self) -> dict[str, Any]:
         return {"code": self.code, "field": self.field, "message": self.message}

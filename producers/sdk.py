@@ -396,19 +396,19 @@ class LedgerProducer:
     ) -> list[PublishResult | PublishError | InvalidEvent]:
         """Validate all, send all, flush, then one outcome per event, in input order.
 
-        Raises InvalidEvent (nothing sent) if any event is invalid, unless `report_invalid`: then
-        each invalid event comes back as its InvalidEvent and the others are sent. Broker failures
-        come back as PublishError values in the list, not raised. The same event twice is sent once,
-        and both are answered alike (its one position), as the HTTP door answers them.
+        Raises InvalidEvent (nothing sent; its `index` is the event's place) if any event is invalid, unless
+        `report_invalid`: then each invalid event comes back as its InvalidEvent and the others are sent. Broker
+        failures come back as PublishError values in the list, not raised. The same event twice is sent once, and
+        both are answered alike (its one position), as the HTTP door answers them.
         """
         prepared: list[_Ready | InvalidEvent] = []
-        for e in events:
+        for n, e in enumerate(events):
             try:
                 prepared.append(self._ready(e))
             except InvalidEvent as exc:
                 if not report_invalid:
-                    raise
-                prepared.append(exc)
+                    raise exc.at(n) from None
+                prepared.append(exc.at(n))
         self._claim_ids(prepared, report_invalid)  # the same id with other content is an InvalidEvent by now
         first: dict[tuple[str, str], int] = {}
         repeats: dict[int, int] = {}  # index -> the index of the same event earlier in the batch

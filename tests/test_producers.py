@@ -195,7 +195,7 @@ def test_a_batch_does_each_events_work_once_and_reports_each_event(
     with LedgerProducer(ledger) as producer:
         outcomes = producer.send_many(events, report_invalid=True)
     monkeypatch.undo()
-    assert isinstance(outcomes[17], InvalidEvent) and outcomes[17].field == "tenant"
+    assert isinstance(outcomes[17], InvalidEvent) and outcomes[17].field == "tenant" and outcomes[17].index == 17
     valid_ids = [e["event_id"] for i, e in enumerate(events) if i != 17]
     assert [o.event_id for i, o in enumerate(outcomes) if i != 17] == valid_ids  # type: ignore[union-attr]
     assert all(isinstance(o, PublishResult) for i, o in enumerate(outcomes) if i != 17)
@@ -300,6 +300,7 @@ def test_an_invalid_event_in_a_batch_stops_the_batch_before_anything_is_sent(led
         with pytest.raises(InvalidEvent) as info:
             producer.publish_many([good, good, {**good, "tenant": ""}])
         assert info.value.field == "tenant"
+        assert info.value.index == 2 and "event 2 of the batch" in str(info.value)  # which of many it is
         with pytest.raises(InvalidEvent):
             producer.assert_fact("acme", "user:1", "k", 1, content="")
         producer.publish(MemoryEvent(type="subject.erased", tenant="acme", subject="marker"))
