@@ -212,29 +212,40 @@ class RequestGuard:
             await _answer(send, 415, "unsupported_media_type", "Content-Encoding", message)
             return
         limit = self.max_body_bytes
-        length = headers.get(b"content-length")
-        if length is not None:  # the server reads no byte past it: the declared length is the body's
-            if length.isdigit() and int(length) > limit:
-                await _answer(send, 413, "too_large", "body", _too_large_message(limit))
-                return
-            await self.app(scope, receive, send)
+        if declared_too_large(headers, limit):
+            await _answer(send, 413, "too_large", "body", too_large_message(limit))
             return
-        # no length (a chunked body): read it here, at most `limit` bytes, and hand it on whole
-        chunks, received = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client left: the app hears it as it would have
-                await self.app(scope, replay([message], receive), send)
+        if b"content-length" not in headers:  # a chunked body: read here, at most `limit` bytes, handed on whole
+            body, receive = await bounded_body(receive, limit)
+            if body is None:
+                await _answer(send, 413, "too_large", "body", too_large_message(limit))
                 return
-            received += len(message.get("body", b""))
-            if received > limit:
-                await _answer(send, 413, "too_large", "body", _too_large_message(limit))
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        whole: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        await self.app(scope, replay([whole], receive), send)
+        # with a length, the server reads no byte past it: the declared length is the body's
+        await self.app(scope, receive, send)
+
+
+def declared_too_large(headers: dict[bytes, bytes], limit: int) -> bool:
+    """Whether the request's Content-Length says its body is over `limit` bytes (refused before a byte is read)."""
+    length = headers.get(b"content-length")
+    return length is not None and length.isdigit() and int(length) > limit
+
+
+async def bounded_body(receive: Receive, limit: int) -> tuple[bytes | None, Receive]:
+    """The request's body read whole, but never more than `limit` bytes of it (None: it is longer, and the rest is
+    not read), and a receive that gives it again (or the client's leaving, as the app would have heard it)."""
+    chunks, received = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client left
+            return b"".join(chunks), replay([message], receive)
+        received += len(message.get("body", b""))
+        if received > limit:
+            return None, receive
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    whole: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+    return whole["body"], replay([whole], receive)
 
 
 def encoded_body(headers: dict[bytes, bytes]) -> str | None:
@@ -255,7 +266,7 @@ def replay(first: list[Message], receive: Receive) -> Receive:
     return replayed
 
 
-def _too_large_message(limit: int) -> str:
+def too_large_message(limit: int) -> str:
     return f"the body is over this server's limit of {limit:,} bytes: send less per request"
 
 

@@ -399,14 +399,25 @@ def test_the_transports_own_refusals_are_in_the_one_error_shape(stack: dict[str,
 
     auth = {"authorization": "Bearer k-acme", "accept": "application/json, text/event-stream"}
     ping = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}})
-    for headers, content, status, code in (
-        ({"content-type": "text/plain"}, ping, 400, "bad_request"),
-        ({"content-type": "application/json"}, b" " * (5 * 1024 * 1024) + ping, 413, "too_large"),
+    over = b" " * (5 * 1024 * 1024) + ping
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: read to the limit, never further
+        for start in range(0, len(over), 64 * 1024):
+            yield over[start : start + 64 * 1024]
+
+    json_type = {"content-type": "application/json"}
+    for headers, content, status, code, field in (
+        ({"content-type": "text/plain"}, ping, 400, "bad_request", None),
+        (json_type, over, 413, "too_large", "body"),
+        (json_type, chunked(), 413, "too_large", "body"),
+        ({**json_type, "origin": "http://evil.example.com"}, ping, 403, "forbidden", "Origin"),
+        ({**json_type, "host": "evil.example.com"}, ping, 421, "bad_request", "Host"),
     ):
         r = httpx.post(stack["mcp_url"], headers={**auth, **headers}, content=content, timeout=60)
         assert r.status_code == status and r.headers["content-type"] == "application/json", (r.status_code, r.text)
         shape = r.json()
-        assert ErrorBody.model_validate(shape).model_dump() == shape and shape["detail"][0]["code"] == code, shape
+        assert ErrorBody.model_validate(shape).model_dump() == shape, shape
+        assert (shape["detail"][0]["code"], shape["detail"][0]["field"]) == (code, field), shape
         assert shape["detail"][0]["message"], shape
     r = httpx.post(stack["mcp_url"], headers={**auth, "content-type": "application/json"}, content=b"{", timeout=60)
     assert r.json()["error"]["code"] == -32700, r.text  # not JSON: the protocol's own parse error
@@ -584,13 +595,26 @@ _REFUSED_CALLS = {
 }
 
 
-def test_stdio_refuses_what_the_http_door_refuses_in_the_same_words(stack: dict[str, Any]) -> None:
+# the per-request envelope of the protocol version that needs no initialize (the SDK's own client sends it)
+_ENVELOPE = (
+    b', "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", '
+    b'"io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"}, '
+    b'"io.modelcontextprotocol/clientCapabilities": {}}'
+)
+
+
+@pytest.mark.parametrize("handshake", ["initialize", "envelope"])
+def test_stdio_refuses_what_the_http_door_refuses_in_the_same_words(stack: dict[str, Any], handshake: str) -> None:
     """The SDK's stdio transport parsed each line before any tool saw it, so what the HTTP door refuses in the one
     error shape was, over stdio, answered in the SDK's words ("Unknown tool: ...") or run as its parser read it (a
-    `remember` of 1e-400 stored 0). Each call gets the same answer at both doors, and the session goes on."""
+    `remember` of 1e-400 stored 0). Each call gets the same answer at both doors, and the session goes on: after an
+    initialize, or with the protocol's per-request envelope and no initialize at all (the lines went unjudged until a
+    `notifications/initialized` that such a client never sends)."""
     import subprocess
 
-    call = b'{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "%s", "arguments": %s}}'
+    envelope = _ENVELOPE if handshake == "envelope" else b""
+    call = b'{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "%s", "arguments": %s'
+    call += envelope + b"}}"
     lines = [call % (n, name.encode(), arguments) for n, (name, arguments) in enumerate(_REFUSED_CALLS.values())]
     headers = {"authorization": "Bearer k-acme", "accept": "application/json, text/event-stream"}
     over_http = []
@@ -599,24 +623,65 @@ def test_stdio_refuses_what_the_http_door_refuses_in_the_same_words(stack: dict[
         assert r.status_code == 200, r.text
         over_http.append(r.json()["result"])
     params = mcp_stdio(stack["settings"], "k-acme")
-    hello = (
-        b'{"jsonrpc": "2.0", "id": 100, "method": "initialize", "params": {"protocolVersion": "2025-06-18", '
-        b'"capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}\n'
-        b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
-    )
-    early = call % (200, b"no_such_tool", b"{}") + b"\n"  # before initialize: the SDK's answer, as ever
-    # ids no JSON-RPC answer carries (a refusal of one must not end the server): left to the SDK, as over HTTP
+    if handshake == "initialize":
+        hello = (
+            b'{"jsonrpc": "2.0", "id": 100, "method": "initialize", "params": {"protocolVersion": "2025-06-18", '
+            b'"capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}\n'
+            b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
+        )
+        early = call % (200, b"no_such_tool", b"{}") + b"\n"  # before initialize: the SDK's answer, as ever
+    else:
+        hello = b'{"jsonrpc": "2.0", "id": 100, "method": "server/discover", "params": {' + envelope[2:] + b"}}\n"
+        early = b""
+    # ids no JSON-RPC answer carries: each a JSON-RPC error naming none, and the server reads on
     odd = b"".join(call.replace(b"%d", id_) % (b"no_such_tool", b"{}") + b"\n" for id_ in (b"null", b"true", b"1.5"))
-    after = b'{"jsonrpc": "2.0", "id": 101, "method": "tools/list"}\n'
-    done = subprocess.run([params.command, *params.args], env=params.env, cwd=params.cwd, capture_output=True,
-                          timeout=120, input=early + hello + b"\n".join(lines) + b"\n" + odd + after)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    answers = {m.get("id"): m for m in map(orjson.loads, done.stdout.splitlines())}
+    after = b'{"jsonrpc": "2.0", "id": 101, "method": "tools/list", "params": {' + envelope[2:] + b"}}\n"
+    # stdin stays open until the last answer came: a client that closes it leaves calls in flight unanswered
+    server = subprocess.Popen([params.command, *params.args], env=params.env, cwd=params.cwd,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    assert server.stdin is not None and server.stdout is not None
+    try:
+        server.stdin.write(early + hello + b"\n".join(lines) + b"\n" + odd + after)
+        server.stdin.flush()
+        said = []
+        while not said or said[-1].get("id") != 101:
+            line = server.stdout.readline()
+            assert line, said
+            said.append(orjson.loads(line))
+        server.stdin.close()
+        assert server.wait(timeout=120) == 0
+    finally:
+        server.kill()
+    answers = {m.get("id"): m for m in said}
     for n, (what, result) in enumerate(zip(_REFUSED_CALLS, over_http, strict=True)):
         assert result.get("isError"), (what, result)
         assert answers[n]["result"] == result, (what, answers[n], result)
-    assert "error" in answers[200] and "result" not in answers[200], answers[200]
+    if early:
+        assert "error" in answers[200] and "result" not in answers[200], answers[200]
+    no_id = [m["error"]["code"] for m in said if m.get("id") is None]
+    assert no_id == [-32600] * 3, said
     assert len(answers[101]["result"]["tools"]) == len(TOOLS)
+
+
+def test_a_request_whose_id_is_no_text_or_integer_gets_an_error_and_runs_nothing(stack: dict[str, Any]) -> None:
+    """A request with an id of null, true, 1.5 or an object was taken for a notification: answered 202 and nothing,
+    so a client waited for ever (a `remember` among them was never published). Each gets the JSON-RPC error -32600
+    (id null), and nothing runs."""
+    headers = {"authorization": "Bearer k-acme", "accept": "application/json, text/event-stream"}
+    headers["content-type"] = "application/json"
+    for n, id_ in enumerate((None, True, 1.5, {"x": 1})):
+        event_id = unique("odd-id")
+        arguments = {"event_id": event_id, "subject": f"user:odd{n}", "key": "k", "value": n, "content": "odd id"}
+        body = {
+            "jsonrpc": "2.0",
+            "id": id_,
+            "method": "tools/call",
+            "params": {"name": "remember", "arguments": arguments},
+        }
+        r = httpx.post(stack["mcp_url"], headers=headers, content=orjson.dumps(body), timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == -32600 and r.json()["id"] is None, (id_, r.text)
+        status = _api(stack, "GET", f"/v1/events/{event_id}", params={"tenant": "acme"})
+        assert status.status_code == 200 and status.json()["status"] == "unknown", (id_, status.text)
 
 
 # lines that are no JSON-RPC message: the HTTP transport answers each with a JSON-RPC error (id null)

@@ -32,6 +32,7 @@ from mcp_types import (
     INVALID_PARAMS,
     INVALID_REQUEST,
     PARSE_ERROR,
+    PROTOCOL_VERSION_META_KEY,
     CallToolResult,
     JSONRPCMessage,
     JSONRPCResponse,
@@ -50,7 +51,7 @@ from api.errors import ApiError, error_body
 from api.mcp.auth import KeyVerifier, caller_tenants, check_admin, with_tenant
 from api.mcp.tools import TOOLS, ToolSpec, error_result, run_tool
 from api.receipts import repeated_name
-from api.request_guard import encoded_body, replay
+from api.request_guard import bounded_body, declared_too_large, encoded_body, too_large_message
 from api.resources import Resources
 from producers.contract import MAX_VALUE_DEPTH, READ_AS_ZERO, number_read_as_zero, read_json
 from producers.settings import Settings
@@ -207,32 +208,23 @@ def _in_one_shape(endpoint: ASGIApp) -> ASGIApp:
             item = {"code": "method_not_allowed", "field": None, "message": message}
             await JSONResponse(error_body(item), 405, headers={"Allow": "POST"})(scope, receive, send)
             return
-        body, receive = await _whole_body(receive)
-        if len(body) > DEFAULT_MAX_REQUEST_BODY_SIZE:  # the SDK's 413, in the one shape below: nothing to read
-            answer = None
-        else:
-            answer = await _judged(body)
+        limit = DEFAULT_MAX_REQUEST_BODY_SIZE  # the SDK's own, read here first: no byte past it is held
+        body = None
+        if not declared_too_large(dict(scope.get("headers") or ()), limit):
+            body, receive = await bounded_body(receive, limit)
+        if body is None:
+            item = {"code": "too_large", "field": "body", "message": too_large_message(limit)}
+            await JSONResponse(error_body(item), 413, headers={"Connection": "close"})(scope, receive, send)
+            return
+        answer = await _judged(body)
         if answer is not None:
-            reply = Response(status_code=202) if answer is _NOTIFIED else JSONResponse(answer)
+            status = 400 if answer is _NO_ID else 200
+            reply = Response(status_code=202) if answer is _NOTIFIED else JSONResponse(answer, status)
             await reply(scope, receive, send)
             return
         await endpoint(scope, receive, _plain_refusals_in_one_shape(send))
 
     return app
-
-
-async def _whole_body(receive: Receive) -> tuple[bytes, Receive]:
-    """The request's body (the SDK's body limit, outside this endpoint, has bounded it) and a receive that gives it
-    again."""
-    chunks, message = [], await receive()
-    while message["type"] == "http.request":
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-        message = await receive()
-    if message["type"] != "http.request":  # the client left: the endpoint hears it as it would have
-        return b"".join(chunks), replay([message], receive)
-    return b"".join(chunks), replay([{"type": "http.request", "body": b"".join(chunks), "more_body": False}], receive)
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
@@ -255,16 +247,24 @@ def _read_as_zero(body: bytes, name: str, arguments: dict[str, Any]) -> str | No
     return None if found is None else f"{field}.{found}" if found else field
 
 
-async def _judged(body: bytes) -> dict[str, Any] | None:
-    """`_refused_call(body)`; a large body read (and its arguments walked) off the event loop, as the API's judging
-    is."""
-    return _refused_call(body) if len(body) <= _INLINE_BODY else await run_in_threadpool(_refused_call, body)
+async def _judged(body: bytes, *, initialized: bool = True) -> dict[str, Any] | None:
+    """`_refused_call(body, initialized)`; a large body read (and its arguments walked) off the event loop, as the
+    API's judging is."""
+    if len(body) <= _INLINE_BODY:
+        return _refused_call(body, initialized)
+    return await run_in_threadpool(_refused_call, body, initialized)
 
 
 _NOTIFIED: dict[str, Any] = {}  # the answer to a refused notification: none (HTTP: 202)
+# a request whose id is no text or integer (null, true, 1.5, an object: MCP's ids are text or integers)
+_NO_ID = {
+    "jsonrpc": "2.0",
+    "id": None,
+    "error": {"code": INVALID_REQUEST, "message": "a request's id is a string or an integer: nothing was run"},
+}
 
 
-def _refused_call(body: bytes) -> dict[str, Any] | None:
+def _refused_call(body: bytes, initialized: bool = True) -> dict[str, Any] | None:
     """The JSON-RPC answer to a tool call the SDK would refuse in its own words, as the tool error of the one shape:
     a name no tool has (404 naming `name`; the SDK answered plain text) or none (422 naming it), arguments that are
     no object (422 naming `arguments`; the SDK answered a JSON-RPC error), a lone surrogate in them (a JSON escape of
@@ -272,18 +272,25 @@ def _refused_call(body: bytes) -> dict[str, Any] | None:
     SDK's parser would answer a parse error of valid JSON), arguments nested past the SDK's parser (422 `too_deep`
     naming the path), a number an event would carry that the SDK's parser reads as 0 (422 `number_out_of_range`
     naming it), a receipt tool's call naming a member twice in one object (422 naming `arguments`). A notification
-    of such a call is answered nothing (`_NOTIFIED`). None for any other message, and for a call whose JSON-RPC the
-    SDK refuses itself (no `"jsonrpc": "2.0"`, an id that is no number or text)."""
+    of such a call is answered nothing (`_NOTIFIED`). A request of any method whose id is no text or integer gets the
+    JSON-RPC error -32600 (`_NO_ID`: the SDK answered it nothing, and ran nothing). None for any other message, for
+    one whose JSON-RPC the SDK refuses itself (no `"jsonrpc": "2.0"`), and, on a connection not
+    `initialized`, for a call the SDK answers as made too early (one without the per-request protocol envelope, which
+    needs no initialize)."""
     try:  # every body, not only those spelling `tools/call` as such: JSON may escape any of its characters
         message = read_json(body)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or message.get("method") != "tools/call":
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
         return None
-    if "id" in message and type(message["id"]) not in (int, str):  # no id a JSON-RPC answer can carry back
+    if "method" in message and "id" in message and type(message["id"]) not in (int, str):
+        return _NO_ID  # the SDK took it for a notification: answered nothing, run never
+    if message.get("method") != "tools/call":
         return None
     params = message.get("params")
     if not isinstance(params, dict):
+        return None
+    if not initialized and not (isinstance(meta := params.get("_meta"), dict) and PROTOCOL_VERSION_META_KEY in meta):
         return None
     name, arguments = params.get("name"), params.get("arguments", {})
     item: dict[str, Any] | None = None
@@ -341,14 +348,14 @@ async def _serve_stdio(server: MCPServer) -> None:
         await answers[0].send(SessionMessage(jsonrpc_message_adapter.validate_python(message)))
 
     async def judged() -> AsyncIterator[str]:
-        initialized = False  # until the client says so, every call is the SDK's (it answers calls made too early)
+        initialized = False  # until the client says so, a call without the protocol's envelope is the SDK's
         while (line := await anyio.to_thread.run_sync(_stdio_line, lines)) != b"":
             if line is None:
                 await answer(_TOO_LONG)
                 continue
             if not line.strip():
                 continue
-            refused = await _judged(line) if initialized else None  # first, as the HTTP door judges a body
+            refused = await _judged(line, initialized=initialized)  # first, as the HTTP door judges a body
             if refused is not None:
                 if refused is not _NOTIFIED:
                     await answer(refused)
@@ -435,7 +442,13 @@ def _lone_surrogate_in(value: Any) -> bool:
 
 
 # the SDK's own refusals that are plain text, as the API words them (its JSON-RPC errors stay JSON-RPC)
-_PLAIN_REFUSALS = {400: ("bad_request", None), 413: ("too_large", "body"), 415: ("unsupported_media_type", None)}
+_PLAIN_REFUSALS = {
+    400: ("bad_request", None),
+    403: ("forbidden", "Origin"),  # a browser page of another origin (DNS rebinding)
+    413: ("too_large", "body"),
+    415: ("unsupported_media_type", None),
+    421: ("bad_request", "Host"),  # a Host header this server does not answer to
+}
 
 
 def _plain_refusals_in_one_shape(send: Send) -> Send:
