@@ -141,24 +141,33 @@ def test_a_subject_holding_a_slash_or_a_colon_is_named_whole_not_by_the_id_befor
     assert extract("and the port of team:x?", vocab, NOW).known_entities == ("team:x",)
 
 
-def test_an_unknown_id_written_out_names_itself_not_the_known_id_its_first_words_spell():
-    """An id the question writes out whose first words are a known id (`p7-alpha-2` beside `p7-alpha`) named the
-    known one: an exact hit of another subject's value. Written out, it is an unknown id of its own; in words, or
-    with the known id written whole, the known id is still named."""
-    vocab = Vocabulary.build(subjects=["p7-alpha", "team:a", "order:OD7"], entities=["P1"])
+def test_a_namespaced_id_written_out_names_itself_not_the_known_id_its_first_words_spell():
+    """A namespaced id the question writes out whose first words are a known id (`team:a/zzz` beside `team:a`)
+    named the known one: an exact hit of another subject's value. Written out, it is an unknown id of its own; in
+    words, or with the known id written whole, the known id is still named. A bare code joined to a word or another
+    code (`P1-P2`, `P1-related`, `Q3-2024`) still names the known code: it names it as often as a code of its own."""
+    vocab = Vocabulary.build(subjects=["team:a", "user:alice", "order:OD7"], entities=["P1", "P2", "Q3"])
     for question, unknown in [
-        ("what is the port of p7-alpha-2?", "p7-alpha-2"),
         ("the port of team:a/zzz", "team:a/zzz"),
-        ("the port of P1-x", "p1-x"),
+        ("the email of user:alice-smith", "user:alice-smith"),
         ("the status of order:OD7-b", "order:od7-b"),
     ]:
         cues = extract(question, vocab, NOW)
         assert cues.known_entities == (), question
         assert unknown in cues.unknown_entities, question
-    assert extract("the port of p7-alpha?", vocab, NOW).known_entities == ("p7-alpha",)
-    assert extract("the port of p7 alpha 2", vocab, NOW).known_entities == ("p7-alpha",)
-    assert extract("the ports of P1/P2", vocab, NOW).known_entities == ("p1",)
+    assert extract("the port of team:a?", vocab, NOW).known_entities == ("team:a",)
+    assert extract("team:a's port", vocab, NOW).known_entities == ("team:a",)
+    assert extract("the email of alice", vocab, NOW).known_entities == ("alice",)
     assert extract("the status of order:OD7, please", vocab, NOW).known_entities == ("order:od7",)
+    assert extract("compare the P1-P2 deadlines", vocab, NOW).known_entities == ("p1", "p2")
+    assert extract("the P1-related deadline", vocab, NOW).known_entities == ("p1",)
+    assert extract("the Q3-2024 deadline", vocab, NOW).known_entities == ("q3",)
+    # an id known as written names itself, not the known id its first words spell too
+    both = Vocabulary.build(subjects=["p7-beta", "p7-beta/2", "p7-gamma", "p7-gamma.3"])
+    assert extract("the port of p7-beta/2?", both, NOW).known_entities == ("p7-beta/2",)
+    assert extract("the port of p7-gamma.3", both, NOW).known_entities == ("p7-gamma.3",)
+    assert extract("the ports of p7-beta/2 and p7-beta", both, NOW).known_entities == ("p7-beta/2", "p7-beta")
+    assert extract("the port of p7-beta", both, NOW).known_entities == ("p7-beta",)
 
 
 def test_no_cues_in_an_unrelated_question():

@@ -772,14 +772,28 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
     alias_spans = _spans(seq, vocab.aliases, heads=vocab.alias_heads)
     token_table = {c: True for c in map(canonical, tokens) if c}
     token_spans = _spans(seq, token_table)
-    # and an id the question writes out names itself, not the known id its first words spell: `p7-alpha-2`,
-    # `team:a/zzz` and `P1-x` are ids of their own (unknown: nothing exact), not `p7-alpha`, `team:a` and `P1`
+    # and an id the question writes out names itself, not the known id its first words spell: a namespaced one
+    # (`team:a/zzz` and `user:alice-smith` are ids of their own, unknown: nothing exact, not `team:a` and
+    # `user:alice`), and one known as written (`p7-beta/2` is not also `p7-beta`). An unknown bare code is left
+    # alone: `P1-P2`, `P1-related` and `Q3-2024` name P1 and Q3 as often as a code of their own
+    whole = {canonical(t): True for t in tokens if ":" in t} | dict.fromkeys(marked, True)
+    reach_before = [-1] * (len(seq) + 1)  # the furthest end of such an id starting before each place
+    longest_at: dict[int, int] = {}  # the furthest end of one starting there
+    for a, b, _ in _spans(seq, whole):
+        reach_before[a + 1] = max(reach_before[a + 1], b)
+        longest_at[a] = max(longest_at.get(a, -1), b)
+    for k in range(1, len(reach_before)):
+        reach_before[k] = max(reach_before[k], reach_before[k - 1])
+
+    def inside_an_id(i: int, j: int) -> bool:  # strictly inside one: linear in the query, whatever it repeats
+        return reach_before[i] >= j or longest_at.get(i, -1) > j
+
     ent_spans = [  # of stop words only, a span names its ids only as the whole question (`_names_a_cue`)
         (i, j, phrase)
         for i, j, phrase in _spans(seq, vocab.entities, heads=vocab.entity_heads)
         if (_names_a_cue(phrase) or (i, j) == (0, len(seq)))
         and (phrase in marked or not any(a <= i and j <= b for a, b, _ in alias_spans))
-        and not any(a <= i and j <= b and (i, j) != (a, b) for a, b, _ in token_spans)
+        and not inside_an_id(i, j)
     ]
     cover(ent_spans)
     for _, _, phrase in ent_spans:
@@ -795,7 +809,11 @@ def extract(query: str, vocab: Vocabulary, now: datetime) -> Cues:
         (a, b, p) for a, b, p in alias_spans if not any(i <= a and b <= j and (a, b) != (i, j) for i, j in written)
     ]
     unknown: dict[str, None] = {}
+    standing = {phrase for i, j, phrase in token_spans if not inside_an_id(i, j)}  # written somewhere on their own
+    placed = {phrase for *_, phrase in token_spans}
     for tok in tokens:
+        if canonical(tok) in placed and canonical(tok) not in standing:
+            continue  # only ever part of a longer id the question writes out (`p7-beta` of `p7-beta/2`)
         for cand in candidates(tok):  # `project:P1` is known as such or by its bare id
             for e in named(canonical(cand)):
                 know(e)
