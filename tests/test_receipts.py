@@ -504,11 +504,11 @@ def test_replay_of_a_recall_reads_its_question_with_the_vocabulary_of_its_positi
     """A name the question holds became known after the receipt (a fact listing it was written since): the replay
     read the question with today's vocabulary, so its cues differed and an honest receipt failed its replay. It reads
     it with the vocabulary of the versions logged below the receipt's positions."""
-    name, subject = f"r7zeta{int(scoped)}", f"project:R7{int(scoped)}"
+    name, subject = f"vzeta{int(scoped)}", f"project:RV{int(scoped)}"
     asked = {"query": f"what does {name} like?", "subject": subject if scoped else None}
     first = _recall(stack, **asked)
     assert first["cues"]["known_entities"] == [], first["cues"]
-    stack.publish([_fact(subject, "preference.food", "figs", f"r7-{int(scoped)}", entities=[name], aliases=[])])
+    stack.publish([_fact(subject, "preference.food", "figs", f"rv-{int(scoped)}", entities=[name], aliases=[])])
     stack.settle()
     second = _recall(stack, **asked)
     assert second["cues"]["known_entities"] == [name], second["cues"]

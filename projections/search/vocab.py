@@ -31,8 +31,10 @@ __all__ = [
     "VOCAB_LOG_KEEP",
     "CommitListener",
     "VocabularyCache",
+    "built_vocabulary",
     "load_vocabulary",
     "log_indexed",
+    "vocabulary_rows",
 ]
 
 log = logging.getLogger(__name__)
@@ -85,7 +87,7 @@ _SQL = {below: _vocabulary_sql(below) for below in (False, True)}
 _Rows = tuple[list[str], list[str], list[tuple[str, list[str]]], list[str]]
 
 
-async def _rows(conn: AsyncConnection, tenant: str, below: Mapping[int, int] | None = None) -> _Rows:
+async def vocabulary_rows(conn: AsyncConnection, tenant: str, below: Mapping[int, int] | None = None) -> _Rows:
     """(entities, subjects, (key, aliases), scopes other than the default) of the tenant's versions (logged below
     `below`, if given)."""
     entities, subjects, key_aliases, scopes = [], [], [], []
@@ -105,9 +107,18 @@ async def _rows(conn: AsyncConnection, tenant: str, below: Mapping[int, int] | N
 
 async def load_vocabulary(conn: AsyncConnection, tenant: str, below: Mapping[int, int] | None = None) -> Vocabulary:
     """Build the vocabulary of one tenant from its fact versions (all of them: history is findable too); `below`:
-    from those logged below these positions only (a receipt's, whose replay reads the question as it was read)."""
-    entities, subjects, key_aliases, scopes = await _rows(conn, tenant, below)
-    return Vocabulary.build(entities=entities, subjects=subjects, key_aliases=key_aliases, scopes=scopes)
+    from those logged below these positions only (a receipt's: its replay reads the question with what the ledger
+    had then, which holds what the index had, and what it had not indexed yet)."""
+    return await built_vocabulary(*await vocabulary_rows(conn, tenant, below))
+
+
+async def built_vocabulary(
+    entities: list[str], subjects: list[str], key_aliases: list[tuple[str, list[str]]], scopes: list[str]
+) -> Vocabulary:
+    """The vocabulary of these names: CPU work proportional to them (seconds for 100,000s), off the event loop."""
+    return await asyncio.to_thread(
+        lambda: Vocabulary.build(entities=entities, subjects=subjects, key_aliases=key_aliases, scopes=scopes)
+    )
 
 
 class CommitListener:
@@ -302,11 +313,8 @@ class VocabularyCache:
                 key_aliases = [(k, a or []) for _, _, k, a, _ in rows if k is not None]
                 scopes = list({c for *_, c in rows if c})
             else:
-                entities, subjects, key_aliases, scopes = await _rows(conn, key[1])
-        # building is CPU work proportional to what was read: keep it off the event loop
-        built = await asyncio.to_thread(
-            lambda: Vocabulary.build(entities=entities, subjects=subjects, key_aliases=key_aliases, scopes=scopes)
-        )
+                entities, subjects, key_aliases, scopes = await vocabulary_rows(conn, key[1])
+        built = await built_vocabulary(entities, subjects, key_aliases, scopes)
         if delta_from is not None:
             self.delta_loads += 1
             base = self._items.get(key)

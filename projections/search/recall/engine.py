@@ -38,7 +38,7 @@ from projections.search.recall.stages import ExactStage, KeywordStage, RecallCon
 from projections.search.recall.trace import Observer, Trace
 from projections.search.recall.verify import verify
 from projections.search.recall.workers import CUES_EXECUTOR, EMBED_EXECUTOR
-from projections.search.vocab import CommitListener, VocabularyCache, load_vocabulary
+from projections.search.vocab import CommitListener, VocabularyCache, built_vocabulary, vocabulary_rows
 
 __all__ = ["MODE_TIERS", "RecallEngine", "Tier"]
 
@@ -255,8 +255,8 @@ class RecallEngine:
         schema, tenant = self.settings.pg_schema, q.tenant
         if q.below is not None:  # a replay reads the question with the vocabulary of the receipt's positions
             async with self.pool.connection() as conn:
-                vocab = await load_vocabulary(conn, tenant, q.below)
-            return self._of(q, at, trace, await self._cues(q, vocab, at))
+                found = await vocabulary_rows(conn, tenant, q.below)
+            return self._of(q, at, trace, await self._cues(q, await built_vocabulary(*found), at))
         ctx = None
         if (cached := self.vocab.cached(schema, tenant)) is not None and MODE_TIERS[q.mode][0].stages == (EXACT,):
             ctx = self._of(q, at, trace, await self._cues(q, cached, at))
