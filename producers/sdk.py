@@ -371,7 +371,7 @@ class LedgerProducer:
                 key = (tenant, event_id)
                 known = batch.get(key) or self._sent.get(key)
                 if known is not None and known != fingerprint:
-                    conflict = EventIdConflict(tenant, event_id, known, fingerprint, in_batch=key in batch)
+                    conflict = EventIdConflict(tenant, event_id, known, fingerprint, in_batch=key in batch).at(i)
                     if not report:
                         raise conflict
                     prepared[i] = conflict

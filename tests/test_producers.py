@@ -363,6 +363,7 @@ def test_a_reused_event_id_with_other_content_raises_event_id_conflict(ledger: S
                 [{**_event("p", 3, "user:3"), "event_id": "id-3"}, {**_event("p", 4, "user:3"), "event_id": "id-3"}]
             )
         assert "given twice in this batch" in str(twice.value) and "already sent" in str(info.value), twice.value
+        assert twice.value.index == 1 and "event 1 of the batch" in str(twice.value)  # which of the batch it is
         producer.publish({**changed[0], "tenant": "globex"})  # ids are per tenant: another tenant's id-1 is its own
         outcomes = producer.send_many([first, changed[0]], report_invalid=True)
         assert isinstance(outcomes[0], PublishResult) and isinstance(outcomes[1], EventIdConflict)
