@@ -406,11 +406,14 @@ def test_the_transports_own_refusals_are_in_the_one_error_shape(stack: dict[str,
             yield over[start : start + 64 * 1024]
 
     json_type = {"content-type": "application/json"}
+    no_id = b'{"jsonrpc": "2.0", "id": null, "method": "tools/call", "params": {"name": "nope", "arguments": {}}}'
     for headers, content, status, code, field in (
         ({"content-type": "text/plain"}, ping, 400, "bad_request", None),
         (json_type, over, 413, "too_large", "body"),
         (json_type, chunked(), 413, "too_large", "body"),
         ({**json_type, "origin": "http://evil.example.com"}, ping, 403, "forbidden", "Origin"),
+        ({**json_type, "origin": "http://evil.example.com"}, no_id, 403, "forbidden", "Origin"),  # before judging
+        ({"content-type": "text/plain"}, no_id, 400, "bad_request", None),
         ({**json_type, "host": "evil.example.com"}, ping, 421, "bad_request", "Host"),
     ):
         r = httpx.post(stack["mcp_url"], headers={**auth, **headers}, content=content, timeout=60)

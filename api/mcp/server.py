@@ -26,7 +26,7 @@ from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http import CONTENT_TYPE_JSON, MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
-from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
+from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecurityMiddleware
 from mcp.shared.message import SessionMessage
 from mcp_types import (
     INVALID_PARAMS,
@@ -176,15 +176,17 @@ def http_app(settings: Settings) -> Starlette:
     app = server.streamable_http_app(
         streamable_http_path=MCP_PATH, stateless_http=True, json_response=True, host=settings.mcp_host
     )
+    security = TransportSecurityMiddleware(server.session_manager.security_settings)
     for route in app.routes:
         if isinstance(route, Route) and route.path == MCP_PATH:
-            route.app = _in_one_shape(route.app)
+            route.app = _in_one_shape(route.app, security)
     return app
 
 
-def _in_one_shape(endpoint: ASGIApp) -> ASGIApp:
+def _in_one_shape(endpoint: ASGIApp, security: TransportSecurityMiddleware) -> ASGIApp:
     """The SDK's endpoint, except that a caller without a known key and a GET get the API's one error shape, and a
-    tool call the SDK would refuse in its own words the tool error of that shape (`_refused_call`)."""
+    tool call the SDK would refuse in its own words the tool error of that shape (`_refused_call`). The SDK's own
+    header checks (content type, Host, Origin: `security`, the endpoint's) come before any call is judged here."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -207,6 +209,9 @@ def _in_one_shape(endpoint: ASGIApp) -> ASGIApp:
             message = f"this MCP server is stateless (no event stream, no session): POST JSON-RPC to {MCP_PATH}"
             item = {"code": "method_not_allowed", "field": None, "message": message}
             await JSONResponse(error_body(item), 405, headers={"Allow": "POST"})(scope, receive, send)
+            return
+        if await security.validate_request(Request(scope), is_post=True) is not None:  # refused: the SDK says it
+            await endpoint(scope, receive, _plain_refusals_in_one_shape(send))
             return
         limit = DEFAULT_MAX_REQUEST_BODY_SIZE  # the SDK's own, read here first: no byte past it is held
         body = None
