@@ -243,6 +243,7 @@
     recall: null, // the playground's last recall: {body, data} (its receipt can be opened in the Receipt view)
     factsAnswer: null, // the open subject's facts answer: {text, request} (its receipt, likewise)
     receiptSeq: 0, // the latest Receipt check (an earlier one that answers late is dropped)
+    recallSeq: 0, // the latest recall (one of another tenant, answering after the switch, is dropped)
   };
 
   function readHash() {
@@ -279,6 +280,8 @@
   function signOut(items) {
     sessionStorage.removeItem(KEY_STORE);
     if (items) sessionStorage.setItem(SIGNED_OUT_STORE, JSON.stringify(items));
+    // the link to what the key had open goes too (a key refused at sign-in keeps the link it was sent to)
+    if (!$("app").hidden) history.replaceState(null, "", location.pathname + location.search);
     location.reload();
   }
 
@@ -988,6 +991,7 @@
 
   /** The recall playground emptied: another tenant's answer is not this one's. */
   function resetRecall() {
+    state.recallSeq++;
     state.recall = null;
     $("panel-recall").dataset.state = "empty";
     $("recall-cues").replaceChildren();
@@ -1012,8 +1016,10 @@
     if ($("recall-subject-only").checked && state.subject) body.subject = state.subject;
     state.recall = null;
     $("recall-receipt").hidden = true;
+    const seq = ++state.recallSeq;
     await guarded(panel, async () => {
       const { data, text } = await api("POST", "recall", { body, withText: true });
+      if (seq !== state.recallSeq) return;
       renderCues(data.cues);
       renderTrace(data.trace);
       renderHits(data.hits);
@@ -1964,10 +1970,7 @@
       $("login-error").hidden = true;
       enter();
     });
-    $("sign-out").addEventListener("click", () => {
-      history.replaceState(null, "", location.pathname + location.search); // the next key starts afresh
-      signOut();
-    });
+    $("sign-out").addEventListener("click", () => signOut());
     $("tenant").addEventListener("change", (ev) => openTenant(ev.target.value));
     $("search-form").addEventListener("submit", (ev) => {
       ev.preventDefault();
