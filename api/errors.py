@@ -198,9 +198,15 @@ _STORE_ROLE = {
 
 def store_unavailable(store: str, exc: BaseException | str) -> ApiError:
     """503 naming the store first (`elasticsearch: search index unavailable (...)`), never a stack trace."""
-    reason = exc if isinstance(exc, str) else (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    reason = exc if isinstance(exc, str) else _named(exc)
     role = _STORE_ROLE.get(store, "store")
     return ApiError(503, "store_unavailable", f"{store}: {role} unavailable ({reason})"[:500])
+
+
+def _named(exc: BaseException) -> str:
+    """`Class: message`, once: kafka-python's errors already begin their text with their class."""
+    name, text = type(exc).__name__, str(exc)
+    return text if text.startswith(name) else f"{name}: {text}" if text else name
 
 
 # -- request validation --------------------------------------------------------------------------

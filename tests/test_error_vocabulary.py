@@ -338,3 +338,19 @@ def test_no_mcp_error_is_unbounded_with_many_tenants_or_garbage_arguments(mcp_ur
             assert (items[0]["code"], items[0]["field"]) == ("missing_field", "tenant"), items
             assert str(len(MANY)) in items[0]["message"] and "GET /v1/tenants" in items[0]["message"], items
             assert MANY[1] not in items[0]["message"], items
+
+
+@pytest.mark.unit
+def test_a_stores_error_names_its_class_once() -> None:
+    """kafka-python's errors begin their text with their class: a 503 said `KafkaTimeoutError: KafkaTimeoutError:`."""
+    from kafka.errors import KafkaTimeoutError
+
+    from api.errors import store_unavailable
+
+    for exc, reason in (
+        (KafkaTimeoutError("Unable to bootstrap"), "(KafkaTimeoutError: Unable to bootstrap)"),
+        (ConnectionRefusedError("refused"), "(ConnectionRefusedError: refused)"),
+        (TimeoutError(), "(TimeoutError)"),
+    ):
+        message = store_unavailable("kafka", exc).item()["message"]
+        assert message.endswith(reason), message
