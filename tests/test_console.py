@@ -655,6 +655,9 @@ def test_the_console_ships_every_asset_and_writes_no_markup(world: ConsoleWorld)
         asset = httpx.get(f"{world.url}/{ref}", timeout=30)
         assert asset.status_code == 200, ref
         assert asset.headers["content-security-policy"] == CSP
+    # the page under its assets' folder would find none of them (its links are relative): it lives at /console
+    moved = httpx.get(f"{world.url}/console/static/index.html", timeout=30)
+    assert moved.status_code == 308 and moved.headers["location"] == "/console", moved.status_code
     script = httpx.get(f"{world.url}/console/static/console.js", timeout=30).text
     assert not re.search(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|eval\(|new Function", script)
     assert not re.search(r"https?://", script + page.text)

@@ -19,7 +19,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.types import Scope
 
 __all__ = ["CONSOLE_PATH", "CSP", "STATIC_DIR", "install_console"]
@@ -40,9 +40,12 @@ _HEADERS = {
 
 
 class _ConsoleStatic(StaticFiles):
-    """The console's assets with the page's security headers."""
+    """The console's assets with the page's security headers. The page itself is served at /console only: its
+    asset links are relative to that place, so under /console/static/ it was a blank page."""
 
     async def get_response(self, path: str, scope: Scope) -> Response:
+        if path == "index.html":
+            return RedirectResponse(CONSOLE_PATH, 308, headers=_HEADERS)
         response = await super().get_response(path, scope)
         response.headers.update(_HEADERS)
         return response
