@@ -100,9 +100,15 @@ def test_known_ids_without_digits_and_bare_subject_ids_are_found():
     assert "user:42" in extract("user:42 喜欢什么座位", VOCAB, NOW).known_entities
 
 
-def test_a_short_bare_number_is_not_taken_for_a_subject():
+def test_a_short_bare_number_or_a_single_character_is_not_taken_for_a_subject():
     assert extract("报销需要在 42 天内提交吗", VOCAB, NOW).known_entities == ()
     assert Vocabulary.build(entities=["42"]).entities == {"42": ("42",)}  # listed as an entity: it is one
+    # `x` of another subject `p6:x` narrowed "<img src=x ...> payload" to that subject
+    letters = Vocabulary.build(subjects=["p6:x", "grade:b"], entities=["Q"])
+    assert extract("the payload <img src=x onerror=y> script", letters, NOW).known_entities == ()
+    assert extract("is plan b a b student?", letters, NOW).known_entities == ()
+    assert extract("the value of p6:x", letters, NOW).known_entities == ("p6:x",)
+    assert extract("what did Q say", letters, NOW).known_entities == ("q",)  # listed as an entity: it is one
 
 
 def test_an_id_spelled_out_names_itself_and_words_name_every_id_they_read_as():

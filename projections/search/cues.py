@@ -412,9 +412,9 @@ class Vocabulary:
                 ents.setdefault(canonical(norm), set()).add(norm)
         for s in subjects:
             for i, sid in enumerate(subject_ids(s)):
-                # a short bare number (`42` of `user:42`) is too common in questions to be a cue by itself;
-                # `user:42` still is, and so is `42` when the events list it as an entity
-                if canonical(sid) and not (i > 0 and sid.isdigit() and len(sid) < 4):
+                # a short bare number (`42` of `user:42`) or a single character (`x` of `p6:x`) is too common in
+                # questions to be a cue by itself; `user:42` still is, and so is `42` when the events list it
+                if canonical(sid) and not (i > 0 and (len(sid) == 1 or (sid.isdigit() and len(sid) < 4))):
                     ents.setdefault(canonical(sid), set()).add(sid)
             if ":" in s:
                 spaces.update(units(s.split(":", 1)[0]))
