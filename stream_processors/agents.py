@@ -23,6 +23,7 @@ from kafka.errors import KafkaError
 from producers.logs import bind_ids, new_id, unbind_ids
 from producers.settings import Settings
 from projections.postgres.chain import Checkpoints, sign_idle_heads
+from projections.postgres.connection import held
 from projections.postgres.positioned import DlqSink, PositionedProjection, connect
 from projections.postgres.positions import stored_positions
 from projections.postgres.recorder import BatchResult, Recorder
@@ -60,7 +61,7 @@ class BatchRunner:
 
     def _proj(self) -> PositionedProjection:
         if self._projection is None or self._projection.conn.closed:
-            conn = connect(self.settings.pg_dsn, self.settings.pg_schema)
+            conn = connect(self.settings.pg_dsn, self.settings.pg_schema, **held(self.settings))
             sink: DlqSink | None = self.dlq
             try:
                 self._projection = self.kind.for_settings(self.settings, conn, dlq_sink=sink)
@@ -103,7 +104,7 @@ class BatchRunner:
 
     def positions(self, partitions: Set[int]) -> dict[int, int]:
         """The stored positions of `partitions` (0 where none is stored), on a connection of their own."""
-        with connect(self.settings.pg_dsn, self.settings.pg_schema) as conn:
+        with connect(self.settings.pg_dsn, self.settings.pg_schema, **held(self.settings)) as conn:
             stored = stored_positions(conn, self.settings.processor_group, self.topic)
         return {p: stored.get(p, 0) for p in partitions}
 
@@ -225,7 +226,7 @@ def attach(app: LedgerApp, settings: Settings) -> BatchRunner:
     if checkpoints is not None:  # a partition no batch reaches any more still gets its head signed
 
         def sign_idle() -> None:
-            with connect(settings.pg_dsn, settings.pg_schema) as conn:
+            with connect(settings.pg_dsn, settings.pg_schema, **held(settings)) as conn:
                 sign_idle_heads(conn, settings.processor_group, settings.topic, checkpoints)
 
         async def sign_idle_checkpoints(*_: object) -> None:

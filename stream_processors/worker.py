@@ -21,6 +21,7 @@ from producers.metrics import serve as serve_metrics
 from producers.settings import Settings, get_settings
 from producers.topics import ensure_topics
 from projections.postgres.chain import Checkpoints
+from projections.postgres.connection import held
 from projections.postgres.schema import create_schema
 from stream_processors.access import attach_access
 from stream_processors.agents import attach
@@ -35,7 +36,7 @@ def prepare(settings: Settings) -> None:
     """Topics, schema and key store exist, and the KEK fits, before the consumer joins (KekError otherwise)."""
     ensure_topics(settings)
     (settings.data_dir / "faust" / settings.processor_group).mkdir(parents=True, exist_ok=True)
-    with psycopg.connect(settings.pg_dsn) as conn:
+    with psycopg.connect(settings.pg_dsn, **held(settings)) as conn:
         create_schema(conn, settings.pg_schema)
         key_context(settings, conn)  # a missing or wrong key-encryption key stops the worker here
     Checkpoints.for_settings(settings)  # so does a chain signing key that is configured and cannot be read

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from elastic_transport import ConnectionTimeout
 
+from projections.postgres.connection import held
 from projections.search.client import async_es_client, es_client
 from projections.search.drain import _store
 from projections.search.ids import doc_ids, doc_ids_async
@@ -46,3 +47,25 @@ def test_an_id_scan_of_a_silent_node_ends_with_the_clients_timeout() -> None:
 
 def test_an_elasticsearch_timeout_counts_as_elasticsearchs() -> None:
     assert _store(ConnectionTimeout("read timed out")) == "elasticsearch"
+
+
+def test_a_workers_connection_to_a_silent_postgres_gives_up_at_the_configured_timeout(base_settings) -> None:
+    """The search workers' and the projector's connections took libpq's default: 130 s on a server that takes the
+    connection and never answers, with nothing logged. They take LEDGER_PG_CONNECT_TIMEOUT_S (and keepalives)."""
+    import psycopg
+
+    from projections.postgres.positioned import connect
+    from projections.search.drain import _connect
+
+    with silent_port() as port:
+        settings = base_settings.model_copy(
+            update={"pg_dsn": f"postgresql://ledger@127.0.0.1:{port}/ledger", "pg_connect_timeout_s": 2}
+        )
+        for opening in (
+            lambda: _connect(settings, ()),
+            lambda: connect(settings.pg_dsn, settings.pg_schema, **held(settings)),
+        ):
+            started = time.monotonic()
+            with pytest.raises(psycopg.OperationalError):
+                opening()
+            assert time.monotonic() - started < BOUND_S

@@ -13,7 +13,28 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-__all__ = ["configure_pool", "connect", "connect_async", "search_path", "use_schema", "use_schema_async"]
+from producers.settings import Settings
+
+__all__ = [
+    "KEEPALIVES",
+    "configure_pool",
+    "connect",
+    "connect_async",
+    "held",
+    "search_path",
+    "use_schema",
+    "use_schema_async",
+]
+
+# TCP keepalives on a connection a process holds for long: a PostgreSQL that went away mid-statement (a host gone, a
+# network cut) ends in an error within ~25 s, not after the kernel's retransmission timeout (a quarter of an hour)
+KEEPALIVES: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
+
+
+def held(settings: Settings) -> dict[str, Any]:
+    """libpq options of a worker's connection: the configured connect timeout (libpq's default waits 130 s on a
+    server that takes the connection and never answers), and KEEPALIVES."""
+    return {"connect_timeout": settings.pg_connect_timeout_s, **KEEPALIVES}
 
 
 def search_path(schema: str) -> sql.Composed:

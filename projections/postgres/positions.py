@@ -15,6 +15,7 @@ import psycopg
 from psycopg import sql
 
 from producers.settings import Settings
+from projections.postgres.connection import held
 
 __all__ = [
     "QUEUE_READ_PREPARED",
@@ -98,7 +99,7 @@ def read_positions(settings: Settings, *, consumer: str | None = None, topic: st
 
     {} while the schema or its positions table does not exist yet (no worker has started on it).
     """
-    with psycopg.connect(settings.pg_dsn, autocommit=True) as conn:
+    with psycopg.connect(settings.pg_dsn, autocommit=True, **held(settings)) as conn:
         try:
             return stored_positions(
                 conn, consumer or settings.processor_group, topic or settings.topic, schema=settings.pg_schema

@@ -21,7 +21,7 @@ from psycopg import sql
 
 from producers.logs import bind_ids, new_id, unbind_ids
 from producers.settings import Settings
-from projections.postgres.connection import search_path
+from projections.postgres.connection import held, search_path
 from projections.postgres.recorder import ERASURE_CHANNEL, OUTBOX_CHANNEL
 from projections.search import metrics
 
@@ -97,7 +97,7 @@ def _connect(settings: Settings, channels: Sequence[str]) -> psycopg.Connection:
     a plan PostgreSQL cached while the queue was small (a sequential scan, comparing every row with every key of an
     `= ANY` array) stays in use as the queue grows. Planned at each call, with its values and the table's size now,
     a batch's statements cost a fraction of a millisecond more."""
-    conn = psycopg.connect(settings.pg_dsn, autocommit=True, prepare_threshold=None)
+    conn = psycopg.connect(settings.pg_dsn, autocommit=True, prepare_threshold=None, **held(settings))
     try:
         conn.execute(search_path(settings.pg_schema))
         for channel in channels:

@@ -21,6 +21,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from projections.postgres.connection import KEEPALIVES
 from projections.postgres.queries import below_json, below_sql
 from projections.search.cues import Vocabulary
 from projections.search.drain import ERASURE_CHANNEL, INDEXED_CHANNEL, OUTBOX_CHANNEL
@@ -191,9 +192,7 @@ class CommitListener:
         self.on_erasure(schema, tenant)
 
     async def _listen_once(self) -> None:
-        async with await AsyncConnection.connect(
-            self.dsn, autocommit=True, keepalives=1, keepalives_idle=10, keepalives_interval=5, keepalives_count=3
-        ) as conn:
+        async with await AsyncConnection.connect(self.dsn, autocommit=True, **KEEPALIVES) as conn:
             for channel in (ERASURE_CHANNEL, *self.progress):
                 await conn.execute(f"LISTEN {channel}")
             self.backend_pid = conn.info.backend_pid
