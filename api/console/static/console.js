@@ -207,13 +207,15 @@
     $("error").replaceChildren();
   }
 
-  /** Run a panel's load: data-state loading -> ready, or error (shown in the banner). */
-  async function guarded(panel, fn) {
+  /** Run a panel's load: data-state loading -> ready, or error (shown in the banner); a load no longer `current`
+   * (the panel was emptied or asked again meanwhile) leaves the panel as it is. */
+  async function guarded(panel, fn, current = () => true) {
     panel.dataset.state = "loading";
     try {
       await fn();
-      panel.dataset.state = "ready";
+      if (current()) panel.dataset.state = "ready";
     } catch (err) {
+      if (!current()) return;
       panel.dataset.state = "error";
       showError(err);
     }
@@ -1017,15 +1019,20 @@
     state.recall = null;
     $("recall-receipt").hidden = true;
     const seq = ++state.recallSeq;
-    await guarded(panel, async () => {
-      const { data, text } = await api("POST", "recall", { body, withText: true });
-      if (seq !== state.recallSeq) return;
-      renderCues(data.cues);
-      renderTrace(data.trace);
-      renderHits(data.hits);
-      state.recall = { body, data, text };
-      $("recall-receipt").hidden = !data.receipt;
-    });
+    const current = () => seq === state.recallSeq;
+    await guarded(
+      panel,
+      async () => {
+        const { data, text } = await api("POST", "recall", { body, withText: true });
+        if (!current()) return;
+        renderCues(data.cues);
+        renderTrace(data.trace);
+        renderHits(data.hits);
+        state.recall = { body, data, text };
+        $("recall-receipt").hidden = !data.receipt;
+      },
+      current,
+    );
   }
 
   // -- receipts: what an answer reflects, checked and replayed ------------------------------------------------------
