@@ -303,6 +303,37 @@ def test_an_erasure_after_the_vectors_deletes_them_with_the_version(store, embed
 
 
 @pytest.mark.unit
+def test_vectors_made_before_elasticsearch_failed_are_not_made_again(store, embedder):
+    """An episode's near-duplicate look-up asks Elasticsearch after the embedding: when it failed, the batch rolled
+    back and its vectors were thrown away, so each retry while Elasticsearch was away embedded the batch again. They
+    wait in the cache; the retry embeds nothing."""
+    from projections.search.client import es_client
+    from tests.support import episode
+    from tests.test_cli_store_errors import dead_port
+
+    settings, conn, es, ledger = store
+    ledger.apply(episode("user:ep", "we met at the harbour cafe at noon", T0, "chat", tenant=TENANT))
+    drain_once(settings, conn, es, refresh=True)
+    made: list[int] = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(embedder, name)
+
+        def embed(self, texts, *args, **kwargs):
+            made.append(len(texts))
+            return embedder.embed(texts, *args, **kwargs)
+
+    cache: dict = {}
+    away = es_client(f"http://127.0.0.1:{dead_port()}", request_timeout=2)
+    with pytest.raises(Exception):  # noqa: B017 - whichever error the client raises for a refused port
+        embed_once(settings, conn, Counting(), cache=cache, es=away)
+    assert made and cache and embed_queue_count(conn) == 1, (made, cache)
+    first = len(made)
+    done = embed_once(settings, conn, Counting(), cache=cache, es=es)
+    assert done.stored == 1 and len(made) == first and not cache, (done, made)
+
+
 def test_vectors_pack_to_float32_and_back():
     from projections.search.vectors import pack
 

@@ -131,7 +131,8 @@ def embed_once(
 ) -> EmbedStats:
     """Claim, embed and complete one batch (one transaction of `conn`, an autocommit connection).
 
-    `cache`: vectors computed for versions that were deferred (their rows locked), reused on the next round.
+    `cache`: vectors computed for versions that were deferred (their rows locked), or whose near-duplicate look-up
+    failed (Elasticsearch away: the batch rolled back), reused on the next round instead of embedded again.
     `es`: where near-duplicate episodes are looked up; None links none."""
     embedders = Embedders.of(settings, embedder)
     batch_size = batch_size or settings.embedder_batch_size
@@ -152,7 +153,12 @@ def embed_once(
         links: list[Link] = []
         if es is not None:
             fresh_rows = [(c["row"], made[c["version_id"]]) for c in fresh]
-            links = find_links(es, settings.es_index, fresh_rows)
+            try:
+                links = find_links(es, settings.es_index, fresh_rows)
+            except Exception:  # Elasticsearch away: the batch rolls back, its vectors wait for the retry
+                cache.clear()
+                cache.update(made)
+                raise
         stats = complete(settings, conn, claimed, made, links)
         stats.texts = sum(len(made[c["version_id"]]) for c in fresh)
     cache.clear()
