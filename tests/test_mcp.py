@@ -13,6 +13,7 @@ tenant's data is never reachable, also with a key bound to two tenants (which mu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -606,6 +607,41 @@ _ENVELOPE = (
 )
 
 
+def _stdio_exchange(params: Any, sent: bytes, last: int) -> tuple[list[dict[str, Any]], bytes]:
+    """`ledger mcp` over stdio given the lines `sent`: its answers, up to the one with id `last`, and its stderr.
+    stdin stays open until that answer came (a client that closes it leaves calls in flight unanswered)."""
+    import subprocess
+    import tempfile
+    import threading
+
+    with tempfile.TemporaryFile() as errors:
+        server = subprocess.Popen([params.command, *params.args], env=params.env, cwd=params.cwd,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors)  # fmt: skip
+        assert server.stdin is not None and server.stdout is not None
+        stdin = server.stdin
+
+        def write() -> None:  # meanwhile the answers are read: neither pipe fills
+            with contextlib.suppress(BrokenPipeError):
+                stdin.write(sent)
+                stdin.flush()
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        try:
+            said: list[dict[str, Any]] = []
+            while not said or said[-1].get("id") != last:
+                line = server.stdout.readline()
+                assert line, said
+                said.append(orjson.loads(line))
+            writer.join(timeout=120)
+            stdin.close()
+            assert server.wait(timeout=120) == 0
+        finally:
+            server.kill()
+        errors.seek(0)
+        return said, errors.read()
+
+
 @pytest.mark.parametrize("handshake", ["initialize", "envelope"])
 def test_stdio_refuses_what_the_http_door_refuses_in_the_same_words(stack: dict[str, Any], handshake: str) -> None:
     """The SDK's stdio transport parsed each line before any tool saw it, so what the HTTP door refuses in the one
@@ -613,7 +649,6 @@ def test_stdio_refuses_what_the_http_door_refuses_in_the_same_words(stack: dict[
     `remember` of 1e-400 stored 0). Each call gets the same answer at both doors, and the session goes on: after an
     initialize, or with the protocol's per-request envelope and no initialize at all (the lines went unjudged until a
     `notifications/initialized` that such a client never sends)."""
-    import subprocess
 
     envelope = _ENVELOPE if handshake == "envelope" else b""
     call = b'{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "%s", "arguments": %s'
@@ -639,22 +674,7 @@ def test_stdio_refuses_what_the_http_door_refuses_in_the_same_words(stack: dict[
     # ids no JSON-RPC answer carries: each a JSON-RPC error naming none, and the server reads on
     odd = b"".join(call.replace(b"%d", id_) % (b"no_such_tool", b"{}") + b"\n" for id_ in (b"null", b"true", b"1.5"))
     after = b'{"jsonrpc": "2.0", "id": 101, "method": "tools/list", "params": {' + envelope[2:] + b"}}\n"
-    # stdin stays open until the last answer came: a client that closes it leaves calls in flight unanswered
-    server = subprocess.Popen([params.command, *params.args], env=params.env, cwd=params.cwd,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
-    assert server.stdin is not None and server.stdout is not None
-    try:
-        server.stdin.write(early + hello + b"\n".join(lines) + b"\n" + odd + after)
-        server.stdin.flush()
-        said = []
-        while not said or said[-1].get("id") != 101:
-            line = server.stdout.readline()
-            assert line, said
-            said.append(orjson.loads(line))
-        server.stdin.close()
-        assert server.wait(timeout=120) == 0
-    finally:
-        server.kill()
+    said, _ = _stdio_exchange(params, early + hello + b"\n".join(lines) + b"\n" + odd + after, 101)
     answers = {m.get("id"): m for m in said}
     for n, (what, result) in enumerate(zip(_REFUSED_CALLS, over_http, strict=True)):
         assert result.get("isError"), (what, result)
@@ -702,7 +722,6 @@ def test_stdio_answers_a_line_that_is_no_message_as_http_answers_that_body(stack
     """The SDK's stdio replaced invalid UTF-8 (a `remember` stored U+FFFD where its caller sent other bytes, which
     both HTTP doors refuse) and answered no line that was no message at all, nor a JSON "\r" inside one (read as a
     line break), so a caller waited forever. Each is now answered as the Streamable HTTP transport answers it."""
-    import subprocess
 
     headers = {"authorization": "Bearer k-acme", "accept": "application/json, text/event-stream"}
     over_http = []
@@ -716,10 +735,8 @@ def test_stdio_answers_a_line_that_is_no_message_as_http_answers_that_body(stack
         b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
     )
     spaced = b'{"jsonrpc": "2.0", "id": 101,\r"method": "tools/call", "params": {"name": "nope", "arguments": {}}}\n'
-    done = subprocess.run([params.command, *params.args], env=params.env, cwd=params.cwd, capture_output=True,
-                          timeout=120, input=hello + b"\n".join(_NO_MESSAGE.values()) + b"\n" + spaced)  # fmt: skip
-    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr[-2000:]
-    answers = [orjson.loads(line) for line in done.stdout.splitlines()]
+    answers, stderr = _stdio_exchange(params, hello + b"\n".join(_NO_MESSAGE.values()) + b"\n" + spaced, 101)
+    assert b"Traceback" not in stderr, stderr[-2000:]
     errors = [a for a in answers if a.get("id") is None]
     for what, http, stdio in zip(_NO_MESSAGE, over_http, errors, strict=True):
         assert http["id"] is None and stdio["error"] == http["error"], (what, stdio, http)
@@ -729,7 +746,6 @@ def test_stdio_answers_a_line_that_is_no_message_as_http_answers_that_body(stack
 def test_stdio_drops_a_line_longer_than_the_http_body_limit_and_reads_on(stack: dict[str, Any]) -> None:
     """A line had no bound: the stdio door held it whole, however long, where the HTTP door reads 4 MiB of a body. A
     longer line is answered as no message and dropped; one of exactly the limit is read, and so is the next."""
-    import subprocess
 
     from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE as limit
 
@@ -743,10 +759,8 @@ def test_stdio_drops_a_line_longer_than_the_http_body_limit_and_reads_on(stack: 
     at_limit = ping + b" " * (limit - len(ping) - 1) + b"}"
     over = b'{"jsonrpc": "2.0", "id": 2, "method": "ping"' + b" " * limit + b"}"
     last = b'{"jsonrpc": "2.0", "id": 3, "method": "ping"}'
-    done = subprocess.run([params.command, *params.args], env=params.env, cwd=params.cwd, capture_output=True,
-                          timeout=120, input=hello + b"\n".join((at_limit, over, last)) + b"\n")  # fmt: skip
-    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr[-2000:]
-    answers = [orjson.loads(line) for line in done.stdout.splitlines()]
+    answers, stderr = _stdio_exchange(params, hello + b"\n".join((at_limit, over, last)) + b"\n", 3)
+    assert b"Traceback" not in stderr, stderr[-2000:]
     assert [a.get("id") for a in answers] == [100, 1, None, 3], answers
     assert answers[1]["result"] == {} and answers[3]["result"] == {}
     assert f"{limit:,} bytes" in answers[2]["error"]["message"] and answers[2]["error"]["code"] == -32600
