@@ -101,7 +101,7 @@ ERROR_CODES: dict[str, str] = {
         "an event over 262,144 bytes encoded, or (413) a request body over the server's limit "
         "(`LEDGER_API_MAX_BODY_BYTES`)"
     ),
-    "not_an_object": "an event that is not a JSON object",
+    "not_an_object": "an event, or an MCP tool's arguments, that is not a JSON object",
     "unsupported_schema": "a `schema_version` newer than this contract",
     "clock_skew": "`observed_at` too far in the future",
     "event_id_conflict": "the `(tenant, event_id)` already names an event with other content",

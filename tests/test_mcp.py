@@ -677,7 +677,7 @@ def test_stdio_refuses_what_the_http_door_refuses_in_the_same_words(stack: dict[
     said, _ = _stdio_exchange(params, early + hello + b"\n".join(lines) + b"\n" + odd + after, 101)
     answers = {m.get("id"): m for m in said}
     for n, (what, result) in enumerate(zip(_REFUSED_CALLS, over_http, strict=True)):
-        assert result.get("isError"), (what, result)
+        assert result.get("isError") and set(result) == {"content", "isError"}, (what, result)  # as a tool's own
         assert answers[n]["result"] == result, (what, answers[n], result)
     if early:
         assert "error" in answers[200] and "result" not in answers[200], answers[200]

@@ -324,7 +324,7 @@ def _refused_call(body: bytes, initialized: bool = True) -> dict[str, Any] | Non
     if "id" not in message:  # a notification: answered nothing, as the SDK answers one it takes
         return _NOTIFIED
     status = 404 if item["code"] == "not_found" else 422
-    result = error_result(status, item).model_dump(by_alias=True, exclude_none=True, mode="json")
+    result = error_result(status, item).model_dump(by_alias=True, exclude_none=True, exclude_unset=True, mode="json")
     return {"jsonrpc": "2.0", "id": message.get("id"), "result": result}
 
 
