@@ -230,9 +230,15 @@ def declared_too_large(headers: dict[bytes, bytes], limit: int) -> bool:
     return length is not None and length.isdigit() and int(length) > limit
 
 
+# past its limit, a body is still read, and dropped, up to this much, so that its client hears the 413: an HTTP/1.1
+# client still sending when the connection closes takes that as a failure, not as the answer; past it, it is closed
+DRAINED_BYTES = 64 * 1024 * 1024
+
+
 async def bounded_body(receive: Receive, limit: int) -> tuple[bytes | None, Receive]:
-    """The request's body read whole, but never more than `limit` bytes of it (None: it is longer, and the rest is
-    not read), and a receive that gives it again (or the client's leaving, as the app would have heard it)."""
+    """The request's body read whole, but never more than `limit` bytes of it held (None: it is longer; the rest is
+    read and dropped up to DRAINED_BYTES), and a receive that gives it again (or the client's leaving, as the app
+    would have heard it)."""
     chunks, received = [], 0
     while True:
         message = await receive()
@@ -240,6 +246,11 @@ async def bounded_body(receive: Receive, limit: int) -> tuple[bytes | None, Rece
             return b"".join(chunks), replay([message], receive)
         received += len(message.get("body", b""))
         if received > limit:
+            while message.get("more_body", False) and received <= DRAINED_BYTES:
+                message = await receive()
+                if message["type"] != "http.request":
+                    break
+                received += len(message.get("body", b""))
             return None, receive
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):

@@ -51,7 +51,7 @@ from api.errors import ApiError, error_body
 from api.mcp.auth import KeyVerifier, caller_tenants, check_admin, with_tenant
 from api.mcp.tools import TOOLS, ToolSpec, error_result, run_tool
 from api.receipts import repeated_name
-from api.request_guard import bounded_body, declared_too_large, encoded_body, too_large_message
+from api.request_guard import bounded_body, encoded_body, too_large_message
 from api.resources import Resources
 from producers.contract import MAX_VALUE_DEPTH, READ_AS_ZERO, number_read_as_zero, read_json
 from producers.settings import Settings
@@ -214,9 +214,7 @@ def _in_one_shape(endpoint: ASGIApp, security: TransportSecurityMiddleware) -> A
             await endpoint(scope, receive, _plain_refusals_in_one_shape(send))
             return
         limit = DEFAULT_MAX_REQUEST_BODY_SIZE  # the SDK's own, read here first: no byte past it is held
-        body = None
-        if not declared_too_large(dict(scope.get("headers") or ()), limit):
-            body, receive = await bounded_body(receive, limit)
+        body, receive = await bounded_body(receive, limit)
         if body is None:
             item = {"code": "too_large", "field": "body", "message": too_large_message(limit)}
             await JSONResponse(error_body(item), 413, headers={"Connection": "close"})(scope, receive, send)
