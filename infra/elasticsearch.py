@@ -182,13 +182,15 @@ def start(s: Settings, timeout: float = 180.0) -> None:
     p["pid"].unlink(missing_ok=True)
     env = {"ES_JAVA_HOME": str(java_home(s)), "ES_PATH_CONF": str(p["home"] / "config")}
     # -d daemonizes after the node started; the pid file holds the server JVM's pid. A session of its own, as every
-    # server here: with the kernel's autogroups its CPU weight is then its own, not shared with whatever ran `up`
+    # server here: with the kernel's autogroups its CPU weight is then its own (lowered by es_nice), not shared
+    # with whatever ran `up`
     launcher = launch(
         [str(p["home"] / "bin" / "elasticsearch"), "-d", "-p", str(p["pid"])],
         p["log"],
         {**os.environ, **env},
         p["home"],
         user=s.es_user,
+        nice=s.es_nice,
     )
     try:
         returncode = launcher.wait(timeout)

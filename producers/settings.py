@@ -92,6 +92,10 @@ class InstallSettings(BaseModel):
     es_heap: str = "2g"
     es_java_home: Path | None = None  # Java 21+ for ES 9; None: newest JDK in /usr/lib/jvm
     es_user: str = "ledger-es"
+    # the local Elasticsearch's CPU priority (its session's autogroup too: infra.procs.launch): on a host shared
+    # with the projection, PostgreSQL and the worker get the cores first, the documents next, the embedder's
+    # vectors (embedder_nice) last; 0 on a host of its own
+    es_nice: int = Field(default=5, ge=0, le=19)
     pg_bin_dir: Path | None = None  # None: newest /usr/lib/postgresql/*/bin
     embed_model_dir: Path | None = None  # None: <data_dir>/models/<model slug>
     rerank_model_dir: Path | None = None  # None: <data_dir>/models/<rerank model slug>
