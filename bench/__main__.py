@@ -61,6 +61,7 @@ def run(
     profile: bool = typer.Option(
         False, help="py-spy the indexer/worker while ingesting and the API under exact recall"
     ),
+    workers: int = typer.Option(1, min=1, help="`ledger worker` processes sharing the topic's partitions"),
     indexers: int = typer.Option(1, help="`ledger indexer` processes sharing the outbox"),
     embedders: int = typer.Option(1, help="`ledger embedder` processes sharing the embed queue"),
     note: list[str] = typer.Option([], help="a note to record with the results (repeatable)"),
@@ -94,6 +95,7 @@ def run(
         skip=tuple(x.strip() for x in skip.split(",") if x.strip()),
         keep=keep,
         profile=profile,
+        workers=workers,
         indexers=indexers,
         embedders=embedders,
         **({"out_dir": out_dir} if out_dir else {}),

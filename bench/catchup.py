@@ -140,17 +140,20 @@ class CaughtUpCpu:
     the indexer: every document is written), read by calling it with each Progress: the time a process then idles
     while a later stage (the embedder, minutes) catches up is not a cost of the items it handled."""
 
-    STAGES = {"worker": "pg_done", "indexer": "documents_done"}
+    STAGES = {"worker": "pg_done", "indexer": "documents_done"}  # `worker-2`, `indexer-3`: their kind's stage
 
     def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = {name: pid for name, pid in pids.items() if name in self.STAGES}
+        self.pids = {name: pid for name, pid in pids.items() if self._stage(name) is not None}
         self.start = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
         self.at: dict[str, float] = {}  # name -> its CPU seconds when its stage caught up
 
     def __call__(self, p: Progress) -> None:
         for name, pid in self.pids.items():
-            if name not in self.at and getattr(p, self.STAGES[name]):
+            if name not in self.at and getattr(p, self._stage(name)):
                 self.at[name] = cpu_seconds(pid)
+
+    def _stage(self, name: str) -> str | None:
+        return self.STAGES.get(name.split("-", 1)[0])
 
     def used(self, name: str) -> float:
         """CPU seconds until its stage caught up (until now, if it has not)."""

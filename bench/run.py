@@ -77,6 +77,7 @@ class RunConfig:
     publish_rounds: int = 3  # alternating raw-produce / SDK-publish rounds of the publish comparison (bench.publish)
     catchup_timeout: float = 3600.0
     profile: bool = False  # py-spy the indexer and worker during the last ingest phase, the API under exact recall
+    workers: int = 1  # `ledger worker` processes sharing the topic's partitions
     indexers: int = 1  # `ledger indexer` processes sharing the outbox
     embedders: int = 1  # and `ledger embedder` processes sharing the embed queue
     notes: list[str] = field(default_factory=list)
@@ -275,8 +276,9 @@ def run_bench(cfg: RunConfig, console: Console | None = None) -> Path:
 def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], res: dict, console: Console) -> None:
     stages = ["indexer", *(f"indexer-{k}" for k in range(2, cfg.indexers + 1))]
     stages += ["embedder", *(f"embedder-{k}" for k in range(2, cfg.embedders + 1))]
-    svc.start("worker", *stages, "api")
-    res["processes"] = {"indexers": cfg.indexers, "embedders": cfg.embedders}
+    workers = ["worker", *(f"worker-{k}" for k in range(2, cfg.workers + 1))]
+    svc.start(*workers, *stages, "api")
+    res["processes"] = {"workers": cfg.workers, "indexers": cfg.indexers, "embedders": cfg.embedders}
     probe = Probe(s)
     with console.status("warming up worker, indexer and API"):
         _warmup(s, svc, probe)
@@ -308,12 +310,12 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
             bar.update(t_vec, completed=with_vectors, total=total, rate=f"{with_vectors / el:,.0f} versions/s")
 
         published, published_s = [0], [0.0]
-        worker_cpu_s = 0.0  # the worker's CPU over each phase, until PostgreSQL holds it (not its idle wait after)
+        worker_cpu_s = 0.0  # the workers' CPU over each phase, until PostgreSQL holds it (not their idle wait after)
         for end, point in phases:
             chunk = events[start:end]
 
             t_phase = time.perf_counter()
-            caught = CaughtUpCpu({"worker": svc.procs["worker"].pid})
+            caught = CaughtUpCpu({name: svc.procs[name].pid for name in workers})
 
             def shown(p: Any, caught: CaughtUpCpu = caught) -> None:
                 caught(p)
@@ -341,7 +343,7 @@ def _pipeline(cfg: RunConfig, s: Settings, svc: Services, events: list[dict], re
                 interval=0.1,
                 semantic=False,
             )
-            worker_cpu_s += caught.used("worker")
+            worker_cpu_s += sum(caught.used(name) for name in workers)
             prog = probe.progress()
             phase = {
                 "events": len(chunk),

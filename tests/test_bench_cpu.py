@@ -24,7 +24,10 @@ def _spin(seconds: float) -> None:
 
 
 def test_cpu_is_counted_until_the_stage_caught_up_and_not_after() -> None:
-    caught = CaughtUpCpu({"worker": os.getpid(), "embedder": os.getpid()})  # the embedder's is taken elsewhere
+    # the embedder's is taken elsewhere; `worker-2`, `indexer-3` are their kind's stage (`bench run --workers 2`)
+    named = {"worker": os.getpid(), "embedder": os.getpid(), "worker-2": os.getpid(), "indexer-3": os.getpid()}
+    assert set(CaughtUpCpu(named).pids) == {"worker", "worker-2", "indexer-3"}
+    caught = CaughtUpCpu({"worker": os.getpid(), "embedder": os.getpid()})
     assert set(caught.pids) == {"worker"}
     _spin(0.2)
     caught(_progress(5))  # not caught up yet: nothing taken
